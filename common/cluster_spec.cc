@@ -1,0 +1,239 @@
+#include "common/cluster_spec.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace pstrain {
+namespace {
+
+using json = nlohmann::json;
+
+const std::set<std::string>& KnownJobs() {
+  static const auto* jobs = new std::set<std::string>{kChiefJob, kPsJob, kWorkerJob};
+  return *jobs;
+}
+
+// "localhost" and the loopback address name the same endpoint.
+std::string CanonicalHost(const std::string& host) {
+  if (host == "localhost" || host == "127.0.0.1" || host == "::1") return "loopback";
+  return host;
+}
+
+absl::Status SpecError(const std::string& source, const std::string& key,
+                       const std::string& what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("cluster spec ", source, ": key ", key, ": ", what));
+}
+
+}  // namespace
+
+std::string TaskId::ToString() const { return absl::StrCat(job, ":", index); }
+
+absl::StatusOr<HostPort> ParseHostPort(const std::string& address) {
+  HostPort hp;
+  std::string port_text;
+  if (!address.empty() && address[0] == '[') {
+    size_t close = address.find(']');
+    if (close == std::string::npos || close + 1 >= address.size() || address[close + 1] != ':') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expected \"[ipv6]:port\", got \"", address, "\""));
+    }
+    hp.host = address.substr(1, close - 1);
+    port_text = address.substr(close + 2);
+  } else {
+    size_t colon = address.rfind(':');
+    if (colon == std::string::npos || colon == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expected \"host:port\", got \"", address, "\""));
+    }
+    hp.host = address.substr(0, colon);
+    port_text = address.substr(colon + 1);
+    if (hp.host.find(':') != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "expected \"host:port\" (IPv6 hosts in brackets), got \"", address, "\""));
+    }
+  }
+  int port = 0;
+  if (hp.host.empty() || !absl::SimpleAtoi(port_text, &port) || port < 1 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "expected \"host:port\" with a port in 1..65535, got \"", address, "\""));
+  }
+  hp.port = port;
+  return hp;
+}
+
+absl::StatusOr<ClusterSpec> ClusterSpec::Parse(const std::string& json_text,
+                                               const std::string& source) {
+  json doc = json::parse(json_text, /*cb=*/nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    // Re-parse with exceptions only to recover the position for the message.
+    std::string where;
+    try {
+      json ignored = json::parse(json_text);
+      (void)ignored;
+    } catch (const json::parse_error& e) {
+      where = absl::StrCat(" at byte ", e.byte);
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster spec ", source, ": not valid JSON", where,
+                     "; expected an object like {\"chief\": [\"host:port\"], \"ps\": [...], "
+                     "\"worker\": [...]}"));
+  }
+  if (!doc.is_object()) {
+    return SpecError(source, "(top level)", "expected a JSON object of job name -> addresses");
+  }
+  ClusterSpec spec;
+  spec.source_ = source;
+  std::map<std::string, std::string> seen;  // canonical address -> "job[i]"
+  for (auto it = doc.begin(); it != doc.end(); ++it) {
+    const std::string& job = it.key();
+    if (job == "pstrain") {
+      if (!it.value().is_object()) {
+        return SpecError(source, "\"pstrain\"", "expected an object of pstrain extras");
+      }
+      continue;
+    }
+    if (KnownJobs().count(job) == 0) {
+      return SpecError(source, absl::StrCat("\"", job, "\""),
+                       absl::StrCat("unknown job; expected one of ",
+                                    absl::StrJoin(KnownJobs(), ", "), " (or \"pstrain\" extras)"));
+    }
+    if (!it.value().is_array() || it.value().empty()) {
+      return SpecError(source, absl::StrCat("\"", job, "\""),
+                       "expected a non-empty array of \"host:port\" strings");
+    }
+    std::vector<std::string>& addrs = spec.jobs_[job];
+    for (size_t i = 0; i < it.value().size(); ++i) {
+      const json& entry = it.value()[i];
+      std::string key = absl::StrCat("\"", job, "\"[", i, "]");
+      if (!entry.is_string()) {
+        return SpecError(source, key, "expected a \"host:port\" string");
+      }
+      std::string addr = entry.get<std::string>();
+      absl::StatusOr<HostPort> hp = ParseHostPort(addr);
+      if (!hp.ok()) return SpecError(source, key, std::string(hp.status().message()));
+      std::string canonical = absl::StrCat(CanonicalHost(hp->host), ":", hp->port);
+      auto [prev, inserted] = seen.emplace(canonical, key);
+      if (!inserted) {
+        return SpecError(source, key,
+                         absl::StrCat("duplicate address \"", addr, "\", already used by ",
+                                      prev->second, "; every task needs its own address"));
+      }
+      addrs.push_back(addr);
+    }
+  }
+  if (spec.num_tasks(kPsJob) == 0) {
+    return SpecError(source, "\"ps\"", "missing; expected at least one parameter server");
+  }
+  if (spec.num_tasks(kWorkerJob) == 0) {
+    return SpecError(source, "\"worker\"", "missing; expected at least one worker");
+  }
+  if (spec.num_tasks(kChiefJob) != 1) {
+    return SpecError(source, "\"chief\"", "expected exactly one chief address");
+  }
+  return spec;
+}
+
+absl::StatusOr<ClusterSpec> ClusterSpec::FromFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cluster spec ", path, ": cannot open file"));
+  }
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return Parse(buf.str(), path);
+}
+
+int ClusterSpec::num_tasks(const std::string& job) const {
+  auto it = jobs_.find(job);
+  return it == jobs_.end() ? 0 : static_cast<int>(it->second.size());
+}
+
+const std::string& ClusterSpec::address(const std::string& job, int index) const {
+  return jobs_.at(job).at(index);
+}
+
+absl::Status ClusterSpec::ValidateTask(const std::string& job, int index) const {
+  if (KnownJobs().count(job) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster spec ", source_, ": job \"", job,
+                                                   "\" is unknown; expected one of ",
+                                                   absl::StrJoin(KnownJobs(), ", ")));
+  }
+  int n = num_tasks(job);
+  if (index < 0 || index >= n) {
+    return absl::InvalidArgumentError(absl::StrCat("cluster spec ", source_, ": key \"", job,
+                                                   "\": task index ", index,
+                                                   " out of range; expected 0..", n - 1));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<TaskId> ClusterSpec::AllTasks() const {
+  std::vector<TaskId> tasks;
+  for (const char* job : {kChiefJob, kPsJob, kWorkerJob}) {
+    for (int i = 0; i < num_tasks(job); ++i) tasks.push_back(TaskId{job, i});
+  }
+  return tasks;
+}
+
+absl::StatusOr<TaskConfig> ParseTfConfig(const std::string& tf_config) {
+  json doc = json::parse(tf_config, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object()) {
+    return absl::InvalidArgumentError(
+        "TF_CONFIG: not a JSON object; expected {\"cluster\": {...}, \"task\": {\"type\": "
+        "\"ps\", \"index\": 0}}");
+  }
+  if (!doc.contains("cluster")) {
+    return absl::InvalidArgumentError("TF_CONFIG: key \"cluster\": missing");
+  }
+  ASSIGN_OR_RETURN(ClusterSpec spec, ClusterSpec::Parse(doc["cluster"].dump(), "TF_CONFIG"));
+  if (!doc.contains("task") || !doc["task"].is_object()) {
+    return absl::InvalidArgumentError(
+        "TF_CONFIG: key \"task\": expected an object {\"type\": ..., \"index\": ...}");
+  }
+  const json& task = doc["task"];
+  if (!task.contains("type") || !task["type"].is_string()) {
+    return absl::InvalidArgumentError("TF_CONFIG: key \"task.type\": expected a job name");
+  }
+  int index = 0;
+  if (task.contains("index")) {
+    if (!task["index"].is_number_integer()) {
+      return absl::InvalidArgumentError("TF_CONFIG: key \"task.index\": expected an integer");
+    }
+    index = task["index"].get<int>();
+  }
+  TaskConfig out{std::move(spec), TaskId{task["type"].get<std::string>(), index}};
+  RETURN_IF_ERROR(out.cluster.ValidateTask(out.task.job, out.task.index));
+  return out;
+}
+
+absl::StatusOr<TaskConfig> ResolveTask(const std::string& spec_path, const std::string& job,
+                                       int task, const std::string& tf_config,
+                                       const std::string& expected_job) {
+  TaskConfig out;
+  if (!spec_path.empty()) {
+    ASSIGN_OR_RETURN(out.cluster, ClusterSpec::FromFile(spec_path));
+    out.task = TaskId{job.empty() ? expected_job : job, task};
+    RETURN_IF_ERROR(out.cluster.ValidateTask(out.task.job, out.task.index));
+  } else if (!tf_config.empty()) {
+    ASSIGN_OR_RETURN(out, ParseTfConfig(tf_config));
+  } else {
+    return absl::InvalidArgumentError(
+        "no cluster spec: pass --cluster_spec=FILE (with --task=N) or set TF_CONFIG");
+  }
+  if (out.task.job != expected_job) {
+    return absl::InvalidArgumentError(absl::StrCat("this binary runs job \"", expected_job,
+                                                   "\", but the task is \"", out.task.job,
+                                                   "\""));
+  }
+  return out;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,104 @@
+#include "common/cluster_spec.h"
+
+#include "catch2/catch.hpp"
+
+namespace pstrain {
+namespace {
+
+const char kGood[] =
+    R"({"chief": ["localhost:2220"], "ps": ["localhost:2221", "localhost:2222"],
+        "worker": ["localhost:2223", "localhost:2224"]})";
+
+std::string ErrorOf(const std::string& text) {
+  auto spec = ClusterSpec::Parse(text, "spec.json");
+  REQUIRE_FALSE(spec.ok());
+  return std::string(spec.status().message());
+}
+
+TEST_CASE("a TF_CONFIG-style cluster spec parses", "[cluster_spec]") {
+  auto spec = ClusterSpec::Parse(kGood, "spec.json");
+  REQUIRE(spec.ok());
+  CHECK(spec->num_ps() == 2);
+  CHECK(spec->num_workers() == 2);
+  CHECK(spec->address("worker", 1) == "localhost:2224");
+  CHECK(spec->AllTasks().size() == 5);
+  CHECK(spec->AllTasks()[0].ToString() == "chief:0");
+  CHECK(spec->ValidateTask("ps", 1).ok());
+}
+
+TEST_CASE("malformed specs give one-line errors naming file, key and expectation",
+          "[cluster_spec]") {
+  std::string e = ErrorOf("{\"ps\": [");
+  CHECK(e.find("spec.json") != std::string::npos);
+  CHECK(e.find("not valid JSON") != std::string::npos);
+  CHECK(e.find('\n') == std::string::npos);
+
+  e = ErrorOf(R"({"chief": ["a:1"], "ps": ["a:2", "localhost:3"], "worker": ["127.0.0.1:3"]})");
+  CHECK(e.find("duplicate address") != std::string::npos);
+  CHECK(e.find("\"worker\"[0]") != std::string::npos);
+
+  e = ErrorOf(R"({"chief": ["a:1"], "worker": ["a:3"]})");
+  CHECK(e.find("\"ps\"") != std::string::npos);
+  CHECK(e.find("at least one parameter server") != std::string::npos);
+
+  e = ErrorOf(R"({"chief": ["a:1"], "ps": ["a:70000"], "worker": ["a:3"]})");
+  CHECK(e.find("\"ps\"[0]") != std::string::npos);
+  CHECK(e.find("1..65535") != std::string::npos);
+
+  e = ErrorOf(R"({"chief": ["a:1"], "ps": ["a"], "worker": ["a:3"]})");
+  CHECK(e.find("host:port") != std::string::npos);
+
+  e = ErrorOf(R"({"chief": ["a:1"], "ps": ["a:2"], "worker": ["a:3"], "gpu": ["a:4"]})");
+  CHECK(e.find("unknown job") != std::string::npos);
+
+  e = ErrorOf(R"({"chief": ["a:1"], "ps": [2], "worker": ["a:3"]})");
+  CHECK(e.find("string") != std::string::npos);
+
+  e = ErrorOf(R"(["a:1"])");
+  CHECK(e.find("object") != std::string::npos);
+}
+
+TEST_CASE("pstrain extras are accepted and ignored by the job list", "[cluster_spec]") {
+  auto spec = ClusterSpec::Parse(
+      R"({"chief": ["a:1"], "ps": ["a:2"], "worker": ["a:3"], "pstrain": {"metrics": {}}})", "s");
+  REQUIRE(spec.ok());
+  CHECK(spec->AllTasks().size() == 3);
+}
+
+TEST_CASE("task index out of range is refused", "[cluster_spec]") {
+  auto spec = ClusterSpec::Parse(kGood, "spec.json");
+  REQUIRE(spec.ok());
+  absl::Status st = spec->ValidateTask("ps", 2);
+  CHECK(absl::IsInvalidArgument(st));
+  CHECK(std::string(st.message()).find("expected 0..1") != std::string::npos);
+  CHECK_FALSE(spec->ValidateTask("ps", -1).ok());
+  CHECK_FALSE(spec->ValidateTask("evaluator", 0).ok());
+}
+
+TEST_CASE("TF_CONFIG as Kubeflow sets it resolves the task", "[cluster_spec]") {
+  std::string tf = std::string(R"({"cluster": )") + kGood + R"(, "task": {"type": "ps", "index": 1}})";
+  auto task = ResolveTask("", "", 0, tf, "ps");
+  REQUIRE(task.ok());
+  CHECK(task->task.ToString() == "ps:1");
+  CHECK(task->cluster.num_workers() == 2);
+
+  auto wrong_role = ResolveTask("", "", 0, tf, "worker");
+  CHECK_FALSE(wrong_role.ok());
+
+  std::string bad = std::string(R"({"cluster": )") + kGood + R"(, "task": {"type": "ps", "index": 9}})";
+  CHECK_FALSE(ParseTfConfig(bad).ok());
+  CHECK_FALSE(ResolveTask("", "", 0, "", "ps").ok());
+}
+
+TEST_CASE("host:port parsing", "[cluster_spec]") {
+  CHECK(ParseHostPort("[::1]:80").ok());
+  CHECK(ParseHostPort("[::1]:80")->host == "::1");
+  CHECK(ParseHostPort("h:65535").ok());
+  CHECK_FALSE(ParseHostPort("h:0").ok());
+  CHECK_FALSE(ParseHostPort(":80").ok());
+  CHECK_FALSE(ParseHostPort("h:x").ok());
+  CHECK_FALSE(ParseHostPort("::1:80").ok());
+}
+
+}  // namespace
+}  // namespace pstrain

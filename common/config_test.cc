@@ -1,0 +1,64 @@
+#include "common/config.h"
+
+#include "catch2/catch.hpp"
+
+namespace pstrain {
+namespace {
+
+const char kGood[] = R"(
+model { mlp { input_dim: 784 hidden_units: 64 num_classes: 10 } }
+data { train_images: "a" train_labels: "b" batch_size: 32 }
+optimizer { learning_rate: 0.1 sgd {} }
+sync { replicas_to_aggregate: 2 }
+max_steps: 100
+seed: 7
+)";
+
+TEST_CASE("a training config parses and gets defaults", "[config]") {
+  auto c = ParseTrainingConfig(kGood, "demo.pbtxt");
+  REQUIRE(c.ok());
+  CHECK(c->model().mlp().hidden_units_size() == 1);
+  CHECK(IsSyncMode(*c));
+  CHECK(c->rpc().rpc_timeout_ms() > 0);
+  CHECK(c->rpc().step_timeout_ms() > 0);
+  CHECK(c->compute_threads() == 1);
+  CHECK(c->placement().partition_min_bytes() > 0);
+}
+
+TEST_CASE("syntax errors name line and column", "[config]") {
+  auto c = ParseTrainingConfig("max_steps: 10\nseed: 1\nmodel { mlp { input_dim: x } }\n", "bad.pbtxt");
+  REQUIRE_FALSE(c.ok());
+  std::string msg(c.status().message());
+  CHECK(msg.find("bad.pbtxt:3:") != std::string::npos);
+
+  c = ParseTrainingConfig("no_such_field: 1\n", "bad.pbtxt");
+  REQUIRE_FALSE(c.ok());
+  CHECK(std::string(c.status().message()).find("bad.pbtxt:1:1") != std::string::npos);
+}
+
+TEST_CASE("semantic errors name the field", "[config]") {
+  std::string text = kGood;
+  text.replace(text.find("batch_size: 32"), 14, "batch_size: 0");
+  auto c = ParseTrainingConfig(text, "x.pbtxt");
+  REQUIRE_FALSE(c.ok());
+  CHECK(std::string(c.status().message()).find("data.batch_size") != std::string::npos);
+
+  text = kGood;
+  text.replace(text.find("max_steps: 100"), 14, "max_steps: -1");
+  c = ParseTrainingConfig(text, "x.pbtxt");
+  REQUIRE_FALSE(c.ok());
+  CHECK(std::string(c.status().message()).find("max_steps") != std::string::npos);
+}
+
+TEST_CASE("fingerprints are stable and tell configs apart", "[config]") {
+  auto a = ParseTrainingConfig(kGood, "a");
+  auto b = ParseTrainingConfig(kGood, "b");
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(ConfigFingerprint(*a) == ConfigFingerprint(*b));
+  b->set_seed(8);
+  CHECK(ConfigFingerprint(*a) != ConfigFingerprint(*b));
+}
+
+}  // namespace
+}  // namespace pstrain

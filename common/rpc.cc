@@ -1,0 +1,80 @@
+#include "common/rpc.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/cluster_spec.h"
+
+namespace pstrain {
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message()));
+}
+
+absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& what) {
+  if (status.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                      absl::StrCat(what, ": ", status.error_message()));
+}
+
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  args.SetMaxSendMessageSize(kMaxMessageBytes);
+  // Reconnect quickly after a peer restarts instead of gRPC's default 1-120 s backoff.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::microseconds(absl::ToInt64Microseconds(timeout)));
+}
+
+absl::Status RetryWithBackoff(const std::string& what, absl::Duration total,
+                              const std::function<absl::Status()>& attempt) {
+  const absl::Time deadline = absl::Now() + total;
+  absl::Duration backoff = absl::Milliseconds(50);
+  absl::Status last;
+  for (int tries = 1;; ++tries) {
+    last = attempt();
+    if (last.ok()) return last;
+    const bool retryable = absl::IsUnavailable(last) || absl::IsDeadlineExceeded(last);
+    const absl::Time now = absl::Now();
+    if (!retryable || now >= deadline) {
+      return absl::Status(last.code(), absl::StrCat(what, " failed after ", tries, " attempt(s) in ",
+                                                    absl::FormatDuration(total - (deadline - now)),
+                                                    ": ", last.message()));
+    }
+    // Backoff between attempts of a failed call (not a readiness poll: callers
+    // use wait_for_ready, so an attempt itself blocks until the peer is up).
+    absl::SleepFor(std::min(deadline - now, backoff));
+    backoff = std::min(backoff * 2, absl::Seconds(2));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& address,
+                                                          grpc::Service* service) {
+  absl::StatusOr<HostPort> hp = ParseHostPort(address);
+  if (!hp.ok()) return hp.status();
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  // Listen on every interface at the task's port, as TensorFlow's servers do.
+  builder.AddListeningPort(absl::StrCat("0.0.0.0:", hp->port), grpc::InsecureServerCredentials(),
+                           &bound_port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || bound_port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on port ", hp->port, " (", address, "): in use or not allowed"));
+  }
+  return server;
+}
+
+}  // namespace pstrain

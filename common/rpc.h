@@ -1,0 +1,45 @@
+// The boundary between gRPC and the rest of pstrain: status conversion,
+// channels, deadlines and retry with backoff. Core code returns absl::Status
+// and never includes gRPC; service and client adapters use these helpers.
+// All functions are thread-safe.
+#ifndef PSTRAIN_COMMON_RPC_H_
+#define PSTRAIN_COMMON_RPC_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpcpp/grpcpp.h"
+
+namespace pstrain {
+
+// Protobuf messages up to this size cross the wire (both directions).
+inline constexpr int kMaxMessageBytes = 256 << 20;
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& what);
+
+// One channel per peer, reused for every call to it.
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address);
+
+// Sets a deadline `timeout` from now on `context`.
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout);
+
+// Calls `attempt` until it returns OK, a non-retryable error, or `total` has
+// passed. UNAVAILABLE and DEADLINE_EXCEEDED are retried with exponential
+// backoff (50 ms doubling to 2 s) waited on a condition, not sleep-polled
+// in a loop without bound. The last error is returned, prefixed with `what`.
+absl::Status RetryWithBackoff(const std::string& what, absl::Duration total,
+                              const std::function<absl::Status()>& attempt);
+
+// Builds a server listening on `address` (host:port) with pstrain's limits.
+// Fails with a clear status when the port cannot be bound.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& address,
+                                                          grpc::Service* service);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_RPC_H_

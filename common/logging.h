@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "spdlog/spdlog.h"
 
 namespace pstrain {
@@ -17,6 +19,24 @@ namespace pstrain {
 void InitLogging(const std::string& task, const std::string& level = "info");
 
 }  // namespace pstrain
+
+// Debian's Abseil has its own string_view type; let fmt print it and Status.
+template <>
+struct fmt::formatter<absl::string_view> : fmt::formatter<fmt::string_view> {
+  template <typename Context>
+  auto format(absl::string_view s, Context& ctx) const {
+    return fmt::formatter<fmt::string_view>::format(fmt::string_view(s.data(), s.size()), ctx);
+  }
+};
+
+template <>
+struct fmt::formatter<absl::Status> : fmt::formatter<fmt::string_view> {
+  template <typename Context>
+  auto format(const absl::Status& st, Context& ctx) const {
+    std::string text = st.ToString();
+    return fmt::formatter<fmt::string_view>::format(fmt::string_view(text), ctx);
+  }
+};
 
 #define LOG_DEBUG(...) ::spdlog::debug(__VA_ARGS__)
 #define LOG_INFO(...) ::spdlog::info(__VA_ARGS__)

@@ -1,0 +1,42 @@
+// How a daemon learns it should stop: a one-shot, thread-safe stop signal that
+// an RPC handler, a fatal error or SIGINT/SIGTERM can raise (the first reason
+// wins), and which main() waits on. Termination signals are blocked in every
+// thread and taken synchronously by one sigwait thread, so no work happens in
+// an async signal handler.
+#ifndef PSTRAIN_COMMON_SHUTDOWN_H_
+#define PSTRAIN_COMMON_SHUTDOWN_H_
+
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace pstrain {
+
+class StopSignal {
+ public:
+  // Idempotent; the first reason is kept.
+  void Stop(const std::string& reason, int exit_code = 0);
+  bool stopped();
+  void Wait();
+  // True once stopped; false if `timeout` passed first.
+  bool WaitFor(absl::Duration timeout);
+  std::string reason();
+  int exit_code();
+
+ private:
+  absl::Mutex mu_;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  std::string reason_ ABSL_GUARDED_BY(mu_);
+  int exit_code_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Call first in main(), before any thread starts: blocks SIGINT and SIGTERM
+// (threads created later inherit the mask) and starts a detached thread that
+// turns them into stop->Stop("signal ..."). `stop` must outlive the process.
+void StopOnTerminationSignals(StopSignal* stop);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_SHUTDOWN_H_

@@ -1,0 +1,53 @@
+// ps_server: holds a shard of the model's variables and applies the gradients
+// workers push. Usage:
+//   ps_server --cluster_spec=cluster.json --task=0   (or TF_CONFIG in the env)
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/cluster_spec.h"
+#include "common/logging.h"
+#include "common/rpc.h"
+#include "common/shutdown.h"
+#include "ps_server/parameter_server.h"
+#include "ps_server/ps_service.h"
+
+ABSL_FLAG(std::string, cluster_spec, "", "cluster spec JSON file (else TF_CONFIG)");
+ABSL_FLAG(std::string, job, "ps", "job name; must be ps");
+ABSL_FLAG(int, task, 0, "task index within the ps job");
+ABSL_FLAG(std::string, config, "", "training config (accepted for uniformity; the chief sends it)");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("pstrain parameter server: --cluster_spec=FILE --task=N");
+  absl::ParseCommandLine(argc, argv);
+  pstrain::StopSignal stop;
+  pstrain::StopOnTerminationSignals(&stop);
+
+  const char* tf_config = std::getenv("TF_CONFIG");
+  auto task = pstrain::ResolveTask(absl::GetFlag(FLAGS_cluster_spec), absl::GetFlag(FLAGS_job),
+                                   absl::GetFlag(FLAGS_task), tf_config ? tf_config : "",
+                                   pstrain::kPsJob);
+  if (!task.ok()) {
+    std::cerr << "ps_server: " << task.status().message() << "\n";
+    return 2;
+  }
+  pstrain::InitLogging(task->task.ToString(), absl::GetFlag(FLAGS_log_level));
+  const std::string& address = task->cluster.address(pstrain::kPsJob, task->task.index);
+
+  pstrain::ParameterServer ps;
+  pstrain::PsServiceImpl service(&ps, &stop);
+  auto server = pstrain::StartServer(address, &service);
+  if (!server.ok()) {
+    LOG_ERROR("{}", server.status().message());
+    return 1;
+  }
+  LOG_INFO("parameter server listening on {}", address);
+  stop.Wait();
+  LOG_INFO("stopping: {}", stop.reason());
+  ps.Shutdown();  // wakes waiting pulls so in-flight calls finish promptly
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  return stop.exit_code();
+}

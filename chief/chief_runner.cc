@@ -1,0 +1,148 @@
+#include "chief/chief_runner.h"
+
+#include <algorithm>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/config.h"
+#include "common/env.h"
+#include "common/logging.h"
+#include "common/placement.h"
+#include "common/ps_client.h"
+#include "common/status_macros.h"
+#include "common/tensor_file.h"
+#include "nlohmann/json.hpp"
+#include "worker/dataset.h"
+#include "worker/mlp.h"
+
+namespace pstrain {
+namespace {
+
+struct Evaluation {
+  int64_t step = 0;
+  EvalResult result;
+};
+
+absl::StatusOr<Evaluation> Evaluate(PsClient* ps, Mlp* model, const Dataset* test,
+                                    std::vector<Tensor>* params) {
+  PsClient::PullResult pulled;
+  RETURN_IF_ERROR(ps->PullAll({}, absl::ZeroDuration(), params, &pulled));
+  Evaluation e;
+  e.step = *std::min_element(pulled.versions.begin(), pulled.versions.end());
+  if (test != nullptr) {
+    RETURN_IF_ERROR(model->Evaluate(*params, test->x.data(), test->y.data(), test->size, &e.result));
+  }
+  return e;
+}
+
+}  // namespace
+
+absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, uint64_t incarnation,
+                      Chief* chief, StopSignal* stop) {
+  const absl::Duration rpc_timeout = absl::Milliseconds(config.rpc().rpc_timeout_ms());
+  const absl::Duration step_timeout = absl::Milliseconds(config.rpc().step_timeout_ms());
+  SetBlasThreads(config.compute_threads());
+  Mlp model(config.model().mlp());
+  ASSIGN_OR_RETURN(Placement placement,
+                   Placement::Compute(model.variables(), cluster.num_ps(),
+                                      config.placement().partition_min_bytes()));
+  // One log line per server and per variable.
+  for (absl::string_view line : absl::StrSplit(placement.DebugString(), '\n', absl::SkipEmpty())) {
+    LOG_INFO("placement: {}", line);
+  }
+  std::optional<Dataset> test;
+  if (!config.data().test_images().empty()) {
+    ASSIGN_OR_RETURN(test, LoadIdxDataset(Env::Default(), config.data().test_images(),
+                                          config.data().test_labels(), model.input_dim(),
+                                          model.num_classes(), config.data().normalize()));
+    LOG_INFO("{} held-out examples for evaluation", test->size);
+  }
+
+  PsClient ps(cluster, &placement, /*worker=*/-1, rpc_timeout);
+  ps.set_incarnation(incarnation);
+  std::vector<Tensor> params = model.Initialize(config.seed());
+  RETURN_IF_ERROR(ps.InitializeAll(config, ConfigFingerprint(config), cluster.num_workers(),
+                                   /*start_step=*/0, params,
+                                   absl::Milliseconds(config.rpc().startup_timeout_ms())));
+  LOG_INFO("initialised variables on {} parameter server(s) from seed {}", cluster.num_ps(),
+           config.seed());
+  chief->MarkInitialized();
+
+  const int64_t max_steps = config.max_steps();
+  const int64_t every = config.eval_every_steps() > 0 ? config.eval_every_steps() : max_steps;
+  int64_t next_eval = std::min(every, max_steps);
+  const absl::Time start = absl::Now();
+  for (;;) {
+    if (stop->stopped()) {
+      chief->RequestStop();
+      chief->SetState("stopped");
+      return absl::CancelledError(stop->reason());
+    }
+    const int64_t step = chief->WaitForStep(next_eval, absl::Seconds(1));
+    if (absl::Now() - chief->last_progress() > step_timeout + rpc_timeout) {
+      chief->RequestStop();
+      chief->SetState("failed");
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no training progress for ", absl::FormatDuration(step_timeout + rpc_timeout),
+          " (global step ", step, "): a worker or parameter server is stuck or gone"));
+    }
+    if (step >= next_eval && step < max_steps) {
+      ASSIGN_OR_RETURN(Evaluation e, Evaluate(&ps, &model, test ? &*test : nullptr, &params));
+      chief->SetEval(e.step, e.result.accuracy(), e.result.loss);
+      LOG_INFO("step {}/{}: train loss {:.4f}, eval accuracy {:.4f}, eval loss {:.4f}, {:.0f} "
+               "examples/s",
+               e.step, max_steps, chief->train_loss(), e.result.accuracy(), e.result.loss,
+               chief->examples_per_sec());
+      while (next_eval <= step) next_eval += every;
+      next_eval = std::min(next_eval, max_steps);
+    }
+    if (step >= max_steps || chief->AllWorkersDone()) break;
+  }
+
+  chief->RequestStop();
+  if (!chief->WaitForWorkersDone(step_timeout)) {
+    LOG_WARN("not every worker reported done within {}", absl::FormatDuration(step_timeout));
+  }
+  ASSIGN_OR_RETURN(Evaluation final_eval,
+                   Evaluate(&ps, &model, test ? &*test : nullptr, &params));
+  chief->SetEval(final_eval.step, final_eval.result.accuracy(), final_eval.result.loss);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+
+  Env* env = Env::Default();
+  RETURN_IF_ERROR(env->CreateDirs(config.output_dir()));
+  TensorMap model_file;
+  for (size_t v = 0; v < params.size(); ++v) {
+    model_file.emplace(placement.variables()[v].spec.name, params[v]);
+  }
+  const std::string model_path = JoinPath(config.output_dir(), "model_final.pst");
+  RETURN_IF_ERROR(WriteTensorFile(env, model_path, model_file));
+  nlohmann::json summary = {
+      {"global_step", final_eval.step},
+      {"max_steps", max_steps},
+      {"eval_accuracy", final_eval.result.accuracy()},
+      {"eval_loss", final_eval.result.loss},
+      {"eval_examples", final_eval.result.count},
+      {"train_loss", chief->train_loss()},
+      {"examples_per_sec", chief->examples_per_sec()},
+      {"train_seconds", seconds},
+      {"mode", IsSyncMode(config) ? "sync" : "async"},
+      {"num_ps", cluster.num_ps()},
+      {"num_workers", cluster.num_workers()},
+  };
+  RETURN_IF_ERROR(WriteFileAtomically(env, JoinPath(config.output_dir(), "summary.json"),
+                                      summary.dump(2) + "\n"));
+  LOG_INFO("training finished at step {} in {:.1f}s: eval accuracy {:.4f}, eval loss {:.4f}; "
+           "model written to {}",
+           final_eval.step, seconds, final_eval.result.accuracy(), final_eval.result.loss,
+           model_path);
+
+  absl::Status st = ps.ShutdownAll("training finished");
+  if (!st.ok()) LOG_WARN("shutting down parameter servers: {}", st);
+  chief->SetState("finished");
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

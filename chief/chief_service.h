@@ -1,0 +1,28 @@
+// gRPC adapter for the chief: unpacks RPCs, calls Chief, converts the status.
+// Thread-safe (Chief is).
+#ifndef PSTRAIN_CHIEF_CHIEF_SERVICE_H_
+#define PSTRAIN_CHIEF_CHIEF_SERVICE_H_
+
+#include "chief/chief_state.h"
+#include "proto/chief_service.grpc.pb.h"
+
+namespace pstrain {
+
+class ChiefServiceImpl final : public ChiefService::Service {
+ public:
+  explicit ChiefServiceImpl(Chief* chief) : chief_(chief) {}
+
+  grpc::Status RegisterWorker(grpc::ServerContext* ctx, const RegisterWorkerRequest* req,
+                              RegisterWorkerResponse* resp) override;
+  grpc::Status ReportProgress(grpc::ServerContext* ctx, const ProgressReport* req,
+                              ProgressResponse* resp) override;
+  grpc::Status GetStatus(grpc::ServerContext* ctx, const ChiefStatusRequest* req,
+                         ChiefStatusResponse* resp) override;
+
+ private:
+  Chief* const chief_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_CHIEF_CHIEF_SERVICE_H_

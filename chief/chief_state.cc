@@ -1,0 +1,176 @@
+#include "chief/chief_state.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace pstrain {
+
+Chief::Chief(int num_workers, int64_t max_steps, uint64_t incarnation, uint64_t fingerprint,
+             int64_t start_step, absl::Duration max_wait)
+    : num_workers_(num_workers),
+      max_steps_(max_steps),
+      incarnation_(incarnation),
+      fingerprint_(fingerprint),
+      start_step_(start_step),
+      max_wait_(max_wait),
+      global_step_(start_step),
+      workers_(num_workers),
+      last_progress_(absl::Now()) {}
+
+absl::Status Chief::RegisterWorker(const RegisterWorkerRequest& request,
+                                   RegisterWorkerResponse* response) {
+  const int w = request.worker();
+  if (w < 0 || w >= num_workers_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker ", w, " out of range; the cluster has ", num_workers_, " workers"));
+  }
+  if (request.config_fingerprint() != fingerprint_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", w, " runs a different training config than the chief (fingerprint ",
+        request.config_fingerprint(), " vs ", fingerprint_, ")"));
+  }
+  if (request.timeout_ms() < 0) return absl::InvalidArgumentError("negative timeout_ms");
+  absl::MutexLock lock(&mu_);
+  const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
+  if (!mu_.AwaitWithTimeout(absl::Condition(&initialized_), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat("variables not initialised after ",
+                                                    absl::FormatDuration(timeout)));
+  }
+  workers_[w].registered = true;
+  workers_[w].done = false;
+  last_progress_ = absl::Now();
+  response->set_incarnation(incarnation_);
+  response->set_start_step(global_step_);
+  return absl::OkStatus();
+}
+
+absl::Status Chief::ReportProgress(const ProgressReport& report, ProgressResponse* response) {
+  const int w = report.worker();
+  if (report.incarnation() != incarnation_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("progress from cluster incarnation ", report.incarnation(),
+                     ", this chief runs ", incarnation_));
+  }
+  if (w < 0 || w >= num_workers_) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", w, " out of range"));
+  }
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  if (first_report_ == absl::InfinitePast()) first_report_ = now;
+  WorkerState& ws = workers_[w];
+  ws.registered = true;
+  ws.examples = std::max(ws.examples, report.examples());
+  if (report.local_steps() > 0 && report.loss() > 0) ws.loss = report.loss();
+  ws.done = report.done();
+  if (report.global_step() > global_step_) {
+    global_step_ = report.global_step();
+    last_progress_ = now;
+  }
+  response->set_stop(stop_requested_ || (max_steps_ > 0 && global_step_ >= max_steps_));
+  return absl::OkStatus();
+}
+
+void Chief::GetStatus(ChiefStatusResponse* r) {
+  absl::MutexLock lock(&mu_);
+  r->set_state(state_);
+  r->set_global_step(global_step_);
+  r->set_max_steps(max_steps_);
+  int registered = 0, done = 0;
+  float loss_sum = 0;
+  int loss_n = 0;
+  int64_t examples = 0;
+  for (const WorkerState& ws : workers_) {
+    registered += ws.registered;
+    done += ws.done;
+    examples += ws.examples;
+    if (ws.loss > 0) {
+      loss_sum += ws.loss;
+      ++loss_n;
+    }
+  }
+  r->set_workers_registered(registered);
+  r->set_workers_done(done);
+  r->set_train_loss(loss_n > 0 ? loss_sum / loss_n : 0);
+  const double secs = absl::ToDoubleSeconds(absl::Now() - first_report_);
+  r->set_examples_per_sec(first_report_ != absl::InfinitePast() && secs > 0 ? examples / secs : 0);
+  r->set_eval_step(eval_step_);
+  r->set_eval_accuracy(eval_accuracy_);
+  r->set_eval_loss(eval_loss_);
+}
+
+void Chief::MarkInitialized() {
+  absl::MutexLock lock(&mu_);
+  initialized_ = true;
+  state_ = "training";
+  last_progress_ = absl::Now();
+}
+
+void Chief::RequestStop() {
+  absl::MutexLock lock(&mu_);
+  stop_requested_ = true;
+}
+
+bool Chief::AllDoneLocked() const {
+  for (const WorkerState& ws : workers_) {
+    if (!ws.done) return false;
+  }
+  return true;
+}
+
+int64_t Chief::WaitForStep(int64_t step, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto reached = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return global_step_ >= step || AllDoneLocked();
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+  return global_step_;
+}
+
+bool Chief::WaitForWorkersDone(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return AllDoneLocked(); };
+  return mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+}
+
+bool Chief::AllWorkersDone() {
+  absl::MutexLock lock(&mu_);
+  return AllDoneLocked();
+}
+
+int64_t Chief::global_step() {
+  absl::MutexLock lock(&mu_);
+  return global_step_;
+}
+
+absl::Time Chief::last_progress() {
+  absl::MutexLock lock(&mu_);
+  return last_progress_;
+}
+
+double Chief::examples_per_sec() {
+  ChiefStatusResponse r;
+  GetStatus(&r);
+  return r.examples_per_sec();
+}
+
+float Chief::train_loss() {
+  ChiefStatusResponse r;
+  GetStatus(&r);
+  return r.train_loss();
+}
+
+void Chief::SetEval(int64_t step, float accuracy, float loss) {
+  absl::MutexLock lock(&mu_);
+  eval_step_ = step;
+  eval_accuracy_ = accuracy;
+  eval_loss_ = loss;
+}
+
+void Chief::SetState(const std::string& state) {
+  absl::MutexLock lock(&mu_);
+  state_ = state;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,81 @@
+// The chief's shared state: worker registration, the global step as workers
+// report it, the stop decision and the latest evaluation. The RPC service
+// reads and updates it; the driver (chief_runner.h) waits on it. No gRPC here.
+// Thread-safe: all state is guarded by mu_.
+#ifndef PSTRAIN_CHIEF_CHIEF_STATE_H_
+#define PSTRAIN_CHIEF_CHIEF_STATE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/chief_service.pb.h"
+
+namespace pstrain {
+
+class Chief {
+ public:
+  Chief(int num_workers, int64_t max_steps, uint64_t incarnation, uint64_t fingerprint,
+        int64_t start_step, absl::Duration max_wait = absl::Minutes(10));
+
+  // --- Called by the RPC service.
+  // Waits (up to the request's timeout) until the variables are initialised.
+  absl::Status RegisterWorker(const RegisterWorkerRequest& request,
+                              RegisterWorkerResponse* response);
+  absl::Status ReportProgress(const ProgressReport& report, ProgressResponse* response);
+  void GetStatus(ChiefStatusResponse* response);
+
+  // --- Called by the driver.
+  void MarkInitialized();
+  // Workers are told to stop at their next report.
+  void RequestStop();
+  // Waits until the global step reaches `step`, every worker is done, or
+  // `timeout` passes. Returns the global step.
+  int64_t WaitForStep(int64_t step, absl::Duration timeout);
+  // Waits until every registered worker has reported done, or `timeout`.
+  bool WaitForWorkersDone(absl::Duration timeout);
+  bool AllWorkersDone();
+  int64_t global_step();
+  absl::Time last_progress();
+  double examples_per_sec();
+  float train_loss();
+  void SetEval(int64_t step, float accuracy, float loss);
+  void SetState(const std::string& state);
+
+ private:
+  struct WorkerState {
+    bool registered = false;
+    bool done = false;
+    int64_t examples = 0;
+    float loss = 0;
+  };
+  bool AllDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Constant after construction.
+  const int num_workers_;
+  const int64_t max_steps_;
+  const uint64_t incarnation_;
+  const uint64_t fingerprint_;
+  const int64_t start_step_;
+  const absl::Duration max_wait_;
+
+  absl::Mutex mu_;
+  bool initialized_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+  std::string state_ ABSL_GUARDED_BY(mu_) = "starting";
+  int64_t global_step_ ABSL_GUARDED_BY(mu_);
+  std::vector<WorkerState> workers_ ABSL_GUARDED_BY(mu_);
+  absl::Time first_report_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time last_progress_ ABSL_GUARDED_BY(mu_);
+  int64_t eval_step_ ABSL_GUARDED_BY(mu_) = -1;
+  float eval_accuracy_ ABSL_GUARDED_BY(mu_) = 0;
+  float eval_loss_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_CHIEF_CHIEF_STATE_H_

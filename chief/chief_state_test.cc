@@ -1,0 +1,77 @@
+#include "chief/chief_state.h"
+
+#include <thread>
+
+#include "catch2/catch.hpp"
+
+namespace pstrain {
+namespace {
+
+TEST_CASE("registration waits for initialisation, with a deadline", "[chief]") {
+  Chief chief(2, 100, /*incarnation=*/9, /*fingerprint=*/5, 0);
+  RegisterWorkerRequest req;
+  req.set_worker(1);
+  req.set_config_fingerprint(5);
+  req.set_timeout_ms(20);
+  RegisterWorkerResponse resp;
+  CHECK(absl::IsDeadlineExceeded(chief.RegisterWorker(req, &resp)));
+  std::thread init([&chief] { chief.MarkInitialized(); });
+  req.set_timeout_ms(10000);
+  CHECK(chief.RegisterWorker(req, &resp).ok());
+  CHECK(resp.incarnation() == 9);
+  init.join();
+}
+
+TEST_CASE("registration refuses a different config or an unknown worker", "[chief]") {
+  Chief chief(2, 100, 9, 5, 0);
+  chief.MarkInitialized();
+  RegisterWorkerRequest req;
+  req.set_worker(0);
+  req.set_config_fingerprint(6);
+  RegisterWorkerResponse resp;
+  CHECK(absl::IsFailedPrecondition(chief.RegisterWorker(req, &resp)));
+  req.set_config_fingerprint(5);
+  req.set_worker(2);
+  CHECK(absl::IsInvalidArgument(chief.RegisterWorker(req, &resp)));
+}
+
+TEST_CASE("progress moves the global step; workers are stopped at max_steps", "[chief]") {
+  Chief chief(2, 100, 9, 5, 0);
+  chief.MarkInitialized();
+  ProgressReport r;
+  r.set_incarnation(9);
+  r.set_worker(0);
+  r.set_global_step(50);
+  r.set_local_steps(50);
+  r.set_loss(0.5f);
+  r.set_examples(1600);
+  ProgressResponse resp;
+  REQUIRE(chief.ReportProgress(r, &resp).ok());
+  CHECK_FALSE(resp.stop());
+  CHECK(chief.global_step() == 50);
+  CHECK(chief.WaitForStep(60, absl::Milliseconds(10)) == 50);
+  r.set_global_step(100);
+  REQUIRE(chief.ReportProgress(r, &resp).ok());
+  CHECK(resp.stop());
+  r.set_incarnation(10);
+  CHECK(absl::IsFailedPrecondition(chief.ReportProgress(r, &resp)));
+}
+
+TEST_CASE("all workers done ends the wait", "[chief]") {
+  Chief chief(2, 100, 9, 5, 0);
+  chief.MarkInitialized();
+  CHECK_FALSE(chief.WaitForWorkersDone(absl::Milliseconds(5)));
+  for (int w = 0; w < 2; ++w) {
+    ProgressReport r;
+    r.set_incarnation(9);
+    r.set_worker(w);
+    r.set_done(true);
+    ProgressResponse resp;
+    REQUIRE(chief.ReportProgress(r, &resp).ok());
+  }
+  CHECK(chief.WaitForWorkersDone(absl::Milliseconds(5)));
+  CHECK(chief.AllWorkersDone());
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,79 @@
+// chief: initialises the variables, owns the global step, evaluates, and ends
+// the job. Usage:
+//   chief --cluster_spec=cluster.json --config=train.pbtxt   (or TF_CONFIG)
+#include <cstdlib>
+#include <iostream>
+#include <random>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "chief/chief_state.h"
+#include "chief/chief_runner.h"
+#include "chief/chief_service.h"
+#include "common/cluster_spec.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/rpc.h"
+#include "common/shutdown.h"
+
+ABSL_FLAG(std::string, cluster_spec, "", "cluster spec JSON file (else TF_CONFIG)");
+ABSL_FLAG(std::string, job, "chief", "job name; must be chief");
+ABSL_FLAG(int, task, 0, "task index within the chief job (always 0)");
+ABSL_FLAG(std::string, config, "", "training config (text-format TrainingConfig)");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("pstrain chief: --cluster_spec=FILE --config=FILE");
+  absl::ParseCommandLine(argc, argv);
+  pstrain::StopSignal stop;
+  pstrain::StopOnTerminationSignals(&stop);
+
+  const char* tf_config = std::getenv("TF_CONFIG");
+  auto task = pstrain::ResolveTask(absl::GetFlag(FLAGS_cluster_spec), absl::GetFlag(FLAGS_job),
+                                   absl::GetFlag(FLAGS_task), tf_config ? tf_config : "",
+                                   pstrain::kChiefJob);
+  if (!task.ok()) {
+    std::cerr << "chief: " << task.status().message() << "\n";
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_config).empty()) {
+    std::cerr << "chief: --config=FILE is required\n";
+    return 2;
+  }
+  auto config = pstrain::LoadTrainingConfig(absl::GetFlag(FLAGS_config));
+  if (!config.ok()) {
+    std::cerr << "chief: " << config.status().message() << "\n";
+    return 2;
+  }
+  pstrain::InitLogging(task->task.ToString(), absl::GetFlag(FLAGS_log_level));
+
+  // A fresh incarnation per chief start: requests from tasks of an earlier
+  // run of the cluster are refused by it.
+  std::random_device rd;
+  uint64_t incarnation = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  if (incarnation == 0) incarnation = 1;
+
+  pstrain::Chief chief(task->cluster.num_workers(), config->max_steps(), incarnation,
+                       pstrain::ConfigFingerprint(*config), /*start_step=*/0);
+  pstrain::ChiefServiceImpl service(&chief);
+  const std::string& address = task->cluster.address(pstrain::kChiefJob, 0);
+  auto server = pstrain::StartServer(address, &service);
+  if (!server.ok()) {
+    LOG_ERROR("{}", server.status().message());
+    return 1;
+  }
+  LOG_INFO("chief listening on {}; {} ps, {} workers, incarnation {:x}", address,
+           task->cluster.num_ps(), task->cluster.num_workers(), incarnation);
+  absl::Status st = pstrain::RunChief(*config, task->cluster, incarnation, &chief, &stop);
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (absl::IsCancelled(st)) {
+    LOG_INFO("stopped: {}", st.message());
+    return stop.exit_code();
+  }
+  if (!st.ok()) {
+    LOG_ERROR("training failed: {}", st);
+    return 1;
+  }
+  return 0;
+}

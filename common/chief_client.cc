@@ -1,0 +1,41 @@
+#include "common/chief_client.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/rpc.h"
+
+namespace pstrain {
+
+ChiefClient::ChiefClient(const std::string& address, absl::Duration rpc_timeout)
+    : address_(address),
+      rpc_timeout_(rpc_timeout),
+      stub_(ChiefService::NewStub(CreateChannel(address))) {}
+
+absl::Status ChiefClient::RegisterWorker(int worker, uint64_t fingerprint, absl::Duration timeout,
+                                         RegisterWorkerResponse* response) {
+  RegisterWorkerRequest req;
+  req.set_worker(worker);
+  req.set_config_fingerprint(fingerprint);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout + rpc_timeout_);
+  ctx.set_wait_for_ready(true);  // the chief may still be starting
+  return FromGrpcStatus(stub_->RegisterWorker(&ctx, req, response),
+                        absl::StrCat("RegisterWorker with chief ", address_));
+}
+
+absl::Status ChiefClient::ReportProgress(const ProgressReport& report, ProgressResponse* response) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  return FromGrpcStatus(stub_->ReportProgress(&ctx, report, response),
+                        absl::StrCat("ReportProgress to chief ", address_));
+}
+
+absl::Status ChiefClient::GetStatus(ChiefStatusResponse* response) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  ChiefStatusRequest req;
+  return FromGrpcStatus(stub_->GetStatus(&ctx, req, response),
+                        absl::StrCat("GetStatus of chief ", address_));
+}
+
+}  // namespace pstrain

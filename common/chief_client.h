@@ -1,0 +1,33 @@
+// Client for the chief's service, used by workers and by `pstrain launch`.
+// Each call carries a deadline. Thread-compatible.
+#ifndef PSTRAIN_COMMON_CHIEF_CLIENT_H_
+#define PSTRAIN_COMMON_CHIEF_CLIENT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "proto/chief_service.grpc.pb.h"
+
+namespace pstrain {
+
+class ChiefClient {
+ public:
+  ChiefClient(const std::string& address, absl::Duration rpc_timeout);
+
+  // Blocks until the chief is up and has initialised the variables, at most `timeout`.
+  absl::Status RegisterWorker(int worker, uint64_t fingerprint, absl::Duration timeout,
+                              RegisterWorkerResponse* response);
+  absl::Status ReportProgress(const ProgressReport& report, ProgressResponse* response);
+  absl::Status GetStatus(ChiefStatusResponse* response);
+
+ private:
+  const std::string address_;
+  const absl::Duration rpc_timeout_;
+  std::unique_ptr<ChiefService::Stub> stub_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_CHIEF_CLIENT_H_

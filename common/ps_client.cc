@@ -1,0 +1,234 @@
+#include "common/ps_client.h"
+
+#include <cstring>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/rpc.h"
+
+namespace pstrain {
+namespace {
+
+// Starts one call per server with `start(s, ctx, done)` and waits for all of
+// them. Each context carries `timeout` as its deadline; the wait itself is
+// bounded a little beyond it. Returns the first failure, naming the server.
+absl::Status CallAll(int n, absl::Duration timeout, bool wait_for_ready,
+                     const std::function<std::string(int)>& name,
+                     const std::function<void(int, grpc::ClientContext*,
+                                              std::function<void(grpc::Status)>)>& start) {
+  absl::Mutex mu;
+  int pending = n;
+  std::vector<grpc::Status> statuses(n);
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  for (int s = 0; s < n; ++s) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    SetDeadline(contexts.back().get(), timeout);
+    contexts.back()->set_wait_for_ready(wait_for_ready);
+  }
+  for (int s = 0; s < n; ++s) {
+    start(s, contexts[s].get(), [&mu, &pending, &statuses, s](grpc::Status st) {
+      absl::MutexLock lock(&mu);
+      statuses[s] = std::move(st);
+      --pending;
+    });
+  }
+  {
+    absl::MutexLock lock(&mu);
+    auto done = [&pending]() { return pending == 0; };
+    if (!mu.AwaitWithTimeout(absl::Condition(&done), timeout + absl::Seconds(5))) {
+      // gRPC enforces the deadlines; this is a guard against a stuck library.
+      for (auto& ctx : contexts) ctx->TryCancel();
+      mu.Await(absl::Condition(&done));
+    }
+  }
+  for (int s = 0; s < n; ++s) {
+    if (!statuses[s].ok()) return FromGrpcStatus(statuses[s], name(s));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+PsClient::PsClient(const ClusterSpec& cluster, const Placement* placement, int worker,
+                   absl::Duration rpc_timeout)
+    : placement_(placement), worker_(worker), rpc_timeout_(rpc_timeout) {
+  for (int s = 0; s < cluster.num_ps(); ++s) {
+    addresses_.push_back(cluster.address(kPsJob, s));
+    stubs_.push_back(PsService::NewStub(CreateChannel(addresses_.back())));
+  }
+}
+
+std::string PsClient::ServerName(int s) const {
+  return absl::StrCat("ps:", s, " (", addresses_[s], ")");
+}
+
+absl::Status PsClient::InitializeAll(const TrainingConfig& config, uint64_t fingerprint,
+                                     int num_workers, int64_t start_step,
+                                     const std::vector<Tensor>& params,
+                                     absl::Duration startup_timeout) {
+  const auto& vars = placement_->variables();
+  if (params.size() != vars.size()) {
+    return absl::InvalidArgumentError("InitializeAll: params do not match the placement");
+  }
+  std::vector<InitializeRequest> requests(num_servers());
+  for (InitializeRequest& req : requests) {
+    req.set_incarnation(incarnation_);
+    *req.mutable_config() = config;
+    req.set_config_fingerprint(fingerprint);
+    req.set_num_workers(num_workers);
+    req.set_start_step(start_step);
+  }
+  for (size_t v = 0; v < vars.size(); ++v) {
+    const int64_t row = vars[v].spec.row_elements();
+    for (const Partition& part : vars[v].partitions) {
+      NamedTensor* nt = requests[part.server].add_variables();
+      nt->mutable_ref()->set_variable(vars[v].spec.name);
+      nt->mutable_ref()->set_partition(part.index);
+      std::vector<int64_t> shape = vars[v].spec.shape;
+      shape[0] = part.num_rows();
+      ToProto(shape,
+              absl::MakeConstSpan(params[v].data() + part.row_begin * row, part.num_rows() * row),
+              nt->mutable_tensor());
+    }
+  }
+  std::vector<InitializeResponse> responses(num_servers());
+  std::vector<grpc::Status> raw(num_servers());
+  absl::Status st = CallAll(
+      num_servers(), startup_timeout, /*wait_for_ready=*/true,
+      [this](int s) { return absl::StrCat("Initialize ", ServerName(s)); },
+      [&](int s, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+        stubs_[s]->async()->Initialize(ctx, &requests[s], &responses[s],
+                                       [done, &raw, s](grpc::Status g) {
+                                         // A retried Initialize that already landed is fine.
+                                         if (g.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
+                                           g = grpc::Status::OK;
+                                         }
+                                         raw[s] = g;
+                                         done(g);
+                                       });
+      });
+  return st;
+}
+
+absl::Status PsClient::PullAll(const std::vector<int64_t>& min_versions, absl::Duration wait,
+                               std::vector<Tensor>* params, PullResult* result) {
+  const auto& vars = placement_->variables();
+  params->resize(vars.size());
+  for (size_t v = 0; v < vars.size(); ++v) {
+    if ((*params)[v].shape() != vars[v].spec.shape) (*params)[v] = Tensor(vars[v].spec.shape);
+  }
+  std::vector<PullRequest> requests(num_servers());
+  std::vector<PullResponse> responses(num_servers());
+  for (int s = 0; s < num_servers(); ++s) {
+    requests[s].set_incarnation(incarnation_);
+    requests[s].set_worker(worker_);
+    requests[s].set_min_version(min_versions.empty() ? 0 : min_versions[s]);
+    requests[s].set_timeout_ms(absl::ToInt64Milliseconds(wait));
+  }
+  absl::Status st = CallAll(
+      num_servers(), wait + rpc_timeout_, /*wait_for_ready=*/false,
+      [this](int s) { return absl::StrCat("Pull from ", ServerName(s)); },
+      [&](int s, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+        stubs_[s]->async()->Pull(ctx, &requests[s], &responses[s], std::move(done));
+      });
+  if (!st.ok()) return st;
+
+  // Assemble, checking that every partition arrives once, with its shape.
+  result->versions.assign(num_servers(), 0);
+  result->finished = false;
+  int64_t expected = 0, received = 0;
+  for (const VariablePlacement& vp : vars) expected += vp.partitions.size();
+  for (int s = 0; s < num_servers(); ++s) {
+    result->versions[s] = responses[s].version();
+    result->finished |= responses[s].finished();
+    for (const NamedTensor& nt : responses[s].tensors()) {
+      const VariablePlacement* vp = placement_->Find(nt.ref().variable());
+      const int p = nt.ref().partition();
+      if (vp == nullptr || p < 0 || p >= static_cast<int>(vp->partitions.size()) ||
+          vp->partitions[p].server != s) {
+        return absl::DataLossError(absl::StrCat(ServerName(s), " sent unexpected partition ",
+                                                nt.ref().variable(), "/", p));
+      }
+      const Partition& part = vp->partitions[p];
+      const int64_t row = vp->spec.row_elements();
+      const int64_t bytes = part.num_rows() * row * 4;
+      if (nt.tensor().dtype() != DT_FLOAT ||
+          static_cast<int64_t>(nt.tensor().content().size()) != bytes) {
+        return absl::DataLossError(absl::StrCat(ServerName(s), " sent ", nt.ref().variable(), "/",
+                                                p, " with the wrong size"));
+      }
+      const size_t v = static_cast<size_t>(vp - vars.data());
+      std::memcpy((*params)[v].data() + part.row_begin * row, nt.tensor().content().data(), bytes);
+      ++received;
+    }
+  }
+  if (received != expected) {
+    return absl::DataLossError(absl::StrCat("pull assembled ", received, " of ", expected,
+                                            " partitions"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::PushAll(const std::vector<int64_t>& steps, const std::vector<Tensor>& grads,
+                               std::vector<PushOutcome>* outcomes) {
+  const auto& vars = placement_->variables();
+  if (grads.size() != vars.size()) {
+    return absl::InvalidArgumentError("PushAll: gradients do not match the placement");
+  }
+  std::vector<PushRequest> requests(num_servers());
+  std::vector<PushResponse> responses(num_servers());
+  for (int s = 0; s < num_servers(); ++s) {
+    requests[s].set_incarnation(incarnation_);
+    requests[s].set_worker(worker_);
+    requests[s].set_step(steps[s]);
+  }
+  for (size_t v = 0; v < vars.size(); ++v) {
+    const int64_t row = vars[v].spec.row_elements();
+    for (const Partition& part : vars[v].partitions) {
+      NamedTensor* nt = requests[part.server].add_gradients();
+      nt->mutable_ref()->set_variable(vars[v].spec.name);
+      nt->mutable_ref()->set_partition(part.index);
+      std::vector<int64_t> shape = vars[v].spec.shape;
+      shape[0] = part.num_rows();
+      ToProto(shape,
+              absl::MakeConstSpan(grads[v].data() + part.row_begin * row, part.num_rows() * row),
+              nt->mutable_tensor());
+    }
+  }
+  absl::Status st = CallAll(
+      num_servers(), rpc_timeout_, /*wait_for_ready=*/false,
+      [this](int s) { return absl::StrCat("Push to ", ServerName(s)); },
+      [&](int s, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+        stubs_[s]->async()->Push(ctx, &requests[s], &responses[s], std::move(done));
+      });
+  if (!st.ok()) return st;
+  outcomes->resize(num_servers());
+  for (int s = 0; s < num_servers(); ++s) (*outcomes)[s] = responses[s].outcome();
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::ShutdownAll(const std::string& reason) {
+  std::vector<ShutdownRequest> requests(num_servers());
+  std::vector<ShutdownResponse> responses(num_servers());
+  for (ShutdownRequest& r : requests) {
+    r.set_incarnation(incarnation_);
+    r.set_reason(reason);
+  }
+  return CallAll(
+      num_servers(), rpc_timeout_, /*wait_for_ready=*/false,
+      [this](int s) { return absl::StrCat("Shutdown ", ServerName(s)); },
+      [&](int s, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+        stubs_[s]->async()->Shutdown(ctx, &requests[s], &responses[s], std::move(done));
+      });
+}
+
+absl::Status PsClient::GetStatus(int server, PsStatusResponse* response) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  PsStatusRequest req;
+  return FromGrpcStatus(stubs_[server]->GetStatus(&ctx, req, response),
+                        absl::StrCat("GetStatus ", ServerName(server)));
+}
+
+}  // namespace pstrain

@@ -1,0 +1,69 @@
+// Client for all parameter servers of a cluster, driven by the placement: it
+// splits full variables into their row partitions, sends one RPC per server
+// per operation (all servers in parallel, each with a deadline) and assembles
+// pulled partitions back into full tensors, validating what the servers send.
+// One PsClient is used by one thread at a time.
+#ifndef PSTRAIN_COMMON_PS_CLIENT_H_
+#define PSTRAIN_COMMON_PS_CLIENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/cluster_spec.h"
+#include "common/placement.h"
+#include "common/tensor.h"
+#include "proto/ps_service.grpc.pb.h"
+
+namespace pstrain {
+
+class PsClient {
+ public:
+  // `worker` is this caller's worker index, or -1 for the chief and tools.
+  PsClient(const ClusterSpec& cluster, const Placement* placement, int worker,
+           absl::Duration rpc_timeout);
+
+  int num_servers() const { return static_cast<int>(stubs_.size()); }
+  void set_incarnation(uint64_t incarnation) { incarnation_ = incarnation; }
+
+  // Installs each server's partitions of `params` (full tensors in placement
+  // order). Waits up to `startup_timeout` for servers to come up; a server
+  // already initialised for this incarnation counts as success.
+  absl::Status InitializeAll(const TrainingConfig& config, uint64_t fingerprint, int num_workers,
+                             int64_t start_step, const std::vector<Tensor>& params,
+                             absl::Duration startup_timeout);
+
+  struct PullResult {
+    std::vector<int64_t> versions;  // per server
+    bool finished = false;          // any server reached max_steps
+  };
+  // Reads every variable into `params` (resized and shaped as needed), each
+  // server waiting up to `wait` for its version to reach min_versions[s].
+  absl::Status PullAll(const std::vector<int64_t>& min_versions, absl::Duration wait,
+                       std::vector<Tensor>* params, PullResult* result);
+
+  // Sends each server its slices of `grads`, stamped with steps[s] (the
+  // version pulled from that server). outcomes[s] says what each server did.
+  absl::Status PushAll(const std::vector<int64_t>& steps, const std::vector<Tensor>& grads,
+                       std::vector<PushOutcome>* outcomes);
+
+  absl::Status ShutdownAll(const std::string& reason);
+  absl::Status GetStatus(int server, PsStatusResponse* response);
+
+ private:
+  std::string ServerName(int s) const;
+
+  const Placement* const placement_;
+  const int worker_;
+  const absl::Duration rpc_timeout_;
+  std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<PsService::Stub>> stubs_;
+  uint64_t incarnation_ = 0;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_PS_CLIENT_H_

@@ -1,0 +1,137 @@
+#include "tools/datagen.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "common/status_macros.h"
+
+namespace pstrain {
+namespace {
+
+constexpr int kSide = 28;
+constexpr double kPi = 3.14159265358979323846;
+
+struct Point {
+  double x, y;  // x right, y down, glyph box [0,1]^2
+};
+using Stroke = std::vector<Point>;
+
+// An arc of an ellipse centred at (cx, cy), angles in degrees (0 = right, 90 = down).
+Stroke Arc(double cx, double cy, double rx, double ry, double from, double to, int n = 10) {
+  Stroke s;
+  for (int i = 0; i <= n; ++i) {
+    double a = (from + (to - from) * i / n) * kPi / 180.0;
+    s.push_back({cx + rx * std::cos(a), cy + ry * std::sin(a)});
+  }
+  return s;
+}
+
+const std::array<std::vector<Stroke>, 10>& Glyphs() {
+  static const auto* glyphs = new std::array<std::vector<Stroke>, 10>{{
+      /*0*/ {Arc(0.5, 0.5, 0.28, 0.4, 0, 360, 16)},
+      /*1*/ {{{0.35, 0.25}, {0.55, 0.1}, {0.55, 0.9}}, {{0.38, 0.9}, {0.72, 0.9}}},
+      /*2*/ {Arc(0.5, 0.32, 0.26, 0.22, 190, 375), {{0.75, 0.4}, {0.22, 0.9}, {0.8, 0.9}}},
+      /*3*/ {Arc(0.48, 0.3, 0.25, 0.2, 200, 450), Arc(0.48, 0.7, 0.28, 0.2, 270, 520)},
+      /*4*/ {{{0.62, 0.1}, {0.2, 0.65}, {0.82, 0.65}}, {{0.62, 0.1}, {0.62, 0.92}}},
+      /*5*/ {{{0.75, 0.1}, {0.3, 0.1}, {0.27, 0.45}}, Arc(0.48, 0.65, 0.28, 0.25, 220, 500)},
+      /*6*/ {Arc(0.55, 0.45, 0.3, 0.38, 250, 150), Arc(0.5, 0.68, 0.25, 0.22, 0, 360, 14)},
+      /*7*/ {{{0.2, 0.1}, {0.8, 0.1}, {0.42, 0.92}}, {{0.4, 0.5}, {0.7, 0.5}}},
+      /*8*/ {Arc(0.5, 0.3, 0.2, 0.2, 0, 360, 14), Arc(0.5, 0.7, 0.26, 0.21, 0, 360, 14)},
+      /*9*/ {Arc(0.5, 0.32, 0.25, 0.22, 0, 360, 14), {{0.75, 0.32}, {0.68, 0.92}}},
+  }};
+  return *glyphs;
+}
+
+// Portable uniform doubles from a fixed engine.
+class Rng {
+ public:
+  explicit Rng(uint64_t seed) : engine_(seed) {}
+  double Uniform(double lo, double hi) {
+    return lo + (hi - lo) * (static_cast<double>(engine_() >> 11) * 0x1.0p-53);
+  }
+  uint64_t Next() { return engine_(); }
+
+ private:
+  std::mt19937_64 engine_;
+};
+
+double SegmentDistance(double px, double py, const Point& a, const Point& b) {
+  const double dx = b.x - a.x, dy = b.y - a.y;
+  const double len2 = dx * dx + dy * dy;
+  double t = len2 > 0 ? ((px - a.x) * dx + (py - a.y) * dy) / len2 : 0;
+  t = std::clamp(t, 0.0, 1.0);
+  const double ex = a.x + t * dx - px, ey = a.y + t * dy - py;
+  return std::sqrt(ex * ex + ey * ey);
+}
+
+void RenderOne(int digit, Rng* rng, double k, uint8_t* out) {
+  // Affine warp from the glyph box to pixels.
+  const double scale = 20.0 * rng->Uniform(1 - 0.15 * k, 1 + 0.1 * k);
+  const double angle = rng->Uniform(-0.25, 0.25) * k;
+  const double shear = rng->Uniform(-0.25, 0.25) * k;
+  const double tx = 14 + rng->Uniform(-3, 3) * k, ty = 14 + rng->Uniform(-3, 3) * k;
+  const double width = rng->Uniform(0.9, 1.9);
+  const double ca = std::cos(angle), sa = std::sin(angle);
+  std::vector<std::pair<Point, Point>> segments;
+  for (const Stroke& stroke : Glyphs()[digit]) {
+    std::vector<Point> pts;
+    for (const Point& p : stroke) {
+      double x = p.x - 0.5 + rng->Uniform(-0.04, 0.04) * k;
+      double y = p.y - 0.5 + rng->Uniform(-0.04, 0.04) * k;
+      x += shear * y;
+      pts.push_back({tx + scale * (ca * x - sa * y), ty + scale * (sa * x + ca * y)});
+    }
+    for (size_t i = 1; i < pts.size(); ++i) segments.emplace_back(pts[i - 1], pts[i]);
+  }
+  const double ink = rng->Uniform(0.75, 1.0);
+  for (int r = 0; r < kSide; ++r) {
+    for (int c = 0; c < kSide; ++c) {
+      double d = 1e9;
+      for (const auto& [a, b] : segments) d = std::min(d, SegmentDistance(c + 0.5, r + 0.5, a, b));
+      double v = std::clamp(width - d + 0.5, 0.0, 1.0) * ink;
+      v += rng->Uniform(0, 0.12) * k;                        // background noise
+      if (rng->Uniform(0, 1) < 0.01 * k) v = rng->Uniform(0.5, 1);  // speckles
+      out[r * kSide + c] = static_cast<uint8_t>(std::lround(std::clamp(v, 0.0, 1.0) * 255));
+    }
+  }
+}
+
+}  // namespace
+
+void RenderDigits(int64_t n, uint64_t seed, double difficulty, IdxArray* images, IdxArray* labels) {
+  images->dims = {n, kSide, kSide};
+  images->data.assign(static_cast<size_t>(n) * kSide * kSide, 0);
+  labels->dims = {n};
+  labels->data.assign(n, 0);
+  Rng rng(seed);
+  // Balanced labels in a shuffled order.
+  std::vector<uint8_t> order(n);
+  for (int64_t i = 0; i < n; ++i) order[i] = static_cast<uint8_t>(i % 10);
+  for (int64_t i = n; i > 1; --i) std::swap(order[i - 1], order[rng.Next() % i]);
+  for (int64_t i = 0; i < n; ++i) {
+    labels->data[i] = order[i];
+    RenderOne(order[i], &rng, difficulty, images->data.data() + i * kSide * kSide);
+  }
+}
+
+absl::Status WriteDigitsDataset(Env* env, const std::string& dir, const DigitsOptions& options) {
+  if (options.train_examples <= 0 || options.test_examples < 0) {
+    return absl::InvalidArgumentError("datagen: --train must be > 0 and --test >= 0");
+  }
+  RETURN_IF_ERROR(env->CreateDirs(dir));
+  IdxArray images, labels;
+  RenderDigits(options.train_examples, options.seed, options.difficulty, &images, &labels);
+  RETURN_IF_ERROR(WriteIdxFile(env, JoinPath(dir, "train-images-idx3-ubyte"), images));
+  RETURN_IF_ERROR(WriteIdxFile(env, JoinPath(dir, "train-labels-idx1-ubyte"), labels));
+  // A different stream for the held-out set.
+  RenderDigits(options.test_examples, options.seed * 7919 + 17, options.difficulty, &images,
+               &labels);
+  RETURN_IF_ERROR(WriteIdxFile(env, JoinPath(dir, "t10k-images-idx3-ubyte"), images));
+  RETURN_IF_ERROR(WriteIdxFile(env, JoinPath(dir, "t10k-labels-idx1-ubyte"), labels));
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

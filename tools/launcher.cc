@@ -1,0 +1,306 @@
+#include "tools/launcher.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/chief_client.h"
+#include "common/cluster_spec.h"
+#include "common/config.h"
+#include "common/env.h"
+#include "common/subprocess.h"
+#include "nlohmann/json.hpp"
+
+namespace pstrain {
+namespace {
+
+struct Task {
+  TaskId id;
+  std::string name;  // "ps:0"
+  std::unique_ptr<Subprocess> proc;
+  std::ofstream log;
+  std::string partial;  // an output line not yet ended
+  bool exited = false;
+  int exit_code = 0;
+};
+
+bool IsLocalHost(const std::string& host) {
+  if (host == "localhost" || host == "127.0.0.1" || host == "::1" || host == "0.0.0.0") return true;
+  char name[256] = {0};
+  return ::gethostname(name, sizeof(name) - 1) == 0 && host == name;
+}
+
+std::string SelfDir() {
+  char buf[4096];
+  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n <= 0) return ".";
+  return Dirname(std::string(buf, n));
+}
+
+// Finds a daemon binary: in --bin_dir, next to pstrain, or in Bazel's layout
+// (bazel-bin/tools/pstrain next to bazel-bin/ps_server/ps_server).
+std::string FindBinary(const std::string& bin_dir, const std::string& package,
+                       const std::string& name) {
+  std::vector<std::string> candidates;
+  if (!bin_dir.empty()) {
+    candidates = {JoinPath(bin_dir, name), JoinPath(JoinPath(bin_dir, package), name)};
+  } else {
+    const std::string self = SelfDir();
+    candidates = {JoinPath(self, name), JoinPath(JoinPath(self, "../" + package), name)};
+  }
+  for (const std::string& c : candidates) {
+    if (::access(c.c_str(), X_OK) == 0) return c;
+  }
+  return "";
+}
+
+bool IsWarningOrError(const std::string& line) {
+  // Daemon lines read "<date> <time> <task> <L> message"; L is W, E or C.
+  return line.find(" W ") != std::string::npos || line.find(" E ") != std::string::npos ||
+         line.find(" C ") != std::string::npos;
+}
+
+void EmitLine(Task* t, const std::string& line, bool verbose, bool* progress_shown) {
+  t->log << line << "\n";
+  t->log.flush();
+  // Lines not in the log format (usage errors before logging starts), warnings
+  // and errors, and the chief's few lines (evaluations) are echoed.
+  const bool log_format = !line.empty() && line[0] >= '0' && line[0] <= '9';
+  if (verbose || !log_format || IsWarningOrError(line) || t->id.job == kChiefJob) {
+    if (*progress_shown) {
+      std::cerr << "\r\033[K";
+      *progress_shown = false;
+    }
+    std::cerr << "[" << t->name << "] " << line << "\n";
+  }
+}
+
+void DrainOutput(Task* t, bool verbose, bool* progress_shown) {
+  char buf[65536];
+  for (;;) {
+    ssize_t n = ::read(t->proc->output_fd(), buf, sizeof(buf));
+    if (n <= 0) {
+      if (n == 0) {  // EOF: the child closed its output
+        if (!t->partial.empty()) EmitLine(t, t->partial, verbose, progress_shown);
+        t->partial.clear();
+        t->proc->CloseOutput();
+      }
+      return;
+    }
+    t->partial.append(buf, n);
+    size_t pos;
+    while ((pos = t->partial.find('\n')) != std::string::npos) {
+      EmitLine(t, t->partial.substr(0, pos), verbose, progress_shown);
+      t->partial.erase(0, pos + 1);
+    }
+    if (n < static_cast<ssize_t>(sizeof(buf))) return;
+  }
+}
+
+std::string FormatProgress(const ChiefStatusResponse& s, absl::Duration elapsed) {
+  std::string line = absl::StrFormat("step %d/%d", s.global_step(), s.max_steps());
+  if (s.train_loss() > 0) absl::StrAppendFormat(&line, "  loss %.4f", s.train_loss());
+  if (s.eval_step() >= 0) {
+    absl::StrAppendFormat(&line, "  eval acc %.4f@%d", s.eval_accuracy(), s.eval_step());
+  }
+  if (s.examples_per_sec() > 0) absl::StrAppendFormat(&line, "  %.0f ex/s", s.examples_per_sec());
+  if (s.global_step() > 0 && s.max_steps() > s.global_step()) {
+    const double secs = absl::ToDoubleSeconds(elapsed);
+    const double eta = secs / s.global_step() * (s.max_steps() - s.global_step());
+    absl::StrAppendFormat(&line, "  ETA %.0fs", eta);
+  }
+  absl::StrAppendFormat(&line, "  [%s, %d worker(s) registered]", s.state(),
+                        s.workers_registered());
+  return line;
+}
+
+}  // namespace
+
+int Launch(const LaunchOptions& options, StopSignal* stop) {
+  auto cluster = ClusterSpec::FromFile(options.cluster_spec);
+  if (!cluster.ok()) {
+    std::cerr << "pstrain launch: " << cluster.status().message() << "\n";
+    return 2;
+  }
+  auto config = LoadTrainingConfig(options.config);
+  if (!config.ok()) {
+    std::cerr << "pstrain launch: " << config.status().message() << "\n";
+    return 2;
+  }
+  const std::string log_dir =
+      options.log_dir.empty() ? JoinPath(config->output_dir(), "logs") : options.log_dir;
+  if (absl::Status st = Env::Default()->CreateDirs(log_dir); !st.ok()) {
+    std::cerr << "pstrain launch: " << st.message() << "\n";
+    return 2;
+  }
+  const std::pair<const char*, const char*> binaries[] = {
+      {kChiefJob, "chief"}, {kPsJob, "ps_server"}, {kWorkerJob, "worker"}};
+  std::map<std::string, std::string> bin_for_job;
+  for (const auto& [job, name] : binaries) {
+    std::string path = FindBinary(options.bin_dir, job == std::string(kPsJob) ? "ps_server" : job,
+                                  name);
+    if (path.empty()) {
+      std::cerr << "pstrain launch: cannot find the " << name
+                << " binary next to pstrain or in --bin_dir (build it with bazel build //...)\n";
+      return 2;
+    }
+    bin_for_job[job] = path;
+  }
+
+  std::vector<std::unique_ptr<Task>> tasks;
+  for (const TaskId& id : cluster->AllTasks()) {
+    const std::string& address = cluster->address(id.job, id.index);
+    auto hp = ParseHostPort(address);
+    if (!hp.ok() || !IsLocalHost(hp->host)) {
+      std::cerr << "pstrain launch: " << id.ToString() << " is on " << address
+                << ", not this machine; start it there\n";
+      continue;
+    }
+    auto t = std::make_unique<Task>();
+    t->id = id;
+    t->name = id.ToString();
+    t->log.open(JoinPath(log_dir, absl::StrCat(id.job, "-", id.index, ".log")), std::ios::trunc);
+    SpawnOptions so;
+    so.argv = {bin_for_job[id.job], "--cluster_spec=" + options.cluster_spec,
+               "--job=" + id.job, absl::StrCat("--task=", id.index),
+               "--config=" + options.config};
+    so.capture_output = true;
+    auto proc = Subprocess::Spawn(so);
+    if (!proc.ok()) {
+      std::cerr << "pstrain launch: starting " << t->name << ": " << proc.status().message() << "\n";
+      for (auto& other : tasks) other->proc->Stop(absl::Seconds(5));
+      return 1;
+    }
+    t->proc = std::move(*proc);
+    tasks.push_back(std::move(t));
+  }
+  std::cerr << "pstrain launch: started " << tasks.size() << " task(s); logs in " << log_dir
+            << "\n";
+
+  const bool tty = ::isatty(STDERR_FILENO);
+  ChiefClient chief(cluster->address(kChiefJob, 0), absl::Milliseconds(300));
+  const absl::Time start = absl::Now();
+  absl::Time next_progress = start + absl::Seconds(1);
+  absl::Time last_plain_progress = start;
+  bool progress_shown = false;
+  int exit_code = 0;
+  std::string failure;
+  bool chief_finished = false;
+  absl::Time chief_finished_at;
+
+  for (;;) {
+    if (stop->stopped()) {
+      failure = stop->reason();
+      exit_code = stop->exit_code() != 0 ? stop->exit_code() : 130;
+      break;
+    }
+    // Wait for output or a child's exit, at most until the next progress tick.
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Task*, bool>> owners;  // (task, is_output)
+    for (auto& t : tasks) {
+      if (t->exited) continue;
+      if (t->proc->output_fd() >= 0) {
+        fds.push_back({t->proc->output_fd(), POLLIN, 0});
+        owners.push_back({t.get(), true});
+      } else if (t->proc->pidfd() >= 0) {
+        fds.push_back({t->proc->pidfd(), POLLIN, 0});
+        owners.push_back({t.get(), false});
+      }
+    }
+    const int wait_ms = static_cast<int>(
+        std::max<int64_t>(0, absl::ToInt64Milliseconds(next_progress - absl::Now())));
+    ::poll(fds.data(), fds.size(), std::min(wait_ms, 250));
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      Task* t = owners[i].first;
+      if (owners[i].second) DrainOutput(t, options.verbose, &progress_shown);
+    }
+    // Reap exited tasks (output closed means the process is exiting).
+    for (auto& t : tasks) {
+      if (t->exited) continue;
+      std::optional<int> code = t->proc->Wait(absl::ZeroDuration());
+      if (!code.has_value()) continue;
+      if (t->proc->output_fd() >= 0) DrainOutput(t.get(), options.verbose, &progress_shown);
+      t->exited = true;
+      t->exit_code = *code;
+      if (*code != 0 && failure.empty()) {
+        failure = absl::StrCat(t->name, " exited with code ", *code, " (log: ",
+                               JoinPath(log_dir, absl::StrCat(t->id.job, "-", t->id.index, ".log")),
+                               ")");
+        exit_code = 1;
+      }
+      if (t->id.job == kChiefJob && *code == 0) {
+        chief_finished = true;
+        chief_finished_at = absl::Now();
+      }
+    }
+    if (!failure.empty()) break;
+    bool all_exited = true;
+    for (auto& t : tasks) all_exited &= t->exited;
+    if (all_exited) break;
+    // After the chief finishes, the others get a grace period to exit.
+    if (chief_finished && absl::Now() - chief_finished_at > absl::Seconds(20)) {
+      std::cerr << "pstrain launch: tasks still running 20s after the chief finished; stopping\n";
+      break;
+    }
+    if (options.progress && absl::Now() >= next_progress && !chief_finished) {
+      next_progress = absl::Now() + absl::Milliseconds(500);
+      ChiefStatusResponse s;
+      if (chief.GetStatus(&s).ok()) {
+        std::string line = FormatProgress(s, absl::Now() - start);
+        if (tty) {
+          std::cerr << "\r\033[K" << line << std::flush;
+          progress_shown = true;
+        } else if (absl::Now() - last_plain_progress >= absl::Seconds(5)) {
+          std::cerr << "progress: " << line << "\n";
+          last_plain_progress = absl::Now();
+        }
+      }
+    }
+  }
+  if (progress_shown) std::cerr << "\n";
+
+  // Stop whatever is still running: SIGTERM, then SIGKILL after a grace period.
+  for (auto& t : tasks) {
+    if (!t->exited) t->proc->Signal(SIGTERM);
+  }
+  for (auto& t : tasks) {
+    if (t->exited) continue;
+    t->exit_code = t->proc->Stop(absl::Seconds(5));
+    if (t->proc->output_fd() >= 0) DrainOutput(t.get(), options.verbose, &progress_shown);
+    t->exited = true;
+  }
+  if (!failure.empty()) {
+    std::cerr << "pstrain launch: " << failure << "; stopped every task\n";
+    return exit_code;
+  }
+  for (auto& t : tasks) {
+    if (t->exit_code != 0 && t->id.job != kChiefJob) {
+      std::cerr << "pstrain launch: " << t->name << " ended with code " << t->exit_code << "\n";
+    }
+  }
+  auto summary = Env::Default()->ReadFile(JoinPath(config->output_dir(), "summary.json"));
+  if (summary.ok()) {
+    nlohmann::json j = nlohmann::json::parse(*summary, nullptr, false);
+    if (j.is_object() && j.contains("eval_accuracy")) {
+      std::cerr << absl::StrFormat(
+          "pstrain launch: finished: step %d, held-out accuracy %.4f, loss %.4f, %.1f s of "
+          "training, %.0f examples/s; model in %s\n",
+          j.value("global_step", 0), j.value("eval_accuracy", 0.0), j.value("eval_loss", 0.0),
+          j.value("train_seconds", 0.0), j.value("examples_per_sec", 0.0),
+          JoinPath(config->output_dir(), "model_final.pst"));
+    }
+  }
+  return chief_finished ? 0 : 1;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,29 @@
+// `pstrain launch`: starts every local task of a cluster spec as a child
+// process (chief, parameter servers, workers), files each task's output under
+// log_dir with the task as prefix, shows a live progress line from the chief,
+// stops every task on Ctrl-C or SIGTERM, and returns non-zero if any task
+// fails. Single-threaded apart from the signal thread.
+#ifndef PSTRAIN_TOOLS_LAUNCHER_H_
+#define PSTRAIN_TOOLS_LAUNCHER_H_
+
+#include <string>
+
+#include "common/shutdown.h"
+
+namespace pstrain {
+
+struct LaunchOptions {
+  std::string cluster_spec;
+  std::string config;
+  std::string bin_dir;  // where ps_server, worker and chief live; empty = next to pstrain
+  std::string log_dir;  // empty = <output_dir>/logs
+  bool verbose = false; // echo every task line, not only warnings and errors
+  bool progress = true;
+};
+
+// Returns the process exit code: 0 when every task succeeded.
+int Launch(const LaunchOptions& options, StopSignal* stop);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_TOOLS_LAUNCHER_H_

@@ -1,0 +1,153 @@
+// pstrain: the command-line tool.
+//   pstrain launch  --cluster_spec=F --config=C   start a local cluster and train
+//   pstrain datagen --out=DIR                     write the synthetic digits dataset
+//   pstrain plan    --cluster_spec=F --config=C   print the variable placement
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "common/cluster_spec.h"
+#include "common/config.h"
+#include "common/env.h"
+#include "common/placement.h"
+#include "common/shutdown.h"
+#include "tools/args.h"
+#include "tools/datagen.h"
+#include "tools/launcher.h"
+#include "worker/mlp.h"
+
+namespace pstrain {
+namespace {
+
+const char kUsage[] =
+    "usage: pstrain <command> [flags]\n"
+    "commands:\n"
+    "  launch   start every local task of a cluster spec and train\n"
+    "  datagen  write the synthetic digits dataset (MNIST IDX format)\n"
+    "  plan     print how variables are placed on the parameter servers\n"
+    "run 'pstrain <command> --help' for its flags\n";
+
+int Fail(const std::string& command, const std::string& message) {
+  std::cerr << "pstrain " << command << ": " << message << "\n";
+  return 2;
+}
+
+bool WantsHelp(const std::vector<std::string>& argv) {
+  for (const std::string& a : argv) {
+    if (a == "--help" || a == "-h") return true;
+  }
+  return false;
+}
+
+int LaunchCommand(const std::vector<std::string>& argv) {
+  const Args::FlagSpec flags = {
+      {"cluster_spec", {"", "cluster spec JSON (TF_CONFIG's cluster format)"}},
+      {"config", {"", "training config (text-format TrainingConfig)"}},
+      {"bin_dir", {"", "directory with chief, ps_server and worker (default: next to pstrain)"}},
+      {"log_dir", {"", "per-task logs (default: <output_dir>/logs)"}},
+      {"verbose", {"false", "echo every task's log lines"}},
+      {"progress", {"true", "show the live progress line"}},
+  };
+  if (WantsHelp(argv)) {
+    std::cout << "pstrain launch flags:\n" << Args::Usage(flags);
+    return 0;
+  }
+  auto args = Args::Parse(argv, flags);
+  if (!args.ok()) return Fail("launch", std::string(args.status().message()));
+  LaunchOptions o;
+  o.cluster_spec = args->Get("cluster_spec");
+  o.config = args->Get("config");
+  if (o.cluster_spec.empty() || o.config.empty()) {
+    return Fail("launch", "--cluster_spec and --config are required");
+  }
+  o.bin_dir = args->Get("bin_dir");
+  o.log_dir = args->Get("log_dir");
+  o.verbose = args->GetBool("verbose");
+  o.progress = args->GetBool("progress");
+  StopSignal stop;
+  StopOnTerminationSignals(&stop);
+  return Launch(o, &stop);
+}
+
+int DatagenCommand(const std::vector<std::string>& argv) {
+  const Args::FlagSpec flags = {
+      {"out", {"", "output directory"}},
+      {"format", {"idx", "dataset format (idx: MNIST's layout)"}},
+      {"train", {"20000", "training examples"}},
+      {"test", {"4000", "held-out examples"}},
+      {"seed", {"1", "random seed"}},
+      {"difficulty", {"1.0", "0 = clean strokes, 1 = default warp and noise"}},
+  };
+  if (WantsHelp(argv)) {
+    std::cout << "pstrain datagen flags:\n" << Args::Usage(flags);
+    return 0;
+  }
+  auto args = Args::Parse(argv, flags);
+  if (!args.ok()) return Fail("datagen", std::string(args.status().message()));
+  if (args->Get("out").empty()) return Fail("datagen", "--out=DIR is required");
+  if (args->Get("format") != "idx") {
+    return Fail("datagen", "--format: only \"idx\" (MNIST digits) is available so far");
+  }
+  DigitsOptions o;
+  auto train = args->GetInt("train");
+  auto test = args->GetInt("test");
+  auto seed = args->GetInt("seed");
+  auto difficulty = args->GetDouble("difficulty");
+  for (const absl::Status& st : {train.status(), test.status(), seed.status(),
+                                 difficulty.status()}) {
+    if (!st.ok()) return Fail("datagen", std::string(st.message()));
+  }
+  o.train_examples = *train;
+  o.test_examples = *test;
+  o.seed = static_cast<uint64_t>(*seed);
+  o.difficulty = *difficulty;
+  absl::Status st = WriteDigitsDataset(Env::Default(), args->Get("out"), o);
+  if (!st.ok()) return Fail("datagen", std::string(st.message()));
+  std::cout << "wrote " << o.train_examples << " training and " << o.test_examples
+            << " held-out digits to " << args->Get("out") << "\n";
+  return 0;
+}
+
+int PlanCommand(const std::vector<std::string>& argv) {
+  const Args::FlagSpec flags = {
+      {"cluster_spec", {"", "cluster spec JSON"}},
+      {"config", {"", "training config"}},
+  };
+  if (WantsHelp(argv)) {
+    std::cout << "pstrain plan flags:\n" << Args::Usage(flags);
+    return 0;
+  }
+  auto args = Args::Parse(argv, flags);
+  if (!args.ok()) return Fail("plan", std::string(args.status().message()));
+  auto cluster = ClusterSpec::FromFile(args->Get("cluster_spec"));
+  if (!cluster.ok()) return Fail("plan", std::string(cluster.status().message()));
+  auto config = LoadTrainingConfig(args->Get("config"));
+  if (!config.ok()) return Fail("plan", std::string(config.status().message()));
+  Mlp model(config->model().mlp());
+  auto placement = Placement::Compute(model.variables(), cluster->num_ps(),
+                                      config->placement().partition_min_bytes());
+  if (!placement.ok()) return Fail("plan", std::string(placement.status().message()));
+  std::cout << placement->DebugString();
+  return 0;
+}
+
+}  // namespace
+}  // namespace pstrain
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::cerr << pstrain::kUsage;
+    return 2;
+  }
+  const std::string command = argv[1];
+  std::vector<std::string> rest(argv + 2, argv + argc);
+  if (command == "launch") return pstrain::LaunchCommand(rest);
+  if (command == "datagen") return pstrain::DatagenCommand(rest);
+  if (command == "plan") return pstrain::PlanCommand(rest);
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::cout << pstrain::kUsage;
+    return 0;
+  }
+  std::cerr << "pstrain: unknown command \"" << command << "\"\n" << pstrain::kUsage;
+  return 2;
+}

@@ -1,0 +1,62 @@
+// worker: computes gradients on its partition of the data and exchanges them
+// with the parameter servers. Usage:
+//   worker --cluster_spec=cluster.json --task=0 --config=train.pbtxt
+#include <cstdlib>
+#include <iostream>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "common/cluster_spec.h"
+#include "common/config.h"
+#include "common/logging.h"
+#include "common/shutdown.h"
+#include "worker/device.h"
+#include "worker/trainer.h"
+
+ABSL_FLAG(std::string, cluster_spec, "", "cluster spec JSON file (else TF_CONFIG)");
+ABSL_FLAG(std::string, job, "worker", "job name; must be worker");
+ABSL_FLAG(int, task, 0, "task index within the worker job");
+ABSL_FLAG(std::string, config, "", "training config (text-format TrainingConfig)");
+ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("pstrain worker: --cluster_spec=FILE --task=N --config=FILE");
+  absl::ParseCommandLine(argc, argv);
+  pstrain::StopSignal stop;
+  pstrain::StopOnTerminationSignals(&stop);
+
+  const char* tf_config = std::getenv("TF_CONFIG");
+  auto task = pstrain::ResolveTask(absl::GetFlag(FLAGS_cluster_spec), absl::GetFlag(FLAGS_job),
+                                   absl::GetFlag(FLAGS_task), tf_config ? tf_config : "",
+                                   pstrain::kWorkerJob);
+  if (!task.ok()) {
+    std::cerr << "worker: " << task.status().message() << "\n";
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_config).empty()) {
+    std::cerr << "worker: --config=FILE is required\n";
+    return 2;
+  }
+  auto config = pstrain::LoadTrainingConfig(absl::GetFlag(FLAGS_config));
+  if (!config.ok()) {
+    std::cerr << "worker: " << config.status().message() << "\n";
+    return 2;
+  }
+  pstrain::InitLogging(task->task.ToString(), absl::GetFlag(FLAGS_log_level));
+  LOG_INFO("compute device: cpu (OpenBLAS, {} thread(s)); {}", config->compute_threads(),
+           pstrain::DescribeCudaDevices());
+
+  pstrain::WorkerOptions options;
+  options.worker = task->task.index;
+  absl::Status st = pstrain::RunWorker(*config, task->cluster, options, &stop);
+  if (!st.ok()) {
+    if (absl::IsCancelled(st)) {
+      LOG_INFO("stopped: {}", st.message());
+      return stop.exit_code();
+    }
+    LOG_ERROR("training failed: {}", st);
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,29 @@
+// The worker's training loop: register with the chief, then repeat
+// pull -> compute -> push until the chief or the parameter servers say the
+// job is done. In sync mode each pull waits for the version after this
+// worker's last push; in async mode it takes the current version (the
+// servers hold back a worker that runs past the staleness bound).
+#ifndef PSTRAIN_WORKER_TRAINER_H_
+#define PSTRAIN_WORKER_TRAINER_H_
+
+#include "absl/status/status.h"
+#include "common/cluster_spec.h"
+#include "common/shutdown.h"
+#include "proto/config.pb.h"
+
+namespace pstrain {
+
+struct WorkerOptions {
+  int worker = 0;
+  // Report progress to the chief every this many steps (and at the end).
+  int report_every = 10;
+};
+
+// Runs until training finishes (OK), `stop` is raised (CANCELLED), or a
+// failure (its status). Logs one line per report.
+absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
+                       const WorkerOptions& options, StopSignal* stop);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_TRAINER_H_

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The README's second command: set up, then build and test every target twice,
+# with CUDA (where nvcc exists) and CPU-only. Ends with the line
+# "N passed, N failed", counting Catch2 test cases from Bazel's per-test XML.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+source tools/setup.sh
+pstrain_install_deps
+
+results=$(mktemp -d)
+trap 'rm -rf "$results"' EXIT
+overall=0
+run_config() {  # name, bazel flags...
+  local name=$1
+  shift
+  echo "=== bazel test //... ($name)" >&2
+  bazel test --noshow_progress "$@" //... >&2
+  local rc=$?
+  [ $rc -ne 0 ] && overall=$rc
+  mkdir -p "$results/$name"
+  # The XML of every current test target (run now, or cached from an identical run).
+  local label dir
+  for label in $(bazel query --noshow_progress 'tests(//...)' 2>/dev/null); do
+    dir=${label#//}
+    dir=${dir/://}
+    if [ -f "bazel-testlogs/$dir/test.xml" ]; then
+      mkdir -p "$results/$name/$dir"
+      cp "bazel-testlogs/$dir/test.xml" "$results/$name/$dir/"
+    fi
+  done
+}
+run_config default
+run_config cpu_only --config=cpu_only
+
+# Count test cases: a <testcase> with a <failure> or <error> inside failed.
+read -r passed failed < <(find "$results" -name test.xml -exec cat {} + | awk '
+  /<testcase/ { total++; bad = 0 }
+  /<failure|<error/ { if (!bad && total > 0) { failed++; bad = 1 } }
+  END { printf "%d %d\n", total - failed, failed }')
+if [ "$overall" -ne 0 ] && [ "$failed" -eq 0 ]; then
+  failed=1  # the build or a test binary failed before reporting a case
+fi
+echo "${passed} passed, ${failed} failed"
+[ "$overall" -eq 0 ] && [ "$failed" -eq 0 ]

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,7 +19,9 @@ namespace pstrain {
 
 absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const SpawnOptions& options) {
   if (options.argv.empty()) return absl::InvalidArgumentError("spawn: empty argv");
-  if (::access(options.argv[0].c_str(), X_OK) != 0) {
+  struct stat st;
+  if (::stat(options.argv[0].c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+      ::access(options.argv[0].c_str(), X_OK) != 0) {
     return absl::NotFoundError(absl::StrCat("spawn: ", options.argv[0], " is not executable"));
   }
   int pipe_fds[2] = {-1, -1};

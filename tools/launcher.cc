@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -58,7 +59,11 @@ std::string FindBinary(const std::string& bin_dir, const std::string& package,
     candidates = {JoinPath(self, name), JoinPath(JoinPath(self, "../" + package), name)};
   }
   for (const std::string& c : candidates) {
-    if (::access(c.c_str(), X_OK) == 0) return c;
+    // A package directory shares the binary's name (runfiles/chief/chief).
+    struct stat st;
+    if (::stat(c.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(c.c_str(), X_OK) == 0) {
+      return c;
+    }
   }
   return "";
 }

@@ -1,0 +1,271 @@
+// Multi-process tests: the real chief, ps_server and worker binaries, started
+// by the real `pstrain launch` on free loopback ports, always reaped.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "catch2/catch.hpp"
+#include "common/chief_client.h"
+#include "common/cluster_spec.h"
+#include "common/config.h"
+#include "common/env.h"
+#include "common/rpc.h"
+#include "common/subprocess.h"
+#include "common/tensor_file.h"
+#include "nlohmann/json.hpp"
+#include "ps_server/optimizer.h"
+#include "tests/cluster_testlib.h"
+#include "worker/dataset.h"
+#include "worker/mlp.h"
+
+namespace pstrain {
+namespace {
+
+using testing::Binary;
+using testing::BinDir;
+using testing::CommandResult;
+using testing::ConfigOptions;
+
+struct Run {
+  std::string dir;
+  std::string spec;
+  std::string config;
+  CommandResult result;
+  nlohmann::json summary;
+};
+
+Run Launch(const std::string& name, ConfigOptions o, int ps = 2, int workers = 2,
+           absl::Duration timeout = absl::Seconds(120)) {
+  Run run;
+  run.dir = testing::FreshTempDir(name);
+  run.spec = testing::WriteClusterSpec(run.dir, ps, workers);
+  o.output_dir = JoinPath(run.dir, "out");
+  run.config = testing::WriteFile(JoinPath(run.dir, "train.pbtxt"), testing::ConfigText(o));
+  run.result = testing::RunCommand({Binary("tools/pstrain"), "launch", "--cluster_spec", run.spec,
+                                    "--config", run.config, "--bin_dir", BinDir()},
+                                   timeout);
+  auto text = Env::Default()->ReadFile(JoinPath(o.output_dir, "summary.json"));
+  if (text.ok()) run.summary = nlohmann::json::parse(*text, nullptr, false);
+  return run;
+}
+
+TensorMap ReadModel(const Run& run) {
+  auto m = ReadTensorFile(Env::Default(), JoinPath(JoinPath(run.dir, "out"), "model_final.pst"));
+  REQUIRE(m.ok());
+  return *m;
+}
+
+TEST_CASE("sync training on 1 chief, 2 ps, 2 workers learns the digits", "[cluster][sync]") {
+  ConfigOptions o;
+  o.max_steps = 300;
+  Run run = Launch("sync_learns", o);
+  INFO(run.result.output);
+  REQUIRE(run.result.exit_code == 0);
+  REQUIRE(run.summary.is_object());
+  CHECK(run.summary["global_step"] == 300);
+  CHECK(run.summary["eval_accuracy"].get<double>() >= 0.85);
+  CHECK(run.summary["mode"] == "sync");
+  CHECK(run.result.output.find("held-out accuracy") != std::string::npos);
+  CHECK(testing::ProcessesMatching(run.dir).empty());
+}
+
+TEST_CASE("async training with a staleness bound learns the digits", "[cluster][async]") {
+  ConfigOptions o;
+  o.sync = false;
+  o.staleness_bound = 2;
+  o.max_steps = 600;  // async steps are single pushes
+  Run run = Launch("async_learns", o);
+  INFO(run.result.output);
+  REQUIRE(run.result.exit_code == 0);
+  REQUIRE(run.summary.is_object());
+  CHECK(run.summary["global_step"] == 600);
+  CHECK(run.summary["eval_accuracy"].get<double>() >= 0.85);
+  CHECK(run.summary["mode"] == "async");
+}
+
+TEST_CASE("sync with 2 workers of batch b equals one process with batch 2b", "[cluster][equivalence]") {
+  ConfigOptions o;
+  o.max_steps = 40;
+  o.batch_size = 16;
+  o.learning_rate = 0.2f;
+  Run run = Launch("equivalence", o);
+  INFO(run.result.output);
+  REQUIRE(run.result.exit_code == 0);
+  TensorMap cluster = ReadModel(run);
+
+  // The same model, data order and optimizer, in this process.
+  auto config = LoadTrainingConfig(run.config);
+  REQUIRE(config.ok());
+  SetBlasThreads(1);
+  Mlp mlp(config->model().mlp());
+  auto data = LoadIdxDataset(Env::Default(), config->data().train_images(),
+                             config->data().train_labels(), 784, 10, true);
+  REQUIRE(data.ok());
+  DataPartition p0(&*data, 0, 2, o.batch_size, true, config->seed());
+  DataPartition p1(&*data, 1, 2, o.batch_size, true, config->seed());
+  auto optimizer = CreateOptimizer(config->optimizer());
+  REQUIRE(optimizer.ok());
+  std::vector<Tensor> params = mlp.Initialize(config->seed()), grads;
+  std::vector<float> x0, x1;
+  std::vector<int32_t> y0, y1;
+  for (int step = 0; step < o.max_steps; ++step) {
+    p0.NextBatch(&x0, &y0);
+    p1.NextBatch(&x1, &y1);
+    x0.insert(x0.end(), x1.begin(), x1.end());
+    y0.insert(y0.end(), y1.begin(), y1.end());
+    float loss;
+    REQUIRE(mlp.ComputeGradients(params, x0.data(), y0.data(), 2 * o.batch_size, &grads, &loss).ok());
+    for (size_t v = 0; v < params.size(); ++v) {
+      OptimizerSlots slots;
+      (*optimizer)->Apply(absl::MakeSpan(params[v].values()), grads[v].span(), &slots, step + 1);
+    }
+  }
+  for (size_t v = 0; v < params.size(); ++v) {
+    const std::string& name = mlp.variables()[v].name;
+    REQUIRE(cluster.count(name) == 1);
+    const Tensor& got = cluster.at(name);
+    REQUIRE(got.shape() == params[v].shape());
+    double max_diff = 0, max_abs = 0;
+    for (int64_t i = 0; i < got.num_elements(); ++i) {
+      max_diff = std::max(max_diff, std::fabs(double{got.values()[i]} - params[v].values()[i]));
+      max_abs = std::max(max_abs, std::fabs(double{params[v].values()[i]}));
+    }
+    WARN(name << ": max |cluster - reference| = " << max_diff << ", max |reference| = " << max_abs
+              << ", relative " << max_diff / max_abs);
+    CHECK(max_diff <= 1e-5 * max_abs);
+    CHECK(max_abs > 0);
+  }
+}
+
+TEST_CASE("two identical sync runs give bitwise identical parameters", "[cluster][determinism]") {
+  ConfigOptions o;
+  o.max_steps = 60;
+  Run a = Launch("bitwise_a", o);
+  Run b = Launch("bitwise_b", o);
+  INFO(a.result.output << b.result.output);
+  REQUIRE(a.result.exit_code == 0);
+  REQUIRE(b.result.exit_code == 0);
+  TensorMap ma = ReadModel(a), mb = ReadModel(b);
+  REQUIRE(ma.size() == 4);
+  REQUIRE(ma.size() == mb.size());
+  for (const auto& [name, t] : ma) {
+    const Tensor& u = mb.at(name);
+    REQUIRE(t.num_elements() == u.num_elements());
+    CHECK(std::memcmp(t.data(), u.data(), t.num_elements() * sizeof(float)) == 0);
+  }
+}
+
+TEST_CASE("malformed cluster specs and configs: one-line error, non-zero exit", "[cluster][errors]") {
+  const std::string dir = testing::FreshTempDir("errors");
+  ConfigOptions o;
+  o.output_dir = JoinPath(dir, "out");
+  const std::string config = testing::WriteFile(JoinPath(dir, "ok.pbtxt"), testing::ConfigText(o));
+  const std::string good_spec = testing::WriteClusterSpec(dir, 1, 1);
+  struct Case {
+    std::string spec_text, expect;
+  };
+  const std::vector<Case> cases = {
+      {"{\"chief\": [\"localhost:1\"], \"ps\": [", "not valid JSON"},
+      {R"({"chief": ["localhost:1"], "ps": ["localhost:2"], "worker": ["127.0.0.1:2"]})",
+       "duplicate address"},
+      {R"({"chief": ["localhost:1"], "worker": ["localhost:3"]})", "at least one parameter server"},
+      {R"({"chief": ["localhost:1"], "ps": ["localhost:99999"], "worker": ["localhost:3"]})",
+       "1..65535"},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::string spec = testing::WriteFile(JoinPath(dir, absl::StrCat("bad", i, ".json")),
+                                                cases[i].spec_text);
+    CommandResult r = testing::RunCommand(
+        {Binary("tools/pstrain"), "launch", "--cluster_spec", spec, "--config", config},
+        absl::Seconds(30));
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(cases[i].expect) != std::string::npos);
+    CHECK(r.output.find(spec) != std::string::npos);  // names the file
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  }
+  // A task index out of range, given to a daemon directly.
+  CommandResult r = testing::RunCommand(
+      {Binary("ps_server/ps_server"), "--cluster_spec=" + good_spec, "--task=3"}, absl::Seconds(30));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("out of range") != std::string::npos);
+  CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  // A malformed training config names line and column.
+  const std::string bad_config =
+      testing::WriteFile(JoinPath(dir, "bad.pbtxt"), "max_steps: 10\nseed: [\n");
+  r = testing::RunCommand(
+      {Binary("tools/pstrain"), "launch", "--cluster_spec", good_spec, "--config", bad_config},
+      absl::Seconds(30));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find(bad_config + ":2:") != std::string::npos);
+  CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  CHECK(testing::ProcessesMatching(dir).empty());
+}
+
+// Starts `pstrain launch` on a long job and waits until training is under way.
+std::unique_ptr<Subprocess> StartLongJob(const std::string& dir, std::string* spec_path) {
+  ConfigOptions o;
+  o.max_steps = 1000000;
+  o.output_dir = JoinPath(dir, "out");
+  *spec_path = testing::WriteClusterSpec(dir, 2, 2);
+  const std::string config =
+      testing::WriteFile(JoinPath(dir, "train.pbtxt"), testing::ConfigText(o));
+  SpawnOptions so;
+  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", *spec_path, "--config", config,
+             "--bin_dir", BinDir()};
+  so.output_file = JoinPath(dir, "launch.out");
+  auto proc = Subprocess::Spawn(so);
+  REQUIRE(proc.ok());
+  auto cluster = ClusterSpec::FromFile(*spec_path);
+  REQUIRE(cluster.ok());
+  ChiefClient chief(cluster->address(kChiefJob, 0), absl::Seconds(1));
+  absl::Status training = RetryWithBackoff("wait for training", absl::Seconds(60), [&chief]() {
+    ChiefStatusResponse s;
+    absl::Status st = chief.GetStatus(&s);
+    if (!st.ok()) return absl::UnavailableError(st.message());
+    if (s.global_step() < 20) return absl::UnavailableError("not training yet");
+    return absl::OkStatus();
+  });
+  REQUIRE(training.ok());
+  return std::move(*proc);
+}
+
+TEST_CASE("Ctrl-C on pstrain launch stops every task and leaves none behind", "[cluster][signals]") {
+  const std::string dir = testing::FreshTempDir("sigint");
+  std::string spec;
+  std::unique_ptr<Subprocess> launch = StartLongJob(dir, &spec);
+  CHECK(testing::ProcessesMatching(spec).size() == 6);  // launch + 5 tasks
+  launch->Signal(SIGINT);
+  std::optional<int> code = launch->Wait(absl::Seconds(30));
+  REQUIRE(code.has_value());
+  CHECK(*code != 0);
+  CHECK(testing::ProcessesMatching(spec).empty());
+}
+
+TEST_CASE("a worker killed mid-run fails the job promptly instead of hanging", "[cluster][faults]") {
+  const std::string dir = testing::FreshTempDir("worker_killed");
+  std::string spec;
+  std::unique_ptr<Subprocess> launch = StartLongJob(dir, &spec);
+  std::vector<int> workers = testing::ProcessesMatching("--job=worker --task=1 --config=" + dir);
+  REQUIRE(workers.size() == 1);
+  ::kill(workers[0], SIGKILL);
+  std::optional<int> code = launch->Wait(absl::Seconds(30));
+  REQUIRE(code.has_value());
+  CHECK(*code == 1);
+  auto out = Env::Default()->ReadFile(JoinPath(dir, "launch.out"));
+  REQUIRE(out.ok());
+  INFO(*out);
+  CHECK(out->find("worker:1 exited with code 137") != std::string::npos);
+  CHECK(testing::ProcessesMatching(spec).empty());
+}
+
+}  // namespace
+}  // namespace pstrain

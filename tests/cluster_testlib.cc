@@ -1,0 +1,164 @@
+#include "tests/cluster_testlib.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/env.h"
+#include "common/subprocess.h"
+#include "tools/datagen.h"
+
+namespace pstrain::testing {
+
+std::string BinDir() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  return JoinPath(srcdir ? srcdir : ".", "pstrain");
+}
+
+std::string Binary(const std::string& rel) { return JoinPath(BinDir(), rel); }
+
+std::string FreshTempDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  std::string dir = JoinPath(tmp ? tmp : "/tmp", name);
+  std::string cmd = "rm -rf '" + dir + "'";
+  if (std::system(cmd.c_str()) != 0) return dir;
+  (void)Env::Default()->CreateDirs(dir);
+  return dir;
+}
+
+int PickFreePort() {
+  // Bind port 0 on loopback and read back what the kernel chose.
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+std::string WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+  return path;
+}
+
+std::string WriteClusterSpec(const std::string& dir, int ps, int workers) {
+  auto list = [](int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) absl::StrAppend(&s, i ? ", " : "", "\"127.0.0.1:", PickFreePort(), "\"");
+    return s;
+  };
+  return WriteFile(JoinPath(dir, "cluster.json"),
+                   absl::StrCat("{\"chief\": [", list(1), "], \"ps\": [", list(ps),
+                                "], \"worker\": [", list(workers), "]}\n"));
+}
+
+std::string DigitsDir() {
+  static std::once_flag once;
+  static std::string dir;
+  std::call_once(once, [] {
+    dir = FreshTempDir("digits");
+    DigitsOptions o;
+    o.train_examples = 6000;
+    o.test_examples = 1000;
+    o.seed = 3;
+    if (!WriteDigitsDataset(Env::Default(), dir, o).ok()) dir.clear();
+  });
+  return dir;
+}
+
+std::string ConfigText(const ConfigOptions& o) {
+  const std::string d = DigitsDir();
+  std::string mode = o.sync ? absl::StrCat("sync { replicas_to_aggregate: ", o.replicas_to_aggregate, " }")
+                            : absl::StrCat("async { staleness_bound: ", o.staleness_bound, " }");
+  return absl::StrCat(
+      "model { mlp { input_dim: 784 hidden_units: ", o.hidden_units, " num_classes: 10 } }\n",
+      "data {\n  train_images: \"", d, "/train-images-idx3-ubyte\"\n  train_labels: \"", d,
+      "/train-labels-idx1-ubyte\"\n  test_images: \"", d, "/t10k-images-idx3-ubyte\"\n",
+      "  test_labels: \"", d, "/t10k-labels-idx1-ubyte\"\n  batch_size: ", o.batch_size,
+      "\n  shuffle: true\n  normalize: true\n}\n", "optimizer { learning_rate: ", o.learning_rate,
+      " sgd {} }\n", mode, "\n", "max_steps: ", o.max_steps, "\nseed: 11\neval_every_steps: ",
+      o.eval_every_steps, "\noutput_dir: \"", o.output_dir, "\"\n",
+      "placement { partition_min_bytes: 65536 }\n", "rpc { step_timeout_ms: ", o.step_timeout_ms,
+      " startup_timeout_ms: 30000 }\n");
+}
+
+CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration timeout) {
+  CommandResult result;
+  SpawnOptions so;
+  so.argv = argv;
+  so.capture_output = true;
+  auto proc = Subprocess::Spawn(so);
+  if (!proc.ok()) {
+    result.output = std::string(proc.status().message());
+    return result;
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  char buf[65536];
+  while ((*proc)->output_fd() >= 0) {
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0) {
+      result.timed_out = true;
+      break;
+    }
+    pollfd pfd = {(*proc)->output_fd(), POLLIN, 0};
+    if (::poll(&pfd, 1, static_cast<int>(ms)) <= 0) continue;
+    ssize_t n = ::read((*proc)->output_fd(), buf, sizeof(buf));
+    if (n <= 0) {
+      (*proc)->CloseOutput();
+      break;
+    }
+    result.output.append(buf, n);
+  }
+  if (result.timed_out) {
+    result.exit_code = (*proc)->Stop(absl::Seconds(5));
+  } else {
+    std::optional<int> code = (*proc)->Wait(deadline - absl::Now());
+    if (!code.has_value()) {
+      result.timed_out = true;
+      code = (*proc)->Stop(absl::Seconds(5));
+    }
+    result.exit_code = *code;
+  }
+  return result;
+}
+
+std::vector<int> ProcessesMatching(const std::string& needle) {
+  std::vector<int> pids;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return pids;
+  const int self = ::getpid();
+  while (dirent* e = ::readdir(proc)) {
+    const int pid = std::atoi(e->d_name);
+    if (pid <= 0 || pid == self) continue;
+    std::ifstream in(absl::StrCat("/proc/", pid, "/cmdline"));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string cmdline = ss.str();
+    for (char& c : cmdline) {
+      if (c == '\0') c = ' ';
+    }
+    // Zombies have an empty cmdline and are not running.
+    if (!cmdline.empty() && cmdline.find(needle) != std::string::npos) pids.push_back(pid);
+  }
+  ::closedir(proc);
+  return pids;
+}
+
+}  // namespace pstrain::testing

@@ -1,0 +1,53 @@
+// Helpers for the multi-process tests: locate the real binaries in Bazel's
+// runfiles, pick free loopback ports, write cluster specs, configs and data
+// into the test's temporary directory, and run commands with a deadline
+// (a command still running at its deadline is killed and reported).
+#ifndef PSTRAIN_TESTS_CLUSTER_TESTLIB_H_
+#define PSTRAIN_TESTS_CLUSTER_TESTLIB_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace pstrain::testing {
+
+std::string BinDir();                      // runfiles root holding ps_server/, worker/, ...
+std::string Binary(const std::string& rel);  // e.g. "tools/pstrain"
+std::string FreshTempDir(const std::string& name);
+int PickFreePort();
+
+// A spec with 1 chief, `ps` servers and `workers` workers on free ports.
+std::string WriteClusterSpec(const std::string& dir, int ps, int workers);
+std::string WriteFile(const std::string& path, const std::string& text);
+
+// Writes the synthetic digits once per test process (shared by cases).
+std::string DigitsDir();
+
+struct ConfigOptions {
+  bool sync = true;
+  int replicas_to_aggregate = 0;
+  int staleness_bound = 0;
+  int max_steps = 200;
+  int batch_size = 32;
+  float learning_rate = 0.1f;
+  int hidden_units = 64;
+  int eval_every_steps = 50;
+  int step_timeout_ms = 30000;
+  std::string output_dir;
+};
+std::string ConfigText(const ConfigOptions& o);
+
+struct CommandResult {
+  int exit_code = -1;
+  bool timed_out = false;
+  std::string output;  // stdout and stderr together
+};
+CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration timeout);
+
+// Pids of live processes whose command line contains `needle`.
+std::vector<int> ProcessesMatching(const std::string& needle);
+
+}  // namespace pstrain::testing
+
+#endif  // PSTRAIN_TESTS_CLUSTER_TESTLIB_H_

@@ -13,6 +13,7 @@
 #include "chief/chief_service.h"
 #include "common/cluster_spec.h"
 #include "common/config.h"
+#include "common/daemon.h"
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "common/shutdown.h"
@@ -30,23 +31,20 @@ int main(int argc, char** argv) {
   pstrain::StopOnTerminationSignals(&stop);
 
   const char* tf_config = std::getenv("TF_CONFIG");
-  auto task = pstrain::ResolveTask(absl::GetFlag(FLAGS_cluster_spec), absl::GetFlag(FLAGS_job),
-                                   absl::GetFlag(FLAGS_task), tf_config ? tf_config : "",
-                                   pstrain::kChiefJob);
-  if (!task.ok()) {
-    std::cerr << "chief: " << task.status().message() << "\n";
+  auto setup = pstrain::SetUpDaemon({.cluster_spec = absl::GetFlag(FLAGS_cluster_spec),
+                                     .job = absl::GetFlag(FLAGS_job),
+                                     .task = absl::GetFlag(FLAGS_task),
+                                     .tf_config = tf_config ? tf_config : "",
+                                     .config = absl::GetFlag(FLAGS_config),
+                                     .config_required = true,
+                                     .log_level = absl::GetFlag(FLAGS_log_level)},
+                                    pstrain::kChiefJob);
+  if (!setup.ok()) {
+    std::cerr << "chief: " << setup.status().message() << "\n";
     return 2;
   }
-  if (absl::GetFlag(FLAGS_config).empty()) {
-    std::cerr << "chief: --config=FILE is required\n";
-    return 2;
-  }
-  auto config = pstrain::LoadTrainingConfig(absl::GetFlag(FLAGS_config));
-  if (!config.ok()) {
-    std::cerr << "chief: " << config.status().message() << "\n";
-    return 2;
-  }
-  pstrain::InitLogging(task->task.ToString(), absl::GetFlag(FLAGS_log_level));
+  const pstrain::TaskConfig* task = &setup->task;
+  const pstrain::TrainingConfig* config = &*setup->config;
 
   // A fresh incarnation per chief start: requests from tasks of an earlier
   // run of the cluster are refused by it.

@@ -48,6 +48,26 @@ absl::Status CallAll(int n, absl::Duration timeout, bool wait_for_ready,
   return absl::OkStatus();
 }
 
+// Appends each partition of the full tensors `full` (placement order) to the
+// request of the server that owns it, through `add(server)`.
+void SliceByPartition(const Placement& placement, const std::vector<Tensor>& full,
+                      const std::function<NamedTensor*(int server)>& add) {
+  const auto& vars = placement.variables();
+  for (size_t v = 0; v < vars.size(); ++v) {
+    const int64_t row = vars[v].spec.row_elements();
+    for (const Partition& part : vars[v].partitions) {
+      NamedTensor* nt = add(part.server);
+      nt->mutable_ref()->set_variable(vars[v].spec.name);
+      nt->mutable_ref()->set_partition(part.index);
+      std::vector<int64_t> shape = vars[v].spec.shape;
+      shape[0] = part.num_rows();
+      ToProto(shape,
+              absl::MakeConstSpan(full[v].data() + part.row_begin * row, part.num_rows() * row),
+              nt->mutable_tensor());
+    }
+  }
+}
+
 }  // namespace
 
 PsClient::PsClient(const ClusterSpec& cluster, const Placement* placement, int worker,
@@ -79,36 +99,19 @@ absl::Status PsClient::InitializeAll(const TrainingConfig& config, uint64_t fing
     req.set_num_workers(num_workers);
     req.set_start_step(start_step);
   }
-  for (size_t v = 0; v < vars.size(); ++v) {
-    const int64_t row = vars[v].spec.row_elements();
-    for (const Partition& part : vars[v].partitions) {
-      NamedTensor* nt = requests[part.server].add_variables();
-      nt->mutable_ref()->set_variable(vars[v].spec.name);
-      nt->mutable_ref()->set_partition(part.index);
-      std::vector<int64_t> shape = vars[v].spec.shape;
-      shape[0] = part.num_rows();
-      ToProto(shape,
-              absl::MakeConstSpan(params[v].data() + part.row_begin * row, part.num_rows() * row),
-              nt->mutable_tensor());
-    }
-  }
+  SliceByPartition(*placement_, params,
+                   [&requests](int s) { return requests[s].add_variables(); });
   std::vector<InitializeResponse> responses(num_servers());
-  std::vector<grpc::Status> raw(num_servers());
-  absl::Status st = CallAll(
+  return CallAll(
       num_servers(), startup_timeout, /*wait_for_ready=*/true,
       [this](int s) { return absl::StrCat("Initialize ", ServerName(s)); },
       [&](int s, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-        stubs_[s]->async()->Initialize(ctx, &requests[s], &responses[s],
-                                       [done, &raw, s](grpc::Status g) {
-                                         // A retried Initialize that already landed is fine.
-                                         if (g.error_code() == grpc::StatusCode::ALREADY_EXISTS) {
-                                           g = grpc::Status::OK;
-                                         }
-                                         raw[s] = g;
-                                         done(g);
-                                       });
+        stubs_[s]->async()->Initialize(ctx, &requests[s], &responses[s], [done](grpc::Status g) {
+          // A retried Initialize that already landed is fine.
+          if (g.error_code() == grpc::StatusCode::ALREADY_EXISTS) g = grpc::Status::OK;
+          done(g);
+        });
       });
-  return st;
 }
 
 absl::Status PsClient::PullAll(const std::vector<int64_t>& min_versions, absl::Duration wait,
@@ -183,19 +186,8 @@ absl::Status PsClient::PushAll(const std::vector<int64_t>& steps, const std::vec
     requests[s].set_worker(worker_);
     requests[s].set_step(steps[s]);
   }
-  for (size_t v = 0; v < vars.size(); ++v) {
-    const int64_t row = vars[v].spec.row_elements();
-    for (const Partition& part : vars[v].partitions) {
-      NamedTensor* nt = requests[part.server].add_gradients();
-      nt->mutable_ref()->set_variable(vars[v].spec.name);
-      nt->mutable_ref()->set_partition(part.index);
-      std::vector<int64_t> shape = vars[v].spec.shape;
-      shape[0] = part.num_rows();
-      ToProto(shape,
-              absl::MakeConstSpan(grads[v].data() + part.row_begin * row, part.num_rows() * row),
-              nt->mutable_tensor());
-    }
-  }
+  SliceByPartition(*placement_, grads,
+                   [&requests](int s) { return requests[s].add_gradients(); });
   absl::Status st = CallAll(
       num_servers(), rpc_timeout_, /*wait_for_ready=*/false,
       [this](int s) { return absl::StrCat("Push to ", ServerName(s)); },

@@ -8,6 +8,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "common/cluster_spec.h"
+#include "common/daemon.h"
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "common/shutdown.h"
@@ -27,15 +28,20 @@ int main(int argc, char** argv) {
   pstrain::StopOnTerminationSignals(&stop);
 
   const char* tf_config = std::getenv("TF_CONFIG");
-  auto task = pstrain::ResolveTask(absl::GetFlag(FLAGS_cluster_spec), absl::GetFlag(FLAGS_job),
-                                   absl::GetFlag(FLAGS_task), tf_config ? tf_config : "",
-                                   pstrain::kPsJob);
-  if (!task.ok()) {
-    std::cerr << "ps_server: " << task.status().message() << "\n";
+  auto setup = pstrain::SetUpDaemon({.cluster_spec = absl::GetFlag(FLAGS_cluster_spec),
+                                     .job = absl::GetFlag(FLAGS_job),
+                                     .task = absl::GetFlag(FLAGS_task),
+                                     .tf_config = tf_config ? tf_config : "",
+                                     .config = absl::GetFlag(FLAGS_config),
+                                     .config_required = false,
+                                     .log_level = absl::GetFlag(FLAGS_log_level)},
+                                    pstrain::kPsJob);
+  if (!setup.ok()) {
+    std::cerr << "ps_server: " << setup.status().message() << "\n";
     return 2;
   }
-  pstrain::InitLogging(task->task.ToString(), absl::GetFlag(FLAGS_log_level));
-  const std::string& address = task->cluster.address(pstrain::kPsJob, task->task.index);
+  const pstrain::TaskConfig& task = setup->task;
+  const std::string& address = task.cluster.address(pstrain::kPsJob, task.task.index);
 
   pstrain::ParameterServer ps;
   pstrain::PsServiceImpl service(&ps, &stop);

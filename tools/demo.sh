@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/setup.sh
 pstrain_install_deps
-pstrain_build 2>&1 | grep -vE '^(INFO|Loading|Analyzing|Target|  bazel-bin)' >&2 || true
+pstrain_build //ps_server //worker //chief //tools:pstrain 2>&1 | grep -vE '^(INFO|Loading|Analyzing|Target|  bazel-bin)' >&2 || true
 [ -x bazel-bin/tools/pstrain ] || { echo "demo: the build failed" >&2; exit 1; }
 if [ ! -f demo_data/t10k-labels-idx1-ubyte ]; then
   bazel-bin/tools/pstrain datagen --out=demo_data

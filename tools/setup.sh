@@ -21,10 +21,10 @@ pstrain_install_deps() {
   [ "$(id -u)" -ne 0 ] && sudo="sudo"
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq >/dev/null
-  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
 pstrain_build() {
   # CUDA is detected by the build itself (third_party/cuda.bzl).
-  bazel build --noshow_progress //... "$@"
+  bazel build --noshow_progress "$@"
 }

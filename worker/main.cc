@@ -7,8 +7,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "common/cluster_spec.h"
-#include "common/config.h"
+#include "common/daemon.h"
 #include "common/logging.h"
 #include "common/shutdown.h"
 #include "worker/device.h"
@@ -27,29 +26,25 @@ int main(int argc, char** argv) {
   pstrain::StopOnTerminationSignals(&stop);
 
   const char* tf_config = std::getenv("TF_CONFIG");
-  auto task = pstrain::ResolveTask(absl::GetFlag(FLAGS_cluster_spec), absl::GetFlag(FLAGS_job),
-                                   absl::GetFlag(FLAGS_task), tf_config ? tf_config : "",
-                                   pstrain::kWorkerJob);
-  if (!task.ok()) {
-    std::cerr << "worker: " << task.status().message() << "\n";
+  auto setup = pstrain::SetUpDaemon({.cluster_spec = absl::GetFlag(FLAGS_cluster_spec),
+                                     .job = absl::GetFlag(FLAGS_job),
+                                     .task = absl::GetFlag(FLAGS_task),
+                                     .tf_config = tf_config ? tf_config : "",
+                                     .config = absl::GetFlag(FLAGS_config),
+                                     .config_required = true,
+                                     .log_level = absl::GetFlag(FLAGS_log_level)},
+                                    pstrain::kWorkerJob);
+  if (!setup.ok()) {
+    std::cerr << "worker: " << setup.status().message() << "\n";
     return 2;
   }
-  if (absl::GetFlag(FLAGS_config).empty()) {
-    std::cerr << "worker: --config=FILE is required\n";
-    return 2;
-  }
-  auto config = pstrain::LoadTrainingConfig(absl::GetFlag(FLAGS_config));
-  if (!config.ok()) {
-    std::cerr << "worker: " << config.status().message() << "\n";
-    return 2;
-  }
-  pstrain::InitLogging(task->task.ToString(), absl::GetFlag(FLAGS_log_level));
-  LOG_INFO("compute device: cpu (OpenBLAS, {} thread(s)); {}", config->compute_threads(),
+  const pstrain::TrainingConfig& config = *setup->config;
+  LOG_INFO("compute device: cpu (OpenBLAS, {} thread(s)); {}", config.compute_threads(),
            pstrain::DescribeCudaDevices());
 
   pstrain::WorkerOptions options;
-  options.worker = task->task.index;
-  absl::Status st = pstrain::RunWorker(*config, task->cluster, options, &stop);
+  options.worker = setup->task.task.index;
+  absl::Status st = pstrain::RunWorker(config, setup->task.cluster, options, &stop);
   if (!st.ok()) {
     if (absl::IsCancelled(st)) {
       LOG_INFO("stopped: {}", st.message());

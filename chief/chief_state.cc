@@ -122,7 +122,7 @@ bool Chief::AllDoneLocked() const {
 int64_t Chief::WaitForStep(int64_t step, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto reached = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return global_step_ >= step || AllDoneLocked();
+    return global_step_ >= step || AllDoneLocked() || stop_requested_;
   };
   mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
   return global_step_;

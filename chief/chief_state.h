@@ -33,8 +33,8 @@ class Chief {
   void MarkInitialized();
   // Workers are told to stop at their next report.
   void RequestStop();
-  // Waits until the global step reaches `step`, every worker is done, or
-  // `timeout` passes. Returns the global step.
+  // Waits until the global step reaches `step`, every worker is done, a stop
+  // is requested, or `timeout` passes. Returns the global step.
   int64_t WaitForStep(int64_t step, absl::Duration timeout);
   // Waits until every registered worker has reported done, or `timeout`.
   bool WaitForWorkersDone(absl::Duration timeout);

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <random>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -63,7 +64,14 @@ int main(int argc, char** argv) {
   }
   LOG_INFO("chief listening on {}; {} ps, {} workers, incarnation {:x}", address,
            task->cluster.num_ps(), task->cluster.num_workers(), incarnation);
+  // A termination signal wakes the driver's waits at once.
+  std::thread stop_watcher([&stop, &chief] {
+    stop.Wait();
+    chief.RequestStop();
+  });
   absl::Status st = pstrain::RunChief(*config, task->cluster, incarnation, &chief, &stop);
+  stop.Stop("chief finished");  // releases the watcher
+  stop_watcher.join();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (absl::IsCancelled(st)) {
     LOG_INFO("stopped: {}", st.message());

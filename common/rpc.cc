@@ -27,6 +27,13 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address) {
   // Reconnect quickly after a peer restarts instead of gRPC's default 1-120 s backoff.
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // The connect timeout per attempt (gRPC: 20 s), which also paces retries
+  // to a peer that is not listening yet; 1 s is ample for a cluster network.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 1000);
+  // After a failed connect the channel re-resolves the name; gRPC's default
+  // cooldown between resolutions (30 s) would keep a peer that came up late
+  // unreachable for seconds.
+  args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 200);
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
@@ -36,9 +43,10 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
 }
 
 absl::Status RetryWithBackoff(const std::string& what, absl::Duration total,
-                              const std::function<absl::Status()>& attempt) {
+                              const std::function<absl::Status()>& attempt,
+                              absl::Duration max_backoff) {
   const absl::Time deadline = absl::Now() + total;
-  absl::Duration backoff = absl::Milliseconds(50);
+  absl::Duration backoff = std::min(absl::Milliseconds(50), max_backoff);
   absl::Status last;
   for (int tries = 1;; ++tries) {
     last = attempt();
@@ -53,7 +61,7 @@ absl::Status RetryWithBackoff(const std::string& what, absl::Duration total,
     // Backoff between attempts of a failed call (not a readiness poll: callers
     // use wait_for_ready, so an attempt itself blocks until the peer is up).
     absl::SleepFor(std::min(deadline - now, backoff));
-    backoff = std::min(backoff * 2, absl::Seconds(2));
+    backoff = std::min(backoff * 2, max_backoff);
   }
 }
 

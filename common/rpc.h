@@ -33,7 +33,8 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout);
 // backoff (50 ms doubling to 2 s) waited on a condition, not sleep-polled
 // in a loop without bound. The last error is returned, prefixed with `what`.
 absl::Status RetryWithBackoff(const std::string& what, absl::Duration total,
-                              const std::function<absl::Status()>& attempt);
+                              const std::function<absl::Status()>& attempt,
+                              absl::Duration max_backoff = absl::Seconds(2));
 
 // Builds a server listening on `address` (host:port) with pstrain's limits.
 // Fails with a clear status when the port cannot be bound.

@@ -1,7 +1,12 @@
 #include "common/shutdown.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <unistd.h>
+
+#include <cstring>
 
 #include <thread>
 
@@ -42,18 +47,37 @@ int StopSignal::exit_code() {
   return exit_code_;
 }
 
+namespace {
+
+int g_signal_pipe[2] = {-1, -1};
+
+void OnTerminationSignal(int sig) {
+  const int saved_errno = errno;
+  const unsigned char byte = static_cast<unsigned char>(sig);
+  (void)!::write(g_signal_pipe[1], &byte, 1);  // async-signal-safe
+  errno = saved_errno;
+}
+
+}  // namespace
+
 void StopOnTerminationSignals(StopSignal* stop) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
-  std::thread([stop, set]() {
+  if (g_signal_pipe[0] >= 0) return;  // installed already
+  if (::pipe2(g_signal_pipe, O_CLOEXEC) != 0) return;
+  struct sigaction action;
+  std::memset(&action, 0, sizeof(action));
+  action.sa_handler = OnTerminationSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &action, nullptr);
+  ::sigaction(SIGTERM, &action, nullptr);
+  std::thread([stop]() {
     for (;;) {
-      int sig = 0;
-      if (sigwait(&set, &sig) != 0) continue;
+      unsigned char byte = 0;
+      ssize_t n = ::read(g_signal_pipe[0], &byte, 1);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;
       // 128 + signal, as a shell reports a process killed by it.
-      stop->Stop(absl::StrCat("received ", strsignal(sig)), 128 + sig);
+      stop->Stop(absl::StrCat("received ", strsignal(byte)), 128 + byte);
     }
   }).detach();
 }

@@ -1,8 +1,9 @@
 // How a daemon learns it should stop: a one-shot, thread-safe stop signal that
 // an RPC handler, a fatal error or SIGINT/SIGTERM can raise (the first reason
-// wins), and which main() waits on. Termination signals are blocked in every
-// thread and taken synchronously by one sigwait thread, so no work happens in
-// an async signal handler.
+// wins), and which main() waits on. The signal handler only writes the signal
+// number to a pipe (async-signal-safe, whichever thread takes the signal:
+// libraries such as OpenBLAS start threads before main() could block
+// signals); a watcher thread turns it into Stop().
 #ifndef PSTRAIN_COMMON_SHUTDOWN_H_
 #define PSTRAIN_COMMON_SHUTDOWN_H_
 
@@ -32,9 +33,8 @@ class StopSignal {
   int exit_code_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Call first in main(), before any thread starts: blocks SIGINT and SIGTERM
-// (threads created later inherit the mask) and starts a detached thread that
-// turns them into stop->Stop("signal ..."). `stop` must outlive the process.
+// Call once, early in main(): SIGINT and SIGTERM become
+// stop->Stop("received ...", 128 + signal). `stop` must outlive the process.
 void StopOnTerminationSignals(StopSignal* stop);
 
 }  // namespace pstrain

@@ -211,7 +211,10 @@ TEST_CASE("malformed cluster specs and configs: one-line error, non-zero exit", 
 }
 
 // Starts `pstrain launch` on a long job and waits until training is under way.
-std::unique_ptr<Subprocess> StartLongJob(const std::string& dir, std::string* spec_path) {
+// With `own_group`, launch runs as the leader of a new process group (setsid),
+// as a shell starts a foreground job.
+std::unique_ptr<Subprocess> StartLongJob(const std::string& dir, std::string* spec_path,
+                                         bool own_group = false) {
   ConfigOptions o;
   o.max_steps = 1000000;
   o.output_dir = JoinPath(dir, "out");
@@ -221,6 +224,7 @@ std::unique_ptr<Subprocess> StartLongJob(const std::string& dir, std::string* sp
   SpawnOptions so;
   so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", *spec_path, "--config", config,
              "--bin_dir", BinDir()};
+  if (own_group) so.argv.insert(so.argv.begin(), "/usr/bin/setsid");
   so.output_file = JoinPath(dir, "launch.out");
   auto proc = Subprocess::Spawn(so);
   REQUIRE(proc.ok());
@@ -233,7 +237,7 @@ std::unique_ptr<Subprocess> StartLongJob(const std::string& dir, std::string* sp
     if (!st.ok()) return absl::UnavailableError(st.message());
     if (s.global_step() < 20) return absl::UnavailableError("not training yet");
     return absl::OkStatus();
-  });
+  }, /*max_backoff=*/absl::Milliseconds(100));
   REQUIRE(training.ok());
   return std::move(*proc);
 }
@@ -244,6 +248,19 @@ TEST_CASE("Ctrl-C on pstrain launch stops every task and leaves none behind", "[
   std::unique_ptr<Subprocess> launch = StartLongJob(dir, &spec);
   CHECK(testing::ProcessesMatching(spec).size() == 6);  // launch + 5 tasks
   launch->Signal(SIGINT);
+  std::optional<int> code = launch->Wait(absl::Seconds(30));
+  REQUIRE(code.has_value());
+  CHECK(*code != 0);
+  CHECK(testing::ProcessesMatching(spec).empty());
+}
+
+TEST_CASE("Ctrl-C at a terminal (SIGINT to the whole process group) leaves nothing behind",
+          "[cluster][signals]") {
+  const std::string dir = testing::FreshTempDir("sigint_group");
+  std::string spec;
+  std::unique_ptr<Subprocess> launch = StartLongJob(dir, &spec, /*own_group=*/true);
+  REQUIRE(::getpgid(launch->pid()) == launch->pid());
+  ::kill(-launch->pid(), SIGINT);  // what the terminal does on Ctrl-C
   std::optional<int> code = launch->Wait(absl::Seconds(30));
   REQUIRE(code.has_value());
   CHECK(*code != 0);

@@ -257,8 +257,12 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
       std::cerr << "pstrain launch: tasks still running 20s after the chief finished; stopping\n";
       break;
     }
-    if (options.progress && absl::Now() >= next_progress && !chief_finished) {
+    if (absl::Now() >= next_progress) {
       next_progress = absl::Now() + absl::Milliseconds(500);
+    } else {
+      continue;
+    }
+    if (options.progress && !chief_finished) {
       ChiefStatusResponse s;
       if (chief.GetStatus(&s).ok()) {
         std::string line = FormatProgress(s, absl::Now() - start);

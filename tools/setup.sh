@@ -2,6 +2,8 @@
 # Installs what pstrain needs on Debian 12 (idempotent, silent when all is
 # there) and builds every target. Sourced by tools/demo.sh and tools/test.sh.
 set -euo pipefail
+# Bazel treats TEST_TMPDIR as "inside a test" and would move its output root.
+unset TEST_TMPDIR TEST_SRCDIR
 
 PSTRAIN_PACKAGES=(
   bazel-bootstrap g++ pkg-config

@@ -19,6 +19,7 @@
 #include "common/subprocess.h"
 #include "common/tensor_file.h"
 #include "nlohmann/json.hpp"
+#include "proto/ps_service.grpc.pb.h"
 #include "ps_server/optimizer.h"
 #include "tests/cluster_testlib.h"
 #include "worker/dataset.h"
@@ -282,6 +283,85 @@ TEST_CASE("a worker killed mid-run fails the job promptly instead of hanging", "
   INFO(*out);
   CHECK(out->find("worker:1 exited with code 137") != std::string::npos);
   CHECK(testing::ProcessesMatching(spec).empty());
+}
+
+TEST_CASE("the ps_server daemon refuses bad pushes over gRPC and keeps serving", "[cluster][errors]") {
+  const std::string dir = testing::FreshTempDir("bad_pushes");
+  const std::string spec = testing::WriteClusterSpec(dir, 1, 2);
+  auto cluster = ClusterSpec::FromFile(spec);
+  REQUIRE(cluster.ok());
+  SpawnOptions so;
+  so.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=0"};
+  so.output_file = JoinPath(dir, "ps.log");
+  auto ps = Subprocess::Spawn(so);
+  REQUIRE(ps.ok());
+  auto stub = PsService::NewStub(CreateChannel(cluster->address(kPsJob, 0)));
+  auto call = [](auto method) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(10));
+    ctx.set_wait_for_ready(true);
+    return method(&ctx);
+  };
+
+  ConfigOptions o;
+  o.output_dir = JoinPath(dir, "out");
+  auto config = ParseTrainingConfig(testing::ConfigText(o), "test");
+  REQUIRE(config.ok());
+  InitializeRequest init;
+  init.set_incarnation(42);
+  *init.mutable_config() = *config;
+  init.set_num_workers(2);
+  NamedTensor* v = init.add_variables();
+  v->mutable_ref()->set_variable("w");
+  ToProto({2, 2}, {1, 2, 3, 4}, v->mutable_tensor());
+  InitializeResponse init_resp;
+  REQUIRE(call([&](grpc::ClientContext* c) { return stub->Initialize(c, init, &init_resp); }).ok());
+
+  auto push = [&](int worker, int64_t step, uint64_t incarnation, std::vector<int64_t> shape,
+                  std::vector<float> values) {
+    PushRequest req;
+    req.set_incarnation(incarnation);
+    req.set_worker(worker);
+    req.set_step(step);
+    NamedTensor* g = req.add_gradients();
+    g->mutable_ref()->set_variable("w");
+    ToProto(shape, values, g->mutable_tensor());
+    PushResponse resp;
+    return call([&](grpc::ClientContext* c) { return stub->Push(c, req, &resp); }).error_code();
+  };
+  const float nan = std::nanf("");
+  CHECK(push(0, 0, 42, {2, 2}, {1, nan, 1, 1}) == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(push(0, 0, 42, {4}, {1, 1, 1, 1}) == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(push(7, 0, 42, {2, 2}, {1, 1, 1, 1}) == grpc::StatusCode::INVALID_ARGUMENT);
+  CHECK(push(0, 0, 41, {2, 2}, {1, 1, 1, 1}) == grpc::StatusCode::FAILED_PRECONDITION);
+  CHECK(push(0, 5, 42, {2, 2}, {1, 1, 1, 1}) == grpc::StatusCode::FAILED_PRECONDITION);
+
+  PullRequest pull;
+  pull.set_incarnation(42);
+  pull.set_worker(-1);
+  PullResponse pulled;
+  REQUIRE(call([&](grpc::ClientContext* c) { return stub->Pull(c, pull, &pulled); }).ok());
+  auto w = FromProto(pulled.tensors(0).tensor());
+  REQUIRE(w.ok());
+  CHECK(w->values() == std::vector<float>{1, 2, 3, 4});  // untouched
+  CHECK(pulled.version() == 0);
+
+  // Still serving: a good sync step from both workers applies.
+  CHECK(push(0, 0, 42, {2, 2}, {1, 1, 1, 1}) == grpc::StatusCode::OK);
+  CHECK(push(1, 0, 42, {2, 2}, {1, 1, 1, 1}) == grpc::StatusCode::OK);
+  PsStatusRequest sreq;
+  PsStatusResponse status;
+  REQUIRE(call([&](grpc::ClientContext* c) { return stub->GetStatus(c, sreq, &status); }).ok());
+  CHECK(status.version() == 1);
+  CHECK(status.pushes_rejected() == 5);
+
+  ShutdownRequest bye;
+  bye.set_incarnation(42);
+  ShutdownResponse bye_resp;
+  CHECK(call([&](grpc::ClientContext* c) { return stub->Shutdown(c, bye, &bye_resp); }).ok());
+  std::optional<int> code = (*ps)->Wait(absl::Seconds(20));
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
 }
 
 }  // namespace

@@ -254,7 +254,8 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
     if (all_exited) break;
     // After the chief finishes, the others get a grace period to exit.
     if (chief_finished && absl::Now() - chief_finished_at > absl::Seconds(20)) {
-      std::cerr << "pstrain launch: tasks still running 20s after the chief finished; stopping\n";
+      failure = "tasks still running 20 s after the chief finished";
+      exit_code = 1;
       break;
     }
     if (absl::Now() >= next_progress) {
@@ -278,13 +279,16 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
   }
   if (progress_shown) std::cerr << "\n";
 
-  // Stop whatever is still running: SIGTERM, then SIGKILL after a grace period.
+  // Stop whatever is still running: SIGTERM to all, one shared 5 s grace
+  // period, then SIGKILL for any task still there.
   for (auto& t : tasks) {
     if (!t->exited) t->proc->Signal(SIGTERM);
   }
+  const absl::Time grace_end = absl::Now() + absl::Seconds(5);
   for (auto& t : tasks) {
     if (t->exited) continue;
-    t->exit_code = t->proc->Stop(absl::Seconds(5));
+    std::optional<int> code = t->proc->Wait(std::max(grace_end - absl::Now(), absl::ZeroDuration()));
+    t->exit_code = code.has_value() ? *code : t->proc->Stop(absl::ZeroDuration());
     if (t->proc->output_fd() >= 0) DrainOutput(t.get(), options.verbose, &progress_shown);
     t->exited = true;
   }

@@ -364,5 +364,56 @@ TEST_CASE("the ps_server daemon refuses bad pushes over gRPC and keeps serving",
   CHECK(*code == 0);
 }
 
+TEST_CASE("a daemon takes its task from TF_CONFIG as Kubeflow sets it", "[cluster][tf_config]") {
+  const std::string dir = testing::FreshTempDir("tf_config");
+  const std::string spec_text =
+      *Env::Default()->ReadFile(testing::WriteClusterSpec(dir, 2, 1));
+  auto cluster = ClusterSpec::Parse(spec_text, "spec");
+  REQUIRE(cluster.ok());
+  SpawnOptions so;
+  so.argv = {Binary("ps_server/ps_server")};  // no flags at all
+  so.extra_env = {"TF_CONFIG={\"cluster\": " + spec_text +
+                  ", \"task\": {\"type\": \"ps\", \"index\": 1}}"};
+  so.output_file = JoinPath(dir, "ps.log");
+  auto ps = Subprocess::Spawn(so);
+  REQUIRE(ps.ok());
+  auto stub = PsService::NewStub(CreateChannel(cluster->address(kPsJob, 1)));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(20));
+  ctx.set_wait_for_ready(true);
+  PsStatusRequest req;
+  PsStatusResponse status;
+  REQUIRE(stub->GetStatus(&ctx, req, &status).ok());  // listening at ps[1]'s address
+  CHECK_FALSE(status.initialized());
+  (*ps)->Signal(SIGTERM);
+  std::optional<int> code = (*ps)->Wait(absl::Seconds(20));
+  REQUIRE(code.has_value());
+  CHECK(*code == 128 + SIGTERM);
+  auto log = Env::Default()->ReadFile(JoinPath(dir, "ps.log"));
+  REQUIRE(log.ok());
+  CHECK(log->find(" ps:1 I parameter server listening on") != std::string::npos);
+  CHECK(log->find("stopping: received Terminated") != std::string::npos);
+
+  // A task index out of range in TF_CONFIG: one line, non-zero exit.
+  so.extra_env = {"TF_CONFIG={\"cluster\": " + spec_text +
+                  ", \"task\": {\"type\": \"ps\", \"index\": 5}}"};
+  so.output_file.clear();
+  so.capture_output = true;
+  CommandResult r;
+  {
+    auto bad = Subprocess::Spawn(so);
+    REQUIRE(bad.ok());
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::read((*bad)->output_fd(), buf, sizeof(buf))) > 0) r.output.append(buf, n);
+    r.exit_code = (*bad)->Wait(absl::Seconds(20)).value_or(-1);
+  }
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("TF_CONFIG") != std::string::npos);
+  CHECK(r.output.find("out of range") != std::string::npos);
+  CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -119,6 +119,21 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   }
   const std::string model_path = JoinPath(config.output_dir(), "model_final.pst");
   RETURN_IF_ERROR(WriteTensorFile(env, model_path, model_file));
+  // The servers' own counters: what was applied, dropped as stale, refused.
+  int64_t applied = 0, dropped_stale = 0, rejected = 0;
+  for (int s = 0; s < ps.num_servers(); ++s) {
+    PsStatusResponse status;
+    absl::Status st = ps.GetStatus(s, &status);
+    if (!st.ok()) {
+      LOG_WARN("{}", st);
+      continue;
+    }
+    applied += status.pushes_applied();
+    dropped_stale += status.gradients_dropped_stale();
+    rejected += status.pushes_rejected();
+  }
+  LOG_INFO("parameter servers: {} pushes applied, {} gradients dropped as stale, {} refused",
+           applied, dropped_stale, rejected);
   nlohmann::json summary = {
       {"global_step", final_eval.step},
       {"max_steps", max_steps},
@@ -131,6 +146,9 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       {"mode", IsSyncMode(config) ? "sync" : "async"},
       {"num_ps", cluster.num_ps()},
       {"num_workers", cluster.num_workers()},
+      {"pushes_applied", applied},
+      {"gradients_dropped_stale", dropped_stale},
+      {"pushes_refused", rejected},
   };
   RETURN_IF_ERROR(WriteFileAtomically(env, JoinPath(config.output_dir(), "summary.json"),
                                       summary.dump(2) + "\n"));

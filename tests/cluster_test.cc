@@ -72,8 +72,28 @@ TEST_CASE("sync training on 1 chief, 2 ps, 2 workers learns the digits", "[clust
   CHECK(run.summary["global_step"] == 300);
   CHECK(run.summary["eval_accuracy"].get<double>() >= 0.85);
   CHECK(run.summary["mode"] == "sync");
+  // Every worker's gradient for every step, on both servers; nothing dropped.
+  CHECK(run.summary["pushes_applied"] == 2 * 2 * 300);
+  CHECK(run.summary["gradients_dropped_stale"] == 0);
   CHECK(run.result.output.find("held-out accuracy") != std::string::npos);
   CHECK(testing::ProcessesMatching(run.dir).empty());
+}
+
+TEST_CASE("sync with backup workers: 1 of 2 gradients per step, stragglers dropped and counted",
+          "[cluster][sync]") {
+  ConfigOptions o;
+  o.max_steps = 300;
+  o.replicas_to_aggregate = 1;
+  Run run = Launch("backup_workers", o);
+  INFO(run.result.output);
+  REQUIRE(run.result.exit_code == 0);
+  REQUIRE(run.summary.is_object());
+  CHECK(run.summary["global_step"] == 300);
+  CHECK(run.summary["eval_accuracy"].get<double>() >= 0.85);
+  // Each step took the first gradient on each of the 2 servers.
+  CHECK(run.summary["pushes_applied"] == 2 * 300);
+  CHECK(run.summary["gradients_dropped_stale"].get<int64_t>() > 0);
+  CHECK(run.summary["pushes_refused"] == 0);
 }
 
 TEST_CASE("async training with a staleness bound learns the digits", "[cluster][async]") {

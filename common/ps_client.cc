@@ -139,12 +139,12 @@ absl::Status PsClient::PullAll(const std::vector<int64_t>& min_versions, absl::D
 
   // Assemble, checking that every partition arrives once, with its shape.
   result->versions.assign(num_servers(), 0);
-  result->finished = false;
+  result->finished = true;
   int64_t expected = 0, received = 0;
   for (const VariablePlacement& vp : vars) expected += vp.partitions.size();
   for (int s = 0; s < num_servers(); ++s) {
     result->versions[s] = responses[s].version();
-    result->finished |= responses[s].finished();
+    result->finished &= responses[s].finished();
     for (const NamedTensor& nt : responses[s].tensors()) {
       const VariablePlacement* vp = placement_->Find(nt.ref().variable());
       const int p = nt.ref().partition();

@@ -38,7 +38,7 @@ class PsClient {
 
   struct PullResult {
     std::vector<int64_t> versions;  // per server
-    bool finished = false;          // any server reached max_steps
+    bool finished = false;          // every server reached max_steps
   };
   // Reads every variable into `params` (resized and shaped as needed), each
   // server waiting up to `wait` for its version to reach min_versions[s].

@@ -87,12 +87,24 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     float loss = 0;
     RETURN_IF_ERROR(model.ComputeGradients(params, x.data(), y.data(), config.data().batch_size(),
                                            &grads, &loss));
-    RETURN_IF_ERROR(ps.PushAll(pulled.versions, grads, &outcomes));
-    for (int s = 0; s < ps.num_servers(); ++s) {
-      if (outcomes[s] == FINISHED) finished = true;
-      if (outcomes[s] == DROPPED_STALE) ++dropped;
-      min_versions[s] = pulled.versions[s] + 1;
+    // Sync: one step for every server, the oldest version pulled. With backup
+    // workers the servers can be a step apart while pushes are in flight; a
+    // server already past this step drops the gradient, the lagging one takes
+    // it and catches up, so the servers never drift apart. Async: each push
+    // carries the version it was computed from on that server.
+    std::vector<int64_t> steps = pulled.versions;
+    if (sync) {
+      steps.assign(ps.num_servers(),
+                   *std::min_element(pulled.versions.begin(), pulled.versions.end()));
     }
+    RETURN_IF_ERROR(ps.PushAll(steps, grads, &outcomes));
+    int servers_finished = 0;
+    for (int s = 0; s < ps.num_servers(); ++s) {
+      if (outcomes[s] == FINISHED) ++servers_finished;
+      if (outcomes[s] == DROPPED_STALE) ++dropped;
+      min_versions[s] = steps[s] + 1;
+    }
+    finished = servers_finished == ps.num_servers();
     ++local_steps;
     examples += config.data().batch_size();
     loss_sum += loss;

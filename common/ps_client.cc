@@ -38,6 +38,8 @@ absl::Status CallAll(int n, absl::Duration timeout, bool wait_for_ready,
     auto done = [&pending]() { return pending == 0; };
     if (!mu.AwaitWithTimeout(absl::Condition(&done), timeout + absl::Seconds(5))) {
       // gRPC enforces the deadlines; this is a guard against a stuck library.
+      // After TryCancel gRPC runs every callback promptly, and they refer to
+      // this frame, so waiting for them is both bounded and required.
       for (auto& ctx : contexts) ctx->TryCancel();
       mu.Await(absl::Condition(&done));
     }

@@ -92,10 +92,12 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     if (step >= next_eval && step < max_steps) {
       ASSIGN_OR_RETURN(Evaluation e, Evaluate(&ps, &model, test ? &*test : nullptr, &params));
       chief->SetEval(e.step, e.result.accuracy(), e.result.loss);
+      ChiefStatusResponse progress;
+      chief->GetStatus(&progress);
       LOG_INFO("step {}/{}: train loss {:.4f}, eval accuracy {:.4f}, eval loss {:.4f}, {:.0f} "
                "examples/s",
-               e.step, max_steps, chief->train_loss(), e.result.accuracy(), e.result.loss,
-               chief->examples_per_sec());
+               e.step, max_steps, progress.train_loss(), e.result.accuracy(), e.result.loss,
+               progress.examples_per_sec());
       while (next_eval <= step) next_eval += every;
       next_eval = std::min(next_eval, max_steps);
     }
@@ -134,14 +136,16 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   }
   LOG_INFO("parameter servers: {} pushes applied, {} gradients dropped as stale, {} refused",
            applied, dropped_stale, rejected);
+  ChiefStatusResponse progress;
+  chief->GetStatus(&progress);
   nlohmann::json summary = {
       {"global_step", final_eval.step},
       {"max_steps", max_steps},
       {"eval_accuracy", final_eval.result.accuracy()},
       {"eval_loss", final_eval.result.loss},
       {"eval_examples", final_eval.result.count},
-      {"train_loss", chief->train_loss()},
-      {"examples_per_sec", chief->examples_per_sec()},
+      {"train_loss", progress.train_loss()},
+      {"examples_per_sec", progress.examples_per_sec()},
       {"train_seconds", seconds},
       {"mode", IsSyncMode(config) ? "sync" : "async"},
       {"num_ps", cluster.num_ps()},

@@ -13,7 +13,6 @@ Chief::Chief(int num_workers, int64_t max_steps, uint64_t incarnation, uint64_t 
       max_steps_(max_steps),
       incarnation_(incarnation),
       fingerprint_(fingerprint),
-      start_step_(start_step),
       max_wait_(max_wait),
       global_step_(start_step),
       workers_(num_workers),
@@ -147,18 +146,6 @@ int64_t Chief::global_step() {
 absl::Time Chief::last_progress() {
   absl::MutexLock lock(&mu_);
   return last_progress_;
-}
-
-double Chief::examples_per_sec() {
-  ChiefStatusResponse r;
-  GetStatus(&r);
-  return r.examples_per_sec();
-}
-
-float Chief::train_loss() {
-  ChiefStatusResponse r;
-  GetStatus(&r);
-  return r.train_loss();
 }
 
 void Chief::SetEval(int64_t step, float accuracy, float loss) {

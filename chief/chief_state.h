@@ -41,8 +41,6 @@ class Chief {
   bool AllWorkersDone();
   int64_t global_step();
   absl::Time last_progress();
-  double examples_per_sec();
-  float train_loss();
   void SetEval(int64_t step, float accuracy, float loss);
   void SetState(const std::string& state);
 
@@ -60,7 +58,6 @@ class Chief {
   const int64_t max_steps_;
   const uint64_t incarnation_;
   const uint64_t fingerprint_;
-  const int64_t start_step_;
   const absl::Duration max_wait_;
 
   absl::Mutex mu_;

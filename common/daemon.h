@@ -1,37 +1,41 @@
 // What every daemon's main() does before its real work: resolve which task it
 // is (from --cluster_spec/--job/--task or the TF_CONFIG value main() read from
 // the environment), load and validate the training config, and start logging
-// with the task's name. Errors come back as one line for stderr.
+// with the task's name.
+//
+// The shared flags are declared here and defined in each daemon's main.cc with
+// that role's defaults and help text (flags are defined in main.cc only);
+// SetUpDaemon reads them. Any binary linking this library must define all five.
 #ifndef PSTRAIN_COMMON_DAEMON_H_
 #define PSTRAIN_COMMON_DAEMON_H_
 
 #include <optional>
 #include <string>
 
+#include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
 #include "common/cluster_spec.h"
 #include "proto/config.pb.h"
 
-namespace pstrain {
+ABSL_DECLARE_FLAG(std::string, cluster_spec);
+ABSL_DECLARE_FLAG(std::string, job);
+ABSL_DECLARE_FLAG(int, task);
+ABSL_DECLARE_FLAG(std::string, config);
+ABSL_DECLARE_FLAG(std::string, log_level);
 
-struct DaemonFlags {
-  std::string cluster_spec;
-  std::string job;
-  int task = 0;
-  std::string tf_config;  // the TF_CONFIG environment value, or empty
-  std::string config;     // training config path, or empty
-  bool config_required = true;
-  std::string log_level = "info";
-};
+namespace pstrain {
 
 struct DaemonSetup {
   TaskConfig task;
   std::optional<TrainingConfig> config;
 };
 
-// Resolves the task (which must belong to `expected_job`) and loads the config;
-// on success logging is initialised with the task's name ("ps:1").
-absl::StatusOr<DaemonSetup> SetUpDaemon(const DaemonFlags& flags, const std::string& expected_job);
+// Resolves the task (which must belong to `expected_job`) from the flags or,
+// when --cluster_spec is empty, from `tf_config` (the TF_CONFIG value, or
+// nullptr), and loads --config (an error when `config_required` and unset).
+// On success logging is initialised with the task's name ("ps:1").
+absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool config_required,
+                                        const char* tf_config);
 
 }  // namespace pstrain
 

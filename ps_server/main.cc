@@ -27,15 +27,8 @@ int main(int argc, char** argv) {
   pstrain::StopSignal stop;
   pstrain::StopOnTerminationSignals(&stop);
 
-  const char* tf_config = std::getenv("TF_CONFIG");
-  auto setup = pstrain::SetUpDaemon({.cluster_spec = absl::GetFlag(FLAGS_cluster_spec),
-                                     .job = absl::GetFlag(FLAGS_job),
-                                     .task = absl::GetFlag(FLAGS_task),
-                                     .tf_config = tf_config ? tf_config : "",
-                                     .config = absl::GetFlag(FLAGS_config),
-                                     .config_required = false,
-                                     .log_level = absl::GetFlag(FLAGS_log_level)},
-                                    pstrain::kPsJob);
+  auto setup = pstrain::SetUpDaemon(pstrain::kPsJob, /*config_required=*/false,
+                                    std::getenv("TF_CONFIG"));
   if (!setup.ok()) {
     std::cerr << "ps_server: " << setup.status().message() << "\n";
     return 2;

@@ -25,15 +25,8 @@ int main(int argc, char** argv) {
   pstrain::StopSignal stop;
   pstrain::StopOnTerminationSignals(&stop);
 
-  const char* tf_config = std::getenv("TF_CONFIG");
-  auto setup = pstrain::SetUpDaemon({.cluster_spec = absl::GetFlag(FLAGS_cluster_spec),
-                                     .job = absl::GetFlag(FLAGS_job),
-                                     .task = absl::GetFlag(FLAGS_task),
-                                     .tf_config = tf_config ? tf_config : "",
-                                     .config = absl::GetFlag(FLAGS_config),
-                                     .config_required = true,
-                                     .log_level = absl::GetFlag(FLAGS_log_level)},
-                                    pstrain::kWorkerJob);
+  auto setup = pstrain::SetUpDaemon(pstrain::kWorkerJob, /*config_required=*/true,
+                                    std::getenv("TF_CONFIG"));
   if (!setup.ok()) {
     std::cerr << "worker: " << setup.status().message() << "\n";
     return 2;

@@ -15,8 +15,9 @@
 #include "common/status_macros.h"
 #include "common/tensor_file.h"
 #include "nlohmann/json.hpp"
-#include "worker/dataset.h"
-#include "worker/mlp.h"
+#include "worker/data/loader.h"
+#include "worker/model/backend.h"
+#include "worker/model/model.h"
 
 namespace pstrain {
 namespace {
@@ -26,14 +27,15 @@ struct Evaluation {
   EvalResult result;
 };
 
-absl::StatusOr<Evaluation> Evaluate(PsClient* ps, Mlp* model, const Dataset* test,
+absl::StatusOr<Evaluation> Evaluate(PsClient* ps, Model* model, const Dataset* test,
                                     std::vector<Tensor>* params) {
   PsClient::PullResult pulled;
   RETURN_IF_ERROR(ps->PullAll({}, absl::ZeroDuration(), params, &pulled));
   Evaluation e;
   e.step = *std::min_element(pulled.versions.begin(), pulled.versions.end());
   if (test != nullptr) {
-    RETURN_IF_ERROR(model->Evaluate(*params, test->x.data(), test->y.data(), test->size, &e.result));
+    RETURN_IF_ERROR(model->SetParameters(*params));
+    RETURN_IF_ERROR(model->Evaluate(test->x.data(), test->y.data(), test->size, &e.result));
   }
   return e;
 }
@@ -44,26 +46,28 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
                       Chief* chief, StopSignal* stop) {
   const absl::Duration rpc_timeout = absl::Milliseconds(config.rpc().rpc_timeout_ms());
   const absl::Duration step_timeout = absl::Milliseconds(config.rpc().step_timeout_ms());
-  SetBlasThreads(config.compute_threads());
-  Mlp model(config.model().mlp());
+  // The chief evaluates on the CPU: it is one process beside the workers,
+  // and its numbers should not depend on which device a run had.
+  std::unique_ptr<Backend> cpu = NewCpuBackend(config.compute_threads());
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config.model(), cpu.get()));
+  LOG_INFO("model: {}", model->Summary());
   ASSIGN_OR_RETURN(Placement placement,
-                   Placement::Compute(model.variables(), cluster.num_ps(),
+                   Placement::Compute(model->variables(), cluster.num_ps(),
                                       config.placement().partition_min_bytes()));
   // One log line per server and per variable.
   for (absl::string_view line : absl::StrSplit(placement.DebugString(), '\n', absl::SkipEmpty())) {
     LOG_INFO("placement: {}", line);
   }
   std::optional<Dataset> test;
-  if (!config.data().test_images().empty()) {
-    ASSIGN_OR_RETURN(test, LoadIdxDataset(Env::Default(), config.data().test_images(),
-                                          config.data().test_labels(), model.input_dim(),
-                                          model.num_classes(), config.data().normalize()));
+  if (HasTestSplit(config.data())) {
+    ASSIGN_OR_RETURN(test, LoadDataset(Env::Default(), config.data(), DataSplit::kTest,
+                                       model->input_dim(), model->num_labels()));
     LOG_INFO("{} held-out examples for evaluation", test->size);
   }
 
   PsClient ps(cluster, &placement, /*worker=*/-1, rpc_timeout);
   ps.set_incarnation(incarnation);
-  std::vector<Tensor> params = model.Initialize(config.seed());
+  std::vector<Tensor> params = model->Initialize(config.seed());
   RETURN_IF_ERROR(ps.InitializeAll(config, ConfigFingerprint(config), cluster.num_workers(),
                                    /*start_step=*/0, params,
                                    absl::Milliseconds(config.rpc().startup_timeout_ms())));
@@ -90,7 +94,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
           " (global step ", step, "): a worker or parameter server is stuck or gone"));
     }
     if (step >= next_eval && step < max_steps) {
-      ASSIGN_OR_RETURN(Evaluation e, Evaluate(&ps, &model, test ? &*test : nullptr, &params));
+      ASSIGN_OR_RETURN(Evaluation e, Evaluate(&ps, model.get(), test ? &*test : nullptr, &params));
       chief->SetEval(e.step, e.result.accuracy(), e.result.loss);
       ChiefStatusResponse progress;
       chief->GetStatus(&progress);
@@ -109,7 +113,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     LOG_WARN("not every worker reported done within {}", absl::FormatDuration(step_timeout));
   }
   ASSIGN_OR_RETURN(Evaluation final_eval,
-                   Evaluate(&ps, &model, test ? &*test : nullptr, &params));
+                   Evaluate(&ps, model.get(), test ? &*test : nullptr, &params));
   chief->SetEval(final_eval.step, final_eval.result.accuracy(), final_eval.result.loss);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
 

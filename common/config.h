@@ -27,6 +27,21 @@ uint64_t ConfigFingerprint(const TrainingConfig& config);
 
 bool IsSyncMode(const TrainingConfig& config);
 
+// The model as a validated stack of layers: an `mlp` expands to its dense,
+// activation and dropout layers and a softmax cross-entropy loss; a
+// `sequential` is checked (one loss, last; a dense layer before it; sizes and
+// rates in range). Errors name `source` and the field.
+absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
+                                                   const std::string& source = "model");
+
+// Where a worker computes: "auto" (or empty), "cpu" or "cuda:N".
+struct DeviceSpec {
+  enum class Kind { kAuto, kCpu, kCuda };
+  Kind kind = Kind::kAuto;
+  int index = 0;  // kCuda only
+};
+absl::StatusOr<DeviceSpec> ParseDeviceSpec(const std::string& text);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_COMMON_CONFIG_H_

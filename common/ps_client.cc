@@ -52,7 +52,7 @@ absl::Status CallAll(int n, absl::Duration timeout, bool wait_for_ready,
 
 // Appends each partition of the full tensors `full` (placement order) to the
 // request of the server that owns it, through `add(server)`.
-void SliceByPartition(const Placement& placement, const std::vector<Tensor>& full,
+void SliceByPartition(const Placement& placement, const std::vector<const float*>& full,
                       const std::function<NamedTensor*(int server)>& add) {
   const auto& vars = placement.variables();
   for (size_t v = 0; v < vars.size(); ++v) {
@@ -63,11 +63,16 @@ void SliceByPartition(const Placement& placement, const std::vector<Tensor>& ful
       nt->mutable_ref()->set_partition(part.index);
       std::vector<int64_t> shape = vars[v].spec.shape;
       shape[0] = part.num_rows();
-      ToProto(shape,
-              absl::MakeConstSpan(full[v].data() + part.row_begin * row, part.num_rows() * row),
+      ToProto(shape, absl::MakeConstSpan(full[v] + part.row_begin * row, part.num_rows() * row),
               nt->mutable_tensor());
     }
   }
+}
+
+std::vector<const float*> DataPointers(const std::vector<Tensor>& tensors) {
+  std::vector<const float*> p;
+  for (const Tensor& t : tensors) p.push_back(t.data());
+  return p;
 }
 
 }  // namespace
@@ -101,7 +106,7 @@ absl::Status PsClient::InitializeAll(const TrainingConfig& config, uint64_t fing
     req.set_num_workers(num_workers);
     req.set_start_step(start_step);
   }
-  SliceByPartition(*placement_, params,
+  SliceByPartition(*placement_, DataPointers(params),
                    [&requests](int s) { return requests[s].add_variables(); });
   std::vector<InitializeResponse> responses(num_servers());
   return CallAll(
@@ -120,8 +125,19 @@ absl::Status PsClient::PullAll(const std::vector<int64_t>& min_versions, absl::D
                                std::vector<Tensor>* params, PullResult* result) {
   const auto& vars = placement_->variables();
   params->resize(vars.size());
+  std::vector<float*> destinations;
   for (size_t v = 0; v < vars.size(); ++v) {
     if ((*params)[v].shape() != vars[v].spec.shape) (*params)[v] = Tensor(vars[v].spec.shape);
+    destinations.push_back((*params)[v].data());
+  }
+  return PullInto(min_versions, wait, destinations, result);
+}
+
+absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::Duration wait,
+                                const std::vector<float*>& destinations, PullResult* result) {
+  const auto& vars = placement_->variables();
+  if (destinations.size() != vars.size()) {
+    return absl::InvalidArgumentError("PullInto: destinations do not match the placement");
   }
   std::vector<PullRequest> requests(num_servers());
   std::vector<PullResponse> responses(num_servers());
@@ -164,22 +180,31 @@ absl::Status PsClient::PullAll(const std::vector<int64_t>& min_versions, absl::D
                                                 p, " with the wrong size"));
       }
       const size_t v = static_cast<size_t>(vp - vars.data());
-      std::memcpy((*params)[v].data() + part.row_begin * row, nt.tensor().content().data(), bytes);
+      std::memcpy(destinations[v] + part.row_begin * row, nt.tensor().content().data(), bytes);
       ++received;
     }
   }
   if (received != expected) {
-    return absl::DataLossError(absl::StrCat("pull assembled ", received, " of ", expected,
-                                            " partitions"));
+    return absl::DataLossError(
+        absl::StrCat("pull assembled ", received, " of ", expected, " partitions"));
   }
   return absl::OkStatus();
 }
 
 absl::Status PsClient::PushAll(const std::vector<int64_t>& steps, const std::vector<Tensor>& grads,
                                std::vector<PushOutcome>* outcomes) {
-  const auto& vars = placement_->variables();
-  if (grads.size() != vars.size()) {
+  if (grads.size() != placement_->variables().size()) {
     return absl::InvalidArgumentError("PushAll: gradients do not match the placement");
+  }
+  return PushFrom(steps, DataPointers(grads), outcomes);
+}
+
+absl::Status PsClient::PushFrom(const std::vector<int64_t>& steps,
+                                const std::vector<const float*>& sources,
+                                std::vector<PushOutcome>* outcomes) {
+  const auto& vars = placement_->variables();
+  if (sources.size() != vars.size()) {
+    return absl::InvalidArgumentError("PushFrom: gradients do not match the placement");
   }
   std::vector<PushRequest> requests(num_servers());
   std::vector<PushResponse> responses(num_servers());
@@ -188,7 +213,7 @@ absl::Status PsClient::PushAll(const std::vector<int64_t>& steps, const std::vec
     requests[s].set_worker(worker_);
     requests[s].set_step(steps[s]);
   }
-  SliceByPartition(*placement_, grads,
+  SliceByPartition(*placement_, sources,
                    [&requests](int s) { return requests[s].add_gradients(); });
   absl::Status st = CallAll(
       num_servers(), rpc_timeout_, /*wait_for_ready=*/false,

@@ -44,11 +44,18 @@ class PsClient {
   // server waiting up to `wait` for its version to reach min_versions[s].
   absl::Status PullAll(const std::vector<int64_t>& min_versions, absl::Duration wait,
                        std::vector<Tensor>* params, PullResult* result);
+  // The same into caller memory: destinations[v] holds variable v's full
+  // tensor (e.g. the model's pinned host block), written in place.
+  absl::Status PullInto(const std::vector<int64_t>& min_versions, absl::Duration wait,
+                        const std::vector<float*>& destinations, PullResult* result);
 
   // Sends each server its slices of `grads`, stamped with steps[s] (the
   // version pulled from that server). outcomes[s] says what each server did.
   absl::Status PushAll(const std::vector<int64_t>& steps, const std::vector<Tensor>& grads,
                        std::vector<PushOutcome>* outcomes);
+  // The same from caller memory: sources[v] holds variable v's full gradient.
+  absl::Status PushFrom(const std::vector<int64_t>& steps, const std::vector<const float*>& sources,
+                        std::vector<PushOutcome>* outcomes);
 
   absl::Status ShutdownAll(const std::string& reason);
   absl::Status GetStatus(int server, PsStatusResponse* response);

@@ -22,8 +22,10 @@
 #include "proto/ps_service.grpc.pb.h"
 #include "ps_server/optimizer.h"
 #include "tests/cluster_testlib.h"
-#include "worker/dataset.h"
-#include "worker/mlp.h"
+#include "worker/data/idx_reader.h"
+#include "worker/data/partition.h"
+#include "worker/model/backend.h"
+#include "worker/model/model.h"
 
 namespace pstrain {
 namespace {
@@ -112,21 +114,21 @@ TEST_CASE("async training with a staleness bound learns the digits", "[cluster][
   CHECK(run.summary["mode"] == "async");
 }
 
-TEST_CASE("sync with 2 workers of batch b equals one process with batch 2b", "[cluster][equivalence]") {
-  ConfigOptions o;
-  o.max_steps = 40;
-  o.batch_size = 16;
-  o.learning_rate = 0.2f;
-  Run run = Launch("equivalence", o);
+// Trains `o` on the cluster (2 ps, 2 workers of batch b) and the same model,
+// data order and optimizer in this process with batch 2b; the parameters must
+// agree to float rounding.
+void CheckEquivalence(const std::string& name, const ConfigOptions& o) {
+  Run run = Launch(name, o);
   INFO(run.result.output);
   REQUIRE(run.result.exit_code == 0);
   TensorMap cluster = ReadModel(run);
 
-  // The same model, data order and optimizer, in this process.
   auto config = LoadTrainingConfig(run.config);
   REQUIRE(config.ok());
-  SetBlasThreads(1);
-  Mlp mlp(config->model().mlp());
+  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+  auto model = Model::Create(config->model(), cpu.get());
+  REQUIRE(model.ok());
+  Model& m = **model;
   auto data = LoadIdxDataset(Env::Default(), config->data().train_images(),
                              config->data().train_labels(), 784, 10, true);
   REQUIRE(data.ok());
@@ -134,7 +136,7 @@ TEST_CASE("sync with 2 workers of batch b equals one process with batch 2b", "[c
   DataPartition p1(&*data, 1, 2, o.batch_size, true, config->seed());
   auto optimizer = CreateOptimizer(config->optimizer());
   REQUIRE(optimizer.ok());
-  std::vector<Tensor> params = mlp.Initialize(config->seed()), grads;
+  std::vector<Tensor> params = m.Initialize(config->seed()), grads;
   std::vector<float> x0, x1;
   std::vector<int32_t> y0, y1;
   for (int step = 0; step < o.max_steps; ++step) {
@@ -143,45 +145,78 @@ TEST_CASE("sync with 2 workers of batch b equals one process with batch 2b", "[c
     x0.insert(x0.end(), x1.begin(), x1.end());
     y0.insert(y0.end(), y1.begin(), y1.end());
     float loss;
-    REQUIRE(mlp.ComputeGradients(params, x0.data(), y0.data(), 2 * o.batch_size, &grads, &loss).ok());
+    REQUIRE(m.SetParameters(params).ok());
+    REQUIRE(m.ComputeGradients(x0.data(), y0.data(), 2 * o.batch_size, step, &loss).ok());
+    m.CopyGradients(&grads);
     for (size_t v = 0; v < params.size(); ++v) {
       OptimizerSlots slots;
       (*optimizer)->Apply(absl::MakeSpan(params[v].values()), grads[v].span(), &slots, step + 1);
     }
   }
+  REQUIRE(cluster.size() == params.size());
   for (size_t v = 0; v < params.size(); ++v) {
-    const std::string& name = mlp.variables()[v].name;
-    REQUIRE(cluster.count(name) == 1);
-    const Tensor& got = cluster.at(name);
+    const std::string& var = m.variables()[v].name;
+    REQUIRE(cluster.count(var) == 1);
+    const Tensor& got = cluster.at(var);
     REQUIRE(got.shape() == params[v].shape());
     double max_diff = 0, max_abs = 0;
     for (int64_t i = 0; i < got.num_elements(); ++i) {
       max_diff = std::max(max_diff, std::fabs(double{got.values()[i]} - params[v].values()[i]));
       max_abs = std::max(max_abs, std::fabs(double{params[v].values()[i]}));
     }
-    WARN(name << ": max |cluster - reference| = " << max_diff << ", max |reference| = " << max_abs
-              << ", relative " << max_diff / max_abs);
+    WARN(var << ": max |cluster - reference| = " << max_diff << ", max |reference| = " << max_abs
+             << ", relative " << max_diff / max_abs);
     CHECK(max_diff <= 1e-5 * max_abs);
     CHECK(max_abs > 0);
+  }
+}
+
+TEST_CASE("sync with 2 workers of batch b equals one process with batch 2b", "[cluster][equivalence]") {
+  ConfigOptions o;
+  o.max_steps = 40;
+  o.batch_size = 16;
+  o.learning_rate = 0.2f;
+  CheckEquivalence("equivalence", o);
+}
+
+TEST_CASE("2 x b == 1 x 2b also holds with two hidden layers and GELU", "[cluster][equivalence]") {
+  ConfigOptions o;
+  o.max_steps = 40;
+  o.batch_size = 16;
+  o.learning_rate = 0.2f;
+  o.hidden_units = {48, 32};
+  o.gelu = true;
+  CheckEquivalence("equivalence_gelu", o);
+}
+
+void CheckBitwiseReruns(const std::string& name, const ConfigOptions& o, size_t variables) {
+  Run a = Launch(name + "_a", o);
+  Run b = Launch(name + "_b", o);
+  INFO(a.result.output << b.result.output);
+  REQUIRE(a.result.exit_code == 0);
+  REQUIRE(b.result.exit_code == 0);
+  TensorMap ma = ReadModel(a), mb = ReadModel(b);
+  REQUIRE(ma.size() == variables);
+  REQUIRE(ma.size() == mb.size());
+  for (const auto& [var, t] : ma) {
+    const Tensor& u = mb.at(var);
+    REQUIRE(t.num_elements() == u.num_elements());
+    CHECK(std::memcmp(t.data(), u.data(), t.num_elements() * sizeof(float)) == 0);
   }
 }
 
 TEST_CASE("two identical sync runs give bitwise identical parameters", "[cluster][determinism]") {
   ConfigOptions o;
   o.max_steps = 60;
-  Run a = Launch("bitwise_a", o);
-  Run b = Launch("bitwise_b", o);
-  INFO(a.result.output << b.result.output);
-  REQUIRE(a.result.exit_code == 0);
-  REQUIRE(b.result.exit_code == 0);
-  TensorMap ma = ReadModel(a), mb = ReadModel(b);
-  REQUIRE(ma.size() == 4);
-  REQUIRE(ma.size() == mb.size());
-  for (const auto& [name, t] : ma) {
-    const Tensor& u = mb.at(name);
-    REQUIRE(t.num_elements() == u.num_elements());
-    CHECK(std::memcmp(t.data(), u.data(), t.num_elements() * sizeof(float)) == 0);
-  }
+  CheckBitwiseReruns("bitwise", o, 4);
+}
+
+TEST_CASE("bitwise reruns with two hidden layers and GELU", "[cluster][determinism]") {
+  ConfigOptions o;
+  o.max_steps = 60;
+  o.hidden_units = {48, 32};
+  o.gelu = true;
+  CheckBitwiseReruns("bitwise_gelu", o, 6);
 }
 
 TEST_CASE("malformed cluster specs and configs: one-line error, non-zero exit", "[cluster][errors]") {

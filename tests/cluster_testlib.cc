@@ -97,8 +97,11 @@ std::string ConfigText(const ConfigOptions& o) {
   const std::string d = DigitsDir();
   std::string mode = o.sync ? absl::StrCat("sync { replicas_to_aggregate: ", o.replicas_to_aggregate, " }")
                             : absl::StrCat("async { staleness_bound: ", o.staleness_bound, " }");
+  std::string hidden;
+  for (int units : o.hidden_units) absl::StrAppend(&hidden, "hidden_units: ", units, " ");
   return absl::StrCat(
-      "model { mlp { input_dim: 784 hidden_units: ", o.hidden_units, " num_classes: 10 } }\n",
+      "model { mlp { input_dim: 784 ", hidden, "num_classes: 10", o.gelu ? " activation: GELU" : "",
+      " } }\n", "device: \"", o.device, "\"\n",
       "data {\n  train_images: \"", d, "/train-images-idx3-ubyte\"\n  train_labels: \"", d,
       "/train-labels-idx1-ubyte\"\n  test_images: \"", d, "/t10k-images-idx3-ubyte\"\n",
       "  test_labels: \"", d, "/t10k-labels-idx1-ubyte\"\n  batch_size: ", o.batch_size,

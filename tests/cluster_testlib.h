@@ -33,7 +33,9 @@ struct ConfigOptions {
   int max_steps = 200;
   int batch_size = 32;
   float learning_rate = 0.1f;
-  int hidden_units = 64;
+  std::vector<int> hidden_units = {64};
+  bool gelu = false;          // GELU instead of ReLU between the hidden layers
+  std::string device = "cpu";  // the equivalence and bitwise tests are CPU properties
   int eval_every_steps = 50;
   int step_timeout_ms = 30000;
   std::string output_dir;

@@ -14,7 +14,7 @@
 #include "tools/args.h"
 #include "tools/datagen.h"
 #include "tools/launcher.h"
-#include "worker/mlp.h"
+#include "worker/model/model.h"
 
 namespace pstrain {
 namespace {
@@ -123,8 +123,9 @@ int PlanCommand(const std::vector<std::string>& argv) {
   if (!cluster.ok()) return Fail("plan", std::string(cluster.status().message()));
   auto config = LoadTrainingConfig(args->Get("config"));
   if (!config.ok()) return Fail("plan", std::string(config.status().message()));
-  Mlp model(config->model().mlp());
-  auto placement = Placement::Compute(model.variables(), cluster->num_ps(),
+  auto variables = ModelVariables(config->model());
+  if (!variables.ok()) return Fail("plan", std::string(variables.status().message()));
+  auto placement = Placement::Compute(*variables, cluster->num_ps(),
                                       config->placement().partition_min_bytes());
   if (!placement.ok()) return Fail("plan", std::string(placement.status().message()));
   std::cout << placement->DebugString();

@@ -1,16 +1,16 @@
 // worker: computes gradients on its partition of the data and exchanges them
 // with the parameter servers. Usage:
-//   worker --cluster_spec=cluster.json --task=0 --config=train.pbtxt
+//   worker --cluster_spec=cluster.json --task=0 --config=train.pbtxt [--device=cuda:0]
 #include <cstdlib>
 #include <iostream>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "common/config.h"
 #include "common/daemon.h"
 #include "common/logging.h"
 #include "common/shutdown.h"
-#include "worker/device.h"
 #include "worker/trainer.h"
 
 ABSL_FLAG(std::string, cluster_spec, "", "cluster spec JSON file (else TF_CONFIG)");
@@ -18,6 +18,8 @@ ABSL_FLAG(std::string, job, "worker", "job name; must be worker");
 ABSL_FLAG(int, task, 0, "task index within the worker job");
 ABSL_FLAG(std::string, config, "", "training config (text-format TrainingConfig)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
+ABSL_FLAG(std::string, device, "",
+          "auto, cpu or cuda:N (default: the config's device, itself auto by default)");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("pstrain worker: --cluster_spec=FILE --task=N --config=FILE");
@@ -25,18 +27,22 @@ int main(int argc, char** argv) {
   pstrain::StopSignal stop;
   pstrain::StopOnTerminationSignals(&stop);
 
-  auto setup = pstrain::SetUpDaemon(pstrain::kWorkerJob, /*config_required=*/true,
-                                    std::getenv("TF_CONFIG"));
+  auto setup =
+      pstrain::SetUpDaemon(pstrain::kWorkerJob, /*config_required=*/true, std::getenv("TF_CONFIG"));
   if (!setup.ok()) {
     std::cerr << "worker: " << setup.status().message() << "\n";
     return 2;
   }
   const pstrain::TrainingConfig& config = *setup->config;
-  LOG_INFO("compute device: cpu (OpenBLAS, {} thread(s)); {}", config.compute_threads(),
-           pstrain::DescribeCudaDevices());
+  const std::string device = absl::GetFlag(FLAGS_device);
+  if (!device.empty() && !pstrain::ParseDeviceSpec(device).ok()) {
+    std::cerr << "worker: --device=" << device << ": expected auto, cpu or cuda:N\n";
+    return 2;
+  }
 
   pstrain::WorkerOptions options;
   options.worker = setup->task.task.index;
+  options.device = device;
   absl::Status st = pstrain::RunWorker(config, setup->task.cluster, options, &stop);
   if (!st.ok()) {
     if (absl::IsCancelled(st)) {

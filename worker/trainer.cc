@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "common/chief_client.h"
@@ -9,49 +10,77 @@
 #include "common/placement.h"
 #include "common/ps_client.h"
 #include "common/status_macros.h"
-#include "worker/dataset.h"
-#include "worker/mlp.h"
+#include "worker/data/loader.h"
+#include "worker/data/partition.h"
+#include "worker/data/prefetcher.h"
+#include "worker/model/device.h"
+#include "worker/model/model.h"
 
 namespace pstrain {
+namespace {
+
+// The dropout stream of one step of one worker: reproducible from the seed.
+uint64_t StepSeed(uint64_t seed, int worker, int64_t step) {
+  uint64_t z = seed + 0x9E3779B97F4A7C15ULL * (static_cast<uint64_t>(worker) + 1) +
+               0xC2B2AE3D27D4EB4FULL * static_cast<uint64_t>(step);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
 
 absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
                        const WorkerOptions& options, StopSignal* stop) {
   const absl::Duration rpc_timeout = absl::Milliseconds(config.rpc().rpc_timeout_ms());
   const absl::Duration step_timeout = absl::Milliseconds(config.rpc().step_timeout_ms());
   const bool sync = IsSyncMode(config);
-  SetBlasThreads(config.compute_threads());
 
-  Mlp model(config.model().mlp());
-  ASSIGN_OR_RETURN(Dataset data,
-                   LoadIdxDataset(Env::Default(), config.data().train_images(),
-                                  config.data().train_labels(), model.input_dim(),
-                                  model.num_classes(), config.data().normalize()));
+  ASSIGN_OR_RETURN(DeviceSpec device_spec,
+                   ParseDeviceSpec(options.device.empty() ? config.device() : options.device));
+  ASSIGN_OR_RETURN(OpenedDevice device, OpenDevice(device_spec, config.compute_threads()));
+  Backend* backend = device.backend.get();
+  LOG_INFO("compute device: {} ({})", backend->Describe(), device.reason);
+  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config.model(), backend));
+  LOG_INFO("model: {}", model->Summary());
+
+  ASSIGN_OR_RETURN(Dataset data, LoadDataset(Env::Default(), config.data(), DataSplit::kTrain,
+                                             model->input_dim(), model->num_labels()));
   DataPartition partition(&data, options.worker, cluster.num_workers(), config.data().batch_size(),
                           config.data().shuffle(), config.seed());
   if (partition.size() == 0) {
     return absl::FailedPreconditionError(absl::StrCat("worker ", options.worker, " of ",
-                                                      cluster.num_workers(), ": no examples in ",
-                                                      config.data().train_images()));
+                                                      cluster.num_workers(),
+                                                      ": no examples in the training data"));
   }
-  ASSIGN_OR_RETURN(Placement placement,
-                   Placement::Compute(model.variables(), cluster.num_ps(),
-                                      config.placement().partition_min_bytes()));
   LOG_INFO("{} training examples in this worker's partition of {}; {} mode", partition.size(),
            data.size, sync ? "sync" : "async");
+  // Batches are assembled ahead on a thread of their own, into pinned memory
+  // on CUDA so that their copy to the device runs at full speed.
+  Prefetcher::Allocator pinned;
+  pinned.alloc = [backend](size_t bytes) { return backend->AllocateHost(bytes); };
+  pinned.free = [backend](void* p) { backend->FreeHost(p); };
+  ASSIGN_OR_RETURN(std::unique_ptr<Prefetcher> batches,
+                   Prefetcher::Create(&partition, config.data().prefetch_batches(), pinned));
+  ASSIGN_OR_RETURN(Placement placement,
+                   Placement::Compute(model->variables(), cluster.num_ps(),
+                                      config.placement().partition_min_bytes()));
 
   ChiefClient chief(cluster.address(kChiefJob, 0), rpc_timeout);
   RegisterWorkerResponse reg;
   RETURN_IF_ERROR(chief.RegisterWorker(options.worker, ConfigFingerprint(config),
-                                       absl::Milliseconds(config.rpc().startup_timeout_ms()), &reg));
+                                       absl::Milliseconds(config.rpc().startup_timeout_ms()),
+                                       &reg));
   LOG_INFO("registered with the chief: incarnation {:x}, starting at step {}", reg.incarnation(),
            reg.start_step());
 
   PsClient ps(cluster, &placement, options.worker, rpc_timeout);
   ps.set_incarnation(reg.incarnation());
   std::vector<int64_t> min_versions(ps.num_servers(), reg.start_step());
-  std::vector<Tensor> params, grads;
-  std::vector<float> x;
-  std::vector<int32_t> y;
+  // Pulls land in the model's host parameter block (pinned on CUDA) and
+  // pushes read its host gradient block: no intermediate tensors.
+  const std::vector<float*> param_dst = model->host_parameter_pointers();
+  const std::vector<const float*> grad_src = model->host_gradient_pointers();
   std::vector<PushOutcome> outcomes;
   PsClient::PullResult pulled;
   int64_t local_steps = 0, examples = 0, dropped = 0;
@@ -80,13 +109,17 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
 
   while (!finished) {
     if (stop->stopped()) return absl::CancelledError(stop->reason());
-    RETURN_IF_ERROR(ps.PullAll(sync ? min_versions : std::vector<int64_t>(), step_timeout, &params,
-                               &pulled));
+    RETURN_IF_ERROR(ps.PullInto(sync ? min_versions : std::vector<int64_t>(), step_timeout,
+                                param_dst, &pulled));
     if (pulled.finished) break;
-    partition.NextBatch(&x, &y);
+    RETURN_IF_ERROR(model->UploadParameters());
+    Prefetcher::Batch batch;
+    RETURN_IF_ERROR(batches->Next(step_timeout, &batch));
     float loss = 0;
-    RETURN_IF_ERROR(model.ComputeGradients(params, x.data(), y.data(), config.data().batch_size(),
-                                           &grads, &loss));
+    absl::Status computed = model->ComputeGradients(
+        batch.x, batch.y, batch.rows, StepSeed(config.seed(), options.worker, local_steps), &loss);
+    batches->Release();
+    RETURN_IF_ERROR(computed);
     // Sync: one step for every server, the oldest version pulled. With backup
     // workers the servers can be a step apart while pushes are in flight; a
     // server already past this step drops the gradient, the lagging one takes
@@ -97,7 +130,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
       steps.assign(ps.num_servers(),
                    *std::min_element(pulled.versions.begin(), pulled.versions.end()));
     }
-    RETURN_IF_ERROR(ps.PushAll(steps, grads, &outcomes));
+    RETURN_IF_ERROR(ps.PushFrom(steps, grad_src, &outcomes));
     int servers_finished = 0;
     for (int s = 0; s < ps.num_servers(); ++s) {
       if (outcomes[s] == FINISHED) ++servers_finished;
@@ -106,7 +139,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     }
     finished = servers_finished == ps.num_servers();
     ++local_steps;
-    examples += config.data().batch_size();
+    examples += batch.rows;
     loss_sum += loss;
     ++loss_count;
     if (local_steps % options.report_every == 0) {
@@ -118,8 +151,11 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   bool ignored;
   absl::Status st = report(true, &ignored);
   if (!st.ok()) LOG_WARN("final report to the chief failed: {}", st);
-  LOG_INFO("done after {} local steps ({} examples, epoch {}, {} stale gradients dropped)",
-           local_steps, examples, partition.epoch(), dropped);
+  const DataCursor cursor = batches->consumed_cursor();
+  LOG_INFO(
+      "done after {} local steps ({} examples, data cursor epoch {} position {}, {} stale "
+      "gradients dropped)",
+      local_steps, examples, cursor.epoch, cursor.position, dropped);
   return absl::OkStatus();
 }
 

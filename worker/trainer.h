@@ -6,6 +6,8 @@
 #ifndef PSTRAIN_WORKER_TRAINER_H_
 #define PSTRAIN_WORKER_TRAINER_H_
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "common/cluster_spec.h"
 #include "common/shutdown.h"
@@ -15,6 +17,8 @@ namespace pstrain {
 
 struct WorkerOptions {
   int worker = 0;
+  // "auto", "cpu" or "cuda:N"; empty means the config's `device`.
+  std::string device;
   // Report progress to the chief every this many steps (and at the end).
   int report_every = 10;
 };

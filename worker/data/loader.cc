@@ -1,0 +1,39 @@
+#include "worker/data/loader.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "worker/data/csv_reader.h"
+#include "worker/data/idx_reader.h"
+
+namespace pstrain {
+
+bool HasTestSplit(const DataConfig& config) {
+  return config.format() == CSV ? !config.test_csv().empty() : !config.test_images().empty();
+}
+
+absl::StatusOr<Dataset> LoadDataset(Env* env, const DataConfig& config, DataSplit split,
+                                    int input_dim, int num_labels) {
+  const bool train = split == DataSplit::kTrain;
+  if (config.format() == CSV) {
+    const std::string& path = train ? config.train_csv() : config.test_csv();
+    CsvOptions options;
+    options.label_column = config.csv_label_column();
+    options.input_dim = input_dim;
+    options.num_labels = num_labels;
+    // The config's -1 means no malformed line is tolerated (0 there means the default).
+    options.max_malformed = config.max_malformed_lines() < 0 ? 0 : config.max_malformed_lines();
+    CsvStats stats;
+    ASSIGN_OR_RETURN(Dataset d, LoadCsvDataset(env, path, options, &stats));
+    LOG_INFO(
+        "{}: {} examples from {} lines{}{}", path, d.size, stats.lines,
+        stats.had_header ? " (header skipped)" : "",
+        stats.malformed > 0 ? absl::StrCat(", ", stats.malformed, " malformed lines skipped") : "");
+    return d;
+  }
+  return LoadIdxDataset(env, train ? config.train_images() : config.test_images(),
+                        train ? config.train_labels() : config.test_labels(), input_dim, num_labels,
+                        config.normalize());
+}
+
+}  // namespace pstrain

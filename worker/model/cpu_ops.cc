@@ -1,0 +1,116 @@
+#include "worker/model/cpu_ops.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+
+extern "C" void openblas_set_num_threads(int num_threads);
+
+namespace pstrain {
+namespace cpu {
+
+void SetBlasThreads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+
+void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+          const float* b, int ldb, float beta, float* c, int ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+void BroadcastRows(const float* row, int rows, int cols, float* out) {
+  for (int r = 0; r < rows; ++r) std::copy(row, row + cols, out + static_cast<int64_t>(r) * cols);
+}
+
+void SumRows(const float* x, int rows, int cols, float* out) {
+  std::fill(out, out + cols, 0.0f);
+  for (int r = 0; r < rows; ++r) {
+    const float* row = x + static_cast<int64_t>(r) * cols;
+    for (int c = 0; c < cols; ++c) out[c] += row[c];
+  }
+}
+
+void Relu(const float* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+void ReluGrad(const float* y, const float* dy, int64_t n, float* dx) {
+  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+}
+
+namespace {
+constexpr float kInvSqrt2 = 0.70710678118654752f;
+constexpr float kInvSqrt2Pi = 0.39894228040143268f;
+}  // namespace
+
+void Gelu(const float* x, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * x[i] * (1.0f + std::erf(x[i] * kInvSqrt2));
+}
+
+void GeluGrad(const float* x, const float* dy, int64_t n, float* dx) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float cdf = 0.5f * (1.0f + std::erf(v * kInvSqrt2));
+    const float pdf = kInvSqrt2Pi * std::exp(-0.5f * v * v);
+    dx[i] = dy[i] * (cdf + v * pdf);
+  }
+}
+
+void Dropout(const float* x, int64_t n, float rate, uint64_t seed, float* y) {
+  const float scale = 1.0f / (1.0f - rate);
+  for (int64_t i = 0; i < n; ++i) {
+    y[i] = DropoutKeep(seed, static_cast<uint64_t>(i), rate) ? x[i] * scale : 0.0f;
+  }
+}
+
+void DropoutGrad(const float* dy, int64_t n, float rate, uint64_t seed, float* dx) {
+  Dropout(dy, n, rate, seed, dx);
+}
+
+void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int classes,
+                         float divisor, float* dlogits, double* row_loss, int32_t* predicted) {
+  for (int r = 0; r < rows; ++r) {
+    const float* l = logits + static_cast<int64_t>(r) * classes;
+    const float* max_it = std::max_element(l, l + classes);
+    const float max = *max_it;
+    double sum = 0;
+    for (int c = 0; c < classes; ++c) sum += std::exp(static_cast<double>(l[c] - max));
+    const double log_sum = std::log(sum);
+    const int label = labels[r];
+    if (row_loss != nullptr) row_loss[r] = log_sum - static_cast<double>(l[label] - max);
+    if (predicted != nullptr) predicted[r] = static_cast<int32_t>(max_it - l);
+    if (dlogits != nullptr) {
+      float* d = dlogits + static_cast<int64_t>(r) * classes;
+      for (int c = 0; c < classes; ++c) {
+        d[c] = static_cast<float>(std::exp(static_cast<double>(l[c] - max) - log_sum)) / divisor;
+      }
+      d[label] -= 1.0f / divisor;
+    }
+  }
+}
+
+void SigmoidCrossEntropy(const float* logits, const int32_t* labels, int rows, int classes,
+                         float divisor, float* dlogits, double* row_loss, int32_t* predicted) {
+  for (int r = 0; r < rows; ++r) {
+    const float* l = logits + static_cast<int64_t>(r) * classes;
+    double loss = 0;
+    for (int c = 0; c < classes; ++c) {
+      const double t =
+          classes == 1 ? static_cast<double>(labels[r] != 0) : static_cast<double>(labels[r] == c);
+      const double v = l[c];
+      loss += std::max(v, 0.0) - v * t + std::log1p(std::exp(-std::fabs(v)));
+      if (dlogits != nullptr) {
+        const double p = 1.0 / (1.0 + std::exp(-v));
+        dlogits[static_cast<int64_t>(r) * classes + c] = static_cast<float>(p - t) / divisor;
+      }
+    }
+    if (row_loss != nullptr) row_loss[r] = loss;
+    if (predicted != nullptr) {
+      predicted[r] = classes == 1 ? (l[0] > 0.0f ? 1 : 0)
+                                  : static_cast<int32_t>(std::max_element(l, l + classes) - l);
+    }
+  }
+}
+
+}  // namespace cpu
+}  // namespace pstrain

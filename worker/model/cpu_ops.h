@@ -1,0 +1,76 @@
+// The CPU side of the model library's operations: plain functions on host
+// arrays, row-major, float32. Each has a CUDA twin in cuda_ops.cu doing the
+// same math (cuda_ops.h); the backends (backend.h) call one or the other.
+// Matrix products go through OpenBLAS; everything else is a simple loop in a
+// fixed order, so results are deterministic for a fixed BLAS thread count.
+// Stateless; thread-safe for disjoint outputs.
+#ifndef PSTRAIN_WORKER_MODEL_CPU_OPS_H_
+#define PSTRAIN_WORKER_MODEL_CPU_OPS_H_
+
+#include <cstdint>
+
+namespace pstrain {
+namespace cpu {
+
+// Sets OpenBLAS's thread count (process-wide).
+void SetBlasThreads(int threads);
+
+// c[m, n] = alpha * op(a) * op(b) + beta * c, row-major; op(a) is [m, k]
+// (a is [k, m] when trans_a), op(b) is [k, n] (b is [n, k] when trans_b).
+void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+          const float* b, int ldb, float beta, float* c, int ldc);
+
+// out[r, c] = row[c] for every r < rows.
+void BroadcastRows(const float* row, int rows, int cols, float* out);
+
+// out[c] = sum over r of x[r, c], accumulated in float in row order.
+void SumRows(const float* x, int rows, int cols, float* out);
+
+// y = max(x, 0); dx = y > 0 ? dy : 0.
+void Relu(const float* x, int64_t n, float* y);
+void ReluGrad(const float* y, const float* dy, int64_t n, float* dx);
+
+// GELU, exact form: y = 0.5 x (1 + erf(x / sqrt 2));
+// dx = dy * (0.5 (1 + erf(x / sqrt 2)) + x exp(-x^2 / 2) / sqrt(2 pi)).
+void Gelu(const float* x, int64_t n, float* y);
+void GeluGrad(const float* x, const float* dy, int64_t n, float* dx);
+
+// Inverted dropout with a counter-based mask: element i is kept when
+// DropoutKeep(seed, i, rate), and then scaled by 1 / (1 - rate). The mask is a
+// pure function of (seed, i), so the backward pass recomputes it and the CUDA
+// twin draws the very same mask.
+void Dropout(const float* x, int64_t n, float rate, uint64_t seed, float* y);
+void DropoutGrad(const float* dy, int64_t n, float rate, uint64_t seed, float* dx);
+
+// splitmix64 of (seed + (i + 1) * 0x9E3779B97F4A7C15), top 24 bits as u in
+// [0, 1): kept when u >= rate. Shared verbatim with the CUDA kernel.
+inline bool DropoutKeep(uint64_t seed, uint64_t i, float rate) {
+  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ULL;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  z = z ^ (z >> 31);
+  const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
+  return u >= rate;
+}
+
+// Softmax cross-entropy over `rows` rows of `classes` logits, per row in
+// double: m = max, s = sum exp(l - m), loss[r] = log s - (l[label] - m).
+// dlogits[r, c] = float(exp(l[c] - m - log s)) / divisor, then
+// dlogits[r, label] -= 1.0f / divisor (divisor is the batch size for a mean). `dlogits`,
+// `row_loss` and `predicted` (argmax, first of equals) may each be null.
+// Labels must be in [0, classes).
+void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, int classes,
+                         float divisor, float* dlogits, double* row_loss, int32_t* predicted);
+
+// Sigmoid cross-entropy. With classes == 1 the target of row r is labels[r]
+// (0 or 1); with classes > 1 the targets are one-hot(labels[r]). Per element
+// in double: loss = max(l, 0) - l t + log(1 + exp(-|l|)); the row loss is the
+// sum over its classes; dlogits = float(sigmoid(l) - t) / divisor. predicted is
+// (l > 0) with one class, else the argmax. Any output may be null.
+void SigmoidCrossEntropy(const float* logits, const int32_t* labels, int rows, int classes,
+                         float divisor, float* dlogits, double* row_loss, int32_t* predicted);
+
+}  // namespace cpu
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_MODEL_CPU_OPS_H_

@@ -1,0 +1,240 @@
+// Finite-difference checks of every layer and loss on the CPU backend: the
+// analytic backward pass must match central differences of the forward pass.
+#include "worker/model/layers.h"
+
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "catch2/catch.hpp"
+#include "worker/model/backend.h"
+#include "worker/model/cpu_ops.h"
+
+namespace pstrain {
+namespace {
+
+std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) x = u(rng);
+  return v;
+}
+
+// Moves values away from a kink (ReLU at 0) so differences do not straddle it.
+void AvoidZero(std::vector<float>* v, float margin) {
+  for (float& x : *v) {
+    if (std::fabs(x) < margin) x = x < 0 ? -margin : margin;
+  }
+}
+
+// |a - n| <= tol * max(1, |a|, |n|) for every element.
+void ExpectClose(const std::vector<double>& analytic, const std::vector<double>& numeric,
+                 double tol, const std::string& what) {
+  REQUIRE(analytic.size() == numeric.size());
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < analytic.size(); ++i) {
+    const double scale = std::max({1.0, std::fabs(analytic[i]), std::fabs(numeric[i])});
+    const double err = std::fabs(analytic[i] - numeric[i]) / scale;
+    if (err > worst) {
+      worst = err;
+      at = i;
+    }
+  }
+  INFO(what << ": worst relative error " << worst << " at " << at << " (analytic " << analytic[at]
+            << ", numeric " << numeric[at] << ")");
+  CHECK(worst <= tol);
+}
+
+// Checks a layer's dx and parameter gradients for L = sum(y * r).
+void CheckLayer(Layer* layer, std::vector<std::vector<float>> params, std::vector<float> x,
+                int batch, bool training, uint64_t seed, double tol) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+  const int in = layer->input_dim(), out = layer->output_dim();
+  std::vector<std::vector<float>> grads;
+  std::vector<const float*> pp;
+  std::vector<float*> gp;
+  for (auto& p : params) grads.emplace_back(p.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    pp.push_back(params[i].data());
+    gp.push_back(grads[i].data());
+  }
+  layer->Bind(pp, gp);
+  PassContext ctx{cpu.get(), batch, training, seed};
+  const std::vector<float> r = Random(static_cast<size_t>(batch) * out, 99);
+  std::vector<float> y(static_cast<size_t>(batch) * out), dx(static_cast<size_t>(batch) * in);
+
+  auto objective = [&]() {
+    REQUIRE(layer->Forward(ctx, x.data(), y.data()).ok());
+    double s = 0;
+    for (size_t i = 0; i < y.size(); ++i) s += static_cast<double>(y[i]) * r[i];
+    return s;
+  };
+  objective();
+  REQUIRE(layer->Backward(ctx, x.data(), y.data(), r.data(), dx.data()).ok());
+  const std::vector<float> dx_analytic = dx;
+  const std::vector<std::vector<float>> grads_analytic = grads;
+
+  const float eps = 1e-2f;
+  auto numeric = [&](std::vector<float>* v) {
+    std::vector<double> g(v->size());
+    for (size_t i = 0; i < v->size(); ++i) {
+      const float saved = (*v)[i];
+      (*v)[i] = saved + eps;
+      const double up = objective();
+      (*v)[i] = saved - eps;
+      const double down = objective();
+      (*v)[i] = saved;
+      g[i] = (up - down) / (2.0 * eps);
+    }
+    return g;
+  };
+  ExpectClose(std::vector<double>(dx_analytic.begin(), dx_analytic.end()), numeric(&x), tol,
+              layer->name() + " dx");
+  for (size_t p = 0; p < params.size(); ++p) {
+    ExpectClose(std::vector<double>(grads_analytic[p].begin(), grads_analytic[p].end()),
+                numeric(&params[p]), tol, layer->name() + " parameter " + std::to_string(p));
+  }
+}
+
+TEST_CASE("dense layer gradients match finite differences", "[layers]") {
+  const int batch = 5, in = 7, out = 4;
+  DenseLayer dense("dense0", in, out);
+  auto vars = dense.Variables();
+  REQUIRE(vars.size() == 2);
+  CHECK(vars[0].name == "dense0/kernel");
+  CHECK(vars[0].shape == std::vector<int64_t>{in, out});
+  CHECK(vars[1].name == "dense0/bias");
+  CHECK(vars[1].shape == std::vector<int64_t>{out});
+  CheckLayer(&dense, {Random(in * out, 1), Random(out, 2)}, Random(batch * in, 3), batch, true, 0,
+             2e-3);
+}
+
+TEST_CASE("relu and gelu gradients match finite differences", "[layers]") {
+  const int batch = 4, dim = 9;
+  std::vector<float> x = Random(batch * dim, 4, -3, 3);
+  AvoidZero(&x, 0.05f);
+  ReluLayer relu("relu0", dim);
+  CheckLayer(&relu, {}, x, batch, true, 0, 2e-3);
+  GeluLayer gelu("gelu0", dim);
+  CheckLayer(&gelu, {}, x, batch, true, 0, 2e-3);
+}
+
+TEST_CASE("gelu is the exact erf form", "[layers]") {
+  const std::vector<float> x = {-3.0f, -1.0f, -0.5f, 0.0f, 0.5f, 1.0f, 3.0f};
+  std::vector<float> y(x.size());
+  cpu::Gelu(x.data(), static_cast<int64_t>(x.size()), y.data());
+  // torch.nn.functional.gelu(torch.tensor(x)) (approximate='none').
+  const std::vector<float> expected = {-0.00404969f, -0.15865526f, -0.15426877f, 0.0f,
+                                       0.34573123f,  0.84134474f,  2.99595031f};
+  for (size_t i = 0; i < x.size(); ++i) CHECK(y[i] == Approx(expected[i]).margin(1e-6));
+}
+
+TEST_CASE("dropout: gradients match, the mask is seeded, evaluation is the identity", "[layers]") {
+  const int batch = 6, dim = 50;
+  DropoutLayer dropout("dropout0", dim, 0.3f);
+  std::vector<float> x = Random(batch * dim, 5);
+  CheckLayer(&dropout, {}, x, batch, true, /*seed=*/1234, 2e-3);
+
+  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+  std::vector<float> a(x.size()), b(x.size()), c(x.size()), e(x.size());
+  REQUIRE(dropout.Forward({cpu.get(), batch, true, 7}, x.data(), a.data()).ok());
+  REQUIRE(dropout.Forward({cpu.get(), batch, true, 7}, x.data(), b.data()).ok());
+  REQUIRE(dropout.Forward({cpu.get(), batch, true, 8}, x.data(), c.data()).ok());
+  REQUIRE(dropout.Forward({cpu.get(), batch, false, 7}, x.data(), e.data()).ok());
+  CHECK(a == b);  // same seed, same mask
+  CHECK(a != c);  // another seed, another mask
+  CHECK(e == x);  // evaluation: identity
+  int dropped = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == 0.0f) {
+      ++dropped;
+    } else {
+      CHECK(a[i] == Approx(x[i] / 0.7f));
+    }
+  }
+  // 300 elements at rate 0.3: expect ~90 dropped.
+  CHECK(dropped > 50);
+  CHECK(dropped < 130);
+}
+
+// Checks a loss's dlogits for L = mean row loss.
+void CheckLoss(LossLayer::Kind kind, int classes, std::vector<int32_t> labels, double tol) {
+  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+  LossLayer loss(kind, classes);
+  const int rows = static_cast<int>(labels.size());
+  std::vector<float> logits = Random(static_cast<size_t>(rows) * classes, 11, -3, 3);
+  std::vector<float> d(logits.size());
+  std::vector<double> row_loss(rows);
+  std::vector<int32_t> predicted(rows);
+  REQUIRE(loss.Compute(cpu.get(), logits.data(), labels.data(), rows, static_cast<float>(rows),
+                       d.data(), row_loss.data(), predicted.data())
+              .ok());
+  auto mean_loss = [&]() {
+    REQUIRE(loss.Compute(cpu.get(), logits.data(), labels.data(), rows, static_cast<float>(rows),
+                         nullptr, row_loss.data(), nullptr)
+                .ok());
+    double s = 0;
+    for (double l : row_loss) s += l;
+    return s / rows;
+  };
+  std::vector<double> numeric(logits.size());
+  const float eps = 1e-2f;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float saved = logits[i];
+    logits[i] = saved + eps;
+    const double up = mean_loss();
+    logits[i] = saved - eps;
+    const double down = mean_loss();
+    logits[i] = saved;
+    numeric[i] = (up - down) / (2.0 * eps);
+  }
+  ExpectClose(std::vector<double>(d.begin(), d.end()), numeric, tol, loss.name());
+}
+
+TEST_CASE("softmax and sigmoid cross-entropy gradients match finite differences", "[layers]") {
+  CheckLoss(LossLayer::Kind::kSoftmaxCrossEntropy, 5, {0, 4, 2, 2}, 1e-3);
+  CheckLoss(LossLayer::Kind::kSigmoidCrossEntropy, 1, {0, 1, 1, 0, 1}, 1e-3);
+  CheckLoss(LossLayer::Kind::kSigmoidCrossEntropy, 3, {2, 0, 1}, 1e-3);
+}
+
+TEST_CASE("loss values and predictions", "[layers]") {
+  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+  // Softmax of [0, ln 3] with label 1: p = 3/4, loss = -ln(3/4).
+  {
+    LossLayer loss(LossLayer::Kind::kSoftmaxCrossEntropy, 2);
+    const std::vector<float> logits = {0.0f, std::log(3.0f)};
+    const std::vector<int32_t> labels = {1};
+    double row = 0;
+    int32_t predicted = -1;
+    REQUIRE(
+        loss.Compute(cpu.get(), logits.data(), labels.data(), 1, 1.0f, nullptr, &row, &predicted)
+            .ok());
+    CHECK(row == Approx(-std::log(0.75)).epsilon(1e-6));
+    CHECK(predicted == 1);
+    CHECK(loss.num_labels() == 2);
+  }
+  // Sigmoid with one unit: logit 2, label 0: loss = ln(1 + e^2); huge logits stay finite.
+  {
+    LossLayer loss(LossLayer::Kind::kSigmoidCrossEntropy, 1);
+    const std::vector<float> logits = {2.0f, -2.0f, 80.0f, -80.0f};
+    const std::vector<int32_t> labels = {0, 0, 1, 1};
+    std::vector<double> row(4);
+    std::vector<int32_t> predicted(4);
+    REQUIRE(loss.Compute(cpu.get(), logits.data(), labels.data(), 4, 4.0f, nullptr, row.data(),
+                         predicted.data())
+                .ok());
+    CHECK(row[0] == Approx(std::log1p(std::exp(2.0))).epsilon(1e-9));
+    CHECK(row[1] == Approx(std::log1p(std::exp(-2.0))).epsilon(1e-9));
+    CHECK(row[2] == Approx(0.0).margin(1e-30));
+    CHECK(row[3] == Approx(80.0).epsilon(1e-9));
+    CHECK(predicted == std::vector<int32_t>{1, 0, 1, 0});
+    CHECK(loss.num_labels() == 2);
+  }
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,137 @@
+// A model: the layers of a training config (common/config.h's
+// ExpandModelConfig) on one backend, with every buffer it needs allocated
+// once and reused across steps. Used by the worker to train and by the chief
+// to evaluate.
+//
+// Parameters and gradients each live in one contiguous block, in the order
+// of variables(). The host side of each block (pinned memory on CUDA; the
+// block itself on the CPU, so no copy at all) is what the parameter-server
+// client reads into and pushes from: a step is one copy of every parameter
+// to the device, the passes, and one copy of every gradient back.
+//
+// To add a model: it is a config, not code. Write the layers in
+// `model { sequential { ... } }`, or give a named shape (like `mlp`) a
+// message in proto/config.proto and its expansion in ExpandModelConfig.
+//
+// A Model belongs to one thread at a time. The math is deterministic on the
+// CPU for a fixed BLAS thread count.
+#ifndef PSTRAIN_WORKER_MODEL_MODEL_H_
+#define PSTRAIN_WORKER_MODEL_MODEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/placement.h"
+#include "common/tensor.h"
+#include "proto/config.pb.h"
+#include "worker/model/backend.h"
+#include "worker/model/layers.h"
+
+namespace pstrain {
+
+struct EvalResult {
+  double loss = 0;  // mean loss per example
+  int64_t correct = 0;
+  int64_t count = 0;
+  double accuracy() const { return count > 0 ? static_cast<double>(correct) / count : 0; }
+};
+
+// The variables of a model config, without building it (for placement).
+absl::StatusOr<std::vector<VariableSpec>> ModelVariables(const ModelConfig& config);
+
+class Model {
+ public:
+  // `backend` must outlive the model.
+  static absl::StatusOr<std::unique_ptr<Model>> Create(const ModelConfig& config, Backend* backend);
+  ~Model();
+
+  Backend* backend() const { return backend_; }
+  const std::vector<VariableSpec>& variables() const { return variables_; }
+  int input_dim() const { return input_dim_; }
+  int output_dim() const { return loss_->classes(); }
+  // Labels are integers in [0, num_labels()).
+  int num_labels() const { return loss_->num_labels(); }
+  // "784 -> dense0(128) -> relu0 -> dense1(10) -> softmax_cross_entropy; 101770 parameters".
+  std::string Summary() const;
+
+  // Deterministic initial values from `seed`: Glorot-uniform for matrices,
+  // zeros for vectors; each variable has its own generator.
+  std::vector<Tensor> Initialize(uint64_t seed) const;
+
+  // Host memory of variable v's parameters; write them, then Upload.
+  float* host_parameters(size_t v) { return host_params_ + param_offsets_[v]; }
+  // Every variable's host pointer, in variables() order.
+  std::vector<float*> host_parameter_pointers();
+  absl::Status UploadParameters();
+  // Checks shapes, copies into the host block and uploads.
+  absl::Status SetParameters(const std::vector<Tensor>& params);
+
+  // Forward and backward on `batch` rows of x [batch, input_dim] (host
+  // memory, pinned for speed on CUDA) with their labels. `seed` drives
+  // dropout for this step. On return the batch-mean loss is in *loss and the
+  // gradients are in host_gradients().
+  absl::Status ComputeGradients(const float* x, const int32_t* labels, int batch, uint64_t seed,
+                                float* loss);
+  // ComputeGradients in its three parts, for benchmarks and for callers that
+  // overlap copies with other work: StageBatch copies the batch to the device
+  // (x and labels must stay valid until FinishStep: the CPU reads them in
+  // place), ForwardBackward leaves the
+  // gradients on the device, FinishStep brings them and the loss back and waits.
+  absl::Status StageBatch(const float* x, const int32_t* labels, int batch);
+  absl::Status ForwardBackward(uint64_t seed);
+  absl::Status FinishStep(float* loss);
+
+  const float* host_gradients(size_t v) const { return host_grads_ + param_offsets_[v]; }
+  std::vector<const float*> host_gradient_pointers() const;
+  // Copies the gradients into tensors shaped like the variables.
+  void CopyGradients(std::vector<Tensor>* grads) const;
+
+  // Mean loss and accuracy over n examples (host memory), in chunks, with
+  // dropout off. Uses the parameters last uploaded.
+  absl::Status Evaluate(const float* x, const int32_t* labels, int64_t n, EvalResult* result);
+
+ private:
+  Model(Backend* backend, int input_dim) : backend_(backend), input_dim_(input_dim) {}
+  absl::Status Allocate();
+  absl::Status EnsureRows(int rows);
+  absl::Status CheckLabels(const int32_t* labels, int64_t n) const;
+  // Runs every layer forward; the logits end in activations_.back().
+  absl::Status Forward(const float* x_device, int rows, bool training, uint64_t seed);
+  // The input and labels on the device (copied there unless host memory is device memory).
+  absl::Status Stage(const float* x, const int32_t* labels, int rows, const float** x_device,
+                     const int32_t** labels_device);
+  // The batch of the step in progress (StageBatch).
+  int staged_rows_ = 0;
+  const float* staged_x_ = nullptr;
+  const int32_t* staged_labels_ = nullptr;
+
+  Backend* const backend_;
+  const int input_dim_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::unique_ptr<LossLayer> loss_;
+  std::vector<VariableSpec> variables_;
+  std::vector<size_t> param_offsets_;  // per variable, in floats
+  size_t param_count_ = 0;
+  int max_width_ = 0;  // widest layer output
+
+  // Parameters and gradients on the device, and their host sides.
+  DeviceArray<float> params_, grads_, host_params_block_, host_grads_block_;
+  float* host_params_ = nullptr;
+  float* host_grads_ = nullptr;
+  // Per-step buffers, sized for `rows_` rows.
+  int rows_ = 0;
+  std::vector<DeviceArray<float>> activations_;  // output of layer l
+  DeviceArray<float> input_, delta_[2];
+  DeviceArray<int32_t> labels_, predicted_;
+  DeviceArray<double> row_loss_;
+  std::vector<double> host_row_loss_;
+  std::vector<int32_t> host_predicted_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_MODEL_MODEL_H_

@@ -100,6 +100,46 @@ TEST_CASE("sync with backup workers: 1 of 2 gradients per step, stragglers dropp
   CHECK(run.summary["pushes_refused"] == 0);
 }
 
+TEST_CASE("a layered model (GELU, dropout) trains from CSV files; bad CSV stops the job clearly",
+          "[cluster][csv]") {
+  ConfigOptions o;
+  o.max_steps = 300;
+  o.csv = true;
+  o.model =
+      "sequential { input_dim: 784 layer { dense { units: 64 } } layer { gelu {} } "
+      "layer { dropout { rate: 0.1 } } layer { dense { units: 10 } } "
+      "layer { softmax_cross_entropy {} } }";
+  Run run = Launch("csv_learns", o);
+  INFO(run.result.output);
+  REQUIRE(run.result.exit_code == 0);
+  REQUIRE(run.summary.is_object());
+  CHECK(run.summary["global_step"] == 300);
+  CHECK(run.summary["eval_accuracy"].get<double>() >= 0.8);
+  CHECK(run.summary["eval_examples"] == 500);
+
+  // The same job on a training file with 3 malformed lines and a limit of 2.
+  const std::string dir = testing::FreshTempDir("csv_bad");
+  auto good = Env::Default()->ReadFile(JoinPath(testing::DigitsCsvDir(), "train.csv"));
+  REQUIRE(good.ok());
+  const std::string bad_csv =
+      testing::WriteFile(JoinPath(dir, "train.csv"), *good + "1,2,3\nx,y\n4,oops\n");
+  o.max_malformed_lines = 2;
+  o.output_dir = JoinPath(dir, "out");
+  std::string text = testing::ConfigText(o);
+  const std::string from = JoinPath(testing::DigitsCsvDir(), "train.csv");
+  text.replace(text.find(from), from.size(), bad_csv);
+  const std::string config = testing::WriteFile(JoinPath(dir, "train.pbtxt"), text);
+  const std::string spec = testing::WriteClusterSpec(dir, 1, 1);
+  CommandResult r = testing::RunCommand({Binary("tools/pstrain"), "launch", "--cluster_spec", spec,
+                                         "--config", config, "--bin_dir", BinDir()},
+                                        absl::Seconds(60));
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find(bad_csv + ": more than 2 malformed lines (line 3004: expected 785 fields, "
+                                "found 2)") != std::string::npos);
+  CHECK(testing::ProcessesMatching(dir).empty());
+}
+
 TEST_CASE("async training with a staleness bound learns the digits", "[cluster][async]") {
   ConfigOptions o;
   o.sync = false;

@@ -93,23 +93,50 @@ std::string DigitsDir() {
   return dir;
 }
 
+std::string DigitsCsvDir() {
+  static std::once_flag once;
+  static std::string dir;
+  std::call_once(once, [] {
+    dir = FreshTempDir("digits_csv");
+    DigitsOptions o;
+    o.train_examples = 3000;
+    o.test_examples = 500;
+    o.seed = 3;
+    if (!WriteDigitsCsv(Env::Default(), dir, o).ok()) dir.clear();
+  });
+  return dir;
+}
+
 std::string ConfigText(const ConfigOptions& o) {
   const std::string d = DigitsDir();
-  std::string mode = o.sync ? absl::StrCat("sync { replicas_to_aggregate: ", o.replicas_to_aggregate, " }")
-                            : absl::StrCat("async { staleness_bound: ", o.staleness_bound, " }");
+  std::string mode =
+      o.sync ? absl::StrCat("sync { replicas_to_aggregate: ", o.replicas_to_aggregate, " }")
+             : absl::StrCat("async { staleness_bound: ", o.staleness_bound, " }");
   std::string hidden;
   for (int units : o.hidden_units) absl::StrAppend(&hidden, "hidden_units: ", units, " ");
+  const std::string model = o.model.empty()
+                                ? absl::StrCat("mlp { input_dim: 784 ", hidden, "num_classes: 10",
+                                               o.gelu ? " activation: GELU" : "", " }")
+                                : o.model;
+  std::string data;
+  if (o.csv) {
+    const std::string c = DigitsCsvDir();
+    data = absl::StrCat("data {\n  format: CSV\n  train_csv: \"", c, "/train.csv\"\n  test_csv: \"",
+                        c, "/test.csv\"\n  max_malformed_lines: ", o.max_malformed_lines,
+                        "\n  batch_size: ", o.batch_size, "\n  shuffle: true\n}\n");
+  } else {
+    data = absl::StrCat(
+        "data {\n  train_images: \"", d, "/train-images-idx3-ubyte\"\n  train_labels: \"", d,
+        "/train-labels-idx1-ubyte\"\n  test_images: \"", d, "/t10k-images-idx3-ubyte\"\n",
+        "  test_labels: \"", d, "/t10k-labels-idx1-ubyte\"\n  batch_size: ", o.batch_size,
+        "\n  shuffle: true\n  normalize: true\n}\n");
+  }
   return absl::StrCat(
-      "model { mlp { input_dim: 784 ", hidden, "num_classes: 10", o.gelu ? " activation: GELU" : "",
-      " } }\n", "device: \"", o.device, "\"\n",
-      "data {\n  train_images: \"", d, "/train-images-idx3-ubyte\"\n  train_labels: \"", d,
-      "/train-labels-idx1-ubyte\"\n  test_images: \"", d, "/t10k-images-idx3-ubyte\"\n",
-      "  test_labels: \"", d, "/t10k-labels-idx1-ubyte\"\n  batch_size: ", o.batch_size,
-      "\n  shuffle: true\n  normalize: true\n}\n", "optimizer { learning_rate: ", o.learning_rate,
-      " sgd {} }\n", mode, "\n", "max_steps: ", o.max_steps, "\nseed: 11\neval_every_steps: ",
-      o.eval_every_steps, "\noutput_dir: \"", o.output_dir, "\"\n",
-      "placement { partition_min_bytes: 65536 }\n", "rpc { step_timeout_ms: ", o.step_timeout_ms,
-      " startup_timeout_ms: 30000 }\n");
+      "model { ", model, " }\n", "device: \"", o.device, "\"\n", data,
+      "optimizer { learning_rate: ", o.learning_rate, " sgd {} }\n", mode, "\n",
+      "max_steps: ", o.max_steps, "\nseed: 11\neval_every_steps: ", o.eval_every_steps,
+      "\noutput_dir: \"", o.output_dir, "\"\n", "placement { partition_min_bytes: 65536 }\n",
+      "rpc { step_timeout_ms: ", o.step_timeout_ms, " startup_timeout_ms: 30000 }\n");
 }
 
 CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration timeout) {

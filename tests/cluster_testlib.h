@@ -12,7 +12,7 @@
 
 namespace pstrain::testing {
 
-std::string BinDir();                      // runfiles root holding ps_server/, worker/, ...
+std::string BinDir();                        // runfiles root holding ps_server/, worker/, ...
 std::string Binary(const std::string& rel);  // e.g. "tools/pstrain"
 std::string FreshTempDir(const std::string& name);
 // `n` distinct free loopback ports: every socket stays bound until all are
@@ -25,6 +25,8 @@ std::string WriteFile(const std::string& path, const std::string& text);
 
 // Writes the synthetic digits once per test process (shared by cases).
 std::string DigitsDir();
+// The same digits as CSV (train.csv, test.csv), fewer of them.
+std::string DigitsCsvDir();
 
 struct ConfigOptions {
   bool sync = true;
@@ -34,8 +36,11 @@ struct ConfigOptions {
   int batch_size = 32;
   float learning_rate = 0.1f;
   std::vector<int> hidden_units = {64};
-  bool gelu = false;          // GELU instead of ReLU between the hidden layers
+  bool gelu = false;           // GELU instead of ReLU between the hidden layers
   std::string device = "cpu";  // the equivalence and bitwise tests are CPU properties
+  std::string model;           // a `model { ... }` body replacing the MLP, e.g. "sequential {...}"
+  bool csv = false;            // read DigitsCsvDir() instead of the IDX files
+  int max_malformed_lines = 0;
   int eval_every_steps = 50;
   int step_timeout_ms = 30000;
   std::string output_dir;

@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace pstrain {
@@ -92,7 +94,7 @@ void RenderOne(int digit, Rng* rng, double k, uint8_t* out) {
       double d = 1e9;
       for (const auto& [a, b] : segments) d = std::min(d, SegmentDistance(c + 0.5, r + 0.5, a, b));
       double v = std::clamp(width - d + 0.5, 0.0, 1.0) * ink;
-      v += rng->Uniform(0, 0.12) * k;                        // background noise
+      v += rng->Uniform(0, 0.12) * k;                               // background noise
       if (rng->Uniform(0, 1) < 0.01 * k) v = rng->Uniform(0.5, 1);  // speckles
       out[r * kSide + c] = static_cast<uint8_t>(std::lround(std::clamp(v, 0.0, 1.0) * 255));
     }
@@ -131,6 +133,46 @@ absl::Status WriteDigitsDataset(Env* env, const std::string& dir, const DigitsOp
                &labels);
   RETURN_IF_ERROR(WriteIdxFile(env, JoinPath(dir, "t10k-images-idx3-ubyte"), images));
   RETURN_IF_ERROR(WriteIdxFile(env, JoinPath(dir, "t10k-labels-idx1-ubyte"), labels));
+  return absl::OkStatus();
+}
+
+namespace {
+
+std::string DigitsCsv(const IdxArray& images, const IdxArray& labels) {
+  std::string out = "label";
+  for (int p = 0; p < kSide * kSide; ++p) absl::StrAppend(&out, ",p", p);
+  out += "\n";
+  const int64_t n = labels.dims[0];
+  char buf[16];
+  for (int64_t i = 0; i < n; ++i) {
+    absl::StrAppend(&out, int{labels.data[i]});
+    const uint8_t* px = images.data.data() + i * kSide * kSide;
+    for (int p = 0; p < kSide * kSide; ++p) {
+      if (px[p] == 0) {
+        out += ",0";
+      } else {
+        std::snprintf(buf, sizeof(buf), ",%.3f", px[p] / 255.0);
+        out += buf;
+      }
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::Status WriteDigitsCsv(Env* env, const std::string& dir, const DigitsOptions& options) {
+  if (options.train_examples <= 0 || options.test_examples < 0) {
+    return absl::InvalidArgumentError("datagen: --train must be > 0 and --test >= 0");
+  }
+  RETURN_IF_ERROR(env->CreateDirs(dir));
+  IdxArray images, labels;
+  RenderDigits(options.train_examples, options.seed, options.difficulty, &images, &labels);
+  RETURN_IF_ERROR(env->WriteFile(JoinPath(dir, "train.csv"), DigitsCsv(images, labels), true));
+  RenderDigits(options.test_examples, options.seed * 7919 + 17, options.difficulty, &images,
+               &labels);
+  RETURN_IF_ERROR(env->WriteFile(JoinPath(dir, "test.csv"), DigitsCsv(images, labels), true));
   return absl::OkStatus();
 }
 

@@ -30,6 +30,11 @@ void RenderDigits(int64_t n, uint64_t seed, double difficulty, IdxArray* images,
 // t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte into `dir`.
 absl::Status WriteDigitsDataset(Env* env, const std::string& dir, const DigitsOptions& options);
 
+// The same digits as CSV: train.csv and test.csv in `dir`, a header line
+// "label,p0,...,p783", then the label and the 784 pixels scaled to [0, 1]
+// (3 decimals) per line, for the CSV reader (data { format: CSV }).
+absl::Status WriteDigitsCsv(Env* env, const std::string& dir, const DigitsOptions& options);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_TOOLS_DATAGEN_H_

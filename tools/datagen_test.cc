@@ -1,8 +1,13 @@
 #include "tools/datagen.h"
 
+#include <algorithm>
 #include <array>
+#include <cmath>
+#include <cstdlib>
 
 #include "catch2/catch.hpp"
+#include "worker/data/csv_reader.h"
+#include "worker/data/idx_reader.h"
 
 namespace pstrain {
 namespace {
@@ -57,6 +62,39 @@ TEST_CASE("digits carry their class in the pixels", "[datagen]") {
     correct += best == ltest.data[i];
   }
   CHECK(correct > 150);  // chance is 30
+}
+
+TEST_CASE("the CSV digits are the IDX digits, scaled, and the CSV reader reads them back",
+          "[datagen]") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string base = tmp ? tmp : "/tmp";
+  DigitsOptions o;
+  o.train_examples = 50;
+  o.test_examples = 20;
+  o.seed = 4;
+  REQUIRE(WriteDigitsDataset(Env::Default(), base + "/idx", o).ok());
+  REQUIRE(WriteDigitsCsv(Env::Default(), base + "/csv", o).ok());
+  auto idx = LoadIdxDataset(Env::Default(), base + "/idx/t10k-images-idx3-ubyte",
+                            base + "/idx/t10k-labels-idx1-ubyte", 784, 10, true);
+  CsvOptions co;
+  co.input_dim = 784;
+  co.num_labels = 10;
+  co.max_malformed = 0;
+  CsvStats stats;
+  auto csv = LoadCsvDataset(Env::Default(), base + "/csv/test.csv", co, &stats);
+  REQUIRE(idx.ok());
+  REQUIRE(csv.ok());
+  CHECK(stats.had_header);
+  CHECK(csv->size == 20);
+  CHECK(csv->y == idx->y);
+  double worst = 0;
+  for (size_t i = 0; i < idx->x.size(); ++i) {
+    worst = std::max(worst, static_cast<double>(std::fabs(idx->x[i] - csv->x[i])));
+  }
+  CHECK(worst <= 5e-4);  // 3 decimals
+  auto train = LoadCsvDataset(Env::Default(), base + "/csv/train.csv", co);
+  REQUIRE(train.ok());
+  CHECK(train->size == 50);
 }
 
 }  // namespace

@@ -23,7 +23,7 @@ const char kUsage[] =
     "usage: pstrain <command> [flags]\n"
     "commands:\n"
     "  launch   start every local task of a cluster spec and train\n"
-    "  datagen  write the synthetic digits dataset (MNIST IDX format)\n"
+    "  datagen  write the synthetic digits dataset (MNIST IDX format, or CSV)\n"
     "  plan     print how variables are placed on the parameter servers\n"
     "run 'pstrain <command> --help' for its flags\n";
 
@@ -72,7 +72,7 @@ int LaunchCommand(const std::vector<std::string>& argv) {
 int DatagenCommand(const std::vector<std::string>& argv) {
   const Args::FlagSpec flags = {
       {"out", {"", "output directory"}},
-      {"format", {"idx", "dataset format (idx: MNIST's layout)"}},
+      {"format", {"idx", "idx (MNIST's four files) or csv (train.csv, test.csv)"}},
       {"train", {"20000", "training examples"}},
       {"test", {"4000", "held-out examples"}},
       {"seed", {"1", "random seed"}},
@@ -85,8 +85,9 @@ int DatagenCommand(const std::vector<std::string>& argv) {
   auto args = Args::Parse(argv, flags);
   if (!args.ok()) return Fail("datagen", std::string(args.status().message()));
   if (args->Get("out").empty()) return Fail("datagen", "--out=DIR is required");
-  if (args->Get("format") != "idx") {
-    return Fail("datagen", "--format: only \"idx\" (MNIST digits) is available so far");
+  const std::string format = args->Get("format");
+  if (format != "idx" && format != "csv") {
+    return Fail("datagen", "--format: expected idx or csv");
   }
   DigitsOptions o;
   auto train = args->GetInt("train");
@@ -101,10 +102,11 @@ int DatagenCommand(const std::vector<std::string>& argv) {
   o.test_examples = *test;
   o.seed = static_cast<uint64_t>(*seed);
   o.difficulty = *difficulty;
-  absl::Status st = WriteDigitsDataset(Env::Default(), args->Get("out"), o);
+  absl::Status st = format == "csv" ? WriteDigitsCsv(Env::Default(), args->Get("out"), o)
+                                    : WriteDigitsDataset(Env::Default(), args->Get("out"), o);
   if (!st.ok()) return Fail("datagen", std::string(st.message()));
   std::cout << "wrote " << o.train_examples << " training and " << o.test_examples
-            << " held-out digits to " << args->Get("out") << "\n";
+            << " held-out digits to " << args->Get("out") << " (" << format << ")\n";
   return 0;
 }
 

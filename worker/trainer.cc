@@ -4,6 +4,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/chief_client.h"
 #include "common/config.h"
 #include "common/logging.h"
@@ -26,6 +27,10 @@ uint64_t StepSeed(uint64_t seed, int worker, int64_t step) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
   return z ^ (z >> 31);
+}
+
+double Millis(absl::Duration d, int64_t steps) {
+  return steps > 0 ? absl::ToDoubleMilliseconds(d) / steps : 0.0;
 }
 
 }  // namespace
@@ -87,6 +92,8 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   double loss_sum = 0;
   int loss_count = 0;
   bool finished = false;
+  // Where the worker's time goes, for the closing log line.
+  absl::Duration pull_time, data_wait, compute_time, push_time;
 
   auto report = [&](bool done, bool* stop_requested) -> absl::Status {
     ProgressReport r;
@@ -109,17 +116,27 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
 
   while (!finished) {
     if (stop->stopped()) return absl::CancelledError(stop->reason());
+    absl::Time t0 = absl::Now();
     RETURN_IF_ERROR(ps.PullInto(sync ? min_versions : std::vector<int64_t>(), step_timeout,
                                 param_dst, &pulled));
+    absl::Time t1 = absl::Now();
+    pull_time += t1 - t0;
     if (pulled.finished) break;
-    RETURN_IF_ERROR(model->UploadParameters());
     Prefetcher::Batch batch;
     RETURN_IF_ERROR(batches->Next(step_timeout, &batch));
+    t0 = absl::Now();
+    data_wait += t0 - t1;
     float loss = 0;
-    absl::Status computed = model->ComputeGradients(
-        batch.x, batch.y, batch.rows, StepSeed(config.seed(), options.worker, local_steps), &loss);
+    absl::Status computed = model->UploadParameters();
+    if (computed.ok()) {
+      computed =
+          model->ComputeGradients(batch.x, batch.y, batch.rows,
+                                  StepSeed(config.seed(), options.worker, local_steps), &loss);
+    }
     batches->Release();
     RETURN_IF_ERROR(computed);
+    t1 = absl::Now();
+    compute_time += t1 - t0;
     // Sync: one step for every server, the oldest version pulled. With backup
     // workers the servers can be a step apart while pushes are in flight; a
     // server already past this step drops the gradient, the lagging one takes
@@ -131,6 +148,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
                    *std::min_element(pulled.versions.begin(), pulled.versions.end()));
     }
     RETURN_IF_ERROR(ps.PushFrom(steps, grad_src, &outcomes));
+    push_time += absl::Now() - t1;
     int servers_finished = 0;
     for (int s = 0; s < ps.num_servers(); ++s) {
       if (outcomes[s] == FINISHED) ++servers_finished;
@@ -156,6 +174,15 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
       "done after {} local steps ({} examples, data cursor epoch {} position {}, {} stale "
       "gradients dropped)",
       local_steps, examples, cursor.epoch, cursor.position, dropped);
+  const double total = absl::ToDoubleSeconds(pull_time + data_wait + compute_time + push_time);
+  auto share = [total](absl::Duration d) {
+    return total > 0 ? 100.0 * absl::ToDoubleSeconds(d) / total : 0.0;
+  };
+  LOG_INFO("time per step: pull {:.2f} ms ({:.0f}%), waiting for data {:.2f} ms ({:.0f}%), "
+           "compute {:.2f} ms ({:.0f}%), push {:.2f} ms ({:.0f}%)",
+           Millis(pull_time, local_steps), share(pull_time), Millis(data_wait, local_steps),
+           share(data_wait), Millis(compute_time, local_steps), share(compute_time),
+           Millis(push_time, local_steps), share(push_time));
   return absl::OkStatus();
 }
 

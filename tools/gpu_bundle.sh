@@ -7,6 +7,7 @@
 # and is found there in PyTorch's nvidia-cublas package), the PyTorch
 # comparison script and run.sh, which sets the library path and runs them.
 #   bash tools/gpu_bundle.sh            # then, on the GPU machine:
+#   tar xJf gpu_bundle.tar.xz
 #   bash gpu_bundle/run.sh tests        # CUDA-vs-CPU tests
 #   bash gpu_bundle/run.sh bench        # pstrain vs PyTorch table
 #   bash gpu_bundle/run.sh demo         # the demo with workers on the GPU vs the CPU
@@ -25,16 +26,19 @@ out=gpu_bundle
 rm -rf "$out"
 mkdir -p "$out/bin" "$out/lib"
 bin=$(bazel info -c opt bazel-bin 2>/dev/null)
-for b in worker/worker ps_server/ps_server chief/chief tools/pstrain worker/model/model_bench \
-         worker/model/cuda_test worker/model/model_test worker/model/layers_test; do
+bins=(worker/worker ps_server/ps_server chief/chief tools/pstrain worker/model/model_bench
+      worker/model/cuda_test worker/model/model_test worker/model/layers_test)
+for b in "${bins[@]}"; do
   cp "$bin/$b" "$out/bin/"
 done
 chmod u+w "$out"/bin/*
 # Libraries the binaries load, minus the C library, the CUDA driver and
 # runtime, and cuBLAS (the GPU machine has those).
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libdl\.|librt\.|libpthread\.|libcuda\.|libcublas|libcudart)'
-for f in "$out"/bin/*; do
-  ldd "$f" | awk '/=> \// { print $1, $3 }'
+# ldd on Bazel's own copies: test binaries find the project's shared
+# libraries through rpaths relative to bazel-bin.
+for b in "${bins[@]}"; do
+  ldd "$bin/$b" | awk '/=> \// { print $1, $3 }'
 done | sort -u | while read -r name path; do
   if ! [[ "$name" =~ $skip ]]; then cp -L "$path" "$out/lib/$name"; fi
 done
@@ -53,7 +57,7 @@ case "${1:-tests}" in
   tests)
     rc=0
     for t in cuda_test model_test layers_test; do
-      echo "=== $t"; "$here/bin/$t" --success=false --durations yes || rc=1
+      echo "=== $t"; "$here/bin/$t" --durations yes || rc=1
     done
     exit $rc ;;
   bench)
@@ -72,5 +76,10 @@ case "${1:-tests}" in
 esac
 RUN
 chmod +x "$out/run.sh"
-du -sh "$out" >&2
-echo "gpu_bundle: $out/ is ready; carry it and run: bash $out/run.sh tests|bench|demo" >&2
+chmod -R u+w "$out"
+strip --strip-unneeded "$out"/bin/* "$out"/lib/* 2>/dev/null || true
+# OpenBLAS alone is ~35 MB: carry the compressed archive (the device tool
+# takes 64 MiB) and unpack it there with `tar xJf gpu_bundle.tar.xz`.
+tar cJf gpu_bundle.tar.xz "$out"
+du -sh "$out" gpu_bundle.tar.xz >&2
+echo "gpu_bundle: carry gpu_bundle.tar.xz; there: tar xJf gpu_bundle.tar.xz && bash $out/run.sh tests|bench|demo" >&2

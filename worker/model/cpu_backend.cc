@@ -2,6 +2,7 @@
 // memcpy; nothing is asynchronous, so Synchronize() has nothing to wait for.
 #include <cstdlib>
 #include <cstring>
+#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "worker/model/backend.h"
@@ -29,9 +30,18 @@ class CpuBackend : public Backend {
       return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", bytes, " bytes"));
     }
     allocated_ += rounded;
+    sizes_[p] = rounded;
     return p;
   }
-  void Free(void* ptr) override { std::free(ptr); }
+  void Free(void* ptr) override {
+    if (ptr == nullptr) return;
+    auto it = sizes_.find(ptr);
+    if (it != sizes_.end()) {
+      allocated_ -= it->second;
+      sizes_.erase(it);
+    }
+    std::free(ptr);
+  }
   absl::StatusOr<void*> AllocateHost(size_t bytes) override { return Allocate(bytes); }
   void FreeHost(void* ptr) override { Free(ptr); }
   absl::Status MemoryInfo(size_t* used_bytes, size_t* total_bytes) override {
@@ -109,7 +119,8 @@ class CpuBackend : public Backend {
   }
 
   const int threads_;
-  size_t allocated_ = 0;
+  size_t allocated_ = 0;                     // bytes live
+  std::unordered_map<void*, size_t> sizes_;  // live allocations
 };
 
 }  // namespace

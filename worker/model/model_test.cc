@@ -255,6 +255,32 @@ TEST_CASE("training with SGD learns a separable problem with either loss", "[mod
   }
 }
 
+TEST_CASE("buffers are allocated once and reused across steps", "[model]") {
+  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+  size_t used = 0, total = 0, after_first = 0, now = 0;
+  {
+    auto model = Model::Create(
+        ParseModel("mlp { input_dim: 8 hidden_units: 16 num_classes: 4 dropout: 0.2 }"), cpu.get());
+    REQUIRE(model.ok());
+    Model& m = **model;
+    REQUIRE(m.SetParameters(m.Initialize(1)).ok());
+    const std::vector<float> x = Random(32 * 8, 2);
+    std::vector<int32_t> y(32);
+    for (int r = 0; r < 32; ++r) y[r] = r % 4;
+    float loss = 0;
+    REQUIRE(m.ComputeGradients(x.data(), y.data(), 32, 0, &loss).ok());
+    REQUIRE(cpu->MemoryInfo(&after_first, &total).ok());
+    CHECK(after_first > 0);
+    for (int step = 1; step < 10; ++step) {
+      REQUIRE(m.ComputeGradients(x.data(), y.data(), step % 2 ? 32 : 7, step, &loss).ok());
+      REQUIRE(cpu->MemoryInfo(&now, &total).ok());
+      CHECK(now == after_first);  // no allocation per step, smaller batches included
+    }
+  }
+  REQUIRE(cpu->MemoryInfo(&used, &total).ok());
+  CHECK(used == 0);  // everything given back with the model
+}
+
 TEST_CASE("bad labels, parameters and configs are refused with a clear error", "[model]") {
   std::unique_ptr<Backend> cpu = NewCpuBackend(1);
   auto model =

@@ -9,6 +9,14 @@
 
 #include <cstdint>
 
+// DropoutKeep is compiled for the device too (cuda_ops.cu includes this
+// header), so both backends draw the mask from the very same code.
+#ifdef __CUDACC__
+#define PSTRAIN_HOST_DEVICE __host__ __device__
+#else
+#define PSTRAIN_HOST_DEVICE
+#endif
+
 namespace pstrain {
 namespace cpu {
 
@@ -43,8 +51,8 @@ void Dropout(const float* x, int64_t n, float rate, uint64_t seed, float* y);
 void DropoutGrad(const float* dy, int64_t n, float rate, uint64_t seed, float* dx);
 
 // splitmix64 of (seed + (i + 1) * 0x9E3779B97F4A7C15), top 24 bits as u in
-// [0, 1): kept when u >= rate. Shared verbatim with the CUDA kernel.
-inline bool DropoutKeep(uint64_t seed, uint64_t i, float rate) {
+// [0, 1): kept when u >= rate. The CUDA kernel calls this same function.
+PSTRAIN_HOST_DEVICE inline bool DropoutKeep(uint64_t seed, uint64_t i, float rate) {
   uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ULL;
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;

@@ -97,19 +97,11 @@ __global__ void GeluGradKernel(const float* x, const float* dy, long long n, flo
   }
 }
 
-// The mask of cpu::DropoutKeep, bit for bit.
-__device__ __forceinline__ bool Keep(uint64_t seed, uint64_t i, float rate) {
-  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ULL;
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  z = z ^ (z >> 31);
-  const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
-  return u >= rate;
-}
-
 __global__ void DropoutKernel(const float* x, long long n, float rate, uint64_t seed, float* y) {
   const float scale = 1.0f / (1.0f - rate);
-  GRID_STRIDE(i, n) { y[i] = Keep(seed, static_cast<uint64_t>(i), rate) ? x[i] * scale : 0.0f; }
+  GRID_STRIDE(i, n) {
+    y[i] = pstrain::cpu::DropoutKeep(seed, static_cast<uint64_t>(i), rate) ? x[i] * scale : 0.0f;
+  }
 }
 
 // One thread per row, the CPU's loop (cpu::SoftmaxCrossEntropy).

@@ -193,9 +193,6 @@ absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::
 
 absl::Status PsClient::PushAll(const std::vector<int64_t>& steps, const std::vector<Tensor>& grads,
                                std::vector<PushOutcome>* outcomes) {
-  if (grads.size() != placement_->variables().size()) {
-    return absl::InvalidArgumentError("PushAll: gradients do not match the placement");
-  }
   return PushFrom(steps, DataPointers(grads), outcomes);
 }
 

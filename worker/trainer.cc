@@ -14,6 +14,7 @@
 #include "worker/data/loader.h"
 #include "worker/data/partition.h"
 #include "worker/data/prefetcher.h"
+#include "worker/model/cpu_ops.h"
 #include "worker/model/device.h"
 #include "worker/model/model.h"
 
@@ -22,11 +23,8 @@ namespace {
 
 // The dropout stream of one step of one worker: reproducible from the seed.
 uint64_t StepSeed(uint64_t seed, int worker, int64_t step) {
-  uint64_t z = seed + 0x9E3779B97F4A7C15ULL * (static_cast<uint64_t>(worker) + 1) +
-               0xC2B2AE3D27D4EB4FULL * static_cast<uint64_t>(step);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
+  return cpu::Mix64(seed + 0x9E3779B97F4A7C15ULL * (static_cast<uint64_t>(worker) + 1) +
+                    0xC2B2AE3D27D4EB4FULL * static_cast<uint64_t>(step));
 }
 
 double Millis(absl::Duration d, int64_t steps) {
@@ -178,11 +176,12 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   auto share = [total](absl::Duration d) {
     return total > 0 ? 100.0 * absl::ToDoubleSeconds(d) / total : 0.0;
   };
-  LOG_INFO("time per step: pull {:.2f} ms ({:.0f}%), waiting for data {:.2f} ms ({:.0f}%), "
-           "compute {:.2f} ms ({:.0f}%), push {:.2f} ms ({:.0f}%)",
-           Millis(pull_time, local_steps), share(pull_time), Millis(data_wait, local_steps),
-           share(data_wait), Millis(compute_time, local_steps), share(compute_time),
-           Millis(push_time, local_steps), share(push_time));
+  LOG_INFO(
+      "time per step: pull {:.2f} ms ({:.0f}%), waiting for data {:.2f} ms ({:.0f}%), "
+      "compute {:.2f} ms ({:.0f}%), push {:.2f} ms ({:.0f}%)",
+      Millis(pull_time, local_steps), share(pull_time), Millis(data_wait, local_steps),
+      share(data_wait), Millis(compute_time, local_steps), share(compute_time),
+      Millis(push_time, local_steps), share(push_time));
   return absl::OkStatus();
 }
 

@@ -19,21 +19,18 @@ absl::string_view Trim(absl::string_view s) {
   return s;
 }
 
-// A finite float using every character of `s`.
-bool ParseFloat(absl::string_view s, float* out) {
-  if (s.empty()) return false;
-  if (s.front() == '+') s.remove_prefix(1);
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
-  return ec == std::errc() && end == s.data() + s.size() && std::isfinite(*out);
-}
-
-// Any number, "nan" and "inf" included: a line of these is data, not a header.
-bool LooksNumeric(absl::string_view s) {
-  float v;
+// Parses all of `s` (an optional '+' first) as a float: kFinite with the
+// value in *out, kOther for a number that is not a finite float ("nan",
+// "inf", 1e99), kNone for anything else.
+enum class NumberKind { kNone, kFinite, kOther };
+NumberKind ParseNumber(absl::string_view s, float* out) {
   if (!s.empty() && s.front() == '+') s.remove_prefix(1);
-  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  return !s.empty() && end == s.data() + s.size() &&
-         (ec == std::errc() || ec == std::errc::result_out_of_range);
+  if (s.empty()) return NumberKind::kNone;
+  auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  if (end != s.data() + s.size()) return NumberKind::kNone;
+  if (ec == std::errc() && std::isfinite(*out)) return NumberKind::kFinite;
+  return ec == std::errc() || ec == std::errc::result_out_of_range ? NumberKind::kOther
+                                                                   : NumberKind::kNone;
 }
 
 bool ParseInt(absl::string_view s, int64_t* out) {
@@ -79,7 +76,10 @@ absl::StatusOr<Dataset> LoadCsvDataset(Env* env, const std::string& path, const 
     if (first) {
       first = false;
       bool numeric = true;
-      for (absl::string_view f : fields) numeric = numeric && LooksNumeric(f);
+      float ignored;
+      for (absl::string_view f : fields) {
+        numeric = numeric && ParseNumber(f, &ignored) != NumberKind::kNone;
+      }
       if (!numeric && fields.size() == static_cast<size_t>(fields_per_line)) {
         stats->had_header = true;
         continue;
@@ -98,7 +98,7 @@ absl::StatusOr<Dataset> LoadCsvDataset(Env* env, const std::string& path, const 
           } else if (label < 0 || label >= options.num_labels) {
             reason = absl::StrCat("label ", label, " not in [0, ", options.num_labels, ")");
           }
-        } else if (!ParseFloat(fields[i], &row[col++])) {
+        } else if (ParseNumber(fields[i], &row[col++]) != NumberKind::kFinite) {
           reason = absl::StrCat("field ", i + 1, " is not a finite number: ", Quote(fields[i]));
         }
       }

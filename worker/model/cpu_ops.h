@@ -50,13 +50,18 @@ void GeluGrad(const float* x, const float* dy, int64_t n, float* dx);
 void Dropout(const float* x, int64_t n, float rate, uint64_t seed, float* y);
 void DropoutGrad(const float* dy, int64_t n, float rate, uint64_t seed, float* dx);
 
-// splitmix64 of (seed + (i + 1) * 0x9E3779B97F4A7C15), top 24 bits as u in
-// [0, 1): kept when u >= rate. The CUDA kernel calls this same function.
-PSTRAIN_HOST_DEVICE inline bool DropoutKeep(uint64_t seed, uint64_t i, float rate) {
-  uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ULL;
+// splitmix64's finalizer: a well-mixed 64-bit hash of z. Seeds for dropout
+// streams (per worker, step and layer) and the mask itself come from it.
+PSTRAIN_HOST_DEVICE inline uint64_t Mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  z = z ^ (z >> 31);
+  return z ^ (z >> 31);
+}
+
+// Mix64(seed + (i + 1) * 0x9E3779B97F4A7C15), top 24 bits as u in [0, 1):
+// kept when u >= rate. The CUDA kernel calls this same function.
+PSTRAIN_HOST_DEVICE inline bool DropoutKeep(uint64_t seed, uint64_t i, float rate) {
+  const uint64_t z = Mix64(seed + (i + 1) * 0x9E3779B97F4A7C15ULL);
   const float u = static_cast<float>(z >> 40) * (1.0f / 16777216.0f);
   return u >= rate;
 }

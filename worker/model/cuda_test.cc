@@ -10,10 +10,10 @@
 
 #include "catch2/catch.hpp"
 #include "common/config.h"
-#include "google/protobuf/text_format.h"
 #include "worker/model/backend.h"
 #include "worker/model/device.h"
 #include "worker/model/model.h"
+#include "worker/model/test_util.h"
 
 namespace pstrain {
 namespace {
@@ -32,13 +32,7 @@ std::unique_ptr<Backend> CudaOrSkip() {
   return std::move(*b);
 }
 
-std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
-}
+using testing::Random;
 
 // Runs `op` on both backends over copies of the inputs; returns the outputs.
 template <typename T>
@@ -151,11 +145,7 @@ TEST_CASE("CUDA operations equal the CPU's", "[cuda]") {
   }
 }
 
-ModelConfig ParseModel(const std::string& text) {
-  ModelConfig m;
-  REQUIRE(google::protobuf::TextFormat::ParseFromString(text, &m));
-  return m;
-}
+using testing::ParseModel;
 
 TEST_CASE("CUDA training steps and evaluation equal the CPU's for every layer kind", "[cuda]") {
   std::unique_ptr<Backend> gpu = CudaOrSkip();

@@ -11,17 +11,12 @@
 #include "catch2/catch.hpp"
 #include "worker/model/backend.h"
 #include "worker/model/cpu_ops.h"
+#include "worker/model/test_util.h"
 
 namespace pstrain {
 namespace {
 
-std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
-}
+using testing::Random;
 
 // Moves values away from a kink (ReLU at 0) so differences do not straddle it.
 void AvoidZero(std::vector<float>* v, float margin) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
 #include "common/status_macros.h"
+#include "worker/model/cpu_ops.h"
 
 namespace pstrain {
 namespace {
@@ -18,12 +19,9 @@ absl::Status InLayer(absl::Status st, const std::string& layer, const char* pass
   return absl::Status(st.code(), absl::StrCat("layer ", layer, " (", pass, "): ", st.message()));
 }
 
-// A per-layer stream for dropout: splitmix64 of (step seed, layer index).
+// A per-layer stream for dropout, from (step seed, layer index).
 uint64_t LayerSeed(uint64_t seed, size_t layer) {
-  uint64_t z = seed ^ (0xD1B54A32D192ED03ULL * (layer + 1));
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-  return z ^ (z >> 31);
+  return cpu::Mix64(seed ^ (0xD1B54A32D192ED03ULL * (layer + 1)));
 }
 
 struct Built {

@@ -12,24 +12,14 @@
 
 #include "catch2/catch.hpp"
 #include "common/config.h"
-#include "google/protobuf/text_format.h"
+#include "worker/model/test_util.h"
 
 namespace pstrain {
 namespace {
 
-ModelConfig ParseModel(const std::string& text) {
-  ModelConfig m;
-  REQUIRE(google::protobuf::TextFormat::ParseFromString(text, &m));
-  return m;
-}
+using testing::ParseModel;
 
-std::vector<float> Random(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) x = u(rng);
-  return v;
-}
+using testing::Random;
 
 // The MLP as the project first wrote it (dense + ReLU, softmax cross-entropy,
 // OpenBLAS), which an independent reference checked: the layered model must
@@ -176,7 +166,6 @@ void CheckWholeModel(const std::string& config, int input_dim, int labels_limit)
       CHECK(std::fabs(numeric - analytic) < 2e-3 + 2e-2 * std::fabs(analytic));
     }
   }
-  REQUIRE(m.UploadParameters().ok());
 }
 
 TEST_CASE("a whole model with GELU, dropout and either loss passes a finite-difference check",

@@ -28,6 +28,7 @@ class PsClient {
 
   int num_servers() const { return static_cast<int>(stubs_.size()); }
   void set_incarnation(uint64_t incarnation) { incarnation_ = incarnation; }
+  uint64_t incarnation() const { return incarnation_; }
 
   // Installs each server's partitions of `params` (full tensors in placement
   // order). Waits up to `startup_timeout` for servers to come up; a server

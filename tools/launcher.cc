@@ -47,27 +47,6 @@ std::string SelfDir() {
   return Dirname(std::string(buf, n));
 }
 
-// Finds a daemon binary: in --bin_dir, next to pstrain, or in Bazel's layout
-// (bazel-bin/tools/pstrain next to bazel-bin/ps_server/ps_server).
-std::string FindBinary(const std::string& bin_dir, const std::string& package,
-                       const std::string& name) {
-  std::vector<std::string> candidates;
-  if (!bin_dir.empty()) {
-    candidates = {JoinPath(bin_dir, name), JoinPath(JoinPath(bin_dir, package), name)};
-  } else {
-    const std::string self = SelfDir();
-    candidates = {JoinPath(self, name), JoinPath(JoinPath(self, "../" + package), name)};
-  }
-  for (const std::string& c : candidates) {
-    // A package directory shares the binary's name (runfiles/chief/chief).
-    struct stat st;
-    if (::stat(c.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(c.c_str(), X_OK) == 0) {
-      return c;
-    }
-  }
-  return "";
-}
-
 bool IsWarningOrError(const std::string& line) {
   // Daemon lines read "<date> <time> <task> <L> message"; L is W, E or C.
   return line.find(" W ") != std::string::npos || line.find(" E ") != std::string::npos ||
@@ -129,6 +108,26 @@ std::string FormatProgress(const ChiefStatusResponse& s, absl::Duration elapsed)
 }
 
 }  // namespace
+
+std::string FindBinary(const std::string& bin_dir, const std::string& package,
+                       const std::string& name) {
+  std::vector<std::string> candidates;
+  if (!bin_dir.empty()) {
+    candidates = {JoinPath(bin_dir, name), JoinPath(JoinPath(bin_dir, package), name)};
+  } else {
+    const std::string self = SelfDir();
+    candidates = {JoinPath(self, name), JoinPath(JoinPath(self, "../" + package), name)};
+  }
+  for (const std::string& c : candidates) {
+    // A package directory shares the binary's name (runfiles/chief/chief).
+    struct stat st;
+    if (::stat(c.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ::access(c.c_str(), X_OK) == 0) {
+      return c;
+    }
+  }
+  return "";
+}
+
 
 int Launch(const LaunchOptions& options, StopSignal* stop) {
   auto cluster = ClusterSpec::FromFile(options.cluster_spec);

@@ -24,6 +24,12 @@ struct LaunchOptions {
 // Returns the process exit code: 0 when every task succeeded.
 int Launch(const LaunchOptions& options, StopSignal* stop);
 
+// Finds a daemon binary (`name`, built in Bazel package `package`): in
+// `bin_dir` when set, else next to this executable or in Bazel's layout
+// (bazel-bin/tools/pstrain beside bazel-bin/ps_server/ps_server). "" if none.
+std::string FindBinary(const std::string& bin_dir, const std::string& package,
+                       const std::string& name);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_TOOLS_LAUNCHER_H_

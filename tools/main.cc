@@ -2,6 +2,7 @@
 //   pstrain launch  --cluster_spec=F --config=C   start a local cluster and train
 //   pstrain datagen --out=DIR                     write the synthetic digits dataset
 //   pstrain plan    --cluster_spec=F --config=C   print the variable placement
+//   pstrain bench   [--suites=wire,apply]         data-path figures beside the machine's limits
 #include <iostream>
 #include <string>
 #include <vector>
@@ -11,7 +12,10 @@
 #include "common/env.h"
 #include "common/placement.h"
 #include "common/shutdown.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "tools/args.h"
+#include "tools/bench.h"
 #include "tools/datagen.h"
 #include "tools/launcher.h"
 #include "worker/model/model.h"
@@ -25,6 +29,7 @@ const char kUsage[] =
     "  launch   start every local task of a cluster spec and train\n"
     "  datagen  write the synthetic digits dataset (MNIST IDX format, or CSV)\n"
     "  plan     print how variables are placed on the parameter servers\n"
+    "  bench    measure the data path beside the limits of this machine\n"
     "run 'pstrain <command> --help' for its flags\n";
 
 int Fail(const std::string& command, const std::string& message) {
@@ -134,6 +139,51 @@ int PlanCommand(const std::vector<std::string>& argv) {
   return 0;
 }
 
+int BenchCommand(const std::vector<std::string>& argv) {
+  const Args::FlagSpec flags = {
+      {"suites", {"wire,apply", "comma-separated: wire (pull+push vs gRPC echo, TCP, memcpy), "
+                                "apply (server SGD vs a += b)"}},
+      {"sizes", {"4096,65536,1048576,4194304,16777216,67108864",
+                 "bytes per pull and per push (wire suite)"}},
+      {"reps", {"5", "repetitions per figure (median, min, max)"}},
+      {"rep_seconds", {"0.15", "minimum length of one repetition"}},
+      {"out", {"", "directory for bench.csv"}},
+      {"bin_dir", {"", "directory with ps_server (default: next to pstrain)"}},
+      {"serve_echo", {"", "internal: serve the gRPC echo on this address"}},
+  };
+  if (WantsHelp(argv)) {
+    std::cout << "pstrain bench flags:\n" << Args::Usage(flags);
+    return 0;
+  }
+  auto args = Args::Parse(argv, flags);
+  if (!args.ok()) return Fail("bench", std::string(args.status().message()));
+  StopSignal stop;
+  StopOnTerminationSignals(&stop);
+  if (!args->Get("serve_echo").empty()) return ServeEcho(args->Get("serve_echo"), &stop);
+  BenchOptions o;
+  o.bin_dir = args->Get("bin_dir");
+  o.out_dir = args->Get("out");
+  o.suites = absl::StrSplit(args->Get("suites"), ',', absl::SkipEmpty());
+  for (absl::string_view part : absl::StrSplit(args->Get("sizes"), ',', absl::SkipEmpty())) {
+    int64_t bytes = 0;
+    if (!absl::SimpleAtoi(part, &bytes) || bytes < 64 || bytes > (int64_t{1} << 30) ||
+        bytes % 64 != 0) {
+      return Fail("bench", absl::StrCat("--sizes: \"", part,
+                                        "\" is not a multiple of 64 bytes in 64..1 GiB"));
+    }
+    o.sizes.push_back(bytes);
+  }
+  auto reps = args->GetInt("reps");
+  auto seconds = args->GetDouble("rep_seconds");
+  if (!reps.ok() || *reps < 1 || *reps > 1000) return Fail("bench", "--reps: expected 1..1000");
+  if (!seconds.ok() || !(*seconds > 0 && *seconds <= 60)) {
+    return Fail("bench", "--rep_seconds: expected (0, 60]");
+  }
+  o.reps = static_cast<int>(*reps);
+  o.rep_seconds = *seconds;
+  return RunBench(o, &stop);
+}
+
 }  // namespace
 }  // namespace pstrain
 
@@ -147,6 +197,7 @@ int main(int argc, char** argv) {
   if (command == "launch") return pstrain::LaunchCommand(rest);
   if (command == "datagen") return pstrain::DatagenCommand(rest);
   if (command == "plan") return pstrain::PlanCommand(rest);
+  if (command == "bench") return pstrain::BenchCommand(rest);
   if (command == "--help" || command == "-h" || command == "help") {
     std::cout << pstrain::kUsage;
     return 0;

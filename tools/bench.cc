@@ -1,0 +1,456 @@
+#include "tools/bench.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/cluster_spec.h"
+#include "common/config.h"
+#include "common/env.h"
+#include "common/placement.h"
+#include "common/ps_client.h"
+#include "common/rpc.h"
+#include "common/status_macros.h"
+#include "common/subprocess.h"
+#include "proto/bench.grpc.pb.h"
+#include "ps_server/optimizer.h"
+#include "tools/launcher.h"
+
+namespace pstrain {
+namespace {
+
+struct Stats {
+  double median = 0, min = 0, max = 0;
+};
+
+Stats Summarize(std::vector<double> v) {
+  Stats s;
+  if (v.empty()) return s;
+  std::sort(v.begin(), v.end());
+  s.min = v.front();
+  s.max = v.back();
+  const size_t n = v.size();
+  s.median = n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  return s;
+}
+
+std::string Fmt(const Stats& s) {
+  return absl::StrFormat("%.3f [%.3f-%.3f]", s.median, s.min, s.max);
+}
+
+std::string SizeName(int64_t bytes) {
+  if (bytes >= (1 << 20) && bytes % (1 << 20) == 0) return absl::StrCat(bytes >> 20, " MiB");
+  if (bytes >= (1 << 10) && bytes % (1 << 10) == 0) return absl::StrCat(bytes >> 10, " KiB");
+  return absl::StrCat(bytes, " B");
+}
+
+// Free loopback ports, every socket held bound until all are known.
+std::vector<int> PickPorts(int n) {
+  std::vector<int> fds, ports;
+  for (int i = 0; i < n; ++i) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    int port = 0;
+    if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+      port = ntohs(addr.sin_port);
+    }
+    fds.push_back(fd);
+    ports.push_back(port);
+  }
+  for (int fd : fds) {
+    if (fd >= 0) ::close(fd);
+  }
+  return ports;
+}
+
+// Runs `threads` copies of `round(thread)` until `seconds` have passed (each
+// thread at least one round after the start barrier) and returns GB/s, given
+// that one round of one thread moves `bytes_per_round`. nullopt on failure.
+std::optional<double> RunTimed(int threads, double seconds, int64_t bytes_per_round,
+                               const std::function<absl::Status(int)>& round,
+                               absl::Status* error) {
+  std::atomic<int64_t> rounds{0};
+  std::atomic<bool> failed{false};
+  absl::Mutex mu;
+  absl::Status first_error;
+  const absl::Time start = absl::Now();
+  const absl::Time end = start + absl::Seconds(seconds);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      do {
+        absl::Status st = round(t);
+        if (!st.ok()) {
+          absl::MutexLock lock(&mu);
+          if (first_error.ok()) first_error = st;
+          failed = true;
+          return;
+        }
+        ++rounds;
+      } while (absl::Now() < end && !failed);
+    });
+  }
+  for (std::thread& th : pool) th.join();
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+  if (failed) {
+    *error = first_error;
+    return std::nullopt;
+  }
+  return static_cast<double>(rounds.load()) * bytes_per_round / elapsed / 1e9;
+}
+
+class EchoService final : public BenchEcho::Service {
+  grpc::Status Echo(grpc::ServerContext*, const EchoMessage* req, EchoMessage* resp) override {
+    *resp->mutable_payload() = req->payload();
+    return grpc::Status::OK;
+  }
+};
+
+// One plain TCP stream over loopback: GB/s of `chunk`-byte writes, one way.
+absl::StatusOr<double> TcpStream(int64_t chunk, double seconds) {
+  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(listener, 1) != 0 ||
+      ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    if (listener >= 0) ::close(listener);
+    return absl::InternalError(absl::StrCat("tcp bench: listen: ", std::strerror(errno)));
+  }
+  int64_t received = 0;
+  std::thread reader([listener, chunk, &received] {
+    int fd = ::accept(listener, nullptr, nullptr);
+    if (fd < 0) return;
+    std::vector<char> buf(std::max<int64_t>(chunk, 1 << 16));
+    while (true) {
+      ssize_t n = ::read(fd, buf.data(), buf.size());
+      if (n <= 0) break;
+      received += n;
+    }
+    ::close(fd);
+  });
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  absl::Status st;
+  int64_t sent = 0;
+  const absl::Time start = absl::Now();
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    st = absl::InternalError(absl::StrCat("tcp bench: connect: ", std::strerror(errno)));
+  } else {
+    std::vector<char> buf(chunk, 1);
+    const absl::Time end = start + absl::Seconds(seconds);
+    do {
+      int64_t off = 0;
+      while (off < chunk) {
+        ssize_t n = ::write(fd, buf.data() + off, chunk - off);
+        if (n <= 0) {
+          st = absl::InternalError(absl::StrCat("tcp bench: write: ", std::strerror(errno)));
+          break;
+        }
+        off += n;
+      }
+      sent += off;
+    } while (st.ok() && absl::Now() < end);
+  }
+  if (fd >= 0) ::shutdown(fd, SHUT_WR);
+  if (fd < 0 || !st.ok()) ::shutdown(listener, SHUT_RDWR);
+  reader.join();  // the reader has drained everything once it sees EOF
+  const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+  if (fd >= 0) ::close(fd);
+  ::close(listener);
+  if (!st.ok()) return st;
+  return static_cast<double>(received) / elapsed / 1e9;
+}
+
+double MemcpyRate(int64_t bytes, double seconds) {
+  std::vector<char> a(bytes, 1), b(bytes, 2);
+  int64_t copies = 0;
+  const absl::Time start = absl::Now();
+  const absl::Time end = start + absl::Seconds(seconds);
+  do {
+    for (int i = 0; i < 16; ++i) {
+      std::memcpy(b.data(), a.data(), bytes);
+      a[copies % bytes] ^= b[(copies * 7) % bytes];  // keep the copies observable
+      ++copies;
+    }
+  } while (absl::Now() < end);
+  return static_cast<double>(copies) * bytes / absl::ToDoubleSeconds(absl::Now() - start) / 1e9;
+}
+
+struct CsvRow {
+  std::string suite, what;
+  int64_t bytes = 0;
+  int servers = 0, workers = 0;
+  Stats gbps;
+};
+
+class Bench {
+ public:
+  Bench(const BenchOptions& options, StopSignal* stop) : o_(options), stop_(stop) {}
+
+  int Run() {
+    for (const std::string& s : o_.suites) {
+      absl::Status st = s == "wire" ? Wire() : s == "apply" ? Apply() :
+          absl::InvalidArgumentError(absl::StrCat("unknown suite \"", s, "\""));
+      if (!st.ok()) {
+        std::cerr << "pstrain bench: " << st.message() << "\n";
+        return 1;
+      }
+    }
+    if (!o_.out_dir.empty()) {
+      const std::string path = JoinPath(o_.out_dir, "bench.csv");
+      std::string csv = "suite,what,bytes,servers,workers,gbps_median,gbps_min,gbps_max\n";
+      for (const CsvRow& r : rows_) {
+        absl::StrAppendFormat(&csv, "%s,%s,%d,%d,%d,%.4f,%.4f,%.4f\n", r.suite, r.what, r.bytes,
+                              r.servers, r.workers, r.gbps.median, r.gbps.min, r.gbps.max);
+      }
+      absl::Status st = Env::Default()->CreateDirs(o_.out_dir);
+      if (st.ok()) st = WriteFileAtomically(Env::Default(), path, csv);
+      if (!st.ok()) {
+        std::cerr << "pstrain bench: " << st.message() << "\n";
+        return 1;
+      }
+      std::cout << "wrote " << path << "\n";
+    }
+    return 0;
+  }
+
+ private:
+  void Add(const std::string& suite, const std::string& what, int64_t bytes, int servers,
+           int workers, const Stats& s) {
+    rows_.push_back({suite, what, bytes, servers, workers, s});
+  }
+
+  absl::Status StartEcho(std::unique_ptr<Subprocess>* proc, std::string* address) {
+    const int port = PickPorts(1)[0];
+    *address = absl::StrCat("127.0.0.1:", port);
+    SpawnOptions so;
+    so.argv = {"/proc/self/exe", "bench", absl::StrCat("--serve_echo=", *address)};
+    ASSIGN_OR_RETURN(*proc, Subprocess::Spawn(so));
+    auto channel = CreateChannel(*address);
+    if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20))) {
+      return absl::UnavailableError(absl::StrCat("echo server on ", *address, " did not start"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status StartServers(int n, const std::string& dir,
+                            std::vector<std::unique_ptr<Subprocess>>* procs,
+                            std::optional<ClusterSpec>* cluster) {
+    const std::string bin = FindBinary(o_.bin_dir, "ps_server", "ps_server");
+    if (bin.empty()) {
+      return absl::NotFoundError("no ps_server binary next to pstrain or in --bin_dir");
+    }
+    const std::vector<int> ports = PickPorts(n + 3);
+    std::vector<std::string> ps;
+    for (int s = 0; s < n; ++s) ps.push_back(absl::StrCat("\"127.0.0.1:", ports[s], "\""));
+    const std::string spec = absl::StrCat(
+        "{\"chief\": [\"127.0.0.1:", ports[n], "\"], \"ps\": [", absl::StrJoin(ps, ", "),
+        "], \"worker\": [\"127.0.0.1:", ports[n + 1], "\", \"127.0.0.1:", ports[n + 2], "\"]}\n");
+    const std::string path = JoinPath(dir, absl::StrCat("cluster", n, ".json"));
+    RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), path, spec));
+    files_.push_back(path);
+    ASSIGN_OR_RETURN(ClusterSpec parsed, ClusterSpec::FromFile(path));
+    *cluster = std::move(parsed);
+    for (int s = 0; s < n; ++s) {
+      SpawnOptions so;
+      so.argv = {bin, absl::StrCat("--cluster_spec=", path), absl::StrCat("--task=", s),
+                 "--log_level=warn"};
+      so.output_file = JoinPath(dir, absl::StrCat("ps", n, "_", s, ".log"));
+      files_.push_back(so.output_file);
+      ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> p, Subprocess::Spawn(so));
+      procs->push_back(std::move(p));
+    }
+    return absl::OkStatus();
+  }
+
+  // One (servers, workers, size) configuration of the parameter server's path:
+  // each worker thread pulls every partition and pushes a gradient of the
+  // same size, async (no waiting on quorum), so the figure is the data path.
+  absl::Status PsConfig(const ClusterSpec& cluster, int workers, int64_t bytes,
+                        std::vector<double>* gbps) {
+    const int servers = cluster.num_ps();
+    std::vector<VariableSpec> vars = {{"bench", {std::max<int64_t>(bytes / 64, 1), 16}}};
+    ASSIGN_OR_RETURN(Placement placement, Placement::Compute(vars, servers, 1));
+    ASSIGN_OR_RETURN(TrainingConfig config, ParseTrainingConfig(R"(
+model { mlp { input_dim: 2 num_classes: 2 } }
+data { train_images: "unused" train_labels: "unused" batch_size: 1 }
+optimizer { learning_rate: 1e-12 }
+async { }
+max_steps: 1000000000000
+)", "bench"));
+    const absl::Duration timeout = absl::Seconds(60);
+    PsClient chief(cluster, &placement, -1, timeout);
+    chief.set_incarnation(std::random_device()() | 1ULL << 40);
+    const int64_t n = vars[0].num_elements();
+    RETURN_IF_ERROR(chief.InitializeAll(config, 1, workers, 0,
+                                        {Tensor(vars[0].shape, std::vector<float>(n, 0.5f))},
+                                        timeout));
+    std::vector<std::unique_ptr<PsClient>> clients;
+    std::vector<std::vector<float>> params(workers, std::vector<float>(n)),
+        grads(workers, std::vector<float>(n, 1e-3f));
+    for (int w = 0; w < workers; ++w) {
+      clients.push_back(std::make_unique<PsClient>(cluster, &placement, w, timeout));
+      clients.back()->set_incarnation(chief.incarnation());
+    }
+    auto round = [&](int w) -> absl::Status {
+      PsClient::PullResult pulled;
+      std::vector<PushOutcome> outcomes;
+      RETURN_IF_ERROR(clients[w]->PullInto({}, timeout, {params[w].data()}, &pulled));
+      return clients[w]->PushFrom(pulled.versions, {grads[w].data()}, &outcomes);
+    };
+    for (int w = 0; w < workers; ++w) RETURN_IF_ERROR(round(w));  // warm up the channels
+    absl::Status err;
+    std::optional<double> r = RunTimed(workers, o_.rep_seconds, 2 * n * 4, round, &err);
+    if (!r) return err;
+    gbps->push_back(*r);
+    return absl::OkStatus();
+  }
+
+  absl::Status Wire() {
+    // Server logs stay in `dir` when something fails, for diagnosis.
+    const std::string dir = absl::StrCat("/tmp/pstrain-bench-", ::getpid());
+    RETURN_IF_ERROR(Env::Default()->CreateDirs(dir));
+    std::unique_ptr<Subprocess> echo_proc;
+    std::string echo_address;
+    RETURN_IF_ERROR(StartEcho(&echo_proc, &echo_address));
+    std::vector<std::unique_ptr<BenchEcho::Stub>> echo;
+    for (int t = 0; t < 2; ++t) echo.push_back(BenchEcho::NewStub(CreateChannel(echo_address)));
+    std::vector<std::unique_ptr<Subprocess>> procs1, procs2;
+    std::optional<ClusterSpec> cluster1, cluster2;
+    RETURN_IF_ERROR(StartServers(1, dir, &procs1, &cluster1));
+    RETURN_IF_ERROR(StartServers(2, dir, &procs2, &cluster2));
+
+    std::cout << "\n== wire: dense pull + push payload, GB/s (median [min-max] of " << o_.reps
+              << "), interleaved ==\n";
+    std::cout << absl::StrFormat("%-8s %-12s %-12s %-22s %-22s %-22s %-22s %8s %8s\n", "size",
+                                 "ps x workers", "", "pstrain", "gRPC echo", "TCP stream",
+                                 "memcpy", "vs TCP", "vs echo");
+    for (int64_t bytes : o_.sizes) {
+      for (int workers : {1, 2}) {
+        std::vector<double> ps1, ps2, eg, tcp, mem;
+        std::vector<std::string> payload(workers, std::string(bytes, 'x'));
+        auto echo_round = [&](int t) -> absl::Status {
+          grpc::ClientContext ctx;
+          SetDeadline(&ctx, absl::Seconds(60));
+          EchoMessage req, resp;
+          req.set_payload(payload[t]);
+          return FromGrpcStatus(echo[t]->Echo(&ctx, req, &resp), "echo");
+        };
+        for (int t = 0; t < workers; ++t) RETURN_IF_ERROR(echo_round(t));
+        for (int rep = 0; rep < o_.reps; ++rep) {
+          if (stop_->stopped()) return absl::CancelledError(stop_->reason());
+          RETURN_IF_ERROR(PsConfig(*cluster1, workers, bytes, &ps1));
+          RETURN_IF_ERROR(PsConfig(*cluster2, workers, bytes, &ps2));
+          absl::Status err;
+          std::optional<double> e = RunTimed(workers, o_.rep_seconds, 2 * bytes, echo_round, &err);
+          if (!e) return err;
+          eg.push_back(*e);
+          ASSIGN_OR_RETURN(double t, TcpStream(bytes, o_.rep_seconds));
+          tcp.push_back(t);
+          mem.push_back(MemcpyRate(bytes, o_.rep_seconds / 2));
+        }
+        const Stats s1 = Summarize(ps1), s2 = Summarize(ps2), se = Summarize(eg),
+                    st = Summarize(tcp), sm = Summarize(mem);
+        for (auto [servers, s] : {std::pair<int, Stats>{1, s1}, {2, s2}}) {
+          std::cout << absl::StrFormat("%-8s %-12s %-12s %-22s %-22s %-22s %-22s %7.2fx %7.2fx\n",
+                                       SizeName(bytes), absl::StrCat(servers, " x ", workers), "",
+                                       Fmt(s), Fmt(se), Fmt(st), Fmt(sm), s.median / st.median,
+                                       s.median / se.median);
+          Add("wire", "pstrain", bytes, servers, workers, s);
+        }
+        Add("wire", "grpc_echo", bytes, 1, workers, se);
+        Add("wire", "tcp_stream", bytes, 0, 1, st);
+        Add("wire", "memcpy", bytes, 0, 1, sm);
+      }
+    }
+    for (auto* procs : {&procs1, &procs2}) {
+      for (auto& p : *procs) p->Stop(absl::Seconds(5));
+    }
+    echo_proc->Stop(absl::Seconds(5));
+    for (const std::string& f : files_) Env::Default()->DeleteFile(f).IgnoreError();
+    ::rmdir(dir.c_str());
+    return absl::OkStatus();
+  }
+
+  absl::Status Apply() {
+    const int64_t n = int64_t{4} << 20;  // 16 MiB of float32, past the caches
+    OptimizerConfig oc;
+    oc.set_learning_rate(1e-6f);
+    ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> sgd, CreateOptimizer(oc));
+    std::vector<float> a(n, 1.0f), b(n, 1e-3f);
+    OptimizerSlots slots;
+    std::vector<double> plain, apply;
+    auto rate = [&](const std::function<void()>& body) {
+      int64_t passes = 0;
+      const absl::Time start = absl::Now();
+      do {
+        body();
+        ++passes;
+      } while (absl::Now() - start < absl::Seconds(o_.rep_seconds));
+      return static_cast<double>(passes) * n * 4 / absl::ToDoubleSeconds(absl::Now() - start) /
+             1e9;
+    };
+    for (int rep = 0; rep < o_.reps; ++rep) {
+      plain.push_back(rate([&] {
+        float* x = a.data();
+        const float* y = b.data();
+        for (int64_t i = 0; i < n; ++i) x[i] += y[i];
+      }));
+      apply.push_back(rate([&] { sgd->Apply(absl::MakeSpan(a), b, &slots, 1); }));
+    }
+    if (!AllFinite(a)) return absl::InternalError("apply bench: values went non-finite");
+    const Stats sp = Summarize(plain), sa = Summarize(apply);
+    std::cout << "\n== apply: GB/s of gradient over 16 MiB (median [min-max] of " << o_.reps
+              << ") ==\n";
+    std::cout << absl::StrFormat("%-24s %s\n%-24s %s   %.2fx of a += b\n", "a += b", Fmt(sp),
+                                 "SGD apply (server)", Fmt(sa), sa.median / sp.median);
+    Add("apply", "a_plus_b", n * 4, 0, 1, sp);
+    Add("apply", "sgd", n * 4, 1, 1, sa);
+    return absl::OkStatus();
+  }
+
+  const BenchOptions o_;
+  StopSignal* const stop_;
+  std::vector<CsvRow> rows_;
+  std::vector<std::string> files_;  // written under the scratch directory
+};
+
+}  // namespace
+
+int RunBench(const BenchOptions& options, StopSignal* stop) { return Bench(options, stop).Run(); }
+
+int ServeEcho(const std::string& address, StopSignal* stop) {
+  EchoService service;
+  auto server = StartServer(address, &service);
+  if (!server.ok()) {
+    std::cerr << "pstrain bench: " << server.status().message() << "\n";
+    return 1;
+  }
+  stop->Wait();
+  (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  return 0;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,42 @@
+// `pstrain bench`: the data path's figures beside the limits of the machine,
+// measured in one run so that the ratios mean something on a shared, noisy
+// host. Every figure is the median of `reps` interleaved repetitions, printed
+// with its min and max; every comparison is a ratio of medians from the same
+// run.
+//
+//   wire:  dense pull + push through the real ps_server binaries (1 and 2
+//          servers, 1 and 2 worker threads, each with its own PsClient),
+//          beside a bare protobuf gRPC echo of the same bytes (a child
+//          process, sync API), one plain TCP stream over loopback and memcpy.
+//   apply: the server optimizer's SGD apply rate beside a plain a += b loop
+//          over the same memory.
+#ifndef PSTRAIN_TOOLS_BENCH_H_
+#define PSTRAIN_TOOLS_BENCH_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/shutdown.h"
+
+namespace pstrain {
+
+struct BenchOptions {
+  std::string bin_dir;                // where ps_server lives; "" = next to pstrain
+  std::string out_dir;                // bench.csv goes here when set
+  std::vector<int64_t> sizes;         // bytes per pull and per push
+  std::vector<std::string> suites;    // "wire", "apply"
+  int reps = 5;
+  double rep_seconds = 0.15;          // each repetition runs at least this long
+};
+
+// Runs the suites; returns the process exit code.
+int RunBench(const BenchOptions& options, StopSignal* stop);
+
+// The echo server's own process (`pstrain bench --serve_echo=ADDR`): serves
+// until SIGTERM. Returns the exit code.
+int ServeEcho(const std::string& address, StopSignal* stop);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_TOOLS_BENCH_H_

@@ -6,9 +6,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/rpc.h"
+#include "common/wire_frame.h"
 
 namespace pstrain {
 namespace {
+
+const char kPullMethod[] = "/pstrain.PsService/Pull";
+const char kPushMethod[] = "/pstrain.PsService/Push";
 
 // Starts one call per server with `start(s, ctx, done)` and waits for all of
 // them. Each context carries `timeout` as its deadline; the wait itself is
@@ -82,7 +86,9 @@ PsClient::PsClient(const ClusterSpec& cluster, const Placement* placement, int w
     : placement_(placement), worker_(worker), rpc_timeout_(rpc_timeout) {
   for (int s = 0; s < cluster.num_ps(); ++s) {
     addresses_.push_back(cluster.address(kPsJob, s));
-    stubs_.push_back(PsService::NewStub(CreateChannel(addresses_.back())));
+    std::shared_ptr<grpc::Channel> channel = CreateChannel(addresses_.back());
+    stubs_.push_back(PsService::NewStub(channel));
+    raw_stubs_.push_back(std::make_unique<grpc::GenericStub>(channel));
   }
 }
 
@@ -139,31 +145,42 @@ absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::
   if (destinations.size() != vars.size()) {
     return absl::InvalidArgumentError("PullInto: destinations do not match the placement");
   }
-  std::vector<PullRequest> requests(num_servers());
-  std::vector<PullResponse> responses(num_servers());
+  std::vector<grpc::ByteBuffer> requests(num_servers()), responses(num_servers());
   for (int s = 0; s < num_servers(); ++s) {
-    requests[s].set_incarnation(incarnation_);
-    requests[s].set_worker(worker_);
-    requests[s].set_min_version(min_versions.empty() ? 0 : min_versions[s]);
-    requests[s].set_timeout_ms(absl::ToInt64Milliseconds(wait));
+    PullRequest req;
+    req.set_incarnation(incarnation_);
+    req.set_worker(worker_);
+    req.set_min_version(min_versions.empty() ? 0 : min_versions[s]);
+    req.set_timeout_ms(absl::ToInt64Milliseconds(wait));
+    requests[s] = SerializeMessage(req);
   }
   absl::Status st = CallAll(
       num_servers(), wait + rpc_timeout_, /*wait_for_ready=*/false,
       [this](int s) { return absl::StrCat("Pull from ", ServerName(s)); },
       [&](int s, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-        stubs_[s]->async()->Pull(ctx, &requests[s], &responses[s], std::move(done));
+        raw_stubs_[s]->UnaryCall(ctx, kPullMethod, grpc::StubOptions(), &requests[s],
+                                 &responses[s], std::move(done));
       });
   if (!st.ok()) return st;
 
-  // Assemble, checking that every partition arrives once, with its shape.
+  // Assemble, checking that every partition arrives once, with its shape,
+  // and that the payload holds exactly those bytes.
   result->versions.assign(num_servers(), 0);
   result->finished = true;
   int64_t expected = 0, received = 0;
   for (const VariablePlacement& vp : vars) expected += vp.partitions.size();
   for (int s = 0; s < num_servers(); ++s) {
-    result->versions[s] = responses[s].version();
-    result->finished &= responses[s].finished();
-    for (const NamedTensor& nt : responses[s].tensors()) {
+    PullResponse header;
+    IncomingFrame frame;
+    absl::Status decoded = DecodeFrame(responses[s], &header, &frame);
+    if (!decoded.ok()) {
+      return absl::DataLossError(absl::StrCat(ServerName(s), " sent a bad pull reply: ",
+                                              decoded.message()));
+    }
+    result->versions[s] = header.version();
+    result->finished &= header.finished();
+    int64_t offset = 0;
+    for (const NamedTensor& nt : header.tensors()) {
       const VariablePlacement* vp = placement_->Find(nt.ref().variable());
       const int p = nt.ref().partition();
       if (vp == nullptr || p < 0 || p >= static_cast<int>(vp->partitions.size()) ||
@@ -174,14 +191,24 @@ absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::
       const Partition& part = vp->partitions[p];
       const int64_t row = vp->spec.row_elements();
       const int64_t bytes = part.num_rows() * row * 4;
-      if (nt.tensor().dtype() != DT_FLOAT ||
-          static_cast<int64_t>(nt.tensor().content().size()) != bytes) {
+      const TensorProto& t = nt.tensor();
+      if (t.dtype() != DT_FLOAT ||
+          DenseFloatBytes(absl::MakeConstSpan(t.shape().data(), t.shape_size())) != bytes ||
+          frame.payload.size() - offset < bytes) {
         return absl::DataLossError(absl::StrCat(ServerName(s), " sent ", nt.ref().variable(), "/",
                                                 p, " with the wrong size"));
       }
       const size_t v = static_cast<size_t>(vp - vars.data());
-      std::memcpy(destinations[v] + part.row_begin * row, nt.tensor().content().data(), bytes);
+      frame.payload.CopyTo(offset, bytes, destinations[v] + part.row_begin * row);
+      offset += bytes;
+      counters_.pull_payload_bytes += bytes;
+      counters_.pull_copied_bytes += bytes;
       ++received;
+    }
+    if (offset != frame.payload.size()) {
+      return absl::DataLossError(absl::StrCat(ServerName(s), " sent ",
+                                              frame.payload.size() - offset,
+                                              " payload bytes beyond its tensors"));
     }
   }
   if (received != expected) {
@@ -203,24 +230,77 @@ absl::Status PsClient::PushFrom(const std::vector<int64_t>& steps,
   if (sources.size() != vars.size()) {
     return absl::InvalidArgumentError("PushFrom: gradients do not match the placement");
   }
-  std::vector<PushRequest> requests(num_servers());
-  std::vector<PushResponse> responses(num_servers());
+  std::vector<PushRequest> headers(num_servers());
+  std::vector<std::vector<OutgoingPayload>> payloads(num_servers());
   for (int s = 0; s < num_servers(); ++s) {
-    requests[s].set_incarnation(incarnation_);
-    requests[s].set_worker(worker_);
-    requests[s].set_step(steps[s]);
+    headers[s].set_incarnation(incarnation_);
+    headers[s].set_worker(worker_);
+    headers[s].set_step(steps[s]);
   }
-  SliceByPartition(*placement_, sources,
-                   [&requests](int s) { return requests[s].add_gradients(); });
+  // The frames point at `sources`; gRPC releases each slice once it no
+  // longer needs the bytes, and this call returns only after all were
+  // released, so the caller may overwrite its gradients as soon as it returns.
+  struct InFlight {
+    absl::Mutex mu;
+    int slices ABSL_GUARDED_BY(mu) = 0;
+  };
+  auto in_flight = std::make_shared<InFlight>();
+  for (size_t v = 0; v < vars.size(); ++v) {
+    const int64_t row = vars[v].spec.row_elements();
+    for (const Partition& part : vars[v].partitions) {
+      NamedTensor* nt = headers[part.server].add_gradients();
+      nt->mutable_ref()->set_variable(vars[v].spec.name);
+      nt->mutable_ref()->set_partition(part.index);
+      nt->mutable_tensor()->set_dtype(DT_FLOAT);
+      nt->mutable_tensor()->add_shape(part.num_rows());
+      for (size_t d = 1; d < vars[v].spec.shape.size(); ++d) {
+        nt->mutable_tensor()->add_shape(vars[v].spec.shape[d]);
+      }
+      const int64_t bytes = part.num_rows() * row * 4;
+      {
+        absl::MutexLock lock(&in_flight->mu);
+        ++in_flight->slices;
+      }
+      payloads[part.server].push_back({sources[v] + part.row_begin * row, bytes, [in_flight] {
+                                         absl::MutexLock lock(&in_flight->mu);
+                                         --in_flight->slices;
+                                       }});
+      counters_.push_payload_bytes += bytes;
+    }
+  }
+  std::vector<grpc::ByteBuffer> requests(num_servers()), responses(num_servers());
+  for (int s = 0; s < num_servers(); ++s) {
+    requests[s] = EncodeFrame(headers[s], std::move(payloads[s]));
+  }
   absl::Status st = CallAll(
       num_servers(), rpc_timeout_, /*wait_for_ready=*/false,
       [this](int s) { return absl::StrCat("Push to ", ServerName(s)); },
       [&](int s, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-        stubs_[s]->async()->Push(ctx, &requests[s], &responses[s], std::move(done));
+        raw_stubs_[s]->UnaryCall(ctx, kPushMethod, grpc::StubOptions(), &requests[s],
+                                 &responses[s], std::move(done));
       });
+  requests.clear();  // our own references to the slices
+  {
+    absl::MutexLock lock(&in_flight->mu);
+    auto released = [&in_flight]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(in_flight->mu) {
+      return in_flight->slices == 0;
+    };
+    if (!in_flight->mu.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(10))) {
+      return absl::InternalError(
+          "Push: gRPC still references the gradient buffers 10 s after the calls ended");
+    }
+  }
   if (!st.ok()) return st;
   outcomes->resize(num_servers());
-  for (int s = 0; s < num_servers(); ++s) (*outcomes)[s] = responses[s].outcome();
+  for (int s = 0; s < num_servers(); ++s) {
+    PushResponse response;
+    absl::Status parsed = ParseMessage(responses[s], &response);
+    if (!parsed.ok()) {
+      return absl::DataLossError(absl::StrCat(ServerName(s), " sent a bad push reply: ",
+                                              parsed.message()));
+    }
+    (*outcomes)[s] = response.outcome();
+  }
   return absl::OkStatus();
 }
 

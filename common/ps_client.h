@@ -2,6 +2,9 @@
 // splits full variables into their row partitions, sends one RPC per server
 // per operation (all servers in parallel, each with a deadline) and assembles
 // pulled partitions back into full tensors, validating what the servers send.
+// Pulls and pushes travel as frames (common/wire_frame.h): a push is sent
+// straight from the caller's gradient memory (no copy), a pull is copied once,
+// from the received slices into the caller's memory.
 // One PsClient is used by one thread at a time.
 #ifndef PSTRAIN_COMMON_PS_CLIENT_H_
 #define PSTRAIN_COMMON_PS_CLIENT_H_
@@ -16,6 +19,7 @@
 #include "common/cluster_spec.h"
 #include "common/placement.h"
 #include "common/tensor.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "proto/ps_service.grpc.pb.h"
 
 namespace pstrain {
@@ -61,6 +65,15 @@ class PsClient {
   absl::Status ShutdownAll(const std::string& reason);
   absl::Status GetStatus(int server, PsStatusResponse* response);
 
+  // Tensor payload this client moved, and the bytes it copied to move them.
+  struct Counters {
+    int64_t push_payload_bytes = 0;
+    int64_t push_copied_bytes = 0;
+    int64_t pull_payload_bytes = 0;
+    int64_t pull_copied_bytes = 0;
+  };
+  const Counters& counters() const { return counters_; }
+
  private:
   std::string ServerName(int s) const;
 
@@ -69,7 +82,10 @@ class PsClient {
   const absl::Duration rpc_timeout_;
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<PsService::Stub>> stubs_;
+  // Pull and Push are raw methods: ByteBuffers in and out.
+  std::vector<std::unique_ptr<grpc::GenericStub>> raw_stubs_;
   uint64_t incarnation_ = 0;
+  Counters counters_;
 };
 
 }  // namespace pstrain

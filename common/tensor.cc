@@ -32,6 +32,15 @@ void ToProto(absl::Span<const int64_t> shape, absl::Span<const float> values, Te
   proto->set_content(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
 }
 
+int64_t DenseFloatBytes(absl::Span<const int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && n > kMaxTensorElements / d)) return -1;
+    n *= d;
+  }
+  return n * 4;
+}
+
 absl::StatusOr<Tensor> FromProto(const TensorProto& proto) {
   if (proto.dtype() != DT_FLOAT) {
     return absl::InvalidArgumentError(absl::StrCat("tensor dtype ", proto.dtype(),

@@ -40,6 +40,10 @@ class Tensor {
 
 int64_t NumElements(absl::Span<const int64_t> shape);
 
+// Bytes of a dense float32 tensor of `shape` from the wire, or -1 when the
+// shape is invalid (a negative dim, or more than kMaxTensorElements).
+int64_t DenseFloatBytes(absl::Span<const int64_t> shape);
+
 // Appends `values` with `shape` to `proto` (dense).
 void ToProto(absl::Span<const int64_t> shape, absl::Span<const float> values, TensorProto* proto);
 inline void ToProto(const Tensor& t, TensorProto* proto) { ToProto(t.shape(), t.span(), proto); }

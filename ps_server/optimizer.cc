@@ -10,13 +10,10 @@ class SgdOptimizer : public Optimizer {
   explicit SgdOptimizer(float learning_rate) : learning_rate_(learning_rate) {}
   std::string name() const override { return "sgd"; }
   std::vector<std::string> slot_names() const override { return {}; }
-  void Apply(absl::Span<float> params, absl::Span<const float> grad, OptimizerSlots* slots,
-             int64_t step) const override {
+  void ApplyRange(const float* in, float* out, const float* grad, int64_t n,
+                  OptimizerSlots* slots, int64_t offset, int64_t step) const override {
     const float lr = learning_rate_;
-    float* p = params.data();
-    const float* g = grad.data();
-    const size_t n = params.size();
-    for (size_t i = 0; i < n; ++i) p[i] -= lr * g[i];
+    for (int64_t i = 0; i < n; ++i) out[i] = in[i] - lr * grad[i];
   }
 
  private:

@@ -1,16 +1,39 @@
 #include "ps_server/parameter_server.h"
 
 #include <algorithm>
-#include <set>
+#include <array>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "common/config.h"
 #include "common/status_macros.h"
 
 namespace pstrain {
+namespace {
 
-ParameterServer::ParameterServer(absl::Duration max_wait) : max_wait_(max_wait) {}
+// Elements per apply chunk: the summed or copied gradient of one chunk stays
+// in L1 while the optimizer consumes it.
+constexpr int64_t kChunk = 2048;
+
+}  // namespace
+
+ParameterServer::ParameterServer(absl::Duration max_wait)
+    : max_wait_(max_wait), timer_([this] { TimerLoop(); }) {}
+
+ParameterServer::~ParameterServer() {
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    destroying_ = true;
+    shut_down_ = true;
+    CollectReadyLocked(&completions);
+    timer_cv_.SignalAll();
+  }
+  RunCompletions(&completions);
+  timer_.join();
+}
 
 std::string ParameterServer::KeyString(const Key& key) {
   return absl::StrCat(key.first, "/part", key.second);
@@ -35,8 +58,13 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     }
   }
   if (request.start_step() < 0) return absl::InvalidArgumentError("Initialize: negative start_step");
-  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, CreateOptimizer(config.optimizer()));
-  std::map<Key, PartitionState> partitions;
+  auto model = std::make_shared<Model>();
+  ASSIGN_OR_RETURN(model->optimizer, CreateOptimizer(config.optimizer()));
+  model->sync = IsSyncMode(config);
+  model->num_workers = request.num_workers();
+  model->replicas_to_aggregate = replicas;
+  model->staleness_bound = config.has_async() ? config.async().staleness_bound() : 0;
+  model->max_steps = config.max_steps();
   for (const NamedTensor& nt : request.variables()) {
     Key key{nt.ref().variable(), nt.ref().partition()};
     absl::StatusOr<Tensor> t = FromProto(nt.tensor());
@@ -50,28 +78,48 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     if (!AllFinite(t->span())) {
       return absl::InvalidArgumentError(absl::StrCat("Initialize: ", KeyString(key), " not finite"));
     }
-    if (!partitions.emplace(key, PartitionState{std::move(*t), {}}).second) {
+    auto p = std::make_unique<PartitionState>();
+    p->key = key;
+    p->shape = t->shape();
+    p->size = t->num_elements();
+    {
+      absl::MutexLock lock(&p->mu);
+      p->current = std::make_shared<std::vector<float>>(std::move(t->values()));
+    }
+    p->staging.resize(model->sync ? model->num_workers : 0);
+    p->staged.assign(model->sync ? model->num_workers : 0, 0);
+    if (!model->partitions.emplace(key, std::move(p)).second) {
       return absl::InvalidArgumentError(absl::StrCat("Initialize: duplicate ", KeyString(key)));
     }
   }
 
-  absl::MutexLock lock(&mu_);
-  if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
-  if (initialized_ && incarnation_ == request.incarnation()) {
-    return absl::AlreadyExistsError("already initialized for this incarnation");
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
+    if (initialized_ && incarnation_ == request.incarnation()) {
+      return absl::AlreadyExistsError("already initialized for this incarnation");
+    }
+    // Pulls parked for an earlier incarnation end now.
+    for (auto& [id, w] : waiters_) {
+      completions.push_back(
+          {std::move(w.done),
+           {absl::FailedPreconditionError("parameter server re-initialized for another run"),
+            PullReply()}});
+    }
+    waiters_.clear();
+    initialized_ = true;
+    incarnation_ = request.incarnation();
+    model_ = std::move(model);
+    version_ = request.start_step();
+    applying_ = false;
+    arrived_.assign(model_->num_workers, false);
+    in_flight_.assign(model_->num_workers, false);
+    arrived_count_ = 0;
+    async_admitted_ = 0;
+    worker_clock_.assign(model_->num_workers, 0);
   }
-  initialized_ = true;
-  incarnation_ = request.incarnation();
-  sync_ = IsSyncMode(config);
-  num_workers_ = request.num_workers();
-  replicas_to_aggregate_ = replicas;
-  staleness_bound_ = config.has_async() ? config.async().staleness_bound() : 0;
-  max_steps_ = config.max_steps();
-  optimizer_ = std::move(optimizer);
-  partitions_ = std::move(partitions);
-  version_ = request.start_step();
-  pending_.clear();
-  worker_clock_.assign(num_workers_, 0);
+  RunCompletions(&completions);
   return absl::OkStatus();
 }
 
@@ -86,197 +134,535 @@ absl::Status ParameterServer::CheckIncarnationLocked(uint64_t incarnation) const
   return absl::OkStatus();
 }
 
-bool ParameterServer::FinishedLocked() const { return max_steps_ > 0 && version_ >= max_steps_; }
+bool ParameterServer::FinishedLocked() const {
+  return model_ && model_->max_steps > 0 && version_ >= model_->max_steps;
+}
 
 int64_t ParameterServer::MinWorkerClockLocked() const {
   return worker_clock_.empty() ? 0 : *std::min_element(worker_clock_.begin(), worker_clock_.end());
 }
 
 std::string ParameterServer::WaitingOnLocked() const {
-  if (sync_) {
+  if (model_->sync) {
     std::vector<int> missing;
-    for (int w = 0; w < num_workers_; ++w) {
-      if (pending_.count(w) == 0) missing.push_back(w);
+    for (int w = 0; w < model_->num_workers; ++w) {
+      if (!arrived_[w]) missing.push_back(w);
     }
-    return absl::StrCat("step ", version_, " has ", pending_.size(), " of ",
-                        replicas_to_aggregate_, " gradients, waiting on worker(s) ",
+    return absl::StrCat("step ", version_, " has ", arrived_count_, " of ",
+                        model_->replicas_to_aggregate, " gradients, waiting on worker(s) ",
                         absl::StrJoin(missing, ","));
   }
   std::vector<int> slowest;
   const int64_t min_clock = MinWorkerClockLocked();
-  for (int w = 0; w < num_workers_; ++w) {
+  for (int w = 0; w < model_->num_workers; ++w) {
     if (worker_clock_[w] == min_clock) slowest.push_back(w);
   }
   return absl::StrCat("slowest worker(s) ", absl::StrJoin(slowest, ","), " at ", min_clock,
                       " pushes");
 }
 
-absl::Status ParameterServer::Pull(const PullRequest& request, PullResponse* response) {
-  absl::MutexLock lock(&mu_);
+// ---------------------------------------------------------------------------
+// Pull
+
+absl::Status ParameterServer::CheckPullLocked(const PullRequest& request) const {
   RETURN_IF_ERROR(CheckIncarnationLocked(request.incarnation()));
   const int worker = request.worker();
-  if (worker < -1 || worker >= num_workers_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Pull: worker ", worker, " out of range; expected -1..", num_workers_ - 1));
+  if (worker < -1 || worker >= model_->num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("Pull: worker ", worker,
+                                                   " out of range; expected -1..",
+                                                   model_->num_workers - 1));
   }
   if (request.timeout_ms() < 0) return absl::InvalidArgumentError("Pull: negative timeout_ms");
-  const bool bounded = !sync_ && staleness_bound_ > 0 && worker >= 0;
-  auto ready = [this, &request, worker, bounded]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (shut_down_ || FinishedLocked()) return true;
-    if (version_ < request.min_version()) return false;
-    return !bounded || worker_clock_[worker] - MinWorkerClockLocked() <= staleness_bound_;
-  };
-  const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
-  if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "Pull by worker ", worker, " waited ", absl::FormatDuration(timeout), " for version >= ",
-        request.min_version(), "; server at version ", version_, ": ", WaitingOnLocked()));
-  }
+  return absl::OkStatus();
+}
+
+bool ParameterServer::ReadyLocked(const PullRequest& request) const {
+  if (shut_down_ || FinishedLocked()) return true;
+  if (version_ < request.min_version()) return false;
+  const int worker = request.worker();
+  const bool bounded = !model_->sync && model_->staleness_bound > 0 && worker >= 0;
+  return !bounded || worker_clock_[worker] - MinWorkerClockLocked() <= model_->staleness_bound;
+}
+
+absl::Status ParameterServer::SnapshotLocked(const PullRequest& request, PullReply* reply) {
   if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
-  response->set_version(version_);
-  response->set_finished(FinishedLocked());
-  auto add = [response](const Key& key, const PartitionState& p) {
-    NamedTensor* nt = response->add_tensors();
-    nt->mutable_ref()->set_variable(key.first);
-    nt->mutable_ref()->set_partition(key.second);
-    ToProto(p.value, nt->mutable_tensor());
+  reply->version = version_;
+  reply->finished = FinishedLocked();
+  reply->tensors.clear();
+  int64_t bytes = 0;
+  auto add = [reply, &bytes](PartitionState* p) {
+    absl::MutexLock lock(&p->mu);
+    reply->tensors.push_back({p->key.first, p->key.second, p->shape, p->current});
+    bytes += p->size * 4;
   };
   if (request.refs_size() == 0) {
-    for (const auto& [key, p] : partitions_) add(key, p);
+    for (auto& [key, p] : model_->partitions) add(p.get());
   } else {
     for (const PartitionRef& ref : request.refs()) {
       Key key{ref.variable(), ref.partition()};
-      auto it = partitions_.find(key);
-      if (it == partitions_.end()) {
-        response->Clear();
+      auto it = model_->partitions.find(key);
+      if (it == model_->partitions.end()) {
+        reply->tensors.clear();
         return absl::NotFoundError(absl::StrCat("Pull: no partition ", KeyString(key),
                                                 " on this server"));
       }
-      add(key, it->second);
+      add(it->second.get());
     }
   }
   ++counters_.pulls;
+  counters_.pull_payload_bytes += bytes;
   return absl::OkStatus();
 }
 
-absl::Status ParameterServer::ValidateGradientsLocked(
-    const std::vector<std::pair<Key, Tensor>>& grads) const {
-  std::set<Key> seen;
-  for (const auto& [key, t] : grads) {
-    auto it = partitions_.find(key);
-    if (it == partitions_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown variable partition ", KeyString(key)));
+void ParameterServer::CollectReadyLocked(std::vector<Completion>* out) {
+  for (auto it = waiters_.begin(); it != waiters_.end();) {
+    Waiter& w = it->second;
+    if (!shut_down_ && !ReadyLocked(w.request)) {
+      ++it;
+      continue;
     }
-    if (t.shape() != it->second.value.shape()) {
-      return absl::InvalidArgumentError(absl::StrCat("gradient for ", KeyString(key), " has shape ",
-                                                     t.ShapeString(), ", variable has ",
-                                                     it->second.value.ShapeString()));
-    }
-    if (!AllFinite(t.span())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("gradient for ", KeyString(key), " contains NaN or Inf"));
-    }
-    if (!seen.insert(key).second) {
-      return absl::InvalidArgumentError(absl::StrCat("duplicate gradient for ", KeyString(key)));
+    PullReply reply;
+    absl::Status st = SnapshotLocked(w.request, &reply);
+    out->push_back({std::move(w.done), {std::move(st), std::move(reply)}});
+    it = waiters_.erase(it);
+  }
+}
+
+void ParameterServer::RunCompletions(std::vector<Completion>* completions) {
+  for (Completion& c : *completions) c.first(std::move(c.second.first), std::move(c.second.second));
+  completions->clear();
+}
+
+uint64_t ParameterServer::StartPull(const PullRequest& request, PullCallback done) {
+  std::vector<Completion> completions;
+  uint64_t id = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status st = CheckPullLocked(request);
+    if (st.ok() && !ReadyLocked(request)) {
+      id = next_waiter_id_++;
+      const absl::Duration timeout =
+          std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
+      waiters_.emplace(id, Waiter{request, absl::Now() + timeout, std::move(done)});
+      timer_cv_.Signal();
+    } else {
+      PullReply reply;
+      if (st.ok()) st = SnapshotLocked(request, &reply);
+      completions.push_back({std::move(done), {std::move(st), std::move(reply)}});
     }
   }
+  RunCompletions(&completions);
+  return id;
+}
+
+void ParameterServer::CancelPull(uint64_t id) {
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = waiters_.find(id);
+    if (it == waiters_.end()) return;
+    completions.push_back(
+        {std::move(it->second.done), {absl::CancelledError("pull cancelled"), PullReply()}});
+    waiters_.erase(it);
+  }
+  RunCompletions(&completions);
+}
+
+void ParameterServer::TimerLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!destroying_) {
+    absl::Time earliest = absl::InfiniteFuture();
+    for (const auto& [id, w] : waiters_) earliest = std::min(earliest, w.deadline);
+    timer_cv_.WaitWithDeadline(&mu_, earliest);
+    if (destroying_) break;
+    const absl::Time now = absl::Now();
+    std::vector<Completion> expired;
+    for (auto it = waiters_.begin(); it != waiters_.end();) {
+      if (it->second.deadline > now) {
+        ++it;
+        continue;
+      }
+      const PullRequest& r = it->second.request;
+      const absl::Duration timeout = std::min(absl::Milliseconds(r.timeout_ms()), max_wait_);
+      absl::Status st = absl::DeadlineExceededError(absl::StrCat(
+          "Pull by worker ", r.worker(), " waited ", absl::FormatDuration(timeout),
+          " for version >= ", r.min_version(), "; server at version ", version_, ": ",
+          WaitingOnLocked()));
+      expired.push_back({std::move(it->second.done), {std::move(st), PullReply()}});
+      it = waiters_.erase(it);
+    }
+    if (!expired.empty()) {
+      mu_.Unlock();
+      RunCompletions(&expired);
+      mu_.Lock();
+    }
+  }
+}
+
+absl::Status ParameterServer::Pull(const PullRequest& request, PullResponse* response) {
+  absl::Notification done;
+  absl::Status status;
+  PullReply reply;
+  StartPull(request, [&](absl::Status st, PullReply r) {
+    status = std::move(st);
+    reply = std::move(r);
+    done.Notify();
+  });
+  done.WaitForNotification();  // bounded: every pull ends by its deadline
+  if (!status.ok()) return status;
+  response->set_version(reply.version);
+  response->set_finished(reply.finished);
+  int64_t copied = 0;
+  for (const PulledTensor& t : reply.tensors) {
+    NamedTensor* nt = response->add_tensors();
+    nt->mutable_ref()->set_variable(t.variable);
+    nt->mutable_ref()->set_partition(t.partition);
+    ToProto(t.shape, *t.values, nt->mutable_tensor());
+    copied += static_cast<int64_t>(t.values->size()) * 4;
+  }
+  absl::MutexLock lock(&mu_);
+  counters_.pull_copied_bytes += copied;
   return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
+// Push
+
+absl::Status ParameterServer::LocateGradients(const Model& model, const PushRequest& header,
+                                              const SegmentedBytes* frame,
+                                              const std::vector<SegmentedBytes>* contents,
+                                              std::vector<GradientRef>* grads) const {
+  grads->clear();
+  grads->reserve(header.gradients_size());
+  int64_t offset = 0;
+  for (int i = 0; i < header.gradients_size(); ++i) {
+    const NamedTensor& nt = header.gradients(i);
+    const Key key{nt.ref().variable(), nt.ref().partition()};
+    auto it = model.partitions.find(key);
+    if (it == model.partitions.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown variable partition ", KeyString(key)));
+    }
+    PartitionState* p = it->second.get();
+    const TensorProto& t = nt.tensor();
+    if (t.dtype() != DT_FLOAT || t.row_ids_size() != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient for ", KeyString(key), ": expected dense DT_FLOAT"));
+    }
+    if (!std::equal(t.shape().begin(), t.shape().end(), p->shape.begin(), p->shape.end())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient for ", KeyString(key), " has shape [", absl::StrJoin(t.shape(), ","),
+          "], variable has [", absl::StrJoin(p->shape, ","), "]"));
+    }
+    const int64_t bytes = p->size * 4;
+    if (frame != nullptr) {
+      if (!t.content().empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("gradient for ", KeyString(key), ": content inside a frame header"));
+      }
+      if (frame->size() - offset < bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "gradient for ", KeyString(key), ": payload ends ", bytes - (frame->size() - offset),
+            " bytes short"));
+      }
+      grads->push_back({p, frame, offset});
+      offset += bytes;
+    } else {
+      if (static_cast<int64_t>(t.content().size()) != bytes) {
+        return absl::InvalidArgumentError(absl::StrCat("gradient for ", KeyString(key), ": content is ",
+                                                       t.content().size(), " bytes; shape needs ",
+                                                       bytes));
+      }
+      grads->push_back({p, &(*contents)[i], 0});
+    }
+    for (size_t j = 0; j + 1 < grads->size(); ++j) {
+      if ((*grads)[j].partition == p) {
+        return absl::InvalidArgumentError(absl::StrCat("duplicate gradient for ", KeyString(key)));
+      }
+    }
+  }
+  if (frame != nullptr && offset != frame->size()) {
+    return absl::InvalidArgumentError(absl::StrCat("push payload has ", frame->size() - offset,
+                                                   " bytes beyond its gradients"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::Push(const PushRequest& header, const SegmentedBytes& payload,
+                                   PushResponse* response) {
+  return PushImpl(header, &payload, nullptr, response);
 }
 
 absl::Status ParameterServer::Push(const PushRequest& request, PushResponse* response) {
-  // Decode outside the lock; nothing is applied until everything validated.
-  std::vector<std::pair<Key, Tensor>> grads;
-  grads.reserve(request.gradients_size());
-  absl::Status decode_status;
-  for (const NamedTensor& nt : request.gradients()) {
-    Key key{nt.ref().variable(), nt.ref().partition()};
-    absl::StatusOr<Tensor> t = FromProto(nt.tensor());
-    if (!t.ok()) {
-      decode_status = absl::InvalidArgumentError(
-          absl::StrCat("gradient for ", KeyString(key), ": ", t.status().message()));
-      break;
-    }
-    grads.emplace_back(std::move(key), std::move(*t));
-  }
+  std::vector<SegmentedBytes> contents;
+  contents.reserve(request.gradients_size());
+  for (const NamedTensor& nt : request.gradients()) contents.emplace_back(nt.tensor().content());
+  return PushImpl(request, nullptr, &contents, response);
+}
 
-  absl::MutexLock lock(&mu_);
-  absl::Status st = CheckIncarnationLocked(request.incarnation());
-  if (st.ok() && (request.worker() < 0 || request.worker() >= num_workers_)) {
-    st = absl::InvalidArgumentError(absl::StrCat("Push: worker ", request.worker(),
-                                                 " out of range; expected 0..", num_workers_ - 1));
+absl::Status ParameterServer::PushImpl(const PushRequest& header, const SegmentedBytes* frame,
+                                       const std::vector<SegmentedBytes>* contents,
+                                       PushResponse* response) {
+  std::shared_ptr<Model> model;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::Status st = CheckIncarnationLocked(header.incarnation());
+    if (st.ok() && (header.worker() < 0 || header.worker() >= model_->num_workers)) {
+      st = absl::InvalidArgumentError(absl::StrCat("Push: worker ", header.worker(),
+                                                   " out of range; expected 0..",
+                                                   model_->num_workers - 1));
+    }
+    if (!st.ok()) {
+      if (!absl::IsUnavailable(st)) ++counters_.pushes_rejected;
+      return st;
+    }
+    model = model_;
   }
-  if (st.ok()) st = decode_status;
-  if (st.ok()) st = ValidateGradientsLocked(grads);
-  if (st.ok() && request.step() > version_) {
-    st = absl::FailedPreconditionError(absl::StrCat(
-        "Push: step ", request.step(), " is ahead of this server's version ", version_));
-  }
+  std::vector<GradientRef> grads;
+  absl::Status st = LocateGradients(*model, header, frame, contents, &grads);
   if (!st.ok()) {
-    if (!absl::IsUnavailable(st)) ++counters_.pushes_rejected;
+    absl::MutexLock lock(&mu_);
+    ++counters_.pushes_rejected;
     return st;
   }
-  const int worker = request.worker();
-  if (FinishedLocked()) {
-    response->set_outcome(FINISHED);
-  } else if (sync_) {
-    if (request.step() < version_) {
+  return model->sync ? PushSync(model, header, grads, response)
+                     : PushAsync(model, header, grads, response);
+}
+
+ParameterServer::Buffer ParameterServer::TakeSpare(PartitionState* p) {
+  for (size_t i = 0; i < p->spares.size(); ++i) {
+    // Only pulls hold other references, and they take them under p->mu.
+    if (p->spares[i].use_count() == 1) {
+      Buffer b = std::move(p->spares[i]);
+      p->spares.erase(p->spares.begin() + static_cast<std::ptrdiff_t>(i));
+      return b;
+    }
+  }
+  return std::make_shared<std::vector<float>>(p->size);
+}
+
+absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
+                                       const PushRequest& header,
+                                       const std::vector<GradientRef>& grads,
+                                       PushResponse* response) {
+  const int w = header.worker();
+  const int64_t step = header.step();
+  {
+    absl::MutexLock lock(&mu_);
+    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+    if (step > version_) {
+      ++counters_.pushes_rejected;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Push: step ", step, " is ahead of this server's version ", version_));
+    }
+    if (FinishedLocked()) {
+      response->set_outcome(FINISHED);
+      response->set_version(version_);
+      return absl::OkStatus();
+    }
+    if (step < version_ || applying_) {
       ++counters_.gradients_dropped_stale;
       response->set_outcome(DROPPED_STALE);
-    } else if (pending_.count(worker) != 0) {
+      response->set_version(version_);
+      return absl::OkStatus();
+    }
+    if (arrived_[w] || in_flight_[w]) {
       ++counters_.pushes_rejected;
       return absl::InvalidArgumentError(
-          absl::StrCat("Push: worker ", worker, " already pushed for step ", version_));
-    } else {
-      pending_.emplace(worker, std::move(grads));
-      if (static_cast<int>(pending_.size()) >= replicas_to_aggregate_) {
-        ApplySyncStepLocked();
-        response->set_outcome(APPLIED);
-      } else {
-        response->set_outcome(ACCUMULATED);
-      }
+          absl::StrCat("Push: worker ", w, " already pushed for step ", version_));
     }
-  } else {
-    for (auto& [key, g] : grads) {
-      PartitionState& p = partitions_.at(key);
-      optimizer_->Apply(absl::MakeSpan(p.value.values()), g.span(), &p.slots, version_ + 1);
-    }
-    ++version_;
-    ++worker_clock_[worker];
-    ++counters_.pushes_applied;
-    response->set_outcome(APPLIED);
+    in_flight_[w] = true;
   }
-  response->set_version(version_);
+  // Stage outside the lock: the one copy, from the received bytes into this
+  // worker's buffer, checked for NaN and Inf while it is in cache. Only this
+  // push writes staging[w] now (in_flight_), and no apply reads it.
+  int64_t copied = 0;
+  const PartitionState* non_finite = nullptr;
+  for (auto& [key, p] : model->partitions) p->staged[w] = 0;
+  for (const GradientRef& g : grads) {
+    PartitionState* p = g.partition;
+    std::vector<float>& stage = p->staging[w];
+    if (static_cast<int64_t>(stage.size()) != p->size) stage.resize(p->size);  // first push only
+    g.bytes->CopyTo(g.offset, p->size * 4, stage.data());
+    copied += p->size * 4;
+    if (non_finite == nullptr && !AllFinite(stage)) non_finite = p;
+    p->staged[w] = 1;
+  }
+  std::vector<int> quorum;
+  {
+    absl::MutexLock lock(&mu_);
+    in_flight_[w] = false;
+    counters_.push_payload_bytes += copied;
+    counters_.push_copied_bytes += copied;
+    if (non_finite != nullptr) {
+      ++counters_.pushes_rejected;
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient for ", KeyString(non_finite->key), " contains NaN or Inf"));
+    }
+    if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
+    if (model_ != model || step != version_ || applying_) {
+      // The step closed (backup workers) or the run changed while this copied.
+      ++counters_.gradients_dropped_stale;
+      response->set_outcome(DROPPED_STALE);
+      response->set_version(version_);
+      return absl::OkStatus();
+    }
+    arrived_[w] = true;
+    ++arrived_count_;
+    if (arrived_count_ < model->replicas_to_aggregate) {
+      response->set_outcome(ACCUMULATED);
+      response->set_version(version_);
+      return absl::OkStatus();
+    }
+    applying_ = true;
+    for (int i = 0; i < model->num_workers; ++i) {
+      if (arrived_[i]) quorum.push_back(i);
+    }
+  }
+  ApplySyncStep(model, quorum, step);
+  response->set_outcome(APPLIED);
+  response->set_version(step + 1);
   return absl::OkStatus();
 }
 
-void ParameterServer::ApplySyncStepLocked() {
-  // Sum per partition in worker-index order (pending_ is ordered by worker),
-  // so the result is bitwise reproducible, then average and apply.
-  std::map<Key, std::pair<std::vector<float>, int>> sums;
-  for (const auto& [worker, grads] : pending_) {
-    for (const auto& [key, g] : grads) {
-      auto [it, fresh] = sums.try_emplace(key);
-      std::vector<float>& sum = it->second.first;
-      if (fresh) {
-        sum = g.values();
-      } else {
-        const float* src = g.data();
-        for (size_t i = 0; i < sum.size(); ++i) sum[i] += src[i];
+void ParameterServer::ApplySyncStep(const std::shared_ptr<Model>& model,
+                                    const std::vector<int>& workers, int64_t step) {
+  // Per partition: sum the staged gradients in worker-index order, average,
+  // and apply into a spare buffer, a chunk at a time (bitwise the same as
+  // summing whole tensors first). The new buffers are published together, so
+  // a pull sees all of step `step` or none of it.
+  std::vector<std::pair<PartitionState*, Buffer>> fresh;
+  std::array<float, kChunk> sum;
+  for (auto& [key, p] : model->partitions) {
+    std::vector<const float*> parts;
+    for (int w : workers) {
+      if (p->staged[w]) parts.push_back(p->staging[w].data());
+    }
+    if (parts.empty()) continue;
+    const float count = static_cast<float>(parts.size());
+    absl::MutexLock apply_lock(&p->apply_mu);
+    Buffer in, out;
+    {
+      absl::MutexLock lock(&p->mu);
+      in = p->current;
+      out = TakeSpare(p.get());
+    }
+    for (int64_t c = 0; c < p->size; c += kChunk) {
+      const int64_t n = std::min(kChunk, p->size - c);
+      std::copy(parts[0] + c, parts[0] + c + n, sum.data());
+      for (size_t k = 1; k < parts.size(); ++k) {
+        const float* g = parts[k] + c;
+        for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
       }
-      ++it->second.second;
+      for (int64_t i = 0; i < n; ++i) sum[i] /= count;
+      model->optimizer->ApplyRange(in->data() + c, out->data() + c, sum.data(), n, &p->slots, c,
+                                   step + 1);
+    }
+    fresh.emplace_back(p.get(), std::move(out));
+  }
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [p, buffer] : fresh) {
+      absl::MutexLock plock(&p->mu);
+      p->spares.push_back(std::move(p->current));
+      p->current = std::move(buffer);
+    }
+    counters_.pushes_applied += static_cast<int64_t>(workers.size());
+    version_ = step + 1;
+    applying_ = false;
+    arrived_.assign(arrived_.size(), false);
+    arrived_count_ = 0;
+    CollectReadyLocked(&completions);
+  }
+  RunCompletions(&completions);
+}
+
+absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
+                                        const PushRequest& header,
+                                        const std::vector<GradientRef>& grads,
+                                        PushResponse* response) {
+  const int w = header.worker();
+  int64_t ticket = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+    if (header.step() > version_) {
+      ++counters_.pushes_rejected;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Push: step ", header.step(), " is ahead of this server's version ", version_));
+    }
+    // Pushes admitted but not yet applied count, so max_steps is exact.
+    if (model->max_steps > 0 && version_ + async_admitted_ >= model->max_steps) {
+      response->set_outcome(FINISHED);
+      response->set_version(version_);
+      return absl::OkStatus();
+    }
+    ++async_admitted_;
+    ticket = version_ + async_admitted_;
+  }
+  // Validate every gradient in place before changing anything.
+  for (const GradientRef& g : grads) {
+    bool finite = true;
+    g.bytes->ForEachFloatRun(g.offset, g.partition->size, [&finite](const char* p, int64_t n) {
+      finite = finite && AllFiniteUnaligned(p, n);
+    });
+    if (!finite) {
+      absl::MutexLock lock(&mu_);
+      --async_admitted_;
+      ++counters_.pushes_rejected;
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient for ", KeyString(g.partition->key), " contains NaN or Inf"));
     }
   }
-  for (auto& [key, entry] : sums) {
-    std::vector<float>& sum = entry.first;
-    const float count = static_cast<float>(entry.second);
-    for (float& v : sum) v /= count;
-    PartitionState& p = partitions_.at(key);
-    optimizer_->Apply(absl::MakeSpan(p.value.values()), sum, &p.slots, version_ + 1);
+  // Apply from the received bytes: each run is moved into an aligned chunk in
+  // L1 (the one copy) and applied into the partition's next buffer.
+  int64_t bytes = 0;
+  std::array<float, kChunk> chunk;
+  for (const GradientRef& g : grads) {
+    PartitionState* p = g.partition;
+    absl::MutexLock apply_lock(&p->apply_mu);
+    Buffer in, out;
+    {
+      absl::MutexLock lock(&p->mu);
+      in = p->current;
+      out = TakeSpare(p);
+    }
+    int64_t at = 0;  // element of the partition
+    g.bytes->ForEachFloatRun(g.offset, p->size, [&](const char* src, int64_t n) {
+      for (int64_t i = 0; i < n;) {
+        const int64_t m = std::min(kChunk, n - i);
+        std::memcpy(chunk.data(), src + 4 * i, 4 * m);
+        model->optimizer->ApplyRange(in->data() + at, out->data() + at, chunk.data(), m, &p->slots,
+                                     at, ticket);
+        at += m;
+        i += m;
+      }
+    });
+    {
+      absl::MutexLock lock(&p->mu);
+      p->spares.push_back(std::move(p->current));
+      p->current = std::move(out);
+    }
+    bytes += p->size * 4;
   }
-  counters_.pushes_applied += static_cast<int64_t>(pending_.size());
-  pending_.clear();
-  ++version_;
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    --async_admitted_;
+    ++version_;
+    ++worker_clock_[w];
+    ++counters_.pushes_applied;
+    counters_.push_payload_bytes += bytes;
+    counters_.push_copied_bytes += bytes;
+    response->set_outcome(APPLIED);
+    response->set_version(version_);
+    CollectReadyLocked(&completions);
+  }
+  RunCompletions(&completions);
+  return absl::OkStatus();
 }
+
+// ---------------------------------------------------------------------------
 
 void ParameterServer::GetStatus(PsStatusResponse* response) {
   absl::MutexLock lock(&mu_);
@@ -287,11 +673,20 @@ void ParameterServer::GetStatus(PsStatusResponse* response) {
   response->set_gradients_dropped_stale(counters_.gradients_dropped_stale);
   response->set_pushes_rejected(counters_.pushes_rejected);
   response->set_pulls(counters_.pulls);
+  response->set_push_payload_bytes(counters_.push_payload_bytes);
+  response->set_push_copied_bytes(counters_.push_copied_bytes);
+  response->set_pull_payload_bytes(counters_.pull_payload_bytes);
+  response->set_pull_copied_bytes(counters_.pull_copied_bytes);
 }
 
 void ParameterServer::Shutdown() {
-  absl::MutexLock lock(&mu_);
-  shut_down_ = true;
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+    CollectReadyLocked(&completions);
+  }
+  RunCompletions(&completions);
 }
 
 ParameterServer::Counters ParameterServer::counters() {

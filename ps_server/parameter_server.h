@@ -13,15 +13,31 @@
 // bound s, a worker's Pull waits while it is more than s pushes ahead of the
 // slowest worker. Every wait has a deadline.
 //
-// Thread-safe: all state is guarded by mu_; Pull waits on it with a timeout.
+// The data path (issue 13): gradients are read where the transport left them
+// (a SegmentedBytes view of the received slices); sync copies each worker's
+// gradient once, into that worker's staging buffer, async applies straight
+// from the view in cache-sized chunks. A partition's values live in
+// reference-counted version buffers: a pull takes references to the current
+// buffers (no copy, the service sends from them) and an update writes the
+// next version into a spare buffer beside them, so no pull ever waits for an
+// apply or reads a half-applied tensor, and buffers are recycled, not
+// allocated, in steady state. A waiting Pull holds no thread: it is parked
+// with a callback that runs when it is ready, cancelled or out of time.
+//
+// Locking: `mu_` guards the small shared state (version, who pushed, waiters,
+// counters) and is never held while tensors are copied or applied. Each
+// partition has `apply_mu` (serialises updates of that partition, held while
+// computing) and `mu` (guards which buffer is current, held for pointer swaps
+// only). Lock order: mu_, then a partition's mu; apply_mu is never held with mu_.
 #ifndef PSTRAIN_PS_SERVER_PARAMETER_SERVER_H_
 #define PSTRAIN_PS_SERVER_PARAMETER_SERVER_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -29,6 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/segmented_bytes.h"
 #include "common/tensor.h"
 #include "proto/ps_service.pb.h"
 #include "ps_server/optimizer.h"
@@ -42,14 +59,51 @@ class ParameterServer {
     int64_t gradients_dropped_stale = 0;
     int64_t pushes_rejected = 0;
     int64_t pulls = 0;
+    // Tensor payload bytes received in pushes and sent in pulls, and how many
+    // bytes this server copied in user space to get them there.
+    int64_t push_payload_bytes = 0;
+    int64_t push_copied_bytes = 0;
+    int64_t pull_payload_bytes = 0;
+    int64_t pull_copied_bytes = 0;
   };
+
+  // A pulled partition: `values` is the version buffer itself, kept alive by
+  // the reference until the caller (the RPC that sends it) drops it.
+  struct PulledTensor {
+    std::string variable;
+    int partition = 0;
+    std::vector<int64_t> shape;
+    std::shared_ptr<const std::vector<float>> values;
+  };
+  struct PullReply {
+    int64_t version = 0;
+    bool finished = false;
+    std::vector<PulledTensor> tensors;
+  };
+  using PullCallback = std::function<void(absl::Status, PullReply)>;
 
   // `max_wait` caps any wait a request asks for.
   explicit ParameterServer(absl::Duration max_wait = absl::Minutes(10));
+  ~ParameterServer();
 
   absl::Status Initialize(const InitializeRequest& request);
+
+  // Starts a pull. `done` runs exactly once, on this thread when the pull is
+  // ready now (or refused), else on the thread that makes it ready, times it
+  // out, cancels it or shuts the server down. Returns an id for CancelPull.
+  uint64_t StartPull(const PullRequest& request, PullCallback done);
+  // Ends a waiting pull with CANCELLED; no-op when it already ended.
+  void CancelPull(uint64_t id);
+  // Blocking pull into a response with content (tests and tools; copies).
   absl::Status Pull(const PullRequest& request, PullResponse* response);
+
+  // A push whose tensors carry dtype and shape only; their contents are
+  // `payload`, concatenated in order (a frame's payload).
+  absl::Status Push(const PushRequest& header, const SegmentedBytes& payload,
+                    PushResponse* response);
+  // A push with the contents inside the protos (tests and tools).
   absl::Status Push(const PushRequest& request, PushResponse* response);
+
   void GetStatus(PsStatusResponse* response);
   // Wakes every waiter with UNAVAILABLE and refuses further requests.
   void Shutdown();
@@ -58,20 +112,89 @@ class ParameterServer {
 
  private:
   using Key = std::pair<std::string, int>;  // (variable, partition)
+  using Buffer = std::shared_ptr<std::vector<float>>;
+
   struct PartitionState {
-    Tensor value;
-    OptimizerSlots slots;
+    Key key;
+    std::vector<int64_t> shape;
+    int64_t size = 0;  // elements
+    // Serialises updates of this partition; held while computing one.
+    absl::Mutex apply_mu;
+    OptimizerSlots slots ABSL_GUARDED_BY(apply_mu);
+    // Guards which buffer is current and the spares.
+    absl::Mutex mu;
+    Buffer current ABSL_GUARDED_BY(mu);
+    std::vector<Buffer> spares ABSL_GUARDED_BY(mu);
+    // Sync: worker w's gradient for the open step, and whether w's push
+    // included this partition. Written only by w's push while it holds the
+    // worker's in-flight mark, read only by the apply of a step w is in.
+    std::vector<std::vector<float>> staging;
+    std::vector<char> staged;
   };
+
+  // Everything Initialize installs; requests hold a reference while they work
+  // outside mu_, so a re-Initialize never frees memory under them.
+  struct Model {
+    bool sync = true;
+    int num_workers = 0;
+    int replicas_to_aggregate = 0;
+    int staleness_bound = 0;
+    int64_t max_steps = 0;
+    std::unique_ptr<Optimizer> optimizer;
+    std::map<Key, std::unique_ptr<PartitionState>> partitions;
+  };
+
+  // A gradient located in a payload: validated header, byte range.
+  struct GradientRef {
+    PartitionState* partition;
+    const SegmentedBytes* bytes;
+    int64_t offset;
+  };
+
+  struct Waiter {
+    PullRequest request;
+    absl::Time deadline;
+    PullCallback done;
+  };
+  using Completion = std::pair<PullCallback, std::pair<absl::Status, PullReply>>;
 
   static std::string KeyString(const Key& key);
   absl::Status CheckIncarnationLocked(uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Validates decoded gradients against the partitions (known, shape, finite, unique).
-  absl::Status ValidateGradientsLocked(const std::vector<std::pair<Key, Tensor>>& grads) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplySyncStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Resolves and checks the gradients' headers against the model (known,
+  // shape, dtype, unique, bytes present). Touches no tensor data.
+  // The bytes are `frame` (a frame's payload, tensors in order) or, when
+  // that is null, `contents`[i] for gradient i (contents inside the protos).
+  absl::Status LocateGradients(const Model& model, const PushRequest& header,
+                               const SegmentedBytes* frame,
+                               const std::vector<SegmentedBytes>* contents,
+                               std::vector<GradientRef>* grads) const;
+  absl::Status PushImpl(const PushRequest& header, const SegmentedBytes* frame,
+                        const std::vector<SegmentedBytes>* contents, PushResponse* response);
+  absl::Status PushSync(const std::shared_ptr<Model>& model, const PushRequest& header,
+                        const std::vector<GradientRef>& grads, PushResponse* response);
+  absl::Status PushAsync(const std::shared_ptr<Model>& model, const PushRequest& header,
+                         const std::vector<GradientRef>& grads, PushResponse* response);
+  // Applies the closed sync step from the arrived workers' staging buffers
+  // into fresh version buffers, publishes them and advances the version.
+  void ApplySyncStep(const std::shared_ptr<Model>& model, const std::vector<int>& workers,
+                     int64_t step);
+  // A spare buffer of `p` no pull references (or a new one).
+  static Buffer TakeSpare(PartitionState* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
+
   bool FinishedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t MinWorkerClockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string WaitingOnLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool ReadyLocked(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks a pull's arguments; OK means it may wait or be served.
+  absl::Status CheckPullLocked(const PullRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes references to the requested partitions' current buffers.
+  absl::Status SnapshotLocked(const PullRequest& request, PullReply* reply)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves every waiter that is now ready (or must end) to `out`.
+  void CollectReadyLocked(std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void RunCompletions(std::vector<Completion>* completions);
+  void TimerLoop();
 
   // Constant after construction.
   const absl::Duration max_wait_;
@@ -79,21 +202,27 @@ class ParameterServer {
   mutable absl::Mutex mu_;
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool destroying_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;
-  bool sync_ ABSL_GUARDED_BY(mu_) = true;
-  int num_workers_ ABSL_GUARDED_BY(mu_) = 0;
-  int replicas_to_aggregate_ ABSL_GUARDED_BY(mu_) = 0;
-  int staleness_bound_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t max_steps_ ABSL_GUARDED_BY(mu_) = 0;
-  std::unique_ptr<Optimizer> optimizer_ ABSL_GUARDED_BY(mu_);
-  std::map<Key, PartitionState> partitions_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<Model> model_ ABSL_GUARDED_BY(mu_);
   // Number of applied updates (sync: steps; async: pushes).
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  // Sync: per worker, its gradients for step version_ (decoded, validated).
-  std::map<int, std::vector<std::pair<Key, Tensor>>> pending_ ABSL_GUARDED_BY(mu_);
+  // Sync: the open step's quorum was reached and is being applied.
+  bool applying_ ABSL_GUARDED_BY(mu_) = false;
+  // Sync: per worker, whether its gradient for step version_ is staged, or
+  // being staged.
+  std::vector<bool> arrived_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> in_flight_ ABSL_GUARDED_BY(mu_);
+  int arrived_count_ ABSL_GUARDED_BY(mu_) = 0;
+  // Async: pushes admitted but not yet counted in version_ (bounds max_steps).
+  int64_t async_admitted_ ABSL_GUARDED_BY(mu_) = 0;
   // Async: pushes applied per worker (the SSP clock).
   std::vector<int64_t> worker_clock_ ABSL_GUARDED_BY(mu_);
   Counters counters_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  absl::CondVar timer_cv_;
+  std::thread timer_;  // expires waiting pulls at their deadlines
 };
 
 }  // namespace pstrain

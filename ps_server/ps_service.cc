@@ -1,8 +1,11 @@
 #include "ps_server/ps_service.h"
 
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/rpc.h"
+#include "common/wire_frame.h"
 
 namespace pstrain {
 
@@ -23,18 +26,115 @@ grpc::Status PsServiceImpl::Initialize(grpc::ServerContext* ctx, const Initializ
   return ToGrpcStatus(st);
 }
 
-grpc::Status PsServiceImpl::Pull(grpc::ServerContext* ctx, const PullRequest* req,
-                                 PullResponse* resp) {
-  return ToGrpcStatus(ps_->Pull(*req, resp));
+namespace {
+
+// One Pull call: parked in ParameterServer until it is ready; gRPC's
+// cancellation (client gone, deadline) ends the wait at once.
+class PullReactor final : public grpc::ServerUnaryReactor {
+ public:
+  PullReactor(ParameterServer* ps, grpc::ByteBuffer* response) : ps_(ps), response_(response) {}
+
+  void Start(const grpc::ByteBuffer* request) {
+    PullRequest req;
+    absl::Status st = ParseMessage(*request, &req);
+    if (!st.ok()) {
+      Finish(ToGrpcStatus(st));
+      Unref();
+      return;
+    }
+    const uint64_t id =
+        ps_->StartPull(req, [this](absl::Status status, ParameterServer::PullReply reply) {
+          Reply(std::move(status), std::move(reply));
+        });
+    bool cancel_now = false;
+    {
+      absl::MutexLock lock(&mu_);
+      id_ = id;
+      cancel_now = cancelled_;
+    }
+    if (cancel_now && id != 0) ps_->CancelPull(id);
+    Unref();
+  }
+
+  void OnCancel() override {
+    uint64_t id = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      id = id_;
+    }
+    if (id != 0) ps_->CancelPull(id);  // no-op when it already finished
+  }
+
+  void OnDone() override { Unref(); }
+
+ private:
+  // Start and gRPC (through OnDone) each hold a reference: the reply can be
+  // sent, and the call completed, before Start returns.
+  void Unref() {
+    if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
+  void Reply(absl::Status status, ParameterServer::PullReply reply) {
+    if (!status.ok()) {
+      Finish(ToGrpcStatus(status));
+      return;
+    }
+    PullResponse header;
+    header.set_version(reply.version);
+    header.set_finished(reply.finished);
+    std::vector<OutgoingPayload> payload;
+    payload.reserve(reply.tensors.size());
+    for (ParameterServer::PulledTensor& t : reply.tensors) {
+      NamedTensor* nt = header.add_tensors();
+      nt->mutable_ref()->set_variable(t.variable);
+      nt->mutable_ref()->set_partition(t.partition);
+      nt->mutable_tensor()->set_dtype(DT_FLOAT);
+      for (int64_t d : t.shape) nt->mutable_tensor()->add_shape(d);
+      // Sent from the version buffer itself; the reference keeps it from
+      // being reused until gRPC releases the slice.
+      const float* data = t.values->data();
+      const int64_t bytes = static_cast<int64_t>(t.values->size()) * 4;
+      payload.push_back({data, bytes, [keep = std::move(t.values)]() mutable { keep.reset(); }});
+    }
+    *response_ = EncodeFrame(header, std::move(payload));
+    Finish(grpc::Status::OK);
+  }
+
+  ParameterServer* const ps_;
+  grpc::ByteBuffer* const response_;
+  absl::Mutex mu_;
+  uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int> refs_{2};
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* PsServiceImpl::Pull(grpc::CallbackServerContext* ctx,
+                                              const grpc::ByteBuffer* req,
+                                              grpc::ByteBuffer* resp) {
+  auto* reactor = new PullReactor(ps_, resp);
+  reactor->Start(req);
+  return reactor;
 }
 
-grpc::Status PsServiceImpl::Push(grpc::ServerContext* ctx, const PushRequest* req,
-                                 PushResponse* resp) {
-  absl::Status st = ps_->Push(*req, resp);
+grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
+                                              const grpc::ByteBuffer* req,
+                                              grpc::ByteBuffer* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  PushRequest header;
+  IncomingFrame frame;
+  absl::Status st = DecodeFrame(*req, &header, &frame);
+  PushResponse response;
+  if (st.ok()) st = ps_->Push(header, frame.payload, &response);
   if (!st.ok() && !absl::IsUnavailable(st)) {
-    LOG_WARN("push from worker {} step {} refused: {}", req->worker(), req->step(), st.ToString());
+    LOG_WARN("push from worker {} step {} refused: {}", header.worker(), header.step(),
+             st.ToString());
   }
-  return ToGrpcStatus(st);
+  if (st.ok()) *resp = SerializeMessage(response);
+  reactor->Finish(ToGrpcStatus(st));
+  return reactor;
 }
 
 grpc::Status PsServiceImpl::GetStatus(grpc::ServerContext* ctx, const PsStatusRequest* req,

@@ -2,6 +2,12 @@
 // ParameterServer, converts the status. Holds no state of its own beyond the
 // stop signal raised by the Shutdown RPC. Thread-safe (gRPC calls handlers
 // concurrently; ParameterServer is thread-safe).
+//
+// Pull and Push are raw callback methods: their tensors travel as frames
+// (common/wire_frame.h), decoded in place on the way in and sent from the
+// server's version buffers on the way out, and a waiting Pull parks in
+// ParameterServer without a thread; a client that cancels releases it at once.
+// Initialize, GetStatus and Shutdown are plain protobuf methods.
 #ifndef PSTRAIN_PS_SERVER_PS_SERVICE_H_
 #define PSTRAIN_PS_SERVER_PS_SERVICE_H_
 
@@ -11,14 +17,18 @@
 
 namespace pstrain {
 
-class PsServiceImpl final : public PsService::Service {
+class PsServiceImpl final
+    : public PsService::WithRawCallbackMethod_Pull<
+          PsService::WithRawCallbackMethod_Push<PsService::Service>> {
  public:
   PsServiceImpl(ParameterServer* ps, StopSignal* stop) : ps_(ps), stop_(stop) {}
 
   grpc::Status Initialize(grpc::ServerContext* ctx, const InitializeRequest* req,
                           InitializeResponse* resp) override;
-  grpc::Status Pull(grpc::ServerContext* ctx, const PullRequest* req, PullResponse* resp) override;
-  grpc::Status Push(grpc::ServerContext* ctx, const PushRequest* req, PushResponse* resp) override;
+  grpc::ServerUnaryReactor* Pull(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                 grpc::ByteBuffer* resp) override;
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                 grpc::ByteBuffer* resp) override;
   grpc::Status GetStatus(grpc::ServerContext* ctx, const PsStatusRequest* req,
                          PsStatusResponse* resp) override;
   grpc::Status Shutdown(grpc::ServerContext* ctx, const ShutdownRequest* req,

@@ -18,6 +18,7 @@
 #include "common/rpc.h"
 #include "common/subprocess.h"
 #include "common/tensor_file.h"
+#include "common/wire_frame.h"
 #include "nlohmann/json.hpp"
 #include "proto/ps_service.grpc.pb.h"
 #include "ps_server/optimizer.h"
@@ -392,7 +393,9 @@ TEST_CASE("the ps_server daemon refuses bad pushes over gRPC and keeps serving",
   so.output_file = JoinPath(dir, "ps.log");
   auto ps = Subprocess::Spawn(so);
   REQUIRE(ps.ok());
-  auto stub = PsService::NewStub(CreateChannel(cluster->address(kPsJob, 0)));
+  auto channel = CreateChannel(cluster->address(kPsJob, 0));
+  auto stub = PsService::NewStub(channel);
+  grpc::GenericStub raw(channel);  // Push and Pull speak frames
   auto call = [](auto method) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, absl::Seconds(10));
@@ -423,8 +426,10 @@ TEST_CASE("the ps_server daemon refuses bad pushes over gRPC and keeps serving",
     NamedTensor* g = req.add_gradients();
     g->mutable_ref()->set_variable("w");
     ToProto(shape, values, g->mutable_tensor());
-    PushResponse resp;
-    return call([&](grpc::ClientContext* c) { return stub->Push(c, req, &resp); }).error_code();
+    grpc::ByteBuffer frame = EncodePushFrame(req), resp;
+    return call([&](grpc::ClientContext* c) {
+             return RawCall(&raw, c, "/pstrain.PsService/Push", frame, &resp);
+           }).error_code();
   };
   const float nan = std::nanf("");
   CHECK(push(0, 0, 42, {2, 2}, {1, nan, 1, 1}) == grpc::StatusCode::INVALID_ARGUMENT);
@@ -436,8 +441,13 @@ TEST_CASE("the ps_server daemon refuses bad pushes over gRPC and keeps serving",
   PullRequest pull;
   pull.set_incarnation(42);
   pull.set_worker(-1);
+  grpc::ByteBuffer pull_frame;
+  REQUIRE(call([&](grpc::ClientContext* c) {
+            return RawCall(&raw, c, "/pstrain.PsService/Pull", SerializeMessage(pull),
+                           &pull_frame);
+          }).ok());
   PullResponse pulled;
-  REQUIRE(call([&](grpc::ClientContext* c) { return stub->Pull(c, pull, &pulled); }).ok());
+  REQUIRE(DecodePullFrame(pull_frame, &pulled).ok());
   auto w = FromProto(pulled.tensors(0).tensor());
   REQUIRE(w.ok());
   CHECK(w->values() == std::vector<float>{1, 2, 3, 4});  // untouched

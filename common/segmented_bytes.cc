@@ -1,0 +1,78 @@
+#include "common/segmented_bytes.h"
+
+#include <algorithm>
+
+namespace pstrain {
+
+void SegmentedBytes::Append(absl::string_view piece) {
+  if (piece.empty()) return;
+  segments_.push_back(piece);
+  starts_.push_back(size_);
+  size_ += static_cast<int64_t>(piece.size());
+}
+
+size_t SegmentedBytes::SegmentAt(int64_t offset) const {
+  auto it = std::upper_bound(starts_.begin(), starts_.end(), offset);
+  return static_cast<size_t>(it - starts_.begin()) - 1;
+}
+
+void SegmentedBytes::CopyTo(int64_t offset, int64_t bytes, void* dst) const {
+  char* out = static_cast<char*>(dst);
+  if (bytes <= 0) return;
+  for (size_t s = SegmentAt(offset); bytes > 0; ++s) {
+    const int64_t skip = offset - starts_[s];
+    const int64_t n = std::min<int64_t>(bytes, static_cast<int64_t>(segments_[s].size()) - skip);
+    std::memcpy(out, segments_[s].data() + skip, n);
+    out += n;
+    offset += n;
+    bytes -= n;
+  }
+}
+
+void SegmentedBytes::ForEachFloatRun(
+    int64_t offset, int64_t count,
+    const std::function<void(const char* p, int64_t n)>& run) const {
+  if (count <= 0) return;
+  size_t s = SegmentAt(offset);
+  while (count > 0) {
+    const int64_t skip = offset - starts_[s];
+    const int64_t avail = static_cast<int64_t>(segments_[s].size()) - skip;
+    const int64_t whole = std::min<int64_t>(count, avail / 4);
+    if (whole > 0) {
+      run(segments_[s].data() + skip, whole);
+      offset += 4 * whole;
+      count -= whole;
+    }
+    if (count == 0) break;
+    const int64_t rest = avail - 4 * whole;
+    if (rest == 0) {
+      ++s;
+      continue;
+    }
+    // A float straddles this segment's end: assemble it.
+    char bounce[4];
+    CopyTo(offset, 4, bounce);
+    run(bounce, 1);
+    offset += 4;
+    --count;
+    s = SegmentAt(offset < size_ ? offset : size_ - 1);
+  }
+}
+
+bool AllFiniteUnaligned(const char* p, int64_t n) {
+  // Branch-free over blocks so the compiler vectorises the scan.
+  constexpr int64_t kBlock = 256;
+  for (int64_t i = 0; i < n; i += kBlock) {
+    const int64_t end = std::min(n, i + kBlock);
+    bool ok = true;
+    for (int64_t j = i; j < end; ++j) {
+      uint32_t bits;
+      std::memcpy(&bits, p + 4 * j, 4);
+      ok &= (bits & 0x7f800000u) != 0x7f800000u;  // exponent all ones: Inf or NaN
+    }
+    if (!ok) return false;
+  }
+  return true;
+}
+
+}  // namespace pstrain

@@ -3,7 +3,10 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <set>
 #include <thread>
+
+#include "absl/synchronization/notification.h"
 
 #include "catch2/catch.hpp"
 #include "common/config.h"
@@ -270,6 +273,150 @@ TEST_CASE("no lost updates: 8 concurrent clients x 200 async pushes", "[ps][asyn
   int64_t version;
   CHECK(PullW(ps, &version) == std::vector<float>{-1600, -3200, 1600, -800});
   CHECK(version == 1600);
+}
+
+// The push as a frame would carry it: the header without contents, the
+// payload cut into pieces of 1..13 bytes at a 3-byte offset, so floats start
+// at every alignment and straddle pieces.
+struct Framed {
+  PushRequest header;
+  std::string bytes;
+  SegmentedBytes payload;
+};
+Framed Frame(const PushRequest& request, uint32_t seed) {
+  Framed f;
+  f.header = request;
+  f.bytes = "xyz";
+  for (NamedTensor& nt : *f.header.mutable_gradients()) {
+    f.bytes += nt.tensor().content();
+    nt.mutable_tensor()->clear_content();
+  }
+  size_t at = 3;
+  while (at < f.bytes.size()) {
+    const size_t n = std::min<size_t>(1 + (seed = seed * 1103515245u + 12345u) % 13,
+                                      f.bytes.size() - at);
+    f.payload.Append(absl::string_view(f.bytes).substr(at, n));
+    at += n;
+  }
+  return f;
+}
+
+TEST_CASE("frames: pushes read in place from scattered pieces give the same bits", "[ps][frame]") {
+  for (bool sync : {true, false}) {
+    ParameterServer a, b;
+    std::vector<float> init(64 * 3), g0(64 * 3), g1(64 * 3);
+    for (size_t i = 0; i < init.size(); ++i) {
+      init[i] = 0.01f * static_cast<float>(i);
+      g0[i] = std::sin(static_cast<float>(i));
+      g1[i] = std::cos(static_cast<float>(i)) * 3.0f;
+    }
+    for (ParameterServer* ps : {&a, &b}) {
+      InitializeRequest req = InitRequest(BaseConfig(sync), 2);
+      req.mutable_variables(0)->clear_tensor();
+      ToProto({64, 3}, init, req.mutable_variables(0)->mutable_tensor());
+      REQUIRE(ps->Initialize(req).ok());
+    }
+    for (int step = 0; step < 3; ++step) {
+      for (int w : {1, 0}) {
+        PushRequest req = Grad(w, sync ? step : 0, w ? g1 : g0, "w", {64, 3});
+        PushResponse ra, rb;
+        REQUIRE(a.Push(req, &ra).ok());
+        Framed f = Frame(req, 17u * step + w);
+        REQUIRE(f.payload.num_segments() > 50);
+        REQUIRE(b.Push(f.header, f.payload, &rb).ok());
+        CHECK(ra.outcome() == rb.outcome());
+      }
+    }
+    std::vector<float> wa = PullW(a), wb = PullW(b);
+    CHECK(std::memcmp(wa.data(), wb.data(), wa.size() * 4) == 0);
+    CHECK(wa != init);
+  }
+}
+
+TEST_CASE("frames: a payload that disagrees with its header is refused", "[ps][frame]") {
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(InitRequest(BaseConfig(false), 2)).ok());
+  const std::vector<float> before = PullW(ps);
+  PushResponse r;
+  Framed f = Frame(Grad(0, 0, {1, 1, 1, 1}), 1);
+  std::string shorter = f.bytes.substr(3, 15), longer = f.bytes.substr(3) + "abcd";
+  CHECK(absl::IsInvalidArgument(ps.Push(f.header, SegmentedBytes(shorter), &r)));
+  CHECK(absl::IsInvalidArgument(ps.Push(f.header, SegmentedBytes(longer), &r)));
+  PushRequest with_content = Grad(0, 0, {1, 1, 1, 1});  // contents belong in the payload
+  CHECK(absl::IsInvalidArgument(ps.Push(with_content, f.payload, &r)));
+  std::vector<float> nan_grad = {1, 1, 1, std::nanf("")};
+  Framed bad = Frame(Grad(0, 0, nan_grad), 2);
+  CHECK(absl::IsInvalidArgument(ps.Push(bad.header, bad.payload, &r)));
+  const std::vector<float> after = PullW(ps);
+  CHECK(std::memcmp(before.data(), after.data(), 16) == 0);
+  CHECK(ps.counters().pushes_rejected == 4);
+  REQUIRE(ps.Push(f.header, f.payload, &r).ok());
+  CHECK(r.outcome() == APPLIED);
+}
+
+TEST_CASE("a pull's buffers never change under it; spare buffers are reused", "[ps][snapshot]") {
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(InitRequest(BaseConfig(false, 0, 0, 1.0f), 1, {0, 0, 0, 0})).ok());
+  PullRequest req;
+  req.set_incarnation(kIncarnation);
+  req.set_worker(-1);
+  ParameterServer::PullReply held;
+  ps.StartPull(req, [&held](absl::Status st, ParameterServer::PullReply r) {
+    REQUIRE(st.ok());
+    held = std::move(r);
+  });
+  REQUIRE(held.tensors.size() == 1);
+  const float* first = held.tensors[0].values->data();
+  PushResponse r;
+  for (int i = 0; i < 5; ++i) REQUIRE(ps.Push(Grad(0, 0, {1, 1, 1, 1}), &r).ok());
+  // The held reply still reads version 0; the server moved on beside it.
+  CHECK(*held.tensors[0].values == std::vector<float>{0, 0, 0, 0});
+  CHECK(PullW(ps) == std::vector<float>{-5, -5, -5, -5});
+  // Released, its buffer goes back into rotation: no buffer is allocated
+  // per update, two alternate.
+  held = ParameterServer::PullReply();
+  std::set<const float*> seen;
+  for (int i = 0; i < 6; ++i) {
+    REQUIRE(ps.Push(Grad(0, 0, {1, 1, 1, 1}), &r).ok());
+    ps.StartPull(req, [&seen](absl::Status st, ParameterServer::PullReply r) {
+      REQUIRE(st.ok());
+      seen.insert(r.tensors[0].values->data());
+    });
+  }
+  CHECK(seen.size() <= 3);
+  CHECK(first != nullptr);
+}
+
+TEST_CASE("a parked pull ends at once on cancel, at its deadline, or on shutdown", "[ps][pull]") {
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(InitRequest(BaseConfig(true), 2)).ok());
+  PullRequest req;
+  req.set_incarnation(kIncarnation);
+  req.set_worker(0);
+  req.set_min_version(5);
+  req.set_timeout_ms(60000);
+  absl::Status got = absl::UnknownError("not yet");
+  const uint64_t id = ps.StartPull(req, [&got](absl::Status st, ParameterServer::PullReply) {
+    got = st;
+  });
+  REQUIRE(id != 0);
+  CHECK(got.code() == absl::StatusCode::kUnknown);  // parked
+  ps.CancelPull(id);
+  CHECK(absl::IsCancelled(got));
+  ps.CancelPull(id);  // a second cancel is a no-op
+
+  absl::Notification timed_out;
+  req.set_timeout_ms(20);
+  ps.StartPull(req, [&](absl::Status st, ParameterServer::PullReply) {
+    CHECK(absl::IsDeadlineExceeded(st));
+    timed_out.Notify();
+  });
+  CHECK(timed_out.WaitForNotificationWithTimeout(absl::Seconds(10)));
+
+  req.set_timeout_ms(60000);
+  ps.StartPull(req, [&got](absl::Status st, ParameterServer::PullReply) { got = st; });
+  ps.Shutdown();
+  CHECK(absl::IsUnavailable(got));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/cluster_spec.h"
 #include "common/config.h"
@@ -28,9 +30,13 @@
 #include "common/rpc.h"
 #include "common/status_macros.h"
 #include "common/subprocess.h"
+#include "nlohmann/json.hpp"
 #include "proto/bench.grpc.pb.h"
 #include "ps_server/optimizer.h"
+#include "tools/datagen.h"
 #include "tools/launcher.h"
+#include "worker/model/backend.h"
+#include "worker/model/model.h"
 
 namespace pstrain {
 namespace {
@@ -211,8 +217,10 @@ class Bench {
 
   int Run() {
     for (const std::string& s : o_.suites) {
-      absl::Status st = s == "wire" ? Wire() : s == "apply" ? Apply() :
-          absl::InvalidArgumentError(absl::StrCat("unknown suite \"", s, "\""));
+      absl::Status st = s == "wire"    ? Wire()
+                        : s == "apply" ? Apply()
+                        : s == "train" ? Train()
+                        : absl::InvalidArgumentError(absl::StrCat("unknown suite \"", s, "\""));
       if (!st.ok()) {
         std::cerr << "pstrain bench: " << st.message() << "\n";
         return 1;
@@ -428,6 +436,134 @@ max_steps: 1000000000000
                                  "SGD apply (server)", Fmt(sa), sa.median / sp.median);
     Add("apply", "a_plus_b", n * 4, 0, 1, sp);
     Add("apply", "sgd", n * 4, 1, 1, sa);
+    return absl::OkStatus();
+  }
+
+  // Examples/s of forward + backward alone: the worker's own model on one
+  // BLAS thread (as the cluster's workers run), batch 64, no network.
+  absl::StatusOr<double> ComputeOnly(const TrainingConfig& config) {
+    std::unique_ptr<Backend> backend = NewCpuBackend(config.compute_threads());
+    ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config.model(), backend.get()));
+    RETURN_IF_ERROR(model->SetParameters(model->Initialize(config.seed())));
+    const int batch = config.data().batch_size();
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> pixel(-1.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(batch) * model->input_dim());
+    std::vector<int32_t> y(batch);
+    for (float& v : x) v = pixel(rng);
+    for (int32_t& v : y) v = static_cast<int32_t>(rng() % model->num_labels());
+    float loss = 0;
+    RETURN_IF_ERROR(model->ComputeGradients(x.data(), y.data(), batch, 1, &loss));  // warm-up
+    int64_t steps = 0;
+    const absl::Time start = absl::Now();
+    do {
+      RETURN_IF_ERROR(model->UploadParameters());
+      RETURN_IF_ERROR(model->ComputeGradients(x.data(), y.data(), batch, steps, &loss));
+      ++steps;
+    } while (steps < 5 || absl::Now() - start < absl::Seconds(4 * o_.rep_seconds));
+    return static_cast<double>(steps) * batch / absl::ToDoubleSeconds(absl::Now() - start);
+  }
+
+  // One sync run through `pstrain launch` on free ports: the chief's
+  // examples/s (first report to the end, so start-up is not counted).
+  absl::StatusOr<double> ClusterRun(const std::string& dir, const std::string& hidden, int ps,
+                                    int workers, int64_t steps) {
+    const std::vector<int> ports = PickPorts(1 + ps + workers);
+    auto list = [&ports](int from, int n) {
+      std::vector<std::string> a;
+      for (int i = from; i < from + n; ++i) a.push_back(absl::StrCat("\"127.0.0.1:", ports[i], "\""));
+      return absl::StrJoin(a, ", ");
+    };
+    const std::string spec = JoinPath(dir, "cluster.json");
+    RETURN_IF_ERROR(WriteFileAtomically(
+        Env::Default(), spec,
+        absl::StrCat("{\"chief\": [", list(0, 1), "], \"ps\": [", list(1, ps),
+                     "], \"worker\": [", list(1 + ps, workers), "]}\n")));
+    const std::string out = JoinPath(dir, "out");
+    const std::string config = JoinPath(dir, "train.pbtxt");
+    RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), config, TrainConfigText(dir, hidden, steps, out)));
+    SpawnOptions so;
+    so.argv = {"/proc/self/exe", "launch", "--cluster_spec=" + spec, "--config=" + config,
+               "--progress=false"};
+    if (!o_.bin_dir.empty()) so.argv.push_back("--bin_dir=" + o_.bin_dir);
+    so.output_file = JoinPath(dir, "launch.log");
+    ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> launch, Subprocess::Spawn(so));
+    std::optional<int> code = launch->Wait(absl::Seconds(300));
+    if (!code.has_value()) {
+      launch->Stop(absl::Seconds(5));
+      return absl::DeadlineExceededError(absl::StrCat("training run did not end in 300 s; see ", so.output_file));
+    }
+    if (*code != 0) {
+      return absl::InternalError(absl::StrCat("training run exited ", *code, "; see ", so.output_file));
+    }
+    ASSIGN_OR_RETURN(std::string summary, Env::Default()->ReadFile(JoinPath(out, "summary.json")));
+    const nlohmann::json j = nlohmann::json::parse(summary, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("examples_per_sec") || !j["examples_per_sec"].is_number()) {
+      return absl::DataLossError(absl::StrCat("no examples_per_sec in ", out, "/summary.json"));
+    }
+    const double rate = j["examples_per_sec"].get<double>();
+    return rate;
+  }
+
+  static std::string HiddenUnits(const std::string& hidden) {
+    std::string units;
+    for (absl::string_view h : absl::StrSplit(hidden, '-', absl::SkipEmpty())) {
+      absl::StrAppend(&units, " hidden_units: ", h);
+    }
+    return units;
+  }
+
+  std::string TrainConfigText(const std::string& data_dir, const std::string& hidden,
+                              int64_t steps, const std::string& out) {
+    return absl::StrCat(
+        "model { mlp { input_dim: 784", HiddenUnits(hidden), " num_classes: 10 } }\n",
+        "data { train_images: \"", JoinPath(data_dir, "train-images-idx3-ubyte"),
+        "\" train_labels: \"", JoinPath(data_dir, "train-labels-idx1-ubyte"),
+        "\" batch_size: 64 shuffle: true normalize: true }\n",
+        "optimizer { learning_rate: 0.05 sgd {} }\nsync {}\nmax_steps: ", steps,
+        "\nseed: 1\neval_every_steps: 0\ncompute_threads: 1\noutput_dir: \"", out, "\"\n");
+  }
+
+  absl::Status Train() {
+    const std::string dir = absl::StrCat("/tmp/pstrain-bench-train-", ::getpid());
+    RETURN_IF_ERROR(Env::Default()->CreateDirs(dir));
+    DigitsOptions digits;
+    digits.train_examples = 8192;
+    digits.test_examples = 64;
+    RETURN_IF_ERROR(WriteDigitsDataset(Env::Default(), dir, digits));
+    std::cout << "\n== train: sync examples/s, batch 64 per worker, 1 BLAS thread per worker "
+                 "(median [min-max] of "
+              << o_.reps << ") ==\n";
+    std::cout << absl::StrFormat("%-18s %-24s %-24s %-24s %10s %10s\n", "model", "compute-only",
+                                 "1 ps + 1 worker", "2 ps + 2 workers", "1+1/comp", "2+2/comp");
+    for (const std::string& hidden : o_.models) {
+      ASSIGN_OR_RETURN(TrainingConfig config,
+                       ParseTrainingConfig(TrainConfigText(dir, hidden, 1, dir), "bench"));
+      std::vector<double> compute, one, two;
+      for (int rep = 0; rep < o_.reps; ++rep) {
+        if (stop_->stopped()) return absl::CancelledError(stop_->reason());
+        ASSIGN_OR_RETURN(double c, ComputeOnly(config));
+        compute.push_back(c);
+        // About 2 s of training at the compute-only rate, at least 20 steps.
+        const int64_t steps = std::clamp<int64_t>(static_cast<int64_t>(2.0 * c / 64), 20, 3000);
+        ASSIGN_OR_RETURN(double r1, ClusterRun(dir, hidden, 1, 1, steps));
+        one.push_back(r1);
+        ASSIGN_OR_RETURN(double r2, ClusterRun(dir, hidden, 2, 2, steps));
+        two.push_back(r2);
+      }
+      const Stats sc = Summarize(compute), s1 = Summarize(one), s2 = Summarize(two);
+      auto f = [](const Stats& s) {
+        return absl::StrFormat("%.0f [%.0f-%.0f]", s.median, s.min, s.max);
+      };
+      const std::string name = absl::StrCat("784-", hidden, "-10");
+      std::cout << absl::StrFormat("%-18s %-24s %-24s %-24s %9.2fx %9.2fx\n", name, f(sc), f(s1),
+                                   f(s2), s1.median / sc.median, s2.median / sc.median);
+      Add("train", absl::StrCat(name, " compute_only"), 0, 0, 1, sc);
+      Add("train", name, 0, 1, 1, s1);
+      Add("train", name, 0, 2, 2, s2);
+    }
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);  // kept when a run failed, for its logs
     return absl::OkStatus();
   }
 

@@ -10,6 +10,9 @@
 //          process, sync API), one plain TCP stream over loopback and memcpy.
 //   apply: the server optimizer's SGD apply rate beside a plain a += b loop
 //          over the same memory.
+//   train: sync training examples/s through `pstrain launch` with 1 ps + 1
+//          worker and 2 ps + 2 workers, beside the worker's own forward and
+//          backward alone (same model, batch 64, one BLAS thread each).
 #ifndef PSTRAIN_TOOLS_BENCH_H_
 #define PSTRAIN_TOOLS_BENCH_H_
 
@@ -25,7 +28,8 @@ struct BenchOptions {
   std::string bin_dir;                // where ps_server lives; "" = next to pstrain
   std::string out_dir;                // bench.csv goes here when set
   std::vector<int64_t> sizes;         // bytes per pull and per push
-  std::vector<std::string> suites;    // "wire", "apply"
+  std::vector<std::string> suites;    // "wire", "apply", "train"
+  std::vector<std::string> models;    // train: hidden layer widths, "512-512"
   int reps = 5;
   double rep_seconds = 0.15;          // each repetition runs at least this long
 };

@@ -141,8 +141,10 @@ int PlanCommand(const std::vector<std::string>& argv) {
 
 int BenchCommand(const std::vector<std::string>& argv) {
   const Args::FlagSpec flags = {
-      {"suites", {"wire,apply", "comma-separated: wire (pull+push vs gRPC echo, TCP, memcpy), "
-                                "apply (server SGD vs a += b)"}},
+      {"suites", {"wire,apply,train",
+                  "comma-separated: wire (pull+push vs gRPC echo, TCP, memcpy), apply (server SGD "
+                  "vs a += b), train (sync examples/s vs compute alone)"}},
+      {"models", {"128,512-512,2048-2048", "train: hidden layers of each 784-...-10 MLP"}},
       {"sizes", {"4096,65536,1048576,4194304,16777216,67108864",
                  "bytes per pull and per push (wire suite)"}},
       {"reps", {"5", "repetitions per figure (median, min, max)"}},
@@ -164,6 +166,15 @@ int BenchCommand(const std::vector<std::string>& argv) {
   o.bin_dir = args->Get("bin_dir");
   o.out_dir = args->Get("out");
   o.suites = absl::StrSplit(args->Get("suites"), ',', absl::SkipEmpty());
+  o.models = absl::StrSplit(args->Get("models"), ',', absl::SkipEmpty());
+  for (const std::string& m : o.models) {
+    for (absl::string_view h : absl::StrSplit(m, '-')) {
+      int units = 0;
+      if (!absl::SimpleAtoi(h, &units) || units < 1 || units > 65536) {
+        return Fail("bench", absl::StrCat("--models: \"", m, "\" is not like 512-512"));
+      }
+    }
+  }
   for (absl::string_view part : absl::StrSplit(args->Get("sizes"), ',', absl::SkipEmpty())) {
     int64_t bytes = 0;
     if (!absl::SimpleAtoi(part, &bytes) || bytes < 64 || bytes > (int64_t{1} << 30) ||

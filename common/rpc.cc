@@ -3,7 +3,13 @@
 #include <algorithm>
 #include <chrono>
 
+#include <cstdlib>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/cluster_spec.h"
 
@@ -20,8 +26,28 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& what)
                       absl::StrCat(what, ": ", status.error_message()));
 }
 
+namespace {
+
+// Transport settings for bulk tensors, shared by channels and servers.
+// PSTRAIN_GRPC_ARGS="name=int,..." overrides or adds integer arguments, for
+// tuning experiments with `pstrain bench`.
+std::vector<std::pair<std::string, int>> TransportArgs() {
+  std::vector<std::pair<std::string, int>> args;
+  if (const char* env = std::getenv("PSTRAIN_GRPC_ARGS")) {
+    for (absl::string_view kv : absl::StrSplit(env, ',', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+      int v = 0;
+      if (absl::SimpleAtoi(p.second, &v)) args.emplace_back(p.first, v);
+    }
+  }
+  return args;
+}
+
+}  // namespace
+
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address) {
   grpc::ChannelArguments args;
+  for (const auto& [name, value] : TransportArgs()) args.SetInt(name, value);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);
   // Reconnect quickly after a peer restarts instead of gRPC's default 1-120 s backoff.
@@ -78,6 +104,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& add
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   // Two tasks must never share a port silently (gRPC enables SO_REUSEPORT by default).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  for (const auto& [name, value] : TransportArgs()) builder.AddChannelArgument(name, value);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {

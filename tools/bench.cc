@@ -385,7 +385,8 @@ max_steps: 1000000000000
           std::cout << absl::StrFormat("%-8s %-12s %-12s %-22s %-22s %-22s %-22s %7.2fx %7.2fx\n",
                                        SizeName(bytes), absl::StrCat(servers, " x ", workers), "",
                                        Fmt(s), Fmt(se), Fmt(st), Fmt(sm), s.median / st.median,
-                                       s.median / se.median);
+                                       s.median / se.median)
+                    << std::flush;
           Add("wire", "pstrain", bytes, servers, workers, s);
         }
         Add("wire", "grpc_echo", bytes, 1, workers, se);
@@ -557,7 +558,8 @@ max_steps: 1000000000000
       };
       const std::string name = absl::StrCat("784-", hidden, "-10");
       std::cout << absl::StrFormat("%-18s %-24s %-24s %-24s %9.2fx %9.2fx\n", name, f(sc), f(s1),
-                                   f(s2), s1.median / sc.median, s2.median / sc.median);
+                                   f(s2), s1.median / sc.median, s2.median / sc.median)
+                << std::flush;
       Add("train", absl::StrCat(name, " compute_only"), 0, 0, 1, sc);
       Add("train", name, 0, 1, 1, s1);
       Add("train", name, 0, 2, 2, s2);

@@ -126,6 +126,10 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
   if (rpc->rpc_timeout_ms() < 0 || rpc->step_timeout_ms() < 0 || rpc->startup_timeout_ms() < 0) {
     return FieldError(source, "rpc", "expected non-negative timeouts");
   }
+  if (rpc->wire_dtype().empty()) rpc->set_wire_dtype("float32");
+  if (rpc->wire_dtype() != "float32" && rpc->wire_dtype() != "bfloat16") {
+    return FieldError(source, "rpc.wire_dtype", "expected float32 or bfloat16");
+  }
   if (rpc->rpc_timeout_ms() == 0) rpc->set_rpc_timeout_ms(10000);
   if (rpc->step_timeout_ms() == 0) rpc->set_step_timeout_ms(60000);
   if (rpc->startup_timeout_ms() == 0) rpc->set_startup_timeout_ms(60000);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/bfloat16.h"
 #include "common/rpc.h"
 #include "common/wire_frame.h"
 
@@ -152,6 +153,7 @@ absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::
     req.set_worker(worker_);
     req.set_min_version(min_versions.empty() ? 0 : min_versions[s]);
     req.set_timeout_ms(absl::ToInt64Milliseconds(wait));
+    req.set_wire_dtype(wire_dtype_);
     requests[s] = SerializeMessage(req);
   }
   absl::Status st = CallAll(
@@ -190,16 +192,29 @@ absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::
       }
       const Partition& part = vp->partitions[p];
       const int64_t row = vp->spec.row_elements();
-      const int64_t bytes = part.num_rows() * row * 4;
+      const int64_t elements = part.num_rows() * row;
       const TensorProto& t = nt.tensor();
-      if (t.dtype() != DT_FLOAT ||
-          DenseFloatBytes(absl::MakeConstSpan(t.shape().data(), t.shape_size())) != bytes ||
-          frame.payload.size() - offset < bytes) {
+      if (t.dtype() != wire_dtype_ ||
+          DenseFloatBytes(absl::MakeConstSpan(t.shape().data(), t.shape_size())) !=
+              elements * 4) {
         return absl::DataLossError(absl::StrCat(ServerName(s), " sent ", nt.ref().variable(), "/",
-                                                p, " with the wrong size"));
+                                                p, " with the wrong dtype or shape"));
+      }
+      const int64_t bytes = elements * (wire_dtype_ == DT_BFLOAT16 ? 2 : 4);
+      if (frame.payload.size() - offset < bytes) {
+        return absl::DataLossError(absl::StrCat(ServerName(s), " sent ", nt.ref().variable(), "/",
+                                                p, " short of its bytes"));
       }
       const size_t v = static_cast<size_t>(vp - vars.data());
-      frame.payload.CopyTo(offset, bytes, destinations[v] + part.row_begin * row);
+      float* dst = destinations[v] + part.row_begin * row;
+      if (wire_dtype_ == DT_BFLOAT16) {
+        frame.payload.ForEachRun(offset, elements, 2, [&dst](const char* src, int64_t n) {
+          Bfloat16ToFloats(src, n, dst);
+          dst += n;
+        });
+      } else {
+        frame.payload.CopyTo(offset, bytes, dst);
+      }
       offset += bytes;
       counters_.pull_payload_bytes += bytes;
       counters_.pull_copied_bytes += bytes;
@@ -245,23 +260,42 @@ absl::Status PsClient::PushFrom(const std::vector<int64_t>& steps,
     int slices ABSL_GUARDED_BY(mu) = 0;
   };
   auto in_flight = std::make_shared<InFlight>();
+  // bfloat16: round every gradient once into bf16_grads_ (the one copy) and
+  // send from there.
+  const bool bf16 = wire_dtype_ == DT_BFLOAT16;
+  std::vector<int64_t> bf16_offsets;
+  if (bf16) {
+    int64_t total = 0;
+    for (const VariablePlacement& vp : vars) {
+      bf16_offsets.push_back(total);
+      total += vp.spec.num_elements();
+    }
+    bf16_grads_.resize(total);
+    for (size_t v = 0; v < vars.size(); ++v) {
+      FloatsToBfloat16(sources[v], vars[v].spec.num_elements(), bf16_grads_.data() + bf16_offsets[v]);
+    }
+    counters_.push_copied_bytes += total * 2;
+  }
   for (size_t v = 0; v < vars.size(); ++v) {
     const int64_t row = vars[v].spec.row_elements();
     for (const Partition& part : vars[v].partitions) {
       NamedTensor* nt = headers[part.server].add_gradients();
       nt->mutable_ref()->set_variable(vars[v].spec.name);
       nt->mutable_ref()->set_partition(part.index);
-      nt->mutable_tensor()->set_dtype(DT_FLOAT);
+      nt->mutable_tensor()->set_dtype(bf16 ? DT_BFLOAT16 : DT_FLOAT);
       nt->mutable_tensor()->add_shape(part.num_rows());
       for (size_t d = 1; d < vars[v].spec.shape.size(); ++d) {
         nt->mutable_tensor()->add_shape(vars[v].spec.shape[d]);
       }
-      const int64_t bytes = part.num_rows() * row * 4;
+      const int64_t bytes = part.num_rows() * row * (bf16 ? 2 : 4);
+      const void* data = bf16 ? static_cast<const void*>(bf16_grads_.data() + bf16_offsets[v] +
+                                                         part.row_begin * row)
+                              : static_cast<const void*>(sources[v] + part.row_begin * row);
       {
         absl::MutexLock lock(&in_flight->mu);
         ++in_flight->slices;
       }
-      payloads[part.server].push_back({sources[v] + part.row_begin * row, bytes, [in_flight] {
+      payloads[part.server].push_back({data, bytes, [in_flight] {
                                          absl::MutexLock lock(&in_flight->mu);
                                          --in_flight->slices;
                                        }});

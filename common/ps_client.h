@@ -33,6 +33,9 @@ class PsClient {
   int num_servers() const { return static_cast<int>(stubs_.size()); }
   void set_incarnation(uint64_t incarnation) { incarnation_ = incarnation; }
   uint64_t incarnation() const { return incarnation_; }
+  // The dtype tensors travel in: DT_FLOAT (default) or DT_BFLOAT16 (pushes
+  // rounded here, pulls rounded by the servers; both halve the bytes).
+  void set_wire_dtype(DataType dtype) { wire_dtype_ = dtype; }
 
   // Installs each server's partitions of `params` (full tensors in placement
   // order). Waits up to `startup_timeout` for servers to come up; a server
@@ -85,6 +88,8 @@ class PsClient {
   // Pull and Push are raw methods: ByteBuffers in and out.
   std::vector<std::unique_ptr<grpc::GenericStub>> raw_stubs_;
   uint64_t incarnation_ = 0;
+  DataType wire_dtype_ = DT_FLOAT;
+  std::vector<uint16_t> bf16_grads_;  // bfloat16 pushes are sent from here
   Counters counters_;
 };
 

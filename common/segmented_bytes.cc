@@ -29,31 +29,31 @@ void SegmentedBytes::CopyTo(int64_t offset, int64_t bytes, void* dst) const {
   }
 }
 
-void SegmentedBytes::ForEachFloatRun(
-    int64_t offset, int64_t count,
-    const std::function<void(const char* p, int64_t n)>& run) const {
+void SegmentedBytes::ForEachRun(int64_t offset, int64_t count, int element_bytes,
+                                const std::function<void(const char* p, int64_t n)>& run) const {
+  const int64_t e = element_bytes;
   if (count <= 0) return;
   size_t s = SegmentAt(offset);
   while (count > 0) {
     const int64_t skip = offset - starts_[s];
     const int64_t avail = static_cast<int64_t>(segments_[s].size()) - skip;
-    const int64_t whole = std::min<int64_t>(count, avail / 4);
+    const int64_t whole = std::min<int64_t>(count, avail / e);
     if (whole > 0) {
       run(segments_[s].data() + skip, whole);
-      offset += 4 * whole;
+      offset += e * whole;
       count -= whole;
     }
     if (count == 0) break;
-    const int64_t rest = avail - 4 * whole;
+    const int64_t rest = avail - e * whole;
     if (rest == 0) {
       ++s;
       continue;
     }
-    // A float straddles this segment's end: assemble it.
-    char bounce[4];
-    CopyTo(offset, 4, bounce);
+    // An element straddles this segment's end: assemble it.
+    char bounce[8];
+    CopyTo(offset, e, bounce);
     run(bounce, 1);
-    offset += 4;
+    offset += e;
     --count;
     s = SegmentAt(offset < size_ ? offset : size_ - 1);
   }

@@ -32,7 +32,12 @@ class SegmentedBytes {
   // order: p points at n consecutive (possibly unaligned) little-endian
   // floats. The range must lie inside.
   void ForEachFloatRun(int64_t offset, int64_t count,
-                       const std::function<void(const char* p, int64_t n)>& run) const;
+                       const std::function<void(const char* p, int64_t n)>& run) const {
+    ForEachRun(offset, count, 4, run);
+  }
+  // The same for elements of `element_bytes` (2 for bfloat16, 4 for float).
+  void ForEachRun(int64_t offset, int64_t count, int element_bytes,
+                  const std::function<void(const char* p, int64_t n)>& run) const;
 
  private:
   // Index of the segment holding byte `offset`.

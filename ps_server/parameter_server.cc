@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "common/bfloat16.h"
 #include "common/config.h"
 #include "common/status_macros.h"
 
@@ -173,6 +174,11 @@ absl::Status ParameterServer::CheckPullLocked(const PullRequest& request) const 
                                                    model_->num_workers - 1));
   }
   if (request.timeout_ms() < 0) return absl::InvalidArgumentError("Pull: negative timeout_ms");
+  if (request.wire_dtype() != DT_INVALID && request.wire_dtype() != DT_FLOAT &&
+      request.wire_dtype() != DT_BFLOAT16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Pull: wire_dtype ", request.wire_dtype(), " unsupported"));
+  }
   return absl::OkStatus();
 }
 
@@ -188,12 +194,14 @@ absl::Status ParameterServer::SnapshotLocked(const PullRequest& request, PullRep
   if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
   reply->version = version_;
   reply->finished = FinishedLocked();
+  reply->bfloat16 = request.wire_dtype() == DT_BFLOAT16;
   reply->tensors.clear();
   int64_t bytes = 0;
-  auto add = [reply, &bytes](PartitionState* p) {
+  const int element_bytes = reply->bfloat16 ? 2 : 4;
+  auto add = [reply, &bytes, element_bytes](PartitionState* p) {
     absl::MutexLock lock(&p->mu);
-    reply->tensors.push_back({p->key.first, p->key.second, p->shape, p->current});
-    bytes += p->size * 4;
+    reply->tensors.push_back({p->key.first, p->key.second, p->shape, p->current, nullptr, p});
+    bytes += p->size * element_bytes;
   };
   if (request.refs_size() == 0) {
     for (auto& [key, p] : model_->partitions) add(p.get());
@@ -228,8 +236,42 @@ void ParameterServer::CollectReadyLocked(std::vector<Completion>* out) {
   }
 }
 
+void ParameterServer::AttachBfloat16(PullReply* reply) {
+  for (PulledTensor& t : reply->tensors) {
+    auto* p = static_cast<PartitionState*>(t.source);
+    std::shared_ptr<std::vector<uint16_t>> out;
+    {
+      absl::MutexLock lock(&p->mu);
+      if (p->bf16 != nullptr && p->bf16_of == t.values.get()) {
+        t.bfloat16 = p->bf16;
+        continue;
+      }
+      for (size_t i = 0; i < p->bf16_spares.size() && out == nullptr; ++i) {
+        if (p->bf16_spares[i].use_count() == 1) {
+          out = std::move(p->bf16_spares[i]);
+          p->bf16_spares.erase(p->bf16_spares.begin() + static_cast<std::ptrdiff_t>(i));
+        }
+      }
+    }
+    // Converted outside the lock; two pulls of a new version may both convert,
+    // and one result is kept.
+    if (out == nullptr) out = std::make_shared<std::vector<uint16_t>>(p->size);
+    FloatsToBfloat16(t.values->data(), p->size, out->data());
+    t.bfloat16 = out;
+    absl::MutexLock lock(&p->mu);
+    if (p->current.get() == t.values.get()) {
+      if (p->bf16 != nullptr) p->bf16_spares.push_back(std::move(p->bf16));
+      p->bf16 = std::move(out);
+      p->bf16_of = t.values.get();
+    }
+  }
+}
+
 void ParameterServer::RunCompletions(std::vector<Completion>* completions) {
-  for (Completion& c : *completions) c.first(std::move(c.second.first), std::move(c.second.second));
+  for (Completion& c : *completions) {
+    if (c.second.first.ok() && c.second.second.bfloat16) AttachBfloat16(&c.second.second);
+    c.first(std::move(c.second.first), std::move(c.second.second));
+  }
   completions->clear();
 }
 
@@ -344,16 +386,17 @@ absl::Status ParameterServer::LocateGradients(const Model& model, const PushRequ
     }
     PartitionState* p = it->second.get();
     const TensorProto& t = nt.tensor();
-    if (t.dtype() != DT_FLOAT || t.row_ids_size() != 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("gradient for ", KeyString(key), ": expected dense DT_FLOAT"));
+    if ((t.dtype() != DT_FLOAT && t.dtype() != DT_BFLOAT16) || t.row_ids_size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gradient for ", KeyString(key), ": expected dense DT_FLOAT or DT_BFLOAT16"));
     }
+    const bool bf16 = t.dtype() == DT_BFLOAT16;
     if (!std::equal(t.shape().begin(), t.shape().end(), p->shape.begin(), p->shape.end())) {
       return absl::InvalidArgumentError(absl::StrCat(
           "gradient for ", KeyString(key), " has shape [", absl::StrJoin(t.shape(), ","),
           "], variable has [", absl::StrJoin(p->shape, ","), "]"));
     }
-    const int64_t bytes = p->size * 4;
+    const int64_t bytes = p->size * (bf16 ? 2 : 4);
     if (frame != nullptr) {
       if (!t.content().empty()) {
         return absl::InvalidArgumentError(
@@ -364,7 +407,7 @@ absl::Status ParameterServer::LocateGradients(const Model& model, const PushRequ
             "gradient for ", KeyString(key), ": payload ends ", bytes - (frame->size() - offset),
             " bytes short"));
       }
-      grads->push_back({p, frame, offset});
+      grads->push_back({p, frame, offset, bf16});
       offset += bytes;
     } else {
       if (static_cast<int64_t>(t.content().size()) != bytes) {
@@ -372,7 +415,7 @@ absl::Status ParameterServer::LocateGradients(const Model& model, const PushRequ
                                                        t.content().size(), " bytes; shape needs ",
                                                        bytes));
       }
-      grads->push_back({p, &(*contents)[i], 0});
+      grads->push_back({p, &(*contents)[i], 0, bf16});
     }
     for (size_t j = 0; j + 1 < grads->size(); ++j) {
       if ((*grads)[j].partition == p) {
@@ -482,8 +525,17 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
     PartitionState* p = g.partition;
     std::vector<float>& stage = p->staging[w];
     if (static_cast<int64_t>(stage.size()) != p->size) stage.resize(p->size);  // first push only
-    g.bytes->CopyTo(g.offset, p->size * 4, stage.data());
-    copied += p->size * 4;
+    if (g.bfloat16) {
+      float* dst = stage.data();
+      g.bytes->ForEachRun(g.offset, p->size, 2, [&dst](const char* src, int64_t n) {
+        Bfloat16ToFloats(src, n, dst);
+        dst += n;
+      });
+      copied += p->size * 2;
+    } else {
+      g.bytes->CopyTo(g.offset, p->size * 4, stage.data());
+      copied += p->size * 4;
+    }
     if (non_finite == nullptr && !AllFinite(stage)) non_finite = p;
     p->staged[w] = 1;
   }
@@ -603,9 +655,11 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
   // Validate every gradient in place before changing anything.
   for (const GradientRef& g : grads) {
     bool finite = true;
-    g.bytes->ForEachFloatRun(g.offset, g.partition->size, [&finite](const char* p, int64_t n) {
-      finite = finite && AllFiniteUnaligned(p, n);
-    });
+    g.bytes->ForEachRun(g.offset, g.partition->size, g.bfloat16 ? 2 : 4,
+                        [&finite, &g](const char* p, int64_t n) {
+                          finite = finite && (g.bfloat16 ? AllFiniteBfloat16(p, n)
+                                                         : AllFiniteUnaligned(p, n));
+                        });
     if (!finite) {
       absl::MutexLock lock(&mu_);
       --async_admitted_;
@@ -628,10 +682,15 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
       out = TakeSpare(p);
     }
     int64_t at = 0;  // element of the partition
-    g.bytes->ForEachFloatRun(g.offset, p->size, [&](const char* src, int64_t n) {
+    const int element_bytes = g.bfloat16 ? 2 : 4;
+    g.bytes->ForEachRun(g.offset, p->size, element_bytes, [&](const char* src, int64_t n) {
       for (int64_t i = 0; i < n;) {
         const int64_t m = std::min(kChunk, n - i);
-        std::memcpy(chunk.data(), src + 4 * i, 4 * m);
+        if (g.bfloat16) {
+          Bfloat16ToFloats(src + 2 * i, m, chunk.data());
+        } else {
+          std::memcpy(chunk.data(), src + 4 * i, 4 * m);
+        }
         model->optimizer->ApplyRange(in->data() + at, out->data() + at, chunk.data(), m, &p->slots,
                                      at, ticket);
         at += m;
@@ -643,7 +702,7 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
       p->spares.push_back(std::move(p->current));
       p->current = std::move(out);
     }
-    bytes += p->size * 4;
+    bytes += p->size * element_bytes;
   }
   std::vector<Completion> completions;
   {

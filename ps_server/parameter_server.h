@@ -68,16 +68,21 @@ class ParameterServer {
   };
 
   // A pulled partition: `values` is the version buffer itself, kept alive by
-  // the reference until the caller (the RPC that sends it) drops it.
+  // the reference until the caller (the RPC that sends it) drops it. When the
+  // pull asked for DT_BFLOAT16, `bfloat16` holds that version rounded
+  // (converted once per version and shared by every such pull).
   struct PulledTensor {
     std::string variable;
     int partition = 0;
     std::vector<int64_t> shape;
     std::shared_ptr<const std::vector<float>> values;
+    std::shared_ptr<const std::vector<uint16_t>> bfloat16;
+    void* source = nullptr;  // server-internal: the partition
   };
   struct PullReply {
     int64_t version = 0;
     bool finished = false;
+    bool bfloat16 = false;  // the pull asked for DT_BFLOAT16
     std::vector<PulledTensor> tensors;
   };
   using PullCallback = std::function<void(absl::Status, PullReply)>;
@@ -125,6 +130,11 @@ class ParameterServer {
     absl::Mutex mu;
     Buffer current ABSL_GUARDED_BY(mu);
     std::vector<Buffer> spares ABSL_GUARDED_BY(mu);
+    // The bfloat16 rounding of `bf16_of` (a version buffer), for pulls that
+    // ask for it, and its recycled predecessors.
+    std::shared_ptr<std::vector<uint16_t>> bf16 ABSL_GUARDED_BY(mu);
+    const std::vector<float>* bf16_of ABSL_GUARDED_BY(mu) = nullptr;
+    std::vector<std::shared_ptr<std::vector<uint16_t>>> bf16_spares ABSL_GUARDED_BY(mu);
     // Sync: worker w's gradient for the open step, and whether w's push
     // included this partition. Written only by w's push while it holds the
     // worker's in-flight mark, read only by the apply of a step w is in.
@@ -149,6 +159,7 @@ class ParameterServer {
     PartitionState* partition;
     const SegmentedBytes* bytes;
     int64_t offset;
+    bool bfloat16;  // the wire's reduced precision; float32 otherwise
   };
 
   struct Waiter {
@@ -157,6 +168,8 @@ class ParameterServer {
     PullCallback done;
   };
   using Completion = std::pair<PullCallback, std::pair<absl::Status, PullReply>>;
+  // Attaches the bfloat16 rounding of each pulled version (outside mu_).
+  static void AttachBfloat16(PullReply* reply);
 
   static std::string KeyString(const Key& key);
   absl::Status CheckIncarnationLocked(uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -193,6 +206,7 @@ class ParameterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves every waiter that is now ready (or must end) to `out`.
   void CollectReadyLocked(std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs the callbacks (outside mu_), converting bfloat16 pulls first.
   static void RunCompletions(std::vector<Completion>* completions);
   void TimerLoop();
 

@@ -9,6 +9,7 @@
 #include "absl/synchronization/notification.h"
 
 #include "catch2/catch.hpp"
+#include "common/bfloat16.h"
 #include "common/config.h"
 
 namespace pstrain {
@@ -352,6 +353,51 @@ TEST_CASE("frames: a payload that disagrees with its header is refused", "[ps][f
   CHECK(ps.counters().pushes_rejected == 4);
   REQUIRE(ps.Push(f.header, f.payload, &r).ok());
   CHECK(r.outcome() == APPLIED);
+}
+
+TEST_CASE("bfloat16: rounding to nearest even, saturation, NaN and Inf", "[bfloat16]") {
+  CHECK(FloatToBfloat16(1.0f) == 0x3f80);
+  CHECK(Bfloat16ToFloat(0x3f80) == 1.0f);
+  // 1 + 2^-8 is halfway between 1 and 1 + 2^-7: ties go to even (1).
+  CHECK(FloatToBfloat16(1.0f + 1.0f / 256) == 0x3f80);
+  CHECK(FloatToBfloat16(1.0f + 3.0f / 256) == 0x3f82);
+  CHECK(FloatToBfloat16(-2.5f) == 0xc020);
+  CHECK(FloatToBfloat16(std::numeric_limits<float>::max()) == 0x7f7f);  // saturates, stays finite
+  CHECK(FloatToBfloat16(-std::numeric_limits<float>::max()) == 0xff7f);
+  CHECK(FloatToBfloat16(std::numeric_limits<float>::infinity()) == 0x7f80);
+  CHECK(std::isnan(Bfloat16ToFloat(FloatToBfloat16(std::nanf("")))));
+  const uint16_t values[3] = {0x3f80, 0x7f80, 0x0000};
+  CHECK_FALSE(AllFiniteBfloat16(reinterpret_cast<const char*>(values), 3));
+  CHECK(AllFiniteBfloat16(reinterpret_cast<const char*>(values), 1));
+}
+
+TEST_CASE("a bfloat16 push applies its rounded values; a NaN one is refused", "[ps][bfloat16]") {
+  for (bool sync : {true, false}) {
+    ParameterServer ps;
+    REQUIRE(ps.Initialize(InitRequest(BaseConfig(sync, 1, 0, 1.0f), 1, {0, 0, 0, 0})).ok());
+    const std::vector<float> g = {1.0f + 1.0f / 256, 0.3f, -7.0f, 1e-3f};
+    PushRequest req = Grad(0, 0, {});
+    TensorProto* t = req.mutable_gradients(0)->mutable_tensor();
+    t->set_dtype(DT_BFLOAT16);
+    t->clear_content();
+    for (float v : g) {
+      const uint16_t b = FloatToBfloat16(v);
+      t->mutable_content()->append(reinterpret_cast<const char*>(&b), 2);
+    }
+    t->clear_shape();
+    t->add_shape(2);
+    t->add_shape(2);
+    Framed f = Frame(req, 5);
+    PushResponse r;
+    REQUIRE(ps.Push(f.header, f.payload, &r).ok());
+    std::vector<float> w = PullW(ps);
+    for (size_t i = 0; i < g.size(); ++i) CHECK(w[i] == -Bfloat16ToFloat(FloatToBfloat16(g[i])));
+    const uint16_t nan = 0x7fc0;
+    t->mutable_content()->replace(2, 2, reinterpret_cast<const char*>(&nan), 2);
+    req.set_step(sync ? 1 : 0);
+    CHECK(absl::IsInvalidArgument(ps.Push(req, &r)));
+    CHECK(PullW(ps) == w);
+  }
 }
 
 TEST_CASE("a pull's buffers never change under it; spare buffers are reused", "[ps][snapshot]") {

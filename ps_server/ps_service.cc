@@ -89,13 +89,21 @@ class PullReactor final : public grpc::ServerUnaryReactor {
       NamedTensor* nt = header.add_tensors();
       nt->mutable_ref()->set_variable(t.variable);
       nt->mutable_ref()->set_partition(t.partition);
-      nt->mutable_tensor()->set_dtype(DT_FLOAT);
       for (int64_t d : t.shape) nt->mutable_tensor()->add_shape(d);
-      // Sent from the version buffer itself; the reference keeps it from
-      // being reused until gRPC releases the slice.
-      const float* data = t.values->data();
-      const int64_t bytes = static_cast<int64_t>(t.values->size()) * 4;
-      payload.push_back({data, bytes, [keep = std::move(t.values)]() mutable { keep.reset(); }});
+      // Sent from the version buffer itself (or its bfloat16 rounding); the
+      // reference keeps it from being reused until gRPC releases the slice.
+      if (t.bfloat16 != nullptr) {
+        nt->mutable_tensor()->set_dtype(DT_BFLOAT16);
+        const uint16_t* data = t.bfloat16->data();
+        const int64_t bytes = static_cast<int64_t>(t.bfloat16->size()) * 2;
+        payload.push_back(
+            {data, bytes, [keep = std::move(t.bfloat16)]() mutable { keep.reset(); }});
+      } else {
+        nt->mutable_tensor()->set_dtype(DT_FLOAT);
+        const float* data = t.values->data();
+        const int64_t bytes = static_cast<int64_t>(t.values->size()) * 4;
+        payload.push_back({data, bytes, [keep = std::move(t.values)]() mutable { keep.reset(); }});
+      }
     }
     *response_ = EncodeFrame(header, std::move(payload));
     Finish(grpc::Status::OK);

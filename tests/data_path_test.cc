@@ -168,6 +168,42 @@ TEST_CASE("a sync step copies each tensor once into the server, never out; pushe
   }
 }
 
+TEST_CASE("bfloat16 on the wire: half the bytes each way, float32 on the server",
+          "[data_path][bfloat16]") {
+  Servers s(2, "bf16");
+  auto w0 = s.Worker(0), w1 = s.Worker(1);
+  w0->set_wire_dtype(DT_BFLOAT16);
+  w1->set_wire_dtype(DT_BFLOAT16);
+  // 0.25 + 2^-10 is not a bfloat16 (8 bits of mantissa): it rounds to 0.25,
+  // and 0.75 is exact, so each step takes exactly 0.25 as in float32.
+  Buffers b0(s.vars, 0.25f + 1.0f / 1024), b1(s.vars, 0.75f);
+  const int steps = 3;
+  for (int step = 0; step < steps; ++step) SyncStep(s, *w0, *w1, b0, b1, step);
+  PsClient::PullResult r;
+  REQUIRE(w0->PullInto({steps, steps}, absl::Seconds(20), b0.dst(), &r).ok());
+  for (const auto& v : b0.params) {
+    for (float x : v) REQUIRE(x == 1.0f - 0.25f * steps);
+  }
+  int64_t elements = 0;
+  for (const VariableSpec& v : s.vars) elements += v.num_elements();
+  int64_t push_payload = 0, pull_payload = 0, pull_copied = 0;
+  for (int server = 0; server < 2; ++server) {
+    PsStatusResponse st;
+    REQUIRE(s.chief->GetStatus(server, &st).ok());
+    push_payload += st.push_payload_bytes();
+    pull_payload += st.pull_payload_bytes();
+    pull_copied += st.pull_copied_bytes();
+  }
+  CHECK(push_payload == 2 * steps * elements * 2);
+  CHECK(pull_payload == (2 * steps + 1) * elements * 2);
+  CHECK(pull_copied == 0);  // the rounding is made once per version, then sent in place
+  CHECK(w0->counters().push_payload_bytes == steps * elements * 2);
+  // The chief's float32 pull still sees full precision.
+  Buffers exact(s.vars, 0);
+  REQUIRE(s.chief->PullInto({}, absl::Seconds(20), exact.dst(), &r).ok());
+  CHECK(exact.params[0][0] == 1.0f - 0.25f * steps);
+}
+
 TEST_CASE("steady state: a server takes almost no page faults per step", "[data_path]") {
   Servers s(1, "faults");
   auto w0 = s.Worker(0), w1 = s.Worker(1);

@@ -321,6 +321,7 @@ max_steps: 1000000000000
     for (int w = 0; w < workers; ++w) {
       clients.push_back(std::make_unique<PsClient>(cluster, &placement, w, timeout));
       clients.back()->set_incarnation(chief.incarnation());
+      if (o_.bfloat16) clients.back()->set_wire_dtype(DT_BFLOAT16);
     }
     auto round = [&](int w) -> absl::Status {
       PsClient::PullResult pulled;
@@ -350,8 +351,9 @@ max_steps: 1000000000000
     RETURN_IF_ERROR(StartServers(1, dir, &procs1, &cluster1));
     RETURN_IF_ERROR(StartServers(2, dir, &procs2, &cluster2));
 
-    std::cout << "\n== wire: dense pull + push payload, GB/s (median [min-max] of " << o_.reps
-              << "), interleaved ==\n";
+    std::cout << "\n== wire: dense pull + push payload"
+              << (o_.bfloat16 ? " (bfloat16 on the wire: GB/s of float32 delivered)" : "")
+              << ", GB/s (median [min-max] of " << o_.reps << "), interleaved ==\n";
     std::cout << absl::StrFormat("%-8s %-12s %-12s %-22s %-22s %-22s %-22s %8s %8s\n", "size",
                                  "ps x workers", "", "pstrain", "gRPC echo", "TCP stream",
                                  "memcpy", "vs TCP", "vs echo");
@@ -522,7 +524,8 @@ max_steps: 1000000000000
         "\" train_labels: \"", JoinPath(data_dir, "train-labels-idx1-ubyte"),
         "\" batch_size: 64 shuffle: true normalize: true }\n",
         "optimizer { learning_rate: 0.05 sgd {} }\nsync {}\nmax_steps: ", steps,
-        "\nseed: 1\neval_every_steps: 0\ncompute_threads: 1\noutput_dir: \"", out, "\"\n");
+        "\nseed: 1\neval_every_steps: 0\ncompute_threads: 1\noutput_dir: \"", out, "\"\n",
+        "rpc { wire_dtype: \"", o_.bfloat16 ? "bfloat16" : "float32", "\" }\n");
   }
 
   absl::Status Train() {

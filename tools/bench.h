@@ -30,6 +30,7 @@ struct BenchOptions {
   std::vector<int64_t> sizes;         // bytes per pull and per push
   std::vector<std::string> suites;    // "wire", "apply", "train"
   std::vector<std::string> models;    // train: hidden layer widths, "512-512"
+  bool bfloat16 = false;              // wire and train: bfloat16 on the wire
   int reps = 5;
   double rep_seconds = 0.15;          // each repetition runs at least this long
 };

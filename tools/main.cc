@@ -148,6 +148,7 @@ int BenchCommand(const std::vector<std::string>& argv) {
       {"sizes", {"4096,65536,1048576,4194304,16777216,67108864",
                  "bytes per pull and per push (wire suite)"}},
       {"reps", {"5", "repetitions per figure (median, min, max)"}},
+      {"wire_dtype", {"float32", "wire and train suites: float32 or bfloat16 on the wire"}},
       {"rep_seconds", {"0.15", "minimum length of one repetition"}},
       {"out", {"", "directory for bench.csv"}},
       {"bin_dir", {"", "directory with ps_server (default: next to pstrain)"}},
@@ -191,6 +192,10 @@ int BenchCommand(const std::vector<std::string>& argv) {
     return Fail("bench", "--rep_seconds: expected (0, 60]");
   }
   o.reps = static_cast<int>(*reps);
+  if (args->Get("wire_dtype") != "float32" && args->Get("wire_dtype") != "bfloat16") {
+    return Fail("bench", "--wire_dtype: expected float32 or bfloat16");
+  }
+  o.bfloat16 = args->Get("wire_dtype") == "bfloat16";
   o.rep_seconds = *seconds;
   return RunBench(o, &stop);
 }

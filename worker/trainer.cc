@@ -79,6 +79,8 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
 
   PsClient ps(cluster, &placement, options.worker, rpc_timeout);
   ps.set_incarnation(reg.incarnation());
+  // The chief's pulls (evaluation, the saved model) stay float32.
+  if (config.rpc().wire_dtype() == "bfloat16") ps.set_wire_dtype(DT_BFLOAT16);
   std::vector<int64_t> min_versions(ps.num_servers(), reg.start_step());
   // Pulls land in the model's host parameter block (pinned on CUDA) and
   // pushes read its host gradient block: no intermediate tensors.

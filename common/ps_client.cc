@@ -245,13 +245,31 @@ absl::Status PsClient::PushFrom(const std::vector<int64_t>& steps,
   if (sources.size() != vars.size()) {
     return absl::InvalidArgumentError("PushFrom: gradients do not match the placement");
   }
-  std::vector<PushRequest> headers(num_servers());
-  std::vector<std::vector<OutgoingPayload>> payloads(num_servers());
-  for (int s = 0; s < num_servers(); ++s) {
-    headers[s].set_incarnation(incarnation_);
-    headers[s].set_worker(worker_);
-    headers[s].set_step(steps[s]);
-  }
+  // One call per server, or, with push_chunk_bytes_, per group of a server's
+  // partitions up to that size (a bigger partition goes alone): the calls
+  // run in flight together and each server applies a partition as soon as
+  // its quorum is in, while the next ones still arrive.
+  struct Call {
+    int server;
+    int64_t bytes = 0;
+    PushRequest header;
+    std::vector<OutgoingPayload> payload;
+  };
+  std::vector<Call> calls;
+  std::vector<int> last_call(num_servers(), -1);  // per server, its open call
+  auto call_for = [&](int server, int64_t bytes) -> Call& {
+    int& c = last_call[server];
+    if (c < 0 || (push_chunk_bytes_ > 0 && calls[c].bytes > 0 &&
+                  calls[c].bytes + bytes > push_chunk_bytes_)) {
+      c = static_cast<int>(calls.size());
+      calls.push_back(Call{server});
+      calls[c].header.set_incarnation(incarnation_);
+      calls[c].header.set_worker(worker_);
+      calls[c].header.set_step(steps[server]);
+    }
+    calls[c].bytes += bytes;
+    return calls[c];
+  };
   // The frames point at `sources`; gRPC releases each slice once it no
   // longer needs the bytes, and this call returns only after all were
   // released, so the caller may overwrite its gradients as soon as it returns.
@@ -279,7 +297,9 @@ absl::Status PsClient::PushFrom(const std::vector<int64_t>& steps,
   for (size_t v = 0; v < vars.size(); ++v) {
     const int64_t row = vars[v].spec.row_elements();
     for (const Partition& part : vars[v].partitions) {
-      NamedTensor* nt = headers[part.server].add_gradients();
+      const int64_t bytes = part.num_rows() * row * (bf16 ? 2 : 4);
+      Call& call = call_for(part.server, bytes);
+      NamedTensor* nt = call.header.add_gradients();
       nt->mutable_ref()->set_variable(vars[v].spec.name);
       nt->mutable_ref()->set_partition(part.index);
       nt->mutable_tensor()->set_dtype(bf16 ? DT_BFLOAT16 : DT_FLOAT);
@@ -287,7 +307,6 @@ absl::Status PsClient::PushFrom(const std::vector<int64_t>& steps,
       for (size_t d = 1; d < vars[v].spec.shape.size(); ++d) {
         nt->mutable_tensor()->add_shape(vars[v].spec.shape[d]);
       }
-      const int64_t bytes = part.num_rows() * row * (bf16 ? 2 : 4);
       const void* data = bf16 ? static_cast<const void*>(bf16_grads_.data() + bf16_offsets[v] +
                                                          part.row_begin * row)
                               : static_cast<const void*>(sources[v] + part.row_begin * row);
@@ -295,23 +314,26 @@ absl::Status PsClient::PushFrom(const std::vector<int64_t>& steps,
         absl::MutexLock lock(&in_flight->mu);
         ++in_flight->slices;
       }
-      payloads[part.server].push_back({data, bytes, [in_flight] {
+      call.payload.push_back({data, bytes, [in_flight] {
                                          absl::MutexLock lock(&in_flight->mu);
                                          --in_flight->slices;
                                        }});
       counters_.push_payload_bytes += bytes;
     }
   }
-  std::vector<grpc::ByteBuffer> requests(num_servers()), responses(num_servers());
   for (int s = 0; s < num_servers(); ++s) {
-    requests[s] = EncodeFrame(headers[s], std::move(payloads[s]));
+    if (last_call[s] < 0) call_for(s, 0);  // a server without partitions still counts the push
+  }
+  std::vector<grpc::ByteBuffer> requests(calls.size()), responses(calls.size());
+  for (size_t c = 0; c < calls.size(); ++c) {
+    requests[c] = EncodeFrame(calls[c].header, std::move(calls[c].payload));
   }
   absl::Status st = CallAll(
-      num_servers(), rpc_timeout_, /*wait_for_ready=*/false,
-      [this](int s) { return absl::StrCat("Push to ", ServerName(s)); },
-      [&](int s, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-        raw_stubs_[s]->UnaryCall(ctx, kPushMethod, grpc::StubOptions(), &requests[s],
-                                 &responses[s], std::move(done));
+      static_cast<int>(calls.size()), rpc_timeout_, /*wait_for_ready=*/false,
+      [this, &calls](int c) { return absl::StrCat("Push to ", ServerName(calls[c].server)); },
+      [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+        raw_stubs_[calls[c].server]->UnaryCall(ctx, kPushMethod, grpc::StubOptions(),
+                                               &requests[c], &responses[c], std::move(done));
       });
   requests.clear();  // our own references to the slices
   {
@@ -325,15 +347,28 @@ absl::Status PsClient::PushFrom(const std::vector<int64_t>& steps,
     }
   }
   if (!st.ok()) return st;
-  outcomes->resize(num_servers());
-  for (int s = 0; s < num_servers(); ++s) {
-    PushResponse response;
-    absl::Status parsed = ParseMessage(responses[s], &response);
-    if (!parsed.ok()) {
-      return absl::DataLossError(absl::StrCat(ServerName(s), " sent a bad push reply: ",
-                                              parsed.message()));
+  // A server's outcome over its calls: APPLIED if one completed the step,
+  // else ACCUMULATED, else FINISHED or DROPPED_STALE.
+  auto rank = [](PushOutcome o) {
+    switch (o) {
+      case APPLIED: return 3;
+      case ACCUMULATED: return 2;
+      case FINISHED: return 1;
+      default: return 0;
     }
-    (*outcomes)[s] = response.outcome();
+  };
+  outcomes->assign(num_servers(), DROPPED_STALE);
+  std::vector<bool> seen(num_servers(), false);
+  for (size_t c = 0; c < calls.size(); ++c) {
+    PushResponse response;
+    absl::Status parsed = ParseMessage(responses[c], &response);
+    if (!parsed.ok()) {
+      return absl::DataLossError(absl::StrCat(ServerName(calls[c].server),
+                                              " sent a bad push reply: ", parsed.message()));
+    }
+    PushOutcome& o = (*outcomes)[calls[c].server];
+    if (!seen[calls[c].server] || rank(response.outcome()) > rank(o)) o = response.outcome();
+    seen[calls[c].server] = true;
   }
   return absl::OkStatus();
 }

@@ -36,6 +36,10 @@ class PsClient {
   // The dtype tensors travel in: DT_FLOAT (default) or DT_BFLOAT16 (pushes
   // rounded here, pulls rounded by the servers; both halve the bytes).
   void set_wire_dtype(DataType dtype) { wire_dtype_ = dtype; }
+  // Sync only: split a push to one server into calls of up to this many
+  // bytes of whole partitions, sent together (0: one call per server).
+  // Async servers count every call as an update, so async keeps 0.
+  void set_push_chunk_bytes(int64_t bytes) { push_chunk_bytes_ = bytes; }
 
   // Installs each server's partitions of `params` (full tensors in placement
   // order). Waits up to `startup_timeout` for servers to come up; a server
@@ -89,6 +93,7 @@ class PsClient {
   std::vector<std::unique_ptr<grpc::GenericStub>> raw_stubs_;
   uint64_t incarnation_ = 0;
   DataType wire_dtype_ = DT_FLOAT;
+  int64_t push_chunk_bytes_ = 0;
   std::vector<uint16_t> bf16_grads_;  // bfloat16 pushes are sent from here
   Counters counters_;
 };

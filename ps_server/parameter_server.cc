@@ -88,7 +88,8 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
       p->current = std::make_shared<std::vector<float>>(std::move(t->values()));
     }
     p->staging.resize(model->sync ? model->num_workers : 0);
-    p->staged.assign(model->sync ? model->num_workers : 0, 0);
+    p->arrived.assign(model->sync ? model->num_workers : 0, 0);
+    p->in_flight.assign(model->sync ? model->num_workers : 0, 0);
     if (!model->partitions.emplace(key, std::move(p)).second) {
       return absl::InvalidArgumentError(absl::StrCat("Initialize: duplicate ", KeyString(key)));
     }
@@ -113,10 +114,8 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     incarnation_ = request.incarnation();
     model_ = std::move(model);
     version_ = request.start_step();
-    applying_ = false;
-    arrived_.assign(model_->num_workers, false);
-    in_flight_.assign(model_->num_workers, false);
-    arrived_count_ = 0;
+    open_partitions_ = static_cast<int>(model_->partitions.size());
+    empty_arrived_.assign(model_->num_workers, 0);
     async_admitted_ = 0;
     worker_clock_.assign(model_->num_workers, 0);
   }
@@ -145,12 +144,22 @@ int64_t ParameterServer::MinWorkerClockLocked() const {
 
 std::string ParameterServer::WaitingOnLocked() const {
   if (model_->sync) {
+    // Workers whose gradient some open partition still lacks.
     std::vector<int> missing;
+    int fewest = model_->replicas_to_aggregate;
     for (int w = 0; w < model_->num_workers; ++w) {
-      if (!arrived_[w]) missing.push_back(w);
+      for (const auto& [key, p] : model_->partitions) {
+        if (!p->closed && !p->arrived[w]) {
+          missing.push_back(w);
+          break;
+        }
+      }
     }
-    return absl::StrCat("step ", version_, " has ", arrived_count_, " of ",
-                        model_->replicas_to_aggregate, " gradients, waiting on worker(s) ",
+    for (const auto& [key, p] : model_->partitions) {
+      if (!p->closed) fewest = std::min(fewest, p->arrived_count);
+    }
+    return absl::StrCat("step ", version_, " has ", fewest, " of ", model_->replicas_to_aggregate,
+                        " gradients (", open_partitions_, " partition(s) open), waiting on worker(s) ",
                         absl::StrJoin(missing, ","));
   }
   std::vector<int> slowest;
@@ -489,6 +498,9 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
                                        PushResponse* response) {
   const int w = header.worker();
   const int64_t step = header.step();
+  std::vector<const GradientRef*> accepted;
+  std::vector<Completion> empty_step;  // a partition-less server's completed step
+  bool empty_step_done = false;
   {
     absl::MutexLock lock(&mu_);
     if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
@@ -502,47 +514,81 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
       response->set_version(version_);
       return absl::OkStatus();
     }
-    if (step < version_ || applying_) {
+    if (step == version_ && model->partitions.empty()) {
+      // Nothing to aggregate: the step completes when the quorum has pushed.
+      if (empty_arrived_[w]) {
+        ++counters_.pushes_rejected;
+        return absl::InvalidArgumentError(
+            absl::StrCat("Push: worker ", w, " already pushed for step ", step));
+      }
+      empty_arrived_[w] = 1;
+      if (std::count(empty_arrived_.begin(), empty_arrived_.end(), 1) <
+          model->replicas_to_aggregate) {
+        response->set_outcome(ACCUMULATED);
+        response->set_version(version_);
+        return absl::OkStatus();
+      }
+      std::fill(empty_arrived_.begin(), empty_arrived_.end(), 0);
+      counters_.pushes_applied += model->replicas_to_aggregate;
+      version_ = step + 1;
+      CollectReadyLocked(&empty_step);
+      response->set_outcome(APPLIED);
+      response->set_version(version_);
+      empty_step_done = true;
+    } else if (step == version_) {
+      for (const GradientRef& g : grads) {
+        PartitionState* p = g.partition;
+        if (p->arrived[w] || p->in_flight[w]) {
+          ++counters_.pushes_rejected;
+          return absl::InvalidArgumentError(absl::StrCat("Push: worker ", w, " already pushed ",
+                                                         KeyString(p->key), " for step ", step));
+        }
+        if (!p->closed) accepted.push_back(&g);  // a closed partition's quorum is complete
+      }
+    }
+    if (empty_step_done) {
+      // answered above
+    } else if (accepted.empty()) {
       ++counters_.gradients_dropped_stale;
       response->set_outcome(DROPPED_STALE);
       response->set_version(version_);
       return absl::OkStatus();
     }
-    if (arrived_[w] || in_flight_[w]) {
-      ++counters_.pushes_rejected;
-      return absl::InvalidArgumentError(
-          absl::StrCat("Push: worker ", w, " already pushed for step ", version_));
-    }
-    in_flight_[w] = true;
+    for (const GradientRef* g : accepted) g->partition->in_flight[w] = 1;
+  }
+  if (empty_step_done) {
+    RunCompletions(&empty_step);
+    return absl::OkStatus();
   }
   // Stage outside the lock: the one copy, from the received bytes into this
   // worker's buffer, checked for NaN and Inf while it is in cache. Only this
-  // push writes staging[w] now (in_flight_), and no apply reads it.
+  // push writes staging[w] of these partitions now (in_flight), and their
+  // applies wait for it.
   int64_t copied = 0;
   const PartitionState* non_finite = nullptr;
-  for (auto& [key, p] : model->partitions) p->staged[w] = 0;
-  for (const GradientRef& g : grads) {
-    PartitionState* p = g.partition;
+  for (const GradientRef* g : accepted) {
+    PartitionState* p = g->partition;
     std::vector<float>& stage = p->staging[w];
     if (static_cast<int64_t>(stage.size()) != p->size) stage.resize(p->size);  // first push only
-    if (g.bfloat16) {
+    if (g->bfloat16) {
       float* dst = stage.data();
-      g.bytes->ForEachRun(g.offset, p->size, 2, [&dst](const char* src, int64_t n) {
+      g->bytes->ForEachRun(g->offset, p->size, 2, [&dst](const char* src, int64_t n) {
         Bfloat16ToFloats(src, n, dst);
         dst += n;
       });
       copied += p->size * 2;
     } else {
-      g.bytes->CopyTo(g.offset, p->size * 4, stage.data());
+      g->bytes->CopyTo(g->offset, p->size * 4, stage.data());
       copied += p->size * 4;
     }
     if (non_finite == nullptr && !AllFinite(stage)) non_finite = p;
-    p->staged[w] = 1;
   }
-  std::vector<int> quorum;
+  // Partitions whose quorum this push completes, with their workers.
+  std::vector<std::pair<PartitionState*, std::vector<int>>> to_apply;
+  size_t stale = 0;
   {
     absl::MutexLock lock(&mu_);
-    in_flight_[w] = false;
+    for (const GradientRef* g : accepted) g->partition->in_flight[w] = 0;
     counters_.push_payload_bytes += copied;
     counters_.push_copied_bytes += copied;
     if (non_finite != nullptr) {
@@ -551,82 +597,101 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
           absl::StrCat("gradient for ", KeyString(non_finite->key), " contains NaN or Inf"));
     }
     if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
-    if (model_ != model || step != version_ || applying_) {
-      // The step closed (backup workers) or the run changed while this copied.
+    if (model_ != model || step != version_) {
       ++counters_.gradients_dropped_stale;
       response->set_outcome(DROPPED_STALE);
       response->set_version(version_);
       return absl::OkStatus();
     }
-    arrived_[w] = true;
-    ++arrived_count_;
-    if (arrived_count_ < model->replicas_to_aggregate) {
-      response->set_outcome(ACCUMULATED);
+    for (const GradientRef* g : accepted) {
+      PartitionState* p = g->partition;
+      if (p->closed) {  // the quorum completed while this copied (backup workers)
+        ++stale;
+        continue;
+      }
+      p->arrived[w] = 1;
+      if (++p->arrived_count < model->replicas_to_aggregate) continue;
+      p->closed = true;
+      std::vector<int> workers;
+      for (int i = 0; i < model->num_workers; ++i) {
+        if (p->arrived[i]) workers.push_back(i);
+      }
+      to_apply.emplace_back(p, std::move(workers));
+    }
+    if (stale > 0) ++counters_.gradients_dropped_stale;
+    if (to_apply.empty()) {
+      response->set_outcome(stale == accepted.size() ? DROPPED_STALE : ACCUMULATED);
       response->set_version(version_);
       return absl::OkStatus();
     }
-    applying_ = true;
-    for (int i = 0; i < model->num_workers; ++i) {
-      if (arrived_[i]) quorum.push_back(i);
-    }
   }
-  ApplySyncStep(model, quorum, step);
-  response->set_outcome(APPLIED);
-  response->set_version(step + 1);
+  // Apply the closed partitions outside the lock; publish when the step's
+  // last partition is done, all together, so a pull sees all of a step or
+  // none of it.
+  std::vector<std::pair<PartitionState*, Buffer>> applied;
+  for (auto& [p, workers] : to_apply) {
+    applied.emplace_back(p, ApplyPartition(*model, p, workers, step));
+  }
+  std::vector<Completion> completions;
+  bool completed_step = false;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [p, buffer] : applied) p->next = std::move(buffer);
+    open_partitions_ -= static_cast<int>(applied.size());
+    if (open_partitions_ == 0) {
+      completed_step = true;
+      for (auto& [key, p] : model->partitions) {
+        {
+          absl::MutexLock plock(&p->mu);
+          p->spares.push_back(std::move(p->current));
+          p->current = std::move(p->next);
+        }
+        p->next = nullptr;
+        p->closed = false;
+        p->arrived_count = 0;
+        std::fill(p->arrived.begin(), p->arrived.end(), 0);
+      }
+      open_partitions_ = static_cast<int>(model->partitions.size());
+      counters_.pushes_applied += model->replicas_to_aggregate;
+      version_ = step + 1;
+      CollectReadyLocked(&completions);
+    }
+    response->set_outcome(completed_step ? APPLIED : ACCUMULATED);
+    response->set_version(version_);
+  }
+  RunCompletions(&completions);
   return absl::OkStatus();
 }
 
-void ParameterServer::ApplySyncStep(const std::shared_ptr<Model>& model,
-                                    const std::vector<int>& workers, int64_t step) {
-  // Per partition: sum the staged gradients in worker-index order, average,
-  // and apply into a spare buffer, a chunk at a time (bitwise the same as
-  // summing whole tensors first). The new buffers are published together, so
-  // a pull sees all of step `step` or none of it.
-  std::vector<std::pair<PartitionState*, Buffer>> fresh;
+ParameterServer::Buffer ParameterServer::ApplyPartition(const Model& model, PartitionState* p,
+                                                        const std::vector<int>& workers,
+                                                        int64_t step) {
+  // Sum in worker-index order, average, and apply into a spare buffer, a
+  // chunk at a time (bitwise the same as summing whole tensors first).
   std::array<float, kChunk> sum;
-  for (auto& [key, p] : model->partitions) {
-    std::vector<const float*> parts;
-    for (int w : workers) {
-      if (p->staged[w]) parts.push_back(p->staging[w].data());
-    }
-    if (parts.empty()) continue;
-    const float count = static_cast<float>(parts.size());
-    absl::MutexLock apply_lock(&p->apply_mu);
-    Buffer in, out;
-    {
-      absl::MutexLock lock(&p->mu);
-      in = p->current;
-      out = TakeSpare(p.get());
-    }
-    for (int64_t c = 0; c < p->size; c += kChunk) {
-      const int64_t n = std::min(kChunk, p->size - c);
-      std::copy(parts[0] + c, parts[0] + c + n, sum.data());
-      for (size_t k = 1; k < parts.size(); ++k) {
-        const float* g = parts[k] + c;
-        for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
-      }
-      for (int64_t i = 0; i < n; ++i) sum[i] /= count;
-      model->optimizer->ApplyRange(in->data() + c, out->data() + c, sum.data(), n, &p->slots, c,
-                                   step + 1);
-    }
-    fresh.emplace_back(p.get(), std::move(out));
-  }
-  std::vector<Completion> completions;
+  std::vector<const float*> parts;
+  parts.reserve(workers.size());
+  for (int w : workers) parts.push_back(p->staging[w].data());
+  const float count = static_cast<float>(parts.size());
+  absl::MutexLock apply_lock(&p->apply_mu);
+  Buffer in, out;
   {
-    absl::MutexLock lock(&mu_);
-    for (auto& [p, buffer] : fresh) {
-      absl::MutexLock plock(&p->mu);
-      p->spares.push_back(std::move(p->current));
-      p->current = std::move(buffer);
-    }
-    counters_.pushes_applied += static_cast<int64_t>(workers.size());
-    version_ = step + 1;
-    applying_ = false;
-    arrived_.assign(arrived_.size(), false);
-    arrived_count_ = 0;
-    CollectReadyLocked(&completions);
+    absl::MutexLock lock(&p->mu);
+    in = p->current;
+    out = TakeSpare(p);
   }
-  RunCompletions(&completions);
+  for (int64_t c = 0; c < p->size; c += kChunk) {
+    const int64_t n = std::min(kChunk, p->size - c);
+    std::copy(parts[0] + c, parts[0] + c + n, sum.data());
+    for (size_t k = 1; k < parts.size(); ++k) {
+      const float* g = parts[k] + c;
+      for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
+    }
+    for (int64_t i = 0; i < n; ++i) sum[i] /= count;
+    model.optimizer->ApplyRange(in->data() + c, out->data() + c, sum.data(), n, &p->slots, c,
+                                step + 1);
+  }
+  return out;
 }
 
 absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,

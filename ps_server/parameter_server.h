@@ -5,9 +5,14 @@
 // return absl::Status. Every input is validated before anything changes, so a
 // rejected request leaves the model bit-identical.
 //
-// Sync mode (SyncReplicasOptimizer semantics): gradients for step == version
-// are held per worker; once `replicas_to_aggregate` have arrived, they are
-// summed in worker-index order, averaged and applied, and version advances.
+// Sync mode (SyncReplicasOptimizer semantics, per partition as TensorFlow's
+// per-variable accumulators do): gradients for step == version are held per
+// worker and partition; once `replicas_to_aggregate` workers' gradients for a
+// partition have arrived, they are summed in worker-index order, averaged and
+// applied to it, and when every partition of the server has been applied the
+// new values are published together and version advances. A worker may send
+// its gradients for a step in several pushes (any grouping of partitions),
+// and pushes to different partitions never wait on each other.
 // Gradients for an older step are dropped and counted; a step from the future
 // is refused. Async mode: each push is applied on arrival; with a staleness
 // bound s, a worker's Pull waits while it is more than s pushes ahead of the
@@ -135,11 +140,17 @@ class ParameterServer {
     std::shared_ptr<std::vector<uint16_t>> bf16 ABSL_GUARDED_BY(mu);
     const std::vector<float>* bf16_of ABSL_GUARDED_BY(mu) = nullptr;
     std::vector<std::shared_ptr<std::vector<uint16_t>>> bf16_spares ABSL_GUARDED_BY(mu);
-    // Sync: worker w's gradient for the open step, and whether w's push
-    // included this partition. Written only by w's push while it holds the
-    // worker's in-flight mark, read only by the apply of a step w is in.
+    // Sync: worker w's gradient for the open step. Written only by w's push
+    // while in_flight[w] is set, read only by this partition's apply.
     std::vector<std::vector<float>> staging;
-    std::vector<char> staged;
+    // Sync bookkeeping for the open step, guarded by the server's mu_:
+    // whose gradients are staged or being staged, and whether the quorum was
+    // reached (closed), and the applied values waiting to be published.
+    std::vector<char> arrived;
+    std::vector<char> in_flight;
+    int arrived_count = 0;
+    bool closed = false;
+    Buffer next;
   };
 
   // Everything Initialize installs; requests hold a reference while they work
@@ -187,10 +198,10 @@ class ParameterServer {
                         const std::vector<GradientRef>& grads, PushResponse* response);
   absl::Status PushAsync(const std::shared_ptr<Model>& model, const PushRequest& header,
                          const std::vector<GradientRef>& grads, PushResponse* response);
-  // Applies the closed sync step from the arrived workers' staging buffers
-  // into fresh version buffers, publishes them and advances the version.
-  void ApplySyncStep(const std::shared_ptr<Model>& model, const std::vector<int>& workers,
-                     int64_t step);
+  // Sums a closed partition's staged gradients (`workers`, in index order),
+  // averages and applies them into a spare buffer, which it returns.
+  Buffer ApplyPartition(const Model& model, PartitionState* p, const std::vector<int>& workers,
+                        int64_t step);
   // A spare buffer of `p` no pull references (or a new one).
   static Buffer TakeSpare(PartitionState* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
 
@@ -221,13 +232,11 @@ class ParameterServer {
   std::shared_ptr<Model> model_ ABSL_GUARDED_BY(mu_);
   // Number of applied updates (sync: steps; async: pushes).
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  // Sync: the open step's quorum was reached and is being applied.
-  bool applying_ ABSL_GUARDED_BY(mu_) = false;
-  // Sync: per worker, whether its gradient for step version_ is staged, or
-  // being staged.
-  std::vector<bool> arrived_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> in_flight_ ABSL_GUARDED_BY(mu_);
-  int arrived_count_ ABSL_GUARDED_BY(mu_) = 0;
+  // Sync: partitions of the open step not yet applied.
+  int open_partitions_ ABSL_GUARDED_BY(mu_) = 0;
+  // Sync, on a server that holds no partition (more servers than pieces):
+  // which workers pushed for the open step; the step completes on the quorum.
+  std::vector<char> empty_arrived_ ABSL_GUARDED_BY(mu_);
   // Async: pushes admitted but not yet counted in version_ (bounds max_steps).
   int64_t async_admitted_ ABSL_GUARDED_BY(mu_) = 0;
   // Async: pushes applied per worker (the SSP clock).

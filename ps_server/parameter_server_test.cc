@@ -355,6 +355,81 @@ TEST_CASE("frames: a payload that disagrees with its header is refused", "[ps][f
   CHECK(r.outcome() == APPLIED);
 }
 
+TEST_CASE("sync per partition: a step split over several pushes per worker, in any order",
+          "[ps][sync]") {
+  // Two partitions; each worker sends them as separate pushes. The step
+  // completes, and the version moves, only once both partitions have both
+  // workers' gradients; the result equals one push per worker.
+  auto init = [] {
+    InitializeRequest req = InitRequest(BaseConfig(true, 0, 0, 1.0f), 2, {0, 0, 0, 0});
+    NamedTensor* v = req.add_variables();
+    v->mutable_ref()->set_variable("b");
+    ToProto({2}, {0, 0}, v->mutable_tensor());
+    return req;
+  };
+  auto both = [](int w, std::vector<float> gw, std::vector<float> gb) {
+    PushRequest req = Grad(w, 0, gw);
+    NamedTensor* nt = req.add_gradients();
+    nt->mutable_ref()->set_variable("b");
+    ToProto({2}, gb, nt->mutable_tensor());
+    return req;
+  };
+  auto only_b = [&both](int w, std::vector<float> gb) {
+    PushRequest req = both(w, {}, gb);
+    req.mutable_gradients()->DeleteSubrange(0, 1);
+    return req;
+  };
+  ParameterServer whole, split;
+  REQUIRE(whole.Initialize(init()).ok());
+  REQUIRE(split.Initialize(init()).ok());
+  PushResponse r;
+  REQUIRE(whole.Push(both(0, {1, 2, 3, 4}, {5, 6}), &r).ok());
+  REQUIRE(whole.Push(both(1, {3, 2, 1, 0}, {7, 8}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+
+  REQUIRE(split.Push(only_b(1, {7, 8}), &r).ok());
+  CHECK(r.outcome() == ACCUMULATED);
+  REQUIRE(split.Push(Grad(0, 0, {1, 2, 3, 4}), &r).ok());
+  CHECK(r.outcome() == ACCUMULATED);
+  REQUIRE(split.Push(only_b(0, {5, 6}), &r).ok());  // b is complete, w is not
+  CHECK(r.outcome() == ACCUMULATED);
+  CHECK(r.version() == 0);
+  CHECK(absl::IsInvalidArgument(split.Push(only_b(0, {5, 6}), &r)));  // b twice from worker 0
+  REQUIRE(split.Push(Grad(1, 0, {3, 2, 1, 0}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  CHECK(r.version() == 1);
+  auto all = [](ParameterServer& ps) {
+    PullRequest req;
+    req.set_incarnation(kIncarnation);
+    req.set_worker(-1);
+    PullResponse resp;
+    REQUIRE(ps.Pull(req, &resp).ok());
+    std::vector<std::vector<float>> out;
+    for (const NamedTensor& nt : resp.tensors()) out.push_back(FromProto(nt.tensor())->values());
+    return out;
+  };
+  CHECK(all(split) == all(whole));
+  CHECK(all(split) == std::vector<std::vector<float>>{{-6, -7}, {-2, -2, -2, -2}});  // b, w
+}
+
+TEST_CASE("sync: a server holding no partition completes each step on the quorum",
+          "[ps][sync]") {
+  ParameterServer ps;
+  InitializeRequest req = InitRequest(BaseConfig(true), 2);
+  req.clear_variables();
+  REQUIRE(ps.Initialize(req).ok());
+  PushRequest empty = Grad(0, 0, {});
+  empty.clear_gradients();
+  PushResponse r;
+  REQUIRE(ps.Push(empty, &r).ok());
+  CHECK(r.outcome() == ACCUMULATED);
+  CHECK(absl::IsInvalidArgument(ps.Push(empty, &r)));
+  empty.set_worker(1);
+  REQUIRE(ps.Push(empty, &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  CHECK(r.version() == 1);
+}
+
 TEST_CASE("bfloat16: rounding to nearest even, saturation, NaN and Inf", "[bfloat16]") {
   CHECK(FloatToBfloat16(1.0f) == 0x3f80);
   CHECK(Bfloat16ToFloat(0x3f80) == 1.0f);

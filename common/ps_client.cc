@@ -146,38 +146,94 @@ absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::
   if (destinations.size() != vars.size()) {
     return absl::InvalidArgumentError("PullInto: destinations do not match the placement");
   }
-  std::vector<grpc::ByteBuffer> requests(num_servers()), responses(num_servers());
-  for (int s = 0; s < num_servers(); ++s) {
-    PullRequest req;
-    req.set_incarnation(incarnation_);
-    req.set_worker(worker_);
-    req.set_min_version(min_versions.empty() ? 0 : min_versions[s]);
-    req.set_timeout_ms(absl::ToInt64Milliseconds(wait));
-    req.set_wire_dtype(wire_dtype_);
-    requests[s] = SerializeMessage(req);
+  // One call per server for all its partitions, or, with chunk_bytes_,
+  // per group of whole partitions up to that size, in flight together.
+  struct Call {
+    int server;
+    int64_t bytes = 0;
+    PullRequest request;
+  };
+  std::vector<Call> calls;
+  std::vector<int> last_call(num_servers(), -1);
+  auto call_for = [&](int server, int64_t bytes) -> Call& {
+    int& c = last_call[server];
+    if (c < 0 || (chunk_bytes_ > 0 && calls[c].bytes > 0 && calls[c].bytes + bytes > chunk_bytes_)) {
+      c = static_cast<int>(calls.size());
+      calls.push_back(Call{server});
+      PullRequest& req = calls[c].request;
+      req.set_incarnation(incarnation_);
+      req.set_worker(worker_);
+      req.set_min_version(min_versions.empty() ? 0 : min_versions[server]);
+      req.set_timeout_ms(absl::ToInt64Milliseconds(wait));
+      req.set_wire_dtype(wire_dtype_);
+    }
+    calls[c].bytes += bytes;
+    return calls[c];
+  };
+  for (const VariablePlacement& vp : vars) {
+    for (const Partition& part : vp.partitions) {
+      Call& call = call_for(part.server, part.num_rows() * vp.spec.row_elements() * 4);
+      if (chunk_bytes_ > 0) {
+        PartitionRef* ref = call.request.add_refs();
+        ref->set_variable(vp.spec.name);
+        ref->set_partition(part.index);
+      }
+    }
   }
+  for (int s = 0; s < num_servers(); ++s) {
+    if (last_call[s] < 0) call_for(s, 0);  // a server without partitions still reports its version
+  }
+  // In sync mode a server's version cannot move while this worker has not
+  // pushed, unless backup workers complete a step without it; then the parts
+  // of one pull may straddle a step, and the pull is made again.
+  for (int attempt = 0;; ++attempt) {
+    bool straddled = false;
+    absl::Status st = PullCalls(calls, wait, destinations, result, &straddled);
+    if (!straddled) return st;
+    if (attempt == 4) {
+      return absl::AbortedError(
+          "pull: a server's version moved between the parts of one pull 5 times in a row");
+    }
+  }
+}
+
+template <typename Call>
+absl::Status PsClient::PullCalls(const std::vector<Call>& calls, absl::Duration wait,
+                                 const std::vector<float*>& destinations, PullResult* result,
+                                 bool* straddled) {
+  const auto& vars = placement_->variables();
+  std::vector<grpc::ByteBuffer> requests(calls.size()), responses(calls.size());
+  for (size_t c = 0; c < calls.size(); ++c) requests[c] = SerializeMessage(calls[c].request);
   absl::Status st = CallAll(
-      num_servers(), wait + rpc_timeout_, /*wait_for_ready=*/false,
-      [this](int s) { return absl::StrCat("Pull from ", ServerName(s)); },
-      [&](int s, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-        raw_stubs_[s]->UnaryCall(ctx, kPullMethod, grpc::StubOptions(), &requests[s],
-                                 &responses[s], std::move(done));
+      static_cast<int>(calls.size()), wait + rpc_timeout_, /*wait_for_ready=*/false,
+      [this, &calls](int c) { return absl::StrCat("Pull from ", ServerName(calls[c].server)); },
+      [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+        raw_stubs_[calls[c].server]->UnaryCall(ctx, kPullMethod, grpc::StubOptions(),
+                                               &requests[c], &responses[c], std::move(done));
       });
   if (!st.ok()) return st;
 
   // Assemble, checking that every partition arrives once, with its shape,
-  // and that the payload holds exactly those bytes.
-  result->versions.assign(num_servers(), 0);
+  // that the payload holds exactly those bytes, and that a server's parts
+  // all come from one version.
+  result->versions.assign(num_servers(), -1);
   result->finished = true;
+  std::vector<std::vector<char>> seen(vars.size());
+  for (size_t v = 0; v < vars.size(); ++v) seen[v].assign(vars[v].partitions.size(), 0);
   int64_t expected = 0, received = 0;
   for (const VariablePlacement& vp : vars) expected += vp.partitions.size();
-  for (int s = 0; s < num_servers(); ++s) {
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const int s = calls[c].server;
     PullResponse header;
     IncomingFrame frame;
-    absl::Status decoded = DecodeFrame(responses[s], &header, &frame);
+    absl::Status decoded = DecodeFrame(responses[c], &header, &frame);
     if (!decoded.ok()) {
       return absl::DataLossError(absl::StrCat(ServerName(s), " sent a bad pull reply: ",
                                               decoded.message()));
+    }
+    if (result->versions[s] >= 0 && result->versions[s] != header.version()) {
+      *straddled = true;
+      return absl::OkStatus();
     }
     result->versions[s] = header.version();
     result->finished &= header.finished();
@@ -186,10 +242,11 @@ absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::
       const VariablePlacement* vp = placement_->Find(nt.ref().variable());
       const int p = nt.ref().partition();
       if (vp == nullptr || p < 0 || p >= static_cast<int>(vp->partitions.size()) ||
-          vp->partitions[p].server != s) {
+          vp->partitions[p].server != s || seen[vp - vars.data()][p]) {
         return absl::DataLossError(absl::StrCat(ServerName(s), " sent unexpected partition ",
                                                 nt.ref().variable(), "/", p));
       }
+      seen[vp - vars.data()][p] = 1;
       const Partition& part = vp->partitions[p];
       const int64_t row = vp->spec.row_elements();
       const int64_t elements = part.num_rows() * row;
@@ -205,8 +262,7 @@ absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::
         return absl::DataLossError(absl::StrCat(ServerName(s), " sent ", nt.ref().variable(), "/",
                                                 p, " short of its bytes"));
       }
-      const size_t v = static_cast<size_t>(vp - vars.data());
-      float* dst = destinations[v] + part.row_begin * row;
+      float* dst = destinations[vp - vars.data()] + part.row_begin * row;
       if (wire_dtype_ == DT_BFLOAT16) {
         frame.payload.ForEachRun(offset, elements, 2, [&dst](const char* src, int64_t n) {
           Bfloat16ToFloats(src, n, dst);
@@ -245,7 +301,7 @@ absl::Status PsClient::PushFrom(const std::vector<int64_t>& steps,
   if (sources.size() != vars.size()) {
     return absl::InvalidArgumentError("PushFrom: gradients do not match the placement");
   }
-  // One call per server, or, with push_chunk_bytes_, per group of a server's
+  // One call per server, or, with chunk_bytes_, per group of a server's
   // partitions up to that size (a bigger partition goes alone): the calls
   // run in flight together and each server applies a partition as soon as
   // its quorum is in, while the next ones still arrive.
@@ -259,8 +315,8 @@ absl::Status PsClient::PushFrom(const std::vector<int64_t>& steps,
   std::vector<int> last_call(num_servers(), -1);  // per server, its open call
   auto call_for = [&](int server, int64_t bytes) -> Call& {
     int& c = last_call[server];
-    if (c < 0 || (push_chunk_bytes_ > 0 && calls[c].bytes > 0 &&
-                  calls[c].bytes + bytes > push_chunk_bytes_)) {
+    if (c < 0 || (chunk_bytes_ > 0 && calls[c].bytes > 0 &&
+                  calls[c].bytes + bytes > chunk_bytes_)) {
       c = static_cast<int>(calls.size());
       calls.push_back(Call{server});
       calls[c].header.set_incarnation(incarnation_);

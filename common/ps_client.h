@@ -36,10 +36,11 @@ class PsClient {
   // The dtype tensors travel in: DT_FLOAT (default) or DT_BFLOAT16 (pushes
   // rounded here, pulls rounded by the servers; both halve the bytes).
   void set_wire_dtype(DataType dtype) { wire_dtype_ = dtype; }
-  // Sync only: split a push to one server into calls of up to this many
-  // bytes of whole partitions, sent together (0: one call per server).
-  // Async servers count every call as an update, so async keeps 0.
-  void set_push_chunk_bytes(int64_t bytes) { push_chunk_bytes_ = bytes; }
+  // Sync only: split a pull from and a push to one server into calls of up
+  // to this many bytes of whole partitions, in flight together (0: one call
+  // per server). Async servers count every push call as an update and move
+  // between a pull's parts, so async keeps 0.
+  void set_chunk_bytes(int64_t bytes) { chunk_bytes_ = bytes; }
 
   // Installs each server's partitions of `params` (full tensors in placement
   // order). Waits up to `startup_timeout` for servers to come up; a server
@@ -83,6 +84,12 @@ class PsClient {
 
  private:
   std::string ServerName(int s) const;
+  // Sends the pull calls and assembles the replies; sets *straddled (and
+  // returns OK) when one server's parts came from different versions.
+  template <typename Call>
+  absl::Status PullCalls(const std::vector<Call>& calls, absl::Duration wait,
+                         const std::vector<float*>& destinations, PullResult* result,
+                         bool* straddled);
 
   const Placement* const placement_;
   const int worker_;
@@ -93,7 +100,7 @@ class PsClient {
   std::vector<std::unique_ptr<grpc::GenericStub>> raw_stubs_;
   uint64_t incarnation_ = 0;
   DataType wire_dtype_ = DT_FLOAT;
-  int64_t push_chunk_bytes_ = 0;
+  int64_t chunk_bytes_ = 0;
   std::vector<uint16_t> bf16_grads_;  // bfloat16 pushes are sent from here
   Counters counters_;
 };

@@ -134,7 +134,7 @@ TEST_CASE("a sync step copies each tensor once into the server, never out; pushe
   for (int n : {1, 2}) {
     Servers s(n, absl::StrCat("copies", n));
     auto w0 = s.Worker(0), w1 = s.Worker(1);
-    w0->set_push_chunk_bytes(64 << 10);  // worker 0 sends each partition as its own call
+    w0->set_chunk_bytes(64 << 10);  // worker 0 moves each partition in its own call
     // Gradients 0.25 and 0.75 average to 0.5; lr 0.5 takes 0.25 per step:
     // exact in float32, so the values prove the math as well as the counts.
     Buffers b0(s.vars, 0.25f), b1(s.vars, 0.75f);

@@ -27,8 +27,8 @@ uint64_t StepSeed(uint64_t seed, int worker, int64_t step) {
                     0xC2B2AE3D27D4EB4FULL * static_cast<uint64_t>(step));
 }
 
-// Bytes of whole partitions per push call in sync mode.
-constexpr int64_t kSyncPushChunkBytes = 4 << 20;
+// Bytes of whole partitions per pull or push call in sync mode.
+constexpr int64_t kSyncChunkBytes = 4 << 20;
 
 double Millis(absl::Duration d, int64_t steps) {
   return steps > 0 ? absl::ToDoubleMilliseconds(d) / steps : 0.0;
@@ -85,8 +85,9 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   // The chief's pulls (evaluation, the saved model) stay float32.
   if (config.rpc().wire_dtype() == "bfloat16") ps.set_wire_dtype(DT_BFLOAT16);
   // Sync servers aggregate per partition, so a push may travel as several
-  // calls in flight together; the server applies each partition as it lands.
-  if (sync) ps.set_push_chunk_bytes(kSyncPushChunkBytes);
+  // calls in flight together (the server applies each partition as it lands),
+  // and so may a pull (this worker copies one part while the next arrives).
+  if (sync) ps.set_chunk_bytes(kSyncChunkBytes);
   std::vector<int64_t> min_versions(ps.num_servers(), reg.start_step());
   // Pulls land in the model's host parameter block (pinned on CUDA) and
   // pushes read its host gradient block: no intermediate tensors.

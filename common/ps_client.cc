@@ -1,12 +1,14 @@
 #include "common/ps_client.h"
 
 #include <cstring>
+#include <deque>
 #include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/bfloat16.h"
 #include "common/rpc.h"
+#include "common/status_macros.h"
 #include "common/wire_frame.h"
 
 namespace pstrain {
@@ -294,68 +296,124 @@ absl::Status PsClient::PushAll(const std::vector<int64_t>& steps, const std::vec
   return PushFrom(steps, DataPointers(grads), outcomes);
 }
 
+// One step's push, started in parts and finished together. The frames point
+// at the caller's gradients (or bf16_grads_); gRPC releases each slice once it
+// no longer needs the bytes, and PushEnd returns only after all were
+// released, so the caller may overwrite its gradients once it returns.
+struct PsClient::PushBatch {
+  struct Call {
+    int server = 0;
+    grpc::ClientContext context;
+    grpc::ByteBuffer request, response;
+    grpc::Status status;
+  };
+  std::vector<int64_t> steps;
+  std::vector<const float*> sources;
+  std::vector<char> pushed;       // per variable
+  std::vector<char> server_used;  // per server: a call was started
+  std::vector<int64_t> bf16_offsets;
+  std::deque<Call> calls;         // stable addresses while gRPC holds them
+  absl::Mutex mu;
+  int pending ABSL_GUARDED_BY(mu) = 0;  // calls not yet completed
+  int slices ABSL_GUARDED_BY(mu) = 0;   // payload slices gRPC still holds
+};
+
+PsClient::~PsClient() {
+  if (push_ != nullptr) {
+    std::vector<PushOutcome> ignored;
+    PushEnd(&ignored).IgnoreError();  // waits for, or cancels, calls in flight
+  }
+}
+
 absl::Status PsClient::PushFrom(const std::vector<int64_t>& steps,
                                 const std::vector<const float*>& sources,
                                 std::vector<PushOutcome>* outcomes) {
+  RETURN_IF_ERROR(PushBegin(steps, sources));
+  return PushEnd(outcomes);
+}
+
+absl::Status PsClient::PushBegin(const std::vector<int64_t>& steps,
+                                 const std::vector<const float*>& sources) {
   const auto& vars = placement_->variables();
-  if (sources.size() != vars.size()) {
-    return absl::InvalidArgumentError("PushFrom: gradients do not match the placement");
+  if (push_ != nullptr) return absl::FailedPreconditionError("PushBegin: a push is under way");
+  if (sources.size() != vars.size() || static_cast<int>(steps.size()) != num_servers()) {
+    return absl::InvalidArgumentError("PushBegin: gradients or steps do not match the placement");
   }
-  // One call per server, or, with chunk_bytes_, per group of a server's
-  // partitions up to that size (a bigger partition goes alone): the calls
-  // run in flight together and each server applies a partition as soon as
-  // its quorum is in, while the next ones still arrive.
-  struct Call {
-    int server;
-    int64_t bytes = 0;
-    PushRequest header;
-    std::vector<OutgoingPayload> payload;
-  };
-  std::vector<Call> calls;
-  std::vector<int> last_call(num_servers(), -1);  // per server, its open call
-  auto call_for = [&](int server, int64_t bytes) -> Call& {
-    int& c = last_call[server];
-    if (c < 0 || (chunk_bytes_ > 0 && calls[c].bytes > 0 &&
-                  calls[c].bytes + bytes > chunk_bytes_)) {
-      c = static_cast<int>(calls.size());
-      calls.push_back(Call{server});
-      calls[c].header.set_incarnation(incarnation_);
-      calls[c].header.set_worker(worker_);
-      calls[c].header.set_step(steps[server]);
-    }
-    calls[c].bytes += bytes;
-    return calls[c];
-  };
-  // The frames point at `sources`; gRPC releases each slice once it no
-  // longer needs the bytes, and this call returns only after all were
-  // released, so the caller may overwrite its gradients as soon as it returns.
-  struct InFlight {
-    absl::Mutex mu;
-    int slices ABSL_GUARDED_BY(mu) = 0;
-  };
-  auto in_flight = std::make_shared<InFlight>();
-  // bfloat16: round every gradient once into bf16_grads_ (the one copy) and
-  // send from there.
-  const bool bf16 = wire_dtype_ == DT_BFLOAT16;
-  std::vector<int64_t> bf16_offsets;
-  if (bf16) {
+  push_ = std::make_unique<PushBatch>();
+  push_->steps = steps;
+  push_->sources = sources;
+  push_->pushed.assign(vars.size(), 0);
+  push_->server_used.assign(num_servers(), 0);
+  if (wire_dtype_ == DT_BFLOAT16) {
     int64_t total = 0;
     for (const VariablePlacement& vp : vars) {
-      bf16_offsets.push_back(total);
+      push_->bf16_offsets.push_back(total);
       total += vp.spec.num_elements();
     }
     bf16_grads_.resize(total);
-    for (size_t v = 0; v < vars.size(); ++v) {
-      FloatsToBfloat16(sources[v], vars[v].spec.num_elements(), bf16_grads_.data() + bf16_offsets[v]);
-    }
-    counters_.push_copied_bytes += total * 2;
   }
-  for (size_t v = 0; v < vars.size(); ++v) {
+  return absl::OkStatus();
+}
+
+void PsClient::StartPushCall(int server, const PushRequest& header,
+                             std::vector<OutgoingPayload> payload) {
+  PushBatch* batch = push_.get();
+  PushBatch::Call& call = batch->calls.emplace_back();
+  call.server = server;
+  SetDeadline(&call.context, rpc_timeout_);
+  call.request = EncodeFrame(header, std::move(payload));
+  {
+    absl::MutexLock lock(&batch->mu);
+    ++batch->pending;
+  }
+  batch->server_used[server] = 1;
+  raw_stubs_[server]->UnaryCall(&call.context, kPushMethod, grpc::StubOptions(), &call.request,
+                                &call.response, [batch, &call](grpc::Status st) {
+                                  absl::MutexLock lock(&batch->mu);
+                                  call.status = std::move(st);
+                                  --batch->pending;
+                                });
+}
+
+absl::Status PsClient::PushReady(size_t first, size_t end) {
+  const auto& vars = placement_->variables();
+  if (push_ == nullptr) return absl::FailedPreconditionError("PushReady without PushBegin");
+  if (first > end || end > vars.size()) return absl::InvalidArgumentError("PushReady: bad range");
+  PushBatch* batch = push_.get();
+  const bool bf16 = wire_dtype_ == DT_BFLOAT16;
+  // Per server, calls of up to chunk_bytes_ of whole partitions (or one).
+  struct Pending {
+    PushRequest header;
+    std::vector<OutgoingPayload> payload;
+    int64_t bytes = 0;
+  };
+  std::vector<Pending> open(num_servers());
+  auto flush = [&](int server) {
+    Pending& p = open[server];
+    if (p.header.gradients_size() == 0) return;
+    StartPushCall(server, p.header, std::move(p.payload));
+    p = Pending();
+  };
+  for (size_t v = first; v < end; ++v) {
+    if (batch->pushed[v]) continue;
+    batch->pushed[v] = 1;
     const int64_t row = vars[v].spec.row_elements();
+    if (bf16) {
+      // The one copy: round this variable's gradient into bf16_grads_.
+      FloatsToBfloat16(batch->sources[v], vars[v].spec.num_elements(),
+                       bf16_grads_.data() + batch->bf16_offsets[v]);
+      counters_.push_copied_bytes += vars[v].spec.num_elements() * 2;
+    }
     for (const Partition& part : vars[v].partitions) {
       const int64_t bytes = part.num_rows() * row * (bf16 ? 2 : 4);
-      Call& call = call_for(part.server, bytes);
-      NamedTensor* nt = call.header.add_gradients();
+      Pending& p = open[part.server];
+      if (chunk_bytes_ > 0 && p.bytes > 0 && p.bytes + bytes > chunk_bytes_) flush(part.server);
+      if (p.header.gradients_size() == 0) {
+        p.header.set_incarnation(incarnation_);
+        p.header.set_worker(worker_);
+        p.header.set_step(batch->steps[part.server]);
+      }
+      NamedTensor* nt = p.header.add_gradients();
       nt->mutable_ref()->set_variable(vars[v].spec.name);
       nt->mutable_ref()->set_partition(part.index);
       nt->mutable_tensor()->set_dtype(bf16 ? DT_BFLOAT16 : DT_FLOAT);
@@ -363,46 +421,70 @@ absl::Status PsClient::PushFrom(const std::vector<int64_t>& steps,
       for (size_t d = 1; d < vars[v].spec.shape.size(); ++d) {
         nt->mutable_tensor()->add_shape(vars[v].spec.shape[d]);
       }
-      const void* data = bf16 ? static_cast<const void*>(bf16_grads_.data() + bf16_offsets[v] +
-                                                         part.row_begin * row)
-                              : static_cast<const void*>(sources[v] + part.row_begin * row);
+      const void* data =
+          bf16 ? static_cast<const void*>(bf16_grads_.data() + batch->bf16_offsets[v] +
+                                          part.row_begin * row)
+               : static_cast<const void*>(batch->sources[v] + part.row_begin * row);
       {
-        absl::MutexLock lock(&in_flight->mu);
-        ++in_flight->slices;
+        absl::MutexLock lock(&batch->mu);
+        ++batch->slices;
       }
-      call.payload.push_back({data, bytes, [in_flight] {
-                                         absl::MutexLock lock(&in_flight->mu);
-                                         --in_flight->slices;
-                                       }});
+      p.payload.push_back({data, bytes, [batch] {
+                             absl::MutexLock lock(&batch->mu);
+                             --batch->slices;
+                           }});
+      p.bytes += bytes;
       counters_.push_payload_bytes += bytes;
     }
+    // Without chunking a server gets one call per PushReady.
   }
+  for (int s = 0; s < num_servers(); ++s) flush(s);
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::PushEnd(std::vector<PushOutcome>* outcomes) {
+  if (push_ == nullptr) return absl::FailedPreconditionError("PushEnd without PushBegin");
+  absl::Status st = PushReady(0, placement_->variables().size());  // whatever is left
+  PushBatch* batch = push_.get();
   for (int s = 0; s < num_servers(); ++s) {
-    if (last_call[s] < 0) call_for(s, 0);  // a server without partitions still counts the push
+    // A server without partitions still counts the push (sync quorum).
+    if (!batch->server_used[s]) {
+      PushRequest empty;
+      empty.set_incarnation(incarnation_);
+      empty.set_worker(worker_);
+      empty.set_step(batch->steps[s]);
+      StartPushCall(s, empty, {});
+    }
   }
-  std::vector<grpc::ByteBuffer> requests(calls.size()), responses(calls.size());
-  for (size_t c = 0; c < calls.size(); ++c) {
-    requests[c] = EncodeFrame(calls[c].header, std::move(calls[c].payload));
-  }
-  absl::Status st = CallAll(
-      static_cast<int>(calls.size()), rpc_timeout_, /*wait_for_ready=*/false,
-      [this, &calls](int c) { return absl::StrCat("Push to ", ServerName(calls[c].server)); },
-      [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-        raw_stubs_[calls[c].server]->UnaryCall(ctx, kPushMethod, grpc::StubOptions(),
-                                               &requests[c], &responses[c], std::move(done));
-      });
-  requests.clear();  // our own references to the slices
   {
-    absl::MutexLock lock(&in_flight->mu);
-    auto released = [&in_flight]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(in_flight->mu) {
-      return in_flight->slices == 0;
+    absl::MutexLock lock(&batch->mu);
+    auto done = [batch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch->mu) { return batch->pending == 0; };
+    if (!batch->mu.AwaitWithTimeout(absl::Condition(&done), rpc_timeout_ + absl::Seconds(5))) {
+      // gRPC enforces the deadlines; this guards against a stuck library.
+      for (PushBatch::Call& call : batch->calls) call.context.TryCancel();
+      batch->mu.Await(absl::Condition(&done));
+    }
+  }
+  for (PushBatch::Call& call : batch->calls) call.request.Clear();  // our own slice references
+  {
+    absl::MutexLock lock(&batch->mu);
+    auto released = [batch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch->mu) {
+      return batch->slices == 0;
     };
-    if (!in_flight->mu.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(10))) {
+    if (!batch->mu.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(10))) {
+      // The batch must outlive the slices' release callbacks: keep it.
+      push_.release();
       return absl::InternalError(
           "Push: gRPC still references the gradient buffers 10 s after the calls ended");
     }
   }
+  std::unique_ptr<PushBatch> finished = std::move(push_);
   if (!st.ok()) return st;
+  for (PushBatch::Call& call : finished->calls) {
+    if (!call.status.ok()) {
+      return FromGrpcStatus(call.status, absl::StrCat("Push to ", ServerName(call.server)));
+    }
+  }
   // A server's outcome over its calls: APPLIED if one completed the step,
   // else ACCUMULATED, else FINISHED or DROPPED_STALE.
   auto rank = [](PushOutcome o) {
@@ -415,16 +497,16 @@ absl::Status PsClient::PushFrom(const std::vector<int64_t>& steps,
   };
   outcomes->assign(num_servers(), DROPPED_STALE);
   std::vector<bool> seen(num_servers(), false);
-  for (size_t c = 0; c < calls.size(); ++c) {
+  for (PushBatch::Call& call : finished->calls) {
     PushResponse response;
-    absl::Status parsed = ParseMessage(responses[c], &response);
+    absl::Status parsed = ParseMessage(call.response, &response);
     if (!parsed.ok()) {
-      return absl::DataLossError(absl::StrCat(ServerName(calls[c].server),
-                                              " sent a bad push reply: ", parsed.message()));
+      return absl::DataLossError(
+          absl::StrCat(ServerName(call.server), " sent a bad push reply: ", parsed.message()));
     }
-    PushOutcome& o = (*outcomes)[calls[c].server];
-    if (!seen[calls[c].server] || rank(response.outcome()) > rank(o)) o = response.outcome();
-    seen[calls[c].server] = true;
+    PushOutcome& o = (*outcomes)[call.server];
+    if (!seen[call.server] || rank(response.outcome()) > rank(o)) o = response.outcome();
+    seen[call.server] = true;
   }
   return absl::OkStatus();
 }

@@ -19,6 +19,7 @@
 #include "common/cluster_spec.h"
 #include "common/placement.h"
 #include "common/tensor.h"
+#include "common/wire_frame.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "proto/ps_service.grpc.pb.h"
 
@@ -29,6 +30,7 @@ class PsClient {
   // `worker` is this caller's worker index, or -1 for the chief and tools.
   PsClient(const ClusterSpec& cluster, const Placement* placement, int worker,
            absl::Duration rpc_timeout);
+  ~PsClient();
 
   int num_servers() const { return static_cast<int>(stubs_.size()); }
   void set_incarnation(uint64_t incarnation) { incarnation_ = incarnation; }
@@ -69,6 +71,16 @@ class PsClient {
   // The same from caller memory: sources[v] holds variable v's full gradient.
   absl::Status PushFrom(const std::vector<int64_t>& steps, const std::vector<const float*>& sources,
                         std::vector<PushOutcome>* outcomes);
+  // PushFrom in parts, to overlap the push with the backward pass: PushBegin
+  // names the step and the gradient memory, PushReady(first, end) starts
+  // the calls for variables [first, end) as soon as their gradients are final
+  // (and returns at once), PushEnd sends whatever is left, waits for every
+  // call and says what each server did. The memory must stay unchanged until
+  // PushEnd returns.
+  absl::Status PushBegin(const std::vector<int64_t>& steps,
+                         const std::vector<const float*>& sources);
+  absl::Status PushReady(size_t first, size_t end);
+  absl::Status PushEnd(std::vector<PushOutcome>* outcomes);
 
   absl::Status ShutdownAll(const std::string& reason);
   absl::Status GetStatus(int server, PsStatusResponse* response);
@@ -84,6 +96,8 @@ class PsClient {
 
  private:
   std::string ServerName(int s) const;
+  struct PushBatch;
+  void StartPushCall(int server, const PushRequest& header, std::vector<OutgoingPayload> payload);
   // Sends the pull calls and assembles the replies; sets *straddled (and
   // returns OK) when one server's parts came from different versions.
   template <typename Call>
@@ -102,6 +116,7 @@ class PsClient {
   DataType wire_dtype_ = DT_FLOAT;
   int64_t chunk_bytes_ = 0;
   std::vector<uint16_t> bf16_grads_;  // bfloat16 pushes are sent from here
+  std::unique_ptr<PushBatch> push_;   // the push under way, if any
   Counters counters_;
 };
 

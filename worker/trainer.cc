@@ -95,6 +95,13 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   const std::vector<const float*> grad_src = model->host_gradient_pointers();
   std::vector<PushOutcome> outcomes;
   PsClient::PullResult pulled;
+  absl::Status early_push;  // the first failure of a push started during backward
+  if (sync) {
+    model->set_gradients_ready([&ps, &early_push](size_t first, size_t end) {
+      absl::Status st = ps.PushReady(first, end);
+      if (early_push.ok()) early_push = st;
+    });
+  }
   int64_t local_steps = 0, examples = 0, dropped = 0;
   double loss_sum = 0;
   int loss_count = 0;
@@ -133,17 +140,6 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     RETURN_IF_ERROR(batches->Next(step_timeout, &batch));
     t0 = absl::Now();
     data_wait += t0 - t1;
-    float loss = 0;
-    absl::Status computed = model->UploadParameters();
-    if (computed.ok()) {
-      computed =
-          model->ComputeGradients(batch.x, batch.y, batch.rows,
-                                  StepSeed(config.seed(), options.worker, local_steps), &loss);
-    }
-    batches->Release();
-    RETURN_IF_ERROR(computed);
-    t1 = absl::Now();
-    compute_time += t1 - t0;
     // Sync: one step for every server, the oldest version pulled. With backup
     // workers the servers can be a step apart while pushes are in flight; a
     // server already past this step drops the gradient, the lagging one takes
@@ -153,8 +149,22 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     if (sync) {
       steps.assign(ps.num_servers(),
                    *std::min_element(pulled.versions.begin(), pulled.versions.end()));
+      // Each layer's gradients leave as soon as the backward pass has them.
+      RETURN_IF_ERROR(ps.PushBegin(steps, grad_src));
     }
-    RETURN_IF_ERROR(ps.PushFrom(steps, grad_src, &outcomes));
+    float loss = 0;
+    absl::Status computed = model->UploadParameters();
+    if (computed.ok()) {
+      computed =
+          model->ComputeGradients(batch.x, batch.y, batch.rows,
+                                  StepSeed(config.seed(), options.worker, local_steps), &loss);
+    }
+    batches->Release();
+    RETURN_IF_ERROR(computed);
+    RETURN_IF_ERROR(early_push);
+    t1 = absl::Now();
+    compute_time += t1 - t0;
+    RETURN_IF_ERROR(sync ? ps.PushEnd(&outcomes) : ps.PushFrom(steps, grad_src, &outcomes));
     push_time += absl::Now() - t1;
     int servers_finished = 0;
     for (int s = 0; s < ps.num_servers(); ++s) {

@@ -91,7 +91,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, 
 Model::~Model() = default;
 
 absl::Status Model::Allocate() {
-  std::vector<std::pair<size_t, size_t>> layer_vars;  // first variable, count
+  std::vector<std::pair<size_t, size_t>>& layer_vars = layer_vars_;
+  layer_vars.clear();
   for (const auto& layer : layers_) {
     layer_vars.emplace_back(variables_.size(), 0);
     for (VariableSpec& v : layer->Variables()) {
@@ -309,6 +310,9 @@ absl::Status Model::ForwardBackward(uint64_t seed) {
         InLayer(layers_[l]->Backward(ctx, layer_in, activations_[l].data(), delta_[cur].data(), dx),
                 layers_[l]->name(), "backward"));
     cur = 1 - cur;
+    if (gradients_ready_ && backend_->host_memory() && layer_vars_[l].second > 0) {
+      gradients_ready_(layer_vars_[l].first, layer_vars_[l].first + layer_vars_[l].second);
+    }
   }
   return absl::OkStatus();
 }

@@ -19,6 +19,7 @@
 #define PSTRAIN_WORKER_MODEL_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -82,6 +83,13 @@ class Model {
   // place), ForwardBackward leaves the
   // gradients on the device, FinishStep brings them and the loss back and waits.
   absl::Status StageBatch(const float* x, const int32_t* labels, int batch);
+  // Called during ForwardBackward as soon as variables [first, end) have
+  // their final gradients in host_gradients(), layer by layer from the last
+  // (on a host-memory backend; on a device, gradients reach the host only in
+  // FinishStep and this is not called). Lets a worker push a layer while the
+  // layers below it are still computing.
+  using GradientsReady = std::function<void(size_t first, size_t end)>;
+  void set_gradients_ready(GradientsReady ready) { gradients_ready_ = std::move(ready); }
   absl::Status ForwardBackward(uint64_t seed);
   absl::Status FinishStep(float* loss);
 
@@ -112,6 +120,8 @@ class Model {
   Backend* const backend_;
   const int input_dim_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::pair<size_t, size_t>> layer_vars_;  // per layer: first variable, count
+  GradientsReady gradients_ready_;
   std::unique_ptr<LossLayer> loss_;
   std::vector<VariableSpec> variables_;
   std::vector<size_t> param_offsets_;  // per variable, in floats

@@ -636,6 +636,7 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
   bool completed_step = false;
   {
     absl::MutexLock lock(&mu_);
+    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
     for (auto& [p, buffer] : applied) p->next = std::move(buffer);
     open_partitions_ -= static_cast<int>(applied.size());
     if (open_partitions_ == 0) {
@@ -727,7 +728,7 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
                         });
     if (!finite) {
       absl::MutexLock lock(&mu_);
-      --async_admitted_;
+      if (model_ == model) --async_admitted_;
       ++counters_.pushes_rejected;
       return absl::InvalidArgumentError(
           absl::StrCat("gradient for ", KeyString(g.partition->key), " contains NaN or Inf"));
@@ -772,6 +773,8 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
+    // A re-Initialize while this applied replaced the model and its counts.
+    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
     --async_admitted_;
     ++version_;
     ++worker_clock_[w];

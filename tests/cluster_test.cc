@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -520,6 +521,37 @@ TEST_CASE("a daemon takes its task from TF_CONFIG as Kubeflow sets it", "[cluste
   CHECK(r.output.find("TF_CONFIG") != std::string::npos);
   CHECK(r.output.find("out of range") != std::string::npos);
   CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+}
+
+TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV", "[bench]") {
+  const std::string dir = testing::FreshTempDir("bench");
+  CommandResult r = testing::RunCommand(
+      {Binary("tools/pstrain"), "bench", "--suites=wire,apply,train", "--sizes=4096,65536",
+       "--models=16", "--reps=2", "--rep_seconds=0.05", "--out=" + dir, "--bin_dir", BinDir()},
+      absl::Seconds(240));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("== wire") != std::string::npos);
+  CHECK(r.output.find("== apply") != std::string::npos);
+  CHECK(r.output.find("784-16-10") != std::string::npos);
+  auto csv = Env::Default()->ReadFile(JoinPath(dir, "bench.csv"));
+  REQUIRE(csv.ok());
+  // Header, then per size x workers: pstrain on 1 and 2 servers, echo, TCP,
+  // memcpy (2 x 2 x 5), apply (2), train (3).
+  std::vector<std::string> lines = absl::StrSplit(*csv, '\n', absl::SkipEmpty());
+  CHECK(lines.size() == 1 + 20 + 2 + 3);
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::vector<std::string> f = absl::StrSplit(lines[i], ',');
+    REQUIRE(f.size() == 8);
+    double median = 0;
+    CHECK(absl::SimpleAtod(f[5], &median));
+    CHECK(median > 0);
+  }
+  // Bad flags are one clear line each.
+  CommandResult bad = testing::RunCommand({Binary("tools/pstrain"), "bench", "--sizes=100"},
+                                          absl::Seconds(30));
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("--sizes") != std::string::npos);
 }
 
 }  // namespace

@@ -534,6 +534,12 @@ TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV"
   CHECK(r.output.find("== wire") != std::string::npos);
   CHECK(r.output.find("== apply") != std::string::npos);
   CHECK(r.output.find("784-16-10") != std::string::npos);
+  // The picture, drawn by Debian's matplotlib (tools/setup.sh installs it).
+  CHECK(r.output.find("wrote " + JoinPath(dir, "bench.png")) != std::string::npos);
+  auto png = Env::Default()->ReadFile(JoinPath(dir, "bench.png"));
+  REQUIRE(png.ok());
+  CHECK(png->substr(0, 8) == std::string("\x89PNG\r\n\x1a\n", 8));
+  CHECK(png->size() > 10000);
   auto csv = Env::Default()->ReadFile(JoinPath(dir, "bench.csv"));
   REQUIRE(csv.ok());
   // Header, then per size x workers: pstrain on 1 and 2 servers, echo, TCP,

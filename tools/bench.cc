@@ -204,6 +204,68 @@ double MemcpyRate(int64_t bytes, double seconds) {
   return static_cast<double>(copies) * bytes / absl::ToDoubleSeconds(absl::Now() - start) / 1e9;
 }
 
+// Draws bench.csv into bench.png with matplotlib (Debian's python3-matplotlib):
+// the wire suite's GB/s against message size, and the train suite's
+// examples/s per model.
+const char kPlotScript[] = R"PY(
+import csv, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+rows = list(csv.DictReader(open(sys.argv[1])))
+wire = [r for r in rows if r["suite"] == "wire"]
+train = [r for r in rows if r["suite"] == "train"]
+panels = (1 if wire else 0) + (1 if train else 0)
+if panels == 0:
+    sys.exit("nothing to plot")
+fig, axes = plt.subplots(1, panels, figsize=(6.5 * panels, 4.5), squeeze=False)
+axes = list(axes[0])
+if wire:
+    ax = axes.pop(0)
+    series = {}
+    for r in wire:
+        if r["what"] == "pstrain":
+            key = "pstrain %s ps x %s workers" % (r["servers"], r["workers"])
+        elif r["what"] == "grpc_echo":
+            key = "bare gRPC echo, %s thread(s)" % r["workers"]
+        else:
+            key = {"tcp_stream": "one TCP stream", "memcpy": "memcpy"}[r["what"]]
+        series.setdefault(key, {})[int(r["bytes"])] = float(r["gbps_median"])
+    for key, points in sorted(series.items()):
+        xs = sorted(points)
+        ax.plot(xs, [points[x] for x in xs], marker="o", label=key,
+                linestyle="--" if not key.startswith("pstrain") else "-")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("bytes per pull and per push")
+    ax.set_ylabel("GB/s (median)")
+    ax.set_title("dense pull + push")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+if train:
+    ax = axes.pop(0)
+    models, kinds, values = [], ["compute only", "1 ps + 1 worker", "2 ps + 2 workers"], {}
+    for r in train:
+        name = r["what"].replace(" compute_only", "")
+        if name not in models:
+            models.append(name)
+        kind = kinds[0] if r["what"].endswith("compute_only") else kinds[int(r["servers"])]
+        values[(name, kind)] = float(r["gbps_median"])
+    width = 0.27
+    for k, kind in enumerate(kinds):
+        ax.bar([m + (k - 1) * width for m in range(len(models))],
+               [values.get((name, kind), 0) for name in models], width, label=kind)
+    ax.set_xticks(range(len(models)))
+    ax.set_xticklabels(models, fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("examples/s (median)")
+    ax.set_title("sync training, batch 64 per worker")
+    ax.legend(fontsize=7)
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=110)
+)PY";
+
 struct CsvRow {
   std::string suite, what;
   int64_t bytes = 0;
@@ -240,11 +302,46 @@ class Bench {
         return 1;
       }
       std::cout << "wrote " << path << "\n";
+      Plot(path, JoinPath(o_.out_dir, "bench.png"));
     }
     return 0;
   }
 
  private:
+  // bench.png from the CSV when Debian's python3 has matplotlib; says why not
+  // otherwise (the CSV is the result; the picture is a convenience).
+  void Plot(const std::string& csv, const std::string& png) {
+    const std::string python = ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "";
+    if (python.empty()) {
+      std::cout << "no bench.png: /usr/bin/python3 not found\n";
+      return;
+    }
+    const std::string script = JoinPath(o_.out_dir, "bench_plot.py");
+    if (!WriteFileAtomically(Env::Default(), script, kPlotScript).ok()) {
+      std::cout << "no bench.png: cannot write " << script << "\n";
+      return;
+    }
+    SpawnOptions so;
+    so.argv = {python, script, csv, png};
+    so.output_file = JoinPath(o_.out_dir, "bench_plot.log");
+    auto proc = Subprocess::Spawn(so);
+    std::optional<int> code;
+    if (proc.ok()) {
+      code = (*proc)->Wait(absl::Seconds(120));
+      if (!code) code = (*proc)->Stop(absl::Seconds(2));
+    }
+    auto log = Env::Default()->ReadFile(so.output_file);
+    Env::Default()->DeleteFile(script).IgnoreError();
+    Env::Default()->DeleteFile(so.output_file).IgnoreError();
+    if (code == 0) {
+      std::cout << "wrote " << png << "\n";
+    } else if (log.ok() && log->find("No module named 'matplotlib'") != std::string::npos) {
+      std::cout << "no bench.png: python3 lacks matplotlib (apt install python3-matplotlib)\n";
+    } else {
+      std::cout << "no bench.png: the plot failed" << (log.ok() ? ": " + *log : "") << "\n";
+    }
+  }
+
   void Add(const std::string& suite, const std::string& what, int64_t bytes, int servers,
            int workers, const Stats& s) {
     rows_.push_back({suite, what, bytes, servers, workers, s});

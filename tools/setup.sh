@@ -10,6 +10,7 @@ PSTRAIN_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev catch2 prometheus-cpp-dev
   libopenblas-dev nlohmann-json3-dev
+  python3-matplotlib  # pstrain bench draws bench.png with it
 )
 
 pstrain_install_deps() {

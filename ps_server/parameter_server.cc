@@ -681,6 +681,13 @@ ParameterServer::Buffer ParameterServer::ApplyPartition(const Model& model, Part
     in = p->current;
     out = TakeSpare(p);
   }
+  if (parts.size() == 1) {
+    // One gradient: its average is itself (x / 1 is exact), applied in place
+    // from the staging buffer.
+    model.optimizer->ApplyRange(in->data(), out->data(), parts[0], p->size, &p->slots, 0,
+                                step + 1);
+    return out;
+  }
   for (int64_t c = 0; c < p->size; c += kChunk) {
     const int64_t n = std::min(kChunk, p->size - c);
     std::copy(parts[0] + c, parts[0] + c + n, sum.data());

@@ -53,7 +53,8 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   LOG_INFO("model: {}", model->Summary());
   ASSIGN_OR_RETURN(Placement placement,
                    Placement::Compute(model->variables(), cluster.num_ps(),
-                                      config.placement().partition_min_bytes()));
+                                      config.placement().partition_min_bytes(),
+                                      config.placement().partition_max_bytes()));
   // One log line per server and per variable.
   for (absl::string_view line : absl::StrSplit(placement.DebugString(), '\n', absl::SkipEmpty())) {
     LOG_INFO("placement: {}", line);

@@ -119,6 +119,12 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
   if (c->placement().partition_min_bytes() < 0) {
     return FieldError(source, "placement.partition_min_bytes", "expected >= 0");
   }
+  if (c->placement().partition_max_bytes() < 0) {
+    return FieldError(source, "placement.partition_max_bytes", "expected >= 0");
+  }
+  if (c->placement().partition_max_bytes() == 0) {
+    c->mutable_placement()->set_partition_max_bytes(4 << 20);
+  }
   if (c->placement().partition_min_bytes() == 0) {
     c->mutable_placement()->set_partition_min_bytes(256 * 1024);
   }

@@ -23,7 +23,8 @@ int64_t VariableSpec::row_elements() const {
 }
 
 absl::StatusOr<Placement> Placement::Compute(const std::vector<VariableSpec>& variables,
-                                             int num_servers, int64_t partition_min_bytes) {
+                                             int num_servers, int64_t partition_min_bytes,
+                                             int64_t partition_max_bytes) {
   if (num_servers <= 0) return absl::InvalidArgumentError("placement: no parameter servers");
   Placement p;
   p.num_servers_ = num_servers;
@@ -61,6 +62,12 @@ absl::StatusOr<Placement> Placement::Compute(const std::vector<VariableSpec>& va
       int64_t want = std::max<int64_t>(2, bytes / partition_min_bytes);
       parts = static_cast<int>(std::min<int64_t>({want, num_servers, rows}));
     }
+    const int64_t row_bytes = v.row_elements() * 4;
+    if (partition_max_bytes > 0 && bytes > partition_max_bytes) {
+      const int64_t rows_per_part = std::max<int64_t>(1, partition_max_bytes / row_bytes);
+      parts = static_cast<int>(
+          std::max<int64_t>(parts, std::min<int64_t>(rows, (rows + rows_per_part - 1) / rows_per_part)));
+    }
     for (int k = 0; k < parts; ++k) {
       Partition part;
       part.index = k;
@@ -94,6 +101,7 @@ absl::StatusOr<Placement> Placement::Compute(const std::vector<VariableSpec>& va
     std::set<int> used;
     VariablePlacement& vp = p.variables_[vi];
     for (Partition& part : vp.partitions) {
+      if (static_cast<int>(used.size()) == p.num_servers_) used.clear();  // more parts than servers
       int s = least_loaded(used);
       used.insert(s);
       part.server = s;

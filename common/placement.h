@@ -2,8 +2,12 @@
 // workers, servers, the CLI) computes the same placement from the same inputs:
 // the variable list and the number of servers. Variables of at least
 // `partition_min_bytes` are split into contiguous row partitions spread over
-// distinct servers; the remaining pieces are balanced by bytes (largest first,
-// each to the least-loaded server), never round-robin. Immutable once built.
+// distinct servers, and a variable larger than `partition_max_bytes` into
+// enough partitions that none is larger (whole rows: a single row larger than
+// that stays whole), spread over the servers in turn, so no tensor on the
+// wire nears gRPC's message cap; the remaining pieces are balanced by bytes
+// (largest first, each to the least-loaded server), never round-robin.
+// Immutable once built.
 #ifndef PSTRAIN_COMMON_PLACEMENT_H_
 #define PSTRAIN_COMMON_PLACEMENT_H_
 
@@ -39,7 +43,8 @@ struct VariablePlacement {
 class Placement {
  public:
   static absl::StatusOr<Placement> Compute(const std::vector<VariableSpec>& variables,
-                                           int num_servers, int64_t partition_min_bytes);
+                                           int num_servers, int64_t partition_min_bytes,
+                                           int64_t partition_max_bytes = 0);
 
   int num_servers() const { return num_servers_; }
   const std::vector<VariablePlacement>& variables() const { return variables_; }

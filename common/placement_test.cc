@@ -47,6 +47,37 @@ TEST_CASE("small variables are balanced by bytes, not round-robin", "[placement]
   CHECK(p->server_bytes()[0] == p->server_bytes()[1]);
 }
 
+TEST_CASE("no partition is larger than partition_max_bytes; they go round the servers",
+          "[placement]") {
+  // 2048 x 2048 floats = 16 MiB of 8 KiB rows; 4 MiB cap: 512 rows a part.
+  std::vector<VariableSpec> vars = {{"big", {2048, 2048}}, {"odd", {1000, 1025}}, {"b", {10}}};
+  for (int servers : {1, 2, 3}) {
+    auto p = Placement::Compute(vars, servers, 256 << 10, 4 << 20);
+    REQUIRE(p.ok());
+    const VariablePlacement* big = p->Find("big");
+    CHECK(big->partitions.size() == 4);
+    for (const VariablePlacement& vp : p->variables()) {
+      int64_t rows = 0;
+      std::vector<int> per_server(servers, 0);
+      for (const Partition& part : vp.partitions) {
+        CHECK(part.num_rows() * vp.spec.row_elements() * 4 <= (4 << 20));
+        CHECK(part.row_begin == rows);
+        rows = part.row_end;
+        ++per_server[part.server];
+      }
+      CHECK(rows == vp.spec.shape[0]);
+      // Spread evenly: no server holds two more parts of a variable than another.
+      CHECK(*std::max_element(per_server.begin(), per_server.end()) -
+                *std::min_element(per_server.begin(), per_server.end()) <=
+            1);
+    }
+  }
+  // A row larger than the cap stays whole: one row per partition.
+  auto wide = Placement::Compute({{"wide", {3, 2 << 20}}}, 2, 256 << 10, 4 << 20);
+  REQUIRE(wide.ok());
+  CHECK(wide->Find("wide")->partitions.size() == 3);
+}
+
 TEST_CASE("one server holds everything unsplit", "[placement]") {
   auto p = Placement::Compute(MlpVariables(), 1, 1024);
   REQUIRE(p.ok());

@@ -133,7 +133,8 @@ int PlanCommand(const std::vector<std::string>& argv) {
   auto variables = ModelVariables(config->model());
   if (!variables.ok()) return Fail("plan", std::string(variables.status().message()));
   auto placement = Placement::Compute(*variables, cluster->num_ps(),
-                                      config->placement().partition_min_bytes());
+                                      config->placement().partition_min_bytes(),
+                                      config->placement().partition_max_bytes());
   if (!placement.ok()) return Fail("plan", std::string(placement.status().message()));
   std::cout << placement->DebugString();
   return 0;

@@ -70,7 +70,8 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
                    Prefetcher::Create(&partition, config.data().prefetch_batches(), pinned));
   ASSIGN_OR_RETURN(Placement placement,
                    Placement::Compute(model->variables(), cluster.num_ps(),
-                                      config.placement().partition_min_bytes()));
+                                      config.placement().partition_min_bytes(),
+                                      config.placement().partition_max_bytes()));
 
   ChiefClient chief(cluster.address(kChiefJob, 0), rpc_timeout);
   RegisterWorkerResponse reg;

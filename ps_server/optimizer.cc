@@ -13,7 +13,18 @@ class SgdOptimizer : public Optimizer {
   void ApplyRange(const float* in, float* out, const float* grad, int64_t n,
                   OptimizerSlots* slots, int64_t offset, int64_t step) const override {
     const float lr = learning_rate_;
-    for (int64_t i = 0; i < n; ++i) out[i] = in[i] - lr * grad[i];
+    // Two loops the compiler vectorises without run-time alias checks: in
+    // place, or into a buffer of its own (the server's next version).
+    if (in == out) {
+      float* __restrict p = out;
+      const float* __restrict g = grad;
+      for (int64_t i = 0; i < n; ++i) p[i] = p[i] - lr * g[i];
+    } else {
+      float* __restrict o = out;
+      const float* __restrict x = in;
+      const float* __restrict g = grad;
+      for (int64_t i = 0; i < n; ++i) o[i] = x[i] - lr * g[i];
+    }
   }
 
  private:

@@ -57,25 +57,6 @@ absl::Status CallAll(int n, absl::Duration timeout, bool wait_for_ready,
   return absl::OkStatus();
 }
 
-// Appends each partition of the full tensors `full` (placement order) to the
-// request of the server that owns it, through `add(server)`.
-void SliceByPartition(const Placement& placement, const std::vector<const float*>& full,
-                      const std::function<NamedTensor*(int server)>& add) {
-  const auto& vars = placement.variables();
-  for (size_t v = 0; v < vars.size(); ++v) {
-    const int64_t row = vars[v].spec.row_elements();
-    for (const Partition& part : vars[v].partitions) {
-      NamedTensor* nt = add(part.server);
-      nt->mutable_ref()->set_variable(vars[v].spec.name);
-      nt->mutable_ref()->set_partition(part.index);
-      std::vector<int64_t> shape = vars[v].spec.shape;
-      shape[0] = part.num_rows();
-      ToProto(shape, absl::MakeConstSpan(full[v] + part.row_begin * row, part.num_rows() * row),
-              nt->mutable_tensor());
-    }
-  }
-}
-
 std::vector<const float*> DataPointers(const std::vector<Tensor>& tensors) {
   std::vector<const float*> p;
   for (const Tensor& t : tensors) p.push_back(t.data());
@@ -107,22 +88,60 @@ absl::Status PsClient::InitializeAll(const TrainingConfig& config, uint64_t fing
   if (params.size() != vars.size()) {
     return absl::InvalidArgumentError("InitializeAll: params do not match the placement");
   }
-  std::vector<InitializeRequest> requests(num_servers());
-  for (InitializeRequest& req : requests) {
-    req.set_incarnation(incarnation_);
-    *req.mutable_config() = config;
-    req.set_config_fingerprint(fingerprint);
-    req.set_num_workers(num_workers);
-    req.set_start_step(start_step);
+  // Each server's share in parts of up to kInitPartBytes of whole
+  // partitions, so no message nears gRPC's cap; the server installs the
+  // model when its last part is in.
+  constexpr int64_t kInitPartBytes = 4 << 20;
+  std::vector<InitializeRequest> requests;
+  std::vector<int> server_of;
+  std::vector<int> last(num_servers(), -1);
+  std::vector<int64_t> bytes_in_last(num_servers(), 0);
+  auto part_for = [&](int s, int64_t bytes) -> InitializeRequest& {
+    if (last[s] < 0 || (bytes_in_last[s] > 0 && bytes_in_last[s] + bytes > kInitPartBytes)) {
+      last[s] = static_cast<int>(requests.size());
+      bytes_in_last[s] = 0;
+      requests.emplace_back();
+      server_of.push_back(s);
+      InitializeRequest& req = requests.back();
+      req.set_incarnation(incarnation_);
+      *req.mutable_config() = config;
+      req.set_config_fingerprint(fingerprint);
+      req.set_num_workers(num_workers);
+      req.set_start_step(start_step);
+    }
+    bytes_in_last[s] += bytes;
+    return requests[last[s]];
+  };
+  for (size_t v = 0; v < vars.size(); ++v) {
+    const int64_t row = vars[v].spec.row_elements();
+    for (const Partition& part : vars[v].partitions) {
+      const int64_t n = part.num_rows() * row;
+      NamedTensor* nt = part_for(part.server, n * 4).add_variables();
+      nt->mutable_ref()->set_variable(vars[v].spec.name);
+      nt->mutable_ref()->set_partition(part.index);
+      std::vector<int64_t> shape = vars[v].spec.shape;
+      shape[0] = part.num_rows();
+      ToProto(shape, absl::MakeConstSpan(params[v].data() + part.row_begin * row, n),
+              nt->mutable_tensor());
+    }
   }
-  SliceByPartition(*placement_, DataPointers(params),
-                   [&requests](int s) { return requests[s].add_variables(); });
-  std::vector<InitializeResponse> responses(num_servers());
+  for (int s = 0; s < num_servers(); ++s) {
+    if (last[s] < 0) part_for(s, 0);  // a server without partitions still learns the run
+  }
+  std::vector<int> parts(num_servers(), 0);
+  for (int s : server_of) ++parts[s];
+  std::vector<int> next(num_servers(), 0);
+  for (size_t r = 0; r < requests.size(); ++r) {
+    requests[r].set_part(next[server_of[r]]++);
+    requests[r].set_num_parts(parts[server_of[r]]);
+  }
+  std::vector<InitializeResponse> responses(requests.size());
   return CallAll(
-      num_servers(), startup_timeout, /*wait_for_ready=*/true,
-      [this](int s) { return absl::StrCat("Initialize ", ServerName(s)); },
-      [&](int s, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-        stubs_[s]->async()->Initialize(ctx, &requests[s], &responses[s], [done](grpc::Status g) {
+      static_cast<int>(requests.size()), startup_timeout, /*wait_for_ready=*/true,
+      [this, &server_of](int r) { return absl::StrCat("Initialize ", ServerName(server_of[r])); },
+      [&](int r, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+        stubs_[server_of[r]]->async()->Initialize(ctx, &requests[r], &responses[r],
+                                                  [done](grpc::Status g) {
           // A retried Initialize that already landed is fine.
           if (g.error_code() == grpc::StatusCode::ALREADY_EXISTS) g = grpc::Status::OK;
           done(g);

@@ -59,6 +59,12 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     }
   }
   if (request.start_step() < 0) return absl::InvalidArgumentError("Initialize: negative start_step");
+  const int num_parts = std::max(1, request.num_parts());
+  if (request.num_parts() < 0 || request.num_parts() > (1 << 20) || request.part() < 0 ||
+      request.part() >= num_parts) {
+    return absl::InvalidArgumentError(absl::StrCat("Initialize: part ", request.part(), " of ",
+                                                   request.num_parts()));
+  }
   auto model = std::make_shared<Model>();
   ASSIGN_OR_RETURN(model->optimizer, CreateOptimizer(config.optimizer()));
   model->sync = IsSyncMode(config);
@@ -101,6 +107,46 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
     if (initialized_ && incarnation_ == request.incarnation()) {
       return absl::AlreadyExistsError("already initialized for this incarnation");
+    }
+    if (num_parts > 1) {
+      PendingInit* pending = pending_init_.get();
+      if (pending == nullptr || pending->incarnation != request.incarnation() ||
+          pending->fingerprint != request.config_fingerprint() ||
+          pending->num_workers != request.num_workers() ||
+          pending->start_step != request.start_step() ||
+          static_cast<int>(pending->got.size()) != num_parts) {
+        // A new run's first part (an unfinished earlier gathering is dropped).
+        pending_init_ = std::make_unique<PendingInit>();
+        pending = pending_init_.get();
+        pending->incarnation = request.incarnation();
+        pending->fingerprint = request.config_fingerprint();
+        pending->num_workers = request.num_workers();
+        pending->start_step = request.start_step();
+        pending->got.assign(num_parts, 0);
+        pending->model = std::make_shared<Model>();
+        pending->model->sync = model->sync;
+        pending->model->num_workers = model->num_workers;
+        pending->model->replicas_to_aggregate = model->replicas_to_aggregate;
+        pending->model->staleness_bound = model->staleness_bound;
+        pending->model->max_steps = model->max_steps;
+        pending->model->optimizer = std::move(model->optimizer);
+      }
+      if (pending->got[request.part()]) return absl::OkStatus();  // a retried part
+      for (const auto& [key, p] : model->partitions) {
+        if (pending->model->partitions.count(key) != 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("Initialize: ", KeyString(key), " in two parts"));
+        }
+      }
+      for (auto& [key, p] : model->partitions) {
+        pending->model->partitions.emplace(key, std::move(p));
+      }
+      pending->got[request.part()] = 1;
+      if (std::count(pending->got.begin(), pending->got.end(), 1) < num_parts) {
+        return absl::OkStatus();
+      }
+      model = std::move(pending->model);
+      pending_init_.reset();
     }
     // Pulls parked for an earlier incarnation end now.
     for (auto& [id, w] : waiters_) {

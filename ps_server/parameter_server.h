@@ -237,6 +237,16 @@ class ParameterServer {
   // Sync, on a server that holds no partition (more servers than pieces):
   // which workers pushed for the open step; the step completes on the quorum.
   std::vector<char> empty_arrived_ ABSL_GUARDED_BY(mu_);
+  // An Initialize sent in parts, gathered until the last part is in.
+  struct PendingInit {
+    uint64_t incarnation = 0;
+    uint64_t fingerprint = 0;
+    int num_workers = 0;
+    int64_t start_step = 0;
+    std::vector<char> got;  // per part
+    std::shared_ptr<Model> model;
+  };
+  std::unique_ptr<PendingInit> pending_init_ ABSL_GUARDED_BY(mu_);
   // Async: pushes admitted but not yet counted in version_ (bounds max_steps).
   int64_t async_admitted_ ABSL_GUARDED_BY(mu_) = 0;
   // Async: pushes applied per worker (the SSP clock).

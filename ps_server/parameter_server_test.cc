@@ -430,6 +430,36 @@ TEST_CASE("sync: a server holding no partition completes each step on the quorum
   CHECK(r.version() == 1);
 }
 
+TEST_CASE("Initialize in parts installs the model when the last part is in", "[ps]") {
+  ParameterServer ps;
+  InitializeRequest whole = InitRequest(BaseConfig(true), 1);
+  NamedTensor* b = whole.add_variables();
+  b->mutable_ref()->set_variable("b");
+  ToProto({2}, {7, 8}, b->mutable_tensor());
+  InitializeRequest part0 = whole, part1 = whole;
+  part0.mutable_variables()->DeleteSubrange(1, 1);  // w
+  part1.mutable_variables()->DeleteSubrange(0, 1);  // b
+  part0.set_num_parts(2);
+  part1.set_num_parts(2);
+  part1.set_part(1);
+  REQUIRE(ps.Initialize(part1).ok());
+  PushResponse r;
+  CHECK(absl::IsUnavailable(ps.Push(Grad(0, 0, {1, 1, 1, 1}), &r)));  // not installed yet
+  REQUIRE(ps.Initialize(part1).ok());  // a retried part is harmless
+  InitializeRequest clash = part0;
+  clash.set_part(0);
+  *clash.add_variables() = part1.variables(0);  // b again, in another part
+  CHECK(absl::IsInvalidArgument(ps.Initialize(clash)));
+  InitializeRequest bad_part = part0;
+  bad_part.set_part(2);
+  CHECK(absl::IsInvalidArgument(ps.Initialize(bad_part)));
+  REQUIRE(ps.Initialize(part0).ok());
+  CHECK(absl::IsAlreadyExists(ps.Initialize(part0)));
+  CHECK(PullW(ps) == std::vector<float>{7, 8});  // b sorts first
+  REQUIRE(ps.Push(Grad(0, 0, {1, 1, 1, 1}), &r).ok());
+  CHECK(r.outcome() == ACCUMULATED);  // w applied; b still open (no gradient for it)
+}
+
 TEST_CASE("bfloat16: rounding to nearest even, saturation, NaN and Inf", "[bfloat16]") {
   CHECK(FloatToBfloat16(1.0f) == 0x3f80);
   CHECK(Bfloat16ToFloat(0x3f80) == 1.0f);

@@ -17,9 +17,15 @@ grpc::Status PsServiceImpl::Initialize(grpc::ServerContext* ctx, const Initializ
     for (const NamedTensor& nt : req->variables()) bytes += nt.tensor().content().size();
     resp->set_num_partitions(req->variables_size());
     resp->set_num_bytes(bytes);
-    LOG_INFO("initialized {} partitions ({} bytes) for incarnation {:x}, {} workers, start step {}",
-             req->variables_size(), bytes, req->incarnation(), req->num_workers(),
-             req->start_step());
+    if (req->num_parts() <= 1) {
+      LOG_INFO("initialized {} partitions ({} bytes) for incarnation {:x}, {} workers, start step {}",
+               req->variables_size(), bytes, req->incarnation(), req->num_workers(),
+               req->start_step());
+    } else {
+      LOG_DEBUG("Initialize part {} of {}: {} partitions ({} bytes) for incarnation {:x}",
+                req->part() + 1, req->num_parts(), req->variables_size(), bytes,
+                req->incarnation());
+    }
   } else if (!absl::IsAlreadyExists(st)) {
     LOG_WARN("Initialize refused: {}", st.ToString());
   }

@@ -55,7 +55,9 @@ struct Servers {
   std::vector<VariableSpec> vars = {{"w", {512, 256}}, {"b", {256}}};
   std::unique_ptr<PsClient> chief;
 
-  explicit Servers(int n, const std::string& name) {
+  explicit Servers(int n, const std::string& name, std::vector<VariableSpec> variables = {},
+                   int64_t partition_max_bytes = 0) {
+    if (!variables.empty()) vars = std::move(variables);
     dir = testing::FreshTempDir(name);
     auto spec = ClusterSpec::FromFile(testing::WriteClusterSpec(dir, n, 2));
     REQUIRE(spec.ok());
@@ -69,7 +71,7 @@ struct Servers {
       REQUIRE(p.ok());
       procs.push_back(std::move(*p));
     }
-    auto pl = Placement::Compute(vars, n, 64 << 10);
+    auto pl = Placement::Compute(vars, n, 64 << 10, partition_max_bytes);
     REQUIRE(pl.ok());
     placement = std::move(*pl);
     auto config = ParseTrainingConfig(R"(
@@ -203,6 +205,25 @@ TEST_CASE("bfloat16 on the wire: half the bytes each way, float32 on the server"
   Buffers exact(s.vars, 0);
   REQUIRE(s.chief->PullInto({}, absl::Seconds(20), exact.dst(), &r).ok());
   CHECK(exact.params[0][0] == 1.0f - 0.25f * steps);
+}
+
+TEST_CASE("a share of several partitions is installed in parts and trains", "[data_path]") {
+  // 12 MiB in 4 MiB partitions: each server's Initialize arrives in parts.
+  Servers s(1, "init_parts", {{"big", {3072, 1024}}, {"b", {1024}}}, 4 << 20);
+  REQUIRE(s.placement->Find("big")->partitions.size() == 3);
+  auto w0 = s.Worker(0), w1 = s.Worker(1);
+  w0->set_chunk_bytes(4 << 20);
+  w1->set_chunk_bytes(4 << 20);
+  Buffers b0(s.vars, 0.25f), b1(s.vars, 0.75f);
+  for (int step = 0; step < 2; ++step) SyncStep(s, *w0, *w1, b0, b1, step);
+  PsClient::PullResult r;
+  REQUIRE(w0->PullInto({2}, absl::Seconds(20), b0.dst(), &r).ok());
+  for (const auto& v : b0.params) {
+    for (float x : v) REQUIRE(x == 0.5f);
+  }
+  auto log = Env::Default()->ReadFile(JoinPath(s.dir, "ps0.log"));
+  REQUIRE(log.ok());
+  CHECK(log->find("Initialize refused") == std::string::npos);
 }
 
 TEST_CASE("steady state: a server takes almost no page faults per step", "[data_path]") {

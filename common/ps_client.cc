@@ -57,6 +57,62 @@ absl::Status CallAll(int n, absl::Duration timeout, bool wait_for_ready,
   return absl::OkStatus();
 }
 
+// One call's worth of a server's partitions: (variable, partition) pairs.
+struct PartitionGroup {
+  int server = 0;
+  std::vector<std::pair<size_t, const Partition*>> parts;
+};
+
+// Groups the partitions of variables `var_indices` (placement order) per
+// server into calls of whole partitions of up to `chunk_bytes` at
+// `element_bytes` an element (0: one call per server; a bigger partition
+// goes alone). With `every_server`, a server without any gets an empty call.
+std::vector<PartitionGroup> GroupPartitions(const Placement& placement,
+                                            const std::vector<size_t>& var_indices,
+                                            int64_t chunk_bytes, int element_bytes,
+                                            bool every_server) {
+  const auto& vars = placement.variables();
+  std::vector<PartitionGroup> groups;
+  std::vector<int> open(placement.num_servers(), -1);  // per server, its current group
+  std::vector<int64_t> open_bytes(placement.num_servers(), 0);
+  for (size_t v : var_indices) {
+    for (const Partition& part : vars[v].partitions) {
+      const int64_t bytes = part.num_rows() * vars[v].spec.row_elements() * element_bytes;
+      int& g = open[part.server];
+      if (g < 0 || (chunk_bytes > 0 && open_bytes[part.server] > 0 &&
+                    open_bytes[part.server] + bytes > chunk_bytes)) {
+        g = static_cast<int>(groups.size());
+        groups.push_back({part.server, {}});
+        open_bytes[part.server] = 0;
+      }
+      groups[g].parts.emplace_back(v, &part);
+      open_bytes[part.server] += bytes;
+    }
+  }
+  for (int s = 0; every_server && s < placement.num_servers(); ++s) {
+    if (open[s] < 0) groups.push_back({s, {}});
+  }
+  return groups;
+}
+
+std::vector<size_t> AllVariables(const Placement& placement) {
+  std::vector<size_t> all(placement.variables().size());
+  for (size_t v = 0; v < all.size(); ++v) all[v] = v;
+  return all;
+}
+
+// A partition's shape: its rows of the variable's shape.
+std::vector<int64_t> PartitionShape(const VariableSpec& spec, const Partition& part) {
+  std::vector<int64_t> shape = spec.shape;
+  shape[0] = part.num_rows();
+  return shape;
+}
+
+void SetRef(const VariableSpec& spec, const Partition& part, PartitionRef* ref) {
+  ref->set_variable(spec.name);
+  ref->set_partition(part.index);
+}
+
 std::vector<const float*> DataPointers(const std::vector<Tensor>& tensors) {
   std::vector<const float*> p;
   for (const Tensor& t : tensors) p.push_back(t.data());
@@ -88,52 +144,34 @@ absl::Status PsClient::InitializeAll(const TrainingConfig& config, uint64_t fing
   if (params.size() != vars.size()) {
     return absl::InvalidArgumentError("InitializeAll: params do not match the placement");
   }
-  // Each server's share in parts of up to kInitPartBytes of whole
-  // partitions, so no message nears gRPC's cap; the server installs the
-  // model when its last part is in.
-  constexpr int64_t kInitPartBytes = 4 << 20;
-  std::vector<InitializeRequest> requests;
+  // Each server's share in parts of up to 4 MiB of whole partitions, so no
+  // message nears gRPC's cap; the server installs the model when its last
+  // part is in. A server without partitions still learns the run.
+  const std::vector<PartitionGroup> groups =
+      GroupPartitions(*placement_, AllVariables(*placement_), 4 << 20, 4, /*every_server=*/true);
+  std::vector<int> parts(num_servers(), 0), next(num_servers(), 0);
+  for (const PartitionGroup& g : groups) ++parts[g.server];
+  std::vector<InitializeRequest> requests(groups.size());
   std::vector<int> server_of;
-  std::vector<int> last(num_servers(), -1);
-  std::vector<int64_t> bytes_in_last(num_servers(), 0);
-  auto part_for = [&](int s, int64_t bytes) -> InitializeRequest& {
-    if (last[s] < 0 || (bytes_in_last[s] > 0 && bytes_in_last[s] + bytes > kInitPartBytes)) {
-      last[s] = static_cast<int>(requests.size());
-      bytes_in_last[s] = 0;
-      requests.emplace_back();
-      server_of.push_back(s);
-      InitializeRequest& req = requests.back();
-      req.set_incarnation(incarnation_);
-      *req.mutable_config() = config;
-      req.set_config_fingerprint(fingerprint);
-      req.set_num_workers(num_workers);
-      req.set_start_step(start_step);
-    }
-    bytes_in_last[s] += bytes;
-    return requests[last[s]];
-  };
-  for (size_t v = 0; v < vars.size(); ++v) {
-    const int64_t row = vars[v].spec.row_elements();
-    for (const Partition& part : vars[v].partitions) {
-      const int64_t n = part.num_rows() * row;
-      NamedTensor* nt = part_for(part.server, n * 4).add_variables();
-      nt->mutable_ref()->set_variable(vars[v].spec.name);
-      nt->mutable_ref()->set_partition(part.index);
-      std::vector<int64_t> shape = vars[v].spec.shape;
-      shape[0] = part.num_rows();
-      ToProto(shape, absl::MakeConstSpan(params[v].data() + part.row_begin * row, n),
+  for (size_t r = 0; r < groups.size(); ++r) {
+    const int s = groups[r].server;
+    server_of.push_back(s);
+    InitializeRequest& req = requests[r];
+    req.set_incarnation(incarnation_);
+    *req.mutable_config() = config;
+    req.set_config_fingerprint(fingerprint);
+    req.set_num_workers(num_workers);
+    req.set_start_step(start_step);
+    req.set_part(next[s]++);
+    req.set_num_parts(parts[s]);
+    for (const auto& [v, part] : groups[r].parts) {
+      const int64_t row = vars[v].spec.row_elements();
+      NamedTensor* nt = req.add_variables();
+      SetRef(vars[v].spec, *part, nt->mutable_ref());
+      ToProto(PartitionShape(vars[v].spec, *part),
+              absl::MakeConstSpan(params[v].data() + part->row_begin * row, part->num_rows() * row),
               nt->mutable_tensor());
     }
-  }
-  for (int s = 0; s < num_servers(); ++s) {
-    if (last[s] < 0) part_for(s, 0);  // a server without partitions still learns the run
-  }
-  std::vector<int> parts(num_servers(), 0);
-  for (int s : server_of) ++parts[s];
-  std::vector<int> next(num_servers(), 0);
-  for (size_t r = 0; r < requests.size(); ++r) {
-    requests[r].set_part(next[server_of[r]]++);
-    requests[r].set_num_parts(parts[server_of[r]]);
   }
   std::vector<InitializeResponse> responses(requests.size());
   return CallAll(
@@ -167,49 +205,32 @@ absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::
   if (destinations.size() != vars.size()) {
     return absl::InvalidArgumentError("PullInto: destinations do not match the placement");
   }
-  // One call per server for all its partitions, or, with chunk_bytes_,
-  // per group of whole partitions up to that size, in flight together.
-  struct Call {
-    int server;
-    int64_t bytes = 0;
-    PullRequest request;
-  };
-  std::vector<Call> calls;
-  std::vector<int> last_call(num_servers(), -1);
-  auto call_for = [&](int server, int64_t bytes) -> Call& {
-    int& c = last_call[server];
-    if (c < 0 || (chunk_bytes_ > 0 && calls[c].bytes > 0 && calls[c].bytes + bytes > chunk_bytes_)) {
-      c = static_cast<int>(calls.size());
-      calls.push_back(Call{server});
-      PullRequest& req = calls[c].request;
-      req.set_incarnation(incarnation_);
-      req.set_worker(worker_);
-      req.set_min_version(min_versions.empty() ? 0 : min_versions[server]);
-      req.set_timeout_ms(absl::ToInt64Milliseconds(wait));
-      req.set_wire_dtype(wire_dtype_);
+  // One call per server for all its partitions (no refs: everything), or,
+  // with chunk_bytes_, per group of whole partitions up to that size, in
+  // flight together. A server without partitions still reports its version.
+  const std::vector<PartitionGroup> groups = GroupPartitions(
+      *placement_, AllVariables(*placement_), chunk_bytes_, 4, /*every_server=*/true);
+  std::vector<int> servers;
+  std::vector<PullRequest> requests(groups.size());
+  for (size_t c = 0; c < groups.size(); ++c) {
+    const int s = groups[c].server;
+    servers.push_back(s);
+    PullRequest& req = requests[c];
+    req.set_incarnation(incarnation_);
+    req.set_worker(worker_);
+    req.set_min_version(min_versions.empty() ? 0 : min_versions[s]);
+    req.set_timeout_ms(absl::ToInt64Milliseconds(wait));
+    req.set_wire_dtype(wire_dtype_);
+    for (const auto& [v, part] : groups[c].parts) {
+      if (chunk_bytes_ > 0) SetRef(vars[v].spec, *part, req.add_refs());
     }
-    calls[c].bytes += bytes;
-    return calls[c];
-  };
-  for (const VariablePlacement& vp : vars) {
-    for (const Partition& part : vp.partitions) {
-      Call& call = call_for(part.server, part.num_rows() * vp.spec.row_elements() * 4);
-      if (chunk_bytes_ > 0) {
-        PartitionRef* ref = call.request.add_refs();
-        ref->set_variable(vp.spec.name);
-        ref->set_partition(part.index);
-      }
-    }
-  }
-  for (int s = 0; s < num_servers(); ++s) {
-    if (last_call[s] < 0) call_for(s, 0);  // a server without partitions still reports its version
   }
   // In sync mode a server's version cannot move while this worker has not
   // pushed, unless backup workers complete a step without it; then the parts
   // of one pull may straddle a step, and the pull is made again.
   for (int attempt = 0;; ++attempt) {
     bool straddled = false;
-    absl::Status st = PullCalls(calls, wait, destinations, result, &straddled);
+    absl::Status st = PullCalls(servers, requests, wait, destinations, result, &straddled);
     if (!straddled) return st;
     if (attempt == 4) {
       return absl::AbortedError(
@@ -218,19 +239,20 @@ absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::
   }
 }
 
-template <typename Call>
-absl::Status PsClient::PullCalls(const std::vector<Call>& calls, absl::Duration wait,
-                                 const std::vector<float*>& destinations, PullResult* result,
-                                 bool* straddled) {
+absl::Status PsClient::PullCalls(const std::vector<int>& servers,
+                                 const std::vector<PullRequest>& pull_requests,
+                                 absl::Duration wait, const std::vector<float*>& destinations,
+                                 PullResult* result, bool* straddled) {
   const auto& vars = placement_->variables();
-  std::vector<grpc::ByteBuffer> requests(calls.size()), responses(calls.size());
-  for (size_t c = 0; c < calls.size(); ++c) requests[c] = SerializeMessage(calls[c].request);
+  const size_t n = servers.size();
+  std::vector<grpc::ByteBuffer> requests(n), responses(n);
+  for (size_t c = 0; c < n; ++c) requests[c] = SerializeMessage(pull_requests[c]);
   absl::Status st = CallAll(
-      static_cast<int>(calls.size()), wait + rpc_timeout_, /*wait_for_ready=*/false,
-      [this, &calls](int c) { return absl::StrCat("Pull from ", ServerName(calls[c].server)); },
+      static_cast<int>(n), wait + rpc_timeout_, /*wait_for_ready=*/false,
+      [this, &servers](int c) { return absl::StrCat("Pull from ", ServerName(servers[c])); },
       [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-        raw_stubs_[calls[c].server]->UnaryCall(ctx, kPullMethod, grpc::StubOptions(),
-                                               &requests[c], &responses[c], std::move(done));
+        raw_stubs_[servers[c]]->UnaryCall(ctx, kPullMethod, grpc::StubOptions(), &requests[c],
+                                          &responses[c], std::move(done));
       });
   if (!st.ok()) return st;
 
@@ -243,8 +265,8 @@ absl::Status PsClient::PullCalls(const std::vector<Call>& calls, absl::Duration 
   for (size_t v = 0; v < vars.size(); ++v) seen[v].assign(vars[v].partitions.size(), 0);
   int64_t expected = 0, received = 0;
   for (const VariablePlacement& vp : vars) expected += vp.partitions.size();
-  for (size_t c = 0; c < calls.size(); ++c) {
-    const int s = calls[c].server;
+  for (size_t c = 0; c < n; ++c) {
+    const int s = servers[c];
     PullResponse header;
     IncomingFrame frame;
     absl::Status decoded = DecodeFrame(responses[c], &header, &frame);
@@ -283,15 +305,8 @@ absl::Status PsClient::PullCalls(const std::vector<Call>& calls, absl::Duration 
         return absl::DataLossError(absl::StrCat(ServerName(s), " sent ", nt.ref().variable(), "/",
                                                 p, " short of its bytes"));
       }
-      float* dst = destinations[vp - vars.data()] + part.row_begin * row;
-      if (wire_dtype_ == DT_BFLOAT16) {
-        frame.payload.ForEachRun(offset, elements, 2, [&dst](const char* src, int64_t n) {
-          Bfloat16ToFloats(src, n, dst);
-          dst += n;
-        });
-      } else {
-        frame.payload.CopyTo(offset, bytes, dst);
-      }
+      frame.payload.CopyFloatsTo(offset, elements, wire_dtype_ == DT_BFLOAT16,
+                                 destinations[vp - vars.data()] + part.row_begin * row);
       offset += bytes;
       counters_.pull_payload_bytes += bytes;
       counters_.pull_copied_bytes += bytes;
@@ -400,64 +415,49 @@ absl::Status PsClient::PushReady(size_t first, size_t end) {
   if (first > end || end > vars.size()) return absl::InvalidArgumentError("PushReady: bad range");
   PushBatch* batch = push_.get();
   const bool bf16 = wire_dtype_ == DT_BFLOAT16;
-  // Per server, calls of up to chunk_bytes_ of whole partitions (or one).
-  struct Pending {
-    PushRequest header;
-    std::vector<OutgoingPayload> payload;
-    int64_t bytes = 0;
-  };
-  std::vector<Pending> open(num_servers());
-  auto flush = [&](int server) {
-    Pending& p = open[server];
-    if (p.header.gradients_size() == 0) return;
-    StartPushCall(server, p.header, std::move(p.payload));
-    p = Pending();
-  };
+  std::vector<size_t> ready;
   for (size_t v = first; v < end; ++v) {
     if (batch->pushed[v]) continue;
     batch->pushed[v] = 1;
-    const int64_t row = vars[v].spec.row_elements();
+    ready.push_back(v);
     if (bf16) {
       // The one copy: round this variable's gradient into bf16_grads_.
       FloatsToBfloat16(batch->sources[v], vars[v].spec.num_elements(),
                        bf16_grads_.data() + batch->bf16_offsets[v]);
       counters_.push_copied_bytes += vars[v].spec.num_elements() * 2;
     }
-    for (const Partition& part : vars[v].partitions) {
-      const int64_t bytes = part.num_rows() * row * (bf16 ? 2 : 4);
-      Pending& p = open[part.server];
-      if (chunk_bytes_ > 0 && p.bytes > 0 && p.bytes + bytes > chunk_bytes_) flush(part.server);
-      if (p.header.gradients_size() == 0) {
-        p.header.set_incarnation(incarnation_);
-        p.header.set_worker(worker_);
-        p.header.set_step(batch->steps[part.server]);
-      }
-      NamedTensor* nt = p.header.add_gradients();
-      nt->mutable_ref()->set_variable(vars[v].spec.name);
-      nt->mutable_ref()->set_partition(part.index);
+  }
+  // Per server, calls of up to chunk_bytes_ of whole partitions (or one).
+  for (const PartitionGroup& g :
+       GroupPartitions(*placement_, ready, chunk_bytes_, bf16 ? 2 : 4, /*every_server=*/false)) {
+    PushRequest header;
+    header.set_incarnation(incarnation_);
+    header.set_worker(worker_);
+    header.set_step(batch->steps[g.server]);
+    std::vector<OutgoingPayload> payload;
+    for (const auto& [v, part] : g.parts) {
+      const int64_t row = vars[v].spec.row_elements();
+      const int64_t bytes = part->num_rows() * row * (bf16 ? 2 : 4);
+      NamedTensor* nt = header.add_gradients();
+      SetRef(vars[v].spec, *part, nt->mutable_ref());
       nt->mutable_tensor()->set_dtype(bf16 ? DT_BFLOAT16 : DT_FLOAT);
-      nt->mutable_tensor()->add_shape(part.num_rows());
-      for (size_t d = 1; d < vars[v].spec.shape.size(); ++d) {
-        nt->mutable_tensor()->add_shape(vars[v].spec.shape[d]);
-      }
+      for (int64_t d : PartitionShape(vars[v].spec, *part)) nt->mutable_tensor()->add_shape(d);
       const void* data =
           bf16 ? static_cast<const void*>(bf16_grads_.data() + batch->bf16_offsets[v] +
-                                          part.row_begin * row)
-               : static_cast<const void*>(batch->sources[v] + part.row_begin * row);
+                                          part->row_begin * row)
+               : static_cast<const void*>(batch->sources[v] + part->row_begin * row);
       {
         absl::MutexLock lock(&batch->mu);
         ++batch->slices;
       }
-      p.payload.push_back({data, bytes, [batch] {
-                             absl::MutexLock lock(&batch->mu);
-                             --batch->slices;
-                           }});
-      p.bytes += bytes;
+      payload.push_back({data, bytes, [batch] {
+                           absl::MutexLock lock(&batch->mu);
+                           --batch->slices;
+                         }});
       counters_.push_payload_bytes += bytes;
     }
-    // Without chunking a server gets one call per PushReady.
+    StartPushCall(g.server, header, std::move(payload));
   }
-  for (int s = 0; s < num_servers(); ++s) flush(s);
   return absl::OkStatus();
 }
 

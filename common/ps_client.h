@@ -100,8 +100,8 @@ class PsClient {
   void StartPushCall(int server, const PushRequest& header, std::vector<OutgoingPayload> payload);
   // Sends the pull calls and assembles the replies; sets *straddled (and
   // returns OK) when one server's parts came from different versions.
-  template <typename Call>
-  absl::Status PullCalls(const std::vector<Call>& calls, absl::Duration wait,
+  absl::Status PullCalls(const std::vector<int>& servers,
+                         const std::vector<PullRequest>& requests, absl::Duration wait,
                          const std::vector<float*>& destinations, PullResult* result,
                          bool* straddled);
 

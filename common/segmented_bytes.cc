@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/bfloat16.h"
+
 namespace pstrain {
 
 void SegmentedBytes::Append(absl::string_view piece) {
@@ -27,6 +29,18 @@ void SegmentedBytes::CopyTo(int64_t offset, int64_t bytes, void* dst) const {
     offset += n;
     bytes -= n;
   }
+}
+
+void SegmentedBytes::CopyFloatsTo(int64_t offset, int64_t count, bool bfloat16,
+                                  float* dst) const {
+  if (!bfloat16) {
+    CopyTo(offset, 4 * count, dst);
+    return;
+  }
+  ForEachRun(offset, count, 2, [&dst](const char* src, int64_t n) {
+    Bfloat16ToFloats(src, n, dst);
+    dst += n;
+  });
 }
 
 void SegmentedBytes::ForEachRun(int64_t offset, int64_t count, int element_bytes,

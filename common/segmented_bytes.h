@@ -27,6 +27,9 @@ class SegmentedBytes {
 
   // Copies [offset, offset + bytes) to `dst`. The range must lie inside.
   void CopyTo(int64_t offset, int64_t bytes, void* dst) const;
+  // Copies `count` floats from byte `offset` to `dst`: float32, or bfloat16
+  // widened to float32 (2 bytes each on the wire).
+  void CopyFloatsTo(int64_t offset, int64_t count, bool bfloat16, float* dst) const;
 
   // Calls `run(p, n)` over the `count` floats starting at byte `offset`, in
   // order: p points at n consecutive (possibly unaligned) little-endian

@@ -49,15 +49,13 @@ absl::StatusOr<Tensor> FromProto(const TensorProto& proto) {
   if (proto.row_ids_size() != 0) {
     return absl::InvalidArgumentError("sparse rows are not accepted for a dense variable");
   }
-  std::vector<int64_t> shape;
-  int64_t n = 1;
-  for (int64_t d : proto.shape()) {
-    if (d < 0 || (d > 0 && n > kMaxTensorElements / d)) {
-      return absl::InvalidArgumentError(absl::StrCat("tensor dim ", d, " invalid or too large"));
-    }
-    n *= d;
-    shape.push_back(d);
+  std::vector<int64_t> shape(proto.shape().begin(), proto.shape().end());
+  const int64_t bytes = DenseFloatBytes(shape);
+  if (bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor shape [", absl::StrJoin(shape, ","), "] invalid or too large"));
   }
+  const int64_t n = bytes / 4;
   if (static_cast<int64_t>(proto.content().size()) != n * 4) {
     return absl::InvalidArgumentError(absl::StrCat("tensor content is ", proto.content().size(),
                                                    " bytes; shape needs ", n * 4));

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/tensor.h"
 
 namespace pstrain {
 namespace {
@@ -101,20 +102,16 @@ absl::Status DecodePullFrame(const grpc::ByteBuffer& buffer, PullResponse* respo
   if (!st.ok()) return st;
   int64_t offset = 0;
   for (NamedTensor& nt : *response->mutable_tensors()) {
-    int64_t n = 1;
-    for (int64_t d : nt.tensor().shape()) {
-      if (d < 0 || (d > 0 && n > (int64_t{1} << 40) / d)) {
-        return absl::InvalidArgumentError("pull frame: bad shape");
-      }
-      n *= d;
-    }
-    if (frame.payload.size() - offset < 4 * n) {
+    const TensorProto& t = nt.tensor();
+    const int64_t bytes = DenseFloatBytes(absl::MakeConstSpan(t.shape().data(), t.shape_size()));
+    if (bytes < 0) return absl::InvalidArgumentError("pull frame: bad shape");
+    if (frame.payload.size() - offset < bytes) {
       return absl::InvalidArgumentError("pull frame: payload too short");
     }
     std::string* content = nt.mutable_tensor()->mutable_content();
-    content->resize(4 * n);
-    frame.payload.CopyTo(offset, 4 * n, content->data());
-    offset += 4 * n;
+    content->resize(bytes);
+    frame.payload.CopyTo(offset, bytes, content->data());
+    offset += bytes;
   }
   if (offset != frame.payload.size()) {
     return absl::InvalidArgumentError("pull frame: payload longer than its tensors");
@@ -132,7 +129,13 @@ grpc::Status RawCall(grpc::GenericStub* stub, grpc::ClientContext* context,
                     status = std::move(st);
                     done.Notify();
                   });
-  done.WaitForNotification();  // gRPC ends every call by its deadline
+  // gRPC ends the call by the context's deadline; past it (and a margin) the
+  // call is cancelled, after which gRPC runs the callback promptly.
+  if (!done.WaitForNotificationWithTimeout(absl::FromChrono(context->deadline()) - absl::Now() +
+                                           absl::Seconds(5))) {
+    context->TryCancel();
+    done.WaitForNotification();
+  }
   return status;
 }
 

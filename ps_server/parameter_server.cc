@@ -123,23 +123,20 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
         pending->num_workers = request.num_workers();
         pending->start_step = request.start_step();
         pending->got.assign(num_parts, 0);
-        pending->model = std::make_shared<Model>();
-        pending->model->sync = model->sync;
-        pending->model->num_workers = model->num_workers;
-        pending->model->replicas_to_aggregate = model->replicas_to_aggregate;
-        pending->model->staleness_bound = model->staleness_bound;
-        pending->model->max_steps = model->max_steps;
-        pending->model->optimizer = std::move(model->optimizer);
       }
       if (pending->got[request.part()]) return absl::OkStatus();  // a retried part
-      for (const auto& [key, p] : model->partitions) {
-        if (pending->model->partitions.count(key) != 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("Initialize: ", KeyString(key), " in two parts"));
+      if (pending->model == nullptr) {
+        pending->model = std::move(model);  // the first part's settings and partitions
+      } else {
+        for (const auto& [key, p] : model->partitions) {
+          if (pending->model->partitions.count(key) != 0) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("Initialize: ", KeyString(key), " in two parts"));
+          }
         }
-      }
-      for (auto& [key, p] : model->partitions) {
-        pending->model->partitions.emplace(key, std::move(p));
+        for (auto& [key, p] : model->partitions) {
+          pending->model->partitions.emplace(key, std::move(p));
+        }
       }
       pending->got[request.part()] = 1;
       if (std::count(pending->got.begin(), pending->got.end(), 1) < num_parts) {
@@ -400,12 +397,20 @@ absl::Status ParameterServer::Pull(const PullRequest& request, PullResponse* res
   absl::Notification done;
   absl::Status status;
   PullReply reply;
-  StartPull(request, [&](absl::Status st, PullReply r) {
+  const uint64_t id = StartPull(request, [&](absl::Status st, PullReply r) {
     status = std::move(st);
     reply = std::move(r);
     done.Notify();
   });
-  done.WaitForNotification();  // bounded: every pull ends by its deadline
+  // The timer ends the pull at its deadline; past that (and a margin) it is
+  // cancelled, which ends it at once.
+  const absl::Duration bound =
+      std::min(absl::Milliseconds(std::max<int64_t>(request.timeout_ms(), 0)), max_wait_) +
+      absl::Seconds(5);
+  if (!done.WaitForNotificationWithTimeout(bound)) {
+    CancelPull(id);
+    done.WaitForNotification();
+  }
   if (!status.ok()) return status;
   response->set_version(reply.version);
   response->set_finished(reply.finished);
@@ -616,17 +621,8 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
     PartitionState* p = g->partition;
     std::vector<float>& stage = p->staging[w];
     if (static_cast<int64_t>(stage.size()) != p->size) stage.resize(p->size);  // first push only
-    if (g->bfloat16) {
-      float* dst = stage.data();
-      g->bytes->ForEachRun(g->offset, p->size, 2, [&dst](const char* src, int64_t n) {
-        Bfloat16ToFloats(src, n, dst);
-        dst += n;
-      });
-      copied += p->size * 2;
-    } else {
-      g->bytes->CopyTo(g->offset, p->size * 4, stage.data());
-      copied += p->size * 4;
-    }
+    g->bytes->CopyFloatsTo(g->offset, p->size, g->bfloat16, stage.data());
+    copied += p->size * (g->bfloat16 ? 2 : 4);
     if (non_finite == nullptr && !AllFinite(stage)) non_finite = p;
   }
   // Partitions whose quorum this push completes, with their workers.

@@ -1,10 +1,7 @@
 #include "tests/cluster_testlib.h"
 
-#include <arpa/inet.h>
 #include <dirent.h>
-#include <netinet/in.h>
 #include <poll.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -15,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/env.h"
+#include "common/local_ports.h"
 #include "common/subprocess.h"
 #include "tools/datagen.h"
 
@@ -36,47 +34,13 @@ std::string FreshTempDir(const std::string& name) {
   return dir;
 }
 
-std::vector<int> PickFreePorts(int n) {
-  // Bind port 0 on loopback and read back what the kernel chose; the sockets
-  // are closed only after all ports are known.
-  std::vector<int> fds, ports;
-  for (int i = 0; i < n; ++i) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = 0;
-    socklen_t len = sizeof(addr);
-    int port = 0;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-      port = ntohs(addr.sin_port);
-    }
-    fds.push_back(fd);
-    ports.push_back(port);
-  }
-  for (int fd : fds) ::close(fd);
-  return ports;
-}
-
 std::string WriteFile(const std::string& path, const std::string& text) {
   std::ofstream(path) << text;
   return path;
 }
 
 std::string WriteClusterSpec(const std::string& dir, int ps, int workers) {
-  const std::vector<int> ports = PickFreePorts(1 + ps + workers);
-  size_t next = 0;
-  auto list = [&ports, &next](int n) {
-    std::string s;
-    for (int i = 0; i < n; ++i) {
-      absl::StrAppend(&s, i ? ", " : "", "\"127.0.0.1:", ports[next++], "\"");
-    }
-    return s;
-  };
-  return WriteFile(JoinPath(dir, "cluster.json"),
-                   absl::StrCat("{\"chief\": [", list(1), "], \"ps\": [", list(ps),
-                                "], \"worker\": [", list(workers), "]}\n"));
+  return WriteFile(JoinPath(dir, "cluster.json"), LocalClusterSpecJson(ps, workers));
 }
 
 std::string DigitsDir() {

@@ -15,9 +15,6 @@ namespace pstrain::testing {
 std::string BinDir();                        // runfiles root holding ps_server/, worker/, ...
 std::string Binary(const std::string& rel);  // e.g. "tools/pstrain"
 std::string FreshTempDir(const std::string& name);
-// `n` distinct free loopback ports: every socket stays bound until all are
-// chosen, so the kernel cannot hand the same port out twice.
-std::vector<int> PickFreePorts(int n);
 
 // A spec with 1 chief, `ps` servers and `workers` workers on free ports.
 std::string WriteClusterSpec(const std::string& dir, int ps, int workers);

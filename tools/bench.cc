@@ -25,6 +25,7 @@
 #include "common/cluster_spec.h"
 #include "common/config.h"
 #include "common/env.h"
+#include "common/local_ports.h"
 #include "common/placement.h"
 #include "common/ps_client.h"
 #include "common/rpc.h"
@@ -64,29 +65,6 @@ std::string SizeName(int64_t bytes) {
   if (bytes >= (1 << 20) && bytes % (1 << 20) == 0) return absl::StrCat(bytes >> 20, " MiB");
   if (bytes >= (1 << 10) && bytes % (1 << 10) == 0) return absl::StrCat(bytes >> 10, " KiB");
   return absl::StrCat(bytes, " B");
-}
-
-// Free loopback ports, every socket held bound until all are known.
-std::vector<int> PickPorts(int n) {
-  std::vector<int> fds, ports;
-  for (int i = 0; i < n; ++i) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    int port = 0;
-    if (fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-      port = ntohs(addr.sin_port);
-    }
-    fds.push_back(fd);
-    ports.push_back(port);
-  }
-  for (int fd : fds) {
-    if (fd >= 0) ::close(fd);
-  }
-  return ports;
 }
 
 // Runs `threads` copies of `round(thread)` until `seconds` have passed (each
@@ -348,7 +326,7 @@ class Bench {
   }
 
   absl::Status StartEcho(std::unique_ptr<Subprocess>* proc, std::string* address) {
-    const int port = PickPorts(1)[0];
+    const int port = PickFreePorts(1)[0];
     *address = absl::StrCat("127.0.0.1:", port);
     SpawnOptions so;
     so.argv = {"/proc/self/exe", "bench", absl::StrCat("--serve_echo=", *address)};
@@ -367,15 +345,8 @@ class Bench {
     if (bin.empty()) {
       return absl::NotFoundError("no ps_server binary next to pstrain or in --bin_dir");
     }
-    const std::vector<int> ports = PickPorts(n + 3);
-    std::vector<std::string> ps;
-    for (int s = 0; s < n; ++s) ps.push_back(absl::StrCat("\"127.0.0.1:", ports[s], "\""));
-    const std::string spec = absl::StrCat(
-        "{\"chief\": [\"127.0.0.1:", ports[n], "\"], \"ps\": [", absl::StrJoin(ps, ", "),
-        "], \"worker\": [\"127.0.0.1:", ports[n + 1], "\", \"127.0.0.1:", ports[n + 2], "\"]}\n");
     const std::string path = JoinPath(dir, absl::StrCat("cluster", n, ".json"));
-    RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), path, spec));
-    files_.push_back(path);
+    RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), path, LocalClusterSpecJson(n, 2)));
     ASSIGN_OR_RETURN(ClusterSpec parsed, ClusterSpec::FromFile(path));
     *cluster = std::move(parsed);
     for (int s = 0; s < n; ++s) {
@@ -383,7 +354,6 @@ class Bench {
       so.argv = {bin, absl::StrCat("--cluster_spec=", path), absl::StrCat("--task=", s),
                  "--log_level=warn"};
       so.output_file = JoinPath(dir, absl::StrCat("ps", n, "_", s, ".log"));
-      files_.push_back(so.output_file);
       ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> p, Subprocess::Spawn(so));
       procs->push_back(std::move(p));
     }
@@ -497,8 +467,8 @@ max_steps: 1000000000000
       for (auto& p : *procs) p->Stop(absl::Seconds(5));
     }
     echo_proc->Stop(absl::Seconds(5));
-    for (const std::string& f : files_) Env::Default()->DeleteFile(f).IgnoreError();
-    ::rmdir(dir.c_str());
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
     return absl::OkStatus();
   }
 
@@ -568,17 +538,9 @@ max_steps: 1000000000000
   // examples/s (first report to the end, so start-up is not counted).
   absl::StatusOr<double> ClusterRun(const std::string& dir, const std::string& hidden, int ps,
                                     int workers, int64_t steps) {
-    const std::vector<int> ports = PickPorts(1 + ps + workers);
-    auto list = [&ports](int from, int n) {
-      std::vector<std::string> a;
-      for (int i = from; i < from + n; ++i) a.push_back(absl::StrCat("\"127.0.0.1:", ports[i], "\""));
-      return absl::StrJoin(a, ", ");
-    };
     const std::string spec = JoinPath(dir, "cluster.json");
-    RETURN_IF_ERROR(WriteFileAtomically(
-        Env::Default(), spec,
-        absl::StrCat("{\"chief\": [", list(0, 1), "], \"ps\": [", list(1, ps),
-                     "], \"worker\": [", list(1 + ps, workers), "]}\n")));
+    RETURN_IF_ERROR(
+        WriteFileAtomically(Env::Default(), spec, LocalClusterSpecJson(ps, workers)));
     const std::string out = JoinPath(dir, "out");
     const std::string config = JoinPath(dir, "train.pbtxt");
     RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), config, TrainConfigText(dir, hidden, steps, out)));
@@ -672,7 +634,6 @@ max_steps: 1000000000000
   const BenchOptions o_;
   StopSignal* const stop_;
   std::vector<CsvRow> rows_;
-  std::vector<std::string> files_;  // written under the scratch directory
 };
 
 }  // namespace

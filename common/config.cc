@@ -1,5 +1,6 @@
 #include "common/config.h"
 
+#include <cmath>
 #include <fstream>
 #include <sstream>
 
@@ -42,6 +43,21 @@ absl::Status FieldError(const std::string& source, const std::string& field,
                         const std::string& what) {
   return absl::InvalidArgumentError(
       absl::StrCat("training config ", source, ": field ", field, ": ", what));
+}
+
+// A float field that must lie in [lo, hi) (or [lo, hi] when closed), with
+// `fallback` filled in where it was left out.
+template <typename Message>
+absl::Status CheckRange(Message* m, bool (Message::*has)() const, float (Message::*get)() const,
+                        void (Message::*set)(float), float fallback, double lo, double hi,
+                        bool closed, const std::string& source, const std::string& field) {
+  if (!(m->*has)()) (m->*set)(fallback);
+  const double v = (m->*get)();
+  if (!(v >= lo && (closed ? v <= hi : v < hi))) {
+    return FieldError(source, field,
+                      absl::StrCat("expected a value in [", lo, ", ", hi, closed ? "]" : ")"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -101,20 +117,32 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
   if (d->batch_size() <= 0 || d->batch_size() > (1 << 20)) {
     return FieldError(source, "data.batch_size", "expected 1..1048576");
   }
-  if (!(c->optimizer().learning_rate() > 0.0f)) {
-    return FieldError(source, "optimizer.learning_rate", "expected a positive number");
-  }
-  if (c->optimizer().kind_case() == OptimizerConfig::KIND_NOT_SET) {
-    c->mutable_optimizer()->mutable_sgd();
-  }
+  if (c->max_steps() <= 0) return FieldError(source, "max_steps", "expected a positive count");
+  RETURN_IF_ERROR(ValidateAndFillOptimizerDefaults(c->mutable_optimizer(), c->max_steps(), source));
   if (c->mode_case() == TrainingConfig::MODE_NOT_SET) c->mutable_sync();
-  if (c->has_sync() && c->sync().replicas_to_aggregate() < 0) {
-    return FieldError(source, "sync.replicas_to_aggregate", "expected >= 0 (0 = all workers)");
+  if (c->has_sync()) {
+    const SyncConfig& s = c->sync();
+    if (s.replicas_to_aggregate() < 0) {
+      return FieldError(source, "sync.replicas_to_aggregate", "expected >= 0 (0 = all workers)");
+    }
+    if (s.step_deadline_ms() < 0) {
+      return FieldError(source, "sync.step_deadline_ms", "expected >= 0 (0 = none)");
+    }
+    if (s.min_replicas() < 0) {
+      return FieldError(source, "sync.min_replicas", "expected >= 0 (0 = replicas_to_aggregate)");
+    }
+    if (s.replicas_to_aggregate() > 0 && s.min_replicas() > s.replicas_to_aggregate()) {
+      return FieldError(source, "sync.min_replicas", "expected <= replicas_to_aggregate");
+    }
+    if (s.min_replicas() > 0 && s.step_deadline_ms() == 0) {
+      return FieldError(source, "sync.min_replicas",
+                        "needs sync.step_deadline_ms (the time after which a step goes on "
+                        "with fewer gradients)");
+    }
   }
   if (c->has_async() && c->async().staleness_bound() < 0) {
     return FieldError(source, "async.staleness_bound", "expected >= 0 (0 = unbounded)");
   }
-  if (c->max_steps() <= 0) return FieldError(source, "max_steps", "expected a positive count");
   if (c->eval_every_steps() < 0) return FieldError(source, "eval_every_steps", "expected >= 0");
   if (c->placement().partition_min_bytes() < 0) {
     return FieldError(source, "placement.partition_min_bytes", "expected >= 0");
@@ -139,6 +167,12 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
   if (rpc->rpc_timeout_ms() == 0) rpc->set_rpc_timeout_ms(10000);
   if (rpc->step_timeout_ms() == 0) rpc->set_step_timeout_ms(60000);
   if (rpc->startup_timeout_ms() == 0) rpc->set_startup_timeout_ms(60000);
+  if (c->has_sync() && c->sync().step_deadline_ms() >= rpc->step_timeout_ms()) {
+    return FieldError(source, "sync.step_deadline_ms",
+                      absl::StrCat("expected less than rpc.step_timeout_ms (",
+                                   rpc->step_timeout_ms(),
+                                   "), the longest a worker waits for a step"));
+  }
   if (c->compute_threads() < 0 || c->compute_threads() > 256) {
     return FieldError(source, "compute_threads", "expected 0..256");
   }
@@ -148,6 +182,127 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
     return FieldError(source, "device", "expected \"auto\", \"cpu\" or \"cuda:N\"");
   }
   if (c->device().empty()) c->set_device("auto");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAndFillOptimizerDefaults(OptimizerConfig* o, int64_t max_steps,
+                                              const std::string& source) {
+  if (!(o->learning_rate() > 0.0f) || !std::isfinite(o->learning_rate())) {
+    return FieldError(source, "optimizer.learning_rate", "expected a positive number");
+  }
+  constexpr double kBig = 1e30;
+  switch (o->kind_case()) {
+    case OptimizerConfig::KIND_NOT_SET:
+      o->mutable_sgd();
+      break;
+    case OptimizerConfig::kSgd:
+      break;
+    case OptimizerConfig::kMomentum: {
+      MomentumConfig* m = o->mutable_momentum();
+      RETURN_IF_ERROR(CheckRange(m, &MomentumConfig::has_momentum, &MomentumConfig::momentum,
+                                 &MomentumConfig::set_momentum, 0.9f, 0, 1, false, source,
+                                 "optimizer.momentum.momentum"));
+      break;
+    }
+    case OptimizerConfig::kAdagrad: {
+      AdagradConfig* a = o->mutable_adagrad();
+      RETURN_IF_ERROR(CheckRange(a, &AdagradConfig::has_initial_accumulator_value,
+                                 &AdagradConfig::initial_accumulator_value,
+                                 &AdagradConfig::set_initial_accumulator_value, 0.1f, 0, kBig,
+                                 true, source, "optimizer.adagrad.initial_accumulator_value"));
+      RETURN_IF_ERROR(CheckRange(a, &AdagradConfig::has_epsilon, &AdagradConfig::epsilon,
+                                 &AdagradConfig::set_epsilon, 1e-10f, 0, kBig, true, source,
+                                 "optimizer.adagrad.epsilon"));
+      if (!(a->initial_accumulator_value() > 0 || a->epsilon() > 0)) {
+        return FieldError(source, "optimizer.adagrad",
+                          "initial_accumulator_value or epsilon must be positive (a zero "
+                          "gradient would divide by zero)");
+      }
+      break;
+    }
+    case OptimizerConfig::kAdam:
+    case OptimizerConfig::kAdamw: {
+      const bool w = o->has_adamw();
+      const std::string f = w ? "optimizer.adamw." : "optimizer.adam.";
+      AdamConfig* a = w ? o->mutable_adamw() : o->mutable_adam();
+      RETURN_IF_ERROR(CheckRange(a, &AdamConfig::has_beta1, &AdamConfig::beta1,
+                                 &AdamConfig::set_beta1, 0.9f, 0, 1, false, source, f + "beta1"));
+      RETURN_IF_ERROR(CheckRange(a, &AdamConfig::has_beta2, &AdamConfig::beta2,
+                                 &AdamConfig::set_beta2, 0.999f, 0, 1, false, source,
+                                 f + "beta2"));
+      RETURN_IF_ERROR(CheckRange(a, &AdamConfig::has_epsilon, &AdamConfig::epsilon,
+                                 &AdamConfig::set_epsilon, 1e-8f, 1e-30, kBig, true, source,
+                                 f + "epsilon"));
+      if (!w) {
+        if (a->weight_decay() != 0) {
+          return FieldError(source, "optimizer.adam.weight_decay",
+                            "Adam has no weight decay here; use adamw { weight_decay: ... }");
+        }
+      } else {
+        RETURN_IF_ERROR(CheckRange(a, &AdamConfig::has_weight_decay, &AdamConfig::weight_decay,
+                                   &AdamConfig::set_weight_decay, 0.01f, 0, kBig, true, source,
+                                   f + "weight_decay"));
+      }
+      break;
+    }
+    case OptimizerConfig::kFtrl: {
+      FtrlConfig* a = o->mutable_ftrl();
+      RETURN_IF_ERROR(CheckRange(a, &FtrlConfig::has_initial_accumulator_value,
+                                 &FtrlConfig::initial_accumulator_value,
+                                 &FtrlConfig::set_initial_accumulator_value, 0.1f, 0, kBig, true,
+                                 source, "optimizer.ftrl.initial_accumulator_value"));
+      if (!(a->l1() >= 0 && a->l2() >= 0 && a->beta() >= 0) || !std::isfinite(a->l1()) ||
+          !std::isfinite(a->l2()) || !std::isfinite(a->beta())) {
+        return FieldError(source, "optimizer.ftrl", "expected l1, l2 and beta >= 0");
+      }
+      if (!(a->initial_accumulator_value() > 0 || a->beta() > 0)) {
+        return FieldError(source, "optimizer.ftrl",
+                          "initial_accumulator_value or beta must be positive");
+      }
+      break;
+    }
+    default:
+      return FieldError(source, "optimizer", "unknown optimizer");
+  }
+  LearningRateSchedule* s = o->mutable_schedule();
+  if (s->warmup_steps() < 0 || s->decay_steps() < 0) {
+    return FieldError(source, "optimizer.schedule", "expected warmup_steps, decay_steps >= 0");
+  }
+  switch (s->kind()) {
+    case LearningRateSchedule::CONSTANT:
+      break;
+    case LearningRateSchedule::STEP:
+      if (s->decay_steps() == 0) {
+        return FieldError(source, "optimizer.schedule.decay_steps",
+                          "STEP needs the steps between decays (> 0)");
+      }
+      RETURN_IF_ERROR(CheckRange(s, &LearningRateSchedule::has_decay_rate,
+                                 &LearningRateSchedule::decay_rate,
+                                 &LearningRateSchedule::set_decay_rate, 0.1f, 0, 1, true, source,
+                                 "optimizer.schedule.decay_rate"));
+      break;
+    case LearningRateSchedule::COSINE:
+      if (!(s->min_learning_rate_ratio() >= 0 && s->min_learning_rate_ratio() <= 1)) {
+        return FieldError(source, "optimizer.schedule.min_learning_rate_ratio",
+                          "expected a value in [0, 1]");
+      }
+      if (s->decay_steps() == 0 && s->warmup_steps() >= max_steps) {
+        return FieldError(source, "optimizer.schedule",
+                          "COSINE needs decay_steps, or warmup_steps < max_steps");
+      }
+      break;
+    default:
+      return FieldError(source, "optimizer.schedule.kind", "expected CONSTANT, STEP or COSINE");
+  }
+  if (o->base_batch_size() < 0) {
+    return FieldError(source, "optimizer.base_batch_size", "expected >= 0 (0 = no scaling)");
+  }
+  if (!(o->clip_value() >= 0) || !std::isfinite(o->clip_value())) {
+    return FieldError(source, "optimizer.clip_value", "expected >= 0 (0 = off)");
+  }
+  if (!(o->clip_global_norm() >= 0) || !std::isfinite(o->clip_global_norm())) {
+    return FieldError(source, "optimizer.clip_global_norm", "expected >= 0 (0 = off)");
+  }
   return absl::OkStatus();
 }
 

@@ -23,6 +23,12 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* config, const std::string& 
 
 // A stable 64-bit fingerprint of the effective config (FNV-1a over the
 // deterministic serialization): tasks compare it to refuse a mismatched config.
+// The optimizer part of ValidateAndFillDefaults: checks every
+// hyperparameter and fills the ones left out with their documented defaults.
+// `max_steps` bounds the cosine schedule's default span.
+absl::Status ValidateAndFillOptimizerDefaults(OptimizerConfig* optimizer, int64_t max_steps,
+                                              const std::string& source);
+
 uint64_t ConfigFingerprint(const TrainingConfig& config);
 
 bool IsSyncMode(const TrainingConfig& config);

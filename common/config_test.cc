@@ -50,6 +50,32 @@ TEST_CASE("semantic errors name the field", "[config]") {
   CHECK(std::string(c.status().message()).find("max_steps") != std::string::npos);
 }
 
+TEST_CASE("consistency settings are checked: no configuration can wait forever", "[config]") {
+  struct Case {
+    const char* replace;
+    const char* field;
+  };
+  for (const Case& k : {
+           Case{"sync { replicas_to_aggregate: 2 min_replicas: 1 }", "sync.min_replicas"},
+           Case{"sync { replicas_to_aggregate: 2 min_replicas: 3 step_deadline_ms: 100 }",
+                "sync.min_replicas"},
+           Case{"sync { step_deadline_ms: -5 }", "sync.step_deadline_ms"},
+           Case{"sync { step_deadline_ms: 60000 }", "sync.step_deadline_ms"},
+           Case{"async { staleness_bound: -1 }", "async.staleness_bound"},
+       }) {
+    std::string text = kGood;
+    text.replace(text.find("sync { replicas_to_aggregate: 2 }"), 33, k.replace);
+    auto c = ParseTrainingConfig(text, "x.pbtxt");
+    INFO(k.replace);
+    REQUIRE_FALSE(c.ok());
+    CHECK(std::string(c.status().message()).find(k.field) != std::string::npos);
+  }
+  std::string text = kGood;
+  text.replace(text.find("sync { replicas_to_aggregate: 2 }"), 33,
+               "sync { replicas_to_aggregate: 2 min_replicas: 1 step_deadline_ms: 500 }");
+  CHECK(ParseTrainingConfig(text, "x.pbtxt").ok());
+}
+
 TEST_CASE("fingerprints are stable and tell configs apart", "[config]") {
   auto a = ParseTrainingConfig(kGood, "a");
   auto b = ParseTrainingConfig(kGood, "b");

@@ -70,8 +70,26 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
   model->sync = IsSyncMode(config);
   model->num_workers = request.num_workers();
   model->replicas_to_aggregate = replicas;
+  if (config.has_sync()) {
+    model->min_replicas =
+        config.sync().min_replicas() > 0 ? config.sync().min_replicas() : replicas;
+    if (model->min_replicas > replicas) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Initialize: min_replicas ", model->min_replicas, " exceeds the ", replicas,
+          " gradients a step aggregates"));
+    }
+    model->step_deadline = absl::Milliseconds(config.sync().step_deadline_ms());
+  }
   model->staleness_bound = config.has_async() ? config.async().staleness_bound() : 0;
+  model->staleness_scaled_lr =
+      config.has_async() && config.async().staleness_scaled_learning_rate();
   model->max_steps = config.max_steps();
+  // One update's examples, for the linear scaling rule.
+  const int64_t global_batch =
+      static_cast<int64_t>(config.data().batch_size()) * (model->sync ? replicas : 1);
+  ASSIGN_OR_RETURN(model->learning_rate,
+                   LearningRate::Create(config.optimizer(), global_batch, config.max_steps()));
+  model->clip_value = config.optimizer().clip_value();
   for (const NamedTensor& nt : request.variables()) {
     Key key{nt.ref().variable(), nt.ref().partition()};
     absl::StatusOr<Tensor> t = FromProto(nt.tensor());
@@ -89,6 +107,10 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     p->key = key;
     p->shape = t->shape();
     p->size = t->num_elements();
+    {
+      absl::MutexLock lock(&p->apply_mu);
+      model->optimizer->InitSlots(p->size, &p->slots);
+    }
     {
       absl::MutexLock lock(&p->mu);
       p->current = std::make_shared<std::vector<float>>(std::move(t->values()));
@@ -158,6 +180,8 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     model_ = std::move(model);
     version_ = request.start_step();
     open_partitions_ = static_cast<int>(model_->partitions.size());
+    step_deadline_ = absl::InfiniteFuture();
+    sync_failure_ = absl::OkStatus();
     empty_arrived_.assign(model_->num_workers, 0);
     async_admitted_ = 0;
     worker_clock_.assign(model_->num_workers, 0);
@@ -236,7 +260,7 @@ absl::Status ParameterServer::CheckPullLocked(const PullRequest& request) const 
 
 bool ParameterServer::ReadyLocked(const PullRequest& request) const {
   if (shut_down_ || FinishedLocked()) return true;
-  if (version_ < request.min_version()) return false;
+  if (version_ < request.min_version()) return !sync_failure_.ok();
   const int worker = request.worker();
   const bool bounded = !model_->sync && model_->staleness_bound > 0 && worker >= 0;
   return !bounded || worker_clock_[worker] - MinWorkerClockLocked() <= model_->staleness_bound;
@@ -244,6 +268,7 @@ bool ParameterServer::ReadyLocked(const PullRequest& request) const {
 
 absl::Status ParameterServer::SnapshotLocked(const PullRequest& request, PullReply* reply) {
   if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
+  if (version_ < request.min_version() && !sync_failure_.ok()) return sync_failure_;
   reply->version = version_;
   reply->finished = FinishedLocked();
   reply->bfloat16 = request.wire_dtype() == DT_BFLOAT16;
@@ -365,12 +390,13 @@ void ParameterServer::CancelPull(uint64_t id) {
 void ParameterServer::TimerLoop() {
   absl::MutexLock lock(&mu_);
   while (!destroying_) {
-    absl::Time earliest = absl::InfiniteFuture();
+    absl::Time earliest = step_deadline_;
     for (const auto& [id, w] : waiters_) earliest = std::min(earliest, w.deadline);
     timer_cv_.WaitWithDeadline(&mu_, earliest);
     if (destroying_) break;
     const absl::Time now = absl::Now();
     std::vector<Completion> expired;
+    if (step_deadline_ <= now && !shut_down_) ExpireSyncStepLocked(&expired);
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (it->second.deadline > now) {
         ++it;
@@ -565,6 +591,13 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
       response->set_version(version_);
       return absl::OkStatus();
     }
+    if (!sync_failure_.ok()) return sync_failure_;
+    if (step == version_ && model->step_deadline > absl::ZeroDuration() &&
+        step_deadline_ == absl::InfiniteFuture()) {
+      // The step's first gradient on this server starts its clock.
+      step_deadline_ = absl::Now() + model->step_deadline;
+      timer_cv_.Signal();
+    }
     if (step == version_ && model->partitions.empty()) {
       // Nothing to aggregate: the step completes when the quorum has pushed.
       if (empty_arrived_[w]) {
@@ -580,9 +613,7 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
         return absl::OkStatus();
       }
       std::fill(empty_arrived_.begin(), empty_arrived_.end(), 0);
-      counters_.pushes_applied += model->replicas_to_aggregate;
-      version_ = step + 1;
-      CollectReadyLocked(&empty_step);
+      CompleteStepLocked(step, model->replicas_to_aggregate, &empty_step);
       response->set_outcome(APPLIED);
       response->set_version(version_);
       empty_step_done = true;
@@ -653,12 +684,7 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
       }
       p->arrived[w] = 1;
       if (++p->arrived_count < model->replicas_to_aggregate) continue;
-      p->closed = true;
-      std::vector<int> workers;
-      for (int i = 0; i < model->num_workers; ++i) {
-        if (p->arrived[i]) workers.push_back(i);
-      }
-      to_apply.emplace_back(p, std::move(workers));
+      to_apply.emplace_back(p, ClosePartitionLocked(*model, p));
     }
     if (stale > 0) ++counters_.gradients_dropped_stale;
     if (to_apply.empty()) {
@@ -675,35 +701,103 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
     applied.emplace_back(p, ApplyPartition(*model, p, workers, step));
   }
   std::vector<Completion> completions;
-  bool completed_step = false;
   {
     absl::MutexLock lock(&mu_);
     if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
-    for (auto& [p, buffer] : applied) p->next = std::move(buffer);
-    open_partitions_ -= static_cast<int>(applied.size());
-    if (open_partitions_ == 0) {
-      completed_step = true;
-      for (auto& [key, p] : model->partitions) {
-        {
-          absl::MutexLock plock(&p->mu);
-          p->spares.push_back(std::move(p->current));
-          p->current = std::move(p->next);
-        }
-        p->next = nullptr;
-        p->closed = false;
-        p->arrived_count = 0;
-        std::fill(p->arrived.begin(), p->arrived.end(), 0);
-      }
-      open_partitions_ = static_cast<int>(model->partitions.size());
-      counters_.pushes_applied += model->replicas_to_aggregate;
-      version_ = step + 1;
-      CollectReadyLocked(&completions);
-    }
+    const bool completed_step = FinishPartitionsLocked(*model, &applied, step, &completions);
     response->set_outcome(completed_step ? APPLIED : ACCUMULATED);
     response->set_version(version_);
   }
   RunCompletions(&completions);
   return absl::OkStatus();
+}
+
+std::vector<int> ParameterServer::ClosePartitionLocked(const Model& model, PartitionState* p) {
+  p->closed = true;
+  p->closed_count = p->arrived_count;
+  std::vector<int> workers;
+  for (int i = 0; i < model.num_workers; ++i) {
+    if (p->arrived[i]) workers.push_back(i);
+  }
+  return workers;
+}
+
+bool ParameterServer::FinishPartitionsLocked(
+    const Model& model, std::vector<std::pair<PartitionState*, Buffer>>* applied, int64_t step,
+    std::vector<Completion>* completions) {
+  for (auto& [p, buffer] : *applied) p->next = std::move(buffer);
+  open_partitions_ -= static_cast<int>(applied->size());
+  if (open_partitions_ != 0) return false;
+  // Every partition is applied: publish them together.
+  int contributors = model.replicas_to_aggregate;
+  for (auto& [key, p] : model.partitions) {
+    {
+      absl::MutexLock plock(&p->mu);
+      p->spares.push_back(std::move(p->current));
+      p->current = std::move(p->next);
+    }
+    p->next = nullptr;
+    p->closed = false;
+    contributors = std::min(contributors, p->closed_count);
+    p->arrived_count = 0;
+    std::fill(p->arrived.begin(), p->arrived.end(), 0);
+  }
+  open_partitions_ = static_cast<int>(model.partitions.size());
+  CompleteStepLocked(step, contributors, completions);
+  return true;
+}
+
+void ParameterServer::CompleteStepLocked(int64_t step, int contributors,
+                                         std::vector<Completion>* completions) {
+  counters_.pushes_applied += contributors;
+  version_ = step + 1;
+  step_deadline_ = absl::InfiniteFuture();  // the next step's starts with its first gradient
+  CollectReadyLocked(completions);
+}
+
+void ParameterServer::ExpireSyncStepLocked(std::vector<Completion>* completions) {
+  step_deadline_ = absl::InfiniteFuture();
+  if (!initialized_ || !model_->sync || FinishedLocked() || !sync_failure_.ok()) return;
+  const std::shared_ptr<Model> model = model_;
+  const int64_t step = version_;
+  // Go on short only if every open partition has its minimum.
+  int fewest = model->replicas_to_aggregate;
+  if (model->partitions.empty()) {
+    fewest = static_cast<int>(std::count(empty_arrived_.begin(), empty_arrived_.end(), 1));
+  }
+  for (const auto& [key, p] : model->partitions) {
+    if (!p->closed) fewest = std::min(fewest, p->arrived_count);
+  }
+  if (fewest < model->min_replicas) {
+    sync_failure_ = absl::DeadlineExceededError(absl::StrCat(
+        "sync step ", step, " failed: its deadline (sync.step_deadline_ms ",
+        absl::ToInt64Milliseconds(model->step_deadline),
+        ", from the step's first gradient) passed with ", fewest, " of the ",
+        model->min_replicas, " gradients it needs at least (sync.min_replicas); ",
+        WaitingOnLocked()));
+    CollectReadyLocked(completions);
+    return;
+  }
+  if (model->partitions.empty()) {
+    std::fill(empty_arrived_.begin(), empty_arrived_.end(), 0);
+    CompleteStepLocked(step, fewest, completions);
+    return;
+  }
+  std::vector<std::pair<PartitionState*, std::vector<int>>> to_apply;
+  for (auto& [key, p] : model->partitions) {
+    if (!p->closed) to_apply.emplace_back(p.get(), ClosePartitionLocked(*model, p.get()));
+  }
+  if (to_apply.empty()) return;  // every partition is being applied by its last push
+  // Apply outside the lock, as a push does; late pushes of this step find
+  // their partitions closed and are dropped as stale.
+  mu_.Unlock();
+  std::vector<std::pair<PartitionState*, Buffer>> applied;
+  for (auto& [p, workers] : to_apply) {
+    applied.emplace_back(p, ApplyPartition(*model, p, workers, step));
+  }
+  mu_.Lock();
+  if (model_ != model) return;
+  FinishPartitionsLocked(*model, &applied, step, completions);
 }
 
 ParameterServer::Buffer ParameterServer::ApplyPartition(const Model& model, PartitionState* p,
@@ -723,11 +817,15 @@ ParameterServer::Buffer ParameterServer::ApplyPartition(const Model& model, Part
     in = p->current;
     out = TakeSpare(p);
   }
+  UpdateInfo update;
+  update.learning_rate = model.learning_rate.At(step);
+  update.count = ++p->updates;
   if (parts.size() == 1) {
     // One gradient: its average is itself (x / 1 is exact), applied in place
-    // from the staging buffer.
-    model.optimizer->ApplyRange(in->data(), out->data(), parts[0], p->size, &p->slots, 0,
-                                step + 1);
+    // from the staging buffer (clipped there: it is this server's own copy).
+    float* g = p->staging[workers[0]].data();
+    if (model.clip_value > 0) ClipByValue(g, p->size, model.clip_value);
+    model.optimizer->ApplyRange(in->data(), out->data(), g, p->size, &p->slots, 0, update);
     return out;
   }
   for (int64_t c = 0; c < p->size; c += kChunk) {
@@ -738,8 +836,9 @@ ParameterServer::Buffer ParameterServer::ApplyPartition(const Model& model, Part
       for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
     }
     for (int64_t i = 0; i < n; ++i) sum[i] /= count;
+    if (model.clip_value > 0) ClipByValue(sum.data(), n, model.clip_value);
     model.optimizer->ApplyRange(in->data() + c, out->data() + c, sum.data(), n, &p->slots, c,
-                                step + 1);
+                                update);
   }
   return out;
 }
@@ -787,6 +886,15 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
   // L1 (the one copy) and applied into the partition's next buffer.
   int64_t bytes = 0;
   std::array<float, kChunk> chunk;
+  // This push is update `ticket` of the run: its rate is the schedule's at
+  // ticket - 1, divided, where asked, by its staleness (the updates applied
+  // since the version it was computed from).
+  UpdateInfo update;
+  update.learning_rate = model->learning_rate.At(ticket - 1);
+  if (model->staleness_scaled_lr) {
+    const int64_t staleness = ticket - 1 - header.step();
+    if (staleness > 1) update.learning_rate /= static_cast<float>(staleness);
+  }
   for (const GradientRef& g : grads) {
     PartitionState* p = g.partition;
     absl::MutexLock apply_lock(&p->apply_mu);
@@ -796,6 +904,7 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
       in = p->current;
       out = TakeSpare(p);
     }
+    update.count = ++p->updates;
     int64_t at = 0;  // element of the partition
     const int element_bytes = g.bfloat16 ? 2 : 4;
     g.bytes->ForEachRun(g.offset, p->size, element_bytes, [&](const char* src, int64_t n) {
@@ -806,8 +915,9 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
         } else {
           std::memcpy(chunk.data(), src + 4 * i, 4 * m);
         }
+        if (model->clip_value > 0) ClipByValue(chunk.data(), m, model->clip_value);
         model->optimizer->ApplyRange(in->data() + at, out->data() + at, chunk.data(), m, &p->slots,
-                                     at, ticket);
+                                     at, update);
         at += m;
         i += m;
       }

@@ -14,7 +14,12 @@
 // its gradients for a step in several pushes (any grouping of partitions),
 // and pushes to different partitions never wait on each other.
 // Gradients for an older step are dropped and counted; a step from the future
-// is refused. Async mode: each push is applied on arrival; with a staleness
+// is refused. With a step deadline (sync.step_deadline_ms, counted from the
+// step's first gradient on this server), a step whose quorum is late goes on
+// with the gradients it has where every open partition has min_replicas of
+// them, and otherwise fails: pulls waiting for it end with an error naming
+// the missing workers, and so does every later push or pull of the run
+// (the run is over; a worker cannot go on without that step). Async mode: each push is applied on arrival; with a staleness
 // bound s, a worker's Pull waits while it is more than s pushes ahead of the
 // slowest worker. Every wait has a deadline.
 //
@@ -131,6 +136,8 @@ class ParameterServer {
     // Serialises updates of this partition; held while computing one.
     absl::Mutex apply_mu;
     OptimizerSlots slots ABSL_GUARDED_BY(apply_mu);
+    // Updates applied to this partition (Adam's bias correction counts them).
+    int64_t updates ABSL_GUARDED_BY(apply_mu) = 0;
     // Guards which buffer is current and the spares.
     absl::Mutex mu;
     Buffer current ABSL_GUARDED_BY(mu);
@@ -150,6 +157,7 @@ class ParameterServer {
     std::vector<char> in_flight;
     int arrived_count = 0;
     bool closed = false;
+    int closed_count = 0;  // gradients the closed partition applies
     Buffer next;
   };
 
@@ -159,9 +167,15 @@ class ParameterServer {
     bool sync = true;
     int num_workers = 0;
     int replicas_to_aggregate = 0;
+    // Sync with a step deadline: the fewest gradients a step may go on with.
+    int min_replicas = 0;
+    absl::Duration step_deadline = absl::ZeroDuration();  // zero: none
     int staleness_bound = 0;
+    bool staleness_scaled_lr = false;
     int64_t max_steps = 0;
     std::unique_ptr<Optimizer> optimizer;
+    LearningRate learning_rate;
+    float clip_value = 0;  // 0: off
     std::map<Key, std::unique_ptr<PartitionState>> partitions;
   };
 
@@ -202,6 +216,22 @@ class ParameterServer {
   // averages and applies them into a spare buffer, which it returns.
   Buffer ApplyPartition(const Model& model, PartitionState* p, const std::vector<int>& workers,
                         int64_t step);
+  // Sync: closes partition `p` with the workers that arrived (mu_ held).
+  static std::vector<int> ClosePartitionLocked(const Model& model, PartitionState* p);
+  // Sync: installs the partitions of `step` applied outside the lock; when
+  // they were the step's last open ones, publishes the step. Returns whether
+  // the step completed.
+  bool FinishPartitionsLocked(const Model& model,
+                              std::vector<std::pair<PartitionState*, Buffer>>* applied,
+                              int64_t step, std::vector<Completion>* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sync: version advances past `step`, `contributors` gradients applied.
+  void CompleteStepLocked(int64_t step, int contributors, std::vector<Completion>* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sync: the open step's deadline passed: go on short or fail the step.
+  // Releases and retakes mu_ while it applies.
+  void ExpireSyncStepLocked(std::vector<Completion>* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A spare buffer of `p` no pull references (or a new one).
   static Buffer TakeSpare(PartitionState* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
 
@@ -234,6 +264,11 @@ class ParameterServer {
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   // Sync: partitions of the open step not yet applied.
   int open_partitions_ ABSL_GUARDED_BY(mu_) = 0;
+  // Sync: when the open step's deadline passes (InfiniteFuture until its
+  // first gradient arrives, or without a deadline), and the error of a step
+  // that failed at its deadline (then the run is over on this server).
+  absl::Time step_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  absl::Status sync_failure_ ABSL_GUARDED_BY(mu_);
   // Sync, on a server that holds no partition (more servers than pieces):
   // which workers pushed for the open step; the step completes on the quorum.
   std::vector<char> empty_arrived_ ABSL_GUARDED_BY(mu_);

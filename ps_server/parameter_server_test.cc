@@ -79,7 +79,9 @@ TEST_CASE("SGD applies params -= lr * grad", "[optimizer]") {
   std::vector<float> p = {1.0f, -2.0f};
   std::vector<float> g = {10.0f, 0.5f};
   OptimizerSlots slots;
-  (*opt)->Apply(absl::MakeSpan(p), g, &slots, 1);
+  UpdateInfo u;
+  u.learning_rate = 0.1f;
+  (*opt)->Apply(absl::MakeSpan(p), g, &slots, u);
   CHECK(p[0] == Approx(0.0f).margin(1e-7));
   CHECK(p[1] == Approx(-2.05f));
   c.set_learning_rate(0);
@@ -568,6 +570,206 @@ TEST_CASE("a parked pull ends at once on cancel, at its deadline, or on shutdown
   ps.StartPull(req, [&got](absl::Status st, ParameterServer::PullReply) { got = st; });
   ps.Shutdown();
   CHECK(absl::IsUnavailable(got));
+}
+
+}  // namespace
+}  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// Pulls "w" as worker 0, waiting for `min_version` up to `timeout_ms`.
+absl::Status PullAt(ParameterServer& ps, int64_t min_version, int64_t timeout_ms,
+                    std::vector<float>* w = nullptr) {
+  PullRequest req;
+  req.set_incarnation(kIncarnation);
+  req.set_worker(0);
+  req.set_min_version(min_version);
+  req.set_timeout_ms(timeout_ms);
+  PullResponse resp;
+  absl::Status st = ps.Pull(req, &resp);
+  if (st.ok() && w != nullptr) *w = FromProto(resp.tensors(0).tensor())->values();
+  return st;
+}
+
+TEST_CASE("sync deadline: with min_replicas a step goes on short at its deadline",
+          "[ps][sync][deadline]") {
+  // 3 workers, a quorum of all 3, at least 2 after 150 ms.
+  TrainingConfig config = BaseConfig(true, 0, 0, 1.0f);
+  config.mutable_sync()->set_step_deadline_ms(150);
+  config.mutable_sync()->set_min_replicas(2);
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(InitRequest(config, 3, {0, 0, 0, 0})).ok());
+  PushResponse r;
+  const absl::Time start = absl::Now();
+  REQUIRE(ps.Push(Grad(0, 0, {1, 2, 3, 4}), &r).ok());
+  REQUIRE(ps.Push(Grad(2, 0, {3, 2, 1, 0}), &r).ok());
+  CHECK(r.outcome() == ACCUMULATED);
+  std::vector<float> w;
+  REQUIRE(PullAt(ps, 1, 10000, &w).ok());
+  const absl::Duration waited = absl::Now() - start;
+  CHECK(waited >= absl::Milliseconds(140));
+  CHECK(waited < absl::Seconds(5));
+  CHECK(w == std::vector<float>{-2, -2, -2, -2});  // the mean of the two that came
+  // The straggler's gradient for the passed step is dropped, not applied.
+  REQUIRE(ps.Push(Grad(1, 0, {100, 100, 100, 100}), &r).ok());
+  CHECK(r.outcome() == DROPPED_STALE);
+  // The next step's clock starts with its own first gradient: a full quorum
+  // completes it at once.
+  for (int wk : {0, 1, 2}) REQUIRE(ps.Push(Grad(wk, 1, {3, 3, 3, 3}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  REQUIRE(PullAt(ps, 2, 1000, &w).ok());
+  CHECK(w == std::vector<float>{-5, -5, -5, -5});
+  auto c = ps.counters();
+  CHECK(c.pushes_applied == 2 + 3);
+}
+
+TEST_CASE("sync deadline: without enough gradients the step fails, naming the missing workers",
+          "[ps][sync][deadline]") {
+  for (int min_replicas : {0, 2}) {  // 0: the full quorum of 2
+    INFO("min_replicas " << min_replicas);
+    TrainingConfig config = BaseConfig(true, 0, 0, 1.0f);
+    config.mutable_sync()->set_step_deadline_ms(100);
+    config.mutable_sync()->set_min_replicas(min_replicas);
+    ParameterServer ps;
+    REQUIRE(ps.Initialize(InitRequest(config, 2, {0, 0, 0, 0})).ok());
+    PushResponse r;
+    REQUIRE(ps.Push(Grad(0, 0, {1, 2, 3, 4}), &r).ok());
+    const absl::Time start = absl::Now();
+    absl::Status st = PullAt(ps, 1, 20000);
+    CHECK(absl::Now() - start < absl::Seconds(5));  // at the deadline, not the pull's timeout
+    CHECK(absl::IsDeadlineExceeded(st));
+    CHECK(st.message().find("sync step 0 failed") != std::string::npos);
+    CHECK(st.message().find("1 of the 2 gradients") != std::string::npos);
+    CHECK(st.message().find("waiting on worker(s) 1") != std::string::npos);
+    // The model is unchanged and readable at its version; the run is over:
+    // later pushes and pulls of the failed step get the same error.
+    std::vector<float> w;
+    REQUIRE(PullAt(ps, 0, 100, &w).ok());
+    CHECK(w == std::vector<float>{0, 0, 0, 0});
+    CHECK(absl::IsDeadlineExceeded(ps.Push(Grad(1, 0, {1, 1, 1, 1}), &r)));
+    CHECK(absl::IsDeadlineExceeded(PullAt(ps, 1, 100)));
+  }
+}
+
+TEST_CASE("sync deadline on a server holding no partition", "[ps][sync][deadline]") {
+  TrainingConfig config = BaseConfig(true, 0, 0, 1.0f);
+  config.mutable_sync()->set_step_deadline_ms(100);
+  config.mutable_sync()->set_min_replicas(1);
+  ParameterServer ps;
+  InitializeRequest req = InitRequest(config, 2);
+  req.clear_variables();
+  REQUIRE(ps.Initialize(req).ok());
+  PushRequest empty = Grad(0, 0, {});
+  empty.clear_gradients();
+  PushResponse r;
+  REQUIRE(ps.Push(empty, &r).ok());
+  CHECK(r.outcome() == ACCUMULATED);
+  PullRequest pull;
+  pull.set_incarnation(kIncarnation);
+  pull.set_worker(0);
+  pull.set_min_version(1);
+  pull.set_timeout_ms(5000);
+  PullResponse resp;
+  REQUIRE(ps.Pull(pull, &resp).ok());
+  CHECK(resp.version() == 1);
+}
+
+TEST_CASE("the server clips by value and schedules the learning rate", "[ps][optimizer]") {
+  // Sync, one worker: lr 1 warmed up over 2 steps (0.5, then 1), each
+  // element of the gradient clipped into [-1, 1].
+  TrainingConfig config = BaseConfig(true, 0, 0, 1.0f);
+  config.mutable_optimizer()->set_clip_value(1.0f);
+  config.mutable_optimizer()->mutable_schedule()->set_warmup_steps(2);
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(InitRequest(config, 1, {0, 0, 0, 0})).ok());
+  PushResponse r;
+  REQUIRE(ps.Push(Grad(0, 0, {10, -10, 0.5f, 0}), &r).ok());
+  CHECK(PullW(ps) == std::vector<float>{-0.5f, 0.5f, -0.25f, 0});
+  REQUIRE(ps.Push(Grad(0, 1, {10, -10, 0.5f, 0}), &r).ok());
+  CHECK(PullW(ps) == std::vector<float>{-1.5f, 1.5f, -0.75f, 0});
+
+  // Two workers: the mean is clipped, not each gradient.
+  TrainingConfig two = BaseConfig(true, 0, 0, 1.0f);
+  two.mutable_optimizer()->set_clip_value(1.0f);
+  ParameterServer ps2;
+  REQUIRE(ps2.Initialize(InitRequest(two, 2, {0, 0, 0, 0})).ok());
+  REQUIRE(ps2.Push(Grad(0, 0, {3, -3, 0.5f, 1}), &r).ok());
+  REQUIRE(ps2.Push(Grad(1, 0, {-2, 1, 0.5f, 0}), &r).ok());
+  CHECK(PullW(ps2) == std::vector<float>{-0.5f, 1, -0.5f, -0.5f});
+}
+
+TEST_CASE("async: staleness-aware learning rate divides by the staleness", "[ps][async]") {
+  TrainingConfig config = BaseConfig(false, 0, 0, 1.0f);
+  config.mutable_async()->set_staleness_scaled_learning_rate(true);
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(InitRequest(config, 2, {0, 0, 0, 0})).ok());
+  PushResponse r;
+  // All computed from version 0: staleness 0, 1, 2, 4 (update 1, 2, 3, 5).
+  REQUIRE(ps.Push(Grad(0, 0, {1, 1, 1, 1}), &r).ok());  // lr 1
+  CHECK(PullW(ps) == std::vector<float>{-1, -1, -1, -1});
+  REQUIRE(ps.Push(Grad(1, 0, {1, 1, 1, 1}), &r).ok());  // staleness 1: lr 1
+  CHECK(PullW(ps) == std::vector<float>{-2, -2, -2, -2});
+  REQUIRE(ps.Push(Grad(0, 0, {1, 1, 1, 1}), &r).ok());  // staleness 2: lr 1/2
+  CHECK(PullW(ps) == std::vector<float>{-2.5f, -2.5f, -2.5f, -2.5f});
+  REQUIRE(ps.Push(Grad(1, 3, {1, 1, 1, 1}), &r).ok());  // fresh: lr 1
+  CHECK(PullW(ps) == std::vector<float>{-3.5f, -3.5f, -3.5f, -3.5f});
+  REQUIRE(ps.Push(Grad(0, 0, {4, 4, 4, 4}), &r).ok());  // staleness 4: lr 1/4
+  CHECK(PullW(ps) == std::vector<float>{-4.5f, -4.5f, -4.5f, -4.5f});
+}
+
+TEST_CASE("server-side Adam keeps its slots per partition across steps", "[ps][optimizer]") {
+  // The server's three updates equal the optimizer's own on the averaged
+  // gradient with counts 1, 2, 3; a second partition pushed only at step 2
+  // counts its own updates (its first gets Adam's full first step).
+  TrainingConfig config = BaseConfig(false, 0, 0, 0.01f);
+  config.mutable_optimizer()->mutable_adam();
+  REQUIRE(ValidateAndFillDefaults(&config, "test").ok());
+  InitializeRequest req = InitRequest(config, 1, {1, 2, 3, 4});
+  NamedTensor* b = req.add_variables();
+  b->mutable_ref()->set_variable("b");
+  ToProto({2}, {0, 0}, b->mutable_tensor());
+  ParameterServer ps;
+  absl::Status init = ps.Initialize(req);
+  INFO(init.ToString());
+  REQUIRE(init.ok());
+  auto opt = CreateOptimizer(config.optimizer());
+  REQUIRE(opt.ok());
+  std::vector<float> want = {1, 2, 3, 4};
+  OptimizerSlots slots;
+  (*opt)->InitSlots(4, &slots);
+  PushResponse r;
+  for (int t = 0; t < 3; ++t) {
+    const std::vector<float> g = {0.5f * t + 0.1f, -1, 2, 0.25f};
+    REQUIRE(ps.Push(Grad(0, t, g), &r).ok());
+    UpdateInfo u;
+    u.learning_rate = 0.01f;
+    u.count = t + 1;
+    (*opt)->Apply(absl::MakeSpan(want), g, &slots, u);
+  }
+  PushRequest only_b = Grad(0, 3, {5, -5}, "b", {2});
+  REQUIRE(ps.Push(only_b, &r).ok());
+  PullRequest pull;
+  pull.set_incarnation(kIncarnation);
+  pull.set_worker(-1);
+  PullResponse resp;
+  REQUIRE(ps.Pull(pull, &resp).ok());
+  std::map<std::string, std::vector<float>> got;
+  for (const NamedTensor& nt : resp.tensors()) {
+    got[nt.ref().variable()] = FromProto(nt.tensor())->values();
+  }
+  CHECK(got["w"] == want);
+  REQUIRE(got["b"].size() == 2);
+  CHECK(got["b"][0] == Approx(-0.01f).epsilon(1e-4));
+  CHECK(got["b"][1] == Approx(0.01f).epsilon(1e-4));
+}
+
+TEST_CASE("Initialize refuses min_replicas above the quorum", "[ps][sync][deadline]") {
+  TrainingConfig config = BaseConfig(true, 2, 0, 1.0f);
+  config.mutable_sync()->set_step_deadline_ms(100);
+  config.mutable_sync()->set_min_replicas(3);
+  ParameterServer ps;
+  CHECK(absl::IsInvalidArgument(ps.Initialize(InitRequest(config, 4))));
 }
 
 }  // namespace

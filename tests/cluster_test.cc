@@ -178,7 +178,14 @@ void CheckEquivalence(const std::string& name, const ConfigOptions& o) {
   DataPartition p1(&*data, 1, 2, o.batch_size, true, config->seed());
   auto optimizer = CreateOptimizer(config->optimizer());
   REQUIRE(optimizer.ok());
+  auto learning_rate =
+      LearningRate::Create(config->optimizer(), 2 * o.batch_size, config->max_steps());
+  REQUIRE(learning_rate.ok());
   std::vector<Tensor> params = m.Initialize(config->seed()), grads;
+  std::vector<OptimizerSlots> slots(params.size());
+  for (size_t v = 0; v < params.size(); ++v) {
+    (*optimizer)->InitSlots(params[v].num_elements(), &slots[v]);
+  }
   std::vector<float> x0, x1;
   std::vector<int32_t> y0, y1;
   for (int step = 0; step < o.max_steps; ++step) {
@@ -190,9 +197,11 @@ void CheckEquivalence(const std::string& name, const ConfigOptions& o) {
     REQUIRE(m.SetParameters(params).ok());
     REQUIRE(m.ComputeGradients(x0.data(), y0.data(), 2 * o.batch_size, step, &loss).ok());
     m.CopyGradients(&grads);
+    UpdateInfo update;
+    update.learning_rate = learning_rate->At(step);
+    update.count = step + 1;
     for (size_t v = 0; v < params.size(); ++v) {
-      OptimizerSlots slots;
-      (*optimizer)->Apply(absl::MakeSpan(params[v].values()), grads[v].span(), &slots, step + 1);
+      (*optimizer)->Apply(absl::MakeSpan(params[v].values()), grads[v].span(), &slots[v], update);
     }
   }
   REQUIRE(cluster.size() == params.size());
@@ -229,6 +238,100 @@ TEST_CASE("2 x b == 1 x 2b also holds with two hidden layers and GELU", "[cluste
   o.hidden_units = {48, 32};
   o.gelu = true;
   CheckEquivalence("equivalence_gelu", o);
+}
+
+TEST_CASE("2 x b == 1 x 2b holds with Adam, warm-up and a cosine schedule",
+          "[cluster][equivalence][optimizer]") {
+  ConfigOptions o;
+  o.max_steps = 40;
+  o.batch_size = 16;
+  o.learning_rate = 0.002f;
+  o.optimizer = "adam {} schedule { kind: COSINE warmup_steps: 5 }";
+  CheckEquivalence("equivalence_adam", o);
+}
+
+TEST_CASE("2 x b == 1 x 2b holds with Nesterov momentum and step decay",
+          "[cluster][equivalence][optimizer]") {
+  ConfigOptions o;
+  o.max_steps = 40;
+  o.batch_size = 16;
+  o.learning_rate = 0.05f;
+  o.optimizer = "momentum { nesterov: true } schedule { kind: STEP decay_steps: 15 decay_rate: 0.5 }";
+  CheckEquivalence("equivalence_nesterov", o);
+}
+
+TEST_CASE("clip_global_norm bounds each step's move by lr x the clip norm", "[cluster][optimizer]") {
+  // Each worker scales its whole gradient (every variable, both servers) to
+  // a norm of at most c before pushing, so the averaged update moves the
+  // parameters by at most lr * c per step, in L2 over the whole model.
+  ConfigOptions o;
+  o.max_steps = 20;
+  o.batch_size = 16;
+  o.learning_rate = 0.2f;
+  o.eval_every_steps = 0;
+  o.optimizer = "sgd {} clip_global_norm: 0.01";
+  Run run = Launch("clip_norm", o);
+  INFO(run.result.output);
+  REQUIRE(run.result.exit_code == 0);
+  TensorMap trained = ReadModel(run);
+  auto config = LoadTrainingConfig(run.config);
+  REQUIRE(config.ok());
+  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+  auto model = Model::Create(config->model(), cpu.get());
+  REQUIRE(model.ok());
+  Model& m = **model;
+  const std::vector<Tensor> initial = m.Initialize(config->seed());
+  // The same run in this process: each worker's gradient clipped on its own,
+  // then averaged and applied, as the servers do.
+  auto data = LoadIdxDataset(Env::Default(), config->data().train_images(),
+                             config->data().train_labels(), 784, 10, true);
+  REQUIRE(data.ok());
+  DataPartition p0(&*data, 0, 2, o.batch_size, true, config->seed());
+  DataPartition p1(&*data, 1, 2, o.batch_size, true, config->seed());
+  std::vector<Tensor> params = initial, g0, g1;
+  std::vector<float> x0, x1;
+  std::vector<int32_t> y0, y1;
+  int clipped_steps = 0;
+  for (int step = 0; step < o.max_steps; ++step) {
+    p0.NextBatch(&x0, &y0);
+    p1.NextBatch(&x1, &y1);
+    float loss;
+    REQUIRE(m.SetParameters(params).ok());
+    REQUIRE(m.ComputeGradients(x0.data(), y0.data(), o.batch_size, 0, &loss).ok());
+    clipped_steps += m.ClipGradientsByGlobalNorm(0.01f) > 0.01;
+    m.CopyGradients(&g0);
+    REQUIRE(m.ComputeGradients(x1.data(), y1.data(), o.batch_size, 0, &loss).ok());
+    m.ClipGradientsByGlobalNorm(0.01f);
+    m.CopyGradients(&g1);
+    for (size_t v = 0; v < params.size(); ++v) {
+      float* p = params[v].data();
+      for (int64_t i = 0; i < params[v].num_elements(); ++i) {
+        p[i] -= 0.2f * ((g0[v].values()[i] + g1[v].values()[i]) / 2.0f);
+      }
+    }
+  }
+  CHECK(clipped_steps == o.max_steps);  // the clip was active on every step
+  double moved = 0;
+  for (size_t v = 0; v < initial.size(); ++v) {
+    const Tensor& t = trained.at(m.variables()[v].name);
+    for (int64_t i = 0; i < t.num_elements(); ++i) {
+      const double d = double{t.values()[i]} - initial[v].values()[i];
+      moved += d * d;
+    }
+  }
+  moved = std::sqrt(moved);
+  const double bound = 20 * 0.2 * 0.01;
+  WARN("moved " << moved << " of at most " << bound);
+  CHECK(moved <= bound * (1 + 1e-4));
+  CHECK(moved > 0);
+  for (size_t v = 0; v < params.size(); ++v) {
+    const Tensor& t = trained.at(m.variables()[v].name);
+    double max_diff = 0;
+    for (int64_t i = 0; i < t.num_elements(); ++i) {
+      max_diff = std::max(max_diff, std::fabs(double{t.values()[i]} - params[v].values()[i]));
+    }
+    CHECK(max_diff <= 1e-6);
+  }
 }
 
 void CheckBitwiseReruns(const std::string& name, const ConfigOptions& o, size_t variables) {
@@ -543,9 +646,9 @@ TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV"
   auto csv = Env::Default()->ReadFile(JoinPath(dir, "bench.csv"));
   REQUIRE(csv.ok());
   // Header, then per size x workers: pstrain on 1 and 2 servers, echo, TCP,
-  // memcpy (2 x 2 x 5), apply (2), train (3).
+  // memcpy (2 x 2 x 5), apply (a += b and 7 optimizers), train (3).
   std::vector<std::string> lines = absl::StrSplit(*csv, '\n', absl::SkipEmpty());
-  CHECK(lines.size() == 1 + 20 + 2 + 3);
+  CHECK(lines.size() == 1 + 20 + 8 + 3);
   for (size_t i = 1; i < lines.size(); ++i) {
     std::vector<std::string> f = absl::StrSplit(lines[i], ',');
     REQUIRE(f.size() == 8);

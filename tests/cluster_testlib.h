@@ -32,6 +32,9 @@ struct ConfigOptions {
   int max_steps = 200;
   int batch_size = 32;
   float learning_rate = 0.1f;
+  // The rest of the optimizer block after the learning rate, e.g.
+  // "adam {} schedule { warmup_steps: 5 }".
+  std::string optimizer = "sgd {}";
   std::vector<int> hidden_units = {64};
   bool gelu = false;           // GELU instead of ReLU between the hidden layers
   std::string device = "cpu";  // the equivalence and bitwise tests are CPU properties

@@ -7,6 +7,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -55,11 +56,14 @@ struct Servers {
   std::vector<VariableSpec> vars = {{"w", {512, 256}}, {"b", {256}}};
   std::unique_ptr<PsClient> chief;
 
+  // `settings`: text-format lines added to the training config (the
+  // optimizer, the mode); `workers`: how many the servers expect.
   explicit Servers(int n, const std::string& name, std::vector<VariableSpec> variables = {},
-                   int64_t partition_max_bytes = 0) {
+                   int64_t partition_max_bytes = 0, const std::string& settings = "",
+                   int workers = 2) {
     if (!variables.empty()) vars = std::move(variables);
     dir = testing::FreshTempDir(name);
-    auto spec = ClusterSpec::FromFile(testing::WriteClusterSpec(dir, n, 2));
+    auto spec = ClusterSpec::FromFile(testing::WriteClusterSpec(dir, n, workers));
     REQUIRE(spec.ok());
     cluster = *spec;
     for (int s = 0; s < n; ++s) {
@@ -74,12 +78,11 @@ struct Servers {
     auto pl = Placement::Compute(vars, n, 64 << 10, partition_max_bytes);
     REQUIRE(pl.ok());
     placement = std::move(*pl);
-    auto config = ParseTrainingConfig(R"(
+    auto config = ParseTrainingConfig(absl::StrCat(R"(
 model { mlp { input_dim: 2 num_classes: 2 } }
 data { train_images: "x" train_labels: "y" batch_size: 1 }
-optimizer { learning_rate: 0.5 }
 max_steps: 100000
-)", "test");
+)", settings.empty() ? "optimizer { learning_rate: 0.5 }" : settings), "test");
     REQUIRE(config.ok());
     chief = std::make_unique<PsClient>(*cluster, &*placement, -1, absl::Seconds(20));
     chief->set_incarnation(4242);
@@ -87,7 +90,7 @@ max_steps: 100000
     for (const VariableSpec& v : vars) {
       init.emplace_back(v.shape, std::vector<float>(v.num_elements(), 1.0f));
     }
-    REQUIRE(chief->InitializeAll(*config, 7, 2, 0, init, absl::Seconds(30)).ok());
+    REQUIRE(chief->InitializeAll(*config, 7, workers, 0, init, absl::Seconds(30)).ok());
   }
 
   std::unique_ptr<PsClient> Worker(int w) {
@@ -297,6 +300,92 @@ TEST_CASE("waiting pulls hold no server thread and end when their callers give u
   PsStatusResponse st;
   REQUIRE(s.chief->GetStatus(0, &st).ok());
   CHECK(st.version() == 1);
+}
+
+// Every partition's values, by variable, as the chief pulls them.
+std::vector<std::vector<float>> PullAll(Servers& s) {
+  Buffers b(s.vars, 0);
+  PsClient::PullResult r;
+  REQUIRE(s.chief->PullInto({}, absl::Seconds(20), b.dst(), &r).ok());
+  return b.params;
+}
+
+TEST_CASE("no lost update: 8 clients x 200 concurrent async pushes to 2 servers, each applied "
+          "exactly once", "[data_path][concurrency]") {
+  // SGD at learning rate 1 on values that stay exact in float32: client k
+  // pushes k + 1 + (element mod 3) to every element 200 times, so element j
+  // ends at 1 - 200 * (36 + 8 * (j mod 3)) on whichever server holds it.
+  constexpr int kClients = 8, kPushes = 200;
+  Servers s(2, "lost_update", {}, 0, "optimizer { learning_rate: 1 } async {}", kClients);
+  std::vector<std::thread> clients;
+  std::vector<absl::Status> failures(kClients);
+  for (int k = 0; k < kClients; ++k) {
+    clients.emplace_back([&s, &failures, k] {
+      std::unique_ptr<PsClient> c = s.Worker(k);
+      Buffers b(s.vars, 0);
+      for (auto& g : b.grads) {
+        for (size_t j = 0; j < g.size(); ++j) g[j] = static_cast<float>(k + 1 + j % 3);
+      }
+      std::vector<PushOutcome> out;
+      for (int i = 0; i < kPushes && failures[k].ok(); ++i) {
+        failures[k] = c->PushFrom(std::vector<int64_t>(2, 0), b.src(), &out);
+        for (PushOutcome o : out) {
+          if (failures[k].ok() && o != APPLIED) failures[k] = absl::InternalError("not applied");
+        }
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (const absl::Status& st : failures) CHECK(st.ok());
+  const std::vector<std::vector<float>> got = PullAll(s);
+  for (size_t v = 0; v < got.size(); ++v) {
+    int64_t wrong = 0;
+    for (size_t j = 0; j < got[v].size(); ++j) {
+      wrong += got[v][j] != 1.0f - kPushes * (36.0f + 8.0f * static_cast<float>(j % 3));
+    }
+    CHECK(wrong == 0);
+  }
+  // Both servers hold a share, and each applied every push once.
+  for (int server = 0; server < 2; ++server) {
+    PsStatusResponse st;
+    REQUIRE(s.chief->GetStatus(server, &st).ok());
+    CHECK(st.pushes_applied() == kClients * kPushes);
+    CHECK(st.version() == kClients * kPushes);
+    CHECK(st.pushes_rejected() == 0);
+  }
+}
+
+TEST_CASE("a sync step with a dead worker: with min_replicas it goes on at the deadline; "
+          "without, it fails there naming the worker", "[data_path][deadline]") {
+  for (int min_replicas : {1, 0}) {
+    INFO("min_replicas " << min_replicas);
+    Servers s(2, absl::StrCat("dead_worker", min_replicas), {}, 0,
+              absl::StrCat("optimizer { learning_rate: 0.5 } sync { step_deadline_ms: 300",
+                           min_replicas > 0 ? " min_replicas: 1" : "", " }"));
+    // Worker 1 never pushes (it is dead); worker 0 pushes 0.5 everywhere.
+    auto w0 = s.Worker(0);
+    Buffers b0(s.vars, 0.5f);
+    std::vector<PushOutcome> out;
+    const absl::Time start = absl::Now();
+    REQUIRE(w0->PushFrom({0, 0}, b0.src(), &out).ok());
+    PsClient::PullResult r;
+    absl::Status st = w0->PullInto({1, 1}, absl::Seconds(20), b0.dst(), &r);
+    const absl::Duration waited = absl::Now() - start;
+    INFO(st.ToString());
+    CHECK(waited < absl::Seconds(10));  // the deadline, not the 20 s the pull allows
+    if (min_replicas > 0) {
+      REQUIRE(st.ok());
+      CHECK(waited >= absl::Milliseconds(290));
+      CHECK(r.versions == std::vector<int64_t>{1, 1});
+      for (const auto& v : b0.params) {
+        for (float x : v) REQUIRE(x == 0.75f);  // 1 - 0.5 * 0.5, from worker 0 alone
+      }
+    } else {
+      CHECK(absl::IsDeadlineExceeded(st));
+      CHECK(st.message().find("sync step 0 failed") != std::string::npos);
+      CHECK(st.message().find("waiting on worker(s) 1") != std::string::npos);
+    }
+  }
 }
 
 }  // namespace

@@ -30,6 +30,7 @@
 #include "common/ps_client.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "google/protobuf/text_format.h"
 #include "common/subprocess.h"
 #include "nlohmann/json.hpp"
 #include "proto/bench.grpc.pb.h"
@@ -472,14 +473,32 @@ max_steps: 1000000000000
     return absl::OkStatus();
   }
 
+  // Every server-side optimizer's update over 16 MiB beside a += b, the
+  // memory-bound floor of any update (reads two arrays, writes one).
   absl::Status Apply() {
     const int64_t n = int64_t{4} << 20;  // 16 MiB of float32, past the caches
-    OptimizerConfig oc;
-    oc.set_learning_rate(1e-6f);
-    ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> sgd, CreateOptimizer(oc));
+    struct Kind {
+      std::string name;
+      std::unique_ptr<Optimizer> optimizer;
+      OptimizerSlots slots;
+      std::vector<double> rates;
+    };
+    std::vector<Kind> kinds;
+    for (const char* text : {"sgd {}", "momentum {}", "momentum { nesterov: true }", "adagrad {}",
+                             "adam {}", "adamw {}", "ftrl {}"}) {
+      OptimizerConfig oc;
+      if (!google::protobuf::TextFormat::ParseFromString(text, &oc)) {
+        return absl::InternalError(absl::StrCat("apply bench: bad optimizer ", text));
+      }
+      oc.set_learning_rate(1e-6f);
+      Kind k;
+      ASSIGN_OR_RETURN(k.optimizer, CreateOptimizer(oc));
+      k.name = k.optimizer->name();
+      k.optimizer->InitSlots(n, &k.slots);
+      kinds.push_back(std::move(k));
+    }
     std::vector<float> a(n, 1.0f), b(n, 1e-3f);
-    OptimizerSlots slots;
-    std::vector<double> plain, apply;
+    std::vector<double> plain;
     auto rate = [&](const std::function<void()>& body) {
       int64_t passes = 0;
       const absl::Time start = absl::Now();
@@ -490,22 +509,33 @@ max_steps: 1000000000000
       return static_cast<double>(passes) * n * 4 / absl::ToDoubleSeconds(absl::Now() - start) /
              1e9;
     };
+    UpdateInfo update;
+    update.learning_rate = 1e-6f;
     for (int rep = 0; rep < o_.reps; ++rep) {
       plain.push_back(rate([&] {
         float* x = a.data();
         const float* y = b.data();
         for (int64_t i = 0; i < n; ++i) x[i] += y[i];
       }));
-      apply.push_back(rate([&] { sgd->Apply(absl::MakeSpan(a), b, &slots, 1); }));
+      for (Kind& k : kinds) {
+        k.rates.push_back(rate([&] {
+          k.optimizer->Apply(absl::MakeSpan(a), b, &k.slots, update);
+          ++update.count;
+        }));
+      }
     }
     if (!AllFinite(a)) return absl::InternalError("apply bench: values went non-finite");
-    const Stats sp = Summarize(plain), sa = Summarize(apply);
+    const Stats sp = Summarize(plain);
     std::cout << "\n== apply: GB/s of gradient over 16 MiB (median [min-max] of " << o_.reps
               << ") ==\n";
-    std::cout << absl::StrFormat("%-24s %s\n%-24s %s   %.2fx of a += b\n", "a += b", Fmt(sp),
-                                 "SGD apply (server)", Fmt(sa), sa.median / sp.median);
+    std::cout << absl::StrFormat("%-24s %s   slots\n", "a += b", Fmt(sp));
     Add("apply", "a_plus_b", n * 4, 0, 1, sp);
-    Add("apply", "sgd", n * 4, 1, 1, sa);
+    for (const Kind& k : kinds) {
+      const Stats st = Summarize(k.rates);
+      std::cout << absl::StrFormat("%-24s %s   %zu   %.2fx of a += b\n", k.name + " (server)",
+                                   Fmt(st), k.slots.size(), st.median / sp.median);
+      Add("apply", k.name, n * 4, 1, 1, st);
+    }
     return absl::OkStatus();
   }
 

@@ -97,7 +97,10 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   std::vector<PushOutcome> outcomes;
   PsClient::PullResult pulled;
   absl::Status early_push;  // the first failure of a push started during backward
-  if (sync) {
+  // Clipping by the global norm needs the whole gradient before any of it
+  // leaves, so it gives up pushing layers during the backward pass.
+  const float clip_norm = config.optimizer().clip_global_norm();
+  if (sync && clip_norm == 0) {
     model->set_gradients_ready([&ps, &early_push](size_t first, size_t end) {
       absl::Status st = ps.PushReady(first, end);
       if (early_push.ok()) early_push = st;
@@ -163,6 +166,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     batches->Release();
     RETURN_IF_ERROR(computed);
     RETURN_IF_ERROR(early_push);
+    if (clip_norm > 0) model->ClipGradientsByGlobalNorm(clip_norm);
     t1 = absl::Now();
     compute_time += t1 - t0;
     RETURN_IF_ERROR(sync ? ps.PushEnd(&outcomes) : ps.PushFrom(steps, grad_src, &outcomes));

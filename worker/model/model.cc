@@ -224,6 +224,20 @@ absl::Status Model::SetParameters(const std::vector<Tensor>& params) {
   return UploadParameters();
 }
 
+double Model::ClipGradientsByGlobalNorm(float max_norm) {
+  double sum = 0;
+  for (size_t i = 0; i < param_count_; ++i) {
+    const double g = host_grads_[i];
+    sum += g * g;
+  }
+  const double norm = std::sqrt(sum);
+  if (std::isfinite(norm) && norm > max_norm) {
+    const float scale = static_cast<float>(max_norm / norm);
+    for (size_t i = 0; i < param_count_; ++i) host_grads_[i] *= scale;
+  }
+  return norm;
+}
+
 void Model::CopyGradients(std::vector<Tensor>* grads) const {
   grads->resize(variables_.size());
   for (size_t v = 0; v < variables_.size(); ++v) {

@@ -95,6 +95,11 @@ class Model {
 
   const float* host_gradients(size_t v) const { return host_grads_ + param_offsets_[v]; }
   std::vector<const float*> host_gradient_pointers() const;
+  // Scales the host gradients by min(1, max_norm / norm), norm being their
+  // L2 norm over every variable (TensorFlow's clip_by_global_norm); returns
+  // that norm. A non-finite norm leaves them as they are (the servers refuse
+  // non-finite gradients).
+  double ClipGradientsByGlobalNorm(float max_norm);
   // Copies the gradients into tensors shaped like the variables.
   void CopyGradients(std::vector<Tensor>* grads) const;
 

@@ -206,6 +206,42 @@ TEST_CASE("the same seed gives bitwise the same step; another dropout seed anoth
   CHECK(ga[0].values() != gc[0].values());
 }
 
+TEST_CASE("clipping by global norm scales every gradient by one factor, only above the limit",
+          "[model]") {
+  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+  auto m = Model::Create(ParseModel("mlp { input_dim: 10 hidden_units: 12 num_classes: 4 }"),
+                         cpu.get());
+  REQUIRE(m.ok());
+  REQUIRE((*m)->SetParameters((*m)->Initialize(5)).ok());
+  const std::vector<float> x = Random(8 * 10, 1);
+  const std::vector<int32_t> y = {0, 1, 2, 3, 3, 2, 1, 0};
+  float loss = 0;
+  REQUIRE((*m)->ComputeGradients(x.data(), y.data(), 8, 1, &loss).ok());
+  std::vector<Tensor> before, after;
+  (*m)->CopyGradients(&before);
+  double sum = 0;
+  for (const Tensor& g : before) {
+    for (float v : g.values()) sum += double{v} * v;
+  }
+  const double norm = std::sqrt(sum);
+  REQUIRE(norm > 0);
+  // Above the norm: nothing changes.
+  CHECK((*m)->ClipGradientsByGlobalNorm(static_cast<float>(2 * norm)) == Approx(norm));
+  (*m)->CopyGradients(&after);
+  for (size_t v = 0; v < before.size(); ++v) CHECK(after[v].values() == before[v].values());
+  // A quarter of it: every element of every variable scaled by 1/4.
+  CHECK((*m)->ClipGradientsByGlobalNorm(static_cast<float>(norm / 4)) == Approx(norm));
+  (*m)->CopyGradients(&after);
+  double clipped = 0;
+  for (size_t v = 0; v < before.size(); ++v) {
+    for (int64_t i = 0; i < before[v].num_elements(); ++i) {
+      CHECK(after[v].values()[i] == Approx(before[v].values()[i] / 4).margin(1e-9));
+      clipped += double{after[v].values()[i]} * after[v].values()[i];
+    }
+  }
+  CHECK(std::sqrt(clipped) == Approx(norm / 4).epsilon(1e-5));
+}
+
 TEST_CASE("training with SGD learns a separable problem with either loss", "[model]") {
   for (const char* config :
        {"mlp { input_dim: 2 hidden_units: 16 num_classes: 2 activation: GELU }",

@@ -154,8 +154,10 @@ class FtrlOptimizer : public Optimizer {
       z[i] = zi;
       acc[i] = n_new;
       const float quadratic = (beta + sqrt_new) * inv_lr + two_l2;
-      const float shrunk = zi - std::copysign(l1, zi);
-      out[i] = std::fabs(zi) <= l1 ? 0.0f : -shrunk / quadratic;
+      // Both sides computed, then selected: the loop stays branch-free and
+      // vectorises (quadratic > 0: the config keeps n or beta positive).
+      const float w = (std::copysign(l1, zi) - zi) / quadratic;
+      out[i] = std::fabs(zi) > l1 ? w : 0.0f;
     }
   }
 

@@ -1,0 +1,222 @@
+#include "ps_server/embedding_table.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/embedding_ids.h"
+
+namespace pstrain {
+
+EmbeddingTable::EmbeddingTable(Options options, const Optimizer* optimizer)
+    : options_(std::move(options)), optimizer_(optimizer) {
+  optimizer_->InitSlots(options_.dim, &row_slot_init_);
+  for (Shard& s : shards_) {
+    absl::MutexLock lock(&s.mu);
+    s.slots.resize(row_slot_init_.size());
+  }
+}
+
+int EmbeddingTable::ShardOf(uint64_t id) {
+  // Bits independent of the ones that chose the server (ServerForId hashes
+  // MixId(id)), so a server's rows spread over all its shards.
+  return static_cast<int>(MixId(id ^ 0x6a09e667f3bcc908ULL) >> 60);
+}
+
+absl::Status EmbeddingTable::CheckIds(absl::Span<const uint64_t> ids) const {
+  if (options_.num_rows <= 0) return absl::OkStatus();
+  for (uint64_t id : ids) {
+    if (id >= static_cast<uint64_t>(options_.num_rows)) {
+      return absl::OutOfRangeError(absl::StrCat("table ", options_.name, ": id ", id,
+                                                " out of range [0, ", options_.num_rows, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename F>
+void EmbeddingTable::ForEachByShard(absl::Span<const uint64_t> ids, F visit) {
+  // A counting sort of positions by shard: each shard is locked once.
+  const size_t n = ids.size();
+  std::vector<uint8_t> shard_of(n);
+  std::array<uint32_t, kShards + 1> start{};
+  for (size_t i = 0; i < n; ++i) {
+    shard_of[i] = static_cast<uint8_t>(ShardOf(ids[i]));
+    ++start[shard_of[i] + 1];
+  }
+  for (int k = 0; k < kShards; ++k) start[k + 1] += start[k];
+  std::vector<uint32_t> order(n);
+  std::array<uint32_t, kShards> at;
+  std::copy(start.begin(), start.begin() + kShards, at.begin());
+  for (size_t i = 0; i < n; ++i) order[at[shard_of[i]]++] = static_cast<uint32_t>(i);
+  for (int k = 0; k < kShards; ++k) {
+    if (start[k] == start[k + 1]) continue;
+    Shard& s = shards_[k];
+    absl::MutexLock lock(&s.mu);
+    for (uint32_t j = start[k]; j < start[k + 1]; ++j) visit(&s, order[j]);
+  }
+}
+
+int64_t EmbeddingTable::FindOrCreate(Shard* s, uint64_t id, bool create) {
+  auto it = s->index.find(id);
+  if (it != s->index.end()) return it->second;
+  if (!create) return -1;
+  const int dim = options_.dim;
+  uint32_t row;
+  if (!s->free_rows.empty()) {
+    row = s->free_rows.back();
+    s->free_rows.pop_back();
+  } else {
+    row = static_cast<uint32_t>(s->row_ids.size());
+    s->values.resize(s->values.size() + dim);
+    for (auto& slot : s->slots) slot.resize(slot.size() + dim);
+    s->updates.push_back(0);
+    s->touched.push_back(0);
+    s->row_ids.push_back(0);
+  }
+  const size_t at = static_cast<size_t>(row) * dim;
+  InitialRow(options_.seed, id, dim, options_.init_scale, s->values.data() + at);
+  for (size_t k = 0; k < s->slots.size(); ++k) {
+    std::copy(row_slot_init_[k].begin(), row_slot_init_[k].end(), s->slots[k].begin() + at);
+  }
+  s->updates[row] = 0;
+  s->row_ids[row] = id;
+  s->index.emplace(id, row);
+  return row;
+}
+
+absl::Status EmbeddingTable::Lookup(absl::Span<const uint64_t> ids, int64_t step, float* out) {
+  if (absl::Status st = CheckIds(ids); !st.ok()) return st;
+  const int dim = options_.dim;
+  const int admit = options_.admit_after;
+  ForEachByShard(ids, [&](Shard* s, uint32_t i) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const uint64_t id = ids[i];
+    float* dst = out + static_cast<size_t>(i) * dim;
+    bool create = true;
+    if (admit > 1 && s->index.find(id) == s->index.end()) {
+      int32_t& seen = s->sightings[id];
+      if (++seen >= admit) {
+        s->sightings.erase(id);
+      } else {
+        create = false;
+      }
+    }
+    const int64_t row = FindOrCreate(s, id, create);
+    if (row < 0) {
+      std::fill(dst, dst + dim, 0.0f);
+      return;
+    }
+    s->touched[row] = step;
+    std::memcpy(dst, s->values.data() + static_cast<size_t>(row) * dim, sizeof(float) * dim);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingTable::ApplyGradients(absl::Span<const uint64_t> ids, const float* grads,
+                                            float scale, float learning_rate, float clip_value,
+                                            int64_t step) {
+  if (absl::Status st = CheckIds(ids); !st.ok()) return st;
+  const int dim = options_.dim;
+  const size_t n = ids.size();
+  for (size_t i = 0; i < n * dim; ++i) {
+    if (!std::isfinite(grads[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table ", options_.name, ": gradient row ", i / dim, " (id ",
+                       ids[i / dim], ") contains NaN or Inf"));
+    }
+  }
+  // Sum duplicates in the order given.
+  absl::flat_hash_map<uint64_t, uint32_t> first;
+  first.reserve(n);
+  std::vector<uint64_t> unique;
+  std::vector<float> sum;
+  unique.reserve(n);
+  sum.reserve(n * dim);
+  for (size_t i = 0; i < n; ++i) {
+    const float* g = grads + i * dim;
+    auto [it, fresh] = first.emplace(ids[i], static_cast<uint32_t>(unique.size()));
+    if (fresh) {
+      unique.push_back(ids[i]);
+      sum.insert(sum.end(), g, g + dim);
+    } else {
+      float* acc = sum.data() + static_cast<size_t>(it->second) * dim;
+      for (int j = 0; j < dim; ++j) acc[j] += g[j];
+    }
+  }
+  if (scale != 1.0f) {
+    for (float& v : sum) v *= scale;
+  }
+  if (clip_value > 0) ClipByValue(sum.data(), static_cast<int64_t>(sum.size()), clip_value);
+  const bool needs_admission = options_.admit_after > 1;
+  ForEachByShard(unique, [&](Shard* s, uint32_t i) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    const int64_t row = FindOrCreate(s, unique[i], !needs_admission);
+    if (row < 0) {
+      ++s->dropped;
+      return;
+    }
+    UpdateInfo update;
+    update.learning_rate = learning_rate;
+    update.count = ++s->updates[row];
+    float* values = s->values.data() + static_cast<size_t>(row) * dim;
+    optimizer_->ApplyRange(values, values, sum.data() + static_cast<size_t>(i) * dim, dim,
+                           &s->slots, row * static_cast<int64_t>(dim), update);
+    s->touched[row] = step;
+  });
+  return absl::OkStatus();
+}
+
+int64_t EmbeddingTable::Expire(int64_t step) {
+  if (options_.expire_after_steps <= 0) return 0;
+  const int64_t oldest = step - options_.expire_after_steps;
+  int64_t dropped = 0;
+  for (Shard& s : shards_) {
+    absl::MutexLock lock(&s.mu);
+    for (auto it = s.index.begin(); it != s.index.end();) {
+      if (s.touched[it->second] < oldest) {
+        s.free_rows.push_back(it->second);
+        s.index.erase(it++);
+        ++s.expired;
+        ++dropped;
+      } else {
+        ++it;
+      }
+    }
+  }
+  return dropped;
+}
+
+EmbeddingTable::Stats EmbeddingTable::stats() const {
+  Stats st;
+  const int64_t row_bytes = static_cast<int64_t>(options_.dim) * 4 *
+                            (1 + static_cast<int64_t>(row_slot_init_.size()));
+  for (const Shard& s : shards_) {
+    absl::MutexLock lock(&s.mu);
+    st.rows += static_cast<int64_t>(s.index.size());
+    st.pending_ids += static_cast<int64_t>(s.sightings.size());
+    st.rows_expired += s.expired;
+    st.gradients_dropped += s.dropped;
+  }
+  st.bytes = st.rows * row_bytes;
+  return st;
+}
+
+bool EmbeddingTable::ReadRow(uint64_t id, std::vector<float>* values, OptimizerSlots* slots,
+                             int64_t* updates) const {
+  const Shard& s = shards_[ShardOf(id)];
+  absl::MutexLock lock(&s.mu);
+  auto it = s.index.find(id);
+  if (it == s.index.end()) return false;
+  const size_t at = static_cast<size_t>(it->second) * options_.dim;
+  values->assign(s.values.begin() + at, s.values.begin() + at + options_.dim);
+  if (slots != nullptr) {
+    slots->assign(s.slots.size(), {});
+    for (size_t k = 0; k < s.slots.size(); ++k) {
+      (*slots)[k].assign(s.slots[k].begin() + at, s.slots[k].begin() + at + options_.dim);
+    }
+  }
+  if (updates != nullptr) *updates = s.updates[it->second];
+  return true;
+}
+
+}  // namespace pstrain

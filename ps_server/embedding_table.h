@@ -1,0 +1,118 @@
+// One server's share of an embedding table: rows of `dim` floats addressed
+// by 64-bit ids, each with its optimizer slots, its own update count (Adam's
+// bias correction is per row) and the step it was last touched at.
+//
+// A hashed table (num_rows 0) creates a row on first touch, with the value
+// InitialRow gives from the table's seed and the id alone, so a row starts
+// the same on any server in any order; a fixed-size table refuses ids out of
+// [0, num_rows) and creates its rows the same way, lazily. Optional
+// admission (a row is created only once its id was looked up k times;
+// until then it reads as zeros and its gradients are dropped) and expiry (a
+// row untouched for n steps is dropped), both off by default.
+//
+// Concurrency: rows live in 16 shards by a hash of the id, each with its
+// own mutex, so lookups and updates of different rows run in parallel; a
+// request locks each shard it touches once. Every request is checked whole
+// before any row changes.
+#ifndef PSTRAIN_PS_SERVER_EMBEDDING_TABLE_H_
+#define PSTRAIN_PS_SERVER_EMBEDDING_TABLE_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "ps_server/optimizer.h"
+
+namespace pstrain {
+
+class EmbeddingTable {
+ public:
+  struct Options {
+    std::string name;
+    int dim = 0;
+    int64_t num_rows = 0;  // 0: hashed
+    float init_scale = 0;
+    uint64_t seed = 0;  // TableSeed(run seed, name)
+    int64_t expire_after_steps = 0;
+    int admit_after = 0;
+  };
+  struct Stats {
+    int64_t rows = 0;
+    int64_t bytes = 0;  // values and slots
+    int64_t pending_ids = 0;  // seen, not yet admitted
+    int64_t rows_expired = 0;
+    int64_t gradients_dropped = 0;  // rows pushed that had no row (not admitted)
+  };
+
+  // `optimizer` must outlive the table.
+  EmbeddingTable(Options options, const Optimizer* optimizer);
+
+  const Options& options() const { return options_; }
+  int dim() const { return options_.dim; }
+
+  // Copies the rows of `ids` into out[i * dim, (i + 1) * dim), creating the
+  // ones that do not exist yet (admission permitting; a row not admitted
+  // reads as zeros), and marks them touched at `step`. Refuses, changing
+  // nothing, when an id is outside a fixed-size table.
+  absl::Status Lookup(absl::Span<const uint64_t> ids, int64_t step, float* out);
+
+  // Applies gradient rows grads[i * dim, ...) for `ids`: duplicate ids are
+  // summed first (in the order given), the sum is multiplied by `scale` and
+  // clipped into [-clip_value, clip_value] (0: no clip), and each distinct
+  // row gets one optimizer update at `learning_rate` with its own count; a
+  // row that does not exist is created first (a hashed table's row admitted
+  // or not needing admission) or its gradient is dropped and counted. Rows
+  // not named keep their values and slots. Refuses, changing nothing, ids
+  // outside a fixed-size table and non-finite gradients.
+  absl::Status ApplyGradients(absl::Span<const uint64_t> ids, const float* grads, float scale,
+                              float learning_rate, float clip_value, int64_t step);
+
+  // Drops rows last touched before step - expire_after_steps; returns how
+  // many. A no-op without expiry.
+  int64_t Expire(int64_t step);
+
+  Stats stats() const;
+
+  // Row `id` and its slots, if it exists (tests, checkpoints).
+  bool ReadRow(uint64_t id, std::vector<float>* values, OptimizerSlots* slots = nullptr,
+               int64_t* updates = nullptr) const;
+
+ private:
+  static constexpr int kShards = 16;
+  struct Shard {
+    mutable absl::Mutex mu;
+    absl::flat_hash_map<uint64_t, uint32_t> index ABSL_GUARDED_BY(mu);  // id -> row
+    std::vector<float> values ABSL_GUARDED_BY(mu);  // row-major, dim per row
+    OptimizerSlots slots ABSL_GUARDED_BY(mu);       // each row-major like values
+    std::vector<int64_t> updates ABSL_GUARDED_BY(mu);
+    std::vector<int64_t> touched ABSL_GUARDED_BY(mu);
+    std::vector<uint64_t> row_ids ABSL_GUARDED_BY(mu);
+    std::vector<uint32_t> free_rows ABSL_GUARDED_BY(mu);
+    absl::flat_hash_map<uint64_t, int32_t> sightings ABSL_GUARDED_BY(mu);  // admission
+    int64_t expired ABSL_GUARDED_BY(mu) = 0;
+    int64_t dropped ABSL_GUARDED_BY(mu) = 0;
+  };
+
+  static int ShardOf(uint64_t id);
+  absl::Status CheckIds(absl::Span<const uint64_t> ids) const;
+  // The row of `id` in `s`, created if `create`; -1 when absent.
+  int64_t FindOrCreate(Shard* s, uint64_t id, bool create) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu);
+  // Visits the positions of `ids` grouped by shard, each shard locked once.
+  template <typename F>
+  void ForEachByShard(absl::Span<const uint64_t> ids, F visit);
+
+  const Options options_;
+  const Optimizer* const optimizer_;
+  OptimizerSlots row_slot_init_;  // one row's initial slot values
+  std::array<Shard, kShards> shards_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_PS_SERVER_EMBEDDING_TABLE_H_

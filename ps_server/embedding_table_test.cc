@@ -1,0 +1,261 @@
+// Embedding tables: rows that depend on the id alone, duplicates summed,
+// fixed-size ranges, sparse optimizer updates that leave other rows alone,
+// expiry, admission, no lost update under concurrent pushes, and the id
+// spread over servers.
+#include "ps_server/embedding_table.h"
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "catch2/catch.hpp"
+#include "common/embedding_ids.h"
+#include "google/protobuf/text_format.h"
+
+namespace pstrain {
+namespace {
+
+std::unique_ptr<Optimizer> MakeOptimizer(const std::string& text) {
+  OptimizerConfig c;
+  REQUIRE(google::protobuf::TextFormat::ParseFromString(text, &c));
+  auto opt = CreateOptimizer(c);
+  REQUIRE(opt.ok());
+  return std::move(*opt);
+}
+
+EmbeddingTable::Options Table(int dim, int64_t num_rows = 0) {
+  EmbeddingTable::Options o;
+  o.name = "t";
+  o.dim = dim;
+  o.num_rows = num_rows;
+  o.init_scale = 0.5f;
+  o.seed = TableSeed(11, "t");
+  return o;
+}
+
+std::vector<float> Row(EmbeddingTable& t, uint64_t id, int64_t step = 0) {
+  std::vector<float> out(t.dim());
+  const uint64_t ids[] = {id};
+  REQUIRE(t.Lookup(ids, step, out.data()).ok());
+  return out;
+}
+
+TEST_CASE("a row's first value depends on the id alone, not the server or the order",
+          "[embedding]") {
+  auto sgd = MakeOptimizer("learning_rate: 1 sgd {}");
+  std::vector<uint64_t> ids(500);
+  std::mt19937_64 rng(3);
+  for (uint64_t& id : ids) id = rng();
+  ids[0] = 0;
+  ids[1] = ~uint64_t{0};
+  // One table holding every id, touched in order, against two "servers"
+  // holding their share each, touched in reverse.
+  EmbeddingTable whole(Table(8), sgd.get());
+  std::vector<float> all(ids.size() * 8);
+  REQUIRE(whole.Lookup(ids, 0, all.data()).ok());
+  EmbeddingTable server0(Table(8), sgd.get()), server1(Table(8), sgd.get());
+  for (size_t k = ids.size(); k-- > 0;) {
+    EmbeddingTable& s = ServerForId(ids[k], 2) == 0 ? server0 : server1;
+    const std::vector<float> row = Row(s, ids[k]);
+    CHECK(std::equal(row.begin(), row.end(), all.begin() + k * 8));
+  }
+  CHECK(server0.stats().rows + server1.stats().rows == 500);
+  CHECK(server0.stats().rows > 200);
+  // The values are the documented draw: uniform in [-0.5, 0.5), rows differ.
+  std::vector<float> want(8);
+  InitialRow(TableSeed(11, "t"), ids[7], 8, 0.5f, want.data());
+  CHECK(std::equal(want.begin(), want.end(), all.begin() + 7 * 8));
+  for (float v : all) {
+    CHECK(v >= -0.5f);
+    CHECK(v < 0.5f);
+  }
+  CHECK(Row(whole, ids[2]) != Row(whole, ids[3]));
+  // Another table's name (or run seed) gives other values.
+  EmbeddingTable::Options other = Table(8);
+  other.seed = TableSeed(11, "u");
+  EmbeddingTable u(other, sgd.get());
+  CHECK(Row(u, ids[2]) != Row(whole, ids[2]));
+  CHECK(whole.stats().bytes == 500 * 8 * 4);
+}
+
+TEST_CASE("duplicate ids in a push are summed into one update", "[embedding]") {
+  auto adam = MakeOptimizer("learning_rate: 0.1 adam {}");
+  EmbeddingTable t(Table(2), adam.get());
+  const std::vector<float> r5 = Row(t, 5), r7 = Row(t, 7);
+  const std::vector<uint64_t> ids = {5, 7, 5};
+  const std::vector<float> g = {1, -2, 0.5f, 0.5f, 3, 1};
+  REQUIRE(t.ApplyGradients(ids, g.data(), 1.0f, 0.1f, 0, 1).ok());
+  std::vector<float> got;
+  int64_t updates = 0;
+  REQUIRE(t.ReadRow(5, &got, nullptr, &updates));
+  CHECK(updates == 1);  // one update of the sum [4, -1], not two
+  // Adam's first step moves by lr * sign(sum).
+  CHECK(got[0] == Approx(r5[0] - 0.1f).epsilon(1e-5));
+  CHECK(got[1] == Approx(r5[1] + 0.1f).epsilon(1e-5));
+  REQUIRE(t.ReadRow(7, &got, nullptr, &updates));
+  CHECK(updates == 1);
+  CHECK(got[0] == Approx(r7[0] - 0.1f).epsilon(1e-5));
+}
+
+TEST_CASE("sparse updates: a row not pushed keeps its value and its slots", "[embedding]") {
+  for (const char* kind : {"momentum {}", "adagrad {}", "adam {}", "ftrl {}"}) {
+    INFO(kind);
+    auto opt = MakeOptimizer(std::string("learning_rate: 0.05 ") + kind);
+    EmbeddingTable t(Table(4), opt.get());
+    const std::vector<uint64_t> both = {1, 2};
+    std::vector<float> rows(8);
+    REQUIRE(t.Lookup(both, 0, rows.data()).ok());
+    std::vector<float> before2;
+    OptimizerSlots slots_before2;
+    REQUIRE(t.ReadRow(2, &before2, &slots_before2));
+    // Row 1 alone, three times; the reference applies the same to its own copy.
+    std::vector<float> want(rows.begin(), rows.begin() + 4);
+    OptimizerSlots ref;
+    opt->InitSlots(4, &ref);
+    const std::vector<float> g = {0.5f, -1, 2, 0.25f};
+    for (int step = 1; step <= 3; ++step) {
+      const uint64_t one[] = {1};
+      REQUIRE(t.ApplyGradients(one, g.data(), 1.0f, 0.05f, 0, step).ok());
+      UpdateInfo u;
+      u.learning_rate = 0.05f;
+      u.count = step;
+      opt->Apply(absl::MakeSpan(want), g, &ref, u);
+    }
+    std::vector<float> got;
+    OptimizerSlots slots;
+    int64_t updates = 0;
+    REQUIRE(t.ReadRow(1, &got, &slots, &updates));
+    CHECK(got == want);
+    CHECK(slots == ref);
+    CHECK(updates == 3);
+    REQUIRE(t.ReadRow(2, &got, &slots, &updates));
+    CHECK(got == before2);
+    CHECK(slots == slots_before2);
+    CHECK(updates == 0);
+  }
+}
+
+TEST_CASE("a fixed-size table refuses ids out of range and changes nothing", "[embedding]") {
+  auto sgd = MakeOptimizer("learning_rate: 1 sgd {}");
+  EmbeddingTable t(Table(2, 100), sgd.get());
+  std::vector<float> out(4);
+  const std::vector<uint64_t> good = {0, 99}, bad = {3, 100};
+  REQUIRE(t.Lookup(good, 0, out.data()).ok());
+  absl::Status st = t.Lookup(bad, 0, out.data());
+  CHECK(absl::IsOutOfRange(st));
+  CHECK(st.message().find("id 100 out of range [0, 100)") != std::string::npos);
+  CHECK(t.stats().rows == 2);  // row 3 was not created by the refused lookup
+  const std::vector<float> g = {1, 1, 1, 1};
+  const std::vector<float> row0 = Row(t, 0);
+  const std::vector<uint64_t> mixed = {0, 1000};
+  CHECK(absl::IsOutOfRange(t.ApplyGradients(mixed, g.data(), 1, 1, 0, 1)));
+  CHECK(Row(t, 0) == row0);
+  const std::vector<float> nan = {1, NAN};
+  const uint64_t zero[] = {0};
+  CHECK(absl::IsInvalidArgument(t.ApplyGradients(zero, nan.data(), 1, 1, 0, 1)));
+  CHECK(Row(t, 0) == row0);
+}
+
+TEST_CASE("expiry drops rows untouched for n steps; their next touch starts afresh",
+          "[embedding]") {
+  auto sgd = MakeOptimizer("learning_rate: 1 sgd {}");
+  EmbeddingTable::Options o = Table(2);
+  o.expire_after_steps = 10;
+  EmbeddingTable t(o, sgd.get());
+  const std::vector<float> fresh = Row(t, 42, 0);
+  Row(t, 43, 0);
+  const std::vector<float> g = {1, 1};
+  const uint64_t id42[] = {42};
+  REQUIRE(t.ApplyGradients(id42, g.data(), 1, 1, 0, 5).ok());  // touched at 5
+  CHECK(t.Expire(12) == 1);  // 43 (touched at 0) goes, 42 (at 5) stays
+  CHECK(t.stats().rows == 1);
+  CHECK(Row(t, 42, 12)[0] == fresh[0] - 1);
+  CHECK(t.Expire(30) == 1);
+  CHECK(t.stats().rows == 0);
+  CHECK(t.stats().rows_expired == 2);
+  CHECK(Row(t, 42, 31) == fresh);  // created again from its initial value
+  // Without expiry nothing is ever dropped.
+  EmbeddingTable keep(Table(2), sgd.get());
+  Row(keep, 1, 0);
+  CHECK(keep.Expire(1000000) == 0);
+  CHECK(keep.stats().rows == 1);
+}
+
+TEST_CASE("admission: a row is created on the k-th sighting; before, zeros and dropped "
+          "gradients", "[embedding]") {
+  auto sgd = MakeOptimizer("learning_rate: 1 sgd {}");
+  EmbeddingTable::Options o = Table(2);
+  o.admit_after = 3;
+  EmbeddingTable t(o, sgd.get());
+  const std::vector<float> g = {1, 1};
+  const uint64_t id[] = {9};
+  CHECK(Row(t, 9) == std::vector<float>{0, 0});
+  REQUIRE(t.ApplyGradients(id, g.data(), 1, 1, 0, 1).ok());
+  CHECK(t.stats().gradients_dropped == 1);
+  CHECK(Row(t, 9) == std::vector<float>{0, 0});
+  CHECK(t.stats().rows == 0);
+  CHECK(t.stats().pending_ids == 1);
+  std::vector<float> want(2);
+  InitialRow(o.seed, 9, 2, 0.5f, want.data());
+  CHECK(Row(t, 9) == want);  // the third sighting admits it
+  CHECK(t.stats().rows == 1);
+  CHECK(t.stats().pending_ids == 0);
+  REQUIRE(t.ApplyGradients(id, g.data(), 1, 1, 0, 2).ok());
+  CHECK(Row(t, 9) == std::vector<float>{want[0] - 1, want[1] - 1});
+}
+
+TEST_CASE("no lost update: 8 threads x 200 sparse pushes to one table", "[embedding][concurrency]") {
+  auto sgd = MakeOptimizer("learning_rate: 1 sgd {}");
+  EmbeddingTable::Options o = Table(4);
+  o.init_scale = 0;  // rows start at zero: the sums stay exact
+  EmbeddingTable t(o, sgd.get());
+  std::vector<std::thread> threads;
+  for (int k = 0; k < 8; ++k) {
+    threads.emplace_back([&t, k] {
+      // Ids 0..63 (every shard), each twice per push (summed), plus k's own.
+      std::vector<uint64_t> ids;
+      for (uint64_t id = 0; id < 64; ++id) ids.insert(ids.end(), {id, id});
+      ids.push_back(1000 + k);
+      const std::vector<float> g(ids.size() * 4, 1.0f);
+      for (int i = 0; i < 200; ++i) {
+        if (!t.ApplyGradients(ids, g.data(), 1.0f, 1.0f, 0, i).ok()) FAIL("push refused");
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  for (uint64_t id = 0; id < 64; ++id) {
+    std::vector<float> v;
+    int64_t updates = 0;
+    REQUIRE(t.ReadRow(id, &v, nullptr, &updates));
+    CHECK(v == std::vector<float>(4, -8 * 200 * 2));
+    CHECK(updates == 8 * 200);
+  }
+  for (int k = 0; k < 8; ++k) CHECK(Row(t, 1000 + k) == std::vector<float>(4, -200));
+}
+
+TEST_CASE("ids spread evenly over servers by hash, and consistently", "[embedding]") {
+  // Consecutive ids and strided ids (where id mod n would pile up) alike.
+  for (uint64_t stride : {uint64_t{1}, uint64_t{4}, uint64_t{1} << 20}) {
+    for (int n : {2, 3, 4, 5}) {
+      std::vector<int> count(n, 0);
+      for (uint64_t i = 0; i < 100000; ++i) ++count[ServerForId(i * stride, n)];
+      for (int c : count) CHECK(std::abs(c - 100000 / n) < 100000 / n / 20);  // within 5%
+    }
+  }
+  // Going from 4 to 5 servers moves about a fifth of the ids, all to the new one.
+  int moved = 0;
+  for (uint64_t i = 0; i < 100000; ++i) {
+    const int a = ServerForId(i, 4), b = ServerForId(i, 5);
+    if (a != b) {
+      ++moved;
+      CHECK(b == 4);
+    }
+  }
+  CHECK(std::abs(moved - 20000) < 1000);
+}
+
+}  // namespace
+}  // namespace pstrain

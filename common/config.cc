@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 #include "absl/strings/match.h"
@@ -56,6 +57,44 @@ absl::Status CheckRange(Message* m, bool (Message::*has)() const, float (Message
   if (!(v >= lo && (closed ? v <= hi : v < hi))) {
     return FieldError(source, field,
                       absl::StrCat("expected a value in [", lo, ", ", hi, closed ? "]" : ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateEmbeddingTables(TrainingConfig* c, const std::string& source) {
+  std::set<std::string> names;
+  for (int i = 0; i < c->embedding_tables_size(); ++i) {
+    EmbeddingTableConfig* t = c->mutable_embedding_tables(i);
+    const std::string field = absl::StrCat("embedding_tables[", i, "]");
+    if (t->name().empty() || t->name().size() > 128 ||
+        t->name().find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                    "0123456789_-./") != std::string::npos) {
+      return FieldError(source, field + ".name",
+                        "expected 1..128 characters of letters, digits, _ - . /");
+    }
+    if (!names.insert(t->name()).second) {
+      return FieldError(source, field + ".name", absl::StrCat("duplicate table ", t->name()));
+    }
+    if (t->dim() <= 0 || t->dim() > 65536) {
+      return FieldError(source, field + ".dim", "expected 1..65536");
+    }
+    if (t->num_rows() < 0) {
+      return FieldError(source, field + ".num_rows", "expected >= 0 (0 = hashed)");
+    }
+    if (!t->has_init_scale()) t->set_init_scale(1.0f / std::sqrt(static_cast<float>(t->dim())));
+    if (!(t->init_scale() >= 0) || !std::isfinite(t->init_scale())) {
+      return FieldError(source, field + ".init_scale", "expected >= 0");
+    }
+    if (t->expire_after_steps() < 0) {
+      return FieldError(source, field + ".expire_after_steps", "expected >= 0 (0 = never)");
+    }
+    if (t->admit_after() < 0) {
+      return FieldError(source, field + ".admit_after", "expected >= 0 (0 = at first touch)");
+    }
+    if (t->has_optimizer()) {
+      RETURN_IF_ERROR(
+          ValidateAndFillOptimizerDefaults(t->mutable_optimizer(), c->max_steps(), source));
+    }
   }
   return absl::OkStatus();
 }
@@ -119,6 +158,7 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
   }
   if (c->max_steps() <= 0) return FieldError(source, "max_steps", "expected a positive count");
   RETURN_IF_ERROR(ValidateAndFillOptimizerDefaults(c->mutable_optimizer(), c->max_steps(), source));
+  RETURN_IF_ERROR(ValidateEmbeddingTables(c, source));
   if (c->mode_case() == TrainingConfig::MODE_NOT_SET) c->mutable_sync();
   if (c->has_sync()) {
     const SyncConfig& s = c->sync();

@@ -76,6 +76,43 @@ TEST_CASE("consistency settings are checked: no configuration can wait forever",
   CHECK(ParseTrainingConfig(text, "x.pbtxt").ok());
 }
 
+TEST_CASE("embedding tables are checked and get their defaults", "[config][embedding]") {
+  auto c = ParseTrainingConfig(std::string(kGood) +
+                                   "embedding_tables { name: \"ads\" dim: 16 }\n"
+                                   "embedding_tables { name: \"user\" dim: 8 num_rows: 100 "
+                                   "optimizer { learning_rate: 0.05 ftrl {} } }\n",
+                               "x.pbtxt");
+  REQUIRE(c.ok());
+  CHECK(c->embedding_tables(0).init_scale() == 0.25f);  // 1/sqrt(16)
+  CHECK(c->embedding_tables(1).optimizer().ftrl().initial_accumulator_value() == 0.1f);
+  struct Case {
+    const char* table;
+    const char* field;
+  };
+  for (const Case& k : {
+           Case{"name: \"\" dim: 4", "embedding_tables[0].name"},
+           Case{"name: \"a b\" dim: 4", "embedding_tables[0].name"},
+           Case{"name: \"a\" dim: 0", "embedding_tables[0].dim"},
+           Case{"name: \"a\" dim: 4 num_rows: -1", "embedding_tables[0].num_rows"},
+           Case{"name: \"a\" dim: 4 init_scale: -1", "embedding_tables[0].init_scale"},
+           Case{"name: \"a\" dim: 4 expire_after_steps: -1", "expire_after_steps"},
+           Case{"name: \"a\" dim: 4 admit_after: -1", "admit_after"},
+           Case{"name: \"a\" dim: 4 optimizer { learning_rate: 0 }", "learning_rate"},
+       }) {
+    INFO(k.table);
+    auto bad = ParseTrainingConfig(
+        std::string(kGood) + "embedding_tables { " + k.table + " }\n", "x.pbtxt");
+    REQUIRE_FALSE(bad.ok());
+    CHECK(std::string(bad.status().message()).find(k.field) != std::string::npos);
+  }
+  auto twice = ParseTrainingConfig(std::string(kGood) +
+                                       "embedding_tables { name: \"a\" dim: 4 }\n"
+                                       "embedding_tables { name: \"a\" dim: 8 }\n",
+                                   "x.pbtxt");
+  REQUIRE_FALSE(twice.ok());
+  CHECK(std::string(twice.status().message()).find("duplicate table a") != std::string::npos);
+}
+
 TEST_CASE("fingerprints are stable and tell configs apart", "[config]") {
   auto a = ParseTrainingConfig(kGood, "a");
   auto b = ParseTrainingConfig(kGood, "b");

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/bfloat16.h"
+#include "common/embedding_ids.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
 #include "common/wire_frame.h"
@@ -527,6 +528,122 @@ absl::Status PsClient::PushEnd(std::vector<PushOutcome>* outcomes) {
     if (!seen[call.server] || rank(response.outcome()) > rank(o)) o = response.outcome();
     seen[call.server] = true;
   }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Positions of `ids` by the server that holds them.
+std::vector<std::vector<uint32_t>> RowsByServer(absl::Span<const uint64_t> ids, int servers) {
+  std::vector<std::vector<uint32_t>> by(servers);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    by[ServerForId(ids[i], servers)].push_back(static_cast<uint32_t>(i));
+  }
+  return by;
+}
+
+std::string IdBytes(absl::Span<const uint64_t> ids, const std::vector<uint32_t>& positions) {
+  std::string bytes(positions.size() * sizeof(uint64_t), '\0');
+  char* p = bytes.data();
+  for (uint32_t i : positions) {
+    std::memcpy(p, &ids[i], sizeof(uint64_t));  // little-endian hosts
+    p += sizeof(uint64_t);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+absl::Status PsClient::PullRows(const std::string& table, int dim, absl::Span<const uint64_t> ids,
+                                int64_t min_version, absl::Duration wait, float* out,
+                                int64_t* version) {
+  const std::vector<std::vector<uint32_t>> by = RowsByServer(ids, num_servers());
+  std::vector<int> servers;
+  for (int s = 0; s < num_servers(); ++s) {
+    if (!by[s].empty()) servers.push_back(s);
+  }
+  std::vector<PullRowsRequest> requests(servers.size());
+  std::vector<PullRowsResponse> responses(servers.size());
+  for (size_t c = 0; c < servers.size(); ++c) {
+    PullRowsRequest& r = requests[c];
+    r.set_incarnation(incarnation_);
+    r.set_worker(worker_);
+    r.set_table(table);
+    r.set_ids(IdBytes(ids, by[servers[c]]));
+    r.set_min_version(min_version);
+    r.set_timeout_ms(absl::ToInt64Milliseconds(wait));
+  }
+  RETURN_IF_ERROR(CallAll(
+      static_cast<int>(servers.size()), wait + rpc_timeout_, /*wait_for_ready=*/false,
+      [this, &servers, &table](int c) {
+        return absl::StrCat("PullRows ", table, " from ", ServerName(servers[c]));
+      },
+      [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+        stubs_[servers[c]]->async()->PullRows(ctx, &requests[c], &responses[c], std::move(done));
+      }));
+  int64_t oldest = -1;
+  for (size_t c = 0; c < servers.size(); ++c) {
+    const std::vector<uint32_t>& positions = by[servers[c]];
+    const PullRowsResponse& r = responses[c];
+    if (r.dim() != dim || r.rows().size() != positions.size() * dim * sizeof(float)) {
+      return absl::InternalError(absl::StrCat(
+          "PullRows ", table, " from ", ServerName(servers[c]), ": ", r.rows().size(),
+          " bytes of rows of width ", r.dim(), " for ", positions.size(), " ids of width ", dim));
+    }
+    const char* src = r.rows().data();
+    for (uint32_t i : positions) {
+      std::memcpy(out + static_cast<size_t>(i) * dim, src, dim * sizeof(float));
+      src += dim * sizeof(float);
+    }
+    if (oldest < 0 || r.version() < oldest) oldest = r.version();
+  }
+  counters_.pull_payload_bytes += static_cast<int64_t>(ids.size()) * dim * 4;
+  counters_.pull_copied_bytes += static_cast<int64_t>(ids.size()) * dim * 4;
+  if (version != nullptr) *version = oldest;
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::PushRows(const std::string& table, int dim, absl::Span<const uint64_t> ids,
+                                const float* grads, const std::vector<int64_t>& steps,
+                                std::vector<PushOutcome>* outcomes) {
+  if (static_cast<int>(steps.size()) != num_servers()) {
+    return absl::InvalidArgumentError("PushRows: one step per server expected");
+  }
+  const std::vector<std::vector<uint32_t>> by = RowsByServer(ids, num_servers());
+  std::vector<int> servers;
+  for (int s = 0; s < num_servers(); ++s) {
+    if (!by[s].empty()) servers.push_back(s);
+  }
+  std::vector<PushRowsRequest> requests(servers.size());
+  std::vector<PushRowsResponse> responses(servers.size());
+  for (size_t c = 0; c < servers.size(); ++c) {
+    const std::vector<uint32_t>& positions = by[servers[c]];
+    PushRowsRequest& r = requests[c];
+    r.set_incarnation(incarnation_);
+    r.set_worker(worker_);
+    r.set_step(steps[servers[c]]);
+    r.set_table(table);
+    r.set_ids(IdBytes(ids, positions));
+    std::string* g = r.mutable_gradients();
+    g->resize(positions.size() * dim * sizeof(float));
+    char* dst = g->data();
+    for (uint32_t i : positions) {
+      std::memcpy(dst, grads + static_cast<size_t>(i) * dim, dim * sizeof(float));
+      dst += dim * sizeof(float);
+    }
+  }
+  RETURN_IF_ERROR(CallAll(
+      static_cast<int>(servers.size()), rpc_timeout_, /*wait_for_ready=*/false,
+      [this, &servers, &table](int c) {
+        return absl::StrCat("PushRows ", table, " to ", ServerName(servers[c]));
+      },
+      [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+        stubs_[servers[c]]->async()->PushRows(ctx, &requests[c], &responses[c], std::move(done));
+      }));
+  outcomes->assign(num_servers(), PUSH_OUTCOME_UNSPECIFIED);
+  for (size_t c = 0; c < servers.size(); ++c) (*outcomes)[servers[c]] = responses[c].outcome();
+  counters_.push_payload_bytes += static_cast<int64_t>(ids.size()) * dim * 4;
+  counters_.push_copied_bytes += static_cast<int64_t>(ids.size()) * dim * 4;
   return absl::OkStatus();
 }
 

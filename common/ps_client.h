@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/cluster_spec.h"
 #include "common/placement.h"
 #include "common/tensor.h"
@@ -81,6 +82,22 @@ class PsClient {
                          const std::vector<const float*>& sources);
   absl::Status PushReady(size_t first, size_t end);
   absl::Status PushEnd(std::vector<PushOutcome>* outcomes);
+
+  // Embedding rows, each id asked of the server that holds it
+  // (ServerForId), the servers called in parallel. PullRows reads the rows
+  // of `ids` (duplicates allowed) of `table` into out[i * dim, (i + 1) * dim),
+  // each server waiting up to `wait` for min_version; *version (optional)
+  // gets the oldest version a server answered at.
+  absl::Status PullRows(const std::string& table, int dim, absl::Span<const uint64_t> ids,
+                        int64_t min_version, absl::Duration wait, float* out,
+                        int64_t* version = nullptr);
+  // Sends the row gradients grads[i * dim, ...) of `ids`, stamped with
+  // steps[s] for server s; outcomes[s] says what each server did (servers
+  // that held none of the ids: PUSH_OUTCOME_UNSPECIFIED). In sync mode, send
+  // a step's rows before its dense push.
+  absl::Status PushRows(const std::string& table, int dim, absl::Span<const uint64_t> ids,
+                        const float* grads, const std::vector<int64_t>& steps,
+                        std::vector<PushOutcome>* outcomes);
 
   absl::Status ShutdownAll(const std::string& reason);
   absl::Status GetStatus(int server, PsStatusResponse* response);

@@ -166,8 +166,15 @@ absl::Status EmbeddingTable::ApplyGradients(absl::Span<const uint64_t> ids, cons
   return absl::OkStatus();
 }
 
-int64_t EmbeddingTable::Expire(int64_t step) {
+int64_t EmbeddingTable::Expire(int64_t step, bool force) {
   if (options_.expire_after_steps <= 0) return 0;
+  int64_t due = next_sweep_.load();
+  if (!force && step < due) return 0;
+  // One caller sweeps; the others go on.
+  if (!next_sweep_.compare_exchange_strong(
+          due, step + std::max<int64_t>(1, options_.expire_after_steps / 4))) {
+    return 0;
+  }
   const int64_t oldest = step - options_.expire_after_steps;
   int64_t dropped = 0;
   for (Shard& s : shards_) {

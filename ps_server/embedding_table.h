@@ -18,6 +18,7 @@
 #define PSTRAIN_PS_SERVER_EMBEDDING_TABLE_H_
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -74,8 +75,10 @@ class EmbeddingTable {
                               float learning_rate, float clip_value, int64_t step);
 
   // Drops rows last touched before step - expire_after_steps; returns how
-  // many. A no-op without expiry.
-  int64_t Expire(int64_t step);
+  // many. A no-op without expiry. A sweep visits every row, so it runs at
+  // most every expire_after_steps / 4 steps (a row lives at most 1.25 x
+  // expire_after_steps untouched); `force` sweeps now.
+  int64_t Expire(int64_t step, bool force = false);
 
   Stats stats() const;
 
@@ -111,6 +114,7 @@ class EmbeddingTable {
   const Optimizer* const optimizer_;
   OptimizerSlots row_slot_init_;  // one row's initial slot values
   std::array<Shard, kShards> shards_;
+  std::atomic<int64_t> next_sweep_{0};
 };
 
 }  // namespace pstrain

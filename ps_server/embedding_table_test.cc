@@ -170,10 +170,11 @@ TEST_CASE("expiry drops rows untouched for n steps; their next touch starts afre
   const std::vector<float> g = {1, 1};
   const uint64_t id42[] = {42};
   REQUIRE(t.ApplyGradients(id42, g.data(), 1, 1, 0, 5).ok());  // touched at 5
-  CHECK(t.Expire(12) == 1);  // 43 (touched at 0) goes, 42 (at 5) stays
+  CHECK(t.Expire(12, true) == 1);  // 43 (touched at 0) goes, 42 (at 5) stays
   CHECK(t.stats().rows == 1);
   CHECK(Row(t, 42, 12)[0] == fresh[0] - 1);
-  CHECK(t.Expire(30) == 1);
+  CHECK(t.Expire(30, true) == 1);
+  CHECK(t.Expire(31) == 0);  // the next sweep is due at 30 + 10 / 4
   CHECK(t.stats().rows == 0);
   CHECK(t.stats().rows_expired == 2);
   CHECK(Row(t, 42, 31) == fresh);  // created again from its initial value

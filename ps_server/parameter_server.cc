@@ -9,6 +9,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/bfloat16.h"
 #include "common/config.h"
+#include "common/embedding_ids.h"
 #include "common/status_macros.h"
 
 namespace pstrain {
@@ -90,6 +91,26 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
   ASSIGN_OR_RETURN(model->learning_rate,
                    LearningRate::Create(config.optimizer(), global_batch, config.max_steps()));
   model->clip_value = config.optimizer().clip_value();
+  for (const EmbeddingTableConfig& tc : config.embedding_tables()) {
+    auto table = std::make_unique<Model::Table>();
+    const OptimizerConfig& oc = tc.has_optimizer() ? tc.optimizer() : config.optimizer();
+    ASSIGN_OR_RETURN(table->optimizer, CreateOptimizer(oc));
+    ASSIGN_OR_RETURN(table->learning_rate,
+                     LearningRate::Create(oc, global_batch, config.max_steps()));
+    table->clip_value = oc.clip_value();
+    EmbeddingTable::Options options;
+    options.name = tc.name();
+    options.dim = tc.dim();
+    options.num_rows = tc.num_rows();
+    options.init_scale = tc.init_scale();
+    options.seed = TableSeed(config.seed(), tc.name());
+    options.expire_after_steps = tc.expire_after_steps();
+    options.admit_after = tc.admit_after();
+    table->rows = std::make_unique<EmbeddingTable>(options, table->optimizer.get());
+    table->staged_ids.resize(model->sync ? model->num_workers : 0);
+    table->staged_grads.resize(model->sync ? model->num_workers : 0);
+    model->tables.emplace(tc.name(), std::move(table));
+  }
   for (const NamedTensor& nt : request.variables()) {
     Key key{nt.ref().variable(), nt.ref().partition()};
     absl::StatusOr<Tensor> t = FromProto(nt.tensor());
@@ -749,10 +770,31 @@ bool ParameterServer::FinishPartitionsLocked(
 
 void ParameterServer::CompleteStepLocked(int64_t step, int contributors,
                                          std::vector<Completion>* completions) {
+  ApplyStagedRowsLocked(step, contributors);
   counters_.pushes_applied += contributors;
   version_ = step + 1;
   step_deadline_ = absl::InfiniteFuture();  // the next step's starts with its first gradient
   CollectReadyLocked(completions);
+}
+
+void ParameterServer::ApplyStagedRowsLocked(int64_t step, int contributors) {
+  for (auto& [name, t] : model_->tables) {
+    std::vector<uint64_t> ids;
+    std::vector<float> grads;
+    for (size_t w = 0; w < t->staged_ids.size(); ++w) {
+      ids.insert(ids.end(), t->staged_ids[w].begin(), t->staged_ids[w].end());
+      grads.insert(grads.end(), t->staged_grads[w].begin(), t->staged_grads[w].end());
+      t->staged_ids[w].clear();
+      t->staged_grads[w].clear();
+    }
+    if (!ids.empty()) {
+      // Checked when staged, so this cannot fail.
+      t->rows->ApplyGradients(ids, grads.data(), 1.0f / static_cast<float>(std::max(contributors, 1)),
+                              t->learning_rate.At(step), t->clip_value, step + 1)
+          .IgnoreError();
+    }
+    t->rows->Expire(step + 1);
+  }
 }
 
 void ParameterServer::ExpireSyncStepLocked(std::vector<Completion>* completions) {
@@ -949,6 +991,192 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
 }
 
 // ---------------------------------------------------------------------------
+// Embedding rows
+
+namespace {
+
+// The most ids one rows request may carry (4M ids: 32 MiB of ids, and the
+// rows within gRPC's message cap for widths up to 16).
+constexpr size_t kMaxRowsPerRequest = size_t{1} << 22;
+constexpr int64_t kMaxRowsBytes = int64_t{200} << 20;
+
+absl::Status DecodeIds(const std::string& bytes, std::vector<uint64_t>* ids) {
+  if (bytes.size() % 8 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ids: ", bytes.size(), " bytes is not a whole number of uint64"));
+  }
+  if (bytes.size() / 8 > kMaxRowsPerRequest) {
+    return absl::InvalidArgumentError(absl::StrCat("ids: ", bytes.size() / 8,
+                                                   " ids in one request; at most ",
+                                                   kMaxRowsPerRequest));
+  }
+  ids->resize(bytes.size() / 8);
+  std::memcpy(ids->data(), bytes.data(), bytes.size());  // little-endian hosts
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ParameterServer::CheckRowsRequestLocked(uint64_t incarnation, int worker,
+                                                     const std::string& table,
+                                                     Model::Table** out) const {
+  RETURN_IF_ERROR(CheckIncarnationLocked(incarnation));
+  if (worker < -1 || worker >= model_->num_workers) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", worker, " out of range; expected -1..",
+                                                   model_->num_workers - 1));
+  }
+  auto it = model_->tables.find(table);
+  if (it == model_->tables.end()) {
+    return absl::NotFoundError(absl::StrCat("no embedding table \"", table, "\""));
+  }
+  *out = it->second.get();
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::PullRows(const PullRowsRequest& request,
+                                       PullRowsResponse* response) {
+  std::vector<uint64_t> ids;
+  RETURN_IF_ERROR(DecodeIds(request.ids(), &ids));
+  std::shared_ptr<Model> model;
+  Model::Table* table = nullptr;
+  int64_t version = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckRowsRequestLocked(request.incarnation(), request.worker(),
+                                           request.table(), &table));
+    if (request.timeout_ms() < 0) return absl::InvalidArgumentError("PullRows: negative timeout_ms");
+    if (static_cast<int64_t>(ids.size()) * table->rows->dim() * 4 > kMaxRowsBytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PullRows: ", ids.size(), " rows of ", table->rows->dim(), " floats exceed ",
+          kMaxRowsBytes, " bytes; pull them in parts"));
+    }
+    model = model_;
+    // Rows follow the dense pull, which already waited for the version, so
+    // this wait is short; it holds the handler's thread, with a deadline.
+    const int64_t min_version = request.min_version();
+    auto ready = [this, &model, min_version]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+      return shut_down_ || model_ != model || FinishedLocked() || version_ >= min_version ||
+             !sync_failure_.ok();
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&ready),
+                         std::min(absl::Milliseconds(request.timeout_ms()), max_wait_));
+    if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
+    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+    if (version_ < min_version && !FinishedLocked()) {
+      if (!sync_failure_.ok()) return sync_failure_;
+      return absl::DeadlineExceededError(absl::StrCat(
+          "PullRows by worker ", request.worker(), " waited ", request.timeout_ms(),
+          " ms for version >= ", min_version, "; server at version ", version_, ": ",
+          WaitingOnLocked()));
+    }
+    version = version_;
+  }
+  const int dim = table->rows->dim();
+  std::string* rows = response->mutable_rows();
+  rows->resize(ids.size() * dim * sizeof(float));
+  RETURN_IF_ERROR(table->rows->Lookup(ids, version, reinterpret_cast<float*>(rows->data())));
+  response->set_version(version);
+  response->set_dim(dim);
+  absl::MutexLock lock(&mu_);
+  ++counters_.pulls;
+  counters_.pull_payload_bytes += static_cast<int64_t>(rows->size());
+  counters_.pull_copied_bytes += static_cast<int64_t>(rows->size());
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
+                                       PushRowsResponse* response) {
+  std::vector<uint64_t> ids;
+  std::vector<float> grads;
+  absl::Status st = DecodeIds(request.ids(), &ids);
+  std::shared_ptr<Model> model;
+  Model::Table* table = nullptr;
+  auto reject = [this](absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    if (!absl::IsUnavailable(status)) ++counters_.pushes_rejected;
+    return status;
+  };
+  if (!st.ok()) return reject(st);
+  {
+    absl::MutexLock lock(&mu_);
+    st = CheckRowsRequestLocked(request.incarnation(), request.worker(), request.table(), &table);
+    if (st.ok() && request.worker() < 0) st = absl::InvalidArgumentError("PushRows: no worker");
+    if (!st.ok()) {
+      if (!absl::IsUnavailable(st)) ++counters_.pushes_rejected;
+      return st;
+    }
+    model = model_;
+  }
+  const int dim = table->rows->dim();
+  if (request.gradients().size() != ids.size() * dim * sizeof(float)) {
+    return reject(absl::InvalidArgumentError(absl::StrCat(
+        "PushRows: ", request.gradients().size(), " bytes of gradients for ", ids.size(),
+        " ids of table ", request.table(), " (", dim, " floats each)")));
+  }
+  grads.resize(ids.size() * dim);
+  std::memcpy(grads.data(), request.gradients().data(), request.gradients().size());
+  if (!AllFinite(grads)) {
+    return reject(absl::InvalidArgumentError(
+        absl::StrCat("PushRows: gradients for table ", request.table(), " contain NaN or Inf")));
+  }
+  const int w = request.worker();
+  float learning_rate = 0;
+  int64_t version = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+    if (request.step() > version_) {
+      ++counters_.pushes_rejected;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "PushRows: step ", request.step(), " is ahead of this server's version ", version_));
+    }
+    response->set_version(version_);
+    if (FinishedLocked()) {
+      response->set_outcome(FINISHED);
+      return absl::OkStatus();
+    }
+    counters_.push_payload_bytes += static_cast<int64_t>(request.gradients().size());
+    counters_.push_copied_bytes += static_cast<int64_t>(request.gradients().size());
+    if (model->sync) {
+      if (!sync_failure_.ok()) return sync_failure_;
+      if (request.step() < version_) {
+        ++counters_.gradients_dropped_stale;
+        response->set_outcome(DROPPED_STALE);
+        return absl::OkStatus();
+      }
+      // Out of range ids are refused now, not when the step applies them.
+      if (table->rows->options().num_rows > 0) {
+        for (uint64_t id : ids) {
+          if (id >= static_cast<uint64_t>(table->rows->options().num_rows)) {
+            ++counters_.pushes_rejected;
+            return absl::OutOfRangeError(absl::StrCat("table ", request.table(), ": id ", id,
+                                                      " out of range [0, ",
+                                                      table->rows->options().num_rows, ")"));
+          }
+        }
+      }
+      std::vector<uint64_t>& staged_ids = table->staged_ids[w];
+      std::vector<float>& staged_grads = table->staged_grads[w];
+      staged_ids.insert(staged_ids.end(), ids.begin(), ids.end());
+      staged_grads.insert(staged_grads.end(), grads.begin(), grads.end());
+      response->set_outcome(ACCUMULATED);
+      return absl::OkStatus();
+    }
+    version = version_;
+    learning_rate = table->learning_rate.At(version_);
+    if (model->staleness_scaled_lr && version_ - request.step() > 1) {
+      learning_rate /= static_cast<float>(version_ - request.step());
+    }
+  }
+  st = table->rows->ApplyGradients(ids, grads.data(), 1.0f, learning_rate, table->clip_value,
+                                   version);
+  if (!st.ok()) return reject(st);
+  table->rows->Expire(version);
+  response->set_outcome(APPLIED);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------
 
 void ParameterServer::GetStatus(PsStatusResponse* response) {
   absl::MutexLock lock(&mu_);
@@ -963,6 +1191,17 @@ void ParameterServer::GetStatus(PsStatusResponse* response) {
   response->set_push_copied_bytes(counters_.push_copied_bytes);
   response->set_pull_payload_bytes(counters_.pull_payload_bytes);
   response->set_pull_copied_bytes(counters_.pull_copied_bytes);
+  if (model_ == nullptr) return;
+  for (const auto& [name, t] : model_->tables) {
+    const EmbeddingTable::Stats st = t->rows->stats();
+    TableStatus* ts = response->add_tables();
+    ts->set_name(name);
+    ts->set_rows(st.rows);
+    ts->set_bytes(st.bytes);
+    ts->set_pending_ids(st.pending_ids);
+    ts->set_rows_expired(st.rows_expired);
+    ts->set_gradients_dropped(st.gradients_dropped);
+  }
 }
 
 void ParameterServer::Shutdown() {

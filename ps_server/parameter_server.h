@@ -58,6 +58,7 @@
 #include "common/segmented_bytes.h"
 #include "common/tensor.h"
 #include "proto/ps_service.pb.h"
+#include "ps_server/embedding_table.h"
 #include "ps_server/optimizer.h"
 
 namespace pstrain {
@@ -119,6 +120,18 @@ class ParameterServer {
   // A push with the contents inside the protos (tests and tools).
   absl::Status Push(const PushRequest& request, PushResponse* response);
 
+  // Embedding rows (see EmbeddingTable). Async: a push is applied on
+  // arrival, at the learning rate of the current version (it is part of a
+  // worker's step, not an update of its own: version counts dense pushes).
+  // Sync: a worker's row gradients for step == version are staged, and when
+  // the step completes every table applies the staged rows of the step, in
+  // worker-index order (duplicates summed), divided by the number of
+  // gradients the step aggregated, so rows average over workers as dense
+  // variables do. A worker sends its rows before its dense push to the
+  // same server; rows for a step already done are dropped as stale.
+  absl::Status PullRows(const PullRowsRequest& request, PullRowsResponse* response);
+  absl::Status PushRows(const PushRowsRequest& request, PushRowsResponse* response);
+
   void GetStatus(PsStatusResponse* response);
   // Wakes every waiter with UNAVAILABLE and refuses further requests.
   void Shutdown();
@@ -177,6 +190,16 @@ class ParameterServer {
     LearningRate learning_rate;
     float clip_value = 0;  // 0: off
     std::map<Key, std::unique_ptr<PartitionState>> partitions;
+    struct Table {
+      std::unique_ptr<Optimizer> optimizer;  // the table's own, or the model's kind
+      LearningRate learning_rate;
+      float clip_value = 0;
+      std::unique_ptr<EmbeddingTable> rows;
+      // Sync: each worker's row gradients for the open step (guarded by mu_).
+      std::vector<std::vector<uint64_t>> staged_ids;
+      std::vector<std::vector<float>> staged_grads;
+    };
+    std::map<std::string, std::unique_ptr<Table>> tables;
   };
 
   // A gradient located in a payload: validated header, byte range.
@@ -227,6 +250,12 @@ class ParameterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sync: version advances past `step`, `contributors` gradients applied.
   void CompleteStepLocked(int64_t step, int contributors, std::vector<Completion>* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sync: applies every table's staged rows for `step` (mu_ held).
+  void ApplyStagedRowsLocked(int64_t step, int contributors) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Finds `table` and checks a rows request's common fields.
+  absl::Status CheckRowsRequestLocked(uint64_t incarnation, int worker, const std::string& table,
+                                      Model::Table** out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sync: the open step's deadline passed: go on short or fail the step.
   // Releases and retakes mu_ while it applies.

@@ -151,6 +151,21 @@ grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
   return reactor;
 }
 
+grpc::Status PsServiceImpl::PullRows(grpc::ServerContext* ctx, const PullRowsRequest* req,
+                                     PullRowsResponse* resp) {
+  return ToGrpcStatus(ps_->PullRows(*req, resp));
+}
+
+grpc::Status PsServiceImpl::PushRows(grpc::ServerContext* ctx, const PushRowsRequest* req,
+                                     PushRowsResponse* resp) {
+  absl::Status st = ps_->PushRows(*req, resp);
+  if (!st.ok() && !absl::IsUnavailable(st)) {
+    LOG_WARN("row push from worker {} step {} refused: {}", req->worker(), req->step(),
+             st.ToString());
+  }
+  return ToGrpcStatus(st);
+}
+
 grpc::Status PsServiceImpl::GetStatus(grpc::ServerContext* ctx, const PsStatusRequest* req,
                                       PsStatusResponse* resp) {
   ps_->GetStatus(resp);

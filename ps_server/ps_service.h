@@ -29,6 +29,10 @@ class PsServiceImpl final
                                  grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                  grpc::ByteBuffer* resp) override;
+  grpc::Status PullRows(grpc::ServerContext* ctx, const PullRowsRequest* req,
+                        PullRowsResponse* resp) override;
+  grpc::Status PushRows(grpc::ServerContext* ctx, const PushRowsRequest* req,
+                        PushRowsResponse* resp) override;
   grpc::Status GetStatus(grpc::ServerContext* ctx, const PsStatusRequest* req,
                          PsStatusResponse* resp) override;
   grpc::Status Shutdown(grpc::ServerContext* ctx, const ShutdownRequest* req,

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -15,6 +16,7 @@
 #include "catch2/catch.hpp"
 #include "common/cluster_spec.h"
 #include "common/config.h"
+#include "common/embedding_ids.h"
 #include "common/env.h"
 #include "common/placement.h"
 #include "common/ps_client.h"
@@ -386,6 +388,144 @@ TEST_CASE("a sync step with a dead worker: with min_replicas it goes on at the d
       CHECK(st.message().find("waiting on worker(s) 1") != std::string::npos);
     }
   }
+}
+
+// Embedding rows over RPC, against real servers.
+constexpr char kTables[] =
+    "embedding_tables { name: \"ads\" dim: 4 } "
+    "embedding_tables { name: \"slots\" dim: 2 num_rows: 1000 init_scale: 0 } ";
+
+std::vector<uint64_t> SomeIds(int n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint64_t> ids(n);
+  for (uint64_t& id : ids) id = rng();
+  return ids;
+}
+
+TEST_CASE("embedding rows over RPC: the same ids give the same rows on 1 or 2 servers, in any "
+          "order", "[data_path][embedding]") {
+  const std::vector<uint64_t> ids = SomeIds(300, 5);
+  std::vector<uint64_t> reversed(ids.rbegin(), ids.rend());
+  Servers one(1, "rows1", {}, 0, absl::StrCat("optimizer { learning_rate: 0.5 } ", kTables));
+  Servers two(2, "rows2", {}, 0, absl::StrCat("optimizer { learning_rate: 0.5 } ", kTables));
+  std::vector<float> a(300 * 4), b(300 * 4);
+  REQUIRE(one.Worker(0)->PullRows("ads", 4, ids, 0, absl::Seconds(5), a.data()).ok());
+  REQUIRE(two.Worker(1)->PullRows("ads", 4, reversed, 0, absl::Seconds(5), b.data()).ok());
+  for (int i = 0; i < 300; ++i) {
+    std::vector<float> want(4);
+    InitialRow(TableSeed(0, "ads"), ids[i], 4, 0.5f, want.data());  // default scale 1/sqrt(4)
+    CHECK(std::equal(want.begin(), want.end(), a.begin() + i * 4));
+    CHECK(std::equal(want.begin(), want.end(), b.begin() + (299 - i) * 4));
+  }
+  // Each server reports its share of the rows and their bytes.
+  int64_t rows = 0;
+  for (int s = 0; s < 2; ++s) {
+    PsStatusResponse st;
+    REQUIRE(two.chief->GetStatus(s, &st).ok());
+    REQUIRE(st.tables_size() == 2);
+    CHECK(st.tables(0).name() == "ads");
+    CHECK(st.tables(0).rows() > 100);
+    CHECK(st.tables(0).bytes() == st.tables(0).rows() * 4 * 4);  // SGD: no slots
+    rows += st.tables(0).rows();
+  }
+  CHECK(rows == 300);
+  // Refused: an unknown table, ids out of a fixed table's range, bytes that
+  // are not whole ids or rows. Nothing changes.
+  auto w = two.Worker(0);
+  CHECK(absl::IsNotFound(w->PullRows("nope", 4, ids, 0, absl::Seconds(5), a.data())));
+  const std::vector<uint64_t> out_of_range = {3, 1000};
+  std::vector<float> g(2 * 2, 1.0f);
+  std::vector<PushOutcome> outcomes;
+  CHECK(absl::IsOutOfRange(w->PullRows("slots", 2, out_of_range, 0, absl::Seconds(5), g.data())));
+  CHECK(absl::IsOutOfRange(w->PushRows("slots", 2, out_of_range, g.data(), {0, 0}, &outcomes)));
+  CHECK(absl::IsInvalidArgument(w->PushRows("ads", 2, ids, g.data(), {0, 0}, &outcomes)));
+  std::vector<float> after(300 * 4);
+  REQUIRE(w->PullRows("ads", 4, reversed, 0, absl::Seconds(5), after.data()).ok());
+  CHECK(after == b);
+}
+
+TEST_CASE("embedding rows in sync mode: averaged over the step's workers, duplicates summed",
+          "[data_path][embedding]") {
+  Servers s(2, "rows_sync", {}, 0,
+            absl::StrCat("optimizer { learning_rate: 0.5 } sync {} ", kTables));
+  auto w0 = s.Worker(0), w1 = s.Worker(1);
+  const std::vector<uint64_t> ids = SomeIds(50, 9);
+  std::vector<float> start(50 * 4);
+  REQUIRE(w0->PullRows("ads", 4, ids, 0, absl::Seconds(5), start.data()).ok());
+  // Worker 0 sends every id twice (gradient 1 each: summed to 2), worker 1
+  // once with gradient 2: the mean is 2, at lr 0.5 each row moves by -1.
+  std::vector<uint64_t> twice = ids;
+  twice.insert(twice.end(), ids.begin(), ids.end());
+  const std::vector<float> ones(100 * 4, 1.0f), twos(50 * 4, 2.0f);
+  std::vector<PushOutcome> out;
+  REQUIRE(w0->PushRows("ads", 4, twice, ones.data(), {0, 0}, &out).ok());
+  for (PushOutcome o : out) CHECK(o == ACCUMULATED);
+  REQUIRE(w1->PushRows("ads", 4, ids, twos.data(), {0, 0}, &out).ok());
+  // Not applied before the step completes.
+  std::vector<float> rows(50 * 4);
+  REQUIRE(w0->PullRows("ads", 4, ids, 0, absl::Seconds(5), rows.data()).ok());
+  CHECK(rows == start);
+  // The dense pushes complete the step on both servers.
+  Buffers b0(s.vars, 0.0f), b1(s.vars, 0.0f);
+  REQUIRE(w0->PushFrom({0, 0}, b0.src(), &out).ok());
+  REQUIRE(w1->PushFrom({0, 0}, b1.src(), &out).ok());
+  int64_t version = 0;
+  REQUIRE(w0->PullRows("ads", 4, ids, 1, absl::Seconds(5), rows.data(), &version).ok());
+  CHECK(version == 1);
+  for (size_t i = 0; i < rows.size(); ++i) REQUIRE(rows[i] == start[i] - 1.0f);
+  // A straggler's rows for the passed step are dropped as stale.
+  REQUIRE(w1->PushRows("ads", 4, ids, twos.data(), {0, 0}, &out).ok());
+  for (PushOutcome o : out) {
+    if (o != PUSH_OUTCOME_UNSPECIFIED) CHECK(o == DROPPED_STALE);
+  }
+}
+
+TEST_CASE("no lost update, sparse: 8 clients x 200 concurrent row pushes to 2 servers",
+          "[data_path][embedding][concurrency]") {
+  constexpr int kClients = 8, kPushes = 200;
+  Servers s(2, "rows_lost", {}, 0,
+            absl::StrCat("optimizer { learning_rate: 1 } async {} ",
+                         "embedding_tables { name: \"ads\" dim: 4 init_scale: 0 }"),
+            kClients);
+  const std::vector<uint64_t> shared = SomeIds(64, 1);
+  std::vector<std::thread> clients;
+  std::vector<absl::Status> failures(kClients);
+  for (int k = 0; k < kClients; ++k) {
+    clients.emplace_back([&, k] {
+      auto c = s.Worker(k);
+      // Every shared id once, plus the client's own id twice.
+      std::vector<uint64_t> ids = shared;
+      ids.insert(ids.end(), {uint64_t(k), uint64_t(k)});
+      std::vector<float> g(ids.size() * 4, 1.0f);
+      std::vector<PushOutcome> out;
+      for (int i = 0; i < kPushes && failures[k].ok(); ++i) {
+        failures[k] = c->PushRows("ads", 4, ids, g.data(), {0, 0}, &out);
+        for (PushOutcome o : out) {
+          if (o != PUSH_OUTCOME_UNSPECIFIED && o != APPLIED && failures[k].ok()) {
+            failures[k] = absl::InternalError("not applied");
+          }
+        }
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  for (const absl::Status& st : failures) CHECK(st.ok());
+  std::vector<float> rows(64 * 4), own(kClients * 4);
+  REQUIRE(s.chief->PullRows("ads", 4, shared, 0, absl::Seconds(5), rows.data()).ok());
+  for (float v : rows) REQUIRE(v == -kClients * kPushes);
+  std::vector<uint64_t> own_ids;
+  for (int k = 0; k < kClients; ++k) own_ids.push_back(k);
+  REQUIRE(s.chief->PullRows("ads", 4, own_ids, 0, absl::Seconds(5), own.data()).ok());
+  for (float v : own) REQUIRE(v == -2 * kPushes);
+  int64_t on_each[2];
+  for (int server = 0; server < 2; ++server) {
+    PsStatusResponse st;
+    REQUIRE(s.chief->GetStatus(server, &st).ok());
+    on_each[server] = st.tables(0).rows();
+  }
+  CHECK(on_each[0] + on_each[1] == 64 + kClients);
+  CHECK(on_each[0] > 0);
+  CHECK(on_each[1] > 0);
 }
 
 }  // namespace

@@ -626,6 +626,34 @@ TEST_CASE("a daemon takes its task from TF_CONFIG as Kubeflow sets it", "[cluste
   CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
 }
 
+TEST_CASE("pstrain plan shows placement, optimizer memory and each table's share",
+          "[cli][embedding]") {
+  const std::string dir = testing::FreshTempDir("plan");
+  const std::string spec = testing::WriteClusterSpec(dir, 2, 1);
+  const std::string config = testing::WriteFile(JoinPath(dir, "c.pbtxt"), R"(
+model { mlp { input_dim: 784 hidden_units: 64 num_classes: 10 } }
+data { train_images: "a" train_labels: "b" batch_size: 32 }
+optimizer { learning_rate: 0.001 adam {} }
+max_steps: 100
+embedding_tables { name: "ads" dim: 16 }
+embedding_tables { name: "user" dim: 8 num_rows: 1000000 optimizer { learning_rate: 0.05 ftrl {} } }
+)");
+  CommandResult r = testing::RunCommand(
+      {Binary("tools/pstrain"), "plan", "--cluster_spec=" + spec, "--config=" + config},
+      absl::Seconds(30));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("dense0/kernel [784,64]") != std::string::npos);
+  CHECK(r.output.find("optimizer adam on the servers: 2 slot(s) (m, v)") != std::string::npos);
+  CHECK(r.output.find("table ads: hashed") != std::string::npos);
+  CHECK(r.output.find("192 bytes per row with adam's slots") != std::string::npos);
+  CHECK(r.output.find("table user: 1000000 rows of 8 floats, 96 bytes per row with ftrl") !=
+        std::string::npos);
+  // Jump consistent hashing splits a million consecutive ids within 0.1%.
+  CHECK(r.output.find("ps:0 49.9") != std::string::npos);
+  CHECK(r.output.find("ps:1 50.0") != std::string::npos);
+}
+
 TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV", "[bench]") {
   const std::string dir = testing::FreshTempDir("bench");
   CommandResult r = testing::RunCommand(

@@ -9,11 +9,16 @@
 
 #include "common/cluster_spec.h"
 #include "common/config.h"
+#include "common/embedding_ids.h"
 #include "common/env.h"
 #include "common/placement.h"
 #include "common/shutdown.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "ps_server/optimizer.h"
 #include "tools/args.h"
 #include "tools/bench.h"
 #include "tools/datagen.h"
@@ -137,6 +142,36 @@ int PlanCommand(const std::vector<std::string>& argv) {
                                       config->placement().partition_max_bytes());
   if (!placement.ok()) return Fail("plan", std::string(placement.status().message()));
   std::cout << placement->DebugString();
+  auto optimizer = CreateOptimizer(config->optimizer());
+  if (!optimizer.ok()) return Fail("plan", std::string(optimizer.status().message()));
+  const std::vector<std::string> slots = (*optimizer)->slot_names();
+  std::cout << "optimizer " << (*optimizer)->name() << " on the servers: "
+            << (slots.empty() ? std::string("no slots")
+                              : absl::StrCat(slots.size(), " slot(s) (", absl::StrJoin(slots, ", "),
+                                             "), each the size of its variable"))
+            << "; server memory is " << 1 + slots.size() << "x the parameters above\n";
+  const int n = cluster->num_ps();
+  for (const EmbeddingTableConfig& t : config->embedding_tables()) {
+    auto table_opt = CreateOptimizer(t.has_optimizer() ? t.optimizer() : config->optimizer());
+    if (!table_opt.ok()) return Fail("plan", std::string(table_opt.status().message()));
+    const int64_t row_bytes =
+        int64_t{4} * t.dim() * (1 + static_cast<int64_t>((*table_opt)->slot_names().size()));
+    // Each server's share of ids, counted by the hash the client routes
+    // with: every id of a fixed-size table (up to 10M), or 1M sample ids.
+    const bool exact = t.num_rows() > 0 && t.num_rows() <= 10000000;
+    const int64_t count = exact ? t.num_rows() : 1000000;
+    std::vector<int64_t> share(n, 0);
+    for (int64_t id = 0; id < count; ++id) ++share[ServerForId(static_cast<uint64_t>(id), n)];
+    std::cout << "table " << t.name() << ": "
+              << (t.num_rows() > 0 ? absl::StrCat(t.num_rows(), " rows") : "hashed (rows on first touch)")
+              << " of " << t.dim() << " floats, " << row_bytes << " bytes per row with "
+              << (*table_opt)->name() << "'s slots; ids spread by hash:";
+    for (int s = 0; s < n; ++s) {
+      std::cout << absl::StrFormat(" ps:%d %.2f%%", s, 100.0 * share[s] / count);
+      if (exact) std::cout << " (" << share[s] * row_bytes / 1024 / 1024 << " MiB)";
+    }
+    std::cout << (exact ? "\n" : " of any id set\n");
+  }
   return 0;
 }
 

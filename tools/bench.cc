@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -17,6 +18,7 @@
 #include <random>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -24,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "common/cluster_spec.h"
 #include "common/config.h"
+#include "common/embedding_ids.h"
 #include "common/env.h"
 #include "common/local_ports.h"
 #include "common/placement.h"
@@ -34,6 +37,7 @@
 #include "common/subprocess.h"
 #include "nlohmann/json.hpp"
 #include "proto/bench.grpc.pb.h"
+#include "ps_server/embedding_table.h"
 #include "ps_server/optimizer.h"
 #include "tools/datagen.h"
 #include "tools/launcher.h"
@@ -261,6 +265,7 @@ class Bench {
       absl::Status st = s == "wire"    ? Wire()
                         : s == "apply" ? Apply()
                         : s == "train" ? Train()
+                        : s == "sparse" ? Sparse()
                         : absl::InvalidArgumentError(absl::StrCat("unknown suite \"", s, "\""));
       if (!st.ok()) {
         std::cerr << "pstrain bench: " << st.message() << "\n";
@@ -466,6 +471,212 @@ max_steps: 1000000000000
     }
     for (auto* procs : {&procs1, &procs2}) {
       for (auto& p : *procs) p->Stop(absl::Seconds(5));
+    }
+    echo_proc->Stop(absl::Seconds(5));
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+    return absl::OkStatus();
+  }
+
+  // Embedding rows: batches of 4,096 ids of a table of width 64, uniform
+  // and Zipf-skewed (s = 1.05), in Mrows/s. In process: the server's table
+  // lookup beside a plain hash map + memcpy of the same rows (one thread).
+  // Over the wire (1 worker thread, 1 and 2 servers): PullRows and PushRows
+  // beside the bare gRPC echo of the same bytes (ids + rows).
+  absl::Status Sparse() {
+    constexpr int kDim = 64, kBatch = 4096;
+    const int64_t table_rows = o_.sparse_rows;
+    std::mt19937_64 rng(7);
+    // Ids are ranks scattered by MixId, so a feature's ids look like hashes.
+    auto make_batches = [&](bool zipf) {
+      std::vector<std::vector<uint64_t>> batches(64, std::vector<uint64_t>(kBatch));
+      std::vector<double> cdf;
+      if (zipf) {
+        cdf.resize(table_rows);
+        double sum = 0;
+        for (int64_t r = 0; r < table_rows; ++r) cdf[r] = sum += std::pow(r + 1.0, -1.05);
+        for (double& c : cdf) c /= sum;
+      }
+      std::uniform_real_distribution<double> u(0, 1);
+      for (auto& b : batches) {
+        for (uint64_t& id : b) {
+          const int64_t rank =
+              zipf ? std::lower_bound(cdf.begin(), cdf.end(), u(rng)) - cdf.begin()
+                   : static_cast<int64_t>(rng() % static_cast<uint64_t>(table_rows));
+          id = MixId(static_cast<uint64_t>(std::min(rank, table_rows - 1)));
+        }
+      }
+      return batches;
+    };
+    const std::vector<std::vector<uint64_t>> uniform = make_batches(false),
+                                             zipf = make_batches(true);
+    std::vector<uint64_t> all(table_rows);
+    for (int64_t r = 0; r < table_rows; ++r) all[r] = MixId(static_cast<uint64_t>(r));
+
+    // In process.
+    OptimizerConfig oc;
+    oc.set_learning_rate(1e-6f);
+    ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> sgd, CreateOptimizer(oc));
+    EmbeddingTable::Options to;
+    to.name = "bench";
+    to.dim = kDim;
+    to.init_scale = 0.01f;
+    EmbeddingTable table(to, sgd.get());
+    std::vector<float> out(static_cast<size_t>(kBatch) * kDim);
+    for (int64_t at = 0; at < table_rows; at += kBatch) {
+      const int64_t n = std::min<int64_t>(kBatch, table_rows - at);
+      RETURN_IF_ERROR(table.Lookup(absl::MakeConstSpan(all.data() + at, n), 0, out.data()));
+    }
+    absl::flat_hash_map<uint64_t, uint32_t> plain_index;
+    std::vector<float> plain_rows(static_cast<size_t>(table_rows) * kDim, 0.01f);
+    for (int64_t r = 0; r < table_rows; ++r) plain_index[all[r]] = static_cast<uint32_t>(r);
+    std::cout << "\n== sparse: rows of 64 floats in batches of 4096 ids, " << table_rows
+              << "-row table, Mrows/s (median [min-max] of " << o_.reps << ") ==\n";
+    std::cout << absl::StrFormat("%-30s %-22s %-22s %8s\n", "in process, 1 thread", "uniform",
+                                 "zipf 1.05", "");
+    struct Pair {
+      std::vector<double> uni, zipf;
+    };
+    Pair lookup, plain;
+    auto mrows = [&](const std::function<absl::Status(const std::vector<uint64_t>&)>& body,
+                     const std::vector<std::vector<uint64_t>>& batches) -> absl::StatusOr<double> {
+      size_t next = 0;
+      absl::Status err;
+      std::optional<double> r = RunTimed(
+          1, o_.rep_seconds, kBatch,
+          [&](int) { return body(batches[next++ % batches.size()]); }, &err);
+      if (!r) return err;
+      return *r * 1000;  // rows per ns -> Mrows/s
+    };
+    auto table_lookup = [&](const std::vector<uint64_t>& ids) {
+      return table.Lookup(ids, 1, out.data());
+    };
+    auto plain_lookup = [&](const std::vector<uint64_t>& ids) {
+      float* dst = out.data();
+      for (uint64_t id : ids) {
+        auto it = plain_index.find(id);
+        if (it == plain_index.end()) return absl::InternalError("plain lookup: missing id");
+        std::memcpy(dst, plain_rows.data() + static_cast<size_t>(it->second) * kDim,
+                    kDim * sizeof(float));
+        dst += kDim;
+      }
+      return absl::OkStatus();
+    };
+    for (int rep = 0; rep < o_.reps; ++rep) {
+      ASSIGN_OR_RETURN(double a, mrows(table_lookup, uniform));
+      ASSIGN_OR_RETURN(double b, mrows(table_lookup, zipf));
+      ASSIGN_OR_RETURN(double c, mrows(plain_lookup, uniform));
+      ASSIGN_OR_RETURN(double d, mrows(plain_lookup, zipf));
+      lookup.uni.push_back(a);
+      lookup.zipf.push_back(b);
+      plain.uni.push_back(c);
+      plain.zipf.push_back(d);
+    }
+    const int64_t batch_bytes = int64_t{kBatch} * (kDim * 4 + 8);
+    auto print = [&](const std::string& what, const Pair& p, const Pair* base,
+                     const std::string& base_name, const std::string& csv_name, int servers) {
+      const Stats su = Summarize(p.uni), sz = Summarize(p.zipf);
+      std::string ratio;
+      if (base != nullptr) {
+        ratio = absl::StrFormat("%.2fx / %.2fx of %s", su.median / Summarize(base->uni).median,
+                                sz.median / Summarize(base->zipf).median, base_name);
+      }
+      std::cout << absl::StrFormat("%-30s %-22s %-22s %s\n", what, Fmt(su), Fmt(sz), ratio)
+                << std::flush;
+      Add("sparse", csv_name + "_uniform_mrows", batch_bytes, servers, 1, su);
+      Add("sparse", csv_name + "_zipf_mrows", batch_bytes, servers, 1, sz);
+    };
+    print("hash map + memcpy", plain, nullptr, "", "plain_lookup", 0);
+    print("server table lookup", lookup, &plain, "hash map", "table_lookup", 0);
+
+    // Over the wire.
+    const std::string dir = absl::StrCat("/tmp/pstrain-bench-sparse-", ::getpid());
+    RETURN_IF_ERROR(Env::Default()->CreateDirs(dir));
+    std::unique_ptr<Subprocess> echo_proc;
+    std::string echo_address;
+    RETURN_IF_ERROR(StartEcho(&echo_proc, &echo_address));
+    auto echo = BenchEcho::NewStub(CreateChannel(echo_address));
+    const std::string echo_payload(batch_bytes, 'x');
+    auto echo_round = [&](const std::vector<uint64_t>&) {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx, absl::Seconds(60));
+      EchoMessage req, resp;
+      req.set_payload(echo_payload);
+      return FromGrpcStatus(echo->Echo(&ctx, req, &resp), "echo");
+    };
+    ASSIGN_OR_RETURN(TrainingConfig config, ParseTrainingConfig(R"(
+model { mlp { input_dim: 2 num_classes: 2 } }
+data { train_images: "unused" train_labels: "unused" batch_size: 1 }
+optimizer { learning_rate: 1e-9 }
+async { }
+max_steps: 1000000000000
+embedding_tables { name: "bench" dim: 64 init_scale: 0.01 }
+)", "bench"));
+    std::cout << absl::StrFormat("%-30s %-22s %-22s\n", "over the wire, 1 worker", "uniform",
+                                 "zipf 1.05");
+    Pair echo_rate;
+    std::vector<Pair> pulls(2), pushes(2);
+    std::vector<std::vector<std::unique_ptr<Subprocess>>> procs(2);
+    std::vector<std::unique_ptr<PsClient>> clients;
+    std::vector<std::unique_ptr<Placement>> placements;
+    for (int k = 0; k < 2; ++k) {
+      std::optional<ClusterSpec> cluster;
+      RETURN_IF_ERROR(StartServers(k + 1, dir, &procs[k], &cluster));
+      std::vector<VariableSpec> vars = {{"unused", {1}}};
+      ASSIGN_OR_RETURN(Placement placement, Placement::Compute(vars, k + 1, 1));
+      placements.push_back(std::make_unique<Placement>(std::move(placement)));
+      PsClient chief(*cluster, placements.back().get(), -1, absl::Seconds(60));
+      chief.set_incarnation(std::random_device()() | 1ULL << 40);
+      RETURN_IF_ERROR(chief.InitializeAll(config, 1, 1, 0, {Tensor({1}, {0.0f})},
+                                          absl::Seconds(60)));
+      clients.push_back(
+          std::make_unique<PsClient>(*cluster, placements.back().get(), 0, absl::Seconds(60)));
+      clients.back()->set_incarnation(chief.incarnation());
+      for (int64_t at = 0; at < table_rows; at += kBatch) {  // every row exists
+        const int64_t n = std::min<int64_t>(kBatch, table_rows - at);
+        RETURN_IF_ERROR(clients.back()->PullRows("bench", kDim,
+                                                 absl::MakeConstSpan(all.data() + at, n), 0,
+                                                 absl::Seconds(60), out.data()));
+      }
+    }
+    const std::vector<float> grads(static_cast<size_t>(kBatch) * kDim, 1e-3f);
+    std::vector<PushOutcome> outcomes;
+    for (int rep = 0; rep < o_.reps; ++rep) {
+      if (stop_->stopped()) return absl::CancelledError(stop_->reason());
+      for (int k = 0; k < 2; ++k) {
+        PsClient& c = *clients[k];
+        auto pull = [&](const std::vector<uint64_t>& ids) {
+          return c.PullRows("bench", kDim, ids, 0, absl::Seconds(60), out.data());
+        };
+        auto push = [&](const std::vector<uint64_t>& ids) {
+          return c.PushRows("bench", kDim, ids, grads.data(),
+                            std::vector<int64_t>(k + 1, 0), &outcomes);
+        };
+        for (auto [body, into] : {std::pair{std::function<absl::Status(
+                                                const std::vector<uint64_t>&)>(pull),
+                                            &pulls[k]},
+                                  {std::function<absl::Status(const std::vector<uint64_t>&)>(
+                                       push),
+                                   &pushes[k]}}) {
+          ASSIGN_OR_RETURN(double a, mrows(body, uniform));
+          ASSIGN_OR_RETURN(double b, mrows(body, zipf));
+          into->uni.push_back(a);
+          into->zipf.push_back(b);
+        }
+      }
+      ASSIGN_OR_RETURN(double e, mrows(echo_round, uniform));
+      echo_rate.uni.push_back(e);
+      echo_rate.zipf.push_back(e);
+    }
+    print("gRPC echo of the same bytes", echo_rate, nullptr, "", "grpc_echo", 1);
+    for (int k = 0; k < 2; ++k) {
+      print(absl::StrCat("PullRows, ", k + 1, " server(s)"), pulls[k], &echo_rate, "echo",
+            "pull_rows", k + 1);
+      print(absl::StrCat("PushRows, ", k + 1, " server(s)"), pushes[k], &echo_rate, "echo",
+            "push_rows", k + 1);
+    }
+    for (auto& group : procs) {
+      for (auto& p : group) p->Stop(absl::Seconds(5));
     }
     echo_proc->Stop(absl::Seconds(5));
     std::error_code ignored;

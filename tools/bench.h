@@ -28,7 +28,8 @@ struct BenchOptions {
   std::string bin_dir;                // where ps_server lives; "" = next to pstrain
   std::string out_dir;                // bench.csv goes here when set
   std::vector<int64_t> sizes;         // bytes per pull and per push
-  std::vector<std::string> suites;    // "wire", "apply", "train"
+  std::vector<std::string> suites;    // "wire", "apply", "train", "sparse"
+  int64_t sparse_rows = 1000000;      // sparse: rows in the table (width 64)
   std::vector<std::string> models;    // train: hidden layer widths, "512-512"
   bool bfloat16 = false;              // wire and train: bfloat16 on the wire
   int reps = 5;

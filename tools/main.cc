@@ -177,9 +177,11 @@ int PlanCommand(const std::vector<std::string>& argv) {
 
 int BenchCommand(const std::vector<std::string>& argv) {
   const Args::FlagSpec flags = {
-      {"suites", {"wire,apply,train",
-                  "comma-separated: wire (pull+push vs gRPC echo, TCP, memcpy), apply (server SGD "
-                  "vs a += b), train (sync examples/s vs compute alone)"}},
+      {"suites", {"wire,apply,train,sparse",
+                  "comma-separated: wire (pull+push vs gRPC echo, TCP, memcpy), apply (server "
+                  "optimizers vs a += b), train (sync examples/s vs compute alone), sparse "
+                  "(embedding rows: table lookup vs a hash map, PullRows/PushRows vs echo)"}},
+      {"sparse_rows", {"1000000", "sparse: rows in the table (width 64)"}},
       {"models", {"128,512-512,2048-2048", "train: hidden layers of each 784-...-10 MLP"}},
       {"sizes", {"4096,65536,1048576,4194304,16777216,67108864",
                  "bytes per pull and per push (wire suite)"}},
@@ -233,6 +235,11 @@ int BenchCommand(const std::vector<std::string>& argv) {
   }
   o.bfloat16 = args->Get("wire_dtype") == "bfloat16";
   o.rep_seconds = *seconds;
+  auto sparse_rows = args->GetInt("sparse_rows");
+  if (!sparse_rows.ok() || *sparse_rows < 4096 || *sparse_rows > 100000000) {
+    return Fail("bench", "--sparse_rows: expected 4096..100000000");
+  }
+  o.sparse_rows = *sparse_rows;
   return RunBench(o, &stop);
 }
 

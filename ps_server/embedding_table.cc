@@ -36,7 +36,7 @@ absl::Status EmbeddingTable::CheckIds(absl::Span<const uint64_t> ids) const {
 }
 
 template <typename F>
-void EmbeddingTable::ForEachByShard(absl::Span<const uint64_t> ids, F visit) {
+void EmbeddingTable::ForEachShardGroup(absl::Span<const uint64_t> ids, F visit) {
   // A counting sort of positions by shard: each shard is locked once.
   const size_t n = ids.size();
   std::vector<uint8_t> shard_of(n);
@@ -54,7 +54,7 @@ void EmbeddingTable::ForEachByShard(absl::Span<const uint64_t> ids, F visit) {
     if (start[k] == start[k + 1]) continue;
     Shard& s = shards_[k];
     absl::MutexLock lock(&s.mu);
-    for (uint32_t j = start[k]; j < start[k + 1]; ++j) visit(&s, order[j]);
+    visit(&s, order.data() + start[k], static_cast<size_t>(start[k + 1] - start[k]));
   }
 }
 
@@ -90,26 +90,49 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const uint64_t> ids, int64_t step
   if (absl::Status st = CheckIds(ids); !st.ok()) return st;
   const int dim = options_.dim;
   const int admit = options_.admit_after;
-  ForEachByShard(ids, [&](Shard* s, uint32_t i) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    const uint64_t id = ids[i];
-    float* dst = out + static_cast<size_t>(i) * dim;
-    bool create = true;
-    if (admit > 1 && s->index.find(id) == s->index.end()) {
-      int32_t& seen = s->sightings[id];
-      if (++seen >= admit) {
-        s->sightings.erase(id);
-      } else {
-        create = false;
-      }
-    }
-    const int64_t row = FindOrCreate(s, id, create);
-    if (row < 0) {
-      std::fill(dst, dst + dim, 0.0f);
-      return;
-    }
-    s->touched[row] = step;
-    std::memcpy(dst, s->values.data() + static_cast<size_t>(row) * dim, sizeof(float) * dim);
-  });
+  const size_t row_bytes = sizeof(float) * dim;
+  std::vector<int64_t> rows;
+  ForEachShardGroup(
+      ids, [&](Shard* s, const uint32_t* pos, size_t count) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        // Random rows of a large table are cache misses: find every row of the
+        // group first, with the index probes and the rows' lines prefetched
+        // ahead, then copy them.
+        constexpr size_t kAhead = 32;
+        rows.resize(count);
+        for (size_t j = 0; j < count; ++j) {
+          if (j + kAhead < count) s->index.prefetch(ids[pos[j + kAhead]]);
+          auto it = s->index.find(ids[pos[j]]);
+          rows[j] = it == s->index.end() ? int64_t{-1} : static_cast<int64_t>(it->second);
+          if (rows[j] >= 0) {
+            const char* line = reinterpret_cast<const char*>(s->values.data() + rows[j] * dim);
+            for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(line + b);
+          }
+        }
+        for (size_t j = 0; j < count; ++j) {
+          const uint32_t i = pos[j];
+          const uint64_t id = ids[i];
+          float* dst = out + static_cast<size_t>(i) * dim;
+          int64_t row = rows[j];
+          if (row < 0) {
+            bool create = true;
+            if (admit > 1 && s->index.find(id) == s->index.end()) {
+              int32_t& seen = s->sightings[id];
+              if (++seen >= admit) {
+                s->sightings.erase(id);
+              } else {
+                create = false;
+              }
+            }
+            row = FindOrCreate(s, id, create);  // also finds a duplicate created above
+            if (row < 0) {
+              std::fill(dst, dst + dim, 0.0f);
+              continue;
+            }
+          }
+          s->touched[row] = step;
+          std::memcpy(dst, s->values.data() + static_cast<size_t>(row) * dim, row_bytes);
+        }
+      });
   return absl::OkStatus();
 }
 
@@ -121,9 +144,9 @@ absl::Status EmbeddingTable::ApplyGradients(absl::Span<const uint64_t> ids, cons
   const size_t n = ids.size();
   for (size_t i = 0; i < n * dim; ++i) {
     if (!std::isfinite(grads[i])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("table ", options_.name, ": gradient row ", i / dim, " (id ",
-                       ids[i / dim], ") contains NaN or Inf"));
+      return absl::InvalidArgumentError(absl::StrCat("table ", options_.name, ": gradient row ",
+                                                     i / dim, " (id ", ids[i / dim],
+                                                     ") contains NaN or Inf"));
     }
   }
   // Sum duplicates in the order given.
@@ -149,20 +172,24 @@ absl::Status EmbeddingTable::ApplyGradients(absl::Span<const uint64_t> ids, cons
   }
   if (clip_value > 0) ClipByValue(sum.data(), static_cast<int64_t>(sum.size()), clip_value);
   const bool needs_admission = options_.admit_after > 1;
-  ForEachByShard(unique, [&](Shard* s, uint32_t i) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-    const int64_t row = FindOrCreate(s, unique[i], !needs_admission);
-    if (row < 0) {
-      ++s->dropped;
-      return;
-    }
-    UpdateInfo update;
-    update.learning_rate = learning_rate;
-    update.count = ++s->updates[row];
-    float* values = s->values.data() + static_cast<size_t>(row) * dim;
-    optimizer_->ApplyRange(values, values, sum.data() + static_cast<size_t>(i) * dim, dim,
-                           &s->slots, row * static_cast<int64_t>(dim), update);
-    s->touched[row] = step;
-  });
+  ForEachShardGroup(
+      unique, [&](Shard* s, const uint32_t* pos, size_t count) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        for (size_t j = 0; j < count; ++j) {
+          const uint32_t i = pos[j];
+          const int64_t row = FindOrCreate(s, unique[i], !needs_admission);
+          if (row < 0) {
+            ++s->dropped;
+            continue;
+          }
+          UpdateInfo update;
+          update.learning_rate = learning_rate;
+          update.count = ++s->updates[row];
+          float* values = s->values.data() + static_cast<size_t>(row) * dim;
+          optimizer_->ApplyRange(values, values, sum.data() + static_cast<size_t>(i) * dim, dim,
+                                 &s->slots, row * static_cast<int64_t>(dim), update);
+          s->touched[row] = step;
+        }
+      });
   return absl::OkStatus();
 }
 
@@ -195,8 +222,8 @@ int64_t EmbeddingTable::Expire(int64_t step, bool force) {
 
 EmbeddingTable::Stats EmbeddingTable::stats() const {
   Stats st;
-  const int64_t row_bytes = static_cast<int64_t>(options_.dim) * 4 *
-                            (1 + static_cast<int64_t>(row_slot_init_.size()));
+  const int64_t row_bytes =
+      static_cast<int64_t>(options_.dim) * 4 * (1 + static_cast<int64_t>(row_slot_init_.size()));
   for (const Shard& s : shards_) {
     absl::MutexLock lock(&s.mu);
     st.rows += static_cast<int64_t>(s.index.size());

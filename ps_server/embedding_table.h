@@ -106,9 +106,10 @@ class EmbeddingTable {
   absl::Status CheckIds(absl::Span<const uint64_t> ids) const;
   // The row of `id` in `s`, created if `create`; -1 when absent.
   int64_t FindOrCreate(Shard* s, uint64_t id, bool create) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu);
-  // Visits the positions of `ids` grouped by shard, each shard locked once.
+  // Calls visit(shard, positions, count) for the positions of `ids` in each
+  // shard, with that shard locked (once per call).
   template <typename F>
-  void ForEachByShard(absl::Span<const uint64_t> ids, F visit);
+  void ForEachShardGroup(absl::Span<const uint64_t> ids, F visit);
 
   const Options options_;
   const Optimizer* const optimizer_;

@@ -9,6 +9,7 @@
 #ifndef PSTRAIN_COMMON_EMBEDDING_IDS_H_
 #define PSTRAIN_COMMON_EMBEDDING_IDS_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -60,6 +61,21 @@ inline void InitialRow(uint64_t table_seed, uint64_t id, int dim, float scale, f
     const float u = static_cast<float>(r >> 40) * (1.0f / 16777216.0f);  // [0, 1), 24 bits
     out[j] = (2.0f * u - 1.0f) * scale;
   }
+}
+
+// The 64-bit id of categorical value `value` of feature field `field`: a
+// hash of both, so equal strings in different fields are different ids. An
+// empty value (a missing field) is a category of its own in each field.
+inline uint64_t FeatureId(int field, const char* value, size_t length) {
+  uint64_t h = 1469598103934665603ULL;
+  for (size_t i = 0; i < length; ++i) {
+    h ^= static_cast<unsigned char>(value[i]);
+    h *= 1099511628211ULL;
+  }
+  return MixId(h ^ (static_cast<uint64_t>(field + 1) * 0x9e3779b97f4a7c15ULL));
+}
+inline uint64_t FeatureId(int field, const std::string& value) {
+  return FeatureId(field, value.data(), value.size());
 }
 
 }  // namespace pstrain

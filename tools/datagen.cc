@@ -8,6 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/embedding_ids.h"
+#include "common/metrics.h"
 #include "common/status_macros.h"
 
 namespace pstrain {
@@ -174,6 +176,104 @@ absl::Status WriteDigitsCsv(Env* env, const std::string& dir, const DigitsOption
                &labels);
   RETURN_IF_ERROR(env->WriteFile(JoinPath(dir, "test.csv"), DigitsCsv(images, labels), true));
   return absl::OkStatus();
+}
+
+}  // namespace pstrain
+
+namespace pstrain {
+
+absl::StatusOr<CriteoTruth> WriteCriteoDataset(Env* env, const std::string& dir,
+                                               const CriteoOptions& o) {
+  constexpr int kInts = kCriteoIntegerFields, kCats = kCriteoCategoricalFields;
+  if (o.train_examples <= 0 || o.test_examples <= 0 || o.train_examples > 100000000 ||
+      o.test_examples > 100000000) {
+    return absl::InvalidArgumentError("criteo: --train and --test must be 1..100000000");
+  }
+  if (o.values_per_field < 2 || o.values_per_field > 100000000) {
+    return absl::InvalidArgumentError("criteo: --values_per_field must be 2..100000000");
+  }
+  if (!(o.missing >= 0 && o.missing < 1)) {
+    return absl::InvalidArgumentError("criteo: --missing must be in [0, 1)");
+  }
+  RETURN_IF_ERROR(env->CreateDirs(dir));
+  // The hidden model: a bias (about a quarter of impressions are clicks),
+  // one weight per integer feature, one per categorical value of each field
+  // (drawn from a hash of (seed, field, value), so no table is kept) and one
+  // per field for a missing value.
+  std::mt19937_64 rng(o.seed);
+  std::normal_distribution<double> normal(0.0, 1.0);
+  const double bias = -0.9;
+  std::array<double, kInts> int_weight, int_mean;
+  for (int j = 0; j < kInts; ++j) {
+    int_weight[j] = 0.15 * normal(rng);
+    int_mean[j] = 0.5 + 2.0 * std::uniform_real_distribution<double>(0, 1)(rng);
+  }
+  std::array<double, kCats> missing_weight;
+  for (double& w : missing_weight) w = 0.25 * normal(rng);
+  const uint64_t weight_seed = MixId(o.seed ^ 0x5851f42d4c957f2dULL);
+  auto value_weight = [&](int field, int64_t value) {
+    // A standard normal from two uniform draws of the hash (Box-Muller).
+    const uint64_t h = MixId(weight_seed ^ MixId((static_cast<uint64_t>(field) << 40) ^
+                                                 static_cast<uint64_t>(value)));
+    const double u1 = (static_cast<double>(h >> 40) + 0.5) / 16777216.0;
+    const double u2 = static_cast<double>((h >> 16) & 0xffffff) / 16777216.0;
+    return 0.25 * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2);
+  };
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::vector<float> test_probability;
+  std::vector<int32_t> test_labels;
+  for (const bool train : {true, false}) {
+    const int64_t n = train ? o.train_examples : o.test_examples;
+    std::string text;
+    text.reserve(static_cast<size_t>(n) * 220);
+    char hex[17];
+    for (int64_t e = 0; e < n; ++e) {
+      double logit = bias;
+      std::string line;
+      std::string fields;
+      for (int j = 0; j < kInts; ++j) {
+        fields += '\t';
+        if (uniform(rng) < o.missing) continue;
+        const int64_t v = std::max<int64_t>(
+            0, static_cast<int64_t>(std::exp(int_mean[j] + normal(rng))) - 1);
+        logit += int_weight[j] * std::log1p(static_cast<double>(v));
+        absl::StrAppend(&fields, v);
+      }
+      for (int f = 0; f < kCats; ++f) {
+        fields += '\t';
+        if (uniform(rng) < o.missing) {
+          logit += missing_weight[f];
+          continue;
+        }
+        // A power law: value k with density falling as k^(-3/4).
+        const int64_t k = std::min<int64_t>(
+            o.values_per_field - 1,
+            static_cast<int64_t>(static_cast<double>(o.values_per_field) *
+                                 std::pow(uniform(rng), 4.0)));
+        logit += value_weight(f, k);
+        std::snprintf(hex, sizeof(hex), "%08x",
+                      static_cast<uint32_t>(MixId(o.seed ^ (static_cast<uint64_t>(f) << 48) ^
+                                                  static_cast<uint64_t>(k))));
+        fields += hex;
+      }
+      const double p = 1.0 / (1.0 + std::exp(-logit));
+      const int label = uniform(rng) < p ? 1 : 0;
+      absl::StrAppend(&text, label, fields, "\n");
+      if (!train) {
+        test_probability.push_back(static_cast<float>(p));
+        test_labels.push_back(label);
+      }
+    }
+    RETURN_IF_ERROR(
+        WriteFileAtomically(env, JoinPath(dir, train ? "train.tsv" : "test.tsv"), text));
+  }
+  CriteoTruth truth;
+  ASSIGN_OR_RETURN(truth.test_auc, RocAuc(test_probability, test_labels));
+  truth.test_log_loss = LogLoss(test_probability, test_labels);
+  int64_t positives = 0;
+  for (int32_t y : test_labels) positives += y;
+  truth.positive_rate = static_cast<double>(positives) / static_cast<double>(test_labels.size());
+  return truth;
 }
 
 }  // namespace pstrain

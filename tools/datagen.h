@@ -10,8 +10,10 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/env.h"
 #include "common/idx.h"
+#include "worker/data/criteo_reader.h"
 
 namespace pstrain {
 
@@ -34,6 +36,34 @@ absl::Status WriteDigitsDataset(Env* env, const std::string& dir, const DigitsOp
 // "label,p0,...,p783", then the label and the 784 pixels scaled to [0, 1]
 // (3 decimals) per line, for the CSV reader (data { format: CSV }).
 absl::Status WriteDigitsCsv(Env* env, const std::string& dir, const DigitsOptions& options);
+
+// Synthetic click-through data in the Criteo TSV layout (label, 13 integer
+// columns, 26 hexadecimal categorical columns; worker/data/criteo_reader.h),
+// drawn from a hidden ground-truth model: the log-odds of a click are a bias,
+// plus a weight per integer feature times log(1 + value), plus a weight per
+// categorical value (a missing value has a weight of its own). Categorical
+// values follow a power law over `values_per_field` values per field, and a
+// field is empty with probability `missing`. The labels are Bernoulli draws
+// of the model's probability, so the model's own AUC on the held-out part is
+// the best a learned model can expect there. Same seed, same bytes.
+struct CriteoOptions {
+  int64_t train_examples = 200000;
+  int64_t test_examples = 50000;
+  uint64_t seed = 1;
+  int64_t values_per_field = 20000;
+  double missing = 0.05;
+};
+
+// The ground-truth model scored on the held-out part.
+struct CriteoTruth {
+  double test_auc = 0;
+  double test_log_loss = 0;
+  double positive_rate = 0;  // of the held-out labels
+};
+
+// Writes train.tsv and test.tsv into `dir`.
+absl::StatusOr<CriteoTruth> WriteCriteoDataset(Env* env, const std::string& dir,
+                                               const CriteoOptions& options);
 
 }  // namespace pstrain
 

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "catch2/catch.hpp"
+#include "worker/data/criteo_reader.h"
 #include "worker/data/csv_reader.h"
 #include "worker/data/idx_reader.h"
 
@@ -95,6 +96,49 @@ TEST_CASE("the CSV digits are the IDX digits, scaled, and the CSV reader reads t
   auto train = LoadCsvDataset(Env::Default(), base + "/csv/train.csv", co);
   REQUIRE(train.ok());
   CHECK(train->size == 50);
+}
+
+TEST_CASE("criteo: a click-through dataset the reader loads, with its ground truth scored",
+          "[datagen][criteo]") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string base = std::string(tmp ? tmp : "/tmp") + "/criteo";
+  CriteoOptions o;
+  o.train_examples = 3000;
+  o.test_examples = 2000;
+  o.values_per_field = 500;
+  o.seed = 4;
+  auto truth = WriteCriteoDataset(Env::Default(), base + "_a", o);
+  REQUIRE(truth.ok());
+  // The hidden model separates clicks well but not perfectly.
+  CHECK(truth->test_auc > 0.7);
+  CHECK(truth->test_auc < 0.95);
+  CHECK(truth->positive_rate > 0.1);
+  CHECK(truth->positive_rate < 0.5);
+  CHECK(truth->test_log_loss > 0.2);
+  CriteoStats stats;
+  auto train = LoadCriteoDataset(Env::Default(), base + "_a/train.tsv", 0, &stats);
+  REQUIRE(train.ok());
+  CHECK(train->size == 3000);
+  CHECK(stats.malformed == 0);
+  // About 5% of the 39 feature fields are empty.
+  const double empty = static_cast<double>(stats.empty_fields) / (3000.0 * 39);
+  CHECK(empty > 0.03);
+  CHECK(empty < 0.07);
+  auto test = LoadCriteoDataset(Env::Default(), base + "_a/test.tsv", 0);
+  REQUIRE(test.ok());
+  CHECK(test->size == 2000);
+  // Same seed, same bytes; another seed, another dataset.
+  REQUIRE(WriteCriteoDataset(Env::Default(), base + "_b", o).ok());
+  o.seed = 5;
+  REQUIRE(WriteCriteoDataset(Env::Default(), base + "_c", o).ok());
+  auto a = Env::Default()->ReadFile(base + "_a/train.tsv");
+  auto b = Env::Default()->ReadFile(base + "_b/train.tsv");
+  auto c = Env::Default()->ReadFile(base + "_c/train.tsv");
+  REQUIRE(a.ok());
+  CHECK(*a == *b);
+  CHECK(*a != *c);
+  o.missing = 1.5;
+  CHECK_FALSE(WriteCriteoDataset(Env::Default(), base + "_d", o).ok());
 }
 
 }  // namespace

@@ -32,7 +32,8 @@ const char kUsage[] =
     "usage: pstrain <command> [flags]\n"
     "commands:\n"
     "  launch   start every local task of a cluster spec and train\n"
-    "  datagen  write the synthetic digits dataset (MNIST IDX format, or CSV)\n"
+    "  datagen  write a synthetic dataset: digits (MNIST IDX format, or CSV) or click-through\n"
+    "           data in the Criteo layout with its ground-truth AUC\n"
     "  plan     print how variables are placed on the parameter servers\n"
     "  bench    measure the data path beside the limits of this machine\n"
     "run 'pstrain <command> --help' for its flags\n";
@@ -82,9 +83,12 @@ int LaunchCommand(const std::vector<std::string>& argv) {
 int DatagenCommand(const std::vector<std::string>& argv) {
   const Args::FlagSpec flags = {
       {"out", {"", "output directory"}},
-      {"format", {"idx", "idx (MNIST's four files) or csv (train.csv, test.csv)"}},
-      {"train", {"20000", "training examples"}},
-      {"test", {"4000", "held-out examples"}},
+      {"format", {"idx", "idx (MNIST's four files), csv (train.csv, test.csv) or criteo "
+                         "(click-through train.tsv, test.tsv)"}},
+      {"train", {"", "training examples (digits 20000, criteo 200000)"}},
+      {"test", {"", "held-out examples (digits 4000, criteo 50000)"}},
+      {"values_per_field", {"20000", "criteo: categorical values per field"}},
+      {"missing", {"0.05", "criteo: probability that a feature field is empty"}},
       {"seed", {"1", "random seed"}},
       {"difficulty", {"1.0", "0 = clean strokes, 1 = default warp and noise"}},
   };
@@ -96,12 +100,42 @@ int DatagenCommand(const std::vector<std::string>& argv) {
   if (!args.ok()) return Fail("datagen", std::string(args.status().message()));
   if (args->Get("out").empty()) return Fail("datagen", "--out=DIR is required");
   const std::string format = args->Get("format");
-  if (format != "idx" && format != "csv") {
-    return Fail("datagen", "--format: expected idx or csv");
+  if (format != "idx" && format != "csv" && format != "criteo") {
+    return Fail("datagen", "--format: expected idx, csv or criteo");
+  }
+  const bool criteo = format == "criteo";
+  auto count = [&](const std::string& flag, int64_t fallback) -> absl::StatusOr<int64_t> {
+    if (args->Get(flag).empty()) return fallback;
+    return args->GetInt(flag);
+  };
+  auto train = count("train", criteo ? 200000 : 20000);
+  auto test = count("test", criteo ? 50000 : 4000);
+  if (criteo) {
+    CriteoOptions c;
+    auto seed = args->GetInt("seed");
+    auto values = args->GetInt("values_per_field");
+    auto missing = args->GetDouble("missing");
+    for (const absl::Status& st :
+         {train.status(), test.status(), seed.status(), values.status(), missing.status()}) {
+      if (!st.ok()) return Fail("datagen", std::string(st.message()));
+    }
+    c.train_examples = *train;
+    c.test_examples = *test;
+    c.seed = static_cast<uint64_t>(*seed);
+    c.values_per_field = *values;
+    c.missing = *missing;
+    auto truth = WriteCriteoDataset(Env::Default(), args->Get("out"), c);
+    if (!truth.ok()) return Fail("datagen", std::string(truth.status().message()));
+    std::cout << "wrote " << c.train_examples << " training and " << c.test_examples
+              << " held-out click-through examples to " << args->Get("out")
+              << " (criteo: train.tsv, test.tsv)\n"
+              << absl::StrFormat(
+                     "ground-truth model on the held-out part: AUC %.4f, log loss %.4f, "
+                     "click rate %.3f\n",
+                     truth->test_auc, truth->test_log_loss, truth->positive_rate);
+    return 0;
   }
   DigitsOptions o;
-  auto train = args->GetInt("train");
-  auto test = args->GetInt("test");
   auto seed = args->GetInt("seed");
   auto difficulty = args->GetDouble("difficulty");
   for (const absl::Status& st : {train.status(), test.status(), seed.status(),

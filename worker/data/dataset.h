@@ -1,5 +1,5 @@
-// A dataset in memory: `size` examples of `dim` float features and one
-// integer label each. Filled once by a reader (idx_reader.h, csv_reader.h)
+// A dataset in memory: `size` examples of `dim` float features, optionally
+// `id_fields` categorical ids, and one integer label each. Filled once by a reader (idx_reader.h, csv_reader.h)
 // and immutable afterwards, so any number of threads may read it.
 #ifndef PSTRAIN_WORKER_DATA_DATASET_H_
 #define PSTRAIN_WORKER_DATA_DATASET_H_
@@ -14,6 +14,11 @@ struct Dataset {
   int dim = 0;
   std::vector<float> x;    // [size, dim], row-major
   std::vector<int32_t> y;  // [size]
+  // Categorical features (click-through data): `id_fields` 64-bit ids per
+  // example, one per field (FeatureId in common/embedding_ids.h); none for
+  // image and CSV data.
+  int id_fields = 0;
+  std::vector<uint64_t> ids;  // [size, id_fields]
 };
 
 }  // namespace pstrain

@@ -26,8 +26,9 @@ void DataPartition::Reshuffle() {
   }
 }
 
-void DataPartition::NextBatch(float* x, int32_t* y) {
+void DataPartition::NextBatch(float* x, int32_t* y, uint64_t* ids) {
   const int dim = data_->dim;
+  const int fields = data_->id_fields;
   for (int r = 0; r < batch_size_; ++r) {
     if (position_ >= static_cast<int64_t>(order_.size())) {
       ++epoch_;
@@ -38,6 +39,10 @@ void DataPartition::NextBatch(float* x, int32_t* y) {
     std::copy(data_->x.begin() + i * dim, data_->x.begin() + (i + 1) * dim,
               x + static_cast<int64_t>(r) * dim);
     y[r] = data_->y[i];
+    if (ids != nullptr && fields > 0) {
+      std::copy(data_->ids.begin() + i * fields, data_->ids.begin() + (i + 1) * fields,
+                ids + static_cast<int64_t>(r) * fields);
+    }
   }
 }
 

@@ -33,9 +33,10 @@ class DataPartition {
   int batch_size() const { return batch_size_; }
   int dim() const { return data_->dim; }
 
-  // Writes the next batch_size() examples: x [batch_size, dim], y [batch_size].
+  // Writes the next batch_size() examples: x [batch_size, dim], y [batch_size],
+  // and, when `ids` is given, their categorical ids [batch_size, id_fields].
   // The partition must not be empty.
-  void NextBatch(float* x, int32_t* y);
+  void NextBatch(float* x, int32_t* y, uint64_t* ids = nullptr);
   void NextBatch(std::vector<float>* x, std::vector<int32_t>* y);
 
   DataCursor cursor() const { return {epoch_, position_}; }

@@ -1,0 +1,109 @@
+#include "worker/data/criteo_reader.h"
+
+#include <cmath>
+#include <string>
+
+#include "catch2/catch.hpp"
+#include "common/embedding_ids.h"
+#include "worker/data/partition.h"
+
+namespace pstrain {
+namespace {
+
+std::string Line(const std::string& label, const std::string& ints, const std::string& cats) {
+  return label + "\t" + ints + "\t" + cats + "\n";
+}
+
+// 13 integer fields and 26 categorical ones, tab-separated.
+std::string Ints(const std::string& first) {
+  std::string s = first;
+  for (int i = 1; i < 13; ++i) s += "\t" + std::to_string(i);
+  return s;
+}
+std::string Cats(const std::string& first) {
+  std::string s = first;
+  for (int i = 1; i < 26; ++i) s += "\t68fd1e64";
+  return s;
+}
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir ? dir : "/tmp") + "/" + name;
+  REQUIRE(Env::Default()->WriteFile(path, text, false).ok());
+  return path;
+}
+
+TEST_CASE("Criteo TSV: integers log-transformed, categories hashed per field, empty fields",
+          "[criteo]") {
+  const std::string path = WriteTemp(
+      "ok.tsv", Line("1", Ints("5"), Cats("05db9164")) + "\r\n" +  // a blank CRLF line
+                    Line("0", Ints(""), Cats("")) + Line("0", Ints("-3"), Cats("05DB9164")));
+  CriteoStats stats;
+  auto d = LoadCriteoDataset(Env::Default(), path, 0, &stats);
+  REQUIRE(d.ok());
+  REQUIRE(d->size == 3);
+  CHECK(d->dim == 13);
+  CHECK(d->id_fields == 26);
+  CHECK(d->y == std::vector<int32_t>{1, 0, 0});
+  CHECK(d->x[0] == Approx(std::log1p(5.0)));
+  CHECK(d->x[1] == Approx(std::log1p(1.0)));
+  CHECK(d->x[13] == 0.0f);                     // empty
+  CHECK(d->x[26] == 0.0f);                     // negative counts clamp to 0
+  CHECK(d->ids[0] == FeatureId(0, "05db9164"));
+  CHECK(d->ids[26] == FeatureId(0, ""));       // missing is a category of its own
+  CHECK(d->ids[26] != FeatureId(1, ""));       // ... per field
+  CHECK(d->ids[1] == FeatureId(1, "68fd1e64"));
+  CHECK(d->ids[1] != FeatureId(2, "68fd1e64"));  // the same text in another field
+  CHECK(d->ids[52] == FeatureId(0, "05DB9164"));  // taken as written
+  CHECK(stats.empty_fields == 2);
+  CHECK(stats.malformed == 0);
+}
+
+TEST_CASE("Criteo TSV: malformed lines are skipped up to the limit, then the load fails",
+          "[criteo]") {
+  const std::string bad_lines[] = {
+      Line("2", Ints("1"), Cats("aa")),                 // label
+      Line("1", Ints("x"), Cats("aa")),                 // integer
+      Line("1", Ints("1.5"), Cats("aa")),               // integer
+      Line("1", Ints("1"), Cats("zz")),                 // not hex
+      Line("1", Ints("1"), Cats("0123456789abcdef0")),  // 17 digits
+      "1\t2\t3\n",                                      // field count
+  };
+  std::string text = Line("1", Ints("1"), Cats("aa"));
+  for (const std::string& b : bad_lines) text += b;
+  const std::string path = WriteTemp("bad.tsv", text);
+  CriteoStats stats;
+  auto d = LoadCriteoDataset(Env::Default(), path, 6, &stats);
+  REQUIRE(d.ok());
+  CHECK(d->size == 1);
+  CHECK(stats.malformed == 6);
+  auto strict = LoadCriteoDataset(Env::Default(), path, 5);
+  REQUIRE_FALSE(strict.ok());
+  CHECK(std::string(strict.status().message()).find("more than 5 malformed lines") !=
+        std::string::npos);
+  CHECK(std::string(strict.status().message()).find("line 7") != std::string::npos);
+  CHECK_FALSE(LoadCriteoDataset(Env::Default(), WriteTemp("empty.tsv", "\n\n"), 0).ok());
+}
+
+TEST_CASE("Criteo examples partition and batch with their ids", "[criteo]") {
+  std::string text;
+  for (int i = 0; i < 10; ++i) {
+    text += Line(i % 2 ? "1" : "0", Ints(std::to_string(i)), Cats(std::to_string(100 + i)));
+  }
+  auto d = LoadCriteoDataset(Env::Default(), WriteTemp("p.tsv", text), 0);
+  REQUIRE(d.ok());
+  DataPartition p(&*d, 1, 2, 5, true, 3);  // examples 1, 3, 5, 7, 9
+  std::vector<float> x(5 * 13);
+  std::vector<int32_t> y(5);
+  std::vector<uint64_t> ids(5 * 26);
+  p.NextBatch(x.data(), y.data(), ids.data());
+  for (int r = 0; r < 5; ++r) {
+    const int i = static_cast<int>(std::lround(std::expm1(x[r * 13])));  // the example's index
+    CHECK(i % 2 == 1);
+    CHECK(y[r] == 1);
+    CHECK(ids[r * 26] == FeatureId(0, std::to_string(100 + i)));
+  }
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -131,6 +131,8 @@ absl::Status Model::Allocate() {
   activations_.clear();
   for (size_t l = 0; l < layers_.size(); ++l) activations_.emplace_back(backend_);
   input_ = DeviceArray<float>(backend_);
+  input_grad_ = DeviceArray<float>(backend_);
+  host_input_grad_ = DeviceArray<float>(backend_, /*host=*/true);
   delta_[0] = DeviceArray<float>(backend_);
   delta_[1] = DeviceArray<float>(backend_);
   labels_ = DeviceArray<int32_t>(backend_);
@@ -222,6 +224,10 @@ absl::Status Model::SetParameters(const std::vector<Tensor>& params) {
     std::memcpy(host_parameters(v), params[v].data(), params[v].num_elements() * sizeof(float));
   }
   return UploadParameters();
+}
+
+const float* Model::host_input_gradient() const {
+  return backend_->host_memory() ? input_grad_.data() : host_input_grad_.data();
 }
 
 double Model::ClipGradientsByGlobalNorm(float max_norm) {
@@ -319,7 +325,14 @@ absl::Status Model::ForwardBackward(uint64_t seed) {
   for (size_t l = layers_.size(); l-- > 0;) {
     PassContext ctx{backend_, batch, /*training=*/true, LayerSeed(seed, l)};
     const float* layer_in = l == 0 ? staged_x_ : activations_[l - 1].data();
-    float* dx = l == 0 ? nullptr : delta_[1 - cur].data();
+    float* dx = delta_[1 - cur].data();
+    if (l == 0) {
+      dx = nullptr;
+      if (input_gradient_) {
+        RETURN_IF_ERROR(input_grad_.Reserve(static_cast<size_t>(batch) * input_dim_));
+        dx = input_grad_.data();
+      }
+    }
     RETURN_IF_ERROR(
         InLayer(layers_[l]->Backward(ctx, layer_in, activations_[l].data(), delta_[cur].data(), dx),
                 layers_[l]->name(), "backward"));
@@ -338,6 +351,13 @@ absl::Status Model::FinishStep(float* loss) {
     RETURN_IF_ERROR(
         InLayer(backend_->CopyToHost(host_grads_, grads_.data(), param_count_ * sizeof(float)),
                 "gradients", "download"));
+  }
+  if (input_gradient_ && !backend_->host_memory()) {
+    const size_t n = static_cast<size_t>(batch) * input_dim_;
+    RETURN_IF_ERROR(host_input_grad_.Reserve(n));
+    RETURN_IF_ERROR(InLayer(
+        backend_->CopyToHost(host_input_grad_.data(), input_grad_.data(), n * sizeof(float)),
+        "input gradient", "download"));
   }
   RETURN_IF_ERROR(InLayer(backend_->CopyToHost(host_row_loss_.data(), row_loss_.data(),
                                                static_cast<size_t>(batch) * sizeof(double)),

@@ -92,6 +92,11 @@ class Model {
   void set_gradients_ready(GradientsReady ready) { gradients_ready_ = std::move(ready); }
   absl::Status ForwardBackward(uint64_t seed);
   absl::Status FinishStep(float* loss);
+  // When on, ForwardBackward also computes dL/dx of the staged input (for
+  // what feeds the model, such as embedding bags) and FinishStep brings it to
+  // host_input_gradient(), [batch, input_dim], valid until the next step.
+  void set_input_gradient(bool on) { input_gradient_ = on; }
+  const float* host_input_gradient() const;
 
   const float* host_gradients(size_t v) const { return host_grads_ + param_offsets_[v]; }
   std::vector<const float*> host_gradient_pointers() const;
@@ -127,6 +132,8 @@ class Model {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::pair<size_t, size_t>> layer_vars_;  // per layer: first variable, count
   GradientsReady gradients_ready_;
+  bool input_gradient_ = false;
+  DeviceArray<float> input_grad_, host_input_grad_;
   std::unique_ptr<LossLayer> loss_;
   std::vector<VariableSpec> variables_;
   std::vector<size_t> param_offsets_;  // per variable, in floats

@@ -1,0 +1,100 @@
+// Embedding bags by hand (sum, mean, duplicates, empty bags) and the whole
+// click-through front end (rows -> bags -> concat -> MLP -> sigmoid
+// cross-entropy) against finite differences of the loss in the rows.
+#include "worker/model/embedding_bag.h"
+
+#include <cmath>
+
+#include "catch2/catch.hpp"
+#include "worker/model/model.h"
+#include "worker/model/test_util.h"
+
+namespace pstrain {
+namespace {
+
+using testing::ParseModel;
+using testing::Random;
+
+TEST_CASE("unique ids keep the order of first appearance", "[embedding_bag]") {
+  const UniqueRows u = UniqueRows::Of({7, 3, 7, 9, 3});
+  CHECK(u.ids == std::vector<uint64_t>{7, 3, 9});
+  CHECK(u.row_of == std::vector<uint32_t>{0, 1, 0, 2, 1});
+}
+
+TEST_CASE("bags sum or average their rows after the dense features; gradients scatter back",
+          "[embedding_bag]") {
+  // 2 examples, 2 fields, dim 2, 1 dense feature. Bags: (0,0) = {a, b},
+  // (0,1) = {}, (1,0) = {a}, (1,1) = {a, a} (a duplicate within a bag).
+  SparseBatch s;
+  s.batch = 2;
+  s.fields = 2;
+  s.ids = {10, 20, 10, 10, 10};
+  s.offsets = {0, 2, 2, 3, 5};
+  const UniqueRows u = UniqueRows::Of(s.ids);
+  REQUIRE(u.ids == std::vector<uint64_t>{10, 20});
+  const std::vector<float> rows = {1, 2, 10, 20};  // a = [1, 2], b = [10, 20]
+  const std::vector<float> dense = {0.5f, -0.5f};
+  std::vector<float> x(2 * 5);
+  EmbeddingBags sum(1, 2, 2, Combiner::kSum);
+  REQUIRE(sum.output_dim() == 5);
+  sum.Forward(s, u, rows.data(), dense.data(), x.data());
+  CHECK(x == std::vector<float>{0.5f, 11, 22, 0, 0, -0.5f, 1, 2, 2, 4});
+  EmbeddingBags mean(1, 2, 2, Combiner::kMean);
+  mean.Forward(s, u, rows.data(), dense.data(), x.data());
+  CHECK(x == std::vector<float>{0.5f, 5.5f, 11, 0, 0, -0.5f, 1, 2, 1, 2});
+
+  // dL/dx: every bag element gets 1, except (1,1) gets 3.
+  const std::vector<float> dx = {9, 1, 1, 1, 1, 9, 1, 1, 3, 3};
+  std::vector<float> g(2 * 2);
+  sum.Backward(s, u, dx.data(), g.data());
+  // a: bag (0,0) once + bag (1,0) once + bag (1,1) twice x 3 = 8; b: 1.
+  CHECK(g == std::vector<float>{8, 8, 1, 1});
+  mean.Backward(s, u, dx.data(), g.data());
+  // a: 1/2 + 1 + 2 x 3/2 = 4.5; b: 1/2.
+  CHECK(g == std::vector<float>{4.5f, 4.5f, 0.5f, 0.5f});
+}
+
+TEST_CASE("the click-through front end's row gradients match finite differences",
+          "[embedding_bag]") {
+  // 3 dense features, 4 fields of one id each, dim 3; an MLP on top.
+  constexpr int kBatch = 6, kDense = 3, kFields = 4, kDim = 3;
+  EmbeddingBags bags(kDense, kFields, kDim, Combiner::kMean);
+  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+  auto m = Model::Create(
+      ParseModel("sequential { input_dim: 15 layer { dense { units: 8 } } layer { gelu {} } "
+                 "layer { dense { units: 1 } } layer { sigmoid_cross_entropy {} } }"),
+      cpu.get());
+  REQUIRE(m.ok());
+  Model& model = **m;
+  REQUIRE(model.SetParameters(model.Initialize(3)).ok());
+  model.set_input_gradient(true);
+  std::vector<uint64_t> raw(kBatch * kFields);
+  for (size_t i = 0; i < raw.size(); ++i) raw[i] = (i * 7) % 9;  // repeats across examples
+  const SparseBatch s = SparseBatch::OnePerField(raw.data(), kBatch, kFields);
+  const UniqueRows u = UniqueRows::Of(s.ids);
+  std::vector<float> rows = Random(u.ids.size() * kDim, 5);
+  const std::vector<float> dense = Random(kBatch * kDense, 6);
+  const std::vector<int32_t> labels = {0, 1, 1, 0, 1, 0};
+  std::vector<float> x(kBatch * bags.output_dim());
+  auto loss_at = [&](const std::vector<float>& r) {
+    bags.Forward(s, u, r.data(), dense.data(), x.data());
+    float loss = 0;
+    REQUIRE(model.ComputeGradients(x.data(), labels.data(), kBatch, 1, &loss).ok());
+    return static_cast<double>(loss);
+  };
+  loss_at(rows);
+  std::vector<float> grads(rows.size());
+  bags.Backward(s, u, model.host_input_gradient(), grads.data());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::vector<float> plus = rows, minus = rows;
+    const float h = 1e-2f;
+    plus[i] += h;
+    minus[i] -= h;
+    const double numeric = (loss_at(plus) - loss_at(minus)) / (2.0 * h);
+    INFO("row element " << i);
+    CHECK(grads[i] == Approx(numeric).margin(2e-4).epsilon(2e-2));
+  }
+}
+
+}  // namespace
+}  // namespace pstrain

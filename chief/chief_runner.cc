@@ -10,6 +10,7 @@
 #include "common/config.h"
 #include "common/env.h"
 #include "common/logging.h"
+#include "common/metrics.h"
 #include "common/placement.h"
 #include "common/ps_client.h"
 #include "common/status_macros.h"
@@ -17,6 +18,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/data/loader.h"
 #include "worker/model/backend.h"
+#include "worker/model/embedding_bag.h"
 #include "worker/model/model.h"
 
 namespace pstrain {
@@ -25,17 +27,62 @@ namespace {
 struct Evaluation {
   int64_t step = 0;
   EvalResult result;
+  // Click-through models: AUC and log loss of the held-out clicks.
+  std::optional<double> auc;
+  double log_loss = 0;
 };
 
-absl::StatusOr<Evaluation> Evaluate(PsClient* ps, Model* model, const Dataset* test,
-                                    std::vector<Tensor>* params) {
+// A click-through model's evaluation: the held-out examples in chunks, each
+// chunk's bags built from the rows of its ids as the servers hold them now.
+absl::Status EvaluateClickThrough(PsClient* ps, Model* model, const ClickThroughConfig& ct,
+                                  const Dataset& test, EvalResult* result) {
+  const int dim = ct.embedding_dim();
+  const EmbeddingBags bags(test.dim, test.id_fields, dim,
+                           ct.mean_bags() ? Combiner::kMean : Combiner::kSum);
+  constexpr int64_t kChunk = 8192;
+  *result = EvalResult();
+  double loss = 0;
+  std::vector<float> rows, x;
+  for (int64_t start = 0; start < test.size; start += kChunk) {
+    const int n = static_cast<int>(std::min(kChunk, test.size - start));
+    const SparseBatch batch = SparseBatch::OnePerField(
+        test.ids.data() + start * test.id_fields, n, test.id_fields);
+    const UniqueRows unique = UniqueRows::Of(batch.ids);
+    rows.resize(unique.ids.size() * dim);
+    RETURN_IF_ERROR(
+        ps->PullRows(ct.table(), dim, unique.ids, 0, absl::ZeroDuration(), rows.data()));
+    x.resize(static_cast<size_t>(n) * bags.output_dim());
+    bags.Forward(batch, unique, rows.data(), test.x.data() + start * test.dim, x.data());
+    EvalResult part;
+    RETURN_IF_ERROR(model->Evaluate(x.data(), test.y.data() + start, n, &part));
+    loss += part.loss * n;
+    result->correct += part.correct;
+    result->scores.insert(result->scores.end(), part.scores.begin(), part.scores.end());
+  }
+  result->count = test.size;
+  result->loss = test.size > 0 ? loss / static_cast<double>(test.size) : 0;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Evaluation> Evaluate(PsClient* ps, Model* model, const TrainingConfig& config,
+                                    const Dataset* test, std::vector<Tensor>* params) {
   PsClient::PullResult pulled;
   RETURN_IF_ERROR(ps->PullAll({}, absl::ZeroDuration(), params, &pulled));
   Evaluation e;
   e.step = *std::min_element(pulled.versions.begin(), pulled.versions.end());
   if (test != nullptr) {
     RETURN_IF_ERROR(model->SetParameters(*params));
-    RETURN_IF_ERROR(model->Evaluate(test->x.data(), test->y.data(), test->size, &e.result));
+    if (config.model().has_click_through()) {
+      RETURN_IF_ERROR(
+          EvaluateClickThrough(ps, model, config.model().click_through(), *test, &e.result));
+    } else {
+      RETURN_IF_ERROR(model->Evaluate(test->x.data(), test->y.data(), test->size, &e.result));
+    }
+    if (!e.result.scores.empty()) {
+      absl::StatusOr<double> auc = RocAuc(e.result.scores, test->y);
+      if (auc.ok()) e.auc = *auc;
+      e.log_loss = LogLoss(e.result.scores, test->y);
+    }
   }
   return e;
 }
@@ -95,13 +142,14 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
           " (global step ", step, "): a worker or parameter server is stuck or gone"));
     }
     if (step >= next_eval && step < max_steps) {
-      ASSIGN_OR_RETURN(Evaluation e, Evaluate(&ps, model.get(), test ? &*test : nullptr, &params));
+      ASSIGN_OR_RETURN(Evaluation e, Evaluate(&ps, model.get(), config, test ? &*test : nullptr, &params));
       chief->SetEval(e.step, e.result.accuracy(), e.result.loss);
       ChiefStatusResponse progress;
       chief->GetStatus(&progress);
-      LOG_INFO("step {}/{}: train loss {:.4f}, eval accuracy {:.4f}, eval loss {:.4f}, {:.0f} "
+      LOG_INFO("step {}/{}: train loss {:.4f}, eval accuracy {:.4f}, eval loss {:.4f}{}, {:.0f} "
                "examples/s",
                e.step, max_steps, progress.train_loss(), e.result.accuracy(), e.result.loss,
+               e.auc ? absl::StrFormat(", eval AUC %.4f", *e.auc) : "",
                progress.examples_per_sec());
       while (next_eval <= step) next_eval += every;
       next_eval = std::min(next_eval, max_steps);
@@ -114,7 +162,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     LOG_WARN("not every worker reported done within {}", absl::FormatDuration(step_timeout));
   }
   ASSIGN_OR_RETURN(Evaluation final_eval,
-                   Evaluate(&ps, model.get(), test ? &*test : nullptr, &params));
+                   Evaluate(&ps, model.get(), config, test ? &*test : nullptr, &params));
   chief->SetEval(final_eval.step, final_eval.result.accuracy(), final_eval.result.loss);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
 
@@ -149,6 +197,9 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       {"eval_accuracy", final_eval.result.accuracy()},
       {"eval_loss", final_eval.result.loss},
       {"eval_examples", final_eval.result.count},
+      {"eval_auc", final_eval.auc ? nlohmann::json(*final_eval.auc) : nlohmann::json()},
+      {"eval_log_loss",
+       final_eval.auc ? nlohmann::json(final_eval.log_loss) : nlohmann::json()},
       {"train_loss", progress.train_loss()},
       {"examples_per_sec", progress.examples_per_sec()},
       {"train_seconds", seconds},

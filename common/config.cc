@@ -126,7 +126,30 @@ absl::StatusOr<TrainingConfig> LoadTrainingConfig(const std::string& path) {
 absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& source) {
   if (c->model().model_case() == ModelConfig::MODEL_NOT_SET) {
     return FieldError(source, "model",
-                      "expected model { mlp { ... } } or model { sequential { ... } }");
+                      "expected model { mlp { ... } }, model { sequential { ... } } or model { click_through { ... } }");
+  }
+  RETURN_IF_ERROR(ValidateEmbeddingTables(c, source));
+  if (c->model().has_click_through()) {
+    ClickThroughConfig* ct = c->mutable_model()->mutable_click_through();
+    const EmbeddingTableConfig* table = nullptr;
+    for (const EmbeddingTableConfig& t : c->embedding_tables()) {
+      if (t.name() == ct->table()) table = &t;
+    }
+    if (table == nullptr) {
+      return FieldError(source, "model.click_through.table",
+                        absl::StrCat("no embedding_tables entry named \"", ct->table(), "\""));
+    }
+    if (ct->embedding_dim() != 0 && ct->embedding_dim() != table->dim()) {
+      return FieldError(source, "model.click_through.embedding_dim",
+                        absl::StrCat("is ", ct->embedding_dim(), ", table ", table->name(),
+                                     " has dim ", table->dim()));
+    }
+    ct->set_embedding_dim(table->dim());
+    if (c->data().format() != CRITEO) {
+      return FieldError(source, "model.click_through", "needs data { format: CRITEO }");
+    }
+  } else if (c->data().format() == CRITEO) {
+    return FieldError(source, "data.format", "CRITEO data needs model { click_through { ... } }");
   }
   RETURN_IF_ERROR(ExpandModelConfig(c->model(), source).status());
   DataConfig* d = c->mutable_data();
@@ -142,8 +165,10 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
     if (d->csv_label_column() < 0) {
       return FieldError(source, "data.csv_label_column", "expected a column index >= 0");
     }
+  } else if (d->format() == CRITEO) {
+    if (d->train_tsv().empty()) return FieldError(source, "data.train_tsv", "expected a TSV path");
   } else {
-    return FieldError(source, "data.format", "expected IDX or CSV");
+    return FieldError(source, "data.format", "expected IDX, CSV or CRITEO");
   }
   if (d->max_malformed_lines() < -1) {
     return FieldError(source, "data.max_malformed_lines", "expected >= -1 (-1 = none allowed)");
@@ -158,7 +183,6 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
   }
   if (c->max_steps() <= 0) return FieldError(source, "max_steps", "expected a positive count");
   RETURN_IF_ERROR(ValidateAndFillOptimizerDefaults(c->mutable_optimizer(), c->max_steps(), source));
-  RETURN_IF_ERROR(ValidateEmbeddingTables(c, source));
   if (c->mode_case() == TrainingConfig::MODE_NOT_SET) c->mutable_sync();
   if (c->has_sync()) {
     const SyncConfig& s = c->sync();
@@ -368,6 +392,32 @@ absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
                                                    const std::string& source) {
   constexpr int kMaxInput = 1 << 24, kMaxUnits = 100000;
   SequentialConfig seq;
+  if (model.has_click_through()) {
+    // 13 numeric features and 26 bags of embedding_dim (the Criteo layout).
+    const ClickThroughConfig& ct = model.click_through();
+    if (ct.embedding_dim() <= 0 || ct.embedding_dim() > 65536) {
+      return FieldError(source, "model.click_through.embedding_dim",
+                        "expected the table's dim (1..65536)");
+    }
+    if (ct.activation() != RELU && ct.activation() != GELU) {
+      return FieldError(source, "model.click_through.activation", "expected RELU or GELU");
+    }
+    seq.set_input_dim(13 + 26 * ct.embedding_dim());
+    for (int units : ct.hidden_units()) {
+      if (units <= 0 || units > 65536) {
+        return FieldError(source, "model.click_through.hidden_units", "expected each in 1..65536");
+      }
+      seq.add_layer()->mutable_dense()->set_units(units);
+      if (ct.activation() == GELU) {
+        seq.add_layer()->mutable_gelu();
+      } else {
+        seq.add_layer()->mutable_relu();
+      }
+    }
+    seq.add_layer()->mutable_dense()->set_units(1);
+    seq.add_layer()->mutable_sigmoid_cross_entropy();
+    return seq;
+  }
   if (model.has_mlp()) {
     const MlpConfig& mlp = model.mlp();
     if (mlp.input_dim() <= 0 || mlp.input_dim() > kMaxInput) {
@@ -401,7 +451,7 @@ absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
   }
   if (!model.has_sequential()) {
     return FieldError(source, "model",
-                      "expected model { mlp { ... } } or model { sequential { ... } }");
+                      "expected model { mlp { ... } }, model { sequential { ... } } or model { click_through { ... } }");
   }
   seq = model.sequential();
   if (seq.input_dim() <= 0 || seq.input_dim() > kMaxInput) {

@@ -22,11 +22,15 @@
 #include "common/wire_frame.h"
 #include "nlohmann/json.hpp"
 #include "proto/ps_service.grpc.pb.h"
+#include "ps_server/embedding_table.h"
 #include "ps_server/optimizer.h"
+#include "common/embedding_ids.h"
 #include "tests/cluster_testlib.h"
+#include "worker/data/criteo_reader.h"
 #include "worker/data/idx_reader.h"
 #include "worker/data/partition.h"
 #include "worker/model/backend.h"
+#include "worker/model/embedding_bag.h"
 #include "worker/model/model.h"
 
 namespace pstrain {
@@ -331,6 +335,165 @@ TEST_CASE("clip_global_norm bounds each step's move by lr x the clip norm", "[cl
       max_diff = std::max(max_diff, std::fabs(double{t.values()[i]} - params[v].values()[i]));
     }
     CHECK(max_diff <= 1e-6);
+  }
+}
+
+// Synthetic click-through data written by `pstrain datagen --format=criteo`;
+// returns its directory and the ground-truth model's held-out AUC.
+std::pair<std::string, double> CriteoData(const std::string& name,
+                                          const std::vector<std::string>& flags) {
+  const std::string dir = testing::FreshTempDir(name);
+  std::vector<std::string> argv = {Binary("tools/pstrain"), "datagen", "--format=criteo",
+                                   "--out=" + dir};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  CommandResult r = testing::RunCommand(argv, absl::Seconds(120));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const size_t at = r.output.find("ground-truth model on the held-out part: AUC ");
+  REQUIRE(at != std::string::npos);
+  double auc = 0;
+  REQUIRE(absl::SimpleAtod(r.output.substr(at + 45, 6), &auc));
+  return {dir, auc};
+}
+
+ConfigOptions ClickThroughOptions(const std::string& data_dir) {
+  ConfigOptions o;
+  o.model = "click_through { table: \"features\" hidden_units: 64 }";
+  o.data = absl::StrCat("format: CRITEO train_tsv: \"", data_dir, "/train.tsv\" test_tsv: \"",
+                        data_dir, "/test.tsv\"");
+  o.extra = "embedding_tables { name: \"features\" dim: 16 }";
+  o.optimizer = "adam {}";
+  return o;
+}
+
+TEST_CASE("the click-through model on 2 servers reaches the ground truth's AUC within 0.02",
+          "[cluster][embedding][click_through]") {
+  // 26 fields of 100 values each, 13 numeric features; sync, 2 workers of
+  // batch 256 (about two epochs), embedding rows of width 16 in a hashed
+  // table spread over both servers, Adam on the servers.
+  auto [dir, truth] = CriteoData("ctr_data", {"--train=200000", "--test=20000",
+                                              "--values_per_field=100", "--seed=3"});
+  ConfigOptions o = ClickThroughOptions(dir);
+  o.batch_size = 256;
+  o.learning_rate = 0.003f;
+  o.max_steps = 800;
+  o.eval_every_steps = 400;
+  Run run = Launch("click_through", o, 2, 2, absl::Seconds(300));
+  INFO(run.result.output);
+  REQUIRE(run.result.exit_code == 0);
+  REQUIRE(run.summary.is_object());
+  REQUIRE(run.summary["eval_auc"].is_number());
+  const double auc = run.summary["eval_auc"].get<double>();
+  WARN("held-out AUC " << auc << ", ground truth " << truth << ", log loss "
+                       << run.summary["eval_log_loss"].get<double>());
+  CHECK(auc >= truth - 0.02);
+  CHECK(run.summary["eval_log_loss"].get<double>() < std::log(2.0));  // better than a coin
+}
+
+TEST_CASE("2 x b == 1 x 2b holds for the click-through model with Adam, rows included",
+          "[cluster][equivalence][embedding][click_through]") {
+  auto [dir, truth] = CriteoData("ctr_small", {"--train=4000", "--test=500",
+                                               "--values_per_field=50", "--seed=5"});
+  ConfigOptions o = ClickThroughOptions(dir);
+  o.batch_size = 16;
+  o.learning_rate = 0.002f;
+  o.max_steps = 30;
+  Run run = Launch("ctr_equivalence", o);
+  INFO(run.result.output);
+  REQUIRE(run.result.exit_code == 0);
+  TensorMap cluster = ReadModel(run);
+
+  // The same training in this process with batch 2b: the rows from an
+  // EmbeddingTable of the servers' own code, the dense variables from Adam.
+  auto config = LoadTrainingConfig(run.config);
+  REQUIRE(config.ok());
+  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+  auto model = Model::Create(config->model(), cpu.get());
+  REQUIRE(model.ok());
+  Model& m = **model;
+  m.set_input_gradient(true);
+  auto data = LoadCriteoDataset(Env::Default(), config->data().train_tsv(), 0);
+  REQUIRE(data.ok());
+  const int b = o.batch_size, fields = data->id_fields, dim = 16;
+  DataPartition p0(&*data, 0, 2, b, true, config->seed());
+  DataPartition p1(&*data, 1, 2, b, true, config->seed());
+  auto optimizer = CreateOptimizer(config->optimizer());
+  auto table_optimizer = CreateOptimizer(config->optimizer());
+  REQUIRE(optimizer.ok());
+  REQUIRE(table_optimizer.ok());
+  auto learning_rate = LearningRate::Create(config->optimizer(), 2 * b, config->max_steps());
+  REQUIRE(learning_rate.ok());
+  EmbeddingTable::Options to;
+  to.name = "features";
+  to.dim = dim;
+  to.init_scale = config->embedding_tables(0).init_scale();
+  to.seed = TableSeed(config->seed(), "features");
+  EmbeddingTable table(to, table_optimizer->get());
+  const EmbeddingBags bags(data->dim, fields, dim, Combiner::kSum);
+  std::vector<Tensor> params = m.Initialize(config->seed()), grads;
+  std::vector<OptimizerSlots> slots(params.size());
+  for (size_t v = 0; v < params.size(); ++v) {
+    (*optimizer)->InitSlots(params[v].num_elements(), &slots[v]);
+  }
+  std::vector<float> x(2 * b * data->dim), xf, rows, row_grads;
+  std::vector<int32_t> y(2 * b);
+  std::vector<uint64_t> ids(2 * b * fields);
+  for (int step = 0; step < o.max_steps; ++step) {
+    p0.NextBatch(x.data(), y.data(), ids.data());
+    p1.NextBatch(x.data() + b * data->dim, y.data() + b, ids.data() + b * fields);
+    const SparseBatch sparse = SparseBatch::OnePerField(ids.data(), 2 * b, fields);
+    const UniqueRows unique = UniqueRows::Of(sparse.ids);
+    rows.resize(unique.ids.size() * dim);
+    REQUIRE(table.Lookup(unique.ids, step, rows.data()).ok());
+    xf.resize(2 * b * bags.output_dim());
+    bags.Forward(sparse, unique, rows.data(), x.data(), xf.data());
+    float loss;
+    REQUIRE(m.SetParameters(params).ok());
+    REQUIRE(m.ComputeGradients(xf.data(), y.data(), 2 * b, 0, &loss).ok());
+    m.CopyGradients(&grads);
+    // The rows' gradient of the 2b batch, summed per half first (each
+    // half's occurrences, then the halves): the order the servers sum the
+    // workers' rows in, so the rows' updates agree to the bit and the dense
+    // variables carry only the 2b batch's own rounding.
+    std::vector<uint64_t> push_ids;
+    row_grads.clear();
+    for (int h = 0; h < 2; ++h) {
+      const SparseBatch half = SparseBatch::OnePerField(ids.data() + h * b * fields, b, fields);
+      const UniqueRows half_unique = UniqueRows::Of(half.ids);
+      std::vector<float> g(half_unique.ids.size() * dim);
+      bags.Backward(half, half_unique, m.host_input_gradient() + h * b * bags.output_dim(),
+                    g.data());
+      push_ids.insert(push_ids.end(), half_unique.ids.begin(), half_unique.ids.end());
+      row_grads.insert(row_grads.end(), g.begin(), g.end());
+    }
+    REQUIRE(table
+                .ApplyGradients(push_ids, row_grads.data(), 1.0f, learning_rate->At(step), 0,
+                                step + 1)
+                .ok());
+    UpdateInfo update;
+    update.learning_rate = learning_rate->At(step);
+    update.count = step + 1;
+    for (size_t v = 0; v < params.size(); ++v) {
+      (*optimizer)->Apply(absl::MakeSpan(params[v].values()), grads[v].span(), &slots[v], update);
+    }
+  }
+  REQUIRE(cluster.size() == params.size());
+  for (size_t v = 0; v < params.size(); ++v) {
+    const std::string& var = m.variables()[v].name;
+    REQUIRE(cluster.count(var) == 1);
+    const Tensor& got = cluster.at(var);
+    double max_diff = 0, max_abs = 0;
+    for (int64_t i = 0; i < got.num_elements(); ++i) {
+      max_diff = std::max(max_diff, std::fabs(double{got.values()[i]} - params[v].values()[i]));
+      max_abs = std::max(max_abs, std::fabs(double{params[v].values()[i]}));
+    }
+    int64_t worst = 0;
+    for (int64_t i = 0; i < got.num_elements(); ++i) {
+      if (std::fabs(double{got.values()[i]} - params[v].values()[i]) == max_diff) worst = i;
+    }
+    WARN(var << ": max |cluster - reference| = " << max_diff << ", relative "
+             << max_diff / max_abs << " at element " << worst);
+    CHECK(max_diff <= 1e-5 * max_abs);
   }
 }
 

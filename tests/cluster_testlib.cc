@@ -83,7 +83,9 @@ std::string ConfigText(const ConfigOptions& o) {
                                                o.gelu ? " activation: GELU" : "", " }")
                                 : o.model;
   std::string data;
-  if (o.csv) {
+  if (!o.data.empty()) {
+    data = absl::StrCat("data { ", o.data, " batch_size: ", o.batch_size, " shuffle: true }\n");
+  } else if (o.csv) {
     const std::string c = DigitsCsvDir();
     data = absl::StrCat("data {\n  format: CSV\n  train_csv: \"", c, "/train.csv\"\n  test_csv: \"",
                         c, "/test.csv\"\n  max_malformed_lines: ", o.max_malformed_lines,
@@ -100,7 +102,8 @@ std::string ConfigText(const ConfigOptions& o) {
       "optimizer { learning_rate: ", o.learning_rate, " ", o.optimizer, " }\n", mode, "\n",
       "max_steps: ", o.max_steps, "\nseed: 11\neval_every_steps: ", o.eval_every_steps,
       "\noutput_dir: \"", o.output_dir, "\"\n", "placement { partition_min_bytes: 65536 }\n",
-      "rpc { step_timeout_ms: ", o.step_timeout_ms, " startup_timeout_ms: 30000 }\n");
+      "rpc { step_timeout_ms: ", o.step_timeout_ms, " startup_timeout_ms: 30000 }\n", o.extra,
+      "\n");
 }
 
 CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration timeout) {

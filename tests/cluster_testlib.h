@@ -40,6 +40,8 @@ struct ConfigOptions {
   std::string device = "cpu";  // the equivalence and bitwise tests are CPU properties
   std::string model;           // a `model { ... }` body replacing the MLP, e.g. "sequential {...}"
   bool csv = false;            // read DigitsCsvDir() instead of the IDX files
+  std::string data;            // a `data { ... }` body replacing the digits (e.g. CRITEO)
+  std::string extra;           // more config lines (e.g. embedding_tables { ... })
   int max_malformed_lines = 0;
   int eval_every_steps = 50;
   int step_timeout_ms = 30000;

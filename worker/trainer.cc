@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -16,6 +17,7 @@
 #include "worker/data/prefetcher.h"
 #include "worker/model/cpu_ops.h"
 #include "worker/model/device.h"
+#include "worker/model/embedding_bag.h"
 #include "worker/model/model.h"
 
 namespace pstrain {
@@ -100,7 +102,31 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   // Clipping by the global norm needs the whole gradient before any of it
   // leaves, so it gives up pushing layers during the backward pass.
   const float clip_norm = config.optimizer().clip_global_norm();
-  if (sync && clip_norm == 0) {
+  // A click-through model's bags: rows of the batch's unique ids are pulled
+  // from the servers, bagged into the model's input, and their gradients
+  // (from the model's input gradient) pushed back. In sync mode the rows must
+  // reach a server before the dense push that may complete its step, so the
+  // dense push waits for the backward pass to end.
+  const bool click_through = config.model().has_click_through();
+  std::optional<EmbeddingBags> bags;
+  std::string table;
+  int embedding_dim = 0;
+  if (click_through) {
+    const ClickThroughConfig& ct = config.model().click_through();
+    table = ct.table();
+    embedding_dim = ct.embedding_dim();
+    bags.emplace(partition.dim(), partition.id_fields(), embedding_dim,
+                 ct.mean_bags() ? Combiner::kMean : Combiner::kSum);
+    if (bags->output_dim() != model->input_dim()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "click-through data gives ", bags->output_dim(), " inputs, the model takes ",
+          model->input_dim()));
+    }
+    model->set_input_gradient(true);
+  }
+  std::vector<float> rows, row_grads, bagged;
+  std::vector<PushOutcome> row_outcomes;
+  if (sync && clip_norm == 0 && !click_through) {
     model->set_gradients_ready([&ps, &early_push](size_t first, size_t end) {
       absl::Status st = ps.PushReady(first, end);
       if (early_push.ok()) early_push = st;
@@ -157,16 +183,37 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
       RETURN_IF_ERROR(ps.PushBegin(steps, grad_src));
     }
     float loss = 0;
-    absl::Status computed = model->UploadParameters();
+    const float* x = batch.x;
+    SparseBatch sparse;
+    UniqueRows unique;
+    absl::Status computed = absl::OkStatus();
+    if (click_through) {
+      sparse = SparseBatch::OnePerField(batch.ids, batch.rows, batch.id_fields);
+      unique = UniqueRows::Of(sparse.ids);
+      rows.resize(unique.ids.size() * embedding_dim);
+      computed = ps.PullRows(table, embedding_dim, unique.ids,
+                             sync ? steps[0] : 0, step_timeout, rows.data());
+      if (computed.ok()) {
+        bagged.resize(static_cast<size_t>(batch.rows) * bags->output_dim());
+        bags->Forward(sparse, unique, rows.data(), batch.x, bagged.data());
+        x = bagged.data();
+      }
+    }
+    if (computed.ok()) computed = model->UploadParameters();
     if (computed.ok()) {
-      computed =
-          model->ComputeGradients(batch.x, batch.y, batch.rows,
-                                  StepSeed(config.seed(), options.worker, local_steps), &loss);
+      computed = model->ComputeGradients(
+          x, batch.y, batch.rows, StepSeed(config.seed(), options.worker, local_steps), &loss);
     }
     batches->Release();
     RETURN_IF_ERROR(computed);
     RETURN_IF_ERROR(early_push);
     if (clip_norm > 0) model->ClipGradientsByGlobalNorm(clip_norm);
+    if (click_through) {
+      row_grads.resize(rows.size());
+      bags->Backward(sparse, unique, model->host_input_gradient(), row_grads.data());
+      RETURN_IF_ERROR(ps.PushRows(table, embedding_dim, unique.ids, row_grads.data(), steps,
+                                  &row_outcomes));
+    }
     t1 = absl::Now();
     compute_time += t1 - t0;
     RETURN_IF_ERROR(sync ? ps.PushEnd(&outcomes) : ps.PushFrom(steps, grad_src, &outcomes));

@@ -32,6 +32,7 @@ class DataPartition {
   int64_t size() const { return static_cast<int64_t>(indices_.size()); }
   int batch_size() const { return batch_size_; }
   int dim() const { return data_->dim; }
+  int id_fields() const { return data_->id_fields; }
 
   // Writes the next batch_size() examples: x [batch_size, dim], y [batch_size],
   // and, when `ids` is given, their categorical ids [batch_size, id_fields].

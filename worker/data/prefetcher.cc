@@ -35,6 +35,7 @@ absl::StatusOr<std::unique_ptr<Prefetcher>> Prefetcher::Create(DataPartition* pa
     }
     s.x = static_cast<float*>(*x);
     s.y = static_cast<int32_t*>(*y);
+    s.ids.resize(rows * partition->id_fields());
   }
   {
     absl::MutexLock lock(&p->mu_);
@@ -78,7 +79,7 @@ void Prefetcher::Produce() {
     // The slot is free: only this thread touches it until it is published.
     Slot& s = slots_[slot];
     s.start = partition_->cursor();
-    partition_->NextBatch(s.x, s.y);
+    partition_->NextBatch(s.x, s.y, s.ids.empty() ? nullptr : s.ids.data());
     s.end = partition_->cursor();
     absl::MutexLock lock(&mu_);
     next_in_ = (next_in_ + 1) % depth;
@@ -105,6 +106,8 @@ absl::Status Prefetcher::Next(absl::Duration timeout, Batch* batch) {
   batch->y = s.y;
   batch->rows = partition_->batch_size();
   batch->dim = partition_->dim();
+  batch->ids = s.ids.empty() ? nullptr : s.ids.data();
+  batch->id_fields = partition_->id_fields();
   batch->start = s.start;
   batch->end = s.end;
   return absl::OkStatus();

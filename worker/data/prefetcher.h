@@ -37,6 +37,8 @@ class Prefetcher {
     const int32_t* y = nullptr;  // [rows]
     int rows = 0;
     int dim = 0;
+    const uint64_t* ids = nullptr;  // [rows, id_fields] for click-through data
+    int id_fields = 0;
     DataCursor start;  // the partition's cursor before this batch
     DataCursor end;    // and after it
   };
@@ -61,6 +63,7 @@ class Prefetcher {
   struct Slot {
     float* x = nullptr;
     int32_t* y = nullptr;
+    std::vector<uint64_t> ids;  // plain memory: ids never go to a device
     DataCursor start, end;
   };
   Prefetcher(DataPartition* partition, Allocator allocator);

@@ -390,6 +390,12 @@ absl::Status Model::Evaluate(const float* x, const int32_t* labels, int64_t n, E
                                          static_cast<size_t>(rows) * sizeof(double)));
     RETURN_IF_ERROR(backend_->CopyToHost(host_predicted_.data(), predicted_.data(),
                                          static_cast<size_t>(rows) * sizeof(int32_t)));
+    if (output_dim() == 1) {
+      const size_t at = result->scores.size();
+      result->scores.resize(at + rows);
+      RETURN_IF_ERROR(backend_->CopyToHost(result->scores.data() + at, activations_.back().data(),
+                                           static_cast<size_t>(rows) * sizeof(float)));
+    }
     RETURN_IF_ERROR(InLayer(backend_->Synchronize(), "evaluate", "synchronize"));
     for (int r = 0; r < rows; ++r) {
       total += host_row_loss_[r];
@@ -398,6 +404,7 @@ absl::Status Model::Evaluate(const float* x, const int32_t* labels, int64_t n, E
   }
   result->count = n;
   result->loss = n > 0 ? total / n : 0;
+  for (float& s : result->scores) s = 1.0f / (1.0f + std::exp(-s));  // logits -> probabilities
   return absl::OkStatus();
 }
 

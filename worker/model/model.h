@@ -38,6 +38,9 @@ struct EvalResult {
   double loss = 0;  // mean loss per example
   int64_t correct = 0;
   int64_t count = 0;
+  // A model with one output (sigmoid cross-entropy, as click-through
+  // models): each example's probability, for AUC and log loss.
+  std::vector<float> scores;
   double accuracy() const { return count > 0 ? static_cast<double>(correct) / count : 0; }
 };
 

@@ -1,6 +1,7 @@
 #include "worker/trainer.h"
 
 #include <algorithm>
+#include <cmath>
 #include <memory>
 #include <optional>
 
@@ -207,10 +208,21 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     batches->Release();
     RETURN_IF_ERROR(computed);
     RETURN_IF_ERROR(early_push);
-    if (clip_norm > 0) model->ClipGradientsByGlobalNorm(clip_norm);
     if (click_through) {
       row_grads.resize(rows.size());
       bags->Backward(sparse, unique, model->host_input_gradient(), row_grads.data());
+    }
+    if (clip_norm > 0) {
+      // The global norm covers the embedding rows' gradients too.
+      double rows_squared = 0;
+      for (float g : row_grads) rows_squared += double{g} * g;
+      const double norm = model->ClipGradientsByGlobalNorm(clip_norm, rows_squared);
+      if (click_through && std::isfinite(norm) && norm > clip_norm) {
+        const float scale = static_cast<float>(clip_norm / norm);
+        for (float& g : row_grads) g *= scale;
+      }
+    }
+    if (click_through) {
       RETURN_IF_ERROR(ps.PushRows(table, embedding_dim, unique.ids, row_grads.data(), steps,
                                   &row_outcomes));
     }

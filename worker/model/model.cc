@@ -230,8 +230,8 @@ const float* Model::host_input_gradient() const {
   return backend_->host_memory() ? input_grad_.data() : host_input_grad_.data();
 }
 
-double Model::ClipGradientsByGlobalNorm(float max_norm) {
-  double sum = 0;
+double Model::ClipGradientsByGlobalNorm(float max_norm, double extra_squared) {
+  double sum = extra_squared;
   for (size_t i = 0; i < param_count_; ++i) {
     const double g = host_grads_[i];
     sum += g * g;

@@ -107,7 +107,10 @@ class Model {
   // L2 norm over every variable (TensorFlow's clip_by_global_norm); returns
   // that norm. A non-finite norm leaves them as they are (the servers refuse
   // non-finite gradients).
-  double ClipGradientsByGlobalNorm(float max_norm);
+  // `extra_squared`: the squared norm of gradients kept elsewhere that the
+  // global norm covers too (embedding rows); the caller scales those by
+  // the returned norm's factor, min(1, max_norm / norm), itself.
+  double ClipGradientsByGlobalNorm(float max_norm, double extra_squared = 0);
   // Copies the gradients into tensors shaped like the variables.
   void CopyGradients(std::vector<Tensor>* grads) const;
 

@@ -240,6 +240,14 @@ TEST_CASE("clipping by global norm scales every gradient by one factor, only abo
     }
   }
   CHECK(std::sqrt(clipped) == Approx(norm / 4).epsilon(1e-5));
+  // Gradients kept elsewhere (embedding rows) count in the norm: with 15x
+  // the remaining squared norm beside them, the total is 4x, so a limit of
+  // the remaining norm scales by 1/4 again.
+  const double remaining = std::sqrt(clipped);
+  CHECK((*m)->ClipGradientsByGlobalNorm(static_cast<float>(remaining), 15 * clipped) ==
+        Approx(4 * remaining));
+  (*m)->CopyGradients(&before);
+  CHECK(before[0].values()[0] == Approx(after[0].values()[0] / 4).margin(1e-9));
 }
 
 TEST_CASE("training with SGD learns a separable problem with either loss", "[model]") {

@@ -1157,6 +1157,13 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
       }
       std::vector<uint64_t>& staged_ids = table->staged_ids[w];
       std::vector<float>& staged_grads = table->staged_grads[w];
+      // A step's rows from one worker are bounded like one request's.
+      if (staged_ids.size() + ids.size() > kMaxRowsPerRequest) {
+        ++counters_.pushes_rejected;
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "PushRows: worker ", w, " would stage more than ", kMaxRowsPerRequest,
+            " rows of table ", request.table(), " for step ", version_));
+      }
       staged_ids.insert(staged_ids.end(), ids.begin(), ids.end());
       staged_grads.insert(staged_grads.end(), grads.begin(), grads.end());
       response->set_outcome(ACCUMULATED);

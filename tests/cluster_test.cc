@@ -160,6 +160,28 @@ TEST_CASE("async training with a staleness bound learns the digits", "[cluster][
   CHECK(run.summary["mode"] == "async");
 }
 
+// The cluster's trained variables against an in-process reference's: equal
+// to float rounding (1e-5 of the largest reference value, per variable).
+void CheckAgainstReference(const TensorMap& cluster, const Model& m,
+                           const std::vector<Tensor>& params) {
+  REQUIRE(cluster.size() == params.size());
+  for (size_t v = 0; v < params.size(); ++v) {
+    const std::string& var = m.variables()[v].name;
+    REQUIRE(cluster.count(var) == 1);
+    const Tensor& got = cluster.at(var);
+    REQUIRE(got.shape() == params[v].shape());
+    double max_diff = 0, max_abs = 0;
+    for (int64_t i = 0; i < got.num_elements(); ++i) {
+      max_diff = std::max(max_diff, std::fabs(double{got.values()[i]} - params[v].values()[i]));
+      max_abs = std::max(max_abs, std::fabs(double{params[v].values()[i]}));
+    }
+    WARN(var << ": max |cluster - reference| = " << max_diff << ", max |reference| = " << max_abs
+             << ", relative " << max_diff / max_abs);
+    CHECK(max_diff <= 1e-5 * max_abs);
+    CHECK(max_abs > 0);
+  }
+}
+
 // Trains `o` on the cluster (2 ps, 2 workers of batch b) and the same model,
 // data order and optimizer in this process with batch 2b; the parameters must
 // agree to float rounding.
@@ -208,22 +230,7 @@ void CheckEquivalence(const std::string& name, const ConfigOptions& o) {
       (*optimizer)->Apply(absl::MakeSpan(params[v].values()), grads[v].span(), &slots[v], update);
     }
   }
-  REQUIRE(cluster.size() == params.size());
-  for (size_t v = 0; v < params.size(); ++v) {
-    const std::string& var = m.variables()[v].name;
-    REQUIRE(cluster.count(var) == 1);
-    const Tensor& got = cluster.at(var);
-    REQUIRE(got.shape() == params[v].shape());
-    double max_diff = 0, max_abs = 0;
-    for (int64_t i = 0; i < got.num_elements(); ++i) {
-      max_diff = std::max(max_diff, std::fabs(double{got.values()[i]} - params[v].values()[i]));
-      max_abs = std::max(max_abs, std::fabs(double{params[v].values()[i]}));
-    }
-    WARN(var << ": max |cluster - reference| = " << max_diff << ", max |reference| = " << max_abs
-             << ", relative " << max_diff / max_abs);
-    CHECK(max_diff <= 1e-5 * max_abs);
-    CHECK(max_abs > 0);
-  }
+  CheckAgainstReference(cluster, m, params);
 }
 
 TEST_CASE("sync with 2 workers of batch b equals one process with batch 2b", "[cluster][equivalence]") {
@@ -477,24 +484,7 @@ TEST_CASE("2 x b == 1 x 2b holds for the click-through model with Adam, rows inc
       (*optimizer)->Apply(absl::MakeSpan(params[v].values()), grads[v].span(), &slots[v], update);
     }
   }
-  REQUIRE(cluster.size() == params.size());
-  for (size_t v = 0; v < params.size(); ++v) {
-    const std::string& var = m.variables()[v].name;
-    REQUIRE(cluster.count(var) == 1);
-    const Tensor& got = cluster.at(var);
-    double max_diff = 0, max_abs = 0;
-    for (int64_t i = 0; i < got.num_elements(); ++i) {
-      max_diff = std::max(max_diff, std::fabs(double{got.values()[i]} - params[v].values()[i]));
-      max_abs = std::max(max_abs, std::fabs(double{params[v].values()[i]}));
-    }
-    int64_t worst = 0;
-    for (int64_t i = 0; i < got.num_elements(); ++i) {
-      if (std::fabs(double{got.values()[i]} - params[v].values()[i]) == max_diff) worst = i;
-    }
-    WARN(var << ": max |cluster - reference| = " << max_diff << ", relative "
-             << max_diff / max_abs << " at element " << worst);
-    CHECK(max_diff <= 1e-5 * max_abs);
-  }
+  CheckAgainstReference(cluster, m, params);
 }
 
 void CheckBitwiseReruns(const std::string& name, const ConfigOptions& o, size_t variables) {

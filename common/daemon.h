@@ -33,7 +33,8 @@ struct DaemonSetup {
 // Resolves the task (which must belong to `expected_job`) from the flags or,
 // when --cluster_spec is empty, from `tf_config` (the TF_CONFIG value, or
 // nullptr), and loads --config (an error when `config_required` and unset).
-// On success logging is initialised with the task's name ("ps:1").
+// On success logging is initialised with the task's name ("ps:1"), and the
+// allocator is tuned for large messages (common/allocator.h).
 absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool config_required,
                                         const char* tf_config);
 

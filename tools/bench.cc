@@ -26,6 +26,7 @@
 #include "absl/time/clock.h"
 #include "common/cluster_spec.h"
 #include "common/config.h"
+#include "common/allocator.h"
 #include "common/embedding_ids.h"
 #include "common/env.h"
 #include "common/local_ports.h"
@@ -879,9 +880,13 @@ embedding_tables { name: "bench" dim: 64 init_scale: 0.01 }
 
 }  // namespace
 
-int RunBench(const BenchOptions& options, StopSignal* stop) { return Bench(options, stop).Run(); }
+int RunBench(const BenchOptions& options, StopSignal* stop) {
+  TuneAllocator();  // the client side measures as a worker process runs
+  return Bench(options, stop).Run();
+}
 
 int ServeEcho(const std::string& address, StopSignal* stop) {
+  TuneAllocator();  // as tuned as the servers it is compared with
   EchoService service;
   auto server = StartServer(address, &service);
   if (!server.ok()) {

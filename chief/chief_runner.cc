@@ -142,7 +142,8 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
           " (global step ", step, "): a worker or parameter server is stuck or gone"));
     }
     if (step >= next_eval && step < max_steps) {
-      ASSIGN_OR_RETURN(Evaluation e, Evaluate(&ps, model.get(), config, test ? &*test : nullptr, &params));
+      ASSIGN_OR_RETURN(Evaluation e,
+                       Evaluate(&ps, model.get(), config, test ? &*test : nullptr, &params));
       chief->SetEval(e.step, e.result.accuracy(), e.result.loss);
       ChiefStatusResponse progress;
       chief->GetStatus(&progress);

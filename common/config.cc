@@ -126,7 +126,8 @@ absl::StatusOr<TrainingConfig> LoadTrainingConfig(const std::string& path) {
 absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& source) {
   if (c->model().model_case() == ModelConfig::MODEL_NOT_SET) {
     return FieldError(source, "model",
-                      "expected model { mlp { ... } }, model { sequential { ... } } or model { click_through { ... } }");
+                      "expected model { mlp { ... } }, model { sequential { ... } } or "
+                      "model { click_through { ... } }");
   }
   RETURN_IF_ERROR(ValidateEmbeddingTables(c, source));
   if (c->model().has_click_through()) {
@@ -451,7 +452,8 @@ absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
   }
   if (!model.has_sequential()) {
     return FieldError(source, "model",
-                      "expected model { mlp { ... } }, model { sequential { ... } } or model { click_through { ... } }");
+                      "expected model { mlp { ... } }, model { sequential { ... } } or "
+                      "model { click_through { ... } }");
   }
   seq = model.sequential();
   if (seq.input_dim() <= 0 || seq.input_dim() > kMaxInput) {

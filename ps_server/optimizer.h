@@ -51,7 +51,8 @@ class Optimizer {
   // new version beside the one a pull is still reading. Sizes (slots
   // included, see InitSlots) are checked by the caller.
   virtual void ApplyRange(const float* in, float* out, const float* grad, int64_t n,
-                          OptimizerSlots* slots, int64_t offset, const UpdateInfo& update) const = 0;
+                          OptimizerSlots* slots, int64_t offset,
+                          const UpdateInfo& update) const = 0;
 
   // In place over a whole partition.
   void Apply(absl::Span<float> params, absl::Span<const float> grad, OptimizerSlots* slots,

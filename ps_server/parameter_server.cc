@@ -789,8 +789,10 @@ void ParameterServer::ApplyStagedRowsLocked(int64_t step, int contributors) {
     }
     if (!ids.empty()) {
       // Checked when staged, so this cannot fail.
-      t->rows->ApplyGradients(ids, grads.data(), 1.0f / static_cast<float>(std::max(contributors, 1)),
-                              t->learning_rate.At(step), t->clip_value, step + 1)
+      const float scale = 1.0f / static_cast<float>(std::max(contributors, 1));
+      t->rows
+          ->ApplyGradients(ids, grads.data(), scale, t->learning_rate.At(step), t->clip_value,
+                           step + 1)
           .IgnoreError();
     }
     t->rows->Expire(step + 1);
@@ -1022,8 +1024,8 @@ absl::Status ParameterServer::CheckRowsRequestLocked(uint64_t incarnation, int w
                                                      Model::Table** out) const {
   RETURN_IF_ERROR(CheckIncarnationLocked(incarnation));
   if (worker < -1 || worker >= model_->num_workers) {
-    return absl::InvalidArgumentError(absl::StrCat("worker ", worker, " out of range; expected -1..",
-                                                   model_->num_workers - 1));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker ", worker, " out of range; expected -1..", model_->num_workers - 1));
   }
   auto it = model_->tables.find(table);
   if (it == model_->tables.end()) {
@@ -1044,7 +1046,9 @@ absl::Status ParameterServer::PullRows(const PullRowsRequest& request,
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(CheckRowsRequestLocked(request.incarnation(), request.worker(),
                                            request.table(), &table));
-    if (request.timeout_ms() < 0) return absl::InvalidArgumentError("PullRows: negative timeout_ms");
+    if (request.timeout_ms() < 0) {
+      return absl::InvalidArgumentError("PullRows: negative timeout_ms");
+    }
     if (static_cast<int64_t>(ids.size()) * table->rows->dim() * 4 > kMaxRowsBytes) {
       return absl::InvalidArgumentError(absl::StrCat(
           "PullRows: ", ids.size(), " rows of ", table->rows->dim(), " floats exceed ",

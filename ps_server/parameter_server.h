@@ -19,9 +19,10 @@
 // with the gradients it has where every open partition has min_replicas of
 // them, and otherwise fails: pulls waiting for it end with an error naming
 // the missing workers, and so does every later push or pull of the run
-// (the run is over; a worker cannot go on without that step). Async mode: each push is applied on arrival; with a staleness
-// bound s, a worker's Pull waits while it is more than s pushes ahead of the
-// slowest worker. Every wait has a deadline.
+// (the run is over; a worker cannot go on without that step). Async mode:
+// each push is applied on arrival; with a staleness bound s, a worker's Pull
+// waits while it is more than s pushes ahead of the slowest worker. Every
+// wait has a deadline.
 //
 // The data path (issue 13): gradients are read where the transport left them
 // (a SegmentedBytes view of the received slices); sync copies each worker's

@@ -197,7 +197,8 @@ int PlanCommand(const std::vector<std::string>& argv) {
     std::vector<int64_t> share(n, 0);
     for (int64_t id = 0; id < count; ++id) ++share[ServerForId(static_cast<uint64_t>(id), n)];
     std::cout << "table " << t.name() << ": "
-              << (t.num_rows() > 0 ? absl::StrCat(t.num_rows(), " rows") : "hashed (rows on first touch)")
+              << (t.num_rows() > 0 ? absl::StrCat(t.num_rows(), " rows")
+                                   : std::string("hashed (rows on first touch)"))
               << " of " << t.dim() << " floats, " << row_bytes << " bytes per row with "
               << (*table_opt)->name() << "'s slots; ids spread by hash:";
     for (int s = 0; s < n; ++s) {

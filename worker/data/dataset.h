@@ -1,6 +1,7 @@
 // A dataset in memory: `size` examples of `dim` float features, optionally
-// `id_fields` categorical ids, and one integer label each. Filled once by a reader (idx_reader.h, csv_reader.h)
-// and immutable afterwards, so any number of threads may read it.
+// `id_fields` categorical ids, and one integer label each. Filled once by a
+// reader (idx_reader.h, csv_reader.h, criteo_reader.h) and immutable
+// afterwards, so any number of threads may read it.
 #ifndef PSTRAIN_WORKER_DATA_DATASET_H_
 #define PSTRAIN_WORKER_DATA_DATASET_H_
 

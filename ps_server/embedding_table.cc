@@ -58,6 +58,32 @@ void EmbeddingTable::ForEachShardGroup(absl::Span<const uint64_t> ids, F visit) 
   }
 }
 
+void EmbeddingTable::FindRows(Shard* s, absl::Span<const uint64_t> ids, const uint32_t* pos,
+                              size_t count, bool with_slots, std::vector<int64_t>* rows) {
+  // Random rows of a large table are cache misses: find every row of the
+  // group first, with the index probes and the rows' lines (and their
+  // slots') prefetched ahead, before the caller touches them.
+  constexpr size_t kAhead = 32;
+  const size_t row_bytes = sizeof(float) * options_.dim;
+  rows->resize(count);
+  auto prefetch = [row_bytes](const float* p) {
+    const char* line = reinterpret_cast<const char*>(p);
+    for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(line + b);
+  };
+  for (size_t j = 0; j < count; ++j) {
+    if (j + kAhead < count) s->index.prefetch(ids[pos[j + kAhead]]);
+    auto it = s->index.find(ids[pos[j]]);
+    const int64_t row = it == s->index.end() ? int64_t{-1} : static_cast<int64_t>(it->second);
+    (*rows)[j] = row;
+    if (row < 0) continue;
+    const size_t at = static_cast<size_t>(row) * options_.dim;
+    prefetch(s->values.data() + at);
+    if (with_slots) {
+      for (const std::vector<float>& slot : s->slots) prefetch(slot.data() + at);
+    }
+  }
+}
+
 int64_t EmbeddingTable::FindOrCreate(Shard* s, uint64_t id, bool create) {
   auto it = s->index.find(id);
   if (it != s->index.end()) return it->second;
@@ -94,20 +120,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const uint64_t> ids, int64_t step
   std::vector<int64_t> rows;
   ForEachShardGroup(
       ids, [&](Shard* s, const uint32_t* pos, size_t count) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        // Random rows of a large table are cache misses: find every row of the
-        // group first, with the index probes and the rows' lines prefetched
-        // ahead, then copy them.
-        constexpr size_t kAhead = 32;
-        rows.resize(count);
-        for (size_t j = 0; j < count; ++j) {
-          if (j + kAhead < count) s->index.prefetch(ids[pos[j + kAhead]]);
-          auto it = s->index.find(ids[pos[j]]);
-          rows[j] = it == s->index.end() ? int64_t{-1} : static_cast<int64_t>(it->second);
-          if (rows[j] >= 0) {
-            const char* line = reinterpret_cast<const char*>(s->values.data() + rows[j] * dim);
-            for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(line + b);
-          }
-        }
+        FindRows(s, ids, pos, count, /*with_slots=*/false, &rows);
         for (size_t j = 0; j < count; ++j) {
           const uint32_t i = pos[j];
           const uint64_t id = ids[i];
@@ -172,11 +185,14 @@ absl::Status EmbeddingTable::ApplyGradients(absl::Span<const uint64_t> ids, cons
   }
   if (clip_value > 0) ClipByValue(sum.data(), static_cast<int64_t>(sum.size()), clip_value);
   const bool needs_admission = options_.admit_after > 1;
+  std::vector<int64_t> rows;
   ForEachShardGroup(
       unique, [&](Shard* s, const uint32_t* pos, size_t count) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+        FindRows(s, unique, pos, count, /*with_slots=*/true, &rows);
         for (size_t j = 0; j < count; ++j) {
           const uint32_t i = pos[j];
-          const int64_t row = FindOrCreate(s, unique[i], !needs_admission);
+          const int64_t row =
+              rows[j] >= 0 ? rows[j] : FindOrCreate(s, unique[i], !needs_admission);
           if (row < 0) {
             ++s->dropped;
             continue;

@@ -104,6 +104,10 @@ class EmbeddingTable {
 
   static int ShardOf(uint64_t id);
   absl::Status CheckIds(absl::Span<const uint64_t> ids) const;
+  // (*rows)[j]: the row of ids[pos[j]] in `s`, or -1 when absent; prefetches
+  // the rows found (and their slots when `with_slots`).
+  void FindRows(Shard* s, absl::Span<const uint64_t> ids, const uint32_t* pos, size_t count,
+                bool with_slots, std::vector<int64_t>* rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu);
   // The row of `id` in `s`, created if `create`; -1 when absent.
   int64_t FindOrCreate(Shard* s, uint64_t id, bool create) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu);
   // Calls visit(shard, positions, count) for the positions of `ids` in each

@@ -542,6 +542,15 @@ std::vector<std::vector<uint32_t>> RowsByServer(absl::Span<const uint64_t> ids, 
   return by;
 }
 
+// The servers that hold any of the rows.
+std::vector<int> ServersWithRows(const std::vector<std::vector<uint32_t>>& by) {
+  std::vector<int> servers;
+  for (size_t s = 0; s < by.size(); ++s) {
+    if (!by[s].empty()) servers.push_back(static_cast<int>(s));
+  }
+  return servers;
+}
+
 std::string IdBytes(absl::Span<const uint64_t> ids, const std::vector<uint32_t>& positions) {
   std::string bytes(positions.size() * sizeof(uint64_t), '\0');
   char* p = bytes.data();
@@ -558,10 +567,7 @@ absl::Status PsClient::PullRows(const std::string& table, int dim, absl::Span<co
                                 int64_t min_version, absl::Duration wait, float* out,
                                 int64_t* version) {
   const std::vector<std::vector<uint32_t>> by = RowsByServer(ids, num_servers());
-  std::vector<int> servers;
-  for (int s = 0; s < num_servers(); ++s) {
-    if (!by[s].empty()) servers.push_back(s);
-  }
+  const std::vector<int> servers = ServersWithRows(by);
   std::vector<PullRowsRequest> requests(servers.size());
   std::vector<PullRowsResponse> responses(servers.size());
   for (size_t c = 0; c < servers.size(); ++c) {
@@ -610,10 +616,7 @@ absl::Status PsClient::PushRows(const std::string& table, int dim, absl::Span<co
     return absl::InvalidArgumentError("PushRows: one step per server expected");
   }
   const std::vector<std::vector<uint32_t>> by = RowsByServer(ids, num_servers());
-  std::vector<int> servers;
-  for (int s = 0; s < num_servers(); ++s) {
-    if (!by[s].empty()) servers.push_back(s);
-  }
+  const std::vector<int> servers = ServersWithRows(by);
   std::vector<PushRowsRequest> requests(servers.size());
   std::vector<PushRowsResponse> responses(servers.size());
   for (size_t c = 0; c < servers.size(); ++c) {

@@ -152,16 +152,9 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const uint64_t> ids, int64_t step
 absl::Status EmbeddingTable::ApplyGradients(absl::Span<const uint64_t> ids, const float* grads,
                                             float scale, float learning_rate, float clip_value,
                                             int64_t step) {
-  if (absl::Status st = CheckIds(ids); !st.ok()) return st;
+  if (absl::Status st = CheckGradients(ids, grads); !st.ok()) return st;
   const int dim = options_.dim;
   const size_t n = ids.size();
-  for (size_t i = 0; i < n * dim; ++i) {
-    if (!std::isfinite(grads[i])) {
-      return absl::InvalidArgumentError(absl::StrCat("table ", options_.name, ": gradient row ",
-                                                     i / dim, " (id ", ids[i / dim],
-                                                     ") contains NaN or Inf"));
-    }
-  }
   // Sum duplicates in the order given.
   absl::flat_hash_map<uint64_t, uint32_t> first;
   first.reserve(n);
@@ -206,6 +199,20 @@ absl::Status EmbeddingTable::ApplyGradients(absl::Span<const uint64_t> ids, cons
           s->touched[row] = step;
         }
       });
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingTable::CheckGradients(absl::Span<const uint64_t> ids,
+                                            const float* grads) const {
+  if (absl::Status st = CheckIds(ids); !st.ok()) return st;
+  const size_t n = ids.size() * options_.dim;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(grads[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table ", options_.name, ": gradient row ", i / options_.dim, " (id ",
+                       ids[i / options_.dim], ") contains NaN or Inf"));
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -74,6 +74,10 @@ class EmbeddingTable {
   absl::Status ApplyGradients(absl::Span<const uint64_t> ids, const float* grads, float scale,
                               float learning_rate, float clip_value, int64_t step);
 
+  // What ApplyGradients refuses: ids outside a fixed-size table, non-finite
+  // gradients (for callers that hold gradients to apply later).
+  absl::Status CheckGradients(absl::Span<const uint64_t> ids, const float* grads) const;
+
   // Drops rows last touched before step - expire_after_steps; returns how
   // many. A no-op without expiry. A sweep visits every row, so it runs at
   // most every expire_after_steps / 4 steps (a row lives at most 1.25 x

@@ -198,11 +198,10 @@ absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizer(const OptimizerConfig
       absl::StrCat("optimizer: unsupported kind ", static_cast<int>(config.kind_case())));
 }
 
-absl::StatusOr<LearningRate> LearningRate::Create(const OptimizerConfig& config,
+absl::StatusOr<LearningRate> LearningRate::Create(const OptimizerConfig& raw,
                                                   int64_t global_batch, int64_t max_steps) {
-  if (!(config.learning_rate() > 0.0f)) {
-    return absl::InvalidArgumentError("optimizer: learning_rate must be positive");
-  }
+  OptimizerConfig config = raw;  // checked, and defaults filled where left out
+  RETURN_IF_ERROR(ValidateAndFillOptimizerDefaults(&config, max_steps, "(optimizer)"));
   LearningRate lr;
   lr.schedule_ = config.schedule();
   lr.base_ = config.learning_rate();
@@ -215,9 +214,6 @@ absl::StatusOr<LearningRate> LearningRate::Create(const OptimizerConfig& config,
   lr.decay_steps_ = lr.schedule_.decay_steps();
   if (lr.schedule_.kind() == LearningRateSchedule::COSINE && lr.decay_steps_ == 0) {
     lr.decay_steps_ = std::max<int64_t>(1, max_steps - lr.schedule_.warmup_steps());
-  }
-  if (lr.schedule_.kind() == LearningRateSchedule::STEP && lr.decay_steps_ <= 0) {
-    return absl::InvalidArgumentError("optimizer.schedule: STEP needs decay_steps > 0");
   }
   return lr;
 }

@@ -156,10 +156,9 @@ TEST_CASE("learning-rate schedules: warm-up, step, cosine, linear scaling", "[op
   CHECK(warm->At(3) == Approx(0.4));
   CHECK(warm->At(50) == Approx(0.4));
 
-  OptimizerConfig step_config =
-      Parse("learning_rate: 1 schedule { kind: STEP decay_steps: 10 warmup_steps: 2 }");
-  REQUIRE(ValidateAndFillOptimizerDefaults(&step_config, 100, "test").ok());  // decay_rate 0.1
-  auto step = LearningRate::Create(step_config, 1, 100);
+  // decay_rate left out: its default, 0.1.
+  auto step = LearningRate::Create(
+      Parse("learning_rate: 1 schedule { kind: STEP decay_steps: 10 warmup_steps: 2 }"), 1, 100);
   REQUIRE(step.ok());
   CHECK(step->At(2) == Approx(1.0));
   CHECK(step->At(11) == Approx(1.0));

@@ -788,7 +788,7 @@ void ParameterServer::ApplyStagedRowsLocked(int64_t step, int contributors) {
       t->staged_grads[w].clear();
     }
     if (!ids.empty()) {
-      // Checked when staged, so this cannot fail.
+      // Checked (CheckGradients) when staged, so this cannot fail.
       const float scale = 1.0f / static_cast<float>(std::max(contributors, 1));
       t->rows
           ->ApplyGradients(ids, grads.data(), scale, t->learning_rate.At(step), t->clip_value,
@@ -1119,9 +1119,12 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
   }
   grads.resize(ids.size() * dim);
   std::memcpy(grads.data(), request.gradients().data(), request.gradients().size());
-  if (!AllFinite(grads)) {
-    return reject(absl::InvalidArgumentError(
-        absl::StrCat("PushRows: gradients for table ", request.table(), " contain NaN or Inf")));
+  // Sync stages the rows for later, so they are checked now; async's apply
+  // checks them itself, changing nothing when they are refused.
+  if (model->sync) {
+    if (absl::Status bad = table->rows->CheckGradients(ids, grads.data()); !bad.ok()) {
+      return reject(bad);
+    }
   }
   const int w = request.worker();
   float learning_rate = 0;
@@ -1147,17 +1150,6 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
         ++counters_.gradients_dropped_stale;
         response->set_outcome(DROPPED_STALE);
         return absl::OkStatus();
-      }
-      // Out of range ids are refused now, not when the step applies them.
-      if (table->rows->options().num_rows > 0) {
-        for (uint64_t id : ids) {
-          if (id >= static_cast<uint64_t>(table->rows->options().num_rows)) {
-            ++counters_.pushes_rejected;
-            return absl::OutOfRangeError(absl::StrCat("table ", request.table(), ": id ", id,
-                                                      " out of range [0, ",
-                                                      table->rows->options().num_rows, ")"));
-          }
-        }
       }
       std::vector<uint64_t>& staged_ids = table->staged_ids[w];
       std::vector<float>& staged_grads = table->staged_grads[w];

@@ -58,6 +58,13 @@ PushRequest Grad(int worker, int64_t step, std::vector<float> g, std::string var
   return req;
 }
 
+// A push with no gradients (to a server that holds no partition).
+PushRequest EmptyPush(int worker, int64_t step) {
+  PushRequest req = Grad(worker, step, {});
+  req.clear_gradients();
+  return req;
+}
+
 std::vector<float> PullW(ParameterServer& ps, int64_t* version = nullptr) {
   PullRequest req;
   req.set_incarnation(kIncarnation);
@@ -420,8 +427,7 @@ TEST_CASE("sync: a server holding no partition completes each step on the quorum
   InitializeRequest req = InitRequest(BaseConfig(true), 2);
   req.clear_variables();
   REQUIRE(ps.Initialize(req).ok());
-  PushRequest empty = Grad(0, 0, {});
-  empty.clear_gradients();
+  PushRequest empty = EmptyPush(0, 0);
   PushResponse r;
   REQUIRE(ps.Push(empty, &r).ok());
   CHECK(r.outcome() == ACCUMULATED);
@@ -660,8 +666,7 @@ TEST_CASE("sync deadline on a server holding no partition", "[ps][sync][deadline
   InitializeRequest req = InitRequest(config, 2);
   req.clear_variables();
   REQUIRE(ps.Initialize(req).ok());
-  PushRequest empty = Grad(0, 0, {});
-  empty.clear_gradients();
+  PushRequest empty = EmptyPush(0, 0);
   PushResponse r;
   REQUIRE(ps.Push(empty, &r).ok());
   CHECK(r.outcome() == ACCUMULATED);

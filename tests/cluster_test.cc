@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -182,6 +183,49 @@ void CheckAgainstReference(const TensorMap& cluster, const Model& m,
   }
 }
 
+// A run's model trained in this process as one worker of the global batch:
+// the config the run used, its initial values, its optimizer and schedule,
+// applied step by step to the model's own gradients.
+struct Reference {
+  TrainingConfig config;
+  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+  std::unique_ptr<Model> model;
+  std::unique_ptr<Optimizer> optimizer;
+  std::optional<LearningRate> learning_rate;
+  std::vector<Tensor> params, grads;
+  std::vector<OptimizerSlots> slots;
+
+  Reference(const Run& run, int global_batch) {
+    auto c = LoadTrainingConfig(run.config);
+    REQUIRE(c.ok());
+    config = *c;
+    auto m = Model::Create(config.model(), cpu.get());
+    REQUIRE(m.ok());
+    model = std::move(*m);
+    auto opt = CreateOptimizer(config.optimizer());
+    REQUIRE(opt.ok());
+    optimizer = std::move(*opt);
+    auto lr = LearningRate::Create(config.optimizer(), global_batch, config.max_steps());
+    REQUIRE(lr.ok());
+    learning_rate = *lr;
+    params = model->Initialize(config.seed());
+    slots.resize(params.size());
+    for (size_t v = 0; v < params.size(); ++v) {
+      optimizer->InitSlots(params[v].num_elements(), &slots[v]);
+    }
+  }
+  // Update `step` of every variable from the gradients the model computed.
+  void ApplyGradients(int step) {
+    model->CopyGradients(&grads);
+    UpdateInfo update;
+    update.learning_rate = learning_rate->At(step);
+    update.count = step + 1;
+    for (size_t v = 0; v < params.size(); ++v) {
+      optimizer->Apply(absl::MakeSpan(params[v].values()), grads[v].span(), &slots[v], update);
+    }
+  }
+};
+
 // Trains `o` on the cluster (2 ps, 2 workers of batch b) and the same model,
 // data order and optimizer in this process with batch 2b; the parameters must
 // agree to float rounding.
@@ -191,27 +235,13 @@ void CheckEquivalence(const std::string& name, const ConfigOptions& o) {
   REQUIRE(run.result.exit_code == 0);
   TensorMap cluster = ReadModel(run);
 
-  auto config = LoadTrainingConfig(run.config);
-  REQUIRE(config.ok());
-  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
-  auto model = Model::Create(config->model(), cpu.get());
-  REQUIRE(model.ok());
-  Model& m = **model;
-  auto data = LoadIdxDataset(Env::Default(), config->data().train_images(),
-                             config->data().train_labels(), 784, 10, true);
+  Reference ref(run, 2 * o.batch_size);
+  Model& m = *ref.model;
+  auto data = LoadIdxDataset(Env::Default(), ref.config.data().train_images(),
+                             ref.config.data().train_labels(), 784, 10, true);
   REQUIRE(data.ok());
-  DataPartition p0(&*data, 0, 2, o.batch_size, true, config->seed());
-  DataPartition p1(&*data, 1, 2, o.batch_size, true, config->seed());
-  auto optimizer = CreateOptimizer(config->optimizer());
-  REQUIRE(optimizer.ok());
-  auto learning_rate =
-      LearningRate::Create(config->optimizer(), 2 * o.batch_size, config->max_steps());
-  REQUIRE(learning_rate.ok());
-  std::vector<Tensor> params = m.Initialize(config->seed()), grads;
-  std::vector<OptimizerSlots> slots(params.size());
-  for (size_t v = 0; v < params.size(); ++v) {
-    (*optimizer)->InitSlots(params[v].num_elements(), &slots[v]);
-  }
+  DataPartition p0(&*data, 0, 2, o.batch_size, true, ref.config.seed());
+  DataPartition p1(&*data, 1, 2, o.batch_size, true, ref.config.seed());
   std::vector<float> x0, x1;
   std::vector<int32_t> y0, y1;
   for (int step = 0; step < o.max_steps; ++step) {
@@ -220,17 +250,11 @@ void CheckEquivalence(const std::string& name, const ConfigOptions& o) {
     x0.insert(x0.end(), x1.begin(), x1.end());
     y0.insert(y0.end(), y1.begin(), y1.end());
     float loss;
-    REQUIRE(m.SetParameters(params).ok());
+    REQUIRE(m.SetParameters(ref.params).ok());
     REQUIRE(m.ComputeGradients(x0.data(), y0.data(), 2 * o.batch_size, step, &loss).ok());
-    m.CopyGradients(&grads);
-    UpdateInfo update;
-    update.learning_rate = learning_rate->At(step);
-    update.count = step + 1;
-    for (size_t v = 0; v < params.size(); ++v) {
-      (*optimizer)->Apply(absl::MakeSpan(params[v].values()), grads[v].span(), &slots[v], update);
-    }
+    ref.ApplyGradients(step);
   }
-  CheckAgainstReference(cluster, m, params);
+  CheckAgainstReference(cluster, m, ref.params);
 }
 
 TEST_CASE("sync with 2 workers of batch b equals one process with batch 2b", "[cluster][equivalence]") {
@@ -412,36 +436,24 @@ TEST_CASE("2 x b == 1 x 2b holds for the click-through model with Adam, rows inc
 
   // The same training in this process with batch 2b: the rows from an
   // EmbeddingTable of the servers' own code, the dense variables from Adam.
-  auto config = LoadTrainingConfig(run.config);
-  REQUIRE(config.ok());
-  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
-  auto model = Model::Create(config->model(), cpu.get());
-  REQUIRE(model.ok());
-  Model& m = **model;
+  const int b = o.batch_size;
+  Reference ref(run, 2 * b);
+  Model& m = *ref.model;
   m.set_input_gradient(true);
-  auto data = LoadCriteoDataset(Env::Default(), config->data().train_tsv(), 0);
+  auto data = LoadCriteoDataset(Env::Default(), ref.config.data().train_tsv(), 0);
   REQUIRE(data.ok());
-  const int b = o.batch_size, fields = data->id_fields, dim = 16;
-  DataPartition p0(&*data, 0, 2, b, true, config->seed());
-  DataPartition p1(&*data, 1, 2, b, true, config->seed());
-  auto optimizer = CreateOptimizer(config->optimizer());
-  auto table_optimizer = CreateOptimizer(config->optimizer());
-  REQUIRE(optimizer.ok());
+  const int fields = data->id_fields, dim = 16;
+  DataPartition p0(&*data, 0, 2, b, true, ref.config.seed());
+  DataPartition p1(&*data, 1, 2, b, true, ref.config.seed());
+  auto table_optimizer = CreateOptimizer(ref.config.optimizer());
   REQUIRE(table_optimizer.ok());
-  auto learning_rate = LearningRate::Create(config->optimizer(), 2 * b, config->max_steps());
-  REQUIRE(learning_rate.ok());
   EmbeddingTable::Options to;
   to.name = "features";
   to.dim = dim;
-  to.init_scale = config->embedding_tables(0).init_scale();
-  to.seed = TableSeed(config->seed(), "features");
+  to.init_scale = ref.config.embedding_tables(0).init_scale();
+  to.seed = TableSeed(ref.config.seed(), "features");
   EmbeddingTable table(to, table_optimizer->get());
   const EmbeddingBags bags(data->dim, fields, dim, Combiner::kSum);
-  std::vector<Tensor> params = m.Initialize(config->seed()), grads;
-  std::vector<OptimizerSlots> slots(params.size());
-  for (size_t v = 0; v < params.size(); ++v) {
-    (*optimizer)->InitSlots(params[v].num_elements(), &slots[v]);
-  }
   std::vector<float> x(2 * b * data->dim), xf, rows, row_grads;
   std::vector<int32_t> y(2 * b);
   std::vector<uint64_t> ids(2 * b * fields);
@@ -455,36 +467,17 @@ TEST_CASE("2 x b == 1 x 2b holds for the click-through model with Adam, rows inc
     xf.resize(2 * b * bags.output_dim());
     bags.Forward(sparse, unique, rows.data(), x.data(), xf.data());
     float loss;
-    REQUIRE(m.SetParameters(params).ok());
+    REQUIRE(m.SetParameters(ref.params).ok());
     REQUIRE(m.ComputeGradients(xf.data(), y.data(), 2 * b, 0, &loss).ok());
-    m.CopyGradients(&grads);
-    // The rows' gradient of the 2b batch, summed per half first (each
-    // half's occurrences, then the halves): the order the servers sum the
-    // workers' rows in, so the rows' updates agree to the bit and the dense
-    // variables carry only the 2b batch's own rounding.
-    std::vector<uint64_t> push_ids;
-    row_grads.clear();
-    for (int h = 0; h < 2; ++h) {
-      const SparseBatch half = SparseBatch::OnePerField(ids.data() + h * b * fields, b, fields);
-      const UniqueRows half_unique = UniqueRows::Of(half.ids);
-      std::vector<float> g(half_unique.ids.size() * dim);
-      bags.Backward(half, half_unique, m.host_input_gradient() + h * b * bags.output_dim(),
-                    g.data());
-      push_ids.insert(push_ids.end(), half_unique.ids.begin(), half_unique.ids.end());
-      row_grads.insert(row_grads.end(), g.begin(), g.end());
-    }
+    row_grads.resize(rows.size());
+    bags.Backward(sparse, unique, m.host_input_gradient(), row_grads.data());
     REQUIRE(table
-                .ApplyGradients(push_ids, row_grads.data(), 1.0f, learning_rate->At(step), 0,
-                                step + 1)
+                .ApplyGradients(unique.ids, row_grads.data(), 1.0f,
+                                ref.learning_rate->At(step), 0, step + 1)
                 .ok());
-    UpdateInfo update;
-    update.learning_rate = learning_rate->At(step);
-    update.count = step + 1;
-    for (size_t v = 0; v < params.size(); ++v) {
-      (*optimizer)->Apply(absl::MakeSpan(params[v].values()), grads[v].span(), &slots[v], update);
-    }
+    ref.ApplyGradients(step);
   }
-  CheckAgainstReference(cluster, m, params);
+  CheckAgainstReference(cluster, m, ref.params);
 }
 
 void CheckBitwiseReruns(const std::string& name, const ConfigOptions& o, size_t variables) {

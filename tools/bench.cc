@@ -257,6 +257,28 @@ struct CsvRow {
   Stats gbps;
 };
 
+// One bare echo of `payload` (the gRPC baseline of the wire suites).
+absl::Status EchoRound(BenchEcho::Stub* echo, const std::string& payload) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(60));
+  EchoMessage req, resp;
+  req.set_payload(payload);
+  return FromGrpcStatus(echo->Echo(&ctx, req, &resp), "echo");
+}
+
+// The servers' config for the wire suites: async (nothing waits on a
+// quorum), a learning rate that leaves the values as they are, no end;
+// `extra`: more config lines.
+absl::StatusOr<TrainingConfig> AsyncBenchConfig(const std::string& extra) {
+  return ParseTrainingConfig(absl::StrCat(R"(
+model { mlp { input_dim: 2 num_classes: 2 } }
+data { train_images: "unused" train_labels: "unused" batch_size: 1 }
+optimizer { learning_rate: 1e-12 }
+async { }
+max_steps: 1000000000000
+)", extra), "bench");
+}
+
 class Bench {
  public:
   Bench(const BenchOptions& options, StopSignal* stop) : o_(options), stop_(stop) {}
@@ -375,13 +397,7 @@ class Bench {
     const int servers = cluster.num_ps();
     std::vector<VariableSpec> vars = {{"bench", {std::max<int64_t>(bytes / 64, 1), 16}}};
     ASSIGN_OR_RETURN(Placement placement, Placement::Compute(vars, servers, 1));
-    ASSIGN_OR_RETURN(TrainingConfig config, ParseTrainingConfig(R"(
-model { mlp { input_dim: 2 num_classes: 2 } }
-data { train_images: "unused" train_labels: "unused" batch_size: 1 }
-optimizer { learning_rate: 1e-12 }
-async { }
-max_steps: 1000000000000
-)", "bench"));
+    ASSIGN_OR_RETURN(TrainingConfig config, AsyncBenchConfig(""));
     const absl::Duration timeout = absl::Seconds(60);
     PsClient chief(cluster, &placement, -1, timeout);
     chief.set_incarnation(std::random_device()() | 1ULL << 40);
@@ -435,13 +451,7 @@ max_steps: 1000000000000
       for (int workers : {1, 2}) {
         std::vector<double> ps1, ps2, eg, tcp, mem;
         std::vector<std::string> payload(workers, std::string(bytes, 'x'));
-        auto echo_round = [&](int t) -> absl::Status {
-          grpc::ClientContext ctx;
-          SetDeadline(&ctx, absl::Seconds(60));
-          EchoMessage req, resp;
-          req.set_payload(payload[t]);
-          return FromGrpcStatus(echo[t]->Echo(&ctx, req, &resp), "echo");
-        };
+        auto echo_round = [&](int t) { return EchoRound(echo[t].get(), payload[t]); };
         for (int t = 0; t < workers; ++t) RETURN_IF_ERROR(echo_round(t));
         for (int rep = 0; rep < o_.reps; ++rep) {
           if (stop_->stopped()) return absl::CancelledError(stop_->reason());
@@ -599,20 +609,11 @@ max_steps: 1000000000000
     auto echo = BenchEcho::NewStub(CreateChannel(echo_address));
     const std::string echo_payload(batch_bytes, 'x');
     auto echo_round = [&](const std::vector<uint64_t>&) {
-      grpc::ClientContext ctx;
-      SetDeadline(&ctx, absl::Seconds(60));
-      EchoMessage req, resp;
-      req.set_payload(echo_payload);
-      return FromGrpcStatus(echo->Echo(&ctx, req, &resp), "echo");
+      return EchoRound(echo.get(), echo_payload);
     };
-    ASSIGN_OR_RETURN(TrainingConfig config, ParseTrainingConfig(R"(
-model { mlp { input_dim: 2 num_classes: 2 } }
-data { train_images: "unused" train_labels: "unused" batch_size: 1 }
-optimizer { learning_rate: 1e-9 }
-async { }
-max_steps: 1000000000000
-embedding_tables { name: "bench" dim: 64 init_scale: 0.01 }
-)", "bench"));
+    ASSIGN_OR_RETURN(
+        TrainingConfig config,
+        AsyncBenchConfig("embedding_tables { name: \"bench\" dim: 64 init_scale: 0.01 }"));
     std::cout << absl::StrFormat("%-30s %-22s %-22s\n", "over the wire, 1 worker", "uniform",
                                  "zipf 1.05");
     Pair echo_rate;

@@ -64,13 +64,28 @@ __global__ void BroadcastRowsKernel(const float* row, int rows, int cols, float*
   GRID_STRIDE(i, static_cast<long long>(rows) * cols) { out[i] = row[i % cols]; }
 }
 
-// One thread per column, rows in order: the CPU's order of float additions.
+// Column sums, deterministic and without atomics: a block of kSumLanes x 32
+// threads takes 32 columns; lane y adds rows y, y + kSumLanes, ... in order,
+// and the lanes are then added in a fixed tree. Each warp reads 32
+// consecutive floats of one row. The old one-thread-per-column loop (the
+// CPU's order, bitwise) ran 16 blocks for 4096 columns on a 132-SM card and
+// took 2.9% of a 4096-wide step; this one fills the card.
+constexpr int kSumLanes = 32;
+
 __global__ void SumRowsKernel(const float* x, int rows, int cols, float* out) {
-  const int c = blockIdx.x * blockDim.x + threadIdx.x;
-  if (c >= cols) return;
+  __shared__ float partial[kSumLanes][33];  // 33: no bank conflicts on the column read
+  const int c = blockIdx.x * 32 + threadIdx.x;
   float s = 0.0f;
-  for (int r = 0; r < rows; ++r) s += x[static_cast<long long>(r) * cols + c];
-  out[c] = s;
+  if (c < cols) {
+    for (int r = threadIdx.y; r < rows; r += kSumLanes) s += x[static_cast<long long>(r) * cols + c];
+  }
+  partial[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  for (int half = kSumLanes / 2; half > 0; half /= 2) {
+    if (threadIdx.y < half) partial[threadIdx.y][threadIdx.x] += partial[threadIdx.y + half][threadIdx.x];
+    __syncthreads();
+  }
+  if (threadIdx.y == 0 && c < cols) out[c] = partial[0][threadIdx.x];
 }
 
 __global__ void ReluKernel(const float* x, long long n, float* y) {
@@ -319,7 +334,7 @@ int pstrain_cuda_broadcast_rows(PstrainCudaContext* ctx, const float* row, int r
 int pstrain_cuda_sum_rows(PstrainCudaContext* ctx, const float* x, int rows, int cols, float* out,
                           PstrainCudaError* err) {
   if (cols <= 0) return 0;
-  SumRowsKernel<<<(cols + kThreads - 1) / kThreads, kThreads, 0, ctx->stream>>>(x, rows, cols, out);
+  SumRowsKernel<<<(cols + 31) / 32, dim3(32, kSumLanes), 0, ctx->stream>>>(x, rows, cols, out);
   return LaunchCheck(err, "sum-rows kernel");
 }
 

@@ -6,7 +6,9 @@
 #include <cmath>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <random>
+#include <utility>
 
 #include "catch2/catch.hpp"
 #include "common/config.h"
@@ -92,14 +94,29 @@ TEST_CASE("CUDA operations equal the CPU's", "[cuda]") {
   const int64_t len = rows * cols;
   Twin<float> x(gpu.get(), Random(len, 4, -4, 4)), dy(gpu.get(), Random(len, 5));
   Twin<float> y(gpu.get(), std::vector<float>(len)), out(gpu.get(), std::vector<float>(len));
-  Twin<float> row(gpu.get(), Random(cols, 6)), sums(gpu.get(), std::vector<float>(cols));
+  Twin<float> row(gpu.get(), Random(cols, 6));
 
   REQUIRE(cpu->BroadcastRows(row.cpu(), rows, cols, y.cpu()).ok());
   REQUIRE(gpu->BroadcastRows(row.gpu(), rows, cols, y.gpu()).ok());
   CHECK(y.cpu_values() == y.gpu_values());
-  REQUIRE(cpu->SumRows(x.cpu(), rows, cols, sums.cpu()).ok());
-  REQUIRE(gpu->SumRows(x.gpu(), rows, cols, sums.gpu()).ok());
-  CHECK(sums.cpu_values() == sums.gpu_values());  // same order of float additions
+  // Column sums add in another order than the CPU's (lanes, then a tree):
+  // equal within the float bound rows x eps x sum |x|, over several
+  // column tiles, a partial one and more rows than lanes.
+  for (auto [sum_rows, sum_cols] : {std::pair{rows, cols}, std::pair{1000, 70}, std::pair{3, 5}}) {
+    Twin<float> xs(gpu.get(), Random(int64_t{sum_rows} * sum_cols, 7, -4, 4));
+    Twin<float> colsum(gpu.get(), std::vector<float>(sum_cols));
+    REQUIRE(cpu->SumRows(xs.cpu(), sum_rows, sum_cols, colsum.cpu()).ok());
+    REQUIRE(gpu->SumRows(xs.gpu(), sum_rows, sum_cols, colsum.gpu()).ok());
+    const std::vector<float> host = xs.cpu_values(), want = colsum.cpu_values(),
+                             got = colsum.gpu_values();
+    for (int c = 0; c < sum_cols; ++c) {
+      double magnitude = 0;
+      for (int r = 0; r < sum_rows; ++r) magnitude += std::fabs(host[int64_t{r} * sum_cols + c]);
+      INFO("sum rows " << sum_rows << "x" << sum_cols << " column " << c);
+      CHECK(std::fabs(double{got[c]} - double{want[c]}) <=
+            sum_rows * std::numeric_limits<float>::epsilon() * magnitude);
+    }
+  }
   REQUIRE(cpu->Relu(x.cpu(), len, y.cpu()).ok());
   REQUIRE(gpu->Relu(x.gpu(), len, y.gpu()).ok());
   CHECK(y.cpu_values() == y.gpu_values());

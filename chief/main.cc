@@ -18,6 +18,7 @@
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "common/shutdown.h"
+#include "worker/model/cpu_ops.h"
 
 ABSL_FLAG(std::string, cluster_spec, "", "cluster spec JSON file (else TF_CONFIG)");
 ABSL_FLAG(std::string, job, "chief", "job name; must be chief");
@@ -26,6 +27,7 @@ ABSL_FLAG(std::string, config, "", "training config (text-format TrainingConfig)
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
 
 int main(int argc, char** argv) {
+  pstrain::cpu::ReexecWithFittingBlasCore("chief", argv);
   absl::SetProgramUsageMessage("pstrain chief: --cluster_spec=FILE --config=FILE");
   absl::ParseCommandLine(argc, argv);
   pstrain::StopSignal stop;

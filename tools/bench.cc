@@ -42,7 +42,7 @@
 #include "ps_server/optimizer.h"
 #include "tools/datagen.h"
 #include "tools/launcher.h"
-#include "worker/model/backend.h"
+#include "worker/model/device.h"
 #include "worker/model/model.h"
 
 namespace pstrain {
@@ -752,11 +752,14 @@ class Bench {
     return absl::OkStatus();
   }
 
-  // Examples/s of forward + backward alone: the worker's own model on one
-  // BLAS thread (as the cluster's workers run), batch 64, no network.
+  // Examples/s of forward + backward alone: the worker's own model on the
+  // workers' device (on the CPU one BLAS thread, as the cluster's workers
+  // run), batch 64, no network.
   absl::StatusOr<double> ComputeOnly(const TrainingConfig& config) {
-    std::unique_ptr<Backend> backend = NewCpuBackend(config.compute_threads());
-    ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config.model(), backend.get()));
+    ASSIGN_OR_RETURN(DeviceSpec spec, ParseDeviceSpec(config.device()));
+    ASSIGN_OR_RETURN(OpenedDevice device, OpenDevice(spec, config.compute_threads()));
+    ASSIGN_OR_RETURN(std::unique_ptr<Model> model,
+                     Model::Create(config.model(), device.backend.get()));
     RETURN_IF_ERROR(model->SetParameters(model->Initialize(config.seed())));
     const int batch = config.data().batch_size();
     std::mt19937 rng(1);
@@ -826,7 +829,8 @@ class Bench {
         "\" train_labels: \"", JoinPath(data_dir, "train-labels-idx1-ubyte"),
         "\" batch_size: 64 shuffle: true normalize: true }\n",
         "optimizer { learning_rate: 0.05 sgd {} }\nsync {}\nmax_steps: ", steps,
-        "\nseed: 1\neval_every_steps: 0\ncompute_threads: 1\noutput_dir: \"", out, "\"\n",
+        "\nseed: 1\neval_every_steps: 0\ncompute_threads: 1\ndevice: \"", o_.device,
+        "\"\noutput_dir: \"", out, "\"\n",
         "rpc { wire_dtype: \"", o_.bfloat16 ? "bfloat16" : "float32", "\" }\n");
   }
 
@@ -837,8 +841,8 @@ class Bench {
     digits.train_examples = 8192;
     digits.test_examples = 64;
     RETURN_IF_ERROR(WriteDigitsDataset(Env::Default(), dir, digits));
-    std::cout << "\n== train: sync examples/s, batch 64 per worker, 1 BLAS thread per worker "
-                 "(median [min-max] of "
+    std::cout << "\n== train: sync examples/s, batch 64 per worker, workers on " << o_.device
+              << (o_.device == "cpu" ? " (1 BLAS thread each)" : "") << " (median [min-max] of "
               << o_.reps << ") ==\n";
     std::cout << absl::StrFormat("%-18s %-24s %-24s %-24s %10s %10s\n", "model", "compute-only",
                                  "1 ps + 1 worker", "2 ps + 2 workers", "1+1/comp", "2+2/comp");

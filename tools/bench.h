@@ -32,6 +32,7 @@ struct BenchOptions {
   int64_t sparse_rows = 1000000;      // sparse: rows in the table (width 64)
   std::vector<std::string> models;    // train: hidden layer widths, "512-512"
   bool bfloat16 = false;              // wire and train: bfloat16 on the wire
+  std::string device = "cpu";         // train: the workers' device, "cpu", "cuda:N" or "auto"
   int reps = 5;
   double rep_seconds = 0.15;          // each repetition runs at least this long
 };

@@ -11,6 +11,8 @@
 #   bash gpu_bundle/run.sh tests        # CUDA-vs-CPU tests
 #   bash gpu_bundle/run.sh bench        # pstrain vs PyTorch table
 #   bash gpu_bundle/run.sh demo         # the demo with workers on the GPU vs the CPU
+#   bash gpu_bundle/run.sh ctr          # the click-through model, GPU vs CPU workers
+#   bash gpu_bundle/run.sh wire         # pstrain bench (data path) on that machine
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/setup.sh
@@ -43,10 +45,10 @@ done | sort -u | while read -r name path; do
   if ! [[ "$name" =~ $skip ]]; then cp -L "$path" "$out/lib/$name"; fi
 done
 cp tools/gpu_bench.py "$out/"
-cp configs/demo.pbtxt configs/local_cluster.json "$out/"
+cp configs/demo.pbtxt configs/click_through.pbtxt configs/local_cluster.json "$out/"
 cat > "$out/run.sh" <<'RUN'
 #!/usr/bin/env bash
-# Runs on the GPU machine: `run.sh tests|bench|demo`.
+# Runs on the GPU machine: `run.sh tests|bench|demo|ctr|wire`.
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cublas=$(python3 -c "import nvidia.cublas, os; print(os.path.join(os.path.dirname(nvidia.cublas.__file__), 'lib'))" 2>/dev/null || true)
@@ -69,10 +71,24 @@ case "${1:-tests}" in
       sed "s/^output_dir: .*/output_dir: \"out_${dev/:/}\"/" "$here/demo.pbtxt" > demo.pbtxt
       echo "device: \"$dev\"" >> demo.pbtxt
       "$here/bin/pstrain" launch --cluster_spec="$here/local_cluster.json" --config=demo.pbtxt \
-        --bin_dir="$here/bin" --progress=false "$@" 2>&1 | tail -3
+        --bin_dir="$here/bin" --progress=false "$@" 2>&1 | grep -E "OPENBLAS|finished" | tail -3
       python3 -c "import json; s=json.load(open('out_${dev/:/}/summary.json')); print('$dev', 'accuracy %.4f' % s['eval_accuracy'], '%.0f examples/s' % s['examples_per_sec'])"
     done ;;
-  *) echo "usage: run.sh tests|bench|demo" >&2; exit 2 ;;
+  ctr)
+    shift; cd "$(mktemp -d)"
+    "$here/bin/pstrain" datagen --format=criteo --out=ctr_data --values_per_field=100 \
+      --train=200000 --test=20000 --seed=3 | tail -1 || exit 1
+    for dev in cuda:0 cpu; do
+      sed "s/^output_dir: .*/output_dir: \"out_${dev/:/}\"/" "$here/click_through.pbtxt" > ctr.pbtxt
+      echo "device: \"$dev\"" >> ctr.pbtxt
+      "$here/bin/pstrain" launch --cluster_spec="$here/local_cluster.json" --config=ctr.pbtxt \
+        --bin_dir="$here/bin" --progress=false "$@" 2>&1 | tail -2
+      python3 -c "import json; s=json.load(open('out_${dev/:/}/summary.json')); print('$dev', 'auc %.4f' % s['eval_auc'], 'log loss %.4f' % s['eval_log_loss'], '%.0f examples/s' % s['examples_per_sec'])"
+    done ;;
+  wire)
+    shift; cd "$(mktemp -d)"
+    "$here/bin/pstrain" bench --bin_dir="$here/bin" "$@" ;;
+  *) echo "usage: run.sh tests|bench|demo|ctr|wire" >&2; exit 2 ;;
 esac
 RUN
 chmod +x "$out/run.sh"

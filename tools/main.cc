@@ -23,6 +23,7 @@
 #include "tools/bench.h"
 #include "tools/datagen.h"
 #include "tools/launcher.h"
+#include "worker/model/cpu_ops.h"
 #include "worker/model/model.h"
 
 namespace pstrain {
@@ -222,6 +223,8 @@ int BenchCommand(const std::vector<std::string>& argv) {
                  "bytes per pull and per push (wire suite)"}},
       {"reps", {"5", "repetitions per figure (median, min, max)"}},
       {"wire_dtype", {"float32", "wire and train suites: float32 or bfloat16 on the wire"}},
+      {"device", {"cpu", "train suite: the workers' device (cpu, cuda:N or auto), compute-only "
+                         "included"}},
       {"rep_seconds", {"0.15", "minimum length of one repetition"}},
       {"out", {"", "directory for bench.csv"}},
       {"bin_dir", {"", "directory with ps_server (default: next to pstrain)"}},
@@ -269,6 +272,10 @@ int BenchCommand(const std::vector<std::string>& argv) {
     return Fail("bench", "--wire_dtype: expected float32 or bfloat16");
   }
   o.bfloat16 = args->Get("wire_dtype") == "bfloat16";
+  if (absl::StatusOr<DeviceSpec> device = ParseDeviceSpec(args->Get("device")); !device.ok()) {
+    return Fail("bench", absl::StrCat("--device: ", device.status().message()));
+  }
+  o.device = args->Get("device");
   o.rep_seconds = *seconds;
   auto sparse_rows = args->GetInt("sparse_rows");
   if (!sparse_rows.ok() || *sparse_rows < 4096 || *sparse_rows > 100000000) {
@@ -287,6 +294,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = argv[1];
+  // The commands that compute on the CPU here or start tasks that do (they
+  // inherit the environment).
+  if (command == "launch" || command == "bench") {
+    pstrain::cpu::ReexecWithFittingBlasCore("pstrain", argv);
+  }
   std::vector<std::string> rest(argv + 2, argv + argc);
   if (command == "launch") return pstrain::LaunchCommand(rest);
   if (command == "datagen") return pstrain::DatagenCommand(rest);

@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "common/shutdown.h"
 #include "worker/trainer.h"
+#include "worker/model/cpu_ops.h"
 
 ABSL_FLAG(std::string, cluster_spec, "", "cluster spec JSON file (else TF_CONFIG)");
 ABSL_FLAG(std::string, job, "worker", "job name; must be worker");
@@ -22,6 +23,7 @@ ABSL_FLAG(std::string, device, "",
           "auto, cpu or cuda:N (default: the config's device, itself auto by default)");
 
 int main(int argc, char** argv) {
+  pstrain::cpu::ReexecWithFittingBlasCore("worker", argv);
   absl::SetProgramUsageMessage("pstrain worker: --cluster_spec=FILE --task=N --config=FILE");
   absl::ParseCommandLine(argc, argv);
   pstrain::StopSignal stop;

@@ -50,6 +50,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   ASSIGN_OR_RETURN(OpenedDevice device, OpenDevice(device_spec, config.compute_threads()));
   Backend* backend = device.backend.get();
   LOG_INFO("compute device: {} ({})", backend->Describe(), device.reason);
+  if (!device.warning.empty()) LOG_WARN("{}", device.warning);
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config.model(), backend));
   LOG_INFO("model: {}", model->Summary());
 

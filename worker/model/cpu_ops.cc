@@ -1,16 +1,67 @@
 #include "worker/model/cpu_ops.h"
 
 #include <cblas.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/ascii.h"
 
 extern "C" void openblas_set_num_threads(int num_threads);
+extern "C" char* openblas_get_corename(void);
 
 namespace pstrain {
 namespace cpu {
 
 void SetBlasThreads(int threads) { openblas_set_num_threads(std::max(1, threads)); }
+
+std::string BlasCoreName() {
+  const char* name = openblas_get_corename();
+  return name == nullptr ? "" : name;
+}
+
+std::string BlasCoreTypeFor(const std::string& core_name, bool avx512f, bool avx2,
+                            const char* coretype_env) {
+  if (coretype_env != nullptr && coretype_env[0] != '\0') return "";
+  const char* fits = avx512f ? "SkylakeX" : avx2 ? "Haswell" : nullptr;
+  if (fits == nullptr) return "";
+  // OpenBLAS's x86 cores older than AVX2 (and its "unknown").
+  static const char* const kOld[] = {"prescott",  "core2",   "penryn",     "dunnington",
+                                     "nehalem",   "atom",    "katmai",     "coppermine",
+                                     "northwood", "banias",  "opteron",    "opteron_sse3",
+                                     "barcelona", "bobcat",  "athlon",     "sandybridge",
+                                     "unknown"};
+  const std::string chosen = absl::AsciiStrToLower(core_name);
+  for (const char* old : kOld) {
+    if (chosen == old) return fits;
+  }
+  return "";
+}
+
+std::string BlasCoreTypeOverride() {
+  __builtin_cpu_init();
+  return BlasCoreTypeFor(BlasCoreName(), __builtin_cpu_supports("avx512f"),
+                         __builtin_cpu_supports("avx2"), std::getenv("OPENBLAS_CORETYPE"));
+}
+
+void ReexecWithFittingBlasCore(const char* program, char** argv) {
+  const std::string fits = BlasCoreTypeOverride();
+  if (fits.empty()) return;
+  std::fprintf(stderr,
+               "%s: OpenBLAS took this CPU for %s (a VM hiding the CPU's model?); running again "
+               "with OPENBLAS_CORETYPE=%s\n",
+               program, BlasCoreName().c_str(), fits.c_str());
+  if (::setenv("OPENBLAS_CORETYPE", fits.c_str(), 1) != 0) return;
+  ::execv("/proc/self/exe", argv);
+  std::fprintf(stderr, "%s: exec /proc/self/exe failed (%s); going on with %s's kernels\n",
+               program, std::strerror(errno), BlasCoreName().c_str());
+}
 
 void Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
           const float* b, int ldb, float beta, float* c, int ldc) {

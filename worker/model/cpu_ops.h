@@ -8,6 +8,7 @@
 #define PSTRAIN_WORKER_MODEL_CPU_OPS_H_
 
 #include <cstdint>
+#include <string>
 
 // DropoutKeep is compiled for the device too (cuda_ops.cu includes this
 // header), so both backends draw the mask from the very same code.
@@ -22,6 +23,31 @@ namespace cpu {
 
 // Sets OpenBLAS's thread count (process-wide).
 void SetBlasThreads(int threads);
+
+// OpenBLAS's name for the kernels it chose when it loaded ("Haswell", ...).
+std::string BlasCoreName();
+
+// OpenBLAS picks its kernels from the CPU's model name when the library
+// loads. A VM that hides the model ("Intel(R) Xeon(R) Processor") gets the
+// SSE3 "Prescott" kernels: on an AVX-512 host that made a 784-2048-2048-10
+// step at batch 64 3x slower (77.8 against 25.6 ms on the H100 machine's
+// Xeon). Where that happened in this process, returns the OPENBLAS_CORETYPE
+// that fits the CPU's features ("SkylakeX" with AVX-512, "Haswell" with
+// AVX2), to set before a process starts (the library reads it only then);
+// "" where OpenBLAS chose a fitting core, the CPU has no AVX2, or
+// OPENBLAS_CORETYPE is already set.
+std::string BlasCoreTypeOverride();
+// Called first in main (before any thread starts): where
+// BlasCoreTypeOverride() names a core type, sets OPENBLAS_CORETYPE, says so
+// on stderr under `program`'s name and executes this binary again with the
+// same arguments, so that OpenBLAS loads with kernels that fit. Returns only
+// where nothing needed doing or the exec failed (then the slow kernels stay,
+// and OpenDevice's warning says so).
+void ReexecWithFittingBlasCore(const char* program, char** argv);
+// The same decision from its inputs: OpenBLAS's core name, the CPU's
+// features and OPENBLAS_CORETYPE's value (nullptr when unset).
+std::string BlasCoreTypeFor(const std::string& core_name, bool avx512f, bool avx2,
+                            const char* coretype_env);
 
 // c[m, n] = alpha * op(a) * op(b) + beta * c, row-major; op(a) is [m, k]
 // (a is [k, m] when trans_a), op(b) is [k, n] (b is [n, k] when trans_b).

@@ -19,6 +19,9 @@ namespace pstrain {
 struct OpenedDevice {
   std::unique_ptr<Backend> backend;
   std::string reason;  // why this device: "asked for cpu", "auto: no CUDA device (...)"
+  // Set when the CPU was chosen and OpenBLAS runs kernels older than the CPU
+  // (cpu::BlasCoreTypeOverride): what to set, for the log.
+  std::string warning;
 };
 
 // `cpu_threads` is the BLAS thread count when the choice is the CPU.

@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "catch2/catch.hpp"
@@ -229,6 +230,25 @@ TEST_CASE("loss values and predictions", "[layers]") {
     CHECK(predicted == std::vector<int32_t>{1, 0, 1, 0});
     CHECK(loss.num_labels() == 2);
   }
+}
+
+TEST_CASE("OpenBLAS's SSE3 fall-back on an AVX CPU gets the core type that fits", "[cpu]") {
+  // What a VM hiding its CPU's model gave on the H100 machine's Xeon.
+  CHECK(cpu::BlasCoreTypeFor("Prescott", true, true, nullptr) == "SkylakeX");
+  CHECK(cpu::BlasCoreTypeFor("Core2", false, true, nullptr) == "Haswell");
+  CHECK(cpu::BlasCoreTypeFor("Sandybridge", false, true, nullptr) == "Haswell");
+  // A fitting choice, a CPU without AVX2, or a user's own setting: nothing.
+  CHECK(cpu::BlasCoreTypeFor("Haswell", false, true, nullptr).empty());
+  CHECK(cpu::BlasCoreTypeFor("Cooperlake", true, true, nullptr).empty());
+  CHECK(cpu::BlasCoreTypeFor("Zen", false, true, nullptr).empty());
+  CHECK(cpu::BlasCoreTypeFor("Prescott", false, false, nullptr).empty());
+  CHECK(cpu::BlasCoreTypeFor("Prescott", true, true, "Haswell").empty());
+  CHECK(cpu::BlasCoreTypeFor("Prescott", true, true, "") == "SkylakeX");
+  // This process: OpenBLAS reports a core, and the live decision is one of the above.
+  INFO("OpenBLAS core here: " << cpu::BlasCoreName());
+  CHECK(!cpu::BlasCoreName().empty());
+  const std::string here = cpu::BlasCoreTypeOverride();
+  CHECK((here.empty() || here == "SkylakeX" || here == "Haswell"));
 }
 
 }  // namespace

@@ -1,11 +1,18 @@
 #include "common/env.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -19,6 +26,46 @@ absl::Status IoError(const std::string& what, const std::string& path, int err) 
   if (err == ENOSPC) return absl::ResourceExhaustedError(msg);
   return absl::InternalError(msg);
 }
+
+class PosixWritableFile : public WritableFile {
+ public:
+  PosixWritableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixWritableFile() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  absl::Status Append(absl::string_view data) override {
+    if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": closed"));
+    const char* p = data.data();
+    size_t left = data.size();
+    while (left > 0) {
+      ssize_t n = ::write(fd_, p, left);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return IoError("write", path_, errno);
+      p += n;
+      left -= n;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Sync() override {
+    if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": closed"));
+    if (::fsync(fd_) != 0) return IoError("fsync", path_, errno);
+    return absl::OkStatus();
+  }
+
+  absl::Status Close() override {
+    if (fd_ < 0) return absl::OkStatus();
+    const int fd = fd_;
+    fd_ = -1;
+    if (::close(fd) != 0) return IoError("close", path_, errno);
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::string path_;
+  int fd_;
+};
 
 class PosixEnv : public Env {
  public:
@@ -101,6 +148,72 @@ class PosixEnv : public Env {
   }
 
   bool FileExists(const std::string& path) override { return ::access(path.c_str(), F_OK) == 0; }
+
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return IoError("open", path, errno);
+    return std::unique_ptr<WritableFile>(new PosixWritableFile(path, fd));
+  }
+
+  absl::StatusOr<std::string> ReadFileRange(const std::string& path, int64_t offset,
+                                            int64_t n) override {
+    if (offset < 0 || n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("read ", path, ": negative range"));
+    }
+    int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return IoError("open", path, errno);
+    std::string out(static_cast<size_t>(n), '\0');
+    int64_t got = 0;
+    while (got < n) {
+      ssize_t r = ::pread(fd, out.data() + got, static_cast<size_t>(n - got), offset + got);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) {
+        int err = errno;
+        ::close(fd);
+        return IoError("read", path, err);
+      }
+      if (r == 0) break;
+      got += r;
+    }
+    ::close(fd);
+    if (got < n) {
+      return absl::OutOfRangeError(absl::StrCat(path, ": ", n, " bytes at ", offset,
+                                                " asked for, the file ends after ", got));
+    }
+    return out;
+  }
+
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {
+    DIR* d = ::opendir(dir.c_str());
+    if (d == nullptr) return IoError("opendir", dir, errno);
+    std::vector<std::string> names;
+    errno = 0;
+    while (struct dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name != "." && name != "..") names.push_back(name);
+    }
+    const int err = errno;
+    ::closedir(d);
+    if (err != 0) return IoError("readdir", dir, err);
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  absl::StatusOr<int64_t> FileSize(const std::string& path) override {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) return IoError("stat", path, errno);
+    return static_cast<int64_t>(st.st_size);
+  }
+
+  bool IsDirectory(const std::string& path) override {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+  }
+
+  absl::Status DeleteDir(const std::string& dir) override {
+    if (::rmdir(dir.c_str()) != 0) return IoError("rmdir", dir, errno);
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace
@@ -121,6 +234,19 @@ std::string JoinPath(const std::string& a, const std::string& b) {
   if (a.empty()) return b;
   if (!b.empty() && b[0] == '/') return b;
   return a.back() == '/' ? a + b : a + "/" + b;
+}
+
+absl::Status DeleteRecursively(Env* env, const std::string& dir) {
+  ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(dir));
+  for (const std::string& name : names) {
+    const std::string path = JoinPath(dir, name);
+    if (env->IsDirectory(path)) {
+      RETURN_IF_ERROR(DeleteRecursively(env, path));
+    } else {
+      RETURN_IF_ERROR(env->DeleteFile(path));
+    }
+  }
+  return env->DeleteDir(dir);
 }
 
 absl::Status WriteFileAtomically(Env* env, const std::string& path, absl::string_view data) {

@@ -4,12 +4,26 @@
 #ifndef PSTRAIN_COMMON_ENV_H_
 #define PSTRAIN_COMMON_ENV_H_
 
+#include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
 namespace pstrain {
+
+// A file being written in pieces (a checkpoint shard never sits in one
+// string). Close() without Sync() leaves durability to the OS; the
+// destructor closes a file that was not closed and drops its errors.
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;
+  virtual absl::Status Append(absl::string_view data) = 0;
+  virtual absl::Status Sync() = 0;  // fsync
+  virtual absl::Status Close() = 0;
+};
 
 class Env {
  public:
@@ -24,7 +38,22 @@ class Env {
   virtual absl::Status CreateDirs(const std::string& dir) = 0;
   virtual absl::Status DeleteFile(const std::string& path) = 0;
   virtual bool FileExists(const std::string& path) = 0;
+  // Creates or truncates `path` for writing in pieces.
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path) = 0;
+  // `n` bytes at `offset`; OUT_OF_RANGE when the file is shorter.
+  virtual absl::StatusOr<std::string> ReadFileRange(const std::string& path, int64_t offset,
+                                                    int64_t n) = 0;
+  // The names in `dir` (not "." or ".."), sorted.
+  virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) = 0;
+  virtual absl::StatusOr<int64_t> FileSize(const std::string& path) = 0;
+  virtual bool IsDirectory(const std::string& path) = 0;
+  // Removes an empty directory.
+  virtual absl::Status DeleteDir(const std::string& dir) = 0;
 };
+
+// Removes `dir`, its files and its subdirectories.
+absl::Status DeleteRecursively(Env* env, const std::string& dir);
 
 // Crash-safe replacement of `path`: write "path.tmp", fsync, rename over
 // `path`, fsync the directory. A reader sees the old or the new file, never a

@@ -1,0 +1,437 @@
+#include "common/checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "common/crc32c.h"
+#include "common/status_macros.h"
+#include "google/protobuf/text_format.h"
+
+namespace pstrain {
+namespace {
+
+constexpr char kShardMagic[8] = {'P', 'S', 'T', 'S', 'H', 'R', 'D', '1'};
+constexpr int64_t kAlign = 64;
+constexpr char kCrcPrefix[] = "crc32c: ";
+
+int64_t Elements(const google::protobuf::RepeatedField<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Steps, shards, ranges and shapes that make sense, before any byte is read.
+absl::Status CheckManifest(const CheckpointManifest& m) {
+  if (m.step() < 0) return absl::DataLossError("negative step");
+  if (m.num_shards() < 1 || m.num_shards() > 100000) {
+    return absl::DataLossError(absl::StrCat("num_shards ", m.num_shards()));
+  }
+  if (m.shards_size() != m.num_shards()) {
+    return absl::DataLossError(
+        absl::StrCat(m.shards_size(), " shard files listed for ", m.num_shards(), " shards"));
+  }
+  for (int s = 0; s < m.shards_size(); ++s) {
+    const ShardFile& f = m.shards(s);
+    if (f.shard() != s || f.file() != ShardFileName(s, m.num_shards()) || f.bytes() < 8) {
+      return absl::DataLossError(absl::StrCat("shard entry ", s, " is wrong: ", f.file()));
+    }
+  }
+  std::map<std::string, const CheckpointVariable*> vars;
+  for (const CheckpointVariable& v : m.variables()) {
+    for (int64_t d : v.shape()) {
+      if (d < 0) return absl::DataLossError(absl::StrCat(v.name(), ": negative dimension"));
+    }
+    if (!vars.emplace(v.name(), &v).second) {
+      return absl::DataLossError(absl::StrCat(v.name(), " listed twice"));
+    }
+  }
+  for (const CheckpointTensor& t : m.tensors()) {
+    const std::string what = absl::StrCat(t.variable(), "/", t.partition(),
+                                          t.slot().empty() ? "" : "/", t.slot());
+    if (vars.count(t.variable()) == 0) {
+      return absl::DataLossError(absl::StrCat(what, ": not a listed variable"));
+    }
+    if (t.shard() < 0 || t.shard() >= m.num_shards()) {
+      return absl::DataLossError(absl::StrCat(what, ": shard ", t.shard()));
+    }
+    for (int64_t d : t.shape()) {
+      if (d < 0) return absl::DataLossError(absl::StrCat(what, ": negative dimension"));
+    }
+    if (t.offset() < static_cast<int64_t>(sizeof(kShardMagic)) || t.length() < 0 ||
+        t.length() != Elements(t.shape()) * static_cast<int64_t>(sizeof(float)) ||
+        t.offset() + t.length() > m.shards(t.shard()).bytes()) {
+      return absl::DataLossError(absl::StrCat(what, ": byte range ", t.offset(), "+", t.length(),
+                                              " does not fit its shape and shard"));
+    }
+    if (!t.slot().empty() &&
+        std::find(m.slot_names().begin(), m.slot_names().end(), t.slot()) ==
+            m.slot_names().end()) {
+      return absl::DataLossError(absl::StrCat(what, ": unknown slot"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Where each variable's partitions sit: values and slots of each, by first row.
+struct PartitionEntries {
+  const CheckpointTensor* values = nullptr;
+  std::map<std::string, const CheckpointTensor*> slots;
+};
+
+// Checks that the partitions of every variable cover it exactly, once, and
+// that each has its values and every slot. Returns them by first row.
+absl::StatusOr<std::map<std::string, std::map<int64_t, PartitionEntries>>> IndexPartitions(
+    const CheckpointManifest& m) {
+  std::map<std::string, std::map<int64_t, PartitionEntries>> out;
+  for (const CheckpointVariable& v : m.variables()) out[v.name()];
+  for (const CheckpointTensor& t : m.tensors()) {
+    PartitionEntries& e = out[t.variable()][t.first_row()];
+    const CheckpointTensor*& slot = t.slot().empty() ? e.values : e.slots[t.slot()];
+    if (slot != nullptr) {
+      return absl::DataLossError(absl::StrCat(t.variable(), " rows from ", t.first_row(), " ",
+                                              t.slot().empty() ? "values" : t.slot(),
+                                              " listed twice"));
+    }
+    slot = &t;
+  }
+  for (const CheckpointVariable& v : m.variables()) {
+    const int64_t rows = v.shape().empty() ? 1 : v.shape(0);
+    const int64_t row_elements = v.shape().empty() ? 1 : Elements(v.shape()) / std::max<int64_t>(rows, 1);
+    int64_t next = 0;
+    for (const auto& [first, e] : out[v.name()]) {
+      if (e.values == nullptr) {
+        return absl::DataLossError(absl::StrCat(v.name(), " rows from ", first, ": no values"));
+      }
+      if (first != next) {
+        return absl::DataLossError(
+            absl::StrCat(v.name(), ": partitions do not cover rows ", next, ".."));
+      }
+      const int64_t elements = Elements(e.values->shape());
+      if (row_elements > 0 && elements % row_elements != 0) {
+        return absl::DataLossError(absl::StrCat(v.name(), " rows from ", first, ": bad shape"));
+      }
+      for (const std::string& s : m.slot_names()) {
+        auto it = e.slots.find(s);
+        if (it == e.slots.end()) {
+          return absl::DataLossError(
+              absl::StrCat(v.name(), " rows from ", first, ": no slot ", s));
+        }
+        if (Elements(it->second->shape()) != elements) {
+          return absl::DataLossError(
+              absl::StrCat(v.name(), " rows from ", first, ": slot ", s, " has another shape"));
+        }
+      }
+      next += v.shape().empty() ? 1 : (row_elements > 0 ? elements / row_elements : rows);
+    }
+    if (next != rows && !(rows == 0 && next == 0)) {
+      return absl::DataLossError(
+          absl::StrCat(v.name(), ": partitions cover ", next, " of ", rows, " rows"));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string CheckpointDirName(int64_t step) { return absl::StrCat("ckpt-", step); }
+
+std::string ShardFileName(int shard, int num_shards) {
+  return absl::StrCat("shard-", shard, "-of-", num_shards);
+}
+
+absl::StatusOr<std::vector<CheckpointTensor>> WriteShard(Env* env, const std::string& ckpt_dir,
+                                                         int shard, int num_shards,
+                                                         const std::vector<ShardTensor>& tensors,
+                                                         int64_t* bytes) {
+  RETURN_IF_ERROR(env->CreateDirs(ckpt_dir));
+  const std::string path = JoinPath(ckpt_dir, ShardFileName(shard, num_shards));
+  const std::string tmp = path + ".tmp";
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(tmp));
+  std::vector<CheckpointTensor> entries;
+  int64_t at = 0;
+  auto append = [&](absl::string_view data) -> absl::Status {
+    RETURN_IF_ERROR(file->Append(data));
+    at += static_cast<int64_t>(data.size());
+    return absl::OkStatus();
+  };
+  absl::Status st = append(absl::string_view(kShardMagic, sizeof(kShardMagic)));
+  static const char kZeros[kAlign] = {};
+  for (const ShardTensor& t : tensors) {
+    if (!st.ok()) break;
+    if (at % kAlign != 0) st = append(absl::string_view(kZeros, kAlign - at % kAlign));
+    if (!st.ok()) break;
+    const absl::string_view data(reinterpret_cast<const char*>(t.data),
+                                 static_cast<size_t>(t.elements) * sizeof(float));
+    CheckpointTensor e;
+    e.set_variable(t.variable);
+    e.set_partition(t.partition);
+    e.set_slot(t.slot);
+    for (int64_t d : t.shape) e.add_shape(d);
+    e.set_first_row(t.first_row);
+    e.set_shard(shard);
+    e.set_offset(at);
+    e.set_length(static_cast<int64_t>(data.size()));
+    e.set_crc32c(Crc32c(data.data(), data.size()));
+    e.set_updates(t.updates);
+    entries.push_back(std::move(e));
+    st = append(data);
+  }
+  if (st.ok()) st = file->Sync();
+  if (st.ok()) st = file->Close();
+  if (st.ok()) st = env->RenameFile(tmp, path);
+  if (!st.ok()) {
+    file.reset();
+    (void)env->DeleteFile(tmp);
+    return st;
+  }
+  RETURN_IF_ERROR(env->SyncDir(ckpt_dir));
+  *bytes = at;
+  return entries;
+}
+
+absl::Status WriteManifest(Env* env, const std::string& ckpt_dir,
+                           const CheckpointManifest& manifest) {
+  std::string text;
+  if (!google::protobuf::TextFormat::PrintToString(manifest, &text)) {
+    return absl::InternalError("cannot print the manifest");
+  }
+  absl::StrAppend(&text, kCrcPrefix, absl::StrFormat("%08x", Crc32c(text.data(), text.size())),
+                  "\n");
+  return WriteFileAtomically(env, JoinPath(ckpt_dir, kManifestFile), text);
+}
+
+absl::StatusOr<CheckpointManifest> ReadManifest(Env* env, const std::string& ckpt_dir) {
+  const std::string path = JoinPath(ckpt_dir, kManifestFile);
+  if (!env->FileExists(path)) {
+    return absl::NotFoundError(absl::StrCat(path, ": no manifest (an incomplete checkpoint)"));
+  }
+  ASSIGN_OR_RETURN(std::string text, env->ReadFile(path));
+  const size_t line = text.rfind(kCrcPrefix);
+  if (line == std::string::npos || (line > 0 && text[line - 1] != '\n') || text.back() != '\n') {
+    return absl::DataLossError(absl::StrCat(path, ": no CRC line (truncated?)"));
+  }
+  uint32_t want = 0;
+  const std::string hex = text.substr(line + strlen(kCrcPrefix),
+                                      text.size() - 1 - line - strlen(kCrcPrefix));
+  if (hex.size() != 8 || !absl::SimpleHexAtoi(hex, &want)) {
+    return absl::DataLossError(absl::StrCat(path, ": bad CRC line"));
+  }
+  if (Crc32c(text.data(), line) != want) {
+    return absl::DataLossError(absl::StrCat(path, ": CRC32C mismatch (corrupted)"));
+  }
+  CheckpointManifest m;
+  if (!google::protobuf::TextFormat::ParseFromString(text.substr(0, line), &m)) {
+    return absl::DataLossError(absl::StrCat(path, ": not a manifest"));
+  }
+  if (absl::Status st = CheckManifest(m); !st.ok()) {
+    return absl::DataLossError(absl::StrCat(path, ": ", st.message()));
+  }
+  return m;
+}
+
+absl::StatusOr<std::vector<float>> ReadCheckpointTensor(Env* env, const std::string& ckpt_dir,
+                                                        const CheckpointManifest& manifest,
+                                                        const CheckpointTensor& t) {
+  const std::string file = manifest.shards(t.shard()).file();
+  absl::StatusOr<std::string> bytes =
+      env->ReadFileRange(JoinPath(ckpt_dir, file), t.offset(), t.length());
+  const std::string what = absl::StrCat(file, ": ", t.variable(), " partition ", t.partition(),
+                                        t.slot().empty() ? "" : " slot ", t.slot());
+  if (!bytes.ok()) {
+    return absl::DataLossError(absl::StrCat(what, ": ", bytes.status().message()));
+  }
+  if (Crc32c(bytes->data(), bytes->size()) != t.crc32c()) {
+    return absl::DataLossError(absl::StrCat(what, ": CRC32C mismatch (corrupted)"));
+  }
+  std::vector<float> out(bytes->size() / sizeof(float));
+  if (!out.empty()) std::memcpy(out.data(), bytes->data(), bytes->size());
+  return out;
+}
+
+namespace {
+
+// Problems of the shard files themselves (missing, wrong size, bad header);
+// `ok[s]` says whether shard s can be read at all.
+std::vector<std::string> ShardFileProblems(Env* env, const std::string& ckpt_dir,
+                                           const CheckpointManifest& m, std::vector<bool>* ok) {
+  std::vector<std::string> problems;
+  ok->assign(m.num_shards(), true);
+  for (const ShardFile& f : m.shards()) {
+    const std::string path = JoinPath(ckpt_dir, f.file());
+    absl::StatusOr<int64_t> size = env->FileSize(path);
+    if (!size.ok()) {
+      problems.push_back(absl::StrCat(f.file(), ": ", size.status().message()));
+      (*ok)[f.shard()] = false;
+      continue;
+    }
+    if (*size != f.bytes()) {
+      problems.push_back(absl::StrCat(f.file(), ": ", *size, " bytes, the manifest says ",
+                                      f.bytes(), " (truncated or torn)"));
+    }
+    absl::StatusOr<std::string> magic = env->ReadFileRange(path, 0, sizeof(kShardMagic));
+    if (!magic.ok() || *magic != absl::string_view(kShardMagic, sizeof(kShardMagic))) {
+      problems.push_back(absl::StrCat(f.file(), ": not a shard file (bad header)"));
+    }
+  }
+  return problems;
+}
+
+}  // namespace
+
+std::vector<std::string> VerifyCheckpoint(Env* env, const std::string& ckpt_dir) {
+  std::vector<std::string> problems;
+  absl::StatusOr<CheckpointManifest> m = ReadManifest(env, ckpt_dir);
+  if (!m.ok()) {
+    problems.push_back(std::string(m.status().message()));
+    return problems;
+  }
+  std::vector<bool> shard_ok;
+  problems = ShardFileProblems(env, ckpt_dir, *m, &shard_ok);
+  for (const CheckpointTensor& t : m->tensors()) {
+    if (!shard_ok[t.shard()]) continue;
+    absl::StatusOr<std::vector<float>> v = ReadCheckpointTensor(env, ckpt_dir, *m, t);
+    if (!v.ok()) problems.push_back(std::string(v.status().message()));
+  }
+  if (absl::StatusOr<std::map<std::string, std::map<int64_t, PartitionEntries>>> index =
+          IndexPartitions(*m);
+      !index.ok()) {
+    problems.push_back(absl::StrCat(kManifestFile, ": ", index.status().message()));
+  }
+  return problems;
+}
+
+absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(Env* env, const std::string& dir) {
+  ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(dir));
+  std::vector<CheckpointInfo> out;
+  for (const std::string& name : names) {
+    absl::string_view rest = name;
+    int64_t step = 0;
+    if (!absl::ConsumePrefix(&rest, "ckpt-") || !absl::SimpleAtoi(rest, &step) || step < 0 ||
+        CheckpointDirName(step) != name) {
+      continue;
+    }
+    const std::string path = JoinPath(dir, name);
+    if (!env->IsDirectory(path)) continue;
+    CheckpointInfo info;
+    info.step = step;
+    info.path = path;
+    absl::StatusOr<CheckpointManifest> m = ReadManifest(env, path);
+    info.complete = m.ok();
+    if (m.ok()) info.unix_time_ms = m->unix_time_ms();
+    if (absl::StatusOr<std::vector<std::string>> files = env->ListDir(path); files.ok()) {
+      for (const std::string& f : *files) {
+        info.bytes += env->FileSize(JoinPath(path, f)).value_or(0);
+      }
+    }
+    out.push_back(std::move(info));
+  }
+  std::sort(out.begin(), out.end(),
+            [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step < b.step; });
+  return out;
+}
+
+absl::Status WritePointer(Env* env, const std::string& dir, int64_t latest,
+                          const std::vector<int64_t>& kept) {
+  std::string text = absl::StrCat("latest: ", CheckpointDirName(latest), "\n");
+  for (int64_t s : kept) absl::StrAppend(&text, "kept: ", CheckpointDirName(s), "\n");
+  return WriteFileAtomically(env, JoinPath(dir, kPointerFile), text);
+}
+
+absl::StatusOr<int64_t> ReadPointer(Env* env, const std::string& dir) {
+  const std::string path = JoinPath(dir, kPointerFile);
+  if (!env->FileExists(path)) return absl::NotFoundError(absl::StrCat(path, ": none"));
+  ASSIGN_OR_RETURN(std::string text, env->ReadFile(path));
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    int64_t step = 0;
+    if (absl::ConsumePrefix(&line, "latest: ckpt-") && absl::SimpleAtoi(line, &step) &&
+        step >= 0) {
+      return step;
+    }
+  }
+  return absl::DataLossError(absl::StrCat(path, ": no \"latest: ckpt-<step>\" line"));
+}
+
+absl::Status CommitAndPrune(Env* env, const std::string& dir, int64_t latest, int keep) {
+  ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ListCheckpoints(env, dir));
+  std::vector<int64_t> kept;
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (it->step <= latest && it->complete && static_cast<int>(kept.size()) < std::max(keep, 1)) {
+      kept.push_back(it->step);
+    }
+  }
+  if (kept.empty() || kept.front() != latest) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(CheckpointDirName(latest), " in ", dir, " is not complete"));
+  }
+  std::reverse(kept.begin(), kept.end());
+  RETURN_IF_ERROR(WritePointer(env, dir, latest, kept));
+  absl::Status first_error;
+  for (const CheckpointInfo& info : all) {
+    if (info.step >= latest || std::count(kept.begin(), kept.end(), info.step) > 0) continue;
+    absl::Status st = DeleteRecursively(env, info.path);
+    if (!st.ok() && first_error.ok()) first_error = st;
+  }
+  return first_error;
+}
+
+absl::StatusOr<std::string> LatestGoodCheckpoint(Env* env, const std::string& dir,
+                                                 std::vector<std::string>* skipped) {
+  if (!env->IsDirectory(dir)) {
+    return absl::NotFoundError(absl::StrCat("no checkpoint directory ", dir));
+  }
+  ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ListCheckpoints(env, dir));
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    std::vector<std::string> problems = VerifyCheckpoint(env, it->path);
+    if (problems.empty()) return it->path;
+    if (skipped != nullptr) {
+      skipped->push_back(absl::StrCat(CheckpointDirName(it->step), ": ",
+                                      absl::StrJoin(problems, "; ")));
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("no complete, intact checkpoint in ", dir));
+}
+
+absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& ckpt_dir) {
+  RestoredCheckpoint out;
+  ASSIGN_OR_RETURN(out.manifest, ReadManifest(env, ckpt_dir));
+  const CheckpointManifest& m = out.manifest;
+  std::vector<bool> shard_ok;
+  if (std::vector<std::string> problems = ShardFileProblems(env, ckpt_dir, m, &shard_ok);
+      !problems.empty()) {
+    return absl::DataLossError(absl::StrCat(ckpt_dir, ": ", absl::StrJoin(problems, "; ")));
+  }
+  ASSIGN_OR_RETURN(auto index, IndexPartitions(m));
+  for (const CheckpointVariable& v : m.variables()) {
+    RestoredVariable& rv = out.variables[v.name()];
+    rv.shape.assign(v.shape().begin(), v.shape().end());
+    const int64_t total = Elements(v.shape());
+    rv.values.resize(total);
+    rv.slots.assign(m.slot_names_size(), std::vector<float>(total));
+    int64_t at = 0;
+    for (const auto& [first, e] : index[v.name()]) {
+      ASSIGN_OR_RETURN(std::vector<float> values, ReadCheckpointTensor(env, ckpt_dir, m, *e.values));
+      std::copy(values.begin(), values.end(), rv.values.begin() + at);
+      for (int s = 0; s < m.slot_names_size(); ++s) {
+        ASSIGN_OR_RETURN(std::vector<float> slot,
+                         ReadCheckpointTensor(env, ckpt_dir, m, *e.slots.at(m.slot_names(s))));
+        std::copy(slot.begin(), slot.end(), rv.slots[s].begin() + at);
+      }
+      rv.updates = std::max(rv.updates, e.values->updates());
+      at += static_cast<int64_t>(values.size());
+    }
+  }
+  return out;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,351 @@
+#include "common/checkpoint.h"
+
+#include <stdlib.h>
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "catch2/catch.hpp"
+#include "common/env.h"
+
+namespace pstrain {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string templ = absl::StrCat(base != nullptr ? base : "/tmp", "/", name, "-XXXXXX");
+  REQUIRE(::mkdtemp(templ.data()) != nullptr);
+  return templ;
+}
+
+std::vector<float> Iota(int64_t n, float start) {
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) v[i] = start + 0.25f * static_cast<float>(i);
+  return v;
+}
+
+// A model of two variables: "w" [6, 3] split into rows [0, 4) on shard 0 and
+// [4, 6) on shard 1, and "b" [3] whole on shard 1; Adam-like slots m and v.
+struct Fixture {
+  std::vector<float> w = Iota(18, -2.0f), b = Iota(3, 5.0f);
+  std::vector<float> w_m = Iota(18, 0.5f), w_v = Iota(18, 1.5f);
+  std::vector<float> b_m = Iota(3, -0.5f), b_v = Iota(3, 7.0f);
+};
+
+ShardTensor Part(const std::string& var, int partition, const std::string& slot,
+                 std::vector<int64_t> shape, int64_t first_row, const float* data,
+                 int64_t elements) {
+  ShardTensor t;
+  t.variable = var;
+  t.partition = partition;
+  t.slot = slot;
+  t.shape = std::move(shape);
+  t.first_row = first_row;
+  t.updates = 7 + partition;
+  t.data = data;
+  t.elements = elements;
+  return t;
+}
+
+// Writes the fixture as checkpoint `step` under `dir`; returns its path.
+std::string WriteFixture(const Fixture& f, const std::string& dir, int64_t step) {
+  Env* env = Env::Default();
+  const std::string ckpt = JoinPath(dir, CheckpointDirName(step));
+  std::vector<ShardTensor> s0 = {
+      Part("w", 0, "", {4, 3}, 0, f.w.data(), 12),
+      Part("w", 0, "m", {4, 3}, 0, f.w_m.data(), 12),
+      Part("w", 0, "v", {4, 3}, 0, f.w_v.data(), 12),
+  };
+  std::vector<ShardTensor> s1 = {
+      Part("w", 1, "", {2, 3}, 4, f.w.data() + 12, 6),
+      Part("w", 1, "m", {2, 3}, 4, f.w_m.data() + 12, 6),
+      Part("w", 1, "v", {2, 3}, 4, f.w_v.data() + 12, 6),
+      Part("b", 0, "", {3}, 0, f.b.data(), 3),
+      Part("b", 0, "m", {3}, 0, f.b_m.data(), 3),
+      Part("b", 0, "v", {3}, 0, f.b_v.data(), 3),
+  };
+  CheckpointManifest m;
+  m.set_step(step);
+  m.set_config_fingerprint(0xabcdef);
+  m.set_num_shards(2);
+  m.set_num_workers(2);
+  m.set_optimizer("adam");
+  m.add_slot_names("m");
+  m.add_slot_names("v");
+  m.set_unix_time_ms(1700000000000);
+  CheckpointVariable* w = m.add_variables();
+  w->set_name("w");
+  w->add_shape(6);
+  w->add_shape(3);
+  CheckpointVariable* b = m.add_variables();
+  b->set_name("b");
+  b->add_shape(3);
+  int shard = 0;
+  for (const auto* tensors : {&s0, &s1}) {
+    int64_t bytes = 0;
+    auto entries = WriteShard(env, ckpt, shard, 2, *tensors, &bytes);
+    REQUIRE(entries.ok());
+    for (CheckpointTensor& e : *entries) *m.add_tensors() = e;
+    ShardFile* sf = m.add_shards();
+    sf->set_shard(shard);
+    sf->set_file(ShardFileName(shard, 2));
+    sf->set_bytes(bytes);
+    ++shard;
+  }
+  WorkerCursor* c = m.add_cursors();
+  c->set_worker(1);
+  c->set_epoch(2);
+  c->set_position(64);
+  REQUIRE(WriteManifest(env, ckpt, m).ok());
+  return ckpt;
+}
+
+bool Same(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+}
+
+void FlipByte(const std::string& path, int64_t at) {
+  auto bytes = Env::Default()->ReadFile(path);
+  REQUIRE(bytes.ok());
+  REQUIRE(at < static_cast<int64_t>(bytes->size()));
+  (*bytes)[at] ^= 0x01;
+  REQUIRE(Env::Default()->WriteFile(path, *bytes, false).ok());
+}
+
+void CopyTree(const std::string& from, const std::string& to) {
+  Env* env = Env::Default();
+  REQUIRE(env->CreateDirs(to).ok());
+  auto names = env->ListDir(from);
+  REQUIRE(names.ok());
+  for (const std::string& n : *names) {
+    auto bytes = env->ReadFile(JoinPath(from, n));
+    REQUIRE(bytes.ok());
+    REQUIRE(env->WriteFile(JoinPath(to, n), *bytes, false).ok());
+  }
+}
+
+TEST_CASE("a sharded checkpoint reads back whole variables and slots, bitwise", "[checkpoint]") {
+  const Fixture f;
+  const std::string ckpt = WriteFixture(f, TempDir("roundtrip"), 100);
+  CHECK(VerifyCheckpoint(Env::Default(), ckpt).empty());
+  auto c = LoadCheckpoint(Env::Default(), ckpt);
+  REQUIRE(c.ok());
+  CHECK(c->manifest.step() == 100);
+  CHECK(c->manifest.cursors(0).position() == 64);
+  const RestoredVariable& w = c->variables.at("w");
+  CHECK(w.shape == std::vector<int64_t>{6, 3});
+  CHECK(Same(w.values, f.w));
+  REQUIRE(w.slots.size() == 2);
+  CHECK(Same(w.slots[0], f.w_m));
+  CHECK(Same(w.slots[1], f.w_v));
+  CHECK(w.updates == 8);  // the larger of its partitions' counts (7, 8)
+  const RestoredVariable& b = c->variables.at("b");
+  CHECK(Same(b.values, f.b));
+  CHECK(Same(b.slots[0], f.b_m));
+  CHECK(Same(b.slots[1], f.b_v));
+  // Tensors start at 64-byte aligned offsets after the 8-byte header.
+  for (const CheckpointTensor& t : c->manifest.tensors()) CHECK(t.offset() % 64 == 0);
+}
+
+TEST_CASE("verify finds every damaged region and load refuses it", "[checkpoint][faults]") {
+  const Fixture f;
+  const std::string dir = TempDir("corpus");
+  const std::string good = WriteFixture(f, dir, 100);
+  auto manifest = ReadManifest(Env::Default(), good);
+  REQUIRE(manifest.ok());
+  struct Damage {
+    std::string what;
+    std::function<void(const std::string&)> apply;
+  };
+  std::vector<Damage> corpus;
+  for (int s = 0; s < 2; ++s) {
+    const std::string shard = ShardFileName(s, 2);
+    corpus.push_back({shard + " header", [shard](const std::string& c) {
+                        FlipByte(JoinPath(c, shard), 3);
+                      }});
+    corpus.push_back({shard + " truncated", [shard](const std::string& c) {
+                        auto bytes = Env::Default()->ReadFile(JoinPath(c, shard));
+                        REQUIRE(bytes.ok());
+                        REQUIRE(Env::Default()
+                                    ->WriteFile(JoinPath(c, shard),
+                                                bytes->substr(0, bytes->size() - 5), false)
+                                    .ok());
+                      }});
+    corpus.push_back({shard + " deleted", [shard](const std::string& c) {
+                        REQUIRE(Env::Default()->DeleteFile(JoinPath(c, shard)).ok());
+                      }});
+  }
+  for (const CheckpointTensor& t : manifest->tensors()) {
+    const std::string file = ShardFileName(t.shard(), 2);
+    const int64_t at = t.offset() + t.length() / 2;
+    corpus.push_back({absl::StrCat(t.variable(), "/", t.partition(), "/", t.slot(), " bytes"),
+                      [file, at](const std::string& c) { FlipByte(JoinPath(c, file), at); }});
+  }
+  corpus.push_back({"manifest text", [](const std::string& c) {
+                      FlipByte(JoinPath(c, kManifestFile), 10);
+                    }});
+  corpus.push_back({"manifest CRC line", [](const std::string& c) {
+                      auto bytes = Env::Default()->ReadFile(JoinPath(c, kManifestFile));
+                      REQUIRE(bytes.ok());
+                      FlipByte(JoinPath(c, kManifestFile), bytes->size() - 3);
+                    }});
+  corpus.push_back({"manifest deleted", [](const std::string& c) {
+                      REQUIRE(Env::Default()->DeleteFile(JoinPath(c, kManifestFile)).ok());
+                    }});
+  int n = 0;
+  for (const Damage& d : corpus) {
+    INFO(d.what);
+    const std::string copy = JoinPath(dir, absl::StrCat("damaged-", n++));
+    CopyTree(good, copy);
+    REQUIRE(VerifyCheckpoint(Env::Default(), copy).empty());
+    d.apply(copy);
+    CHECK_FALSE(VerifyCheckpoint(Env::Default(), copy).empty());
+    CHECK_FALSE(LoadCheckpoint(Env::Default(), copy).ok());
+  }
+  CHECK(n == 18);  // 6 per-shard damages, 9 tensors, 3 manifest damages
+
+  // The pointer file: garbage is an error, never a step.
+  REQUIRE(Env::Default()->WriteFile(JoinPath(dir, kPointerFile), "latest: ckpt-x\n", false).ok());
+  CHECK_FALSE(ReadPointer(Env::Default(), dir).ok());
+}
+
+TEST_CASE("a manifest with a gap, an overlap or a missing slot is refused", "[checkpoint]") {
+  const Fixture f;
+  const std::string dir = TempDir("shapes");
+  const std::string good = WriteFixture(f, dir, 100);
+  auto m = ReadManifest(Env::Default(), good);
+  REQUIRE(m.ok());
+  auto rewrite = [&](const std::string& name, const std::function<void(CheckpointManifest*)>& edit) {
+    const std::string copy = JoinPath(dir, name);
+    CopyTree(good, copy);
+    CheckpointManifest bad = *m;
+    edit(&bad);
+    REQUIRE(WriteManifest(Env::Default(), copy, bad).ok());  // a valid CRC over a bad layout
+    return copy;
+  };
+  const std::string gap = rewrite("gap", [](CheckpointManifest* x) {
+    for (CheckpointTensor& t : *x->mutable_tensors()) {
+      if (t.variable() == "w" && t.partition() == 1) t.set_first_row(5);
+    }
+  });
+  const std::string overlap = rewrite("overlap", [](CheckpointManifest* x) {
+    for (CheckpointTensor& t : *x->mutable_tensors()) {
+      if (t.variable() == "w" && t.partition() == 1) t.set_first_row(0);
+    }
+  });
+  const std::string no_slot = rewrite("no_slot", [](CheckpointManifest* x) {
+    auto* ts = x->mutable_tensors();
+    for (int i = 0; i < ts->size(); ++i) {
+      if (ts->Get(i).variable() == "b" && ts->Get(i).slot() == "v") {
+        ts->DeleteSubrange(i, 1);
+        break;
+      }
+    }
+  });
+  for (const std::string& c : {gap, overlap, no_slot}) {
+    INFO(c);
+    CHECK_FALSE(VerifyCheckpoint(Env::Default(), c).empty());
+    CHECK_FALSE(LoadCheckpoint(Env::Default(), c).ok());
+  }
+}
+
+TEST_CASE("the newest good checkpoint is found past damaged and incomplete ones",
+          "[checkpoint][faults]") {
+  const Fixture f;
+  const std::string dir = TempDir("latest");
+  WriteFixture(f, dir, 100);
+  const std::string c200 = WriteFixture(f, dir, 200);
+  const std::string c300 = WriteFixture(f, dir, 300);
+  const std::string c400 = WriteFixture(f, dir, 400);
+  auto m = ReadManifest(Env::Default(), c300);
+  REQUIRE(m.ok());
+  FlipByte(JoinPath(c300, ShardFileName(0, 2)), m->tensors(0).offset() + 1);
+  REQUIRE(Env::Default()->DeleteFile(JoinPath(c400, kManifestFile)).ok());
+  std::vector<std::string> skipped;
+  auto latest = LatestGoodCheckpoint(Env::Default(), dir, &skipped);
+  REQUIRE(latest.ok());
+  CHECK(*latest == c200);
+  REQUIRE(skipped.size() == 2);
+  CHECK(skipped[0].rfind("ckpt-400: ", 0) == 0);
+  CHECK(skipped[0].find("no manifest") != std::string::npos);
+  CHECK(skipped[1].rfind("ckpt-300: ", 0) == 0);
+  CHECK(skipped[1].find("CRC32C mismatch") != std::string::npos);
+  CHECK(LatestGoodCheckpoint(Env::Default(), JoinPath(dir, "none"), nullptr).status().code() ==
+        absl::StatusCode::kNotFound);
+}
+
+TEST_CASE("committing keeps the newest complete ones and deletes the rest", "[checkpoint]") {
+  const Fixture f;
+  const std::string dir = TempDir("prune");
+  Env* env = Env::Default();
+  REQUIRE(env->CreateDirs(JoinPath(dir, "ckpt-50")).ok());  // a save that never completed
+  for (int64_t s : {100, 200, 300}) WriteFixture(f, dir, s);
+  REQUIRE(env->CreateDirs(JoinPath(dir, "ckpt-400")).ok());  // one under way
+  REQUIRE(CommitAndPrune(env, dir, 300, 2).ok());
+  CHECK_FALSE(env->FileExists(JoinPath(dir, "ckpt-50")));
+  CHECK_FALSE(env->FileExists(JoinPath(dir, "ckpt-100")));
+  CHECK(env->FileExists(JoinPath(dir, "ckpt-200")));
+  CHECK(env->FileExists(JoinPath(dir, "ckpt-300")));
+  CHECK(env->FileExists(JoinPath(dir, "ckpt-400")));  // newer than the one committed
+  auto latest = ReadPointer(env, dir);
+  REQUIRE(latest.ok());
+  CHECK(*latest == 300);
+  auto pointer = env->ReadFile(JoinPath(dir, kPointerFile));
+  REQUIRE(pointer.ok());
+  CHECK(*pointer == "latest: ckpt-300\nkept: ckpt-200\nkept: ckpt-300\n");
+  // An incomplete checkpoint is never committed, and nothing is deleted.
+  CHECK_FALSE(CommitAndPrune(env, dir, 400, 2).ok());
+  CHECK(env->FileExists(JoinPath(dir, "ckpt-200")));
+  CHECK(*ReadPointer(env, dir) == 300);
+}
+
+TEST_CASE("checkpoints are listed by step; other names are ignored", "[checkpoint]") {
+  const Fixture f;
+  const std::string dir = TempDir("list");
+  Env* env = Env::Default();
+  WriteFixture(f, dir, 20);
+  WriteFixture(f, dir, 3);
+  REQUIRE(env->CreateDirs(JoinPath(dir, "ckpt-7")).ok());
+  for (const char* other : {"ckpt-x", "ckpt-007", "ckpt-", "model"}) {
+    REQUIRE(env->CreateDirs(JoinPath(dir, other)).ok());
+  }
+  REQUIRE(env->WriteFile(JoinPath(dir, "ckpt-9"), "a file", false).ok());
+  auto all = ListCheckpoints(env, dir);
+  REQUIRE(all.ok());
+  REQUIRE(all->size() == 3);
+  CHECK((*all)[0].step == 3);
+  CHECK((*all)[0].complete);
+  CHECK((*all)[0].bytes > 0);
+  CHECK((*all)[0].unix_time_ms == 1700000000000);
+  CHECK((*all)[1].step == 7);
+  CHECK_FALSE((*all)[1].complete);
+  CHECK((*all)[2].step == 20);
+}
+
+TEST_CASE("Env writes in pieces and reads ranges", "[checkpoint][env]") {
+  Env* env = Env::Default();
+  const std::string path = JoinPath(TempDir("env"), "f");
+  auto file = env->NewWritableFile(path);
+  REQUIRE(file.ok());
+  REQUIRE((*file)->Append("hello, ").ok());
+  REQUIRE((*file)->Append("world").ok());
+  REQUIRE((*file)->Sync().ok());
+  REQUIRE((*file)->Close().ok());
+  CHECK((*file)->Append("x").code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(*env->FileSize(path) == 12);
+  CHECK(*env->ReadFileRange(path, 7, 5) == "world");
+  CHECK(env->ReadFileRange(path, 10, 5).status().code() == absl::StatusCode::kOutOfRange);
+  CHECK(env->ReadFileRange(JoinPath(path, "no"), 0, 1).status().code() !=
+        absl::StatusCode::kOk);
+  const std::string tree = TempDir("tree");
+  REQUIRE(env->CreateDirs(JoinPath(tree, "a/b")).ok());
+  REQUIRE(env->WriteFile(JoinPath(tree, "a/b/c"), "x", false).ok());
+  REQUIRE(DeleteRecursively(env, tree).ok());
+  CHECK_FALSE(env->FileExists(tree));
+}
+
+}  // namespace
+}  // namespace pstrain

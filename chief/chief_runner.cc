@@ -1,12 +1,18 @@
 #include "chief/chief_runner.h"
 
 #include <algorithm>
+#include <limits>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/checkpoint.h"
 #include "common/config.h"
 #include "common/env.h"
 #include "common/logging.h"
@@ -87,10 +93,126 @@ absl::StatusOr<Evaluation> Evaluate(PsClient* ps, Model* model, const TrainingCo
   return e;
 }
 
+// What a resume starts from: the checkpoint's values and slots laid out for
+// this placement, its step and the workers' cursors.
+struct ResumePoint {
+  int64_t step = 0;
+  std::vector<Tensor> params;
+  PsClient::OptimizerState optimizer;
+  std::vector<WorkerCursor> cursors;
+};
+
+absl::StatusOr<std::optional<ResumePoint>> FindResumePoint(const TrainingConfig& config,
+                                                           const Placement& placement) {
+  const std::string& dir = config.checkpoint().dir();
+  if (dir.empty()) {
+    return absl::FailedPreconditionError("--resume needs checkpoint.dir in the config");
+  }
+  Env* env = Env::Default();
+  std::vector<std::string> skipped;
+  absl::StatusOr<std::string> path = LatestGoodCheckpoint(env, dir, &skipped);
+  for (const std::string& s : skipped) LOG_WARN("resume: skipping {}", s);
+  if (absl::IsNotFound(path.status())) {
+    LOG_INFO("resume: {}; starting from the seed at step 0", path.status().message());
+    return std::optional<ResumePoint>();
+  }
+  RETURN_IF_ERROR(path.status());
+  ASSIGN_OR_RETURN(RestoredCheckpoint ckpt, LoadCheckpoint(env, *path));
+  if (ckpt.manifest.config_fingerprint() != ConfigFingerprint(config)) {
+    LOG_WARN("resume: {} was written under another training config (fingerprint {:x}, now {:x}); "
+             "its variables fit, so training goes on from it",
+             *path, ckpt.manifest.config_fingerprint(), ConfigFingerprint(config));
+  }
+  ResumePoint r;
+  r.step = ckpt.manifest.step();
+  for (const VariablePlacement& vp : placement.variables()) {
+    auto it = ckpt.variables.find(vp.spec.name);
+    if (it == ckpt.variables.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(*path, " has no variable ", vp.spec.name, ": another model?"));
+    }
+    if (it->second.shape != vp.spec.shape) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          *path, ": ", vp.spec.name, " has shape [", absl::StrJoin(it->second.shape, ","),
+          "], the model's is [", absl::StrJoin(vp.spec.shape, ","), "]"));
+    }
+    Tensor t(vp.spec.shape);
+    std::copy(it->second.values.begin(), it->second.values.end(), t.data());
+    r.params.push_back(std::move(t));
+    r.optimizer.slots.push_back(std::move(it->second.slots));
+    r.optimizer.updates.push_back(it->second.updates);
+  }
+  r.cursors.assign(ckpt.manifest.cursors().begin(), ckpt.manifest.cursors().end());
+  LOG_INFO("resume: from {} (step {}, {} shard(s) written, {} now; optimizer slots {})", *path,
+           r.step, ckpt.manifest.num_shards(), placement.server_bytes().size(),
+           ckpt.manifest.slot_names_size() == 0 ? "none"
+                                                : absl::StrJoin(ckpt.manifest.slot_names(), ","));
+  return std::optional<ResumePoint>(std::move(r));
+}
+
+// Commits the checkpoint of `step`: waits for every server's shard, writes
+// the manifest (the commit marker) and the pointer, and prunes old ones.
+absl::Status CommitCheckpoint(const TrainingConfig& config, const Placement& placement,
+                              PsClient* ps, int num_workers, int64_t step,
+                              absl::Duration timeout) {
+  const absl::Time start = absl::Now();
+  const std::string& dir = config.checkpoint().dir();
+  const std::string ckpt_dir = JoinPath(dir, CheckpointDirName(step));
+  CheckpointManifest m;
+  m.set_step(step);
+  m.set_config_fingerprint(ConfigFingerprint(config));
+  m.set_num_shards(ps->num_servers());
+  m.set_num_workers(num_workers);
+  m.set_optimizer(OptimizerKindName(config.optimizer()));
+  m.set_unix_time_ms(absl::ToUnixMillis(absl::Now()));
+  for (const VariablePlacement& vp : placement.variables()) {
+    CheckpointVariable* v = m.add_variables();
+    v->set_name(vp.spec.name);
+    for (int64_t d : vp.spec.shape) v->add_shape(d);
+  }
+  int64_t bytes = 0;
+  for (int s = 0; s < ps->num_servers(); ++s) {
+    GetShardResponse shard;
+    RETURN_IF_ERROR(ps->GetShard(s, step, timeout, &shard));
+    if (shard.shard() != s) {
+      return absl::InternalError(absl::StrCat("server ", s, " wrote shard ", shard.shard()));
+    }
+    ShardFile* f = m.add_shards();
+    f->set_shard(s);
+    f->set_file(shard.file());
+    f->set_bytes(shard.bytes());
+    bytes += shard.bytes();
+    for (CheckpointTensor& t : *shard.mutable_tensors()) {
+      const VariablePlacement* vp = placement.Find(t.variable());
+      if (vp == nullptr || t.partition() < 0 ||
+          t.partition() >= static_cast<int>(vp->partitions.size())) {
+        return absl::InternalError(absl::StrCat("server ", s, " saved an unknown partition ",
+                                                t.variable(), "/", t.partition()));
+      }
+      t.set_first_row(vp->partitions[t.partition()].row_begin);
+      if (!t.slot().empty() &&
+          std::find(m.slot_names().begin(), m.slot_names().end(), t.slot()) ==
+              m.slot_names().end()) {
+        m.add_slot_names(t.slot());
+      }
+      *m.add_tensors() = std::move(t);
+    }
+    // Every server heard every worker's push for the step; keep the fullest.
+    if (shard.cursors_size() > m.cursors_size()) *m.mutable_cursors() = shard.cursors();
+  }
+  RETURN_IF_ERROR(WriteManifest(Env::Default(), ckpt_dir, m));
+  RETURN_IF_ERROR(CommitAndPrune(Env::Default(), dir, step, config.checkpoint().keep()));
+  LOG_INFO("checkpoint step {}: {} committed ({:.1f} MB in {} shard(s), {:.3f} s after the step's "
+           "shards were asked for)",
+           step, ckpt_dir, bytes / 1e6, ps->num_servers(),
+           absl::ToDoubleSeconds(absl::Now() - start));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, uint64_t incarnation,
-                      Chief* chief, StopSignal* stop) {
+                      Chief* chief, StopSignal* stop, bool resume) {
   const absl::Duration rpc_timeout = absl::Milliseconds(config.rpc().rpc_timeout_ms());
   const absl::Duration step_timeout = absl::Milliseconds(config.rpc().step_timeout_ms());
   // The chief evaluates on the CPU: it is one process beside the workers,
@@ -115,17 +237,59 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
 
   PsClient ps(cluster, &placement, /*worker=*/-1, rpc_timeout);
   ps.set_incarnation(incarnation);
-  std::vector<Tensor> params = model->Initialize(config.seed());
-  RETURN_IF_ERROR(ps.InitializeAll(config, ConfigFingerprint(config), cluster.num_workers(),
-                                   /*start_step=*/0, params,
-                                   absl::Milliseconds(config.rpc().startup_timeout_ms())));
-  LOG_INFO("initialised variables on {} parameter server(s) from seed {}", cluster.num_ps(),
-           config.seed());
-  chief->MarkInitialized();
+  std::optional<ResumePoint> resume_point;
+  if (resume) {
+    ASSIGN_OR_RETURN(resume_point, FindResumePoint(config, placement));
+  }
+  std::vector<Tensor> params;
+  int64_t start_step = 0;
+  if (resume_point.has_value()) {
+    params = std::move(resume_point->params);
+    start_step = resume_point->step;
+    RETURN_IF_ERROR(ps.InitializeAll(config, ConfigFingerprint(config), cluster.num_workers(),
+                                     start_step, params,
+                                     absl::Milliseconds(config.rpc().startup_timeout_ms()),
+                                     &resume_point->optimizer));
+    LOG_INFO("initialised variables and optimizer slots on {} parameter server(s) from the "
+             "checkpoint of step {}",
+             cluster.num_ps(), start_step);
+    chief->MarkInitialized(start_step, resume_point->cursors);
+  } else {
+    params = model->Initialize(config.seed());
+    RETURN_IF_ERROR(ps.InitializeAll(config, ConfigFingerprint(config), cluster.num_workers(),
+                                     /*start_step=*/0, params,
+                                     absl::Milliseconds(config.rpc().startup_timeout_ms())));
+    LOG_INFO("initialised variables on {} parameter server(s) from seed {}", cluster.num_ps(),
+             config.seed());
+    chief->MarkInitialized();
+  }
 
   const int64_t max_steps = config.max_steps();
   const int64_t every = config.eval_every_steps() > 0 ? config.eval_every_steps() : max_steps;
   int64_t next_eval = std::min(every, max_steps);
+  while (next_eval <= start_step && next_eval < max_steps) next_eval += every;
+  next_eval = std::min(next_eval, max_steps);
+  // Checkpoints the servers take (every_steps and the last step), committed
+  // here in order once the global step has passed them.
+  const bool checkpoints = !config.checkpoint().dir().empty();
+  const int64_t ckpt_every = config.checkpoint().every_steps();
+  auto next_checkpoint_after = [&](int64_t step) -> int64_t {
+    if (!checkpoints || step >= max_steps) return std::numeric_limits<int64_t>::max();
+    if (ckpt_every <= 0) return max_steps;
+    return std::min(max_steps, (step / ckpt_every + 1) * ckpt_every);
+  };
+  int64_t next_ckpt = next_checkpoint_after(start_step);
+  auto commit_due = [&](int64_t step) {
+    while (next_ckpt <= step) {
+      absl::Status st =
+          CommitCheckpoint(config, placement, &ps, cluster.num_workers(), next_ckpt, step_timeout);
+      if (!st.ok()) {
+        LOG_WARN("checkpoint step {} failed, training goes on (the next one is retried): {}",
+                 next_ckpt, st);
+      }
+      next_ckpt = next_checkpoint_after(next_ckpt);
+    }
+  };
   const absl::Time start = absl::Now();
   for (;;) {
     if (stop->stopped()) {
@@ -133,7 +297,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       chief->SetState("stopped");
       return absl::CancelledError(stop->reason());
     }
-    const int64_t step = chief->WaitForStep(next_eval, absl::Seconds(1));
+    const int64_t step = chief->WaitForStep(std::min(next_eval, next_ckpt), absl::Seconds(1));
     if (absl::Now() - chief->last_progress() > step_timeout + rpc_timeout) {
       chief->RequestStop();
       chief->SetState("failed");
@@ -155,6 +319,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       while (next_eval <= step) next_eval += every;
       next_eval = std::min(next_eval, max_steps);
     }
+    commit_due(std::min(step, max_steps));
     if (step >= max_steps || chief->AllWorkersDone()) break;
   }
 
@@ -165,6 +330,9 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   ASSIGN_OR_RETURN(Evaluation final_eval,
                    Evaluate(&ps, model.get(), config, test ? &*test : nullptr, &params));
   chief->SetEval(final_eval.step, final_eval.result.accuracy(), final_eval.result.loss);
+  // The workers can end before their reports carried the last step: commit
+  // what the servers reached (the final evaluation pulled their version).
+  commit_due(std::min(final_eval.step, max_steps));
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
 
   Env* env = Env::Default();

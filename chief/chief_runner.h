@@ -1,5 +1,6 @@
 // The chief's driver: initialises the variables on the parameter servers from
-// the seed, watches the global step, evaluates on the held-out set every
+// the seed or a checkpoint, watches the global step, commits the servers'
+// checkpoint shards with a manifest every checkpoint.every_steps, evaluates on the held-out set every
 // `eval_every_steps`, stops the workers at max_steps, writes the final model
 // (model_final.pst) and a summary (summary.json) to output_dir, and shuts the
 // parameter servers down. Every wait is bounded: no progress for longer than
@@ -15,8 +16,13 @@
 
 namespace pstrain {
 
+// `resume`: start from the latest complete, intact checkpoint in
+// checkpoint.dir (values, optimizer slots, global step, each worker's data
+// cursor), under this cluster's placement (any number of servers); a newer
+// damaged or incomplete one is skipped with a log line saying why; with none,
+// from the seed at step 0.
 absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, uint64_t incarnation,
-                      Chief* chief, StopSignal* stop);
+                      Chief* chief, StopSignal* stop, bool resume = false);
 
 }  // namespace pstrain
 

@@ -42,6 +42,12 @@ absl::Status Chief::RegisterWorker(const RegisterWorkerRequest& request,
   last_progress_ = absl::Now();
   response->set_incarnation(incarnation_);
   response->set_start_step(global_step_);
+  for (const WorkerCursor& c : cursors_) {
+    if (c.worker() != w) continue;
+    response->set_has_cursor(true);
+    response->set_cursor_epoch(c.epoch());
+    response->set_cursor_position(c.position());
+  }
   return absl::OkStatus();
 }
 
@@ -99,11 +105,15 @@ void Chief::GetStatus(ChiefStatusResponse* r) {
   r->set_eval_loss(eval_loss_);
 }
 
-void Chief::MarkInitialized() {
+void Chief::MarkInitialized() { MarkInitialized(0, {}); }
+
+void Chief::MarkInitialized(int64_t start_step, const std::vector<WorkerCursor>& cursors) {
   absl::MutexLock lock(&mu_);
   initialized_ = true;
   state_ = "training";
   last_progress_ = absl::Now();
+  global_step_ = std::max(global_step_, start_step);
+  cursors_ = cursors;
 }
 
 void Chief::RequestStop() {

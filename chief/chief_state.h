@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "proto/checkpoint.pb.h"
 #include "proto/chief_service.pb.h"
 
 namespace pstrain {
@@ -31,6 +32,9 @@ class Chief {
 
   // --- Called by the driver.
   void MarkInitialized();
+  // Resuming from a checkpoint: the global step starts at `start_step`, and
+  // each worker gets its data cursor at registration.
+  void MarkInitialized(int64_t start_step, const std::vector<WorkerCursor>& cursors);
   // Workers are told to stop at their next report.
   void RequestStop();
   // Waits until the global step reaches `step`, every worker is done, a stop
@@ -66,6 +70,7 @@ class Chief {
   std::string state_ ABSL_GUARDED_BY(mu_) = "starting";
   int64_t global_step_ ABSL_GUARDED_BY(mu_);
   std::vector<WorkerState> workers_ ABSL_GUARDED_BY(mu_);
+  std::vector<WorkerCursor> cursors_ ABSL_GUARDED_BY(mu_);  // a resume's, by worker
   absl::Time first_report_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time last_progress_ ABSL_GUARDED_BY(mu_);
   int64_t eval_step_ ABSL_GUARDED_BY(mu_) = -1;

@@ -25,6 +25,9 @@ ABSL_FLAG(std::string, job, "chief", "job name; must be chief");
 ABSL_FLAG(int, task, 0, "task index within the chief job (always 0)");
 ABSL_FLAG(std::string, config, "", "training config (text-format TrainingConfig)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
+ABSL_FLAG(bool, resume, false,
+          "start from the latest complete checkpoint in the config's checkpoint.dir (values, "
+          "optimizer slots, step, data cursors); from the seed when there is none");
 
 int main(int argc, char** argv) {
   pstrain::cpu::ReexecWithFittingBlasCore("chief", argv);
@@ -64,7 +67,8 @@ int main(int argc, char** argv) {
     stop.Wait();
     chief.RequestStop();
   });
-  absl::Status st = pstrain::RunChief(*config, task->cluster, incarnation, &chief, &stop);
+  absl::Status st = pstrain::RunChief(*config, task->cluster, incarnation, &chief, &stop,
+                                      absl::GetFlag(FLAGS_resume));
   stop.Stop("chief finished");  // releases the watcher
   stop_watcher.join();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

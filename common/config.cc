@@ -243,6 +243,24 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
   }
   if (c->compute_threads() == 0) c->set_compute_threads(1);
   if (c->output_dir().empty()) c->set_output_dir("pstrain_output");
+  CheckpointConfig* ckpt = c->mutable_checkpoint();
+  if (ckpt->every_steps() < 0) return FieldError(source, "checkpoint.every_steps", "negative");
+  if (ckpt->keep() < 0 || ckpt->keep() > 1000) {
+    return FieldError(source, "checkpoint.keep", "expected 0..1000 (0 means 3)");
+  }
+  if (ckpt->keep() == 0) ckpt->set_keep(3);
+  if (ckpt->dir().empty() && ckpt->every_steps() > 0) {
+    return FieldError(source, "checkpoint.every_steps", "set without checkpoint.dir");
+  }
+  if (!ckpt->dir().empty() && !IsSyncMode(*c)) {
+    return FieldError(source, "checkpoint",
+                      "checkpoints are taken in sync mode only so far (async: not built yet)");
+  }
+  if (!ckpt->dir().empty() && c->embedding_tables_size() > 0) {
+    return FieldError(source, "checkpoint",
+                      "embedding tables are not saved in checkpoints yet; drop checkpoint or the "
+                      "tables");
+  }
   if (!ParseDeviceSpec(c->device()).ok()) {
     return FieldError(source, "device", "expected \"auto\", \"cpu\" or \"cuda:N\"");
   }
@@ -388,6 +406,25 @@ uint64_t ConfigFingerprint(const TrainingConfig& config) {
 }
 
 bool IsSyncMode(const TrainingConfig& config) { return !config.has_async(); }
+
+std::string OptimizerKindName(const OptimizerConfig& config) {
+  switch (config.kind_case()) {
+    case OptimizerConfig::kMomentum:
+      return "momentum";
+    case OptimizerConfig::kAdagrad:
+      return "adagrad";
+    case OptimizerConfig::kAdam:
+      return "adam";
+    case OptimizerConfig::kAdamw:
+      return "adamw";
+    case OptimizerConfig::kFtrl:
+      return "ftrl";
+    case OptimizerConfig::kSgd:
+    case OptimizerConfig::KIND_NOT_SET:
+      break;
+  }
+  return "sgd";
+}
 
 absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
                                                    const std::string& source) {

@@ -33,6 +33,9 @@ uint64_t ConfigFingerprint(const TrainingConfig& config);
 
 bool IsSyncMode(const TrainingConfig& config);
 
+// "sgd", "momentum", "adagrad", "adam", "adamw", "ftrl" ("sgd" when unset).
+std::string OptimizerKindName(const OptimizerConfig& config);
+
 // The model as a validated stack of layers: an `mlp` expands to its dense,
 // activation and dropout layers and a softmax cross-entropy loss; a
 // `sequential` is checked (one loss, last; a dense layer before it; sizes and

@@ -76,6 +76,35 @@ TEST_CASE("consistency settings are checked: no configuration can wait forever",
   CHECK(ParseTrainingConfig(text, "x.pbtxt").ok());
 }
 
+TEST_CASE("checkpoint settings are checked and keep defaults to 3", "[config][checkpoint]") {
+  auto c = ParseTrainingConfig(std::string(kGood) + "checkpoint { dir: \"ck\" every_steps: 50 }\n",
+                               "x.pbtxt");
+  REQUIRE(c.ok());
+  CHECK(c->checkpoint().keep() == 3);
+  CHECK(c->checkpoint().every_steps() == 50);
+  struct Case {
+    const char* extra;
+    const char* says;
+  };
+  for (const Case& k : {
+           Case{"checkpoint { dir: \"ck\" every_steps: -1 }", "checkpoint.every_steps"},
+           Case{"checkpoint { dir: \"ck\" keep: -2 }", "checkpoint.keep"},
+           Case{"checkpoint { every_steps: 10 }", "without checkpoint.dir"},
+           Case{"checkpoint { dir: \"ck\" }\nembedding_tables { name: \"t\" dim: 4 }",
+                "embedding tables"},
+       }) {
+    INFO(k.extra);
+    auto bad = ParseTrainingConfig(std::string(kGood) + k.extra + "\n", "x.pbtxt");
+    REQUIRE_FALSE(bad.ok());
+    CHECK(std::string(bad.status().message()).find(k.says) != std::string::npos);
+  }
+  std::string async = kGood;
+  async.replace(async.find("sync { replicas_to_aggregate: 2 }"), 33, "async {}");
+  auto a = ParseTrainingConfig(async + "checkpoint { dir: \"ck\" }\n", "x.pbtxt");
+  REQUIRE_FALSE(a.ok());
+  CHECK(std::string(a.status().message()).find("sync mode only") != std::string::npos);
+}
+
 TEST_CASE("embedding tables are checked and get their defaults", "[config][embedding]") {
   auto c = ParseTrainingConfig(std::string(kGood) +
                                    "embedding_tables { name: \"ads\" dim: 16 }\n"

@@ -140,10 +140,15 @@ std::string PsClient::ServerName(int s) const {
 absl::Status PsClient::InitializeAll(const TrainingConfig& config, uint64_t fingerprint,
                                      int num_workers, int64_t start_step,
                                      const std::vector<Tensor>& params,
-                                     absl::Duration startup_timeout) {
+                                     absl::Duration startup_timeout,
+                                     const OptimizerState* optimizer_state) {
   const auto& vars = placement_->variables();
   if (params.size() != vars.size()) {
     return absl::InvalidArgumentError("InitializeAll: params do not match the placement");
+  }
+  if (optimizer_state != nullptr && (optimizer_state->slots.size() != vars.size() ||
+                                     optimizer_state->updates.size() != vars.size())) {
+    return absl::InvalidArgumentError("InitializeAll: optimizer state does not match the placement");
   }
   // Each server's share in parts of up to 4 MiB of whole partitions, so no
   // message nears gRPC's cap; the server installs the model when its last
@@ -165,6 +170,8 @@ absl::Status PsClient::InitializeAll(const TrainingConfig& config, uint64_t fing
     req.set_start_step(start_step);
     req.set_part(next[s]++);
     req.set_num_parts(parts[s]);
+    req.set_server_index(s);
+    req.set_num_servers(num_servers());
     for (const auto& [v, part] : groups[r].parts) {
       const int64_t row = vars[v].spec.row_elements();
       NamedTensor* nt = req.add_variables();
@@ -172,6 +179,14 @@ absl::Status PsClient::InitializeAll(const TrainingConfig& config, uint64_t fing
       ToProto(PartitionShape(vars[v].spec, *part),
               absl::MakeConstSpan(params[v].data() + part->row_begin * row, part->num_rows() * row),
               nt->mutable_tensor());
+      if (optimizer_state != nullptr) {
+        for (const std::vector<float>& slot : optimizer_state->slots[v]) {
+          ToProto(PartitionShape(vars[v].spec, *part),
+                  absl::MakeConstSpan(slot.data() + part->row_begin * row, part->num_rows() * row),
+                  nt->add_slots());
+        }
+        nt->set_updates(optimizer_state->updates[v]);
+      }
     }
   }
   std::vector<InitializeResponse> responses(requests.size());
@@ -435,6 +450,8 @@ absl::Status PsClient::PushReady(size_t first, size_t end) {
     header.set_incarnation(incarnation_);
     header.set_worker(worker_);
     header.set_step(batch->steps[g.server]);
+    header.set_cursor_epoch(cursor_epoch_);
+    header.set_cursor_position(cursor_position_);
     std::vector<OutgoingPayload> payload;
     for (const auto& [v, part] : g.parts) {
       const int64_t row = vars[v].spec.row_elements();
@@ -473,6 +490,8 @@ absl::Status PsClient::PushEnd(std::vector<PushOutcome>* outcomes) {
       empty.set_incarnation(incarnation_);
       empty.set_worker(worker_);
       empty.set_step(batch->steps[s]);
+      empty.set_cursor_epoch(cursor_epoch_);
+      empty.set_cursor_position(cursor_position_);
       StartPushCall(s, empty, {});
     }
   }
@@ -663,6 +682,18 @@ absl::Status PsClient::ShutdownAll(const std::string& reason) {
       [&](int s, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
         stubs_[s]->async()->Shutdown(ctx, &requests[s], &responses[s], std::move(done));
       });
+}
+
+absl::Status PsClient::GetShard(int server, int64_t step, absl::Duration timeout,
+                                GetShardResponse* response) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout + rpc_timeout_);
+  GetShardRequest req;
+  req.set_incarnation(incarnation_);
+  req.set_step(step);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  return FromGrpcStatus(stubs_[server]->GetShard(&ctx, req, response),
+                        absl::StrCat("GetShard ", ServerName(server), " step ", step));
 }
 
 absl::Status PsClient::GetStatus(int server, PsStatusResponse* response) {

@@ -44,13 +44,31 @@ class PsClient {
   // per server). Async servers count every push call as an update and move
   // between a pull's parts, so async keeps 0.
   void set_chunk_bytes(int64_t bytes) { chunk_bytes_ = bytes; }
+  // Sync: the worker's data cursor after the batch it is about to push,
+  // carried in every push call (a checkpoint records it).
+  void set_data_cursor(int64_t epoch, int64_t position) {
+    cursor_epoch_ = epoch;
+    cursor_position_ = position;
+  }
+
+  // A resume's optimizer state, whole variables in placement order: slots[v]
+  // holds variable v's slots in the optimizer's order, updates[v] its update
+  // count. Empty slots: fresh ones.
+  struct OptimizerState {
+    std::vector<std::vector<std::vector<float>>> slots;
+    std::vector<int64_t> updates;
+  };
 
   // Installs each server's partitions of `params` (full tensors in placement
   // order). Waits up to `startup_timeout` for servers to come up; a server
   // already initialised for this incarnation counts as success.
   absl::Status InitializeAll(const TrainingConfig& config, uint64_t fingerprint, int num_workers,
                              int64_t start_step, const std::vector<Tensor>& params,
-                             absl::Duration startup_timeout);
+                             absl::Duration startup_timeout,
+                             const OptimizerState* optimizer_state = nullptr);
+  // Waits up to `timeout` for server `server`'s checkpoint shard of `step`.
+  absl::Status GetShard(int server, int64_t step, absl::Duration timeout,
+                        GetShardResponse* response);
 
   struct PullResult {
     std::vector<int64_t> versions;  // per server
@@ -132,6 +150,8 @@ class PsClient {
   uint64_t incarnation_ = 0;
   DataType wire_dtype_ = DT_FLOAT;
   int64_t chunk_bytes_ = 0;
+  int64_t cursor_epoch_ = 0;
+  int64_t cursor_position_ = 0;
   std::vector<uint16_t> bf16_grads_;  // bfloat16 pushes are sent from here
   std::unique_ptr<PushBatch> push_;   // the push under way, if any
   Counters counters_;

@@ -8,8 +8,10 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "common/bfloat16.h"
+#include "common/checkpoint.h"
 #include "common/config.h"
 #include "common/embedding_ids.h"
+#include "common/env.h"
 #include "common/status_macros.h"
 
 namespace pstrain {
@@ -22,7 +24,7 @@ constexpr int64_t kChunk = 2048;
 }  // namespace
 
 ParameterServer::ParameterServer(absl::Duration max_wait)
-    : max_wait_(max_wait), timer_([this] { TimerLoop(); }) {}
+    : max_wait_(max_wait), timer_([this] { TimerLoop(); }), writer_([this] { WriterLoop(); }) {}
 
 ParameterServer::~ParameterServer() {
   std::vector<Completion> completions;
@@ -35,6 +37,7 @@ ParameterServer::~ParameterServer() {
   }
   RunCompletions(&completions);
   timer_.join();
+  writer_.join();
 }
 
 std::string ParameterServer::KeyString(const Key& key) {
@@ -91,6 +94,17 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
   ASSIGN_OR_RETURN(model->learning_rate,
                    LearningRate::Create(config.optimizer(), global_batch, config.max_steps()));
   model->clip_value = config.optimizer().clip_value();
+  if (!config.checkpoint().dir().empty() && model->sync) {
+    model->checkpoint_dir = config.checkpoint().dir();
+    model->checkpoint_every = config.checkpoint().every_steps();
+    if (request.num_servers() < 1 || request.server_index() < 0 ||
+        request.server_index() >= request.num_servers()) {
+      return absl::InvalidArgumentError(absl::StrCat("Initialize: server ", request.server_index(),
+                                                     " of ", request.num_servers()));
+    }
+    model->shard = request.server_index();
+    model->num_shards = request.num_servers();
+  }
   for (const EmbeddingTableConfig& tc : config.embedding_tables()) {
     auto table = std::make_unique<Model::Table>();
     const OptimizerConfig& oc = tc.has_optimizer() ? tc.optimizer() : config.optimizer();
@@ -131,6 +145,28 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     {
       absl::MutexLock lock(&p->apply_mu);
       model->optimizer->InitSlots(p->size, &p->slots);
+      // From a checkpoint: its slots and update count.
+      if (nt.slots_size() > 0) {
+        if (nt.slots_size() != static_cast<int>(p->slots.size())) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("Initialize: ", KeyString(key), ": ", nt.slots_size(),
+                           " slots, the optimizer has ", p->slots.size()));
+        }
+        for (int s = 0; s < nt.slots_size(); ++s) {
+          absl::StatusOr<Tensor> slot = FromProto(nt.slots(s));
+          if (!slot.ok() || slot->num_elements() != p->size || !AllFinite(slot->span())) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "Initialize: ", KeyString(key), ": slot ", s, " is not ", p->size,
+                " finite values"));
+          }
+          p->slots[s] = std::move(slot->values());
+        }
+      }
+      if (nt.updates() < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Initialize: ", KeyString(key), ": negative updates"));
+      }
+      p->updates = nt.updates();
     }
     {
       absl::MutexLock lock(&p->mu);
@@ -206,6 +242,7 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     empty_arrived_.assign(model_->num_workers, 0);
     async_admitted_ = 0;
     worker_clock_.assign(model_->num_workers, 0);
+    step_cursors_.assign(model_->num_workers, StepCursor());
   }
   RunCompletions(&completions);
   return absl::OkStatus();
@@ -613,6 +650,9 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
       return absl::OkStatus();
     }
     if (!sync_failure_.ok()) return sync_failure_;
+    if (step == version_) {
+      step_cursors_[w] = {true, header.cursor_epoch(), header.cursor_position()};
+    }
     if (step == version_ && model->step_deadline > absl::ZeroDuration() &&
         step_deadline_ == absl::InfiniteFuture()) {
       // The step's first gradient on this server starts its clock.
@@ -774,7 +814,100 @@ void ParameterServer::CompleteStepLocked(int64_t step, int contributors,
   counters_.pushes_applied += contributors;
   version_ = step + 1;
   step_deadline_ = absl::InfiniteFuture();  // the next step's starts with its first gradient
+  MaybeSnapshotLocked(version_);
+  step_cursors_.assign(step_cursors_.size(), StepCursor());
   CollectReadyLocked(completions);
+}
+
+void ParameterServer::MaybeSnapshotLocked(int64_t version) {
+  const Model& model = *model_;
+  if (model.checkpoint_dir.empty()) return;
+  const bool due = (model.checkpoint_every > 0 && version % model.checkpoint_every == 0) ||
+                   version == model.max_steps;
+  if (!due) return;
+  auto snap = std::make_unique<ShardSnapshot>();
+  snap->step = version;
+  snap->dir = JoinPath(model.checkpoint_dir, CheckpointDirName(version));
+  snap->shard = model.shard;
+  snap->num_shards = model.num_shards;
+  snap->slot_names = model.optimizer->slot_names();
+  // The step is complete and the next one cannot start before this returns
+  // (its pulls are served after it), so no apply runs: the values are the
+  // current buffers (never recycled while referenced) and the slots are
+  // copied as they stand. The copy is this save's pause of the server.
+  for (const auto& [key, p] : model.partitions) {
+    ShardSnapshot::Part part;
+    part.variable = key.first;
+    part.partition = key.second;
+    part.shape = p->shape;
+    {
+      absl::MutexLock lock(&p->mu);
+      part.values = p->current;
+    }
+    {
+      absl::MutexLock lock(&p->apply_mu);
+      part.slots = p->slots;
+      part.updates = p->updates;
+    }
+    snap->parts.push_back(std::move(part));
+  }
+  for (size_t w = 0; w < step_cursors_.size(); ++w) {
+    if (!step_cursors_[w].set) continue;
+    WorkerCursor c;
+    c.set_worker(static_cast<int>(w));
+    c.set_epoch(step_cursors_[w].epoch);
+    c.set_position(step_cursors_[w].position);
+    snap->cursors.push_back(std::move(c));
+  }
+  to_write_.push_back(std::move(snap));
+}
+
+void ParameterServer::WriterLoop() {
+  auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return destroying_ || !to_write_.empty();
+  };
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    mu_.Await(absl::Condition(&work));
+    if (destroying_) return;
+    std::unique_ptr<ShardSnapshot> snap = std::move(to_write_.front());
+    to_write_.erase(to_write_.begin());
+    mu_.Unlock();
+    absl::StatusOr<GetShardResponse> result = WriteShardSnapshot(*snap);
+    const int64_t step = snap->step;
+    snap.reset();  // drops the version buffers before retaking the lock
+    mu_.Lock();
+    written_.insert_or_assign(step, std::move(result));
+    while (written_.size() > 16) written_.erase(written_.begin());
+  }
+}
+
+absl::Status ParameterServer::GetShard(const GetShardRequest& request,
+                                       GetShardResponse* response) {
+  if (request.timeout_ms() < 0) return absl::InvalidArgumentError("GetShard: negative timeout_ms");
+  const int64_t step = request.step();
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckIncarnationLocked(request.incarnation()));
+  if (model_->checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError(
+        "GetShard: this run writes no checkpoints (sync mode with checkpoint.dir)");
+  }
+  auto ready = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return shut_down_ || written_.count(step) != 0 ||
+           (version_ < step && !sync_failure_.ok());
+  };
+  const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "GetShard: no shard for step ", step, " after ", absl::FormatDuration(timeout),
+        " (server at version ", version_, ")"));
+  }
+  if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
+  auto it = written_.find(step);
+  if (it == written_.end()) return sync_failure_;
+  if (!it->second.ok()) return it->second.status();
+  *response = *it->second;
+  return absl::OkStatus();
 }
 
 void ParameterServer::ApplyStagedRowsLocked(int64_t step, int contributors) {

@@ -39,7 +39,10 @@
 // counters) and is never held while tensors are copied or applied. Each
 // partition has `apply_mu` (serialises updates of that partition, held while
 // computing) and `mu` (guards which buffer is current, held for pointer swaps
-// only). Lock order: mu_, then a partition's mu; apply_mu is never held with mu_.
+// only). Lock order: mu_, then a partition's mu; apply_mu is never held while
+// taking mu_. The one place apply_mu is taken under mu_ is a checkpoint's
+// snapshot at a sync step boundary, when no apply can be running (the step's
+// are done and the next step's pushes need pulls served after it).
 #ifndef PSTRAIN_PS_SERVER_PARAMETER_SERVER_H_
 #define PSTRAIN_PS_SERVER_PARAMETER_SERVER_H_
 
@@ -55,12 +58,14 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/segmented_bytes.h"
 #include "common/tensor.h"
 #include "proto/ps_service.pb.h"
 #include "ps_server/embedding_table.h"
 #include "ps_server/optimizer.h"
+#include "ps_server/shard_writer.h"
 
 namespace pstrain {
 
@@ -134,6 +139,14 @@ class ParameterServer {
   absl::Status PushRows(const PushRowsRequest& request, PushRowsResponse* response);
 
   void GetStatus(PsStatusResponse* response);
+  // Checkpoints (sync mode, `checkpoint.dir` set): when a step completes at
+  // a multiple of `checkpoint.every_steps` or at max_steps, this server takes
+  // its partitions at that version (the buffers themselves, and a copy of
+  // their slots, taken under the lock at the step boundary) and a thread of
+  // its own writes them to ckpt-<step>/shard-<i>-of-<n> while training goes
+  // on. GetShard waits (up to the request's timeout) until that shard is
+  // durable and describes it, with each worker's data cursor at the step.
+  absl::Status GetShard(const GetShardRequest& request, GetShardResponse* response);
   // Wakes every waiter with UNAVAILABLE and refuses further requests.
   void Shutdown();
 
@@ -201,8 +214,12 @@ class ParameterServer {
       std::vector<std::vector<float>> staged_grads;
     };
     std::map<std::string, std::unique_ptr<Table>> tables;
+    // Checkpoints: where, how often (0: never), and which shard this is.
+    std::string checkpoint_dir;
+    int64_t checkpoint_every = 0;
+    int shard = 0;
+    int num_shards = 1;
   };
-
   // A gradient located in a payload: validated header, byte range.
   struct GradientRef {
     PartitionState* partition;
@@ -280,6 +297,10 @@ class ParameterServer {
   // Runs the callbacks (outside mu_), converting bfloat16 pulls first.
   static void RunCompletions(std::vector<Completion>* completions);
   void TimerLoop();
+  // Sync: takes a checkpoint's snapshot when `version` (just reached) is due.
+  void MaybeSnapshotLocked(int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes queued snapshots (its own thread).
+  void WriterLoop();
 
   // Constant after construction.
   const absl::Duration max_wait_;
@@ -319,8 +340,20 @@ class ParameterServer {
   Counters counters_ ABSL_GUARDED_BY(mu_);
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  // Sync: each worker's data cursor as its push for the open step said.
+  struct StepCursor {
+    bool set = false;
+    int64_t epoch = 0;
+    int64_t position = 0;
+  };
+  std::vector<StepCursor> step_cursors_ ABSL_GUARDED_BY(mu_);
+  // Checkpoint shards: snapshots waiting for the writer, and the outcome of
+  // the latest writes by step (a few kept for GetShard).
+  std::vector<std::unique_ptr<ShardSnapshot>> to_write_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, absl::StatusOr<GetShardResponse>> written_ ABSL_GUARDED_BY(mu_);
   absl::CondVar timer_cv_;
   std::thread timer_;  // expires waiting pulls at their deadlines
+  std::thread writer_;  // writes checkpoint shards
 };
 
 }  // namespace pstrain

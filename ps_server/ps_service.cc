@@ -172,6 +172,11 @@ grpc::Status PsServiceImpl::GetStatus(grpc::ServerContext* ctx, const PsStatusRe
   return grpc::Status::OK;
 }
 
+grpc::Status PsServiceImpl::GetShard(grpc::ServerContext* ctx, const GetShardRequest* req,
+                                     GetShardResponse* resp) {
+  return ToGrpcStatus(ps_->GetShard(*req, resp));
+}
+
 grpc::Status PsServiceImpl::Shutdown(grpc::ServerContext* ctx, const ShutdownRequest* req,
                                      ShutdownResponse* resp) {
   PsStatusResponse status;

@@ -35,6 +35,9 @@ class PsServiceImpl final
                         PushRowsResponse* resp) override;
   grpc::Status GetStatus(grpc::ServerContext* ctx, const PsStatusRequest* req,
                          PsStatusResponse* resp) override;
+  // Holds a server thread while it waits (the chief's one call per save).
+  grpc::Status GetShard(grpc::ServerContext* ctx, const GetShardRequest* req,
+                        GetShardResponse* resp) override;
   grpc::Status Shutdown(grpc::ServerContext* ctx, const ShutdownRequest* req,
                         ShutdownResponse* resp) override;
 

@@ -68,7 +68,8 @@ case "${1:-tests}" in
     shift; cd "$(mktemp -d)"
     "$here/bin/pstrain" datagen --out=demo_data >/dev/null || exit 1
     for dev in cuda:0 cpu; do
-      sed "s/^output_dir: .*/output_dir: \"out_${dev/:/}\"/" "$here/demo.pbtxt" > demo.pbtxt
+      sed -e "s/^output_dir: .*/output_dir: \"out_${dev/:/}\"/" \
+        -e "s#demo_output/checkpoints#out_${dev/:/}/checkpoints#" "$here/demo.pbtxt" > demo.pbtxt
       echo "device: \"$dev\"" >> demo.pbtxt
       "$here/bin/pstrain" launch --cluster_spec="$here/local_cluster.json" --config=demo.pbtxt \
         --bin_dir="$here/bin" --progress=false "$@" 2>&1 | grep -E "OPENBLAS|finished" | tail -3

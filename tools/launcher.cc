@@ -177,6 +177,7 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
     so.argv = {bin_for_job[id.job], "--cluster_spec=" + options.cluster_spec,
                "--job=" + id.job, absl::StrCat("--task=", id.index),
                "--config=" + options.config};
+    if (options.resume && id.job == kChiefJob) so.argv.push_back("--resume");
     so.capture_output = true;
     auto proc = Subprocess::Spawn(so);
     if (!proc.ok()) {

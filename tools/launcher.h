@@ -19,6 +19,7 @@ struct LaunchOptions {
   std::string log_dir;  // empty = <output_dir>/logs
   bool verbose = false; // echo every task line, not only warnings and errors
   bool progress = true;
+  bool resume = false;  // the chief starts from the latest good checkpoint
 };
 
 // Returns the process exit code: 0 when every task succeeded.

@@ -3,6 +3,7 @@
 //   pstrain datagen --out=DIR                     write the synthetic digits dataset
 //   pstrain plan    --cluster_spec=F --config=C   print the variable placement
 //   pstrain bench   [--suites=wire,apply]         data-path figures beside the machine's limits
+//   pstrain checkpoint list|verify|inspect ...    read checkpoints
 #include <iostream>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "ps_server/optimizer.h"
 #include "tools/args.h"
 #include "tools/bench.h"
+#include "tools/checkpoint_cli.h"
 #include "tools/datagen.h"
 #include "tools/launcher.h"
 #include "worker/model/cpu_ops.h"
@@ -37,6 +39,7 @@ const char kUsage[] =
     "           data in the Criteo layout with its ground-truth AUC\n"
     "  plan     print how variables are placed on the parameter servers\n"
     "  bench    measure the data path beside the limits of this machine\n"
+    "  checkpoint  list, verify or inspect checkpoints (list DIR | verify CKPT | inspect CKPT)\n"
     "run 'pstrain <command> --help' for its flags\n";
 
 int Fail(const std::string& command, const std::string& message) {
@@ -59,6 +62,8 @@ int LaunchCommand(const std::vector<std::string>& argv) {
       {"log_dir", {"", "per-task logs (default: <output_dir>/logs)"}},
       {"verbose", {"false", "echo every task's log lines"}},
       {"progress", {"true", "show the live progress line"}},
+      {"resume", {"false", "start from the latest complete checkpoint in the config's "
+                           "checkpoint.dir (from the seed when there is none)"}},
   };
   if (WantsHelp(argv)) {
     std::cout << "pstrain launch flags:\n" << Args::Usage(flags);
@@ -76,6 +81,7 @@ int LaunchCommand(const std::vector<std::string>& argv) {
   o.log_dir = args->Get("log_dir");
   o.verbose = args->GetBool("verbose");
   o.progress = args->GetBool("progress");
+  o.resume = args->GetBool("resume");
   StopSignal stop;
   StopOnTerminationSignals(&stop);
   return Launch(o, &stop);
@@ -304,6 +310,7 @@ int main(int argc, char** argv) {
   if (command == "datagen") return pstrain::DatagenCommand(rest);
   if (command == "plan") return pstrain::PlanCommand(rest);
   if (command == "bench") return pstrain::BenchCommand(rest);
+  if (command == "checkpoint") return pstrain::CheckpointCommand(rest, std::cout, std::cerr);
   if (command == "--help" || command == "-h" || command == "help") {
     std::cout << pstrain::kUsage;
     return 0;

@@ -65,6 +65,19 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   }
   LOG_INFO("{} training examples in this worker's partition of {}; {} mode", partition.size(),
            data.size, sync ? "sync" : "async");
+  ChiefClient chief(cluster.address(kChiefJob, 0), rpc_timeout);
+  RegisterWorkerResponse reg;
+  RETURN_IF_ERROR(chief.RegisterWorker(options.worker, ConfigFingerprint(config),
+                                       absl::Milliseconds(config.rpc().startup_timeout_ms()),
+                                       &reg));
+  LOG_INFO("registered with the chief: incarnation {:x}, starting at step {}", reg.incarnation(),
+           reg.start_step());
+  if (reg.has_cursor()) {
+    // Resuming from a checkpoint: the data goes on where it stood at its step.
+    RETURN_IF_ERROR(partition.Restore({reg.cursor_epoch(), reg.cursor_position()}));
+    LOG_INFO("data cursor restored: epoch {}, position {}", reg.cursor_epoch(),
+             reg.cursor_position());
+  }
   // Batches are assembled ahead on a thread of their own, into pinned memory
   // on CUDA so that their copy to the device runs at full speed.
   Prefetcher::Allocator pinned;
@@ -77,13 +90,6 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
                                       config.placement().partition_min_bytes(),
                                       config.placement().partition_max_bytes()));
 
-  ChiefClient chief(cluster.address(kChiefJob, 0), rpc_timeout);
-  RegisterWorkerResponse reg;
-  RETURN_IF_ERROR(chief.RegisterWorker(options.worker, ConfigFingerprint(config),
-                                       absl::Milliseconds(config.rpc().startup_timeout_ms()),
-                                       &reg));
-  LOG_INFO("registered with the chief: incarnation {:x}, starting at step {}", reg.incarnation(),
-           reg.start_step());
 
   PsClient ps(cluster, &placement, options.worker, rpc_timeout);
   ps.set_incarnation(reg.incarnation());
@@ -178,6 +184,9 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     // it and catches up, so the servers never drift apart. Async: each push
     // carries the version it was computed from on that server.
     std::vector<int64_t> steps = pulled.versions;
+    // A checkpoint at the step this push completes records where the data
+    // stands after this batch.
+    ps.set_data_cursor(batch.end.epoch, batch.end.position);
     if (sync) {
       steps.assign(ps.num_servers(),
                    *std::min_element(pulled.versions.begin(), pulled.versions.end()));
@@ -204,7 +213,8 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     if (computed.ok()) computed = model->UploadParameters();
     if (computed.ok()) {
       computed = model->ComputeGradients(
-          x, batch.y, batch.rows, StepSeed(config.seed(), options.worker, local_steps), &loss);
+          x, batch.y, batch.rows,
+          StepSeed(config.seed(), options.worker, sync ? steps[0] : local_steps), &loss);
     }
     batches->Release();
     RETURN_IF_ERROR(computed);

@@ -1,0 +1,44 @@
+// A parameter server's share of a checkpoint, as taken at a sync step
+// boundary (ParameterServer::MaybeSnapshotLocked), and its writing into
+// ckpt-<step>/shard-<i>-of-<n> through common/checkpoint.h. Kept apart from
+// the server's hot loops (built without their flags). Thread-compatible.
+#ifndef PSTRAIN_PS_SERVER_SHARD_WRITER_H_
+#define PSTRAIN_PS_SERVER_SHARD_WRITER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/ps_service.pb.h"
+#include "ps_server/optimizer.h"
+
+namespace pstrain {
+
+struct ShardSnapshot {
+  int64_t step = 0;
+  std::string dir;  // the ckpt-<step> directory
+  int shard = 0;
+  int num_shards = 1;
+  std::vector<std::string> slot_names;
+  struct Part {
+    std::string variable;
+    int partition = 0;
+    std::vector<int64_t> shape;
+    int64_t updates = 0;
+    std::shared_ptr<const std::vector<float>> values;  // the version buffer itself
+    OptimizerSlots slots;                               // a copy
+  };
+  std::vector<Part> parts;
+  std::vector<WorkerCursor> cursors;
+};
+
+// Writes the shard durably and describes it for the chief's manifest (the
+// partitions' first rows are left 0: the chief knows the placement). Logs
+// the outcome.
+absl::StatusOr<GetShardResponse> WriteShardSnapshot(const ShardSnapshot& snap);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_PS_SERVER_SHARD_WRITER_H_

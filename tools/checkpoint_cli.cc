@@ -1,0 +1,166 @@
+#include "tools/checkpoint_cli.h"
+
+#include <cmath>
+#include <limits>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "common/checkpoint.h"
+#include "common/env.h"
+#include "nlohmann/json.hpp"
+
+namespace pstrain {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: pstrain checkpoint list DIR\n"
+    "       pstrain checkpoint verify CKPT\n"
+    "       pstrain checkpoint inspect CKPT [--json]\n"
+    "DIR is a config's checkpoint.dir; CKPT one of its ckpt-<step> directories\n";
+
+int List(const std::string& dir, std::ostream& out, std::ostream& err) {
+  Env* env = Env::Default();
+  if (!env->IsDirectory(dir)) {
+    err << "pstrain checkpoint list: no directory " << dir << "\n";
+    return 1;
+  }
+  absl::StatusOr<std::vector<CheckpointInfo>> all = ListCheckpoints(env, dir);
+  if (!all.ok()) {
+    err << "pstrain checkpoint list: " << all.status().message() << "\n";
+    return 1;
+  }
+  const absl::StatusOr<int64_t> latest = ReadPointer(env, dir);
+  out << absl::StrFormat("%-10s %-20s %10s  %-10s\n", "step", "written (UTC)", "MiB", "state");
+  for (const CheckpointInfo& c : *all) {
+    const std::string when =
+        c.complete ? absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(c.unix_time_ms),
+                                      absl::UTCTimeZone())
+                   : "-";
+    out << absl::StrFormat("%-10d %-20s %10.2f  %-10s%s\n", c.step, when, c.bytes / 1048576.0,
+                           c.complete ? "complete" : "incomplete",
+                           latest.ok() && *latest == c.step ? "  latest" : "");
+  }
+  if (all->empty()) out << "(no checkpoints in " << dir << ")\n";
+  return 0;
+}
+
+int Verify(const std::string& ckpt, std::ostream& out) {
+  Env* env = Env::Default();
+  const std::vector<std::string> problems = VerifyCheckpoint(env, ckpt);
+  if (!problems.empty()) {
+    for (const std::string& p : problems) out << ckpt << ": " << p << "\n";
+    return 1;
+  }
+  absl::StatusOr<CheckpointManifest> m = ReadManifest(env, ckpt);
+  int64_t bytes = 0;
+  for (const ShardFile& f : m->shards()) bytes += f.bytes();
+  out << ckpt << ": good (step " << m->step() << ", " << m->tensors_size() << " tensors, " << bytes
+      << " bytes)\n";
+  return 0;
+}
+
+struct Stats {
+  double min = std::numeric_limits<double>::infinity();
+  double max = -std::numeric_limits<double>::infinity();
+  double sum = 0;
+  double sum_sq = 0;
+  int64_t count = 0;
+};
+
+int Inspect(const std::string& ckpt, bool json, std::ostream& out, std::ostream& err) {
+  absl::StatusOr<RestoredCheckpoint> c = LoadCheckpoint(Env::Default(), ckpt);
+  if (!c.ok()) {
+    err << "pstrain checkpoint inspect: " << c.status().message() << "\n";
+    return 1;
+  }
+  const CheckpointManifest& m = c->manifest;
+  std::map<std::string, std::set<int>> partitions;
+  for (const CheckpointTensor& t : m.tensors()) partitions[t.variable()].insert(t.partition());
+  nlohmann::json j = {
+      {"step", m.step()},
+      {"config_fingerprint", absl::StrFormat("%016x", m.config_fingerprint())},
+      {"shards", m.num_shards()},
+      {"workers", m.num_workers()},
+      {"optimizer", m.optimizer()},
+      {"slots", std::vector<std::string>(m.slot_names().begin(), m.slot_names().end())},
+      {"unix_time_ms", m.unix_time_ms()},
+  };
+  j["cursors"] = nlohmann::json::array();
+  for (const WorkerCursor& w : m.cursors()) {
+    j["cursors"].push_back({{"worker", w.worker()}, {"epoch", w.epoch()},
+                            {"position", w.position()}});
+  }
+  j["variables"] = nlohmann::json::array();
+  for (const CheckpointVariable& v : m.variables()) {
+    const RestoredVariable& rv = c->variables.at(v.name());
+    Stats s;
+    for (float x : rv.values) {
+      s.min = std::min<double>(s.min, x);
+      s.max = std::max<double>(s.max, x);
+      s.sum += x;
+      s.sum_sq += static_cast<double>(x) * x;
+      ++s.count;
+    }
+    j["variables"].push_back({
+        {"name", v.name()},
+        {"shape", rv.shape},
+        {"partitions", partitions[v.name()].size()},
+        {"min", s.count > 0 ? s.min : 0.0},
+        {"max", s.count > 0 ? s.max : 0.0},
+        {"mean", s.count > 0 ? s.sum / s.count : 0.0},
+        {"l2", std::sqrt(s.sum_sq)},
+    });
+  }
+  if (json) {
+    out << j.dump(2) << "\n";
+    return 0;
+  }
+  out << ckpt << ": step " << m.step() << ", config fingerprint " << j["config_fingerprint"].get<std::string>()
+      << ", " << m.num_shards() << " shard(s), " << m.num_workers() << " worker(s)\n";
+  out << "optimizer " << m.optimizer() << ", slots: "
+      << (m.slot_names_size() == 0 ? "none" : absl::StrJoin(m.slot_names(), ", ")) << "\n";
+  for (const WorkerCursor& w : m.cursors()) {
+    out << "worker " << w.worker() << " data cursor: epoch " << w.epoch() << ", position "
+        << w.position() << "\n";
+  }
+  out << absl::StrFormat("%-24s %-14s %5s %12s %12s %12s %12s\n", "variable", "shape", "parts",
+                         "min", "max", "mean", "L2 norm");
+  for (const nlohmann::json& v : j["variables"]) {
+    std::vector<int64_t> shape = v["shape"].get<std::vector<int64_t>>();
+    out << absl::StrFormat("%-24s %-14s %5d %12.6g %12.6g %12.6g %12.6g\n",
+                           v["name"].get<std::string>(),
+                           absl::StrCat("[", absl::StrJoin(shape, ","), "]"),
+                           v["partitions"].get<int>(), v["min"].get<double>(),
+                           v["max"].get<double>(), v["mean"].get<double>(),
+                           v["l2"].get<double>());
+  }
+  return 0;
+}
+
+}  // namespace
+
+int CheckpointCommand(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
+  std::vector<std::string> args;
+  bool json = false;
+  for (const std::string& a : argv) {
+    if (a == "--help" || a == "-h") {
+      out << kUsage;
+      return 0;
+    }
+    if (a == "--json") {
+      json = true;
+    } else {
+      args.push_back(a);
+    }
+  }
+  if (args.size() == 2 && args[0] == "list") return List(args[1], out, err);
+  if (args.size() == 2 && args[0] == "verify" && !json) return Verify(args[1], out);
+  if (args.size() == 2 && args[0] == "inspect") return Inspect(args[1], json, out, err);
+  err << kUsage;
+  return 2;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,125 @@
+#include "tools/checkpoint_cli.h"
+
+#include <stdlib.h>
+
+#include <cmath>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "catch2/catch.hpp"
+#include "common/checkpoint.h"
+#include "common/env.h"
+#include "nlohmann/json.hpp"
+
+namespace pstrain {
+namespace {
+
+std::string TempDir() {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string templ = absl::StrCat(base != nullptr ? base : "/tmp", "/ckcli-XXXXXX");
+  REQUIRE(::mkdtemp(templ.data()) != nullptr);
+  return templ;
+}
+
+// One variable "w" [2, 2] = {-3, 1, 2, 4} on one shard, SGD (no slots).
+std::string WriteCheckpoint(const std::string& dir, int64_t step) {
+  static const float kW[] = {-3, 1, 2, 4};
+  const std::string ckpt = JoinPath(dir, CheckpointDirName(step));
+  ShardTensor t;
+  t.variable = "w";
+  t.shape = {2, 2};
+  t.data = kW;
+  t.elements = 4;
+  int64_t bytes = 0;
+  auto entries = WriteShard(Env::Default(), ckpt, 0, 1, {t}, &bytes);
+  REQUIRE(entries.ok());
+  CheckpointManifest m;
+  m.set_step(step);
+  m.set_num_shards(1);
+  m.set_num_workers(1);
+  m.set_optimizer("sgd");
+  m.set_unix_time_ms(1700000000000);
+  CheckpointVariable* v = m.add_variables();
+  v->set_name("w");
+  v->add_shape(2);
+  v->add_shape(2);
+  *m.add_tensors() = (*entries)[0];
+  ShardFile* f = m.add_shards();
+  f->set_file(ShardFileName(0, 1));
+  f->set_bytes(bytes);
+  REQUIRE(WriteManifest(Env::Default(), ckpt, m).ok());
+  return ckpt;
+}
+
+struct Result {
+  int code;
+  std::string out, err;
+};
+
+Result Run(const std::vector<std::string>& argv) {
+  std::ostringstream out, err;
+  const int code = CheckpointCommand(argv, out, err);
+  return {code, out.str(), err.str()};
+}
+
+TEST_CASE("checkpoint list shows each step, its state and the latest", "[checkpoint][cli]") {
+  const std::string dir = TempDir();
+  WriteCheckpoint(dir, 10);
+  WriteCheckpoint(dir, 20);
+  REQUIRE(Env::Default()->CreateDirs(JoinPath(dir, "ckpt-30")).ok());
+  REQUIRE(CommitAndPrune(Env::Default(), dir, 20, 3).ok());
+  Result r = Run({"list", dir});
+  INFO(r.out);
+  CHECK(r.code == 0);
+  CHECK(r.out.find("10         2023-11-14 22:13:20") != std::string::npos);
+  CHECK(r.out.find("complete    latest") != std::string::npos);  // step 20's line
+  CHECK(r.out.find("30         -") != std::string::npos);
+  CHECK(r.out.find("incomplete") != std::string::npos);
+  CHECK(Run({"list", JoinPath(dir, "missing")}).code == 1);
+  CHECK(Run({"list"}).code == 2);
+  CHECK(Run({"restore", dir}).code == 2);
+}
+
+TEST_CASE("checkpoint verify exits 0 only for a good one and names each problem",
+          "[checkpoint][cli]") {
+  const std::string ckpt = WriteCheckpoint(TempDir(), 5);
+  Result good = Run({"verify", ckpt});
+  CHECK(good.code == 0);
+  CHECK(good.out.find(": good (step 5, 1 tensors,") != std::string::npos);
+  const std::string shard = JoinPath(ckpt, ShardFileName(0, 1));
+  auto bytes = Env::Default()->ReadFile(shard);
+  REQUIRE(bytes.ok());
+  (*bytes)[bytes->size() - 2] ^= 0x01;
+  REQUIRE(Env::Default()->WriteFile(shard, *bytes, false).ok());
+  Result bad = Run({"verify", ckpt});
+  INFO(bad.out);
+  CHECK(bad.code == 1);
+  CHECK(bad.out.find("shard-0-of-1: w partition 0: CRC32C mismatch") != std::string::npos);
+}
+
+TEST_CASE("checkpoint inspect --json gives each variable's statistics", "[checkpoint][cli]") {
+  const std::string ckpt = WriteCheckpoint(TempDir(), 7);
+  Result r = Run({"inspect", ckpt, "--json"});
+  REQUIRE(r.code == 0);
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  CHECK(j["step"] == 7);
+  CHECK(j["optimizer"] == "sgd");
+  REQUIRE(j["variables"].size() == 1);
+  const nlohmann::json& w = j["variables"][0];
+  CHECK(w["name"] == "w");
+  CHECK(w["shape"] == std::vector<int64_t>{2, 2});
+  CHECK(w["partitions"] == 1);
+  CHECK(w["min"].get<double>() == -3.0);
+  CHECK(w["max"].get<double>() == 4.0);
+  CHECK(w["mean"].get<double>() == 1.0);
+  CHECK(w["l2"].get<double>() == Approx(std::sqrt(30.0)).epsilon(1e-12));
+  Result text = Run({"inspect", ckpt});
+  CHECK(text.code == 0);
+  CHECK(text.out.find("step 7") != std::string::npos);
+  CHECK(Run({"inspect", JoinPath(ckpt, "nope")}).code == 1);
+}
+
+}  // namespace
+}  // namespace pstrain

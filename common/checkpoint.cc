@@ -240,22 +240,31 @@ absl::StatusOr<CheckpointManifest> ReadManifest(Env* env, const std::string& ckp
   return m;
 }
 
+namespace {
+
+// Reads one tensor into `dst` (its length in bytes) and checks its CRC32C.
+absl::Status ReadTensorInto(Env* env, const std::string& ckpt_dir,
+                            const CheckpointManifest& manifest, const CheckpointTensor& t,
+                            float* dst) {
+  const std::string file = manifest.shards(t.shard()).file();
+  const std::string what = absl::StrCat(file, ": ", t.variable(), " partition ", t.partition(),
+                                        t.slot().empty() ? "" : " slot ", t.slot());
+  absl::Status st = env->ReadFileRangeInto(JoinPath(ckpt_dir, file), t.offset(), t.length(),
+                                           reinterpret_cast<char*>(dst));
+  if (!st.ok()) return absl::DataLossError(absl::StrCat(what, ": ", st.message()));
+  if (Crc32c(dst, static_cast<size_t>(t.length())) != t.crc32c()) {
+    return absl::DataLossError(absl::StrCat(what, ": CRC32C mismatch (corrupted)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<float>> ReadCheckpointTensor(Env* env, const std::string& ckpt_dir,
                                                         const CheckpointManifest& manifest,
                                                         const CheckpointTensor& t) {
-  const std::string file = manifest.shards(t.shard()).file();
-  absl::StatusOr<std::string> bytes =
-      env->ReadFileRange(JoinPath(ckpt_dir, file), t.offset(), t.length());
-  const std::string what = absl::StrCat(file, ": ", t.variable(), " partition ", t.partition(),
-                                        t.slot().empty() ? "" : " slot ", t.slot());
-  if (!bytes.ok()) {
-    return absl::DataLossError(absl::StrCat(what, ": ", bytes.status().message()));
-  }
-  if (Crc32c(bytes->data(), bytes->size()) != t.crc32c()) {
-    return absl::DataLossError(absl::StrCat(what, ": CRC32C mismatch (corrupted)"));
-  }
-  std::vector<float> out(bytes->size() / sizeof(float));
-  if (!out.empty()) std::memcpy(out.data(), bytes->data(), bytes->size());
+  std::vector<float> out(static_cast<size_t>(t.length()) / sizeof(float));
+  RETURN_IF_ERROR(ReadTensorInto(env, ckpt_dir, manifest, t, out.data()));
   return out;
 }
 
@@ -418,17 +427,20 @@ absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& c
     const int64_t total = Elements(v.shape());
     rv.values.resize(total);
     rv.slots.assign(m.slot_names_size(), std::vector<float>(total));
+    // Each partition's values and slots are read straight into place.
     int64_t at = 0;
     for (const auto& [first, e] : index[v.name()]) {
-      ASSIGN_OR_RETURN(std::vector<float> values, ReadCheckpointTensor(env, ckpt_dir, m, *e.values));
-      std::copy(values.begin(), values.end(), rv.values.begin() + at);
+      const int64_t n = e.values->length() / static_cast<int64_t>(sizeof(float));
+      if (at + n > total) {
+        return absl::DataLossError(absl::StrCat(v.name(), ": partitions exceed the variable"));
+      }
+      RETURN_IF_ERROR(ReadTensorInto(env, ckpt_dir, m, *e.values, rv.values.data() + at));
       for (int s = 0; s < m.slot_names_size(); ++s) {
-        ASSIGN_OR_RETURN(std::vector<float> slot,
-                         ReadCheckpointTensor(env, ckpt_dir, m, *e.slots.at(m.slot_names(s))));
-        std::copy(slot.begin(), slot.end(), rv.slots[s].begin() + at);
+        RETURN_IF_ERROR(ReadTensorInto(env, ckpt_dir, m, *e.slots.at(m.slot_names(s)),
+                                       rv.slots[s].data() + at));
       }
       rv.updates = std::max(rv.updates, e.values->updates());
-      at += static_cast<int64_t>(values.size());
+      at += n;
     }
   }
   return out;

@@ -157,15 +157,22 @@ class PosixEnv : public Env {
 
   absl::StatusOr<std::string> ReadFileRange(const std::string& path, int64_t offset,
                                             int64_t n) override {
+    if (n < 0) return absl::InvalidArgumentError(absl::StrCat("read ", path, ": negative range"));
+    std::string out(static_cast<size_t>(n), '\0');
+    RETURN_IF_ERROR(ReadFileRangeInto(path, offset, n, out.data()));
+    return out;
+  }
+
+  absl::Status ReadFileRangeInto(const std::string& path, int64_t offset, int64_t n,
+                                 char* dst) override {
     if (offset < 0 || n < 0) {
       return absl::InvalidArgumentError(absl::StrCat("read ", path, ": negative range"));
     }
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return IoError("open", path, errno);
-    std::string out(static_cast<size_t>(n), '\0');
     int64_t got = 0;
     while (got < n) {
-      ssize_t r = ::pread(fd, out.data() + got, static_cast<size_t>(n - got), offset + got);
+      ssize_t r = ::pread(fd, dst + got, static_cast<size_t>(n - got), offset + got);
       if (r < 0 && errno == EINTR) continue;
       if (r < 0) {
         int err = errno;
@@ -180,7 +187,7 @@ class PosixEnv : public Env {
       return absl::OutOfRangeError(absl::StrCat(path, ": ", n, " bytes at ", offset,
                                                 " asked for, the file ends after ", got));
     }
-    return out;
+    return absl::OkStatus();
   }
 
   absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) override {

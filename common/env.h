@@ -44,6 +44,9 @@ class Env {
   // `n` bytes at `offset`; OUT_OF_RANGE when the file is shorter.
   virtual absl::StatusOr<std::string> ReadFileRange(const std::string& path, int64_t offset,
                                                     int64_t n) = 0;
+  // The same into `dst` (n bytes of caller memory): no intermediate copy.
+  virtual absl::Status ReadFileRangeInto(const std::string& path, int64_t offset, int64_t n,
+                                         char* dst) = 0;
   // The names in `dir` (not "." or ".."), sorted.
   virtual absl::StatusOr<std::vector<std::string>> ListDir(const std::string& dir) = 0;
   virtual absl::StatusOr<int64_t> FileSize(const std::string& path) = 0;

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "catch2/catch.hpp"
 #include "common/crc32c.h"
@@ -16,6 +17,28 @@ TEST_CASE("CRC32C matches the standard check values", "[crc32c]") {
   CHECK(Crc32c(zeros.data(), zeros.size()) == 0x8A9136AAu);  // RFC 3720 B.4
   // Extending in pieces equals one pass.
   CHECK(Crc32cExtend(Crc32c("1234", 4), "56789", 5) == 0xE3069283u);
+  CHECK(Crc32cExtendPortable(0, "123456789", 9) == 0xE3069283u);
+}
+
+TEST_CASE("CRC32C: the hardware path equals the tables at every length and alignment",
+          "[crc32c]") {
+  std::string bytes(333, '\0');
+  uint32_t x = 12345;
+  for (char& c : bytes) {
+    x = x * 1103515245u + 12345u;
+    c = static_cast<char>(x >> 24);
+  }
+  for (size_t offset = 0; offset < 9; ++offset) {
+    for (size_t n = 0; offset + n <= 300; ++n) {
+      const char* p = bytes.data() + offset;
+      INFO("offset " << offset << " length " << n);
+      REQUIRE(Crc32cExtend(0, p, n) == Crc32cExtendPortable(0, p, n));
+      REQUIRE(Crc32cExtend(0x1234567u, p, n) == Crc32cExtendPortable(0x1234567u, p, n));
+    }
+  }
+  // Extending in pieces equals one pass on both.
+  CHECK(Crc32cExtend(Crc32c(bytes.data(), 100), bytes.data() + 100, 233) ==
+        Crc32cExtendPortable(0, bytes.data(), 333));
 }
 
 TEST_CASE("tensor files round-trip and detect damage", "[tensor_file]") {

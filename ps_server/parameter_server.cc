@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "common/bfloat16.h"
 #include "common/checkpoint.h"
 #include "common/config.h"
@@ -825,6 +826,7 @@ void ParameterServer::MaybeSnapshotLocked(int64_t version) {
   const bool due = (model.checkpoint_every > 0 && version % model.checkpoint_every == 0) ||
                    version == model.max_steps;
   if (!due) return;
+  const absl::Time start = absl::Now();
   auto snap = std::make_unique<ShardSnapshot>();
   snap->step = version;
   snap->dir = JoinPath(model.checkpoint_dir, CheckpointDirName(version));
@@ -859,6 +861,7 @@ void ParameterServer::MaybeSnapshotLocked(int64_t version) {
     c.set_position(step_cursors_[w].position);
     snap->cursors.push_back(std::move(c));
   }
+  snap->pause_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   to_write_.push_back(std::move(snap));
 }
 

@@ -43,9 +43,10 @@ absl::StatusOr<GetShardResponse> WriteShardSnapshot(const ShardSnapshot& snap) {
   for (CheckpointTensor& e : *entries) *r.add_tensors() = std::move(e);
   for (const WorkerCursor& c : snap.cursors) *r.add_cursors() = c;
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  LOG_INFO("checkpoint step {}: wrote {} ({:.1f} MB) in {:.3f} s ({:.2f} GB/s)", snap.step,
-           JoinPath(snap.dir, r.file()), bytes / 1e6, seconds,
-           seconds > 0 ? bytes / seconds / 1e9 : 0.0);
+  LOG_INFO("checkpoint step {}: wrote {} ({:.1f} MB) in {:.3f} s ({:.2f} GB/s); taking it "
+           "paused this server {:.2f} ms",
+           snap.step, JoinPath(snap.dir, r.file()), bytes / 1e6, seconds,
+           seconds > 0 ? bytes / seconds / 1e9 : 0.0, snap.pause_seconds * 1e3);
   return r;
 }
 

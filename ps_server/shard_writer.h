@@ -32,6 +32,8 @@ struct ShardSnapshot {
   };
   std::vector<Part> parts;
   std::vector<WorkerCursor> cursors;
+  // How long taking it held the server's lock: the pause a save costs.
+  double pause_seconds = 0;
 };
 
 // Writes the shard durably and describes it for the chief's manifest (the

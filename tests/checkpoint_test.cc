@@ -247,5 +247,27 @@ TEST_CASE("a damaged newest checkpoint is skipped, named in the log, and the pre
   CHECK(VerifyCheckpoint(Env::Default(), JoinPath(ckpt, "ckpt-150")).empty());
 }
 
+TEST_CASE("pstrain bench --suites=checkpoint writes, restores and compares with dd",
+          "[checkpoint][bench]") {
+  const std::string dir = testing::FreshTempDir("ckpt_bench");
+  CommandResult r = testing::RunCommand(
+      {Binary("tools/pstrain"), "bench", "--suites=checkpoint", "--checkpoint_mib=16",
+       "--reps=2", "--out=" + dir},
+      absl::Seconds(120));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("== checkpoint: 16 MiB model, 2 shards") != std::string::npos);
+  CHECK(r.output.find("x of dd") != std::string::npos);
+  auto csv = Env::Default()->ReadFile(JoinPath(dir, "bench.csv"));
+  REQUIRE(csv.ok());
+  for (const char* what : {"checkpoint,write,", "checkpoint,dd_fsync,", "checkpoint,restore,"}) {
+    CHECK(csv->find(what) != std::string::npos);
+  }
+  // Nothing is left behind in the output directory but the CSV (and a plot).
+  auto names = Env::Default()->ListDir(dir);
+  REQUIRE(names.ok());
+  for (const std::string& n : *names) CHECK((n == "bench.csv" || n == "bench.png"));
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -15,6 +15,7 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -27,6 +28,7 @@
 #include "common/cluster_spec.h"
 #include "common/config.h"
 #include "common/allocator.h"
+#include "common/checkpoint.h"
 #include "common/embedding_ids.h"
 #include "common/env.h"
 #include "common/local_ports.h"
@@ -289,6 +291,7 @@ class Bench {
                         : s == "apply" ? Apply()
                         : s == "train" ? Train()
                         : s == "sparse" ? Sparse()
+                        : s == "checkpoint" ? Checkpoint()
                         : absl::InvalidArgumentError(absl::StrCat("unknown suite \"", s, "\""));
       if (!st.ok()) {
         std::cerr << "pstrain bench: " << st.message() << "\n";
@@ -749,6 +752,122 @@ class Bench {
                                    Fmt(st), k.slots.size(), st.median / sp.median);
       Add("apply", k.name, n * 4, 1, 1, st);
     }
+    return absl::OkStatus();
+  }
+
+  // Checkpoint write and restore speed for a model of checkpoint_mib on 2
+  // servers (two shards written at once, as two servers do, then the
+  // manifest), beside dd of the same bytes with conv=fsync to the same disk,
+  // interleaved. Restore is LoadCheckpoint: reads, CRC32C, reassembly (from
+  // the page cache when the machine has room for it; the table says so).
+  absl::Status Checkpoint() {
+    Env* env = Env::Default();
+    const std::string base = !o_.checkpoint_dir.empty() ? o_.checkpoint_dir
+                             : !o_.out_dir.empty()     ? o_.out_dir
+                                                       : "/tmp";
+    const std::string dir = JoinPath(base, absl::StrCat("pstrain-bench-ckpt-", ::getpid()));
+    RETURN_IF_ERROR(env->CreateDirs(dir));
+    const int64_t total = o_.checkpoint_mib << 20;
+    const int shards = 2;
+    // Partitions of up to 16 MiB, as the placement splits a large model.
+    const int64_t part_elements = (int64_t{16} << 20) / 4;
+    std::vector<std::vector<float>> data(shards);
+    std::vector<std::vector<ShardTensor>> tensors(shards);
+    CheckpointManifest manifest;
+    manifest.set_num_shards(shards);
+    for (int s = 0; s < shards; ++s) {
+      const int64_t elements = total / 4 / shards;
+      data[s].resize(elements);
+      std::mt19937 rng(s + 1);
+      std::uniform_real_distribution<float> u(-1, 1);
+      for (float& x : data[s]) x = u(rng);
+      const std::string var = absl::StrCat("var", s);
+      CheckpointVariable* v = manifest.add_variables();
+      v->set_name(var);
+      v->add_shape(elements);
+      for (int64_t at = 0, p = 0; at < elements; at += part_elements, ++p) {
+        ShardTensor t;
+        t.variable = var;
+        t.partition = static_cast<int>(p);
+        t.first_row = at;
+        t.elements = std::min(part_elements, elements - at);
+        t.shape = {t.elements};
+        t.data = data[s].data() + at;
+        tensors[s].push_back(t);
+      }
+    }
+    const int reps = std::min(o_.reps, 3);
+    std::vector<double> write, restore, dd;
+    for (int rep = 0; rep < reps; ++rep) {
+      if (stop_->stopped()) return absl::CancelledError(stop_->reason());
+      // dd first, its file removed before the checkpoint is written.
+      const std::string dd_file = JoinPath(dir, "dd.bin");
+      SpawnOptions so;
+      so.argv = {"/bin/dd", "if=/dev/zero", "of=" + dd_file, "bs=1M",
+                 absl::StrCat("count=", o_.checkpoint_mib), "conv=fsync"};
+      so.capture_output = true;
+      absl::Time t0 = absl::Now();
+      ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> proc, Subprocess::Spawn(so));
+      std::optional<int> code = proc->Wait(absl::Seconds(600));
+      if (!code.has_value() || *code != 0) return absl::InternalError("dd failed");
+      dd.push_back(total / absl::ToDoubleSeconds(absl::Now() - t0) / 1e9);
+      RETURN_IF_ERROR(env->DeleteFile(dd_file));
+
+      const std::string ckpt = JoinPath(dir, CheckpointDirName(rep + 1));
+      manifest.set_step(rep + 1);
+      manifest.clear_tensors();
+      manifest.clear_shards();
+      t0 = absl::Now();
+      std::vector<absl::StatusOr<std::vector<CheckpointTensor>>> written(shards);
+      std::vector<int64_t> bytes(shards);
+      std::vector<std::thread> writers;
+      for (int s = 0; s < shards; ++s) {
+        writers.emplace_back([&, s] {
+          written[s] = WriteShard(env, ckpt, s, shards, tensors[s], &bytes[s]);
+        });
+      }
+      for (std::thread& t : writers) t.join();
+      for (int s = 0; s < shards; ++s) {
+        RETURN_IF_ERROR(written[s].status());
+        for (const CheckpointTensor& e : *written[s]) *manifest.add_tensors() = e;
+        ShardFile* f = manifest.add_shards();
+        f->set_shard(s);
+        f->set_file(ShardFileName(s, shards));
+        f->set_bytes(bytes[s]);
+      }
+      RETURN_IF_ERROR(WriteManifest(env, ckpt, manifest));
+      write.push_back(total / absl::ToDoubleSeconds(absl::Now() - t0) / 1e9);
+
+      t0 = absl::Now();
+      ASSIGN_OR_RETURN(RestoredCheckpoint back, LoadCheckpoint(env, ckpt));
+      restore.push_back(total / absl::ToDoubleSeconds(absl::Now() - t0) / 1e9);
+      for (int s = 0; s < shards; ++s) {
+        const std::vector<float>& got = back.variables.at(absl::StrCat("var", s)).values;
+        if (got.size() != data[s].size() ||
+            std::memcmp(got.data(), data[s].data(), got.size() * 4) != 0) {
+          return absl::DataLossError("checkpoint bench: restored values differ");
+        }
+      }
+      RETURN_IF_ERROR(DeleteRecursively(env, ckpt));
+    }
+    std::error_code ignored;
+    std::filesystem::remove_all(dir, ignored);
+    const Stats sw = Summarize(write), sr = Summarize(restore), sd = Summarize(dd);
+    auto f = [](const Stats& s) {
+      return absl::StrFormat("%.3f [%.3f-%.3f]", s.median, s.min, s.max);
+    };
+    std::cout << "\n== checkpoint: " << o_.checkpoint_mib << " MiB model, " << shards
+              << " shards written at once, GB/s (median [min-max] of " << reps
+              << "), in " << base << " ==\n";
+    std::cout << absl::StrFormat("%-34s %-26s %s\n", "write (fsync, rename, manifest)", f(sw),
+                                 absl::StrFormat("%.2fx of dd", sw.median / sd.median));
+    std::cout << absl::StrFormat("%-34s %-26s\n", "dd conv=fsync, same bytes, same disk", f(sd));
+    std::cout << absl::StrFormat("%-34s %-26s %s\n", "restore (read, CRC32C, reassemble)",
+                                 f(sr), "page cache permitting")
+              << std::flush;
+    Add("checkpoint", "write", total, shards, 0, sw);
+    Add("checkpoint", "dd_fsync", total, 1, 0, sd);
+    Add("checkpoint", "restore", total, shards, 0, sr);
     return absl::OkStatus();
   }
 

@@ -28,8 +28,10 @@ struct BenchOptions {
   std::string bin_dir;                // where ps_server lives; "" = next to pstrain
   std::string out_dir;                // bench.csv goes here when set
   std::vector<int64_t> sizes;         // bytes per pull and per push
-  std::vector<std::string> suites;    // "wire", "apply", "train", "sparse"
+  std::vector<std::string> suites;    // "wire", "apply", "train", "sparse", "checkpoint"
   int64_t sparse_rows = 1000000;      // sparse: rows in the table (width 64)
+  int64_t checkpoint_mib = 1024;      // checkpoint: the model's size
+  std::string checkpoint_dir;         // checkpoint: where to write ("" = out_dir or /tmp)
   std::vector<std::string> models;    // train: hidden layer widths, "512-512"
   bool bfloat16 = false;              // wire and train: bfloat16 on the wire
   std::string device = "cpu";         // train: the workers' device, "cpu", "cuda:N" or "auto"

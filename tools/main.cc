@@ -222,8 +222,11 @@ int BenchCommand(const std::vector<std::string>& argv) {
       {"suites", {"wire,apply,train,sparse",
                   "comma-separated: wire (pull+push vs gRPC echo, TCP, memcpy), apply (server "
                   "optimizers vs a += b), train (sync examples/s vs compute alone), sparse "
-                  "(embedding rows: table lookup vs a hash map, PullRows/PushRows vs echo)"}},
+                  "(embedding rows: table lookup vs a hash map, PullRows/PushRows vs echo), "
+                  "checkpoint (write and restore vs dd conv=fsync; not in the default set)"}},
       {"sparse_rows", {"1000000", "sparse: rows in the table (width 64)"}},
+      {"checkpoint_mib", {"1024", "checkpoint: the model's size in MiB"}},
+      {"checkpoint_dir", {"", "checkpoint: where to write (default: --out, else /tmp)"}},
       {"models", {"128,512-512,2048-2048", "train: hidden layers of each 784-...-10 MLP"}},
       {"sizes", {"4096,65536,1048576,4194304,16777216,67108864",
                  "bytes per pull and per push (wire suite)"}},
@@ -288,6 +291,12 @@ int BenchCommand(const std::vector<std::string>& argv) {
     return Fail("bench", "--sparse_rows: expected 4096..100000000");
   }
   o.sparse_rows = *sparse_rows;
+  auto checkpoint_mib = args->GetInt("checkpoint_mib");
+  if (!checkpoint_mib.ok() || *checkpoint_mib < 1 || *checkpoint_mib > 65536) {
+    return Fail("bench", "--checkpoint_mib: expected 1..65536");
+  }
+  o.checkpoint_mib = *checkpoint_mib;
+  o.checkpoint_dir = args->Get("checkpoint_dir");
   return RunBench(o, &stop);
 }
 

@@ -156,46 +156,38 @@ absl::StatusOr<std::vector<CheckpointTensor>> WriteShard(Env* env, const std::st
                                                          int64_t* bytes) {
   RETURN_IF_ERROR(env->CreateDirs(ckpt_dir));
   const std::string path = JoinPath(ckpt_dir, ShardFileName(shard, num_shards));
-  const std::string tmp = path + ".tmp";
-  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(tmp));
   std::vector<CheckpointTensor> entries;
   int64_t at = 0;
-  auto append = [&](absl::string_view data) -> absl::Status {
-    RETURN_IF_ERROR(file->Append(data));
-    at += static_cast<int64_t>(data.size());
+  RETURN_IF_ERROR(WriteFileStreamAtomically(env, path, [&](WritableFile* file) -> absl::Status {
+    auto append = [&](absl::string_view data) -> absl::Status {
+      RETURN_IF_ERROR(file->Append(data));
+      at += static_cast<int64_t>(data.size());
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(append(absl::string_view(kShardMagic, sizeof(kShardMagic))));
+    static const char kZeros[kAlign] = {};
+    for (const ShardTensor& t : tensors) {
+      if (at % kAlign != 0) {
+        RETURN_IF_ERROR(append(absl::string_view(kZeros, kAlign - at % kAlign)));
+      }
+      const absl::string_view data(reinterpret_cast<const char*>(t.data),
+                                   static_cast<size_t>(t.elements) * sizeof(float));
+      CheckpointTensor e;
+      e.set_variable(t.variable);
+      e.set_partition(t.partition);
+      e.set_slot(t.slot);
+      for (int64_t d : t.shape) e.add_shape(d);
+      e.set_first_row(t.first_row);
+      e.set_shard(shard);
+      e.set_offset(at);
+      e.set_length(static_cast<int64_t>(data.size()));
+      e.set_crc32c(Crc32c(data.data(), data.size()));
+      e.set_updates(t.updates);
+      entries.push_back(std::move(e));
+      RETURN_IF_ERROR(append(data));
+    }
     return absl::OkStatus();
-  };
-  absl::Status st = append(absl::string_view(kShardMagic, sizeof(kShardMagic)));
-  static const char kZeros[kAlign] = {};
-  for (const ShardTensor& t : tensors) {
-    if (!st.ok()) break;
-    if (at % kAlign != 0) st = append(absl::string_view(kZeros, kAlign - at % kAlign));
-    if (!st.ok()) break;
-    const absl::string_view data(reinterpret_cast<const char*>(t.data),
-                                 static_cast<size_t>(t.elements) * sizeof(float));
-    CheckpointTensor e;
-    e.set_variable(t.variable);
-    e.set_partition(t.partition);
-    e.set_slot(t.slot);
-    for (int64_t d : t.shape) e.add_shape(d);
-    e.set_first_row(t.first_row);
-    e.set_shard(shard);
-    e.set_offset(at);
-    e.set_length(static_cast<int64_t>(data.size()));
-    e.set_crc32c(Crc32c(data.data(), data.size()));
-    e.set_updates(t.updates);
-    entries.push_back(std::move(e));
-    st = append(data);
-  }
-  if (st.ok()) st = file->Sync();
-  if (st.ok()) st = file->Close();
-  if (st.ok()) st = env->RenameFile(tmp, path);
-  if (!st.ok()) {
-    file.reset();
-    (void)env->DeleteFile(tmp);
-    return st;
-  }
-  RETURN_IF_ERROR(env->SyncDir(ckpt_dir));
+  }));
   *bytes = at;
   return entries;
 }

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "common/env.h"
+#include "common/fault_env.h"
 
 namespace pstrain {
 namespace {
@@ -50,9 +51,11 @@ ShardTensor Part(const std::string& var, int partition, const std::string& slot,
   return t;
 }
 
-// Writes the fixture as checkpoint `step` under `dir`; returns its path.
-std::string WriteFixture(const Fixture& f, const std::string& dir, int64_t step) {
-  Env* env = Env::Default();
+// Saves the fixture as checkpoint `step` under `dir` through `env` as the
+// servers and the chief do: both shards, the manifest, then (keep > 0) the
+// pointer and pruning. The first error ends it.
+absl::Status SaveFixture(Env* env, const Fixture& f, const std::string& dir, int64_t step,
+                         int keep) {
   const std::string ckpt = JoinPath(dir, CheckpointDirName(step));
   std::vector<ShardTensor> s0 = {
       Part("w", 0, "", {4, 3}, 0, f.w.data(), 12),
@@ -87,7 +90,7 @@ std::string WriteFixture(const Fixture& f, const std::string& dir, int64_t step)
   for (const auto* tensors : {&s0, &s1}) {
     int64_t bytes = 0;
     auto entries = WriteShard(env, ckpt, shard, 2, *tensors, &bytes);
-    REQUIRE(entries.ok());
+    if (!entries.ok()) return entries.status();
     for (CheckpointTensor& e : *entries) *m.add_tensors() = e;
     ShardFile* sf = m.add_shards();
     sf->set_shard(shard);
@@ -99,8 +102,15 @@ std::string WriteFixture(const Fixture& f, const std::string& dir, int64_t step)
   c->set_worker(1);
   c->set_epoch(2);
   c->set_position(64);
-  REQUIRE(WriteManifest(env, ckpt, m).ok());
-  return ckpt;
+  absl::Status st = WriteManifest(env, ckpt, m);
+  if (!st.ok() || keep <= 0) return st;
+  return CommitAndPrune(env, dir, step, keep);
+}
+
+// Writes the fixture as checkpoint `step` under `dir`; returns its path.
+std::string WriteFixture(const Fixture& f, const std::string& dir, int64_t step) {
+  REQUIRE(SaveFixture(Env::Default(), f, dir, step, /*keep=*/0).ok());
+  return JoinPath(dir, CheckpointDirName(step));
 }
 
 bool Same(const std::vector<float>& a, const std::vector<float>& b) {
@@ -345,6 +355,98 @@ TEST_CASE("Env writes in pieces and reads ranges", "[checkpoint][env]") {
   REQUIRE(env->WriteFile(JoinPath(tree, "a/b/c"), "x", false).ok());
   REQUIRE(DeleteRecursively(env, tree).ok());
   CHECK_FALSE(env->FileExists(tree));
+}
+
+// After a fault, what a restart finds: the newest good checkpoint is `a` or
+// `b` (never anything damaged), it loads the fixture bitwise, and the
+// pointer names a good one.
+int64_t CheckRecoverable(const Fixture& f, const std::string& dir, int64_t a, int64_t b) {
+  Env* env = Env::Default();
+  std::vector<std::string> skipped;
+  auto latest = LatestGoodCheckpoint(env, dir, &skipped);
+  REQUIRE(latest.ok());
+  auto c = LoadCheckpoint(env, *latest);
+  REQUIRE(c.ok());
+  const int64_t step = c->manifest.step();
+  CHECK((step == a || step == b));
+  CHECK(Same(c->variables.at("w").values, f.w));
+  CHECK(Same(c->variables.at("b").slots[1], f.b_v));
+  auto pointer = ReadPointer(env, dir);
+  REQUIRE(pointer.ok());
+  CHECK(VerifyCheckpoint(env, JoinPath(dir, CheckpointDirName(*pointer))).empty());
+  return step;
+}
+
+TEST_CASE("a save cut off by a crash at any operation never leaves a checkpoint that loads wrong",
+          "[checkpoint][faults]") {
+  const Fixture f;
+  // How many mutating operations a whole save of step 2 takes.
+  int64_t total = 0;
+  {
+    const std::string dir = TempDir("crash-count");
+    REQUIRE(SaveFixture(Env::Default(), f, dir, 1, 1).ok());
+    FaultEnv env(Env::Default());
+    REQUIRE(SaveFixture(&env, f, dir, 2, 1).ok());
+    total = env.operations();
+  }
+  REQUIRE(total > 20);
+  int newer = 0;
+  for (int64_t k = 0; k <= total; ++k) {
+    INFO("crash at operation " << k << " of " << total);
+    const std::string dir = TempDir("crash");
+    REQUIRE(SaveFixture(Env::Default(), f, dir, 1, /*keep=*/1).ok());
+    FaultEnv env(Env::Default());
+    env.CrashAtOperation(k);
+    const absl::Status st = SaveFixture(&env, f, dir, 2, /*keep=*/1);
+    CHECK(st.ok() == (k == total));
+    CHECK(env.crashed() == (k < total));
+    // keep 1: ckpt-1 may go only once ckpt-2 is complete.
+    if (CheckRecoverable(f, dir, 1, 2) == 2) ++newer;
+    // Back up: the next save (step 3) completes and clears what the crash left.
+    REQUIRE(SaveFixture(Env::Default(), f, dir, 3, /*keep=*/1).ok());
+    CHECK(CheckRecoverable(f, dir, 3, 3) == 3);
+    auto names = Env::Default()->ListDir(dir);
+    REQUIRE(names.ok());
+    CHECK(*names == std::vector<std::string>{"checkpoint", "ckpt-3"});
+  }
+  // Crashes after the manifest's rename have step 2; earlier ones step 1.
+  CHECK(newer > 0);
+  CHECK(newer < total);
+}
+
+TEST_CASE("a full disk fails the save with its reason and leaves the previous checkpoint",
+          "[checkpoint][faults]") {
+  const Fixture f;
+  int64_t total = 0;
+  {
+    const std::string dir = TempDir("full-count");
+    REQUIRE(SaveFixture(Env::Default(), f, dir, 1, 1).ok());
+    FaultEnv env(Env::Default());
+    REQUIRE(SaveFixture(&env, f, dir, 2, 1).ok());
+    total = env.bytes_written();
+  }
+  REQUIRE(total > 1000);
+  for (int64_t space : {int64_t{0}, int64_t{7}, total / 8, total / 4, total / 2, total * 3 / 4,
+                        total - 1}) {
+    INFO("disk space " << space << " bytes");
+    const std::string dir = TempDir("full");
+    REQUIRE(SaveFixture(Env::Default(), f, dir, 1, /*keep=*/1).ok());
+    FaultEnv env(Env::Default());
+    env.SetDiskSpace(space);
+    const absl::Status st = SaveFixture(&env, f, dir, 2, /*keep=*/1);
+    REQUIRE_FALSE(st.ok());
+    CHECK(st.code() == absl::StatusCode::kResourceExhausted);
+    CHECK(st.message().find("No space left on device") != std::string::npos);
+    // Out of space on the pointer alone, ckpt-2 is complete; either way
+    // ckpt-1 is still there, whole.
+    CheckRecoverable(f, dir, 1, 2);
+    CHECK(VerifyCheckpoint(Env::Default(), JoinPath(dir, "ckpt-1")).empty());
+    // No temp file is left behind in the half-written checkpoint.
+    auto names = Env::Default()->ListDir(JoinPath(dir, "ckpt-2"));
+    if (names.ok()) {
+      for (const std::string& n : *names) CHECK(n.find(".tmp") == std::string::npos);
+    }
+  }
 }
 
 }  // namespace

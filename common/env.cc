@@ -258,9 +258,25 @@ absl::Status DeleteRecursively(Env* env, const std::string& dir) {
 
 absl::Status WriteFileAtomically(Env* env, const std::string& path, absl::string_view data) {
   const std::string tmp = path + ".tmp";
-  RETURN_IF_ERROR(env->WriteFile(tmp, data, /*sync=*/true));
-  absl::Status st = env->RenameFile(tmp, path);
+  absl::Status st = env->WriteFile(tmp, data, /*sync=*/true);
+  if (st.ok()) st = env->RenameFile(tmp, path);
+  if (!st.ok()) {  // a full disk, say: what was written of the temp file goes
+    (void)env->DeleteFile(tmp);
+    return st;
+  }
+  return env->SyncDir(Dirname(path));
+}
+
+absl::Status WriteFileStreamAtomically(Env* env, const std::string& path,
+                                       const std::function<absl::Status(WritableFile*)>& write) {
+  const std::string tmp = path + ".tmp";
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, env->NewWritableFile(tmp));
+  absl::Status st = write(file.get());
+  if (st.ok()) st = file->Sync();
+  if (st.ok()) st = file->Close();
+  if (st.ok()) st = env->RenameFile(tmp, path);
   if (!st.ok()) {
+    file.reset();
     (void)env->DeleteFile(tmp);
     return st;
   }

@@ -5,6 +5,7 @@
 #define PSTRAIN_COMMON_ENV_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +63,11 @@ absl::Status DeleteRecursively(Env* env, const std::string& dir);
 // `path`, fsync the directory. A reader sees the old or the new file, never a
 // torn one.
 absl::Status WriteFileAtomically(Env* env, const std::string& path, absl::string_view data);
+// The same for a file written in pieces: `write` appends to "path.tmp", which
+// is then fsynced, closed and renamed over `path`, and the directory fsynced.
+// On any error the temp file is removed and `path` is left as it was.
+absl::Status WriteFileStreamAtomically(Env* env, const std::string& path,
+                                       const std::function<absl::Status(WritableFile*)>& write);
 
 std::string Dirname(const std::string& path);
 std::string JoinPath(const std::string& a, const std::string& b);

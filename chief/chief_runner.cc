@@ -102,6 +102,48 @@ struct ResumePoint {
   std::vector<WorkerCursor> cursors;
 };
 
+// Lays the checkpoint at `path` out for this placement: every variable must
+// be there with the model's shape. With `with_state`, also its optimizer
+// slots and update counts, step and cursors (a resume); else values alone.
+absl::StatusOr<ResumePoint> LoadStartPoint(const TrainingConfig& config, const Placement& placement,
+                                           const std::string& path, bool with_state) {
+  ASSIGN_OR_RETURN(RestoredCheckpoint ckpt, LoadCheckpoint(Env::Default(), path));
+  if (with_state && ckpt.manifest.config_fingerprint() != ConfigFingerprint(config)) {
+    LOG_WARN("resume: {} was written under another training config (fingerprint {:x}, now {:x}); "
+             "its variables fit, so training goes on from it",
+             path, ckpt.manifest.config_fingerprint(), ConfigFingerprint(config));
+  }
+  ResumePoint r;
+  if (with_state) r.step = ckpt.manifest.step();
+  for (const VariablePlacement& vp : placement.variables()) {
+    auto it = ckpt.variables.find(vp.spec.name);
+    if (it == ckpt.variables.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " has no variable ", vp.spec.name, ": another model?"));
+    }
+    if (it->second.shape != vp.spec.shape) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": ", vp.spec.name, " has shape [", absl::StrJoin(it->second.shape, ","),
+          "], the model's is [", absl::StrJoin(vp.spec.shape, ","), "]"));
+    }
+    Tensor t(vp.spec.shape);
+    std::copy(it->second.values.begin(), it->second.values.end(), t.data());
+    r.params.push_back(std::move(t));
+    if (with_state) {
+      r.optimizer.slots.push_back(std::move(it->second.slots));
+      r.optimizer.updates.push_back(it->second.updates);
+    }
+  }
+  if (with_state) r.cursors.assign(ckpt.manifest.cursors().begin(), ckpt.manifest.cursors().end());
+  LOG_INFO("{}: from {} (step {}, {} shard(s) written, {} now; optimizer slots {})",
+           with_state ? "resume" : "init_from", path, ckpt.manifest.step(),
+           ckpt.manifest.num_shards(), placement.server_bytes().size(),
+           !with_state ? "not taken"
+           : ckpt.manifest.slot_names_size() == 0 ? "none"
+                                                   : absl::StrJoin(ckpt.manifest.slot_names(), ","));
+  return r;
+}
+
 absl::StatusOr<std::optional<ResumePoint>> FindResumePoint(const TrainingConfig& config,
                                                            const Placement& placement) {
   const std::string& dir = config.checkpoint().dir();
@@ -117,36 +159,7 @@ absl::StatusOr<std::optional<ResumePoint>> FindResumePoint(const TrainingConfig&
     return std::optional<ResumePoint>();
   }
   RETURN_IF_ERROR(path.status());
-  ASSIGN_OR_RETURN(RestoredCheckpoint ckpt, LoadCheckpoint(env, *path));
-  if (ckpt.manifest.config_fingerprint() != ConfigFingerprint(config)) {
-    LOG_WARN("resume: {} was written under another training config (fingerprint {:x}, now {:x}); "
-             "its variables fit, so training goes on from it",
-             *path, ckpt.manifest.config_fingerprint(), ConfigFingerprint(config));
-  }
-  ResumePoint r;
-  r.step = ckpt.manifest.step();
-  for (const VariablePlacement& vp : placement.variables()) {
-    auto it = ckpt.variables.find(vp.spec.name);
-    if (it == ckpt.variables.end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(*path, " has no variable ", vp.spec.name, ": another model?"));
-    }
-    if (it->second.shape != vp.spec.shape) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          *path, ": ", vp.spec.name, " has shape [", absl::StrJoin(it->second.shape, ","),
-          "], the model's is [", absl::StrJoin(vp.spec.shape, ","), "]"));
-    }
-    Tensor t(vp.spec.shape);
-    std::copy(it->second.values.begin(), it->second.values.end(), t.data());
-    r.params.push_back(std::move(t));
-    r.optimizer.slots.push_back(std::move(it->second.slots));
-    r.optimizer.updates.push_back(it->second.updates);
-  }
-  r.cursors.assign(ckpt.manifest.cursors().begin(), ckpt.manifest.cursors().end());
-  LOG_INFO("resume: from {} (step {}, {} shard(s) written, {} now; optimizer slots {})", *path,
-           r.step, ckpt.manifest.num_shards(), placement.server_bytes().size(),
-           ckpt.manifest.slot_names_size() == 0 ? "none"
-                                                : absl::StrJoin(ckpt.manifest.slot_names(), ","));
+  ASSIGN_OR_RETURN(ResumePoint r, LoadStartPoint(config, placement, *path, /*with_state=*/true));
   return std::optional<ResumePoint>(std::move(r));
 }
 
@@ -212,7 +225,7 @@ absl::Status CommitCheckpoint(const TrainingConfig& config, const Placement& pla
 }  // namespace
 
 absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, uint64_t incarnation,
-                      Chief* chief, StopSignal* stop, bool resume) {
+                      Chief* chief, StopSignal* stop, const ChiefStart& start_from) {
   const absl::Duration rpc_timeout = absl::Milliseconds(config.rpc().rpc_timeout_ms());
   const absl::Duration step_timeout = absl::Milliseconds(config.rpc().step_timeout_ms());
   // The chief evaluates on the CPU: it is one process beside the workers,
@@ -238,8 +251,13 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   PsClient ps(cluster, &placement, /*worker=*/-1, rpc_timeout);
   ps.set_incarnation(incarnation);
   std::optional<ResumePoint> resume_point;
-  if (resume) {
+  if (start_from.resume) {
     ASSIGN_OR_RETURN(resume_point, FindResumePoint(config, placement));
+  }
+  std::optional<ResumePoint> init_point;
+  if (!resume_point.has_value() && !start_from.init_from.empty()) {
+    ASSIGN_OR_RETURN(init_point, LoadStartPoint(config, placement, start_from.init_from,
+                                                /*with_state=*/false));
   }
   std::vector<Tensor> params;
   int64_t start_step = 0;
@@ -254,6 +272,14 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
              "checkpoint of step {}",
              cluster.num_ps(), start_step);
     chief->MarkInitialized(start_step, resume_point->cursors);
+  } else if (init_point.has_value()) {
+    params = std::move(init_point->params);
+    RETURN_IF_ERROR(ps.InitializeAll(config, ConfigFingerprint(config), cluster.num_workers(),
+                                     /*start_step=*/0, params,
+                                     absl::Milliseconds(config.rpc().startup_timeout_ms())));
+    LOG_INFO("initialised variables on {} parameter server(s) from {} (fresh optimizer state)",
+             cluster.num_ps(), start_from.init_from);
+    chief->MarkInitialized();
   } else {
     params = model->Initialize(config.seed());
     RETURN_IF_ERROR(ps.InitializeAll(config, ConfigFingerprint(config), cluster.num_workers(),

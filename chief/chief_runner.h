@@ -16,13 +16,22 @@
 
 namespace pstrain {
 
-// `resume`: start from the latest complete, intact checkpoint in
-// checkpoint.dir (values, optimizer slots, global step, each worker's data
-// cursor), under this cluster's placement (any number of servers); a newer
-// damaged or incomplete one is skipped with a log line saying why; with none,
-// from the seed at step 0.
+struct ChiefStart {
+  // Start from the latest complete, intact checkpoint in checkpoint.dir
+  // (values, optimizer slots, global step, each worker's data cursor), under
+  // this cluster's placement (any number of servers); a newer damaged or
+  // incomplete one is skipped with a log line saying why; with none, from
+  // the seed at step 0.
+  bool resume = false;
+  // A new run whose variables start as this checkpoint's values (verified;
+  // its optimizer slots, step and cursors are not taken): step 0, fresh
+  // optimizer state. Ignored when `resume` finds a checkpoint of its own, so
+  // a resumed run goes on from where it was, not from here again.
+  std::string init_from;
+};
+
 absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, uint64_t incarnation,
-                      Chief* chief, StopSignal* stop, bool resume = false);
+                      Chief* chief, StopSignal* stop, const ChiefStart& start = {});
 
 }  // namespace pstrain
 

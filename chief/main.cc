@@ -28,6 +28,9 @@ ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
 ABSL_FLAG(bool, resume, false,
           "start from the latest complete checkpoint in the config's checkpoint.dir (values, "
           "optimizer slots, step, data cursors); from the seed when there is none");
+ABSL_FLAG(std::string, init_from, "",
+          "a checkpoint directory (ckpt-<step>) whose values start a new run at step 0 with "
+          "fresh optimizer state; a --resume that finds a checkpoint of the run's own wins");
 
 int main(int argc, char** argv) {
   pstrain::cpu::ReexecWithFittingBlasCore("chief", argv);
@@ -67,8 +70,10 @@ int main(int argc, char** argv) {
     stop.Wait();
     chief.RequestStop();
   });
-  absl::Status st = pstrain::RunChief(*config, task->cluster, incarnation, &chief, &stop,
-                                      absl::GetFlag(FLAGS_resume));
+  pstrain::ChiefStart start;
+  start.resume = absl::GetFlag(FLAGS_resume);
+  start.init_from = absl::GetFlag(FLAGS_init_from);
+  absl::Status st = pstrain::RunChief(*config, task->cluster, incarnation, &chief, &stop, start);
   stop.Stop("chief finished");  // releases the watcher
   stop_watcher.join();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -4,11 +4,16 @@
 // process, onto another number of servers, and past a damaged checkpoint.
 #include <signal.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <utility>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
 #include "common/checkpoint.h"
@@ -245,6 +250,148 @@ TEST_CASE("a damaged newest checkpoint is skipped, named in the log, and the pre
   }
   // The resumed run wrote a good ckpt-150 over the damaged one.
   CHECK(VerifyCheckpoint(Env::Default(), JoinPath(ckpt, "ckpt-150")).empty());
+}
+
+// The Python with NumPy and safetensors that tools/test.sh sets up
+// ($PSTRAIN_PYTHON); without one the test says so and passes, unless
+// PSTRAIN_REQUIRE_PYTHON_READERS=1 (as tools/test.sh sets it) makes it fail.
+std::string PythonWithReaders() {
+  const char* env = std::getenv("PSTRAIN_PYTHON");
+  const std::string python = env != nullptr && *env != '\0' ? env : "/usr/bin/python3";
+  CommandResult probe =
+      testing::RunCommand({python, "-c", "import numpy, safetensors.numpy"}, absl::Seconds(60));
+  if (probe.exit_code == 0) return python;
+  const char* required = std::getenv("PSTRAIN_REQUIRE_PYTHON_READERS");
+  if (required != nullptr && std::string(required) == "1") {
+    FAIL("no Python with numpy and safetensors at " << python << ": " << probe.output);
+  }
+  WARN("skipped: no Python with numpy and safetensors (" << python
+                                                         << "); tools/test.sh sets one up");
+  return "";
+}
+
+TEST_CASE("a run's checkpoint exports to safetensors and npy that NumPy and safetensors read "
+          "bitwise",
+          "[checkpoint][export]") {
+  const std::string python = PythonWithReaders();
+  if (python.empty()) return;
+  const std::string dir = testing::FreshTempDir("ckpt_export");
+  const std::string ckpt = JoinPath(dir, "ckpt");
+  const Job job = WriteJob(dir, CheckpointOptions(ckpt, 100), 2);
+  CommandResult r = RunJob(job, false);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  // The final checkpoint against the model the chief pulled from the servers.
+  const std::string last = JoinPath(ckpt, "ckpt-100");
+  const std::string st_dir = JoinPath(dir, "st"), npy_dir = JoinPath(dir, "npy");
+  for (const auto& [format, out] : {std::pair<std::string, std::string>{"safetensors", st_dir},
+                                    {"npy", npy_dir}}) {
+    CommandResult e = testing::RunCommand({Binary("tools/pstrain"), "checkpoint", "export", last,
+                                           "--format=" + format, "--out=" + out},
+                                          absl::Seconds(60));
+    INFO(e.output);
+    REQUIRE(e.exit_code == 0);
+    CHECK(e.output.find("exported step 100: 4 variable(s)") != std::string::npos);
+  }
+  std::string expect;
+  int i = 0;
+  for (const auto& [name, t] : FinalModel(job)) {
+    const std::string raw = JoinPath(dir, absl::StrCat("want-", i++, ".f32"));
+    REQUIRE(Env::Default()
+                ->WriteFile(raw,
+                            absl::string_view(reinterpret_cast<const char*>(t.values().data()),
+                                              t.values().size() * sizeof(float)),
+                            false)
+                .ok());
+    absl::StrAppend(&expect, name, "\t", absl::StrJoin(t.shape(), ","), "\t", raw, "\n");
+  }
+  const std::string expect_file = testing::WriteFile(JoinPath(dir, "expect.tsv"), expect);
+  CommandResult py = testing::RunCommand(
+      {python, JoinPath(BinDir(), "tests/read_export.py"),
+       JoinPath(st_dir, "model.safetensors"), npy_dir, expect_file},
+      absl::Seconds(60));
+  INFO(py.output);
+  CHECK(py.exit_code == 0);
+  CHECK(py.output.find("safetensors dense0/kernel shape (784, 64) bitwise equal") !=
+        std::string::npos);
+  CHECK(py.output.find("npy dense1/bias shape (10,) bitwise equal") != std::string::npos);
+}
+
+TEST_CASE("--init_from starts a new run from a checkpoint's values with fresh optimizer state",
+          "[checkpoint][init_from]") {
+  const std::string dir = testing::FreshTempDir("ckpt_init_from");
+  const std::string ckpt = JoinPath(dir, "ckpt");
+  const Job first = WriteJob(dir, CheckpointOptions(ckpt, 100), 2);
+  CommandResult r = RunJob(first, false);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::string from = JoinPath(ckpt, "ckpt-100");
+
+  // A new run on 1 server whose Adam steps are far below float32's
+  // resolution (lr 1e-30): its variables stay the checkpoint's, while its
+  // step and Adam's update counts start again from 0.
+  const std::string dir2 = testing::FreshTempDir("ckpt_init_from_2");
+  ConfigOptions o = CheckpointOptions(JoinPath(dir2, "ckpt"), 20);
+  o.learning_rate = 1e-30f;
+  const Job second = WriteJob(dir2, o, 1);
+  CommandResult r2 = testing::RunCommand(
+      {Binary("tools/pstrain"), "launch", "--cluster_spec", second.spec, "--config", second.config,
+       "--bin_dir", BinDir(), "--progress=false", "--init_from=" + from},
+      absl::Seconds(120));
+  INFO(r2.output);
+  REQUIRE(r2.exit_code == 0);
+  CHECK(ChiefLog(second).find("init_from: from " + from + " (step 100, 2 shard(s) written, 1 now") !=
+        std::string::npos);
+  auto want = LoadCheckpoint(Env::Default(), from);
+  auto got = LoadCheckpoint(Env::Default(), JoinPath(JoinPath(dir2, "ckpt"), "ckpt-20"));
+  REQUIRE(want.ok());
+  REQUIRE(got.ok());
+  CHECK(got->manifest.step() == 20);
+  for (const auto& [name, w] : want->variables) {
+    INFO(name);
+    const RestoredVariable& g = got->variables.at(name);
+    REQUIRE(g.values.size() == w.values.size());
+    CHECK(w.updates == 100);
+    CHECK(g.updates == 20);  // Adam's counts began again
+    double worst = 0;
+    for (size_t i = 0; i < w.values.size(); ++i) {
+      worst = std::max(worst, std::abs(static_cast<double>(g.values[i]) - w.values[i]));
+    }
+    CHECK(worst < 1e-20);
+  }
+
+  // A checkpoint that is not there is one line, and nothing starts.
+  CommandResult bad = testing::RunCommand(
+      {Binary("tools/pstrain"), "launch", "--cluster_spec", second.spec, "--config", second.config,
+       "--bin_dir", BinDir(), "--progress=false", "--init_from=" + JoinPath(ckpt, "ckpt-999")},
+      absl::Seconds(120));
+  CHECK(bad.exit_code != 0);
+  CHECK(ChiefLog(second).find("ckpt-999") != std::string::npos);
+}
+
+TEST_CASE("a save that fails is logged, training goes on, and the next save is written",
+          "[checkpoint][faults]") {
+  const std::string dir = testing::FreshTempDir("ckpt_save_fails");
+  const std::string ckpt = JoinPath(dir, "ckpt");
+  const Job job = WriteJob(dir, CheckpointOptions(ckpt, 200), 2);
+  // A file where ckpt-100's directory should go: every server's shard write
+  // for step 100 fails, as on a broken or full disk.
+  REQUIRE(Env::Default()->CreateDirs(ckpt).ok());
+  testing::WriteFile(JoinPath(ckpt, "ckpt-100"), "in the way\n");
+  CommandResult r = RunJob(job, false);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::string log = ChiefLog(job);
+  INFO(log);
+  CHECK(log.find("checkpoint step 100 failed, training goes on") != std::string::npos);
+  CHECK(log.find("exists and is not a directory") != std::string::npos);
+  for (const char* good : {"ckpt-50", "ckpt-150", "ckpt-200"}) {
+    INFO(good);
+    CHECK(VerifyCheckpoint(Env::Default(), JoinPath(ckpt, good)).empty());
+  }
+  auto pointer = ReadPointer(Env::Default(), ckpt);
+  REQUIRE(pointer.ok());
+  CHECK(*pointer == 200);
 }
 
 TEST_CASE("pstrain bench --suites=checkpoint writes, restores and compares with dd",

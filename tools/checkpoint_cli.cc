@@ -1,16 +1,23 @@
 #include "tools/checkpoint_cli.h"
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <map>
 #include <set>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "common/checkpoint.h"
 #include "common/env.h"
 #include "nlohmann/json.hpp"
+#include "tools/tensor_export.h"
 
 namespace pstrain {
 namespace {
@@ -19,7 +26,10 @@ constexpr char kUsage[] =
     "usage: pstrain checkpoint list DIR\n"
     "       pstrain checkpoint verify CKPT\n"
     "       pstrain checkpoint inspect CKPT [--json]\n"
-    "DIR is a config's checkpoint.dir; CKPT one of its ckpt-<step> directories\n";
+    "       pstrain checkpoint export CKPT --format=safetensors|npy --out=OUT\n"
+    "DIR is a config's checkpoint.dir; CKPT one of its ckpt-<step> directories.\n"
+    "export writes OUT/model.safetensors (every variable whole, named as in the\n"
+    "model) or one OUT/<variable>.npy each ('/' in a name is a subdirectory).\n";
 
 int List(const std::string& dir, std::ostream& out, std::ostream& err) {
   Env* env = Env::Default();
@@ -140,11 +150,113 @@ int Inspect(const std::string& ckpt, bool json, std::ostream& out, std::ostream&
   return 0;
 }
 
+// A variable's name as a relative path: components of letters, digits, '_',
+// '-' and '.', none empty, "." or "..". The manifest is outside input.
+bool SafeRelativePath(const std::string& name) {
+  if (name.empty()) return false;
+  for (absl::string_view part : absl::StrSplit(name, '/')) {
+    if (part.empty() || part == "." || part == "..") return false;
+    for (char c : part) {
+      if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' &&
+          c != '.') {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+// "export: 3/10 variables" redrawn in place on a terminal; nothing in a pipe.
+class Progress {
+ public:
+  explicit Progress(std::string what) : what_(std::move(what)), tty_(::isatty(2) == 1) {}
+  ~Progress() {
+    if (tty_ && drawn_) std::fputs("\n", stderr);
+  }
+  void Update(const std::string& line) {
+    if (!tty_) return;
+    std::fprintf(stderr, "\r\033[K%s: %s", what_.c_str(), line.c_str());
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+
+ private:
+  const std::string what_;
+  const bool tty_;
+  bool drawn_ = false;
+};
+
+int Export(const std::string& ckpt, const std::string& format, const std::string& out_dir,
+           std::ostream& out, std::ostream& err) {
+  Env* env = Env::Default();
+  if (format != "safetensors" && format != "npy") {
+    err << "pstrain checkpoint export: --format must be safetensors or npy, not \"" << format
+        << "\"\n";
+    return 2;
+  }
+  if (out_dir.empty()) {
+    err << "pstrain checkpoint export: --out=DIR is required\n";
+    return 2;
+  }
+  Progress progress("export");
+  progress.Update(absl::StrCat("reading and verifying ", ckpt));
+  absl::StatusOr<RestoredCheckpoint> c = LoadCheckpoint(env, ckpt);
+  if (!c.ok()) {
+    err << "pstrain checkpoint export: " << c.status().message() << "\n";
+    return 1;
+  }
+  std::vector<ExportTensor> tensors;
+  int64_t bytes = 0;
+  for (const CheckpointVariable& v : c->manifest.variables()) {
+    if (!SafeRelativePath(v.name())) {
+      err << "pstrain checkpoint export: " << ckpt << " names a variable \"" << v.name()
+          << "\" that is not a safe file name\n";
+      return 1;
+    }
+    const RestoredVariable& rv = c->variables.at(v.name());
+    tensors.push_back({v.name(), rv.shape, rv.values.data()});
+    bytes += static_cast<int64_t>(rv.values.size() * sizeof(float));
+  }
+  absl::Status st = env->CreateDirs(out_dir);
+  std::vector<std::string> written;
+  if (st.ok() && format == "safetensors") {
+    const CheckpointManifest& m = c->manifest;
+    const std::map<std::string, std::string> metadata = {
+        {"format", "np"},
+        {"pstrain_step", absl::StrCat(m.step())},
+        {"pstrain_config_fingerprint", absl::StrFormat("%016x", m.config_fingerprint())},
+        {"pstrain_optimizer", m.optimizer()},
+    };
+    progress.Update(absl::StrCat("writing ", tensors.size(), " tensors"));
+    const std::string path = JoinPath(out_dir, "model.safetensors");
+    st = WriteSafetensors(env, path, tensors, metadata);
+    written.push_back(path);
+  } else if (st.ok()) {
+    for (size_t i = 0; i < tensors.size() && st.ok(); ++i) {
+      progress.Update(absl::StrCat(i + 1, "/", tensors.size(), " variables"));
+      const std::string path = JoinPath(out_dir, tensors[i].name + ".npy");
+      st = env->CreateDirs(Dirname(path));
+      if (st.ok()) st = WriteNpy(env, path, tensors[i]);
+      written.push_back(path);
+    }
+  }
+  if (!st.ok()) {
+    err << "pstrain checkpoint export: " << st.message() << "\n";
+    return 1;
+  }
+  out << "exported step " << c->manifest.step() << ": " << tensors.size() << " variable(s), "
+      << bytes << " bytes of float32, to " << (format == "npy" ? out_dir : written.front())
+      << "\n";
+  return 0;
+}
+
 }  // namespace
 
 int CheckpointCommand(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
   std::vector<std::string> args;
   bool json = false;
+  std::string format, out_dir;
+  bool export_flags = false;
   for (const std::string& a : argv) {
     if (a == "--help" || a == "-h") {
       out << kUsage;
@@ -152,9 +264,25 @@ int CheckpointCommand(const std::vector<std::string>& argv, std::ostream& out, s
     }
     if (a == "--json") {
       json = true;
+    } else if (absl::StartsWith(a, "--format=")) {
+      format = a.substr(9);
+      export_flags = true;
+    } else if (absl::StartsWith(a, "--out=")) {
+      out_dir = a.substr(6);
+      export_flags = true;
+    } else if (absl::StartsWith(a, "--")) {
+      err << "pstrain checkpoint: unknown flag " << a << "\n" << kUsage;
+      return 2;
     } else {
       args.push_back(a);
     }
+  }
+  if (args.size() == 2 && args[0] == "export" && !json) {
+    return Export(args[1], format, out_dir, out, err);
+  }
+  if (export_flags) {
+    err << kUsage;
+    return 2;
   }
   if (args.size() == 2 && args[0] == "list") return List(args[1], out, err);
   if (args.size() == 2 && args[0] == "verify" && !json) return Verify(args[1], out);

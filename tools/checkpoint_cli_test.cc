@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include <cmath>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "common/checkpoint.h"
 #include "common/env.h"
 #include "nlohmann/json.hpp"
+#include "tools/tensor_export.h"
 
 namespace pstrain {
 namespace {
@@ -119,6 +121,61 @@ TEST_CASE("checkpoint inspect --json gives each variable's statistics", "[checkp
   CHECK(text.code == 0);
   CHECK(text.out.find("step 7") != std::string::npos);
   CHECK(Run({"inspect", JoinPath(ckpt, "nope")}).code == 1);
+}
+
+TEST_CASE("checkpoint export writes safetensors or npy, and refuses bad input", "[checkpoint][cli]") {
+  const std::string dir = TempDir();
+  const std::string ckpt = WriteCheckpoint(dir, 7);
+  const std::string st = JoinPath(dir, "st");
+  Result r = Run({"export", ckpt, "--format=safetensors", "--out=" + st});
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("exported step 7: 1 variable(s), 16 bytes") != std::string::npos);
+  auto bytes = Env::Default()->ReadFile(JoinPath(st, "model.safetensors"));
+  REQUIRE(bytes.ok());
+  const float want[] = {-3, 1, 2, 4};
+  CHECK(std::memcmp(bytes->data() + bytes->size() - sizeof(want), want, sizeof(want)) == 0);
+  CHECK(bytes->find("\"pstrain_step\":\"7\"") != std::string::npos);
+
+  const std::string npy = JoinPath(dir, "npy");
+  REQUIRE(Run({"export", ckpt, "--format=npy", "--out=" + npy}).code == 0);
+  auto w = Env::Default()->ReadFile(JoinPath(npy, "w.npy"));
+  REQUIRE(w.ok());
+  CHECK(w->size() == NpyHeader({2, 2}).size() + sizeof(want));
+  CHECK(w->find("'shape': (2, 2)") != std::string::npos);
+
+  CHECK(Run({"export", ckpt, "--format=csv", "--out=" + npy}).code == 2);
+  CHECK(Run({"export", ckpt, "--format=npy"}).code == 2);
+  CHECK(Run({"export", ckpt, "--out=" + npy}).code == 2);
+  CHECK(Run({"inspect", ckpt, "--out=" + npy}).code == 2);
+  CHECK(Run({"export", ckpt, "--format=npy", "--out=" + npy, "--bogus"}).code == 2);
+  // A damaged checkpoint exports nothing.
+  const std::string shard = JoinPath(ckpt, ShardFileName(0, 1));
+  auto sb = Env::Default()->ReadFile(shard);
+  REQUIRE(sb.ok());
+  (*sb)[sb->size() - 1] ^= 0x20;
+  REQUIRE(Env::Default()->WriteFile(shard, *sb, false).ok());
+  const std::string none = JoinPath(dir, "none");
+  Result bad = Run({"export", ckpt, "--format=npy", "--out=" + none});
+  CHECK(bad.code == 1);
+  CHECK(bad.err.find("CRC32C mismatch") != std::string::npos);
+  CHECK_FALSE(Env::Default()->FileExists(JoinPath(none, "w.npy")));
+}
+
+TEST_CASE("checkpoint export refuses a variable name that is not a safe path", "[checkpoint][cli]") {
+  for (const std::string name : {"../evil", "a//b", "/abs", "a/./b", "sp ace"}) {
+    INFO(name);
+    const std::string dir = TempDir();
+    const std::string ckpt = WriteCheckpoint(dir, 3);
+    auto m = ReadManifest(Env::Default(), ckpt);
+    REQUIRE(m.ok());
+    m->mutable_variables(0)->set_name(name);
+    m->mutable_tensors(0)->set_variable(name);
+    REQUIRE(WriteManifest(Env::Default(), ckpt, *m).ok());
+    Result r = Run({"export", ckpt, "--format=npy", "--out=" + JoinPath(dir, "out")});
+    CHECK(r.code == 1);
+    CHECK(r.err.find("not a safe file name") != std::string::npos);
+  }
 }
 
 }  // namespace

@@ -178,6 +178,9 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
                "--job=" + id.job, absl::StrCat("--task=", id.index),
                "--config=" + options.config};
     if (options.resume && id.job == kChiefJob) so.argv.push_back("--resume");
+    if (!options.init_from.empty() && id.job == kChiefJob) {
+      so.argv.push_back("--init_from=" + options.init_from);
+    }
     so.capture_output = true;
     auto proc = Subprocess::Spawn(so);
     if (!proc.ok()) {

@@ -20,6 +20,7 @@ struct LaunchOptions {
   bool verbose = false; // echo every task line, not only warnings and errors
   bool progress = true;
   bool resume = false;  // the chief starts from the latest good checkpoint
+  std::string init_from;  // the chief starts a new run from this checkpoint's values
 };
 
 // Returns the process exit code: 0 when every task succeeded.

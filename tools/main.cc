@@ -64,6 +64,8 @@ int LaunchCommand(const std::vector<std::string>& argv) {
       {"progress", {"true", "show the live progress line"}},
       {"resume", {"false", "start from the latest complete checkpoint in the config's "
                            "checkpoint.dir (from the seed when there is none)"}},
+      {"init_from", {"", "a checkpoint (ckpt-<step> directory) whose values start a new run "
+                         "at step 0 with fresh optimizer state"}},
   };
   if (WantsHelp(argv)) {
     std::cout << "pstrain launch flags:\n" << Args::Usage(flags);
@@ -82,6 +84,7 @@ int LaunchCommand(const std::vector<std::string>& argv) {
   o.verbose = args->GetBool("verbose");
   o.progress = args->GetBool("progress");
   o.resume = args->GetBool("resume");
+  o.init_from = args->Get("init_from");
   StopSignal stop;
   StopOnTerminationSignals(&stop);
   return Launch(o, &stop);

@@ -14,8 +14,12 @@ PSTRAIN_PACKAGES=(
 )
 
 pstrain_install_deps() {
+  pstrain_apt_install "${PSTRAIN_PACKAGES[@]}"
+}
+
+pstrain_apt_install() {  # packages...: installs the ones missing
   local missing=()
-  for p in "${PSTRAIN_PACKAGES[@]}"; do
+  for p in "$@"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return 0
@@ -25,6 +29,22 @@ pstrain_install_deps() {
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq >/dev/null
   $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+}
+
+# The real third-party readers the tests check pstrain's files with: NumPy
+# from Debian and safetensors from PyPI, in a virtual environment outside the
+# work tree. Prints the environment's python3.
+PSTRAIN_SAFETENSORS_VERSION=0.8.0
+pstrain_python_readers() {
+  pstrain_apt_install python3-venv python3-numpy
+  local venv="${PSTRAIN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/pstrain/venv}"
+  if ! "$venv/bin/python3" -c "import numpy, safetensors.numpy" 2>/dev/null; then
+    echo "setup: a Python environment for the tests in $venv (safetensors from PyPI)" >&2
+    /usr/bin/python3 -m venv --system-site-packages "$venv" >&2
+    "$venv/bin/pip" install -q --disable-pip-version-check \
+      "safetensors==$PSTRAIN_SAFETENSORS_VERSION" >&2
+  fi
+  echo "$venv/bin/python3"
 }
 
 pstrain_build() {

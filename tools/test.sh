@@ -6,6 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source tools/setup.sh
 pstrain_install_deps
+python=$(pstrain_python_readers) || python=/usr/bin/python3  # the export test then names what is missing
 
 results=$(mktemp -d)
 trap 'rm -rf "$results"' EXIT
@@ -14,7 +15,8 @@ run_config() {  # name, bazel flags...
   local name=$1
   shift
   echo "=== bazel test //... ($name)" >&2
-  bazel test --noshow_progress "$@" //... >&2
+  bazel test --noshow_progress --test_env=PSTRAIN_PYTHON="$python" \
+    --test_env=PSTRAIN_REQUIRE_PYTHON_READERS=1 "$@" //... >&2
   local rc=$?
   [ $rc -ne 0 ] && overall=$rc
   mkdir -p "$results/$name"

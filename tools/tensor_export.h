@@ -1,0 +1,49 @@
+// Writers of the two formats `pstrain checkpoint export` produces, for
+// readers outside pstrain:
+//   .npy          NumPy's format, version 1.0: "\x93NUMPY", 1, 0, a
+//                 little-endian uint16 header length, a Python dict literal
+//                 ('<f4', C order, the shape) padded with spaces to a
+//                 multiple of 64 bytes with the magic, then raw float32
+//   .safetensors  a little-endian uint64 header length, a JSON header
+//                 ({name: {dtype F32, shape, data_offsets [begin, end)}} and
+//                 an optional "__metadata__" of strings), padded with spaces
+//                 to a multiple of 8 bytes, then the tensors back to back in
+//                 the header's order
+// Both are written through Env, streamed tensor by tensor, to "path.tmp",
+// fsynced and renamed over `path`: a reader never sees half a file.
+#ifndef PSTRAIN_TOOLS_TENSOR_EXPORT_H_
+#define PSTRAIN_TOOLS_TENSOR_EXPORT_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/env.h"
+
+namespace pstrain {
+
+// A float32 tensor to write; `data` holds the product of `shape` floats.
+struct ExportTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  const float* data = nullptr;
+};
+
+// The bytes before the data of a .npy file for a float32 array of `shape`.
+std::string NpyHeader(const std::vector<int64_t>& shape);
+absl::Status WriteNpy(Env* env, const std::string& path, const ExportTensor& tensor);
+
+// The length prefix and JSON header of a .safetensors file (names must be
+// unique and not "__metadata__").
+absl::StatusOr<std::string> SafetensorsHeader(const std::vector<ExportTensor>& tensors,
+                                              const std::map<std::string, std::string>& metadata);
+absl::Status WriteSafetensors(Env* env, const std::string& path,
+                              const std::vector<ExportTensor>& tensors,
+                              const std::map<std::string, std::string>& metadata);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_TOOLS_TENSOR_EXPORT_H_

@@ -305,8 +305,10 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     return std::min(max_steps, (step / ckpt_every + 1) * ckpt_every);
   };
   int64_t next_ckpt = next_checkpoint_after(start_step);
+  const bool sync = IsSyncMode(config);
   auto commit_due = [&](int64_t step) {
-    while (next_ckpt <= step) {
+    // Sync: the servers took each due step's cut at its boundary.
+    while (sync && next_ckpt <= step) {
       absl::Status st =
           CommitCheckpoint(config, placement, &ps, cluster.num_workers(), next_ckpt, step_timeout);
       if (!st.ok()) {
@@ -314,6 +316,29 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
                  next_ckpt, st);
       }
       next_ckpt = next_checkpoint_after(next_ckpt);
+    }
+    // Async: one cut now, named by the global step the chief has seen; each
+    // server holds its pushes while it takes its partitions.
+    if (!sync && next_ckpt <= step) {
+      std::vector<SnapshotResponse> cuts;
+      absl::Status st = ps.SnapshotAll(step, step_timeout, &cuts);
+      if (st.ok()) {
+        int64_t held_us = 0;
+        std::vector<std::string> versions;
+        for (const SnapshotResponse& c : cuts) {
+          held_us = std::max(held_us, c.pause_us());
+          versions.push_back(absl::StrCat(c.version()));
+        }
+        LOG_INFO("checkpoint step {}: cut taken, pushes held at most {:.2f} ms; servers at "
+                 "versions {}",
+                 step, held_us / 1e3, absl::StrJoin(versions, ", "));
+        st = CommitCheckpoint(config, placement, &ps, cluster.num_workers(), step, step_timeout);
+      }
+      if (!st.ok()) {
+        LOG_WARN("checkpoint step {} failed, training goes on (the next one is retried): {}",
+                 step, st);
+      }
+      next_ckpt = next_checkpoint_after(step);
     }
   };
   const absl::Time start = absl::Now();

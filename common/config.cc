@@ -252,10 +252,6 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
   if (ckpt->dir().empty() && ckpt->every_steps() > 0) {
     return FieldError(source, "checkpoint.every_steps", "set without checkpoint.dir");
   }
-  if (!ckpt->dir().empty() && !IsSyncMode(*c)) {
-    return FieldError(source, "checkpoint",
-                      "checkpoints are taken in sync mode only so far (async: not built yet)");
-  }
   if (!ckpt->dir().empty() && c->embedding_tables_size() > 0) {
     return FieldError(source, "checkpoint",
                       "embedding tables are not saved in checkpoints yet; drop checkpoint or the "

@@ -684,6 +684,23 @@ absl::Status PsClient::ShutdownAll(const std::string& reason) {
       });
 }
 
+absl::Status PsClient::SnapshotAll(int64_t step, absl::Duration timeout,
+                                   std::vector<SnapshotResponse>* responses) {
+  std::vector<SnapshotRequest> requests(num_servers());
+  responses->assign(num_servers(), SnapshotResponse());
+  for (SnapshotRequest& r : requests) {
+    r.set_incarnation(incarnation_);
+    r.set_step(step);
+    r.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  }
+  return CallAll(
+      num_servers(), timeout + rpc_timeout_, /*wait_for_ready=*/false,
+      [this, step](int s) { return absl::StrCat("Snapshot ", ServerName(s), " step ", step); },
+      [&](int s, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+        stubs_[s]->async()->Snapshot(ctx, &requests[s], &(*responses)[s], std::move(done));
+      });
+}
+
 absl::Status PsClient::GetShard(int server, int64_t step, absl::Duration timeout,
                                 GetShardResponse* response) {
   grpc::ClientContext ctx;

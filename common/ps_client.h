@@ -118,6 +118,10 @@ class PsClient {
                         std::vector<PushOutcome>* outcomes);
 
   absl::Status ShutdownAll(const std::string& reason);
+  // Async checkpoints: every server takes its cut for `step` at once
+  // (SnapshotRequest); `responses` gets one per server.
+  absl::Status SnapshotAll(int64_t step, absl::Duration timeout,
+                           std::vector<SnapshotResponse>* responses);
   absl::Status GetStatus(int server, PsStatusResponse* response);
 
   // Tensor payload this client moved, and the bytes it copied to move them.

@@ -95,7 +95,7 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
   ASSIGN_OR_RETURN(model->learning_rate,
                    LearningRate::Create(config.optimizer(), global_batch, config.max_steps()));
   model->clip_value = config.optimizer().clip_value();
-  if (!config.checkpoint().dir().empty() && model->sync) {
+  if (!config.checkpoint().dir().empty()) {
     model->checkpoint_dir = config.checkpoint().dir();
     model->checkpoint_every = config.checkpoint().every_steps();
     if (request.num_servers() < 1 || request.server_index() < 0 ||
@@ -244,6 +244,8 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     async_admitted_ = 0;
     worker_clock_.assign(model_->num_workers, 0);
     step_cursors_.assign(model_->num_workers, StepCursor());
+    async_cursors_.assign(model_->num_workers, StepCursor());
+    holding_pushes_ = false;
   }
   RunCompletions(&completions);
   return absl::OkStatus();
@@ -826,17 +828,23 @@ void ParameterServer::MaybeSnapshotLocked(int64_t version) {
   const bool due = (model.checkpoint_every > 0 && version % model.checkpoint_every == 0) ||
                    version == model.max_steps;
   if (!due) return;
+  // The step is complete and the next one cannot start before this returns
+  // (its pulls are served after it), so no apply runs.
+  TakeSnapshotLocked(version, step_cursors_);
+}
+
+void ParameterServer::TakeSnapshotLocked(int64_t step, const std::vector<StepCursor>& cursors) {
+  const Model& model = *model_;
   const absl::Time start = absl::Now();
   auto snap = std::make_unique<ShardSnapshot>();
-  snap->step = version;
-  snap->dir = JoinPath(model.checkpoint_dir, CheckpointDirName(version));
+  snap->step = step;
+  snap->dir = JoinPath(model.checkpoint_dir, CheckpointDirName(step));
   snap->shard = model.shard;
   snap->num_shards = model.num_shards;
   snap->slot_names = model.optimizer->slot_names();
-  // The step is complete and the next one cannot start before this returns
-  // (its pulls are served after it), so no apply runs: the values are the
-  // current buffers (never recycled while referenced) and the slots are
-  // copied as they stand. The copy is this save's pause of the server.
+  // No apply runs (the caller sees to it): the values are the current
+  // buffers (never recycled while referenced) and the slots are copied as
+  // they stand. The copy is this save's pause of the server.
   for (const auto& [key, p] : model.partitions) {
     ShardSnapshot::Part part;
     part.variable = key.first;
@@ -853,16 +861,64 @@ void ParameterServer::MaybeSnapshotLocked(int64_t version) {
     }
     snap->parts.push_back(std::move(part));
   }
-  for (size_t w = 0; w < step_cursors_.size(); ++w) {
-    if (!step_cursors_[w].set) continue;
+  for (size_t w = 0; w < cursors.size(); ++w) {
+    if (!cursors[w].set) continue;
     WorkerCursor c;
     c.set_worker(static_cast<int>(w));
-    c.set_epoch(step_cursors_[w].epoch);
-    c.set_position(step_cursors_[w].position);
+    c.set_epoch(cursors[w].epoch);
+    c.set_position(cursors[w].position);
     snap->cursors.push_back(std::move(c));
   }
   snap->pause_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   to_write_.push_back(std::move(snap));
+}
+
+absl::Status ParameterServer::Snapshot(const SnapshotRequest& request,
+                                       SnapshotResponse* response) {
+  if (request.timeout_ms() < 0) return absl::InvalidArgumentError("Snapshot: negative timeout_ms");
+  const int64_t step = request.step();
+  if (step < 0) return absl::InvalidArgumentError("Snapshot: negative step");
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckIncarnationLocked(request.incarnation()));
+  if (model_->checkpoint_dir.empty()) {
+    return absl::FailedPreconditionError("Snapshot: this run writes no checkpoints");
+  }
+  if (model_->sync) {
+    return absl::FailedPreconditionError(
+        "Snapshot: sync servers take their checkpoints at the step boundary");
+  }
+  if (holding_pushes_) return absl::FailedPreconditionError("Snapshot: one is already being taken");
+  // A retried request for a cut already taken is answered, not taken twice.
+  const bool taken = written_.count(step) != 0 ||
+                     std::any_of(to_write_.begin(), to_write_.end(),
+                                 [step](const auto& s) { return s->step == step; });
+  if (taken) {
+    response->set_version(version_);
+    return absl::OkStatus();
+  }
+  const absl::Time start = absl::Now();
+  holding_pushes_ = true;
+  const std::shared_ptr<Model> model = model_;
+  auto drained = [this, &model]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return async_admitted_ == 0 || shut_down_ || model_ != model;
+  };
+  const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
+  const bool ok = mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
+  if (!ok || shut_down_ || model_ != model) {
+    if (model_ == model) holding_pushes_ = false;
+    if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
+    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+    return absl::DeadlineExceededError(absl::StrCat(
+        "Snapshot: ", async_admitted_, " push(es) still applying after ",
+        absl::FormatDuration(timeout)));
+  }
+  TakeSnapshotLocked(step, async_cursors_);
+  holding_pushes_ = false;  // waiting pushes go on as mu_ is released
+  const absl::Duration pause = absl::Now() - start;
+  to_write_.back()->pause_seconds = absl::ToDoubleSeconds(pause);
+  response->set_version(version_);
+  response->set_pause_us(absl::ToInt64Microseconds(pause));
+  return absl::OkStatus();
 }
 
 void ParameterServer::WriterLoop() {
@@ -893,7 +949,7 @@ absl::Status ParameterServer::GetShard(const GetShardRequest& request,
   RETURN_IF_ERROR(CheckIncarnationLocked(request.incarnation()));
   if (model_->checkpoint_dir.empty()) {
     return absl::FailedPreconditionError(
-        "GetShard: this run writes no checkpoints (sync mode with checkpoint.dir)");
+        "GetShard: this run writes no checkpoints (checkpoint.dir is not set)");
   }
   auto ready = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return shut_down_ || written_.count(step) != 0 ||
@@ -1031,6 +1087,15 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
   int64_t ticket = 0;
   {
     absl::MutexLock lock(&mu_);
+    // A checkpoint's cut holds new pushes until in-flight ones are applied
+    // and the partitions are taken: a few milliseconds (bounded anyway).
+    auto released = [this, &model]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !holding_pushes_ || model_ != model || shut_down_;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&released), max_wait_)) {
+      return absl::UnavailableError("Push: held for a checkpoint longer than the wait limit");
+    }
+    if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
     if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
     if (header.step() > version_) {
       ++counters_.pushes_rejected;
@@ -1045,6 +1110,11 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
     }
     ++async_admitted_;
     ticket = version_ + async_admitted_;
+    // Where this worker's data stands once this push is in; a checkpoint's
+    // cut is taken with no push in flight, so it matches what was applied.
+    // (A push refused below for a NaN leaves it a batch ahead: that batch
+    // is skipped on resume, as the run itself skipped its gradient.)
+    async_cursors_[w] = {true, header.cursor_epoch(), header.cursor_position()};
   }
   // Validate every gradient in place before changing anything.
   for (const GradientRef& g : grads) {

@@ -147,6 +147,13 @@ class ParameterServer {
   // on. GetShard waits (up to the request's timeout) until that shard is
   // durable and describes it, with each worker's data cursor at the step.
   absl::Status GetShard(const GetShardRequest& request, GetShardResponse* response);
+  // Async mode: the chief's cut for checkpoint `step`. New pushes are held
+  // while the ones in flight finish (up to the request's timeout), the
+  // partitions are taken as in sync mode with each worker's cursor as of
+  // its last push, and pushes are released; the shard is then written in
+  // the background and GetShard waits for it. Reports this server's version
+  // and how long pushes were held.
+  absl::Status Snapshot(const SnapshotRequest& request, SnapshotResponse* response);
   // Wakes every waiter with UNAVAILABLE and refuses further requests.
   void Shutdown();
 
@@ -299,6 +306,15 @@ class ParameterServer {
   void TimerLoop();
   // Sync: takes a checkpoint's snapshot when `version` (just reached) is due.
   void MaybeSnapshotLocked(int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct StepCursor {
+    bool set = false;
+    int64_t epoch = 0;
+    int64_t position = 0;
+  };
+  // Queues the partitions as they stand, with `cursors`, for the writer.
+  // No apply may run meanwhile (sync: the step boundary; async: pushes held).
+  void TakeSnapshotLocked(int64_t step, const std::vector<StepCursor>& cursors)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes queued snapshots (its own thread).
   void WriterLoop();
 
@@ -341,12 +357,11 @@ class ParameterServer {
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   // Sync: each worker's data cursor as its push for the open step said.
-  struct StepCursor {
-    bool set = false;
-    int64_t epoch = 0;
-    int64_t position = 0;
-  };
   std::vector<StepCursor> step_cursors_ ABSL_GUARDED_BY(mu_);
+  // Async: each worker's data cursor as of its latest admitted push, and
+  // whether a checkpoint's cut is holding new pushes.
+  std::vector<StepCursor> async_cursors_ ABSL_GUARDED_BY(mu_);
+  bool holding_pushes_ ABSL_GUARDED_BY(mu_) = false;
   // Checkpoint shards: snapshots waiting for the writer, and the outcome of
   // the latest writes by step (a few kept for GetShard).
   std::vector<std::unique_ptr<ShardSnapshot>> to_write_ ABSL_GUARDED_BY(mu_);

@@ -1,16 +1,21 @@
 #include "ps_server/parameter_server.h"
 
+#include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <set>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 
 #include "catch2/catch.hpp"
 #include "common/bfloat16.h"
+#include "common/checkpoint.h"
 #include "common/config.h"
+#include "common/env.h"
 
 namespace pstrain {
 namespace {
@@ -775,6 +780,116 @@ TEST_CASE("Initialize refuses min_replicas above the quorum", "[ps][sync][deadli
   config.mutable_sync()->set_min_replicas(3);
   ParameterServer ps;
   CHECK(absl::IsInvalidArgument(ps.Initialize(InitRequest(config, 4))));
+}
+
+}  // namespace
+}  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// The floats of one tensor of a written shard.
+std::vector<float> ShardTensorValues(const std::string& ckpt, const GetShardResponse& shard,
+                                     const std::string& variable) {
+  for (const CheckpointTensor& t : shard.tensors()) {
+    if (t.variable() != variable || !t.slot().empty()) continue;
+    auto bytes = Env::Default()->ReadFileRange(JoinPath(ckpt, shard.file()), t.offset(),
+                                               t.length());
+    REQUIRE(bytes.ok());
+    std::vector<float> out(bytes->size() / 4);
+    std::memcpy(out.data(), bytes->data(), bytes->size());
+    return out;
+  }
+  FAIL("no tensor " << variable);
+  return {};
+}
+
+TEST_CASE("async checkpoints: each cut holds pushes, so all partitions are at one version",
+          "[ps][async][checkpoint]") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = JoinPath(tmp != nullptr ? tmp : "/tmp", "async_cut");
+  (void)DeleteRecursively(Env::Default(), dir);
+  TrainingConfig config = BaseConfig(false, 0, 0, 1.0f);
+  config.set_max_steps(1000000);
+  config.mutable_checkpoint()->set_dir(dir);
+  InitializeRequest init = InitRequest(config, 4, {0, 0, 0, 0});
+  NamedTensor* b = init.add_variables();
+  b->mutable_ref()->set_variable("b");
+  ToProto({2}, {0, 0}, b->mutable_tensor());
+  init.set_num_servers(1);
+  init.set_server_index(0);
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(init).ok());
+
+  // Four workers push 1s to both variables (each its own push per variable
+  // would be two pushes; one push carries both, applied partition by
+  // partition), with their data cursor at the push count.
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 4; ++w) {
+    workers.emplace_back([&, w] {
+      for (int i = 1; !stop.load(); ++i) {
+        PushRequest req = Grad(w, 0, {1, 1, 1, 1});
+        NamedTensor* nt = req.add_gradients();
+        nt->mutable_ref()->set_variable("b");
+        ToProto({2}, {1, 1}, nt->mutable_tensor());
+        req.set_cursor_epoch(0);
+        req.set_cursor_position(i);
+        PushResponse r;
+        absl::Status st = ps.Push(req, &r);
+        if (!st.ok()) FAIL(st.ToString());
+      }
+    });
+  }
+  int64_t last = -1;
+  for (int64_t step = 1; step <= 20; ++step) {
+    absl::SleepFor(absl::Milliseconds(2));
+    SnapshotRequest req;
+    req.set_incarnation(kIncarnation);
+    req.set_step(step);
+    req.set_timeout_ms(10000);
+    SnapshotResponse cut;
+    REQUIRE(ps.Snapshot(req, &cut).ok());
+    GetShardRequest get;
+    get.set_incarnation(kIncarnation);
+    get.set_step(step);
+    get.set_timeout_ms(10000);
+    GetShardResponse shard;
+    REQUIRE(ps.GetShard(get, &shard).ok());
+    const std::string ckpt = JoinPath(dir, CheckpointDirName(step));
+    // Every element of both partitions was updated by the same pushes.
+    const float n = -static_cast<float>(cut.version());
+    INFO("cut " << step << " at version " << cut.version());
+    CHECK(ShardTensorValues(ckpt, shard, "w") == std::vector<float>{n, n, n, n});
+    CHECK(ShardTensorValues(ckpt, shard, "b") == std::vector<float>{n, n});
+    CHECK(cut.version() >= last);
+    last = cut.version();
+    // Each worker's cursor is that of a push the cut includes, and they add
+    // up to the version (every push of a worker is counted once).
+    int64_t sum = 0;
+    for (const WorkerCursor& c : shard.cursors()) sum += c.position();
+    CHECK(sum == cut.version());
+    // Asked again, the same cut is not taken twice.
+    SnapshotResponse again;
+    REQUIRE(ps.Snapshot(req, &again).ok());
+  }
+  stop = true;
+  for (std::thread& t : workers) t.join();
+  CHECK(last > 0);
+
+  // Sync servers refuse: they cut at their step boundary.
+  TrainingConfig sync = BaseConfig(true, 1, 0, 1.0f);
+  sync.mutable_checkpoint()->set_dir(dir);
+  InitializeRequest sync_init = InitRequest(sync, 1);
+  sync_init.set_num_servers(1);
+  sync_init.set_server_index(0);
+  ParameterServer sps;
+  REQUIRE(sps.Initialize(sync_init).ok());
+  SnapshotRequest req;
+  req.set_incarnation(kIncarnation);
+  req.set_step(5);
+  SnapshotResponse cut;
+  CHECK(sps.Snapshot(req, &cut).code() == absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace

@@ -172,6 +172,11 @@ grpc::Status PsServiceImpl::GetStatus(grpc::ServerContext* ctx, const PsStatusRe
   return grpc::Status::OK;
 }
 
+grpc::Status PsServiceImpl::Snapshot(grpc::ServerContext* ctx, const SnapshotRequest* req,
+                                     SnapshotResponse* resp) {
+  return ToGrpcStatus(ps_->Snapshot(*req, resp));
+}
+
 grpc::Status PsServiceImpl::GetShard(grpc::ServerContext* ctx, const GetShardRequest* req,
                                      GetShardResponse* resp) {
   return ToGrpcStatus(ps_->GetShard(*req, resp));

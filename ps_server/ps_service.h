@@ -38,6 +38,8 @@ class PsServiceImpl final
   // Holds a server thread while it waits (the chief's one call per save).
   grpc::Status GetShard(grpc::ServerContext* ctx, const GetShardRequest* req,
                         GetShardResponse* resp) override;
+  grpc::Status Snapshot(grpc::ServerContext* ctx, const SnapshotRequest* req,
+                        SnapshotResponse* resp) override;
   grpc::Status Shutdown(grpc::ServerContext* ctx, const ShutdownRequest* req,
                         ShutdownResponse* resp) override;
 

@@ -20,6 +20,7 @@
 #include "common/env.h"
 #include "common/subprocess.h"
 #include "common/tensor_file.h"
+#include "nlohmann/json.hpp"
 #include "tests/cluster_testlib.h"
 
 namespace pstrain {
@@ -392,6 +393,57 @@ TEST_CASE("a save that fails is logged, training goes on, and the next save is w
   auto pointer = ReadPointer(Env::Default(), ckpt);
   REQUIRE(pointer.ok());
   CHECK(*pointer == 200);
+}
+
+TEST_CASE("an async run checkpoints with pushes held briefly and resumes after kill -9",
+          "[checkpoint][async]") {
+  const int steps = 1500;
+  const std::string dir = testing::FreshTempDir("ckpt_async");
+  const std::string ckpt = JoinPath(dir, "ckpt");
+  ConfigOptions o = CheckpointOptions(ckpt, steps);
+  o.sync = false;
+  const Job job = WriteJob(dir, o, 2);
+  SpawnOptions so;
+  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", job.spec, "--config",
+             job.config, "--bin_dir", BinDir(), "--progress=false"};
+  so.output_file = JoinPath(dir, "launch.out");
+  auto launch = Subprocess::Spawn(so);
+  REQUIRE(launch.ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (!ReadPointer(Env::Default(), ckpt).ok() && absl::Now() < deadline &&
+         (*launch)->running()) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  for (int pid : testing::ProcessesMatching(job.spec)) ::kill(pid, SIGKILL);
+  REQUIRE((*launch)->Wait(absl::Seconds(30)).has_value());
+  const std::string first_log = ChiefLog(job);
+  INFO(first_log);
+  CHECK(first_log.find("cut taken, pushes held at most") != std::string::npos);
+  auto latest = LatestGoodCheckpoint(Env::Default(), ckpt, nullptr);
+  REQUIRE(latest.ok());
+  auto killed_at = ReadManifest(Env::Default(), *latest);
+  REQUIRE(killed_at.ok());
+  CHECK(killed_at->step() >= 50);
+  CHECK(killed_at->step() < steps);
+  // A worker that had not pushed yet has no cursor: it starts from the top.
+  CHECK(killed_at->cursors_size() >= 1);
+
+  CommandResult resumed = RunJob(job, true);
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const std::string log = ChiefLog(job);
+  INFO(log);
+  CHECK(log.find("resume: from " + *latest) != std::string::npos);
+  // The run ends at max_steps with a last checkpoint there, and learned.
+  auto last = ReadManifest(Env::Default(), JoinPath(ckpt, CheckpointDirName(steps)));
+  REQUIRE(last.ok());
+  CHECK(last->cursors_size() == 2);
+  CHECK(VerifyCheckpoint(Env::Default(), JoinPath(ckpt, CheckpointDirName(steps))).empty());
+  auto summary = Env::Default()->ReadFile(JoinPath(job.out, "summary.json"));
+  REQUIRE(summary.ok());
+  const nlohmann::json j = nlohmann::json::parse(*summary);
+  CHECK(j["global_step"].get<int64_t>() == steps);
+  CHECK(j["eval_accuracy"].get<double>() >= 0.85);
 }
 
 TEST_CASE("pstrain bench --suites=checkpoint writes, restores and compares with dd",

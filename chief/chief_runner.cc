@@ -100,7 +100,38 @@ struct ResumePoint {
   std::vector<Tensor> params;
   PsClient::OptimizerState optimizer;
   std::vector<WorkerCursor> cursors;
+  // Embedding tables' rows, and whether their optimizer state goes with
+  // them (a resume) or not (init_from).
+  std::map<std::string, RestoredTable> tables;
+  bool table_state = false;
 };
+
+// Sends the start point's embedding rows to the servers that hold them now.
+absl::Status LoadTables(const TrainingConfig& config, ResumePoint* r, PsClient* ps) {
+  for (const EmbeddingTableConfig& tc : config.embedding_tables()) {
+    auto it = r->tables.find(tc.name());
+    if (it == r->tables.end()) {
+      LOG_WARN("the checkpoint has no rows of embedding table {}: it starts empty", tc.name());
+      continue;
+    }
+    RestoredTable& t = it->second;
+    if (t.dim != tc.dim()) {
+      return absl::FailedPreconditionError(absl::StrCat("embedding table ", tc.name(),
+                                                        " was saved with dim ", t.dim,
+                                                        ", the config says ", tc.dim()));
+    }
+    std::vector<const float*> slots;
+    if (r->table_state) {
+      for (const std::vector<float>& slot : t.slots) slots.push_back(slot.data());
+    }
+    RETURN_IF_ERROR(ps->LoadRows(tc.name(), t.dim, t.ids, t.values.data(), slots,
+                                 r->table_state ? t.updates : std::vector<int64_t>(),
+                                 r->table_state ? t.touched : std::vector<int64_t>()));
+    LOG_INFO("embedding table {}: {} rows restored{}", tc.name(), t.ids.size(),
+             r->table_state ? " with their optimizer state" : "");
+  }
+  return absl::OkStatus();
+}
 
 // Lays the checkpoint at `path` out for this placement: every variable must
 // be there with the model's shape. With `with_state`, also its optimizer
@@ -135,6 +166,8 @@ absl::StatusOr<ResumePoint> LoadStartPoint(const TrainingConfig& config, const P
     }
   }
   if (with_state) r.cursors.assign(ckpt.manifest.cursors().begin(), ckpt.manifest.cursors().end());
+  r.tables = std::move(ckpt.tables);
+  r.table_state = with_state;
   LOG_INFO("{}: from {} (step {}, {} shard(s) written, {} now; optimizer slots {})",
            with_state ? "resume" : "init_from", path, ckpt.manifest.step(),
            ckpt.manifest.num_shards(), placement.server_bytes().size(),
@@ -212,6 +245,13 @@ absl::Status CommitCheckpoint(const TrainingConfig& config, const Placement& pla
     }
     // Every server heard every worker's push for the step; keep the fullest.
     if (shard.cursors_size() > m.cursors_size()) *m.mutable_cursors() = shard.cursors();
+    for (CheckpointRows& r : *shard.mutable_rows()) {
+      if (r.shard() != s) {
+        return absl::InternalError(absl::StrCat("server ", s, " saved rows as shard ", r.shard()));
+      }
+      *m.add_rows() = std::move(r);
+    }
+    if (s == 0) *m.mutable_tables() = shard.tables();
   }
   RETURN_IF_ERROR(WriteManifest(Env::Default(), ckpt_dir, m));
   RETURN_IF_ERROR(CommitAndPrune(Env::Default(), dir, step, config.checkpoint().keep()));
@@ -268,6 +308,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
                                      start_step, params,
                                      absl::Milliseconds(config.rpc().startup_timeout_ms()),
                                      &resume_point->optimizer));
+    RETURN_IF_ERROR(LoadTables(config, &*resume_point, &ps));
     LOG_INFO("initialised variables and optimizer slots on {} parameter server(s) from the "
              "checkpoint of step {}",
              cluster.num_ps(), start_step);
@@ -277,6 +318,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     RETURN_IF_ERROR(ps.InitializeAll(config, ConfigFingerprint(config), cluster.num_workers(),
                                      /*start_step=*/0, params,
                                      absl::Milliseconds(config.rpc().startup_timeout_ms())));
+    RETURN_IF_ERROR(LoadTables(config, &*init_point, &ps));
     LOG_INFO("initialised variables on {} parameter server(s) from {} (fresh optimizer state)",
              cluster.num_ps(), start_from.init_from);
     chief->MarkInitialized();

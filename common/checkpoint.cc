@@ -80,6 +80,81 @@ absl::Status CheckManifest(const CheckpointManifest& m) {
       return absl::DataLossError(absl::StrCat(what, ": unknown slot"));
     }
   }
+  std::map<std::string, const CheckpointTable*> tables;
+  for (const CheckpointTable& t : m.tables()) {
+    if (t.dim() < 1 || t.dim() > 1000000) {
+      return absl::DataLossError(absl::StrCat("table ", t.name(), ": dim ", t.dim()));
+    }
+    if (!tables.emplace(t.name(), &t).second) {
+      return absl::DataLossError(absl::StrCat("table ", t.name(), " listed twice"));
+    }
+  }
+  std::set<std::pair<std::string, int>> seen;
+  for (const CheckpointRows& r : m.rows()) {
+    const std::string what = absl::StrCat("table ", r.table(), " rows of shard ", r.shard());
+    auto t = tables.find(r.table());
+    if (t == tables.end()) return absl::DataLossError(absl::StrCat(what, ": not a listed table"));
+    if (r.shard() < 0 || r.shard() >= m.num_shards() || r.rows() < 0 ||
+        r.rows() > (int64_t{1} << 40) || !seen.emplace(r.table(), r.shard()).second) {
+      return absl::DataLossError(absl::StrCat(what, ": bad shard, count or a repeat"));
+    }
+    if (r.slots_size() != t->second->slot_names_size()) {
+      return absl::DataLossError(absl::StrCat(what, ": ", r.slots_size(), " slots, the table has ",
+                                              t->second->slot_names_size()));
+    }
+    const int64_t floats = r.rows() * t->second->dim() * static_cast<int64_t>(sizeof(float));
+    const int64_t shard_bytes = m.shards(r.shard()).bytes();
+    auto fits = [&](const ByteRange& b, int64_t want) {
+      return b.length() == want && b.offset() >= static_cast<int64_t>(sizeof(kShardMagic)) &&
+             b.offset() + b.length() <= shard_bytes;
+    };
+    bool ok = fits(r.ids(), r.rows() * 8) && fits(r.values(), floats) &&
+              fits(r.updates(), r.rows() * 8) && fits(r.touched(), r.rows() * 8);
+    for (const ByteRange& b : r.slots()) ok = ok && fits(b, floats);
+    if (!ok) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": a byte range does not fit its row count and shard"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Reads `range` of a shard into `dst` and checks its CRC32C.
+absl::Status ReadRangeInto(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
+                           int shard, const ByteRange& range, const std::string& what,
+                           void* dst) {
+  const std::string file = m.shards(shard).file();
+  absl::Status st = env->ReadFileRangeInto(JoinPath(ckpt_dir, file), range.offset(),
+                                           range.length(), static_cast<char*>(dst));
+  if (!st.ok()) return absl::DataLossError(absl::StrCat(file, ": ", what, ": ", st.message()));
+  if (Crc32c(dst, static_cast<size_t>(range.length())) != range.crc32c()) {
+    return absl::DataLossError(absl::StrCat(file, ": ", what, ": CRC32C mismatch (corrupted)"));
+  }
+  return absl::OkStatus();
+}
+
+// Appends shard rows `r` to `t` (every range read and checked).
+absl::Status ReadRows(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
+                      const CheckpointRows& r, RestoredTable* t) {
+  const size_t n = static_cast<size_t>(r.rows()), at = t->ids.size();
+  const std::string what = absl::StrCat("table ", r.table());
+  t->ids.resize(at + n);
+  t->values.resize((at + n) * t->dim);
+  t->updates.resize(at + n);
+  t->touched.resize(at + n);
+  RETURN_IF_ERROR(ReadRangeInto(env, ckpt_dir, m, r.shard(), r.ids(), what + " ids",
+                                t->ids.data() + at));
+  RETURN_IF_ERROR(ReadRangeInto(env, ckpt_dir, m, r.shard(), r.values(), what + " values",
+                                t->values.data() + at * t->dim));
+  for (int s = 0; s < r.slots_size(); ++s) {
+    t->slots[s].resize((at + n) * t->dim);
+    RETURN_IF_ERROR(ReadRangeInto(env, ckpt_dir, m, r.shard(), r.slots(s),
+                                  absl::StrCat(what, " slot ", s), t->slots[s].data() + at * t->dim));
+  }
+  RETURN_IF_ERROR(ReadRangeInto(env, ckpt_dir, m, r.shard(), r.updates(), what + " updates",
+                                t->updates.data() + at));
+  RETURN_IF_ERROR(ReadRangeInto(env, ckpt_dir, m, r.shard(), r.touched(), what + " touched",
+                                t->touched.data() + at));
   return absl::OkStatus();
 }
 
@@ -150,13 +225,14 @@ std::string ShardFileName(int shard, int num_shards) {
   return absl::StrCat("shard-", shard, "-of-", num_shards);
 }
 
-absl::StatusOr<std::vector<CheckpointTensor>> WriteShard(Env* env, const std::string& ckpt_dir,
-                                                         int shard, int num_shards,
-                                                         const std::vector<ShardTensor>& tensors,
-                                                         int64_t* bytes) {
+absl::StatusOr<std::vector<CheckpointTensor>> WriteShard(
+    Env* env, const std::string& ckpt_dir, int shard, int num_shards,
+    const std::vector<ShardTensor>& tensors, int64_t* bytes, const std::vector<ShardRows>& rows,
+    std::vector<CheckpointRows>* row_entries) {
   RETURN_IF_ERROR(env->CreateDirs(ckpt_dir));
   const std::string path = JoinPath(ckpt_dir, ShardFileName(shard, num_shards));
   std::vector<CheckpointTensor> entries;
+  std::vector<CheckpointRows> rows_out;
   int64_t at = 0;
   RETURN_IF_ERROR(WriteFileStreamAtomically(env, path, [&](WritableFile* file) -> absl::Status {
     auto append = [&](absl::string_view data) -> absl::Status {
@@ -164,12 +240,23 @@ absl::StatusOr<std::vector<CheckpointTensor>> WriteShard(Env* env, const std::st
       at += static_cast<int64_t>(data.size());
       return absl::OkStatus();
     };
-    RETURN_IF_ERROR(append(absl::string_view(kShardMagic, sizeof(kShardMagic))));
     static const char kZeros[kAlign] = {};
+    auto align = [&]() -> absl::Status {
+      if (at % kAlign == 0) return absl::OkStatus();
+      return append(absl::string_view(kZeros, kAlign - at % kAlign));
+    };
+    // An aligned range of `n` bytes at `p`, described in `range`.
+    auto range = [&](const void* p, int64_t n, ByteRange* r) -> absl::Status {
+      RETURN_IF_ERROR(align());
+      const absl::string_view data(static_cast<const char*>(p), static_cast<size_t>(n));
+      r->set_offset(at);
+      r->set_length(n);
+      r->set_crc32c(Crc32c(data.data(), data.size()));
+      return append(data);
+    };
+    RETURN_IF_ERROR(append(absl::string_view(kShardMagic, sizeof(kShardMagic))));
     for (const ShardTensor& t : tensors) {
-      if (at % kAlign != 0) {
-        RETURN_IF_ERROR(append(absl::string_view(kZeros, kAlign - at % kAlign)));
-      }
+      RETURN_IF_ERROR(align());
       const absl::string_view data(reinterpret_cast<const char*>(t.data),
                                    static_cast<size_t>(t.elements) * sizeof(float));
       CheckpointTensor e;
@@ -186,9 +273,23 @@ absl::StatusOr<std::vector<CheckpointTensor>> WriteShard(Env* env, const std::st
       entries.push_back(std::move(e));
       RETURN_IF_ERROR(append(data));
     }
+    for (const ShardRows& r : rows) {
+      CheckpointRows e;
+      e.set_table(r.table);
+      e.set_shard(shard);
+      e.set_rows(r.rows);
+      const int64_t n = r.rows, floats = r.rows * r.dim * static_cast<int64_t>(sizeof(float));
+      RETURN_IF_ERROR(range(r.ids, n * 8, e.mutable_ids()));
+      RETURN_IF_ERROR(range(r.values, floats, e.mutable_values()));
+      for (const float* slot : r.slots) RETURN_IF_ERROR(range(slot, floats, e.add_slots()));
+      RETURN_IF_ERROR(range(r.updates, n * 8, e.mutable_updates()));
+      RETURN_IF_ERROR(range(r.touched, n * 8, e.mutable_touched()));
+      rows_out.push_back(std::move(e));
+    }
     return absl::OkStatus();
   }));
   *bytes = at;
+  if (row_entries != nullptr) *row_entries = std::move(rows_out);
   return entries;
 }
 
@@ -303,6 +404,20 @@ std::vector<std::string> VerifyCheckpoint(Env* env, const std::string& ckpt_dir)
     if (!shard_ok[t.shard()]) continue;
     absl::StatusOr<std::vector<float>> v = ReadCheckpointTensor(env, ckpt_dir, *m, t);
     if (!v.ok()) problems.push_back(std::string(v.status().message()));
+  }
+  std::map<std::string, RestoredTable> tables;
+  for (const CheckpointTable& t : m->tables()) {
+    tables[t.name()].dim = t.dim();
+    tables[t.name()].slots.resize(t.slot_names_size());
+  }
+  for (const CheckpointRows& r : m->rows()) {
+    if (!shard_ok[r.shard()]) continue;
+    RestoredTable t;  // one shard's rows at a time
+    t.dim = tables[r.table()].dim;
+    t.slots.resize(r.slots_size());
+    if (absl::Status st = ReadRows(env, ckpt_dir, *m, r, &t); !st.ok()) {
+      problems.push_back(std::string(st.message()));
+    }
   }
   if (absl::StatusOr<std::map<std::string, std::map<int64_t, PartitionEntries>>> index =
           IndexPartitions(*m);
@@ -433,6 +548,22 @@ absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& c
       }
       rv.updates = std::max(rv.updates, e.values->updates());
       at += n;
+    }
+  }
+  for (const CheckpointTable& t : m.tables()) {
+    RestoredTable& rt = out.tables[t.name()];
+    rt.dim = t.dim();
+    rt.slots.resize(t.slot_names_size());
+  }
+  for (const CheckpointRows& r : m.rows()) {
+    RETURN_IF_ERROR(ReadRows(env, ckpt_dir, m, r, &out.tables.at(r.table())));
+  }
+  for (const auto& [name, t] : out.tables) {
+    std::vector<uint64_t> ids = t.ids;
+    std::sort(ids.begin(), ids.end());
+    if (std::adjacent_find(ids.begin(), ids.end()) != ids.end()) {
+      return absl::DataLossError(absl::StrCat(ckpt_dir, ": table ", name,
+                                              ": an id is in two shards"));
     }
   }
   return out;

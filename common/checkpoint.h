@@ -47,14 +47,29 @@ struct ShardTensor {
   int64_t elements = 0;
 };
 
+// One server's rows of an embedding table to write: `rows` ids, and for
+// each rows x dim floats of values and of every slot (the table's slot
+// order), an update count and the step it was last touched at.
+struct ShardRows {
+  std::string table;
+  int dim = 0;
+  int64_t rows = 0;
+  const uint64_t* ids = nullptr;
+  const float* values = nullptr;
+  std::vector<const float*> slots;
+  const int64_t* updates = nullptr;
+  const int64_t* touched = nullptr;
+};
+
 // Writes shard `shard` of `num_shards` into `ckpt_dir` (created if needed),
-// tensor by tensor (temp file, fsync, rename, fsync the directory), and
-// returns its entries for the manifest (offset, length, CRC32C, shard) and
-// the file's size in `bytes`.
-absl::StatusOr<std::vector<CheckpointTensor>> WriteShard(Env* env, const std::string& ckpt_dir,
-                                                         int shard, int num_shards,
-                                                         const std::vector<ShardTensor>& tensors,
-                                                         int64_t* bytes);
+// tensor by tensor, then each table's rows (temp file, fsync, rename, fsync
+// the directory), and returns its entries for the manifest (offset, length,
+// CRC32C, shard), the rows' entries in `row_entries` (one per table, when
+// given) and the file's size in `bytes`.
+absl::StatusOr<std::vector<CheckpointTensor>> WriteShard(
+    Env* env, const std::string& ckpt_dir, int shard, int num_shards,
+    const std::vector<ShardTensor>& tensors, int64_t* bytes,
+    const std::vector<ShardRows>& rows = {}, std::vector<CheckpointRows>* row_entries = nullptr);
 
 // The manifest, atomically, with its CRC line.
 absl::Status WriteManifest(Env* env, const std::string& ckpt_dir,
@@ -109,9 +124,18 @@ struct RestoredVariable {
   std::vector<std::vector<float>> slots;
   int64_t updates = 0;  // the most any of its partitions had
 };
+// An embedding table's rows from every shard, concatenated (ids unique).
+struct RestoredTable {
+  int dim = 0;
+  std::vector<uint64_t> ids;
+  std::vector<float> values;               // ids.size() x dim
+  std::vector<std::vector<float>> slots;   // the table's slot_names order
+  std::vector<int64_t> updates, touched;
+};
 struct RestoredCheckpoint {
   CheckpointManifest manifest;
   std::map<std::string, RestoredVariable> variables;
+  std::map<std::string, RestoredTable> tables;
 };
 absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& ckpt_dir);
 

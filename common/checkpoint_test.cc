@@ -451,3 +451,140 @@ TEST_CASE("a full disk fails the save with its reason and leaves the previous ch
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+// Embedding rows of table "ads" (dim 2, slots m and v): 3 rows on shard 0,
+// 2 on shard 1, beside one dense variable "w" [2] on shard 0.
+struct RowsFixture {
+  std::vector<uint64_t> ids0 = {7, 1ull << 63, 42}, ids1 = {5, 99};
+  std::vector<float> v0 = Iota(6, 1), m0 = Iota(6, 2), s0 = Iota(6, 3);
+  std::vector<float> v1 = Iota(4, -1), m1 = Iota(4, -2), s1 = Iota(4, -3);
+  std::vector<int64_t> u0 = {1, 2, 3}, t0 = {10, 20, 30}, u1 = {4, 5}, t1 = {40, 50};
+  std::vector<float> w = {0.5f, -0.5f};
+};
+
+std::string WriteRowsFixture(const RowsFixture& f, const std::string& dir) {
+  Env* env = Env::Default();
+  const std::string ckpt = JoinPath(dir, CheckpointDirName(9));
+  CheckpointManifest m;
+  m.set_step(9);
+  m.set_num_shards(2);
+  m.set_optimizer("adam");
+  m.add_slot_names("m");
+  m.add_slot_names("v");
+  CheckpointVariable* v = m.add_variables();
+  v->set_name("w");
+  v->add_shape(2);
+  CheckpointTable* t = m.add_tables();
+  t->set_name("ads");
+  t->set_dim(2);
+  t->set_optimizer("adam");
+  t->add_slot_names("m");
+  t->add_slot_names("v");
+  const std::vector<float> zeros(2);
+  for (int shard = 0; shard < 2; ++shard) {
+    std::vector<ShardTensor> tensors;
+    if (shard == 0) {
+      tensors = {Part("w", 0, "", {2}, 0, f.w.data(), 2), Part("w", 0, "m", {2}, 0, zeros.data(), 2),
+                 Part("w", 0, "v", {2}, 0, zeros.data(), 2)};
+    }
+    ShardRows r;
+    r.table = "ads";
+    r.dim = 2;
+    r.rows = shard == 0 ? 3 : 2;
+    r.ids = shard == 0 ? f.ids0.data() : f.ids1.data();
+    r.values = shard == 0 ? f.v0.data() : f.v1.data();
+    r.slots = {shard == 0 ? f.m0.data() : f.m1.data(), shard == 0 ? f.s0.data() : f.s1.data()};
+    r.updates = shard == 0 ? f.u0.data() : f.u1.data();
+    r.touched = shard == 0 ? f.t0.data() : f.t1.data();
+    int64_t bytes = 0;
+    std::vector<CheckpointRows> rows;
+    auto entries = WriteShard(env, ckpt, shard, 2, tensors, &bytes, {r}, &rows);
+    REQUIRE(entries.ok());
+    for (CheckpointTensor& e : *entries) *m.add_tensors() = e;
+    for (CheckpointRows& e : rows) *m.add_rows() = e;
+    ShardFile* sf = m.add_shards();
+    sf->set_shard(shard);
+    sf->set_file(ShardFileName(shard, 2));
+    sf->set_bytes(bytes);
+  }
+  REQUIRE(WriteManifest(env, ckpt, m).ok());
+  return ckpt;
+}
+
+template <typename T>
+std::vector<T> Cat(const std::vector<T>& a, const std::vector<T>& b) {
+  std::vector<T> out = a;
+  out.insert(out.end(), b.begin(), b.end());
+  return out;
+}
+
+TEST_CASE("embedding rows are saved per shard and read back whole, bitwise", "[checkpoint][rows]") {
+  const RowsFixture f;
+  const std::string ckpt = WriteRowsFixture(f, TempDir("rows"));
+  CHECK(VerifyCheckpoint(Env::Default(), ckpt).empty());
+  auto c = LoadCheckpoint(Env::Default(), ckpt);
+  REQUIRE(c.ok());
+  REQUIRE(c->tables.count("ads") == 1);
+  const RestoredTable& t = c->tables.at("ads");
+  CHECK(t.dim == 2);
+  CHECK(t.ids == Cat(f.ids0, f.ids1));
+  CHECK(Same(t.values, Cat(f.v0, f.v1)));
+  REQUIRE(t.slots.size() == 2);
+  CHECK(Same(t.slots[0], Cat(f.m0, f.m1)));
+  CHECK(Same(t.slots[1], Cat(f.s0, f.s1)));
+  CHECK(t.updates == Cat(f.u0, f.u1));
+  CHECK(t.touched == Cat(f.t0, f.t1));
+  CHECK(Same(c->variables.at("w").values, f.w));
+}
+
+TEST_CASE("damaged rows are found by verify and refused by load", "[checkpoint][rows][faults]") {
+  const RowsFixture f;
+  const std::string dir = TempDir("rows-damaged");
+  const std::string good = WriteRowsFixture(f, JoinPath(dir, "good"));
+  auto m = ReadManifest(Env::Default(), good);
+  REQUIRE(m.ok());
+  int region = 0;
+  for (const CheckpointRows& r : m->rows()) {
+    std::vector<ByteRange> ranges = {r.ids(), r.values(), r.updates(), r.touched()};
+    ranges.insert(ranges.end(), r.slots().begin(), r.slots().end());
+    for (const ByteRange& b : ranges) {
+      INFO("shard " << r.shard() << " range at " << b.offset());
+      const std::string copy = JoinPath(dir, absl::StrCat("copy", region++));
+      CopyTree(good, copy);
+      FlipByte(JoinPath(copy, ShardFileName(r.shard(), 2)), b.offset() + b.length() / 2);
+      const std::vector<std::string> problems = VerifyCheckpoint(Env::Default(), copy);
+      REQUIRE(problems.size() == 1);
+      CHECK(problems[0].find("table ads") != std::string::npos);
+      CHECK(problems[0].find("CRC32C mismatch") != std::string::npos);
+      CHECK_FALSE(LoadCheckpoint(Env::Default(), copy).ok());
+    }
+  }
+  CHECK(region == 12);
+  // A manifest whose rows disagree with their table, or repeat an id.
+  auto edit = [&](const std::string& name, const std::function<void(CheckpointManifest*)>& f2) {
+    const std::string copy = JoinPath(dir, name);
+    CopyTree(good, copy);
+    CheckpointManifest bad = *m;
+    f2(&bad);
+    REQUIRE(WriteManifest(Env::Default(), copy, bad).ok());
+    return copy;
+  };
+  CHECK_FALSE(ReadManifest(Env::Default(), edit("slots", [](CheckpointManifest* b) {
+                b->mutable_rows(0)->mutable_slots()->RemoveLast();
+              })).ok());
+  CHECK_FALSE(ReadManifest(Env::Default(), edit("count", [](CheckpointManifest* b) {
+                b->mutable_rows(1)->set_rows(3);
+              })).ok());
+  CHECK_FALSE(ReadManifest(Env::Default(), edit("table", [](CheckpointManifest* b) {
+                b->mutable_rows(1)->set_table("clicks");
+              })).ok());
+  CHECK_FALSE(ReadManifest(Env::Default(), edit("repeat", [](CheckpointManifest* b) {
+                b->mutable_rows(1)->set_shard(0);
+              })).ok());
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -252,11 +252,6 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
   if (ckpt->dir().empty() && ckpt->every_steps() > 0) {
     return FieldError(source, "checkpoint.every_steps", "set without checkpoint.dir");
   }
-  if (!ckpt->dir().empty() && c->embedding_tables_size() > 0) {
-    return FieldError(source, "checkpoint",
-                      "embedding tables are not saved in checkpoints yet; drop checkpoint or the "
-                      "tables");
-  }
   if (!ParseDeviceSpec(c->device()).ok()) {
     return FieldError(source, "device", "expected \"auto\", \"cpu\" or \"cuda:N\"");
   }

@@ -669,6 +669,45 @@ absl::Status PsClient::PushRows(const std::string& table, int dim, absl::Span<co
   return absl::OkStatus();
 }
 
+absl::Status PsClient::LoadRows(const std::string& table, int dim, absl::Span<const uint64_t> ids,
+                                const float* values, const std::vector<const float*>& slots,
+                                absl::Span<const int64_t> updates,
+                                absl::Span<const int64_t> touched) {
+  const std::vector<std::vector<uint32_t>> by = RowsByServer(ids, num_servers());
+  const size_t row_bytes = sizeof(float) * dim * (1 + slots.size()) + 3 * sizeof(int64_t);
+  const size_t per_call = std::max<size_t>(1, (size_t{4} << 20) / row_bytes);
+  // Gathers the rows at `positions` of an array of `width` elements each.
+  auto gather = [](const void* base, size_t width, const std::vector<uint32_t>& positions) {
+    std::string bytes(positions.size() * width, '\0');
+    char* p = bytes.data();
+    for (uint32_t i : positions) {
+      std::memcpy(p, static_cast<const char*>(base) + static_cast<size_t>(i) * width, width);
+      p += width;
+    }
+    return bytes;
+  };
+  for (int s = 0; s < num_servers(); ++s) {
+    for (size_t begin = 0; begin < by[s].size(); begin += per_call) {
+      const std::vector<uint32_t> positions(
+          by[s].begin() + begin, by[s].begin() + std::min(by[s].size(), begin + per_call));
+      LoadRowsRequest req;
+      req.set_incarnation(incarnation_);
+      req.set_table(table);
+      req.set_ids(IdBytes(ids, positions));
+      req.set_values(gather(values, sizeof(float) * dim, positions));
+      for (const float* slot : slots) *req.add_slots() = gather(slot, sizeof(float) * dim, positions);
+      if (!updates.empty()) req.set_updates(gather(updates.data(), sizeof(int64_t), positions));
+      if (!touched.empty()) req.set_touched(gather(touched.data(), sizeof(int64_t), positions));
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx, rpc_timeout_);
+      LoadRowsResponse resp;
+      RETURN_IF_ERROR(FromGrpcStatus(stubs_[s]->LoadRows(&ctx, req, &resp),
+                                     absl::StrCat("LoadRows ", table, " to ", ServerName(s))));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PsClient::ShutdownAll(const std::string& reason) {
   std::vector<ShutdownRequest> requests(num_servers());
   std::vector<ShutdownResponse> responses(num_servers());

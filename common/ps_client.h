@@ -117,6 +117,14 @@ class PsClient {
                         const float* grads, const std::vector<int64_t>& steps,
                         std::vector<PushOutcome>* outcomes);
 
+  // Restores rows of `table` from a checkpoint onto the servers that hold
+  // their ids now: values[i * dim, ...) of ids[i], each slot likewise
+  // (`slots` empty: fresh optimizer state), update counts and last-touched
+  // steps per id (empty: 0). Sent in requests of about 4 MiB.
+  absl::Status LoadRows(const std::string& table, int dim, absl::Span<const uint64_t> ids,
+                        const float* values, const std::vector<const float*>& slots,
+                        absl::Span<const int64_t> updates, absl::Span<const int64_t> touched);
+
   absl::Status ShutdownAll(const std::string& reason);
   // Async checkpoints: every server takes its cut for `step` at once
   // (SnapshotRequest); `responses` gets one per server.

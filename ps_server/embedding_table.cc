@@ -216,6 +216,79 @@ absl::Status EmbeddingTable::CheckGradients(absl::Span<const uint64_t> ids,
   return absl::OkStatus();
 }
 
+EmbeddingTable::Rows EmbeddingTable::ExportRows() const {
+  const size_t dim = static_cast<size_t>(options_.dim);
+  Rows out;
+  out.slots.resize(row_slot_init_.size());
+  for (const Shard& s : shards_) {
+    absl::MutexLock lock(&s.mu);
+    std::vector<std::pair<uint64_t, uint32_t>> rows(s.index.begin(), s.index.end());
+    std::sort(rows.begin(), rows.end());
+    const size_t at = out.ids.size();
+    out.ids.resize(at + rows.size());
+    out.values.resize((at + rows.size()) * dim);
+    for (auto& slot : out.slots) slot.resize((at + rows.size()) * dim);
+    out.updates.resize(at + rows.size());
+    out.touched.resize(at + rows.size());
+    for (size_t j = 0; j < rows.size(); ++j) {
+      const size_t row = rows[j].second, to = (at + j) * dim;
+      out.ids[at + j] = rows[j].first;
+      std::copy_n(s.values.begin() + row * dim, dim, out.values.begin() + to);
+      for (size_t k = 0; k < out.slots.size(); ++k) {
+        std::copy_n(s.slots[k].begin() + row * dim, dim, out.slots[k].begin() + to);
+      }
+      out.updates[at + j] = s.updates[row];
+      out.touched[at + j] = s.touched[row];
+    }
+  }
+  return out;
+}
+
+absl::Status EmbeddingTable::ImportRows(absl::Span<const uint64_t> ids, const float* values,
+                                        const OptimizerSlots& slots,
+                                        absl::Span<const int64_t> updates,
+                                        absl::Span<const int64_t> touched) {
+  const size_t dim = static_cast<size_t>(options_.dim);
+  const size_t n = ids.size();
+  if (absl::Status st = CheckIds(ids); !st.ok()) return st;
+  if (!slots.empty() && slots.size() != row_slot_init_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", options_.name, ": ", slots.size(),
+                                                   " optimizer slots given, the optimizer has ",
+                                                   row_slot_init_.size()));
+  }
+  for (const auto& slot : slots) {
+    if (slot.size() != n * dim) {
+      return absl::InvalidArgumentError(absl::StrCat("table ", options_.name, ": a slot of ",
+                                                     slot.size(), " floats for ", n, " rows"));
+    }
+  }
+  if ((!updates.empty() && updates.size() != n) || (!touched.empty() && touched.size() != n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", options_.name, ": update counts or steps for other than ", n, " rows"));
+  }
+  for (size_t i = 0; i < n * dim; ++i) {
+    if (!std::isfinite(values[i])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("table ", options_.name, ": a row is not finite"));
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t id = ids[i];
+    Shard& s = shards_[ShardOf(id)];
+    absl::MutexLock lock(&s.mu);
+    const size_t row = static_cast<size_t>(FindOrCreate(&s, id, /*create=*/true));
+    std::copy_n(values + i * dim, dim, s.values.begin() + row * dim);
+    for (size_t k = 0; k < s.slots.size(); ++k) {
+      const float* from = slots.empty() ? row_slot_init_[k].data() : slots[k].data() + i * dim;
+      std::copy_n(from, dim, s.slots[k].begin() + row * dim);
+    }
+    s.updates[row] = slots.empty() || updates.empty() ? 0 : updates[i];
+    s.touched[row] = touched.empty() ? 0 : touched[i];
+    s.sightings.erase(id);
+  }
+  return absl::OkStatus();
+}
+
 int64_t EmbeddingTable::Expire(int64_t step, bool force) {
   if (options_.expire_after_steps <= 0) return 0;
   int64_t due = next_sweep_.load();

@@ -86,6 +86,26 @@ class EmbeddingTable {
 
   Stats stats() const;
 
+  // Every row, for a checkpoint: ids ascending within each of the table's
+  // shards (each shard locked while it is copied), with values, slots (the
+  // optimizer's order), update counts and last-touched steps. Admission
+  // sightings are not kept: ids not yet admitted start counting again.
+  struct Rows {
+    std::vector<uint64_t> ids;
+    std::vector<float> values;
+    OptimizerSlots slots;
+    std::vector<int64_t> updates, touched;
+  };
+  Rows ExportRows() const;
+  // Sets rows from a checkpoint, creating them where absent; `slots` empty
+  // gives the rows fresh optimizer state (update counts 0), else it must
+  // have one buffer per slot of ids.size() x dim. `updates` and `touched`
+  // are per id (empty: 0). Refuses, changing nothing, ids outside a
+  // fixed-size table, wrong sizes and non-finite values.
+  absl::Status ImportRows(absl::Span<const uint64_t> ids, const float* values,
+                          const OptimizerSlots& slots, absl::Span<const int64_t> updates,
+                          absl::Span<const int64_t> touched);
+
   // Row `id` and its slots, if it exists (tests, checkpoints).
   bool ReadRow(uint64_t id, std::vector<float>* values, OptimizerSlots* slots = nullptr,
                int64_t* updates = nullptr) const;

@@ -260,3 +260,68 @@ TEST_CASE("ids spread evenly over servers by hash, and consistently", "[embeddin
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+TEST_CASE("rows exported for a checkpoint import into another table bitwise", "[embedding][checkpoint]") {
+  auto adam = MakeOptimizer("learning_rate: 0.1 adam {}");
+  EmbeddingTable a(Table(3), adam.get());
+  std::vector<uint64_t> ids = {9, 1ull << 60, 4, 77, 9};
+  std::vector<float> grads(ids.size() * 3);
+  for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.25f * static_cast<float>(i) - 1;
+  REQUIRE(a.ApplyGradients(ids, grads.data(), 1.0f, 0.1f, 0, 5).ok());
+  REQUIRE(a.ApplyGradients({4}, grads.data(), 1.0f, 0.1f, 0, 6).ok());
+  const EmbeddingTable::Rows rows = a.ExportRows();
+  REQUIRE(rows.ids.size() == 4);
+  REQUIRE(rows.slots.size() == 2);
+
+  EmbeddingTable b(Table(3), adam.get());
+  REQUIRE(b.ImportRows(rows.ids, rows.values.data(), rows.slots, rows.updates, rows.touched).ok());
+  for (uint64_t id : {9ull, 1ull << 60, 4ull, 77ull}) {
+    INFO(id);
+    std::vector<float> va, vb;
+    OptimizerSlots sa, sb;
+    int64_t ua = 0, ub = 0;
+    REQUIRE(a.ReadRow(id, &va, &sa, &ua));
+    REQUIRE(b.ReadRow(id, &vb, &sb, &ub));
+    CHECK(va == vb);
+    CHECK(sa == sb);
+    CHECK(ua == ub);
+  }
+  // The next update is the same on both: slots and counts came along.
+  REQUIRE(a.ApplyGradients({4}, grads.data(), 1.0f, 0.1f, 0, 7).ok());
+  REQUIRE(b.ApplyGradients({4}, grads.data(), 1.0f, 0.1f, 0, 7).ok());
+  std::vector<float> va, vb;
+  REQUIRE(a.ReadRow(4, &va));
+  REQUIRE(b.ReadRow(4, &vb));
+  CHECK(va == vb);
+  CHECK(b.ExportRows().ids == a.ExportRows().ids);
+
+  // Without slots: the values alone, fresh optimizer state.
+  EmbeddingTable c(Table(3), adam.get());
+  REQUIRE(c.ImportRows(rows.ids, rows.values.data(), {}, {}, {}).ok());
+  OptimizerSlots sc;
+  int64_t uc = -1;
+  std::vector<float> vc;
+  REQUIRE(c.ReadRow(77, &vc, &sc, &uc));
+  CHECK(uc == 0);
+  CHECK(sc[0] == std::vector<float>(3, 0.0f));
+
+  // Refused, changing nothing: a wrong slot count or size, a non-finite
+  // value, an id outside a fixed-size table.
+  EmbeddingTable d(Table(3, 100), adam.get());
+  const std::vector<uint64_t> in_range = {1, 2};
+  std::vector<float> values(6, 1.0f);
+  CHECK(!d.ImportRows(in_range, values.data(), {values}, {}, {}).ok());
+  CHECK(!d.ImportRows(in_range, values.data(), {values, std::vector<float>(5)}, {}, {}).ok());
+  values[4] = std::nanf("");
+  CHECK(!d.ImportRows(in_range, values.data(), {}, {}, {}).ok());
+  values[4] = 1;
+  const std::vector<uint64_t> out_of_range = {1, 100};
+  CHECK(!d.ImportRows(out_of_range, values.data(), {}, {}, {}).ok());
+  CHECK(d.stats().rows == 0);
+}
+
+}  // namespace
+}  // namespace pstrain

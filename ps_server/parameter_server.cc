@@ -103,6 +103,9 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
       return absl::InvalidArgumentError(absl::StrCat("Initialize: server ", request.server_index(),
                                                      " of ", request.num_servers()));
     }
+  }
+  if (request.num_servers() >= 1 && request.server_index() >= 0 &&
+      request.server_index() < request.num_servers()) {
     model->shard = request.server_index();
     model->num_shards = request.num_servers();
   }
@@ -110,6 +113,7 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     auto table = std::make_unique<Model::Table>();
     const OptimizerConfig& oc = tc.has_optimizer() ? tc.optimizer() : config.optimizer();
     ASSIGN_OR_RETURN(table->optimizer, CreateOptimizer(oc));
+    table->optimizer_kind = OptimizerKindName(oc);
     ASSIGN_OR_RETURN(table->learning_rate,
                      LearningRate::Create(oc, global_batch, config.max_steps()));
     table->clip_value = oc.clip_value();
@@ -246,6 +250,7 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     step_cursors_.assign(model_->num_workers, StepCursor());
     async_cursors_.assign(model_->num_workers, StepCursor());
     holding_pushes_ = false;
+    rows_in_flight_ = 0;
   }
   RunCompletions(&completions);
   return absl::OkStatus();
@@ -861,6 +866,17 @@ void ParameterServer::TakeSnapshotLocked(int64_t step, const std::vector<StepCur
     }
     snap->parts.push_back(std::move(part));
   }
+  // Rows are copied shard by shard of each table (no row update runs: sync
+  // applies rows at the step's end, async row pushes are held too).
+  for (const auto& [name, t] : model.tables) {
+    ShardSnapshot::TableRows rows;
+    rows.table = name;
+    rows.dim = t->rows->dim();
+    rows.optimizer = t->optimizer_kind;
+    rows.slot_names = t->optimizer->slot_names();
+    rows.rows = t->rows->ExportRows();
+    snap->tables.push_back(std::move(rows));
+  }
   for (size_t w = 0; w < cursors.size(); ++w) {
     if (!cursors[w].set) continue;
     WorkerCursor c;
@@ -900,7 +916,7 @@ absl::Status ParameterServer::Snapshot(const SnapshotRequest& request,
   holding_pushes_ = true;
   const std::shared_ptr<Model> model = model_;
   auto drained = [this, &model]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return async_admitted_ == 0 || shut_down_ || model_ != model;
+    return (async_admitted_ == 0 && rows_in_flight_ == 0) || shut_down_ || model_ != model;
   };
   const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
   const bool ok = mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
@@ -909,7 +925,7 @@ absl::Status ParameterServer::Snapshot(const SnapshotRequest& request,
     if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
     if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
     return absl::DeadlineExceededError(absl::StrCat(
-        "Snapshot: ", async_admitted_, " push(es) still applying after ",
+        "Snapshot: ", async_admitted_ + rows_in_flight_, " push(es) still applying after ",
         absl::FormatDuration(timeout)));
   }
   TakeSnapshotLocked(step, async_cursors_);
@@ -1337,6 +1353,14 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
   int64_t version = 0;
   {
     absl::MutexLock lock(&mu_);
+    // Async row pushes wait out a checkpoint's cut like dense ones.
+    auto released = [this, &model]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return model->sync || !holding_pushes_ || model_ != model || shut_down_;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&released), max_wait_)) {
+      return absl::UnavailableError("PushRows: held for a checkpoint longer than the wait limit");
+    }
+    if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
     if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
     if (request.step() > version_) {
       ++counters_.pushes_rejected;
@@ -1376,12 +1400,65 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
     if (model->staleness_scaled_lr && version_ - request.step() > 1) {
       learning_rate /= static_cast<float>(version_ - request.step());
     }
+    ++rows_in_flight_;
   }
   st = table->rows->ApplyGradients(ids, grads.data(), 1.0f, learning_rate, table->clip_value,
                                    version);
+  if (st.ok()) table->rows->Expire(version);
+  {
+    absl::MutexLock lock(&mu_);
+    if (model_ == model) --rows_in_flight_;
+  }
   if (!st.ok()) return reject(st);
-  table->rows->Expire(version);
   response->set_outcome(APPLIED);
+  return absl::OkStatus();
+}
+
+absl::Status ParameterServer::LoadRows(const LoadRowsRequest& request,
+                                       LoadRowsResponse* response) {
+  std::vector<uint64_t> ids;
+  RETURN_IF_ERROR(DecodeIds(request.ids(), &ids));
+  Model::Table* table = nullptr;
+  std::shared_ptr<Model> model;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckRowsRequestLocked(request.incarnation(), -1, request.table(), &table));
+    model = model_;
+  }
+  for (uint64_t id : ids) {
+    if (ServerForId(id, model->num_shards) != model->shard) {
+      return absl::InvalidArgumentError(absl::StrCat("LoadRows: id ", id, " of table ",
+                                                     request.table(), " belongs to server ",
+                                                     ServerForId(id, model->num_shards)));
+    }
+  }
+  const size_t n = ids.size(), floats = n * static_cast<size_t>(table->rows->dim());
+  auto floats_of = [floats](const std::string& bytes, std::vector<float>* out) {
+    if (bytes.size() != floats * sizeof(float)) return false;
+    out->resize(floats);
+    if (floats > 0) std::memcpy(out->data(), bytes.data(), bytes.size());
+    return true;
+  };
+  auto counts_of = [n](const std::string& bytes, std::vector<int64_t>* out) {
+    if (!bytes.empty() && bytes.size() != n * sizeof(int64_t)) return false;
+    out->resize(bytes.size() / sizeof(int64_t));
+    if (!bytes.empty()) std::memcpy(out->data(), bytes.data(), bytes.size());
+    return true;
+  };
+  std::vector<float> values;
+  OptimizerSlots slots(request.slots_size());
+  std::vector<int64_t> updates, touched;
+  bool ok = floats_of(request.values(), &values) && counts_of(request.updates(), &updates) &&
+            counts_of(request.touched(), &touched);
+  for (int k = 0; k < request.slots_size(); ++k) ok = ok && floats_of(request.slots(k), &slots[k]);
+  if (!ok) {
+    return absl::InvalidArgumentError(absl::StrCat("LoadRows: sizes do not fit ", n,
+                                                   " rows of table ", request.table()));
+  }
+  RETURN_IF_ERROR(table->rows->ImportRows(ids, values.data(), slots, updates, touched));
+  absl::MutexLock lock(&mu_);
+  if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+  response->set_rows(static_cast<int64_t>(n));
   return absl::OkStatus();
 }
 

@@ -137,6 +137,10 @@ class ParameterServer {
   // same server; rows for a step already done are dropped as stale.
   absl::Status PullRows(const PullRowsRequest& request, PullRowsResponse* response);
   absl::Status PushRows(const PushRowsRequest& request, PushRowsResponse* response);
+  // Sets rows of a table from a checkpoint (the chief, before training
+  // starts): every id must be this server's under the current placement;
+  // no slots means fresh optimizer state. Nothing changes on a refusal.
+  absl::Status LoadRows(const LoadRowsRequest& request, LoadRowsResponse* response);
 
   void GetStatus(PsStatusResponse* response);
   // Checkpoints (sync mode, `checkpoint.dir` set): when a step completes at
@@ -213,6 +217,7 @@ class ParameterServer {
     std::map<Key, std::unique_ptr<PartitionState>> partitions;
     struct Table {
       std::unique_ptr<Optimizer> optimizer;  // the table's own, or the model's kind
+      std::string optimizer_kind;            // its name, for checkpoints
       LearningRate learning_rate;
       float clip_value = 0;
       std::unique_ptr<EmbeddingTable> rows;
@@ -362,6 +367,8 @@ class ParameterServer {
   // whether a checkpoint's cut is holding new pushes.
   std::vector<StepCursor> async_cursors_ ABSL_GUARDED_BY(mu_);
   bool holding_pushes_ ABSL_GUARDED_BY(mu_) = false;
+  // Async: row pushes being applied (a cut waits for them).
+  int64_t rows_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Checkpoint shards: snapshots waiting for the writer, and the outcome of
   // the latest writes by step (a few kept for GetShard).
   std::vector<std::unique_ptr<ShardSnapshot>> to_write_ ABSL_GUARDED_BY(mu_);

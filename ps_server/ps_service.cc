@@ -172,6 +172,11 @@ grpc::Status PsServiceImpl::GetStatus(grpc::ServerContext* ctx, const PsStatusRe
   return grpc::Status::OK;
 }
 
+grpc::Status PsServiceImpl::LoadRows(grpc::ServerContext* ctx, const LoadRowsRequest* req,
+                                     LoadRowsResponse* resp) {
+  return ToGrpcStatus(ps_->LoadRows(*req, resp));
+}
+
 grpc::Status PsServiceImpl::Snapshot(grpc::ServerContext* ctx, const SnapshotRequest* req,
                                      SnapshotResponse* resp) {
   return ToGrpcStatus(ps_->Snapshot(*req, resp));

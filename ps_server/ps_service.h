@@ -40,6 +40,8 @@ class PsServiceImpl final
                         GetShardResponse* resp) override;
   grpc::Status Snapshot(grpc::ServerContext* ctx, const SnapshotRequest* req,
                         SnapshotResponse* resp) override;
+  grpc::Status LoadRows(grpc::ServerContext* ctx, const LoadRowsRequest* req,
+                        LoadRowsResponse* resp) override;
   grpc::Status Shutdown(grpc::ServerContext* ctx, const ShutdownRequest* req,
                         ShutdownResponse* resp) override;
 

@@ -27,10 +27,24 @@ absl::StatusOr<GetShardResponse> WriteShardSnapshot(const ShardSnapshot& snap) {
       tensors.push_back(t);
     }
   }
+  std::vector<ShardRows> rows;
+  for (const ShardSnapshot::TableRows& t : snap.tables) {
+    ShardRows r;
+    r.table = t.table;
+    r.dim = t.dim;
+    r.rows = static_cast<int64_t>(t.rows.ids.size());
+    r.ids = t.rows.ids.data();
+    r.values = t.rows.values.data();
+    for (const std::vector<float>& slot : t.rows.slots) r.slots.push_back(slot.data());
+    r.updates = t.rows.updates.data();
+    r.touched = t.rows.touched.data();
+    rows.push_back(std::move(r));
+  }
   const absl::Time start = absl::Now();
   int64_t bytes = 0;
-  absl::StatusOr<std::vector<CheckpointTensor>> entries =
-      WriteShard(Env::Default(), snap.dir, snap.shard, snap.num_shards, tensors, &bytes);
+  std::vector<CheckpointRows> row_entries;
+  absl::StatusOr<std::vector<CheckpointTensor>> entries = WriteShard(
+      Env::Default(), snap.dir, snap.shard, snap.num_shards, tensors, &bytes, rows, &row_entries);
   if (!entries.ok()) {
     LOG_WARN("checkpoint step {}: writing shard {} of {} failed: {}", snap.step, snap.shard,
              snap.num_shards, entries.status().ToString());
@@ -41,6 +55,14 @@ absl::StatusOr<GetShardResponse> WriteShardSnapshot(const ShardSnapshot& snap) {
   r.set_file(ShardFileName(snap.shard, snap.num_shards));
   r.set_bytes(bytes);
   for (CheckpointTensor& e : *entries) *r.add_tensors() = std::move(e);
+  for (CheckpointRows& e : row_entries) *r.add_rows() = std::move(e);
+  for (const ShardSnapshot::TableRows& t : snap.tables) {
+    CheckpointTable* ct = r.add_tables();
+    ct->set_name(t.table);
+    ct->set_dim(t.dim);
+    ct->set_optimizer(t.optimizer);
+    for (const std::string& n : t.slot_names) ct->add_slot_names(n);
+  }
   for (const WorkerCursor& c : snap.cursors) *r.add_cursors() = c;
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   LOG_INFO("checkpoint step {}: wrote {} ({:.1f} MB) in {:.3f} s ({:.2f} GB/s); taking it "

@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "proto/ps_service.pb.h"
+#include "ps_server/embedding_table.h"
 #include "ps_server/optimizer.h"
 
 namespace pstrain {
@@ -31,6 +32,15 @@ struct ShardSnapshot {
     OptimizerSlots slots;                               // a copy
   };
   std::vector<Part> parts;
+  // Each embedding table's rows on this server (copied).
+  struct TableRows {
+    std::string table;
+    int dim = 0;
+    std::string optimizer;  // its kind
+    std::vector<std::string> slot_names;
+    EmbeddingTable::Rows rows;
+  };
+  std::vector<TableRows> tables;
   std::vector<WorkerCursor> cursors;
   // How long taking it held the server's lock: the pause a save costs.
   double pause_seconds = 0;

@@ -9,10 +9,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
@@ -444,6 +446,153 @@ TEST_CASE("an async run checkpoints with pushes held briefly and resumes after k
   const nlohmann::json j = nlohmann::json::parse(*summary);
   CHECK(j["global_step"].get<int64_t>() == steps);
   CHECK(j["eval_accuracy"].get<double>() >= 0.85);
+}
+
+// Every row of every table, by id: values, slots, update count bitwise.
+void CheckSameTables(const std::string& got_dir, const std::string& want_dir) {
+  auto got = LoadCheckpoint(Env::Default(), got_dir);
+  auto want = LoadCheckpoint(Env::Default(), want_dir);
+  REQUIRE(got.ok());
+  REQUIRE(want.ok());
+  REQUIRE(got->tables.size() == want->tables.size());
+  for (const auto& [name, w] : want->tables) {
+    INFO("table " << name);
+    REQUIRE(got->tables.count(name) == 1);
+    const RestoredTable& g = got->tables.at(name);
+    REQUIRE(g.ids.size() == w.ids.size());
+    REQUIRE(g.slots.size() == w.slots.size());
+    std::map<uint64_t, size_t> at;
+    for (size_t i = 0; i < g.ids.size(); ++i) at[g.ids[i]] = i;
+    const size_t dim = static_cast<size_t>(w.dim);
+    int64_t differ = 0;
+    for (size_t i = 0; i < w.ids.size(); ++i) {
+      auto it = at.find(w.ids[i]);
+      if (it == at.end()) {
+        ++differ;
+        continue;
+      }
+      const size_t j = it->second;
+      bool same = std::memcmp(&g.values[j * dim], &w.values[i * dim], dim * 4) == 0 &&
+                  g.updates[j] == w.updates[i];
+      for (size_t k = 0; k < w.slots.size(); ++k) {
+        same = same && std::memcmp(&g.slots[k][j * dim], &w.slots[k][i * dim], dim * 4) == 0;
+      }
+      if (!same) ++differ;
+    }
+    CHECK(differ == 0);
+    CHECK(w.ids.size() > 100);
+  }
+}
+
+TEST_CASE("embedding rows and their Adam slots resume bitwise after kill -9, and onto 3 servers",
+          "[checkpoint][rows][resume]") {
+  auto data = testing::CriteoData("ckpt_ctr_data", {"--train=20000", "--test=2000",
+                                                    "--values_per_field=50", "--seed=5"});
+  INFO(data.status().message());
+  REQUIRE(data.ok());
+  const int steps = 400;
+  auto options = [&](const std::string& ckpt_dir) {
+    ConfigOptions o = testing::ClickThroughOptions(data->first);
+    o.batch_size = 64;
+    o.learning_rate = 0.003f;
+    o.max_steps = steps;
+    o.eval_every_steps = 200;
+    o.extra += absl::StrCat("\ncheckpoint { dir: \"", ckpt_dir, "\" every_steps: 50 keep: 100 }\n");
+    return o;
+  };
+  // The run never stopped.
+  const std::string ref_dir = testing::FreshTempDir("ckpt_ctr_ref");
+  const std::string ref_ckpt = JoinPath(ref_dir, "ckpt");
+  const Job ref = WriteJob(ref_dir, options(ref_ckpt), 2);
+  CommandResult r = RunJob(ref, false);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto m = ReadManifest(Env::Default(), JoinPath(ref_ckpt, CheckpointDirName(steps)));
+  REQUIRE(m.ok());
+  REQUIRE(m->tables_size() == 1);
+  CHECK(m->tables(0).slot_names_size() == 2);
+  CHECK(m->rows_size() == 2);  // one entry per server
+
+  // Killed with SIGKILL once it has a checkpoint, then resumed.
+  const std::string dir = testing::FreshTempDir("ckpt_ctr_killed");
+  const std::string ckpt = JoinPath(dir, "ckpt");
+  const Job job = WriteJob(dir, options(ckpt), 2);
+  SpawnOptions so;
+  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", job.spec, "--config",
+             job.config, "--bin_dir", BinDir(), "--progress=false"};
+  so.output_file = JoinPath(dir, "launch.out");
+  auto launch = Subprocess::Spawn(so);
+  REQUIRE(launch.ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (!ReadPointer(Env::Default(), ckpt).ok() && absl::Now() < deadline &&
+         (*launch)->running()) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  for (int pid : testing::ProcessesMatching(job.spec)) ::kill(pid, SIGKILL);
+  REQUIRE((*launch)->Wait(absl::Seconds(30)).has_value());
+  auto latest = LatestGoodCheckpoint(Env::Default(), ckpt, nullptr);
+  REQUIRE(latest.ok());
+  auto killed_at = ReadManifest(Env::Default(), *latest);
+  REQUIRE(killed_at.ok());
+  INFO("killed with the latest checkpoint at step " << killed_at->step());
+  CHECK(killed_at->step() < steps);  // killed mid-run, not after it
+  CHECK(killed_at->rows(0).rows() + killed_at->rows(1).rows() > 100);
+  CommandResult resumed = RunJob(job, true);
+  INFO(resumed.output);
+  REQUIRE(resumed.exit_code == 0);
+  const std::string log = ChiefLog(job);
+  INFO(log);
+  CHECK(log.find("resume: from " + *latest) != std::string::npos);
+  CHECK(log.find("embedding table features: ") != std::string::npos);
+  CHECK(log.find("rows restored with their optimizer state") != std::string::npos);
+  CheckSameTables(JoinPath(ckpt, CheckpointDirName(steps)),
+                  JoinPath(ref_ckpt, CheckpointDirName(steps)));
+  CheckSameCheckpoint(JoinPath(ckpt, CheckpointDirName(steps)),
+                      JoinPath(ref_ckpt, CheckpointDirName(steps)));
+
+  // Exported, the table is its rows and their ids, as NumPy reads them.
+  const std::string python = PythonWithReaders();
+  if (!python.empty()) {
+    const std::string out = JoinPath(dir, "export");
+    CommandResult e = testing::RunCommand(
+        {Binary("tools/pstrain"), "checkpoint", "export",
+         JoinPath(ckpt, CheckpointDirName(steps)), "--format=safetensors", "--out=" + out},
+        absl::Seconds(60));
+    INFO(e.output);
+    REQUIRE(e.exit_code == 0);
+    auto c = LoadCheckpoint(Env::Default(), JoinPath(ckpt, CheckpointDirName(steps)));
+    REQUIRE(c.ok());
+    const RestoredTable& t = c->tables.at("features");
+    CommandResult py = testing::RunCommand(
+        {python, "-c",
+         "import sys; import numpy as np; from safetensors.numpy import load_file\n"
+         "t = load_file(sys.argv[1]); v, i = t['features'], t['features/ids']\n"
+         "print(v.dtype, v.shape, i.dtype, len(set(i.tolist())), '%.9g' % v[0, 0])",
+         JoinPath(out, "model.safetensors")},
+        absl::Seconds(60));
+    INFO(py.output);
+    CHECK(py.exit_code == 0);
+    CHECK(py.output.find(absl::StrCat("float32 (", t.ids.size(), ", 16) uint64 ", t.ids.size(),
+                                      " ", absl::StrFormat("%.9g", t.values[0]))) !=
+          std::string::npos);
+  }
+
+  // The reference's step-200 checkpoint resumed on 3 servers: the rows go
+  // to their new owners, and the run ends where the 2-server one did.
+  const std::string dir3 = testing::FreshTempDir("ckpt_ctr_3");
+  const std::string ckpt3 = JoinPath(dir3, "ckpt");
+  CopyCheckpoint(ref_ckpt, 200, ckpt3);
+  const Job job3 = WriteJob(dir3, options(ckpt3), 3);
+  CommandResult r3 = RunJob(job3, true);
+  INFO(r3.output);
+  REQUIRE(r3.exit_code == 0);
+  auto m3 = ReadManifest(Env::Default(), JoinPath(ckpt3, CheckpointDirName(steps)));
+  REQUIRE(m3.ok());
+  CHECK(m3->rows_size() == 3);
+  CheckSameTables(JoinPath(ckpt3, CheckpointDirName(steps)),
+                  JoinPath(ref_ckpt, CheckpointDirName(steps)));
+  CheckSameCheckpoint(JoinPath(ckpt3, CheckpointDirName(steps)),
+                      JoinPath(ref_ckpt, CheckpointDirName(steps)));
 }
 
 TEST_CASE("pstrain bench --suites=checkpoint writes, restores and compares with dd",

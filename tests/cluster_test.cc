@@ -369,32 +369,15 @@ TEST_CASE("clip_global_norm bounds each step's move by lr x the clip norm", "[cl
   }
 }
 
-// Synthetic click-through data written by `pstrain datagen --format=criteo`;
-// returns its directory and the ground-truth model's held-out AUC.
+using testing::ClickThroughOptions;
+
+// Synthetic click-through data: its directory and the ground truth's AUC.
 std::pair<std::string, double> CriteoData(const std::string& name,
                                           const std::vector<std::string>& flags) {
-  const std::string dir = testing::FreshTempDir(name);
-  std::vector<std::string> argv = {Binary("tools/pstrain"), "datagen", "--format=criteo",
-                                   "--out=" + dir};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  CommandResult r = testing::RunCommand(argv, absl::Seconds(120));
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
-  const size_t at = r.output.find("ground-truth model on the held-out part: AUC ");
-  REQUIRE(at != std::string::npos);
-  double auc = 0;
-  REQUIRE(absl::SimpleAtod(r.output.substr(at + 45, 6), &auc));
-  return {dir, auc};
-}
-
-ConfigOptions ClickThroughOptions(const std::string& data_dir) {
-  ConfigOptions o;
-  o.model = "click_through { table: \"features\" hidden_units: 64 }";
-  o.data = absl::StrCat("format: CRITEO train_tsv: \"", data_dir, "/train.tsv\" test_tsv: \"",
-                        data_dir, "/test.tsv\"");
-  o.extra = "embedding_tables { name: \"features\" dim: 16 }";
-  o.optimizer = "adam {}";
-  return o;
+  auto data = testing::CriteoData(name, flags);
+  INFO(data.status().message());
+  REQUIRE(data.ok());
+  return *data;
 }
 
 TEST_CASE("the click-through model on 2 servers reaches the ground truth's AUC within 0.02",

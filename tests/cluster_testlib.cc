@@ -9,6 +9,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/env.h"
@@ -166,6 +167,33 @@ std::vector<int> ProcessesMatching(const std::string& needle) {
   }
   ::closedir(proc);
   return pids;
+}
+
+absl::StatusOr<std::pair<std::string, double>> CriteoData(const std::string& name,
+                                                          const std::vector<std::string>& flags) {
+  const std::string dir = FreshTempDir(name);
+  std::vector<std::string> argv = {Binary("tools/pstrain"), "datagen", "--format=criteo",
+                                   "--out=" + dir};
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  CommandResult r = RunCommand(argv, absl::Seconds(120));
+  const std::string marker = "ground-truth model on the held-out part: AUC ";
+  const size_t at = r.output.find(marker);
+  double auc = 0;
+  if (r.exit_code != 0 || at == std::string::npos ||
+      !absl::SimpleAtod(r.output.substr(at + marker.size(), 6), &auc)) {
+    return absl::InternalError(absl::StrCat("pstrain datagen failed: ", r.output));
+  }
+  return std::make_pair(dir, auc);
+}
+
+ConfigOptions ClickThroughOptions(const std::string& data_dir) {
+  ConfigOptions o;
+  o.model = "click_through { table: \"features\" hidden_units: 64 }";
+  o.data = absl::StrCat("format: CRITEO train_tsv: \"", data_dir, "/train.tsv\" test_tsv: \"",
+                        data_dir, "/test.tsv\"");
+  o.extra = "embedding_tables { name: \"features\" dim: 16 }";
+  o.optimizer = "adam {}";
+  return o;
 }
 
 }  // namespace pstrain::testing

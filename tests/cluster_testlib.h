@@ -6,8 +6,10 @@
 #define PSTRAIN_TESTS_CLUSTER_TESTLIB_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
 namespace pstrain::testing {
@@ -58,6 +60,15 @@ CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration ti
 
 // Pids of live processes whose command line contains `needle`.
 std::vector<int> ProcessesMatching(const std::string& needle);
+
+// Synthetic click-through data written by `pstrain datagen --format=criteo
+// <flags>` into a fresh directory `name`: the directory and the ground-truth
+// model's held-out AUC, or the error with datagen's output.
+absl::StatusOr<std::pair<std::string, double>> CriteoData(const std::string& name,
+                                                          const std::vector<std::string>& flags);
+// The click-through model over that data: a hashed table "features" of
+// width 16, MLP 64, Adam, sync.
+ConfigOptions ClickThroughOptions(const std::string& data_dir);
 
 }  // namespace pstrain::testing
 

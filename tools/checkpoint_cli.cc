@@ -29,7 +29,8 @@ constexpr char kUsage[] =
     "       pstrain checkpoint export CKPT --format=safetensors|npy --out=OUT\n"
     "DIR is a config's checkpoint.dir; CKPT one of its ckpt-<step> directories.\n"
     "export writes OUT/model.safetensors (every variable whole, named as in the\n"
-    "model) or one OUT/<variable>.npy each ('/' in a name is a subdirectory).\n";
+    "model) or one OUT/<variable>.npy each ('/' in a name is a subdirectory);\n"
+    "an embedding table T is T [rows, dim] float32 and T/ids [rows] uint64.\n";
 
 int List(const std::string& dir, std::ostream& out, std::ostream& err) {
   Env* env = Env::Default();
@@ -124,6 +125,17 @@ int Inspect(const std::string& ckpt, bool json, std::ostream& out, std::ostream&
         {"l2", std::sqrt(s.sum_sq)},
     });
   }
+  j["tables"] = nlohmann::json::array();
+  for (const CheckpointTable& t : m.tables()) {
+    const RestoredTable& rt = c->tables.at(t.name());
+    j["tables"].push_back({
+        {"name", t.name()},
+        {"dim", t.dim()},
+        {"rows", rt.ids.size()},
+        {"optimizer", t.optimizer()},
+        {"slots", std::vector<std::string>(t.slot_names().begin(), t.slot_names().end())},
+    });
+  }
   if (json) {
     out << j.dump(2) << "\n";
     return 0;
@@ -146,6 +158,11 @@ int Inspect(const std::string& ckpt, bool json, std::ostream& out, std::ostream&
                            v["partitions"].get<int>(), v["min"].get<double>(),
                            v["max"].get<double>(), v["mean"].get<double>(),
                            v["l2"].get<double>());
+  }
+  for (const nlohmann::json& t : j["tables"]) {
+    out << "embedding table " << t["name"].get<std::string>() << ": " << t["rows"].get<int64_t>()
+        << " rows of width " << t["dim"].get<int>() << ", optimizer "
+        << t["optimizer"].get<std::string>() << "\n";
   }
   return 0;
 }
@@ -217,6 +234,18 @@ int Export(const std::string& ckpt, const std::string& format, const std::string
     tensors.push_back({v.name(), rv.shape, rv.values.data()});
     bytes += static_cast<int64_t>(rv.values.size() * sizeof(float));
   }
+  // Each embedding table as its rows [n, dim] and their ids [n].
+  for (const auto& [name, t] : c->tables) {
+    if (!SafeRelativePath(name) || c->variables.count(name) + c->variables.count(name + "/ids")) {
+      err << "pstrain checkpoint export: table \"" << name
+          << "\" is not a safe file name or clashes with a variable\n";
+      return 1;
+    }
+    const int64_t n = static_cast<int64_t>(t.ids.size());
+    tensors.push_back({name, {n, t.dim}, t.values.data()});
+    tensors.push_back({name + "/ids", {n}, t.ids.data(), ExportDtype::kUint64});
+    bytes += static_cast<int64_t>(t.values.size() * sizeof(float) + t.ids.size() * 8);
+  }
   absl::Status st = env->CreateDirs(out_dir);
   std::vector<std::string> written;
   if (st.ok() && format == "safetensors") {
@@ -244,8 +273,8 @@ int Export(const std::string& ckpt, const std::string& format, const std::string
     err << "pstrain checkpoint export: " << st.message() << "\n";
     return 1;
   }
-  out << "exported step " << c->manifest.step() << ": " << tensors.size() << " variable(s), "
-      << bytes << " bytes of float32, to " << (format == "npy" ? out_dir : written.front())
+  out << "exported step " << c->manifest.step() << ": " << c->manifest.variables_size()
+      << " variable(s), " << c->tables.size() << " embedding table(s), " << bytes << " bytes, to " << (format == "npy" ? out_dir : written.front())
       << "\n";
   return 0;
 }

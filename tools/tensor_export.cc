@@ -17,9 +17,11 @@ int64_t Elements(const std::vector<int64_t>& shape) {
   return n;
 }
 
+size_t ElementBytes(ExportDtype dtype) { return dtype == ExportDtype::kUint64 ? 8 : 4; }
+
 absl::string_view Bytes(const ExportTensor& t) {
-  return absl::string_view(reinterpret_cast<const char*>(t.data),
-                           static_cast<size_t>(Elements(t.shape)) * sizeof(float));
+  return absl::string_view(static_cast<const char*>(t.data),
+                           static_cast<size_t>(Elements(t.shape)) * ElementBytes(t.dtype));
 }
 
 absl::Status CheckShape(const ExportTensor& t) {
@@ -34,12 +36,13 @@ absl::Status CheckShape(const ExportTensor& t) {
 
 }  // namespace
 
-std::string NpyHeader(const std::vector<int64_t>& shape) {
+std::string NpyHeader(const std::vector<int64_t>& shape, ExportDtype dtype) {
   // A one-element tuple needs its trailing comma: "(4,)".
   std::string dims = absl::StrJoin(shape, ", ");
   if (shape.size() == 1) dims += ",";
   std::string dict =
-      absl::StrCat("{'descr': '<f4', 'fortran_order': False, 'shape': (", dims, "), }");
+      absl::StrCat("{'descr': '", dtype == ExportDtype::kUint64 ? "<u8" : "<f4",
+                   "', 'fortran_order': False, 'shape': (", dims, "), }");
   // Magic (6) + version (2) + length (2) + dict + padding + '\n', a multiple
   // of 64 so the data starts aligned, as NumPy writes it.
   const size_t unpadded = 10 + dict.size() + 1;
@@ -53,7 +56,7 @@ std::string NpyHeader(const std::vector<int64_t>& shape) {
 
 absl::Status WriteNpy(Env* env, const std::string& path, const ExportTensor& tensor) {
   RETURN_IF_ERROR(CheckShape(tensor));
-  const std::string header = NpyHeader(tensor.shape);
+  const std::string header = NpyHeader(tensor.shape, tensor.dtype);
   if (header.size() - 10 > 0xffff) {
     return absl::InvalidArgumentError(absl::StrCat(tensor.name, ": too many dimensions for .npy"));
   }
@@ -74,8 +77,10 @@ absl::StatusOr<std::string> SafetensorsHeader(
       return absl::InvalidArgumentError(
           absl::StrCat("safetensors: tensor name \"", t.name, "\" is empty, reserved or repeated"));
     }
-    const int64_t bytes = Elements(t.shape) * static_cast<int64_t>(sizeof(float));
-    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {at, at + bytes}}};
+    const int64_t bytes = Elements(t.shape) * static_cast<int64_t>(ElementBytes(t.dtype));
+    header[t.name] = {{"dtype", t.dtype == ExportDtype::kUint64 ? "U64" : "F32"},
+                      {"shape", t.shape},
+                      {"data_offsets", {at, at + bytes}}};
     at += bytes;
   }
   if (!metadata.empty()) header["__metadata__"] = metadata;

@@ -2,10 +2,10 @@
 // readers outside pstrain:
 //   .npy          NumPy's format, version 1.0: "\x93NUMPY", 1, 0, a
 //                 little-endian uint16 header length, a Python dict literal
-//                 ('<f4', C order, the shape) padded with spaces to a
-//                 multiple of 64 bytes with the magic, then raw float32
+//                 ('<f4' or '<u8', C order, the shape) padded with spaces to
+//                 a multiple of 64 bytes with the magic, then the raw data
 //   .safetensors  a little-endian uint64 header length, a JSON header
-//                 ({name: {dtype F32, shape, data_offsets [begin, end)}} and
+//                 ({name: {dtype F32|U64, shape, data_offsets [begin, end)}} and
 //                 an optional "__metadata__" of strings), padded with spaces
 //                 to a multiple of 8 bytes, then the tensors back to back in
 //                 the header's order
@@ -25,15 +25,19 @@
 
 namespace pstrain {
 
-// A float32 tensor to write; `data` holds the product of `shape` floats.
+// A tensor to write: float32, or uint64 (an embedding table's ids); `data`
+// holds the product of `shape` elements, little-endian.
+enum class ExportDtype { kFloat32, kUint64 };
 struct ExportTensor {
   std::string name;
   std::vector<int64_t> shape;
-  const float* data = nullptr;
+  const void* data = nullptr;
+  ExportDtype dtype = ExportDtype::kFloat32;
 };
 
-// The bytes before the data of a .npy file for a float32 array of `shape`.
-std::string NpyHeader(const std::vector<int64_t>& shape);
+// The bytes before the data of a .npy file for an array of `shape`.
+std::string NpyHeader(const std::vector<int64_t>& shape,
+                      ExportDtype dtype = ExportDtype::kFloat32);
 absl::Status WriteNpy(Env* env, const std::string& path, const ExportTensor& tensor);
 
 // The length prefix and JSON header of a .safetensors file (names must be

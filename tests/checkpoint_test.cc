@@ -10,9 +10,11 @@
 #include <cstring>
 #include <utility>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -593,6 +595,76 @@ TEST_CASE("embedding rows and their Adam slots resume bitwise after kill -9, and
                   JoinPath(ref_ckpt, CheckpointDirName(steps)));
   CheckSameCheckpoint(JoinPath(ckpt3, CheckpointDirName(steps)),
                       JoinPath(ref_ckpt, CheckpointDirName(steps)));
+}
+
+TEST_CASE("--restart=on-failure: kill -9 of a worker, a server or the chief mid-run restarts "
+          "the job from its latest checkpoint, and it finishes",
+          "[checkpoint][recovery]") {
+  const int steps = 1500;
+  for (const char* victim : {"--job=worker --task=1", "--job=ps --task=1", "--job=chief --task=0"}) {
+    INFO("killed: " << victim);
+    const std::string dir = testing::FreshTempDir("ckpt_restart");
+    const std::string ckpt = JoinPath(dir, "ckpt");
+    const Job job = WriteJob(dir, CheckpointOptions(ckpt, steps), 2);
+    SpawnOptions so;
+    so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", job.spec, "--config",
+               job.config, "--bin_dir", BinDir(), "--progress=false", "--restart=on-failure"};
+    so.output_file = JoinPath(dir, "launch.out");
+    auto launch = Subprocess::Spawn(so);
+    REQUIRE(launch.ok());
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    while (!Env::Default()->FileExists(JoinPath(JoinPath(ckpt, "ckpt-200"), kManifestFile)) &&
+           absl::Now() < deadline && (*launch)->running()) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    const std::vector<int> pids =
+        testing::ProcessesMatching(absl::StrCat("--cluster_spec=", job.spec, " ", victim));
+    REQUIRE(pids.size() == 1);
+    REQUIRE(::kill(pids[0], SIGKILL) == 0);
+    const absl::Time killed = absl::Now();
+    // The run goes back to the newest checkpoint complete at the kill (or
+    // one the chief committed in the instant after), never further.
+    auto at_kill = ReadPointer(Env::Default(), ckpt);
+    REQUIRE(at_kill.ok());
+    // Time until the restarted chief has put a checkpoint back on the servers.
+    const std::string resumed_line = "from the checkpoint of step ";
+    absl::Duration to_resumed = absl::InfiniteDuration();
+    while (absl::Now() < killed + absl::Seconds(60) && (*launch)->running()) {
+      if (ChiefLog(job).find(resumed_line) != std::string::npos) {
+        to_resumed = absl::Now() - killed;
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    std::optional<int> code = (*launch)->Wait(absl::Seconds(180));
+    if (!code.has_value()) (*launch)->Stop(absl::Seconds(5));
+    const std::string out = Env::Default()->ReadFile(so.output_file).value_or("");
+    INFO(out);
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+    CHECK(out.find("restarting the job from its latest checkpoint in 1s (restart 1 of 3)") !=
+          std::string::npos);
+    const std::string log = ChiefLog(job);  // both starts: logs are appended on a restart
+    const size_t at = log.find(resumed_line);
+    REQUIRE(at != std::string::npos);
+    int64_t resumed_from = -1;
+    REQUIRE(absl::SimpleAtoi(log.substr(at + resumed_line.size(),
+                                        log.find_first_not_of("0123456789",
+                                                              at + resumed_line.size()) -
+                                            at - resumed_line.size()),
+                             &resumed_from));
+    CHECK(resumed_from >= *at_kill);
+    CHECK(resumed_from < steps);
+    auto summary = Env::Default()->ReadFile(JoinPath(job.out, "summary.json"));
+    REQUIRE(summary.ok());
+    const nlohmann::json j = nlohmann::json::parse(*summary);
+    CHECK(j["global_step"].get<int64_t>() == steps);
+    CHECK(j["eval_accuracy"].get<double>() >= 0.85);
+    WARN("killed " << victim << " after ckpt-" << *at_kill << ": resumed from step "
+                   << resumed_from << ", " << absl::FormatDuration(to_resumed)
+                   << " from the kill to the variables restored");
+    CHECK(testing::ProcessesMatching(job.spec).empty());
+  }
 }
 
 TEST_CASE("pstrain bench --suites=checkpoint writes, restores and compares with dd",

@@ -107,6 +107,172 @@ std::string FormatProgress(const ChiefStatusResponse& s, absl::Duration elapsed)
   return line;
 }
 
+// One start of every local task, supervised to the end: what happened.
+struct Attempt {
+  std::string failure;  // empty when the run ended normally
+  int exit_code = 0;
+  bool restartable = false;  // a task failed (not a stop signal or a hang)
+  bool chief_finished = false;
+};
+
+Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
+                const std::map<std::string, std::string>& bin_for_job, const std::string& log_dir,
+                bool append_logs, StopSignal* stop) {
+  std::vector<std::unique_ptr<Task>> tasks;
+  for (const TaskId& id : cluster.AllTasks()) {
+    const std::string& address = cluster.address(id.job, id.index);
+    auto hp = ParseHostPort(address);
+    if (!hp.ok() || !IsLocalHost(hp->host)) {
+      std::cerr << "pstrain launch: " << id.ToString() << " is on " << address
+                << ", not this machine; start it there\n";
+      continue;
+    }
+    auto t = std::make_unique<Task>();
+    t->id = id;
+    t->name = id.ToString();
+    t->log.open(JoinPath(log_dir, absl::StrCat(id.job, "-", id.index, ".log")),
+                append_logs ? std::ios::app : std::ios::trunc);
+    SpawnOptions so;
+    so.argv = {bin_for_job.at(id.job), "--cluster_spec=" + options.cluster_spec,
+               "--job=" + id.job, absl::StrCat("--task=", id.index),
+               "--config=" + options.config};
+    if (options.resume && id.job == kChiefJob) so.argv.push_back("--resume");
+    if (!options.init_from.empty() && id.job == kChiefJob) {
+      so.argv.push_back("--init_from=" + options.init_from);
+    }
+    so.capture_output = true;
+    auto proc = Subprocess::Spawn(so);
+    if (!proc.ok()) {
+      for (auto& other : tasks) other->proc->Stop(absl::Seconds(5));
+      Attempt a;
+      a.failure = absl::StrCat("starting ", t->name, ": ", proc.status().message());
+      a.exit_code = 1;
+      return a;
+    }
+    t->proc = std::move(*proc);
+    tasks.push_back(std::move(t));
+  }
+  std::cerr << "pstrain launch: started " << tasks.size() << " task(s); logs in " << log_dir
+            << "\n";
+
+  const bool tty = ::isatty(STDERR_FILENO);
+  ChiefClient chief(cluster.address(kChiefJob, 0), absl::Milliseconds(300));
+  const absl::Time start = absl::Now();
+  absl::Time next_progress = start + absl::Seconds(1);
+  absl::Time last_plain_progress = start;
+  bool progress_shown = false;
+  int exit_code = 0;
+  std::string failure;
+  bool restartable = false;
+  bool chief_finished = false;
+  absl::Time chief_finished_at;
+
+  for (;;) {
+    if (stop->stopped()) {
+      failure = stop->reason();
+      exit_code = stop->exit_code() != 0 ? stop->exit_code() : 130;
+      break;
+    }
+    // Wait for output or a child's exit, at most until the next progress tick.
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Task*, bool>> owners;  // (task, is_output)
+    for (auto& t : tasks) {
+      if (t->exited) continue;
+      if (t->proc->output_fd() >= 0) {
+        fds.push_back({t->proc->output_fd(), POLLIN, 0});
+        owners.push_back({t.get(), true});
+      } else if (t->proc->pidfd() >= 0) {
+        fds.push_back({t->proc->pidfd(), POLLIN, 0});
+        owners.push_back({t.get(), false});
+      }
+    }
+    const int wait_ms = static_cast<int>(
+        std::max<int64_t>(0, absl::ToInt64Milliseconds(next_progress - absl::Now())));
+    ::poll(fds.data(), fds.size(), std::min(wait_ms, 250));
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      Task* t = owners[i].first;
+      if (owners[i].second) DrainOutput(t, options.verbose, &progress_shown);
+    }
+    // Reap exited tasks (output closed means the process is exiting).
+    for (auto& t : tasks) {
+      if (t->exited) continue;
+      std::optional<int> code = t->proc->Wait(absl::ZeroDuration());
+      if (!code.has_value()) continue;
+      if (t->proc->output_fd() >= 0) DrainOutput(t.get(), options.verbose, &progress_shown);
+      t->exited = true;
+      t->exit_code = *code;
+      if (*code != 0 && failure.empty()) {
+        failure = absl::StrCat(t->name, " exited with code ", *code, " (log: ",
+                               JoinPath(log_dir, absl::StrCat(t->id.job, "-", t->id.index, ".log")),
+                               ")");
+        exit_code = 1;
+        restartable = true;
+      }
+      if (t->id.job == kChiefJob && *code == 0) {
+        chief_finished = true;
+        chief_finished_at = absl::Now();
+      }
+    }
+    if (!failure.empty()) break;
+    bool all_exited = true;
+    for (auto& t : tasks) all_exited &= t->exited;
+    if (all_exited) break;
+    // After the chief finishes, the others get a grace period to exit.
+    if (chief_finished && absl::Now() - chief_finished_at > absl::Seconds(20)) {
+      failure = "tasks still running 20 s after the chief finished";
+      exit_code = 1;
+      break;
+    }
+    if (absl::Now() >= next_progress) {
+      next_progress = absl::Now() + absl::Milliseconds(500);
+    } else {
+      continue;
+    }
+    if (options.progress && !chief_finished) {
+      ChiefStatusResponse s;
+      if (chief.GetStatus(&s).ok()) {
+        std::string line = FormatProgress(s, absl::Now() - start);
+        if (tty) {
+          std::cerr << "\r\033[K" << line << std::flush;
+          progress_shown = true;
+        } else if (absl::Now() - last_plain_progress >= absl::Seconds(5)) {
+          std::cerr << "progress: " << line << "\n";
+          last_plain_progress = absl::Now();
+        }
+      }
+    }
+  }
+  if (progress_shown) std::cerr << "\n";
+
+  // Stop whatever is still running: SIGTERM to all, one shared 5 s grace
+  // period, then SIGKILL for any task still there.
+  for (auto& t : tasks) {
+    if (!t->exited) t->proc->Signal(SIGTERM);
+  }
+  const absl::Time grace_end = absl::Now() + absl::Seconds(5);
+  for (auto& t : tasks) {
+    if (t->exited) continue;
+    std::optional<int> code = t->proc->Wait(std::max(grace_end - absl::Now(), absl::ZeroDuration()));
+    t->exit_code = code.has_value() ? *code : t->proc->Stop(absl::ZeroDuration());
+    if (t->proc->output_fd() >= 0) DrainOutput(t.get(), options.verbose, &progress_shown);
+    t->exited = true;
+  }
+  Attempt a;
+  a.failure = failure;
+  a.exit_code = exit_code;
+  a.restartable = restartable && !stop->stopped();
+  a.chief_finished = chief_finished;
+  if (failure.empty()) {
+    for (auto& t : tasks) {
+      if (t->exit_code != 0 && t->id.job != kChiefJob) {
+        std::cerr << "pstrain launch: " << t->name << " ended with code " << t->exit_code << "\n";
+      }
+    }
+  }
+  return a;
+}
+
 }  // namespace
 
 std::string FindBinary(const std::string& bin_dir, const std::string& package,
@@ -160,149 +326,38 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
     bin_for_job[job] = path;
   }
 
-  std::vector<std::unique_ptr<Task>> tasks;
-  for (const TaskId& id : cluster->AllTasks()) {
-    const std::string& address = cluster->address(id.job, id.index);
-    auto hp = ParseHostPort(address);
-    if (!hp.ok() || !IsLocalHost(hp->host)) {
-      std::cerr << "pstrain launch: " << id.ToString() << " is on " << address
-                << ", not this machine; start it there\n";
+  if (options.max_restarts > 0 && config->checkpoint().dir().empty()) {
+    std::cerr << "pstrain launch: --restart=on-failure restarts the job from its latest "
+                 "checkpoint: set checkpoint.dir in the config\n";
+    return 2;
+  }
+  LaunchOptions run = options;
+  for (int restarts = 0;; ++restarts) {
+    Attempt a = RunOnce(run, *cluster, bin_for_job, log_dir, /*append_logs=*/restarts > 0, stop);
+    if (a.restartable && restarts < options.max_restarts) {
+      const absl::Duration backoff =
+          std::min(absl::Seconds(30), absl::Seconds(1) * (int64_t{1} << std::min(restarts, 5)));
+      std::cerr << "pstrain launch: " << a.failure
+                << "; restarting the job from its latest checkpoint in "
+                << absl::FormatDuration(backoff) << " (restart " << restarts + 1 << " of "
+                << options.max_restarts << ")\n";
+      if (stop->WaitFor(backoff)) {
+        std::cerr << "pstrain launch: " << stop->reason() << "; not restarting\n";
+        return stop->exit_code() != 0 ? stop->exit_code() : 130;
+      }
+      run.resume = true;  // a checkpoint of this run's own wins over init_from
       continue;
     }
-    auto t = std::make_unique<Task>();
-    t->id = id;
-    t->name = id.ToString();
-    t->log.open(JoinPath(log_dir, absl::StrCat(id.job, "-", id.index, ".log")), std::ios::trunc);
-    SpawnOptions so;
-    so.argv = {bin_for_job[id.job], "--cluster_spec=" + options.cluster_spec,
-               "--job=" + id.job, absl::StrCat("--task=", id.index),
-               "--config=" + options.config};
-    if (options.resume && id.job == kChiefJob) so.argv.push_back("--resume");
-    if (!options.init_from.empty() && id.job == kChiefJob) {
-      so.argv.push_back("--init_from=" + options.init_from);
+    if (!a.failure.empty()) {
+      std::cerr << "pstrain launch: " << a.failure << "; stopped every task"
+                << (a.restartable && options.max_restarts > 0
+                        ? absl::StrCat(" (", options.max_restarts, " restart(s) spent)")
+                        : "")
+                << "\n";
+      return a.exit_code;
     }
-    so.capture_output = true;
-    auto proc = Subprocess::Spawn(so);
-    if (!proc.ok()) {
-      std::cerr << "pstrain launch: starting " << t->name << ": " << proc.status().message() << "\n";
-      for (auto& other : tasks) other->proc->Stop(absl::Seconds(5));
-      return 1;
-    }
-    t->proc = std::move(*proc);
-    tasks.push_back(std::move(t));
-  }
-  std::cerr << "pstrain launch: started " << tasks.size() << " task(s); logs in " << log_dir
-            << "\n";
-
-  const bool tty = ::isatty(STDERR_FILENO);
-  ChiefClient chief(cluster->address(kChiefJob, 0), absl::Milliseconds(300));
-  const absl::Time start = absl::Now();
-  absl::Time next_progress = start + absl::Seconds(1);
-  absl::Time last_plain_progress = start;
-  bool progress_shown = false;
-  int exit_code = 0;
-  std::string failure;
-  bool chief_finished = false;
-  absl::Time chief_finished_at;
-
-  for (;;) {
-    if (stop->stopped()) {
-      failure = stop->reason();
-      exit_code = stop->exit_code() != 0 ? stop->exit_code() : 130;
-      break;
-    }
-    // Wait for output or a child's exit, at most until the next progress tick.
-    std::vector<pollfd> fds;
-    std::vector<std::pair<Task*, bool>> owners;  // (task, is_output)
-    for (auto& t : tasks) {
-      if (t->exited) continue;
-      if (t->proc->output_fd() >= 0) {
-        fds.push_back({t->proc->output_fd(), POLLIN, 0});
-        owners.push_back({t.get(), true});
-      } else if (t->proc->pidfd() >= 0) {
-        fds.push_back({t->proc->pidfd(), POLLIN, 0});
-        owners.push_back({t.get(), false});
-      }
-    }
-    const int wait_ms = static_cast<int>(
-        std::max<int64_t>(0, absl::ToInt64Milliseconds(next_progress - absl::Now())));
-    ::poll(fds.data(), fds.size(), std::min(wait_ms, 250));
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      Task* t = owners[i].first;
-      if (owners[i].second) DrainOutput(t, options.verbose, &progress_shown);
-    }
-    // Reap exited tasks (output closed means the process is exiting).
-    for (auto& t : tasks) {
-      if (t->exited) continue;
-      std::optional<int> code = t->proc->Wait(absl::ZeroDuration());
-      if (!code.has_value()) continue;
-      if (t->proc->output_fd() >= 0) DrainOutput(t.get(), options.verbose, &progress_shown);
-      t->exited = true;
-      t->exit_code = *code;
-      if (*code != 0 && failure.empty()) {
-        failure = absl::StrCat(t->name, " exited with code ", *code, " (log: ",
-                               JoinPath(log_dir, absl::StrCat(t->id.job, "-", t->id.index, ".log")),
-                               ")");
-        exit_code = 1;
-      }
-      if (t->id.job == kChiefJob && *code == 0) {
-        chief_finished = true;
-        chief_finished_at = absl::Now();
-      }
-    }
-    if (!failure.empty()) break;
-    bool all_exited = true;
-    for (auto& t : tasks) all_exited &= t->exited;
-    if (all_exited) break;
-    // After the chief finishes, the others get a grace period to exit.
-    if (chief_finished && absl::Now() - chief_finished_at > absl::Seconds(20)) {
-      failure = "tasks still running 20 s after the chief finished";
-      exit_code = 1;
-      break;
-    }
-    if (absl::Now() >= next_progress) {
-      next_progress = absl::Now() + absl::Milliseconds(500);
-    } else {
-      continue;
-    }
-    if (options.progress && !chief_finished) {
-      ChiefStatusResponse s;
-      if (chief.GetStatus(&s).ok()) {
-        std::string line = FormatProgress(s, absl::Now() - start);
-        if (tty) {
-          std::cerr << "\r\033[K" << line << std::flush;
-          progress_shown = true;
-        } else if (absl::Now() - last_plain_progress >= absl::Seconds(5)) {
-          std::cerr << "progress: " << line << "\n";
-          last_plain_progress = absl::Now();
-        }
-      }
-    }
-  }
-  if (progress_shown) std::cerr << "\n";
-
-  // Stop whatever is still running: SIGTERM to all, one shared 5 s grace
-  // period, then SIGKILL for any task still there.
-  for (auto& t : tasks) {
-    if (!t->exited) t->proc->Signal(SIGTERM);
-  }
-  const absl::Time grace_end = absl::Now() + absl::Seconds(5);
-  for (auto& t : tasks) {
-    if (t->exited) continue;
-    std::optional<int> code = t->proc->Wait(std::max(grace_end - absl::Now(), absl::ZeroDuration()));
-    t->exit_code = code.has_value() ? *code : t->proc->Stop(absl::ZeroDuration());
-    if (t->proc->output_fd() >= 0) DrainOutput(t.get(), options.verbose, &progress_shown);
-    t->exited = true;
-  }
-  if (!failure.empty()) {
-    std::cerr << "pstrain launch: " << failure << "; stopped every task\n";
-    return exit_code;
-  }
-  for (auto& t : tasks) {
-    if (t->exit_code != 0 && t->id.job != kChiefJob) {
-      std::cerr << "pstrain launch: " << t->name << " ended with code " << t->exit_code << "\n";
-    }
+    if (!a.chief_finished) return 1;
+    break;
   }
   auto summary = Env::Default()->ReadFile(JoinPath(config->output_dir(), "summary.json"));
   if (summary.ok()) {
@@ -316,7 +371,7 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
           JoinPath(config->output_dir(), "model_final.pst"));
     }
   }
-  return chief_finished ? 0 : 1;
+  return 0;
 }
 
 }  // namespace pstrain

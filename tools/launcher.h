@@ -2,7 +2,8 @@
 // process (chief, parameter servers, workers), files each task's output under
 // log_dir with the task as prefix, shows a live progress line from the chief,
 // stops every task on Ctrl-C or SIGTERM, and returns non-zero if any task
-// fails. Single-threaded apart from the signal thread.
+// fails; with max_restarts, a failed job starts again from its latest
+// checkpoint instead. Single-threaded apart from the signal thread.
 #ifndef PSTRAIN_TOOLS_LAUNCHER_H_
 #define PSTRAIN_TOOLS_LAUNCHER_H_
 
@@ -21,6 +22,10 @@ struct LaunchOptions {
   bool progress = true;
   bool resume = false;  // the chief starts from the latest good checkpoint
   std::string init_from;  // the chief starts a new run from this checkpoint's values
+  // --restart=on-failure: when a task fails, every task is stopped and the
+  // job starts again from its latest checkpoint, up to this many times, with
+  // a backoff of 1, 2, 4, ... 30 s. 0: a failed task ends the run.
+  int max_restarts = 0;
 };
 
 // Returns the process exit code: 0 when every task succeeded.

@@ -66,6 +66,10 @@ int LaunchCommand(const std::vector<std::string>& argv) {
                            "checkpoint.dir (from the seed when there is none)"}},
       {"init_from", {"", "a checkpoint (ckpt-<step> directory) whose values start a new run "
                          "at step 0 with fresh optimizer state"}},
+      {"restart", {"never", "never, or on-failure: when a task fails, stop every task and start "
+                            "the job again from its latest checkpoint (needs checkpoint.dir)"}},
+      {"max_restarts", {"3", "on-failure: restarts allowed before the run fails (backoff 1, 2, "
+                             "4, ... 30 s)"}},
   };
   if (WantsHelp(argv)) {
     std::cout << "pstrain launch flags:\n" << Args::Usage(flags);
@@ -85,6 +89,15 @@ int LaunchCommand(const std::vector<std::string>& argv) {
   o.progress = args->GetBool("progress");
   o.resume = args->GetBool("resume");
   o.init_from = args->Get("init_from");
+  const std::string restart = args->Get("restart");
+  if (restart != "never" && restart != "on-failure") {
+    return Fail("launch", "--restart: expected never or on-failure");
+  }
+  auto max_restarts = args->GetInt("max_restarts");
+  if (!max_restarts.ok() || *max_restarts < 0 || *max_restarts > 1000) {
+    return Fail("launch", "--max_restarts: expected 0..1000");
+  }
+  o.max_restarts = restart == "on-failure" ? static_cast<int>(*max_restarts) : 0;
   StopSignal stop;
   StopOnTerminationSignals(&stop);
   return Launch(o, &stop);

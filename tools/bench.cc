@@ -312,7 +312,12 @@ class Bench {
         return 1;
       }
       std::cout << "wrote " << path << "\n";
-      Plot(path, JoinPath(o_.out_dir, "bench.png"));
+      // The plot draws the wire and train suites; the others are tables only.
+      if (std::any_of(rows_.begin(), rows_.end(), [](const CsvRow& r) {
+            return r.suite == "wire" || r.suite == "train";
+          })) {
+        Plot(path, JoinPath(o_.out_dir, "bench.png"));
+      }
     }
     return 0;
   }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -348,40 +349,87 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   };
   int64_t next_ckpt = next_checkpoint_after(start_step);
   const bool sync = IsSyncMode(config);
+  // Sync: cut steps the time trigger asked the servers for.
+  std::set<int64_t> asked;
+  auto next_sync_cut = [&]() {
+    return asked.empty() ? next_ckpt : std::min(next_ckpt, *asked.begin());
+  };
+  const absl::Duration ckpt_period = absl::Seconds(config.checkpoint().every_seconds());
+  absl::Time last_save = absl::Now();
+  auto warn_failed = [](int64_t step, const absl::Status& st) {
+    LOG_WARN("checkpoint step {} failed, training goes on (the next one is retried): {}", step,
+             st);
+  };
+  // Async: one cut now, named by the global step the chief has seen; each
+  // server holds its pushes while it takes its partitions.
+  auto async_cut = [&](int64_t step) {
+    std::vector<SnapshotResponse> cuts;
+    absl::Status st = ps.SnapshotAll(step, step_timeout, &cuts);
+    if (st.ok()) {
+      int64_t held_us = 0;
+      std::vector<std::string> versions;
+      for (const SnapshotResponse& c : cuts) {
+        held_us = std::max(held_us, c.pause_us());
+        versions.push_back(absl::StrCat(c.version()));
+      }
+      LOG_INFO("checkpoint step {}: cut taken, pushes held at most {:.2f} ms; servers at "
+               "versions {}",
+               step, held_us / 1e3, absl::StrJoin(versions, ", "));
+      st = CommitCheckpoint(config, placement, &ps, cluster.num_workers(), step, step_timeout);
+    }
+    if (st.ok()) {
+      last_save = absl::Now();
+    } else {
+      warn_failed(step, st);
+    }
+  };
   auto commit_due = [&](int64_t step) {
     // Sync: the servers took each due step's cut at its boundary.
-    while (sync && next_ckpt <= step) {
+    while (sync && next_sync_cut() <= step) {
+      const int64_t cut = next_sync_cut();
       absl::Status st =
-          CommitCheckpoint(config, placement, &ps, cluster.num_workers(), next_ckpt, step_timeout);
-      if (!st.ok()) {
-        LOG_WARN("checkpoint step {} failed, training goes on (the next one is retried): {}",
-                 next_ckpt, st);
-      }
-      next_ckpt = next_checkpoint_after(next_ckpt);
-    }
-    // Async: one cut now, named by the global step the chief has seen; each
-    // server holds its pushes while it takes its partitions.
-    if (!sync && next_ckpt <= step) {
-      std::vector<SnapshotResponse> cuts;
-      absl::Status st = ps.SnapshotAll(step, step_timeout, &cuts);
+          CommitCheckpoint(config, placement, &ps, cluster.num_workers(), cut, step_timeout);
       if (st.ok()) {
-        int64_t held_us = 0;
-        std::vector<std::string> versions;
-        for (const SnapshotResponse& c : cuts) {
-          held_us = std::max(held_us, c.pause_us());
-          versions.push_back(absl::StrCat(c.version()));
-        }
-        LOG_INFO("checkpoint step {}: cut taken, pushes held at most {:.2f} ms; servers at "
-                 "versions {}",
-                 step, held_us / 1e3, absl::StrJoin(versions, ", "));
-        st = CommitCheckpoint(config, placement, &ps, cluster.num_workers(), step, step_timeout);
+        last_save = absl::Now();
+      } else {
+        warn_failed(cut, st);
       }
-      if (!st.ok()) {
-        LOG_WARN("checkpoint step {} failed, training goes on (the next one is retried): {}",
-                 step, st);
-      }
+      asked.erase(cut);
+      if (cut == next_ckpt) next_ckpt = next_checkpoint_after(cut);
+    }
+    if (!sync && next_ckpt <= step) {
+      async_cut(step);
       next_ckpt = next_checkpoint_after(step);
     }
+  };
+  // checkpoint.every_seconds: async cuts at once; sync asks every server for
+  // a cut a few steps past the furthest one, committed when it is reached.
+  auto timed_save = [&](int64_t step) {
+    if (!checkpoints || ckpt_period <= absl::ZeroDuration() ||
+        absl::Now() - last_save < ckpt_period || step >= max_steps) {
+      return;
+    }
+    last_save = absl::Now();  // a failed try is not retried before the next period either
+    if (!sync) {
+      async_cut(step);
+      return;
+    }
+    int64_t furthest = step;
+    for (int s = 0; s < ps.num_servers(); ++s) {
+      PsStatusResponse status;
+      if (ps.GetStatus(s, &status).ok()) furthest = std::max(furthest, status.version());
+    }
+    const int64_t at = furthest + 10;
+    if (at >= next_ckpt || at >= max_steps) return;  // a cut comes by then anyway
+    std::vector<SnapshotResponse> ignored;
+    absl::Status st = ps.SnapshotAll(at, rpc_timeout, &ignored);
+    if (!st.ok()) {
+      warn_failed(at, st);
+      return;
+    }
+    asked.insert(at);
+    LOG_INFO("checkpoint: {} since the last one; the servers cut at step {}",
+             absl::FormatDuration(ckpt_period), at);
   };
   const absl::Time start = absl::Now();
   for (;;) {
@@ -390,7 +438,8 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       chief->SetState("stopped");
       return absl::CancelledError(stop->reason());
     }
-    const int64_t step = chief->WaitForStep(std::min(next_eval, next_ckpt), absl::Seconds(1));
+    const int64_t step =
+        chief->WaitForStep(std::min(next_eval, next_sync_cut()), absl::Seconds(1));
     if (absl::Now() - chief->last_progress() > step_timeout + rpc_timeout) {
       chief->RequestStop();
       chief->SetState("failed");
@@ -413,6 +462,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       next_eval = std::min(next_eval, max_steps);
     }
     commit_due(std::min(step, max_steps));
+    timed_save(step);
     if (step >= max_steps || chief->AllWorkersDone()) break;
   }
 

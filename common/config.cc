@@ -252,6 +252,12 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
   if (ckpt->dir().empty() && ckpt->every_steps() > 0) {
     return FieldError(source, "checkpoint.every_steps", "set without checkpoint.dir");
   }
+  if (ckpt->every_seconds() < 0 || ckpt->every_seconds() > 7 * 24 * 3600) {
+    return FieldError(source, "checkpoint.every_seconds", "expected 0..604800");
+  }
+  if (ckpt->dir().empty() && ckpt->every_seconds() > 0) {
+    return FieldError(source, "checkpoint.every_seconds", "set without checkpoint.dir");
+  }
   if (!ParseDeviceSpec(c->device()).ok()) {
     return FieldError(source, "device", "expected \"auto\", \"cpu\" or \"cuda:N\"");
   }

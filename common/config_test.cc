@@ -90,6 +90,8 @@ TEST_CASE("checkpoint settings are checked and keep defaults to 3", "[config][ch
            Case{"checkpoint { dir: \"ck\" every_steps: -1 }", "checkpoint.every_steps"},
            Case{"checkpoint { dir: \"ck\" keep: -2 }", "checkpoint.keep"},
            Case{"checkpoint { every_steps: 10 }", "without checkpoint.dir"},
+           Case{"checkpoint { every_seconds: 10 }", "without checkpoint.dir"},
+           Case{"checkpoint { dir: \"ck\" every_seconds: -1 }", "checkpoint.every_seconds"},
        }) {
     INFO(k.extra);
     auto bad = ParseTrainingConfig(std::string(kGood) + k.extra + "\n", "x.pbtxt");

@@ -251,6 +251,7 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     async_cursors_.assign(model_->num_workers, StepCursor());
     holding_pushes_ = false;
     rows_in_flight_ = 0;
+    scheduled_cuts_.clear();
   }
   RunCompletions(&completions);
   return absl::OkStatus();
@@ -830,8 +831,12 @@ void ParameterServer::CompleteStepLocked(int64_t step, int contributors,
 void ParameterServer::MaybeSnapshotLocked(int64_t version) {
   const Model& model = *model_;
   if (model.checkpoint_dir.empty()) return;
+  const bool scheduled = scheduled_cuts_.erase(version) > 0;
+  while (!scheduled_cuts_.empty() && *scheduled_cuts_.begin() < version) {
+    scheduled_cuts_.erase(scheduled_cuts_.begin());  // passed (cannot happen: one step a time)
+  }
   const bool due = (model.checkpoint_every > 0 && version % model.checkpoint_every == 0) ||
-                   version == model.max_steps;
+                   version == model.max_steps || scheduled;
   if (!due) return;
   // The step is complete and the next one cannot start before this returns
   // (its pulls are served after it), so no apply runs.
@@ -900,8 +905,21 @@ absl::Status ParameterServer::Snapshot(const SnapshotRequest& request,
     return absl::FailedPreconditionError("Snapshot: this run writes no checkpoints");
   }
   if (model_->sync) {
-    return absl::FailedPreconditionError(
-        "Snapshot: sync servers take their checkpoints at the step boundary");
+    // A cut at a step boundary ahead: taken when that step completes.
+    if (step <= version_) {
+      return absl::OutOfRangeError(absl::StrCat("Snapshot: step ", step,
+                                                " is not ahead of this server's version ",
+                                                version_));
+    }
+    if (model_->max_steps > 0 && step > model_->max_steps) {
+      return absl::InvalidArgumentError(absl::StrCat("Snapshot: step ", step, " is past max_steps"));
+    }
+    if (scheduled_cuts_.size() >= 64) {
+      return absl::ResourceExhaustedError("Snapshot: 64 cuts are scheduled already");
+    }
+    scheduled_cuts_.insert(step);
+    response->set_version(version_);
+    return absl::OkStatus();
   }
   if (holding_pushes_) return absl::FailedPreconditionError("Snapshot: one is already being taken");
   // A retried request for a cut already taken is answered, not taken twice.

@@ -49,6 +49,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -151,6 +152,8 @@ class ParameterServer {
   // on. GetShard waits (up to the request's timeout) until that shard is
   // durable and describes it, with each worker's data cursor at the step.
   absl::Status GetShard(const GetShardRequest& request, GetShardResponse* response);
+  // Sync mode: schedules a cut at the boundary of `step` (ahead of this
+  // server's version; OUT_OF_RANGE otherwise), taken as every_steps' are.
   // Async mode: the chief's cut for checkpoint `step`. New pushes are held
   // while the ones in flight finish (up to the request's timeout), the
   // partitions are taken as in sync mode with each worker's cursor as of
@@ -369,6 +372,8 @@ class ParameterServer {
   bool holding_pushes_ ABSL_GUARDED_BY(mu_) = false;
   // Async: row pushes being applied (a cut waits for them).
   int64_t rows_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Sync: steps the chief asked a cut at (checkpoint.every_seconds).
+  std::set<int64_t> scheduled_cuts_ ABSL_GUARDED_BY(mu_);
   // Checkpoint shards: snapshots waiting for the writer, and the outcome of
   // the latest writes by step (a few kept for GetShard).
   std::vector<std::unique_ptr<ShardSnapshot>> to_write_ ABSL_GUARDED_BY(mu_);

@@ -877,19 +877,46 @@ TEST_CASE("async checkpoints: each cut holds pushes, so all partitions are at on
   for (std::thread& t : workers) t.join();
   CHECK(last > 0);
 
-  // Sync servers refuse: they cut at their step boundary.
+}
+
+TEST_CASE("sync: a cut asked for a step ahead is taken at that step's boundary",
+          "[ps][sync][checkpoint]") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = JoinPath(tmp != nullptr ? tmp : "/tmp", "sync_cut");
+  (void)DeleteRecursively(Env::Default(), dir);
   TrainingConfig sync = BaseConfig(true, 1, 0, 1.0f);
-  sync.mutable_checkpoint()->set_dir(dir);
-  InitializeRequest sync_init = InitRequest(sync, 1);
-  sync_init.set_num_servers(1);
-  sync_init.set_server_index(0);
-  ParameterServer sps;
-  REQUIRE(sps.Initialize(sync_init).ok());
-  SnapshotRequest req;
-  req.set_incarnation(kIncarnation);
-  req.set_step(5);
-  SnapshotResponse cut;
-  CHECK(sps.Snapshot(req, &cut).code() == absl::StatusCode::kFailedPrecondition);
+  sync.mutable_checkpoint()->set_dir(dir);  // every_steps 0: only max_steps and asked ones
+  InitializeRequest init = InitRequest(sync, 1, {0, 0, 0, 0});
+  init.set_num_servers(1);
+  init.set_server_index(0);
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(init).ok());
+  auto ask = [&ps](int64_t step) {
+    SnapshotRequest req;
+    req.set_incarnation(kIncarnation);
+    req.set_step(step);
+    SnapshotResponse cut;
+    return ps.Snapshot(req, &cut);
+  };
+  CHECK(ask(0).code() == absl::StatusCode::kOutOfRange);  // not ahead
+  CHECK(ask(5000).code() == absl::StatusCode::kInvalidArgument);  // past max_steps
+  REQUIRE(ask(3).ok());
+  for (int64_t step = 0; step < 5; ++step) {
+    PushResponse r;
+    REQUIRE(ps.Push(Grad(0, step, {1, 1, 1, 1}), &r).ok());
+  }
+  CHECK(ask(2).code() == absl::StatusCode::kOutOfRange);  // passed
+  GetShardRequest get;
+  get.set_incarnation(kIncarnation);
+  get.set_step(3);
+  get.set_timeout_ms(5000);
+  GetShardResponse shard;
+  REQUIRE(ps.GetShard(get, &shard).ok());
+  CHECK(ShardTensorValues(JoinPath(dir, "ckpt-3"), shard, "w") ==
+        std::vector<float>{-3, -3, -3, -3});
+  // Nothing was cut at the steps nobody asked for.
+  CHECK_FALSE(Env::Default()->IsDirectory(JoinPath(dir, "ckpt-2")));
+  CHECK_FALSE(Env::Default()->IsDirectory(JoinPath(dir, "ckpt-4")));
 }
 
 }  // namespace

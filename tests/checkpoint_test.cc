@@ -667,6 +667,36 @@ TEST_CASE("--restart=on-failure: kill -9 of a worker, a server or the chief mid-
   }
 }
 
+TEST_CASE("checkpoint.every_seconds saves on a timer, in sync and in async mode",
+          "[checkpoint][timer]") {
+  for (const bool sync : {true, false}) {
+    INFO((sync ? "sync" : "async"));
+    const std::string dir = testing::FreshTempDir(sync ? "ckpt_timer_sync" : "ckpt_timer_async");
+    const std::string ckpt = JoinPath(dir, "ckpt");
+    ConfigOptions o = CheckpointOptions(ckpt, 3000);
+    o.sync = sync;
+    o.extra = absl::StrCat("checkpoint { dir: \"", ckpt, "\" every_seconds: 1 keep: 100 }\n");
+    const Job job = WriteJob(dir, o, 2);
+    CommandResult r = RunJob(job, false);
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    const std::string log = ChiefLog(job);
+    INFO(log);
+    CHECK(log.find(sync ? "since the last one; the servers cut at step " : "cut taken") !=
+          std::string::npos);
+    auto all = ListCheckpoints(Env::Default(), ckpt);
+    REQUIRE(all.ok());
+    // The last step's, and at least one the timer asked for on the way.
+    REQUIRE(all->size() >= 2);
+    CHECK(all->back().step == 3000);
+    for (const CheckpointInfo& c : *all) {
+      INFO(c.path);
+      CHECK(c.complete);
+      CHECK(VerifyCheckpoint(Env::Default(), c.path).empty());
+    }
+  }
+}
+
 TEST_CASE("pstrain bench --suites=checkpoint writes, restores and compares with dd",
           "[checkpoint][bench]") {
   const std::string dir = testing::FreshTempDir("ckpt_bench");

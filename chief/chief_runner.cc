@@ -116,6 +116,13 @@ absl::Status LoadTables(const TrainingConfig& config, ResumePoint* r, PsClient* 
       continue;
     }
     RestoredTable& t = it->second;
+    const std::string kind =
+        OptimizerKindName(tc.has_optimizer() ? tc.optimizer() : config.optimizer());
+    if (r->table_state && t.optimizer != kind) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "embedding table ", tc.name(), " was saved with optimizer ", t.optimizer,
+          ", the config's is ", kind, ": --init_from starts from its rows with fresh state"));
+    }
     if (t.dim != tc.dim()) {
       return absl::FailedPreconditionError(absl::StrCat("embedding table ", tc.name(),
                                                         " was saved with dim ", t.dim,
@@ -144,6 +151,13 @@ absl::StatusOr<ResumePoint> LoadStartPoint(const TrainingConfig& config, const P
     LOG_WARN("resume: {} was written under another training config (fingerprint {:x}, now {:x}); "
              "its variables fit, so training goes on from it",
              path, ckpt.manifest.config_fingerprint(), ConfigFingerprint(config));
+  }
+  if (with_state && !ckpt.manifest.optimizer().empty() &&
+      ckpt.manifest.optimizer() != OptimizerKindName(config.optimizer())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path, " was saved with optimizer ", ckpt.manifest.optimizer(), ", the config's is ",
+        OptimizerKindName(config.optimizer()),
+        ": --init_from starts from its values with fresh optimizer state"));
   }
   ResumePoint r;
   if (with_state) r.step = ckpt.manifest.step();
@@ -356,13 +370,19 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   };
   const absl::Duration ckpt_period = absl::Seconds(config.checkpoint().every_seconds());
   absl::Time last_save = absl::Now();
+  int64_t step_at_save = start_step;
   auto warn_failed = [](int64_t step, const absl::Status& st) {
     LOG_WARN("checkpoint step {} failed, training goes on (the next one is retried): {}", step,
              st);
   };
   // Async: one cut now, named by the global step the chief has seen; each
-  // server holds its pushes while it takes its partitions.
+  // server holds its pushes while it takes its partitions. Never at or
+  // before the last cut: after a resume that is the checkpoint resumed
+  // from, whose files a new cut would replace.
+  int64_t last_cut = start_step;
   auto async_cut = [&](int64_t step) {
+    if (step <= last_cut) return;
+    last_cut = step;
     std::vector<SnapshotResponse> cuts;
     absl::Status st = ps.SnapshotAll(step, step_timeout, &cuts);
     if (st.ok()) {
@@ -419,7 +439,11 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       PsStatusResponse status;
       if (ps.GetStatus(s, &status).ok()) furthest = std::max(furthest, status.version());
     }
-    const int64_t at = furthest + 10;
+    // Far enough ahead that no server passes it before the request lands:
+    // 10 steps, or the steps of 200 ms at the rate since the last save.
+    const double per_second = (step - step_at_save) / absl::ToDoubleSeconds(ckpt_period);
+    const int64_t at = furthest + std::max<int64_t>(10, static_cast<int64_t>(per_second * 0.2));
+    step_at_save = step;
     if (at >= next_ckpt || at >= max_steps) return;  // a cut comes by then anyway
     std::vector<SnapshotResponse> ignored;
     absl::Status st = ps.SnapshotAll(at, rpc_timeout, &ignored);

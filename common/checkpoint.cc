@@ -33,6 +33,24 @@ int64_t Elements(const google::protobuf::RepeatedField<int64_t>& shape) {
   return n;
 }
 
+// The same for a shape from outside: -1 when a dimension is negative or the
+// product (in bytes of float32) would overflow.
+int64_t CheckedElements(const google::protobuf::RepeatedField<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && n > (int64_t{1} << 60) / d)) return -1;
+    n *= d;
+  }
+  return n;
+}
+
+// [offset, offset + length) lies in a shard of `shard_bytes`, past its magic
+// (written without overflow: the manifest is outside input).
+bool RangeFits(int64_t offset, int64_t length, int64_t shard_bytes) {
+  return length >= 0 && offset >= static_cast<int64_t>(sizeof(kShardMagic)) &&
+         offset <= shard_bytes && length <= shard_bytes - offset;
+}
+
 // Steps, shards, ranges and shapes that make sense, before any byte is read.
 absl::Status CheckManifest(const CheckpointManifest& m) {
   if (m.step() < 0) return absl::DataLossError("negative step");
@@ -51,8 +69,8 @@ absl::Status CheckManifest(const CheckpointManifest& m) {
   }
   std::map<std::string, const CheckpointVariable*> vars;
   for (const CheckpointVariable& v : m.variables()) {
-    for (int64_t d : v.shape()) {
-      if (d < 0) return absl::DataLossError(absl::StrCat(v.name(), ": negative dimension"));
+    if (CheckedElements(v.shape()) < 0) {
+      return absl::DataLossError(absl::StrCat(v.name(), ": a negative or overflowing shape"));
     }
     if (!vars.emplace(v.name(), &v).second) {
       return absl::DataLossError(absl::StrCat(v.name(), " listed twice"));
@@ -70,9 +88,9 @@ absl::Status CheckManifest(const CheckpointManifest& m) {
     for (int64_t d : t.shape()) {
       if (d < 0) return absl::DataLossError(absl::StrCat(what, ": negative dimension"));
     }
-    if (t.offset() < static_cast<int64_t>(sizeof(kShardMagic)) || t.length() < 0 ||
-        t.length() != Elements(t.shape()) * static_cast<int64_t>(sizeof(float)) ||
-        t.offset() + t.length() > m.shards(t.shard()).bytes()) {
+    const int64_t elements = CheckedElements(t.shape());
+    if (elements < 0 || t.length() != elements * static_cast<int64_t>(sizeof(float)) ||
+        !RangeFits(t.offset(), t.length(), m.shards(t.shard()).bytes())) {
       return absl::DataLossError(absl::StrCat(what, ": byte range ", t.offset(), "+", t.length(),
                                               " does not fit its shape and shard"));
     }
@@ -107,8 +125,7 @@ absl::Status CheckManifest(const CheckpointManifest& m) {
     const int64_t floats = r.rows() * t->second->dim() * static_cast<int64_t>(sizeof(float));
     const int64_t shard_bytes = m.shards(r.shard()).bytes();
     auto fits = [&](const ByteRange& b, int64_t want) {
-      return b.length() == want && b.offset() >= static_cast<int64_t>(sizeof(kShardMagic)) &&
-             b.offset() + b.length() <= shard_bytes;
+      return b.length() == want && RangeFits(b.offset(), b.length(), shard_bytes);
     };
     bool ok = fits(r.ids(), r.rows() * 8) && fits(r.values(), floats) &&
               fits(r.updates(), r.rows() * 8) && fits(r.touched(), r.rows() * 8);
@@ -133,6 +150,14 @@ absl::Status ReadRangeInto(Env* env, const std::string& ckpt_dir, const Checkpoi
     return absl::DataLossError(absl::StrCat(file, ": ", what, ": CRC32C mismatch (corrupted)"));
   }
   return absl::OkStatus();
+}
+
+// DATA_LOSS when an id of `table` appears twice (sorts `ids`).
+absl::Status CheckUniqueIds(const std::string& table, std::vector<uint64_t>* ids) {
+  std::sort(ids->begin(), ids->end());
+  auto dup = std::adjacent_find(ids->begin(), ids->end());
+  if (dup == ids->end()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("table ", table, ": id ", *dup, " is in two shards"));
 }
 
 // Appends shard rows `r` to `t` (every range read and checked).
@@ -382,6 +407,7 @@ std::vector<std::string> ShardFileProblems(Env* env, const std::string& ckpt_dir
     if (*size != f.bytes()) {
       problems.push_back(absl::StrCat(f.file(), ": ", *size, " bytes, the manifest says ",
                                       f.bytes(), " (truncated or torn)"));
+      (*ok)[f.shard()] = false;  // its ranges were checked against the manifest's size
     }
     absl::StatusOr<std::string> magic = env->ReadFileRange(path, 0, sizeof(kShardMagic));
     if (!magic.ok() || *magic != absl::string_view(kShardMagic, sizeof(kShardMagic))) {
@@ -412,12 +438,20 @@ std::vector<std::string> VerifyCheckpoint(Env* env, const std::string& ckpt_dir)
     tables[t.name()].dim = t.dim();
     tables[t.name()].slots.resize(t.slot_names_size());
   }
+  std::map<std::string, std::vector<uint64_t>> ids;  // every shard's, per table
   for (const CheckpointRows& r : m->rows()) {
     if (!shard_ok[r.shard()]) continue;
     RestoredTable t;  // one shard's rows at a time
     t.dim = tables[r.table()].dim;
     t.slots.resize(r.slots_size());
     if (absl::Status st = ReadRows(env, ckpt_dir, *m, r, &t); !st.ok()) {
+      problems.push_back(std::string(st.message()));
+    } else {
+      ids[r.table()].insert(ids[r.table()].end(), t.ids.begin(), t.ids.end());
+    }
+  }
+  for (auto& [name, all] : ids) {
+    if (absl::Status st = CheckUniqueIds(name, &all); !st.ok()) {
       problems.push_back(std::string(st.message()));
     }
   }
@@ -571,6 +605,7 @@ absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& c
   for (const CheckpointTable& t : m.tables()) {
     RestoredTable& rt = out.tables[t.name()];
     rt.dim = t.dim();
+    rt.optimizer = t.optimizer();
     rt.slots.resize(t.slot_names_size());
   }
   for (const CheckpointRows& r : m.rows()) {
@@ -578,10 +613,8 @@ absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& c
   }
   for (const auto& [name, t] : out.tables) {
     std::vector<uint64_t> ids = t.ids;
-    std::sort(ids.begin(), ids.end());
-    if (std::adjacent_find(ids.begin(), ids.end()) != ids.end()) {
-      return absl::DataLossError(absl::StrCat(ckpt_dir, ": table ", name,
-                                              ": an id is in two shards"));
+    if (absl::Status st = CheckUniqueIds(name, &ids); !st.ok()) {
+      return absl::DataLossError(absl::StrCat(ckpt_dir, ": ", st.message()));
     }
   }
   return out;

@@ -127,6 +127,7 @@ struct RestoredVariable {
 // An embedding table's rows from every shard, concatenated (ids unique).
 struct RestoredTable {
   int dim = 0;
+  std::string optimizer;  // the kind whose slots these are
   std::vector<uint64_t> ids;
   std::vector<float> values;               // ids.size() x dim
   std::vector<std::vector<float>> slots;   // the table's slot_names order

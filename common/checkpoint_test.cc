@@ -2,6 +2,7 @@
 
 #include <stdlib.h>
 
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -584,6 +585,28 @@ TEST_CASE("damaged rows are found by verify and refused by load", "[checkpoint][
   CHECK_FALSE(ReadManifest(Env::Default(), edit("repeat", [](CheckpointManifest* b) {
                 b->mutable_rows(1)->set_shard(0);
               })).ok());
+  // Ranges that overflow int64 are refused before any allocation.
+  CHECK_FALSE(ReadManifest(Env::Default(), edit("overflow", [](CheckpointManifest* b) {
+                b->mutable_rows(0)->mutable_ids()->set_offset(INT64_MAX - 8);
+              })).ok());
+  CHECK_FALSE(ReadManifest(Env::Default(), edit("overflow-tensor", [](CheckpointManifest* b) {
+                b->mutable_tensors(0)->set_offset(INT64_MAX - 2);
+              })).ok());
+  CHECK_FALSE(ReadManifest(Env::Default(), edit("huge-shape", [](CheckpointManifest* b) {
+                b->mutable_variables(0)->set_shape(0, int64_t{1} << 62);
+              })).ok());
+  // The same id in two shards' rows is refused on load.
+  {
+    RowsFixture dup;
+    dup.ids1[0] = dup.ids0[2];
+    const std::string ckpt = WriteRowsFixture(dup, JoinPath(dir, "dup"));
+    const std::vector<std::string> problems = VerifyCheckpoint(Env::Default(), ckpt);
+    REQUIRE(problems.size() == 1);
+    CHECK(problems[0] == "table ads: id 42 is in two shards");
+    auto c = LoadCheckpoint(Env::Default(), ckpt);
+    REQUIRE_FALSE(c.ok());
+    CHECK(std::string(c.status().message()).find("id 42 is in two shards") != std::string::npos);
+  }
 }
 
 }  // namespace

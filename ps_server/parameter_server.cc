@@ -252,6 +252,10 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     holding_pushes_ = false;
     rows_in_flight_ = 0;
     scheduled_cuts_.clear();
+    // Shards of the run before are not this run's (one being written is
+    // dropped when done, by its incarnation).
+    written_.clear();
+    to_write_.clear();
   }
   RunCompletions(&completions);
   return absl::OkStatus();
@@ -848,6 +852,7 @@ void ParameterServer::TakeSnapshotLocked(int64_t step, const std::vector<StepCur
   const absl::Time start = absl::Now();
   auto snap = std::make_unique<ShardSnapshot>();
   snap->step = step;
+  snap->incarnation = incarnation_;
   snap->dir = JoinPath(model.checkpoint_dir, CheckpointDirName(step));
   snap->shard = model.shard;
   snap->num_shards = model.num_shards;
@@ -968,9 +973,11 @@ void ParameterServer::WriterLoop() {
     mu_.Unlock();
     absl::StatusOr<GetShardResponse> result = WriteShardSnapshot(*snap);
     const int64_t step = snap->step;
+    const uint64_t incarnation = snap->incarnation;
     snap.reset();  // drops the version buffers before retaking the lock
     mu_.Lock();
-    written_.insert_or_assign(step, std::move(result));
+    // A shard of a run that was re-initialized meanwhile is not this run's.
+    if (incarnation == incarnation_) written_.insert_or_assign(step, std::move(result));
     while (written_.size() > 16) written_.erase(written_.begin());
   }
 }

@@ -8,6 +8,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
@@ -825,6 +826,8 @@ TEST_CASE("async checkpoints: each cut holds pushes, so all partitions are at on
   // would be two pushes; one push carries both, applied partition by
   // partition), with their data cursor at the push count.
   std::atomic<bool> stop{false};
+  absl::Mutex error_mu;
+  std::string error;  // the first push that failed (Catch2 asserts on this thread only)
   std::vector<std::thread> workers;
   for (int w = 0; w < 4; ++w) {
     workers.emplace_back([&, w] {
@@ -837,10 +840,25 @@ TEST_CASE("async checkpoints: each cut holds pushes, so all partitions are at on
         req.set_cursor_position(i);
         PushResponse r;
         absl::Status st = ps.Push(req, &r);
-        if (!st.ok()) FAIL(st.ToString());
+        if (!st.ok()) {
+          absl::MutexLock lock(&error_mu);
+          if (error.empty()) error = st.ToString();
+          return;
+        }
       }
     });
   }
+  // Joins the pushers on every way out of this test.
+  struct Joiner {
+    std::atomic<bool>* stop;
+    std::vector<std::thread>* threads;
+    ~Joiner() {
+      *stop = true;
+      for (std::thread& t : *threads) {
+        if (t.joinable()) t.join();
+      }
+    }
+  } joiner{&stop, &workers};
   int64_t last = -1;
   for (int64_t step = 1; step <= 20; ++step) {
     absl::SleepFor(absl::Milliseconds(2));
@@ -875,8 +893,9 @@ TEST_CASE("async checkpoints: each cut holds pushes, so all partitions are at on
   }
   stop = true;
   for (std::thread& t : workers) t.join();
+  absl::MutexLock lock(&error_mu);
+  CHECK(error.empty());
   CHECK(last > 0);
-
 }
 
 TEST_CASE("sync: a cut asked for a step ahead is taken at that step's boundary",

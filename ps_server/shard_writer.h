@@ -19,6 +19,7 @@ namespace pstrain {
 
 struct ShardSnapshot {
   int64_t step = 0;
+  uint64_t incarnation = 0;  // of the run it belongs to
   std::string dir;  // the ckpt-<step> directory
   int shard = 0;
   int num_shards = 1;

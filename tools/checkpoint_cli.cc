@@ -246,6 +246,13 @@ int Export(const std::string& ckpt, const std::string& format, const std::string
     tensors.push_back({name + "/ids", {n}, t.ids.data(), ExportDtype::kUint64});
     bytes += static_cast<int64_t>(t.values.size() * sizeof(float) + t.ids.size() * 8);
   }
+  std::set<std::string> names;
+  for (const ExportTensor& t : tensors) {
+    if (!names.insert(t.name).second) {
+      err << "pstrain checkpoint export: two tensors would be named \"" << t.name << "\"\n";
+      return 1;
+    }
+  }
   absl::Status st = env->CreateDirs(out_dir);
   std::vector<std::string> written;
   if (st.ok() && format == "safetensors") {

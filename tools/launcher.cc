@@ -261,7 +261,9 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
   Attempt a;
   a.failure = failure;
   a.exit_code = exit_code;
-  a.restartable = restartable && !stop->stopped();
+  // A task failing after the chief finished (while the others shut down)
+  // fails the run, but training was done: nothing to restart.
+  a.restartable = restartable && !chief_finished && !stop->stopped();
   a.chief_finished = chief_finished;
   if (failure.empty()) {
     for (auto& t : tasks) {

@@ -3,6 +3,8 @@
 //   ps_server --cluster_spec=cluster.json --task=0   (or TF_CONFIG in the env)
 #include <cstdlib>
 #include <iostream>
+#include <memory>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -10,9 +12,11 @@
 #include "common/cluster_spec.h"
 #include "common/daemon.h"
 #include "common/logging.h"
+#include "common/monitoring.h"
 #include "common/rpc.h"
 #include "common/shutdown.h"
 #include "ps_server/parameter_server.h"
+#include "ps_server/ps_metrics.h"
 #include "ps_server/ps_service.h"
 
 ABSL_FLAG(std::string, cluster_spec, "", "cluster spec JSON file (else TF_CONFIG)");
@@ -20,6 +24,9 @@ ABSL_FLAG(std::string, job, "ps", "job name; must be ps");
 ABSL_FLAG(int, task, 0, "task index within the ps job");
 ABSL_FLAG(std::string, config, "", "training config (accepted for uniformity; the chief sends it)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
+ABSL_FLAG(std::string, metrics_address, "",
+          "serve /metrics, /healthz and /readyz on host:port (port 0: any free one); off when "
+          "empty");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("pstrain parameter server: --cluster_spec=FILE --task=N");
@@ -44,6 +51,23 @@ int main(int argc, char** argv) {
     return 1;
   }
   LOG_INFO("parameter server listening on {}", address);
+  std::unique_ptr<pstrain::MonitoringServer> monitoring;
+  if (const std::string m = absl::GetFlag(FLAGS_metrics_address); !m.empty()) {
+    auto started = pstrain::MonitoringServer::Start(
+        m, {pstrain::PsMetrics(&ps), pstrain::ProcessMetrics()},
+        [&ps]() -> std::string {
+          pstrain::PsStatusResponse s;
+          ps.GetStatus(&s);
+          return s.initialized() ? "" : "waiting for the chief to install the model";
+        },
+        {{"job", pstrain::kPsJob}, {"task", std::to_string(task.task.index)}});
+    if (!started.ok()) {
+      LOG_ERROR("{}", started.status().message());
+      return 1;
+    }
+    monitoring = std::move(*started);
+    LOG_INFO("metrics on http://{}:{}/metrics", m.substr(0, m.rfind(':')), monitoring->port());
+  }
   stop.Wait();
   LOG_INFO("stopping: {}", stop.reason());
   ps.Shutdown();  // wakes waiting pulls so in-flight calls finish promptly

@@ -971,11 +971,23 @@ void ParameterServer::WriterLoop() {
     std::unique_ptr<ShardSnapshot> snap = std::move(to_write_.front());
     to_write_.erase(to_write_.begin());
     mu_.Unlock();
+    const absl::Time start = absl::Now();
     absl::StatusOr<GetShardResponse> result = WriteShardSnapshot(*snap);
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     const int64_t step = snap->step;
     const uint64_t incarnation = snap->incarnation;
+    const double pause = snap->pause_seconds;
     snap.reset();  // drops the version buffers before retaking the lock
     mu_.Lock();
+    if (result.ok()) {
+      ++checkpoint_stats_.written;
+      checkpoint_stats_.bytes = result->bytes();
+      checkpoint_stats_.seconds = seconds;
+      checkpoint_stats_.pause_seconds = pause;
+      checkpoint_stats_.last_success_unix = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+    } else {
+      ++checkpoint_stats_.failed;
+    }
     // A shard of a run that was re-initialized meanwhile is not this run's.
     if (incarnation == incarnation_) written_.insert_or_assign(step, std::move(result));
     while (written_.size() > 16) written_.erase(written_.begin());
@@ -1488,6 +1500,11 @@ absl::Status ParameterServer::LoadRows(const LoadRowsRequest& request,
 }
 
 // ---------------------------------------------------------------------------
+
+ParameterServer::CheckpointStats ParameterServer::checkpoint_stats() {
+  absl::MutexLock lock(&mu_);
+  return checkpoint_stats_;
+}
 
 void ParameterServer::GetStatus(PsStatusResponse* response) {
   absl::MutexLock lock(&mu_);

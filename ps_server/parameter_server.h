@@ -166,6 +166,17 @@ class ParameterServer {
 
   Counters counters();
 
+  // Checkpoint shards this server wrote (or failed to), for its metrics.
+  struct CheckpointStats {
+    int64_t written = 0;
+    int64_t failed = 0;
+    int64_t bytes = 0;               // of the last shard written
+    double seconds = 0;              // writing it
+    double pause_seconds = 0;        // taking its snapshot
+    double last_success_unix = 0;    // when it was written (0: never)
+  };
+  CheckpointStats checkpoint_stats();
+
  private:
   using Key = std::pair<std::string, int>;  // (variable, partition)
   using Buffer = std::shared_ptr<std::vector<float>>;
@@ -378,6 +389,7 @@ class ParameterServer {
   // the latest writes by step (a few kept for GetShard).
   std::vector<std::unique_ptr<ShardSnapshot>> to_write_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, absl::StatusOr<GetShardResponse>> written_ ABSL_GUARDED_BY(mu_);
+  CheckpointStats checkpoint_stats_ ABSL_GUARDED_BY(mu_);
   absl::CondVar timer_cv_;
   std::thread timer_;  // expires waiting pulls at their deadlines
   std::thread writer_;  // writes checkpoint shards

@@ -257,21 +257,13 @@ TEST_CASE("a damaged newest checkpoint is skipped, named in the log, and the pre
   CHECK(VerifyCheckpoint(Env::Default(), JoinPath(ckpt, "ckpt-150")).empty());
 }
 
-// The Python with NumPy and safetensors that tools/test.sh sets up
-// ($PSTRAIN_PYTHON); without one the test says so and passes, unless
-// PSTRAIN_REQUIRE_PYTHON_READERS=1 (as tools/test.sh sets it) makes it fail.
+// The Python with NumPy and safetensors that tools/test.sh sets up; ""
+// when there is none and the test may skip (it fails where it is required).
 std::string PythonWithReaders() {
-  const char* env = std::getenv("PSTRAIN_PYTHON");
-  const std::string python = env != nullptr && *env != '\0' ? env : "/usr/bin/python3";
-  CommandResult probe =
-      testing::RunCommand({python, "-c", "import numpy, safetensors.numpy"}, absl::Seconds(60));
-  if (probe.exit_code == 0) return python;
-  const char* required = std::getenv("PSTRAIN_REQUIRE_PYTHON_READERS");
-  if (required != nullptr && std::string(required) == "1") {
-    FAIL("no Python with numpy and safetensors at " << python << ": " << probe.output);
-  }
-  WARN("skipped: no Python with numpy and safetensors (" << python
-                                                         << "); tools/test.sh sets one up");
+  const testing::PythonReaders py = testing::PythonWithModules("numpy, safetensors.numpy");
+  if (py.error.empty()) return py.python;
+  if (py.required) FAIL(py.error);
+  WARN("skipped: " << py.error);
   return "";
 }
 

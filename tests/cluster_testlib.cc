@@ -169,6 +169,21 @@ std::vector<int> ProcessesMatching(const std::string& needle) {
   return pids;
 }
 
+PythonReaders PythonWithModules(const std::string& modules) {
+  PythonReaders r;
+  const char* env = std::getenv("PSTRAIN_PYTHON");
+  r.python = env != nullptr && *env != '\0' ? env : "/usr/bin/python3";
+  CommandResult probe =
+      RunCommand({r.python, "-c", absl::StrCat("import ", modules)}, absl::Seconds(60));
+  if (probe.exit_code != 0) {
+    r.error = absl::StrCat("no Python with ", modules, " at ", r.python,
+                           " (tools/test.sh sets one up): ", probe.output);
+    const char* required = std::getenv("PSTRAIN_REQUIRE_PYTHON_READERS");
+    r.required = required != nullptr && std::string(required) == "1";
+  }
+  return r;
+}
+
 absl::StatusOr<std::pair<std::string, double>> CriteoData(const std::string& name,
                                                           const std::vector<std::string>& flags) {
   const std::string dir = FreshTempDir(name);

@@ -61,6 +61,18 @@ CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration ti
 // Pids of live processes whose command line contains `needle`.
 std::vector<int> ProcessesMatching(const std::string& needle);
 
+// The Python with third-party readers that tools/test.sh sets up
+// ($PSTRAIN_PYTHON, else /usr/bin/python3), if it can import `modules`
+// ("numpy, safetensors.numpy"). Otherwise `error` says why, and `required`
+// whether the test must fail for it (PSTRAIN_REQUIRE_PYTHON_READERS=1, as
+// tools/test.sh sets) or may skip.
+struct PythonReaders {
+  std::string python;
+  std::string error;
+  bool required = false;
+};
+PythonReaders PythonWithModules(const std::string& modules);
+
 // Synthetic click-through data written by `pstrain datagen --format=criteo
 // <flags>` into a fresh directory `name`: the directory and the ground-truth
 // model's held-out AUC, or the error with datagen's output.

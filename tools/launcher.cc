@@ -13,11 +13,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/chief_client.h"
 #include "common/cluster_spec.h"
 #include "common/config.h"
 #include "common/env.h"
+#include "common/local_ports.h"
 #include "common/subprocess.h"
 #include "nlohmann/json.hpp"
 
@@ -119,7 +121,13 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
                 const std::map<std::string, std::string>& bin_for_job, const std::string& log_dir,
                 bool append_logs, StopSignal* stop) {
   std::vector<std::unique_ptr<Task>> tasks;
-  for (const TaskId& id : cluster.AllTasks()) {
+  // Each local parameter server serves /metrics on a free port of its host.
+  const std::vector<TaskId> all = cluster.AllTasks();
+  std::vector<int> metrics_ports;
+  if (options.metrics) metrics_ports = PickFreePorts(static_cast<int>(all.size()));
+  std::vector<std::string> metrics_urls;
+  for (size_t i = 0; i < all.size(); ++i) {
+    const TaskId& id = all[i];
     const std::string& address = cluster.address(id.job, id.index);
     auto hp = ParseHostPort(address);
     if (!hp.ok() || !IsLocalHost(hp->host)) {
@@ -140,6 +148,12 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
     if (!options.init_from.empty() && id.job == kChiefJob) {
       so.argv.push_back("--init_from=" + options.init_from);
     }
+    if (id.job == kPsJob && i < metrics_ports.size() && metrics_ports[i] > 0) {
+      const std::string host = hp->host == "localhost" ? "127.0.0.1" : hp->host;
+      so.argv.push_back(absl::StrCat("--metrics_address=", host, ":", metrics_ports[i]));
+      metrics_urls.push_back(
+          absl::StrCat(t->name, " http://", host, ":", metrics_ports[i], "/metrics"));
+    }
     so.capture_output = true;
     auto proc = Subprocess::Spawn(so);
     if (!proc.ok()) {
@@ -154,6 +168,9 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
   }
   std::cerr << "pstrain launch: started " << tasks.size() << " task(s); logs in " << log_dir
             << "\n";
+  if (!metrics_urls.empty() && !append_logs) {
+    std::cerr << "pstrain launch: metrics: " << absl::StrJoin(metrics_urls, ", ") << "\n";
+  }
 
   const bool tty = ::isatty(STDERR_FILENO);
   ChiefClient chief(cluster.address(kChiefJob, 0), absl::Milliseconds(300));

@@ -70,6 +70,8 @@ int LaunchCommand(const std::vector<std::string>& argv) {
                             "the job again from its latest checkpoint (needs checkpoint.dir)"}},
       {"max_restarts", {"3", "on-failure: restarts allowed before the run fails (backoff 1, 2, "
                              "4, ... 30 s)"}},
+      {"metrics", {"true", "each local parameter server serves /metrics, /healthz and /readyz "
+                           "on a free port (printed at the start)"}},
   };
   if (WantsHelp(argv)) {
     std::cout << "pstrain launch flags:\n" << Args::Usage(flags);
@@ -98,6 +100,7 @@ int LaunchCommand(const std::vector<std::string>& argv) {
     return Fail("launch", "--max_restarts: expected 0..1000");
   }
   o.max_restarts = restart == "on-failure" ? static_cast<int>(*max_restarts) : 0;
+  o.metrics = args->GetBool("metrics");
   StopSignal stop;
   StopOnTerminationSignals(&stop);
   return Launch(o, &stop);

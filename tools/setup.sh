@@ -31,18 +31,19 @@ pstrain_apt_install() {  # packages...: installs the ones missing
   $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
 }
 
-# The real third-party readers the tests check pstrain's files with: NumPy
-# from Debian and safetensors from PyPI, in a virtual environment outside the
-# work tree. Prints the environment's python3.
-PSTRAIN_SAFETENSORS_VERSION=0.8.0
+# The real third-party readers the tests check pstrain's output with: NumPy
+# from Debian, safetensors and the Prometheus client's exposition parser
+# from PyPI, in a virtual environment outside the work tree. Prints the
+# environment's python3.
+PSTRAIN_PY_READERS=(safetensors==0.8.0 prometheus_client==0.23.1)
 pstrain_python_readers() {
   pstrain_apt_install python3-venv python3-numpy
   local venv="${PSTRAIN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/pstrain/venv}"
-  if ! "$venv/bin/python3" -c "import numpy, safetensors.numpy" 2>/dev/null; then
-    echo "setup: a Python environment for the tests in $venv (safetensors from PyPI)" >&2
+  if ! "$venv/bin/python3" -c "import numpy, safetensors.numpy, prometheus_client.parser" \
+      2>/dev/null; then
+    echo "setup: a Python environment for the tests in $venv (${PSTRAIN_PY_READERS[*]} from PyPI)" >&2
     /usr/bin/python3 -m venv --system-site-packages "$venv" >&2
-    "$venv/bin/pip" install -q --disable-pip-version-check \
-      "safetensors==$PSTRAIN_SAFETENSORS_VERSION" >&2
+    "$venv/bin/pip" install -q --disable-pip-version-check "${PSTRAIN_PY_READERS[@]}" >&2
   fi
   echo "$venv/bin/python3"
 }

@@ -1,0 +1,248 @@
+#include "common/monitoring.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "prometheus/text_serializer.h"
+
+namespace pstrain {
+namespace {
+
+constexpr size_t kMaxRequest = 8192;
+
+const char* Reason(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 503: return "Service Unavailable";
+    default: return "Error";
+  }
+}
+
+void WriteAll(int fd, const std::string& data) {
+  size_t at = 0;
+  while (at < data.size()) {
+    ssize_t n = ::send(fd, data.data() + at, data.size() - at, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;  // the client went away
+    at += static_cast<size_t>(n);
+  }
+}
+
+class ProcessCollector : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> out;
+    const long ticks = ::sysconf(_SC_CLK_TCK);
+    const long page = ::sysconf(_SC_PAGESIZE);
+    // /proc/self/stat: fields after the command's closing parenthesis.
+    std::ifstream stat_file("/proc/self/stat");
+    std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+    const size_t close = stat.rfind(')');
+    if (close != std::string::npos && ticks > 0) {
+      std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
+      // f[0] is field 3 (state): utime 14, stime 15, threads 20, starttime 22, rss 24.
+      int64_t utime = 0, stime = 0, threads = 0, start = 0, rss = 0;
+      if (f.size() > 21 && absl::SimpleAtoi(f[11], &utime) && absl::SimpleAtoi(f[12], &stime) &&
+          absl::SimpleAtoi(f[17], &threads) && absl::SimpleAtoi(f[19], &start) &&
+          absl::SimpleAtoi(f[21], &rss)) {
+        auto cpu = Family("process_cpu_seconds_total", "User and system CPU time spent, seconds.",
+                          prometheus::MetricType::Counter);
+        AddMetric(&cpu, {}, static_cast<double>(utime + stime) / ticks);
+        out.push_back(std::move(cpu));
+        auto mem = Family("process_resident_memory_bytes", "Resident memory size, bytes.",
+                          prometheus::MetricType::Gauge);
+        AddMetric(&mem, {}, static_cast<double>(rss) * page);
+        out.push_back(std::move(mem));
+        auto thr = Family("process_threads", "Threads in the process.",
+                          prometheus::MetricType::Gauge);
+        AddMetric(&thr, {}, static_cast<double>(threads));
+        out.push_back(std::move(thr));
+        // Boot time from /proc/stat's btime, plus the start in clock ticks.
+        std::ifstream proc_stat("/proc/stat");
+        std::string line;
+        while (std::getline(proc_stat, line)) {
+          int64_t btime = 0;
+          if (line.rfind("btime ", 0) == 0 && absl::SimpleAtoi(line.substr(6), &btime)) {
+            auto st = Family("process_start_time_seconds",
+                             "Start time of the process since the Unix epoch, seconds.",
+                             prometheus::MetricType::Gauge);
+            AddMetric(&st, {}, static_cast<double>(btime) + static_cast<double>(start) / ticks);
+            out.push_back(std::move(st));
+            break;
+          }
+        }
+      }
+    }
+    int fds = 0;
+    if (DIR* d = ::opendir("/proc/self/fd")) {
+      while (dirent* e = ::readdir(d)) {
+        if (e->d_name[0] != '.') ++fds;
+      }
+      ::closedir(d);
+      auto f = Family("process_open_fds", "Open file descriptors.", prometheus::MetricType::Gauge);
+      AddMetric(&f, {}, static_cast<double>(fds - 1));  // not the one reading the directory
+      out.push_back(std::move(f));
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+prometheus::MetricFamily Family(const std::string& name, const std::string& help,
+                                prometheus::MetricType type) {
+  prometheus::MetricFamily f;
+  f.name = name;
+  f.help = help;
+  f.type = type;
+  return f;
+}
+
+void AddMetric(prometheus::MetricFamily* family,
+               std::vector<std::pair<std::string, std::string>> labels, double value) {
+  prometheus::ClientMetric m;
+  for (auto& [k, v] : labels) m.label.push_back({std::move(k), std::move(v)});
+  switch (family->type) {
+    case prometheus::MetricType::Counter: m.counter.value = value; break;
+    case prometheus::MetricType::Gauge: m.gauge.value = value; break;
+    default: m.untyped.value = value; break;
+  }
+  family->metric.push_back(std::move(m));
+}
+
+std::shared_ptr<prometheus::Collectable> ProcessMetrics() {
+  return std::make_shared<ProcessCollector>();
+}
+
+absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(
+    const std::string& address, std::vector<std::shared_ptr<prometheus::Collectable>> collectables,
+    ReadyFn ready, Labels labels) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address \"", address, "\": expected host:port (port 0: any free)"));
+  }
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  std::string host = address.substr(0, colon);
+  if (host == "localhost") host = "127.0.0.1";
+  if (::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address ", address, ": expected an IPv4 address and a port"));
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || ::listen(fd, 16) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("metrics endpoint on ", address, ": ", std::strerror(err)));
+  }
+  socklen_t len = sizeof(sa);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  std::unique_ptr<MonitoringServer> s(new MonitoringServer());
+  s->collectables_ = std::move(collectables);
+  s->ready_ = std::move(ready);
+  s->labels_ = std::move(labels);
+  s->listen_fd_ = fd;
+  s->port_ = ntohs(sa.sin_port);
+  s->thread_ = std::thread([server = s.get()] { server->Serve(); });
+  return s;
+}
+
+MonitoringServer::~MonitoringServer() {
+  stopping_ = true;
+  if (thread_.joinable()) thread_.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+}
+
+void MonitoringServer::Serve() {
+  while (!stopping_) {
+    pollfd p{listen_fd_, POLLIN, 0};
+    if (::poll(&p, 1, 200) <= 0) continue;  // wakes to notice stopping_
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    ServeOne(fd);
+    ::close(fd);
+  }
+}
+
+void MonitoringServer::ServeOne(int fd) const {
+  timeval tv{2, 0};  // a client gets 2 s to send its request
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  std::string request;
+  char buf[2048];
+  while (request.find("\r\n\r\n") == std::string::npos &&
+         request.find("\n\n") == std::string::npos && request.size() < kMaxRequest) {
+    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    request.append(buf, static_cast<size_t>(n));
+  }
+  Response r;
+  const size_t eol = request.find_first_of("\r\n");
+  std::vector<std::string> parts = absl::StrSplit(request.substr(0, eol), ' ');
+  if (eol == std::string::npos || parts.size() != 3 || parts[2].rfind("HTTP/1.", 0) != 0) {
+    r = {400, "text/plain", "bad request\n"};
+  } else if (parts[0] != "GET" && parts[0] != "HEAD") {
+    r = {405, "text/plain", "only GET\n"};
+  } else {
+    r = Handle(parts[1]);
+    if (parts[0] == "HEAD") r.body.clear();
+  }
+  WriteAll(fd, absl::StrCat("HTTP/1.0 ", r.status, " ", Reason(r.status), "\r\nContent-Type: ",
+                            r.content_type, "\r\nContent-Length: ", r.body.size(),
+                            "\r\nConnection: close\r\n\r\n", r.body));
+}
+
+MonitoringServer::Response MonitoringServer::Handle(const std::string& target) const {
+  const std::string path = target.substr(0, target.find('?'));
+  if (path == "/healthz") return {200, "text/plain", "ok\n"};
+  if (path == "/readyz") {
+    const std::string why = ready_ ? ready_() : "";
+    if (why.empty()) return {200, "text/plain", "ready\n"};
+    return {503, "text/plain", why + "\n"};
+  }
+  if (path == "/metrics") {
+    std::vector<prometheus::MetricFamily> families;
+    for (const auto& c : collectables_) {
+      std::vector<prometheus::MetricFamily> f = c->Collect();
+      for (auto& m : f) families.push_back(std::move(m));
+    }
+    for (prometheus::MetricFamily& f : families) {
+      for (prometheus::ClientMetric& m : f.metric) {
+        for (const auto& [name, value] : labels_) m.label.push_back({name, value});
+      }
+    }
+    std::ostringstream out;
+    prometheus::TextSerializer().Serialize(out, families);
+    return {200, "text/plain; version=0.0.4; charset=utf-8", out.str()};
+  }
+  return {404, "text/plain", "not found: /metrics, /healthz, /readyz\n"};
+}
+
+}  // namespace pstrain

@@ -1,0 +1,82 @@
+// The monitoring endpoint every daemon can serve on a port of its own:
+//   GET /metrics   Prometheus text exposition (format 0.0.4) of a registry
+//   GET /healthz   200 "ok" while the process runs
+//   GET /readyz    200 "ready", or 503 with the reason it is not ready yet
+// A small HTTP/1.0 server on one thread: one request per connection, headers
+// bounded (8 KiB) and read with a deadline (2 s), so a slow or hostile client
+// costs at most that and never touches the training path. Metrics are
+// gathered at scrape time by the collectables (prometheus::Collectable: a
+// prometheus::Registry, or a daemon's own that reads its counters), so
+// nothing on the training path pays for them.
+#ifndef PSTRAIN_COMMON_MONITORING_H_
+#define PSTRAIN_COMMON_MONITORING_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
+
+namespace pstrain {
+
+class MonitoringServer {
+ public:
+  // Ready: empty when ready, else why not (the body of a 503).
+  using ReadyFn = std::function<std::string()>;
+
+  using Labels = std::vector<std::pair<std::string, std::string>>;
+
+  // Listens on `address` ("host:port"; port 0 picks a free one) and serves
+  // until destroyed. `labels` (e.g. job and task) go on every metric.
+  static absl::StatusOr<std::unique_ptr<MonitoringServer>> Start(
+      const std::string& address,
+      std::vector<std::shared_ptr<prometheus::Collectable>> collectables, ReadyFn ready,
+      Labels labels = {});
+  ~MonitoringServer();
+
+  int port() const { return port_; }
+
+  // The response to one request line's path (for tests): status code and body.
+  struct Response {
+    int status = 200;
+    std::string content_type;
+    std::string body;
+  };
+  Response Handle(const std::string& path) const;
+
+ private:
+  MonitoringServer() = default;
+  void Serve();
+  void ServeOne(int fd) const;
+
+  std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
+  ReadyFn ready_;
+  Labels labels_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread thread_;
+};
+
+// The standard process metrics, read from /proc at scrape time:
+// process_cpu_seconds_total, process_resident_memory_bytes,
+// process_open_fds, process_threads, process_start_time_seconds.
+std::shared_ptr<prometheus::Collectable> ProcessMetrics();
+
+// Building blocks for collectables: a family of one type, and one metric of
+// it with labels and a value (counter, gauge or untyped).
+prometheus::MetricFamily Family(const std::string& name, const std::string& help,
+                                prometheus::MetricType type);
+void AddMetric(prometheus::MetricFamily* family,
+               std::vector<std::pair<std::string, std::string>> labels, double value);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_MONITORING_H_

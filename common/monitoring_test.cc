@@ -1,0 +1,96 @@
+#include "common/monitoring.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "catch2/catch.hpp"
+#include "prometheus/counter.h"
+#include "prometheus/registry.h"
+
+namespace pstrain {
+namespace {
+
+// Sends `request` to 127.0.0.1:port and returns everything the server sent.
+std::string Exchange(int port, const std::string& request) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0);
+  if (!request.empty()) REQUIRE(::send(fd, request.data(), request.size(), 0) > 0);
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return out;
+}
+
+std::string Get(int port, const std::string& path) {
+  return Exchange(port, absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: x\r\n\r\n"));
+}
+
+TEST_CASE("the monitoring endpoint serves metrics, health and readiness", "[monitoring]") {
+  auto registry = std::make_shared<prometheus::Registry>();
+  auto& family = prometheus::BuildCounter()
+                     .Name("pstrain_test_events_total")
+                     .Help("Events seen.")
+                     .Register(*registry);
+  family.Add({{"kind", "a"}}).Increment(3);
+  std::atomic<bool> ready{false};
+  auto server = MonitoringServer::Start(
+      "127.0.0.1:0", {registry, ProcessMetrics()},
+      [&ready]() -> std::string { return ready ? "" : "waiting for the chief"; });
+  REQUIRE(server.ok());
+  const int port = (*server)->port();
+  REQUIRE(port > 0);
+
+  const std::string metrics = Get(port, "/metrics");
+  CHECK(metrics.rfind("HTTP/1.0 200 OK\r\n", 0) == 0);
+  CHECK(metrics.find("Content-Type: text/plain; version=0.0.4") != std::string::npos);
+  CHECK(metrics.find("# TYPE pstrain_test_events_total counter") != std::string::npos);
+  CHECK(metrics.find("pstrain_test_events_total{kind=\"a\"} 3") != std::string::npos);
+  for (const char* name : {"process_cpu_seconds_total ", "process_resident_memory_bytes ",
+                           "process_open_fds ", "process_threads ", "process_start_time_seconds "}) {
+    INFO(name);
+    CHECK(metrics.find(std::string("\n") + name) != std::string::npos);
+  }
+  CHECK(Get(port, "/healthz").find("200 OK\r\n") != std::string::npos);
+  const std::string not_ready = Get(port, "/readyz");
+  CHECK(not_ready.rfind("HTTP/1.0 503 Service Unavailable", 0) == 0);
+  CHECK(not_ready.find("waiting for the chief") != std::string::npos);
+  ready = true;
+  CHECK(Get(port, "/readyz").rfind("HTTP/1.0 200 OK", 0) == 0);
+  CHECK(Get(port, "/nope").rfind("HTTP/1.0 404", 0) == 0);
+  CHECK(Exchange(port, "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.0 405", 0) == 0);
+  CHECK(Exchange(port, "garbage\r\n\r\n").rfind("HTTP/1.0 400", 0) == 0);
+  // A request without its end is answered once the client stops sending or
+  // its 2 s run out; an oversized one is refused; the next is served.
+  CHECK(Exchange(port, std::string(8192, 'x')).rfind("HTTP/1.0 400", 0) == 0);
+  CHECK(Get(port, "/healthz").find("ok\n") != std::string::npos);
+}
+
+TEST_CASE("the monitoring endpoint refuses bad addresses and taken ports", "[monitoring]") {
+  for (const char* bad : {"nohost", "127.0.0.1:99999", "127.0.0.1:x", "not-an-ip:80"}) {
+    INFO(bad);
+    CHECK_FALSE(MonitoringServer::Start(bad, {}, nullptr).ok());
+  }
+  auto first = MonitoringServer::Start("127.0.0.1:0", {}, nullptr);
+  REQUIRE(first.ok());
+  auto second = MonitoringServer::Start(absl::StrCat("127.0.0.1:", (*first)->port()), {}, nullptr);
+  CHECK_FALSE(second.ok());
+}
+
+}  // namespace
+}  // namespace pstrain

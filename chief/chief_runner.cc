@@ -213,9 +213,10 @@ absl::StatusOr<std::optional<ResumePoint>> FindResumePoint(const TrainingConfig&
 
 // Commits the checkpoint of `step`: waits for every server's shard, writes
 // the manifest (the commit marker) and the pointer, and prunes old ones.
-absl::Status CommitCheckpoint(const TrainingConfig& config, const Placement& placement,
-                              PsClient* ps, int num_workers, int64_t step,
-                              absl::Duration timeout) {
+// `total_bytes` gets the shards' size.
+absl::Status WriteCheckpointManifest(const TrainingConfig& config, const Placement& placement,
+                                     PsClient* ps, int num_workers, int64_t step,
+                                     absl::Duration timeout, int64_t* total_bytes) {
   const absl::Time start = absl::Now();
   const std::string& dir = config.checkpoint().dir();
   const std::string ckpt_dir = JoinPath(dir, CheckpointDirName(step));
@@ -268,6 +269,7 @@ absl::Status CommitCheckpoint(const TrainingConfig& config, const Placement& pla
     }
     if (s == 0) *m.mutable_tables() = shard.tables();
   }
+  *total_bytes = bytes;
   RETURN_IF_ERROR(WriteManifest(Env::Default(), ckpt_dir, m));
   RETURN_IF_ERROR(CommitAndPrune(Env::Default(), dir, step, config.checkpoint().keep()));
   LOG_INFO("checkpoint step {}: {} committed ({:.1f} MB in {} shard(s), {:.3f} s after the step's "
@@ -275,6 +277,18 @@ absl::Status CommitCheckpoint(const TrainingConfig& config, const Placement& pla
            step, ckpt_dir, bytes / 1e6, ps->num_servers(),
            absl::ToDoubleSeconds(absl::Now() - start));
   return absl::OkStatus();
+}
+
+// The same, its outcome recorded for the chief's metrics.
+absl::Status CommitCheckpoint(const TrainingConfig& config, const Placement& placement,
+                              PsClient* ps, int num_workers, int64_t step,
+                              absl::Duration timeout, Chief* chief) {
+  const absl::Time start = absl::Now();
+  int64_t bytes = 0;
+  absl::Status st =
+      WriteCheckpointManifest(config, placement, ps, num_workers, step, timeout, &bytes);
+  chief->RecordCheckpoint(st.ok(), step, bytes, absl::ToDoubleSeconds(absl::Now() - start));
+  return st;
 }
 
 }  // namespace
@@ -395,7 +409,8 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       LOG_INFO("checkpoint step {}: cut taken, pushes held at most {:.2f} ms; servers at "
                "versions {}",
                step, held_us / 1e3, absl::StrJoin(versions, ", "));
-      st = CommitCheckpoint(config, placement, &ps, cluster.num_workers(), step, step_timeout);
+      st = CommitCheckpoint(config, placement, &ps, cluster.num_workers(), step, step_timeout,
+                            chief);
     }
     if (st.ok()) {
       last_save = absl::Now();
@@ -408,7 +423,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     while (sync && next_sync_cut() <= step) {
       const int64_t cut = next_sync_cut();
       absl::Status st =
-          CommitCheckpoint(config, placement, &ps, cluster.num_workers(), cut, step_timeout);
+          CommitCheckpoint(config, placement, &ps, cluster.num_workers(), cut, step_timeout, chief);
       if (st.ok()) {
         last_save = absl::Now();
       } else {

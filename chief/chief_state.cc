@@ -170,4 +170,22 @@ void Chief::SetState(const std::string& state) {
   state_ = state;
 }
 
+void Chief::RecordCheckpoint(bool ok, int64_t step, int64_t bytes, double seconds) {
+  absl::MutexLock lock(&mu_);
+  if (!ok) {
+    ++checkpoints_.failed;
+    return;
+  }
+  ++checkpoints_.committed;
+  checkpoints_.last_step = step;
+  checkpoints_.last_bytes = bytes;
+  checkpoints_.last_seconds = seconds;
+  checkpoints_.last_success_unix = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+}
+
+Chief::CheckpointStats Chief::checkpoint_stats() {
+  absl::MutexLock lock(&mu_);
+  return checkpoints_;
+}
+
 }  // namespace pstrain

@@ -48,6 +48,18 @@ class Chief {
   void SetEval(int64_t step, float accuracy, float loss);
   void SetState(const std::string& state);
 
+  // Checkpoints the driver committed (or failed to), for the metrics.
+  struct CheckpointStats {
+    int64_t committed = 0;
+    int64_t failed = 0;
+    int64_t last_step = -1;
+    int64_t last_bytes = 0;
+    double last_seconds = 0;       // asking for the shards to the pointer file
+    double last_success_unix = 0;  // 0: never
+  };
+  void RecordCheckpoint(bool ok, int64_t step, int64_t bytes, double seconds);
+  CheckpointStats checkpoint_stats();
+
  private:
   struct WorkerState {
     bool registered = false;
@@ -76,6 +88,7 @@ class Chief {
   int64_t eval_step_ ABSL_GUARDED_BY(mu_) = -1;
   float eval_accuracy_ ABSL_GUARDED_BY(mu_) = 0;
   float eval_loss_ ABSL_GUARDED_BY(mu_) = 0;
+  CheckpointStats checkpoints_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pstrain

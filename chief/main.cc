@@ -3,12 +3,14 @@
 //   chief --cluster_spec=cluster.json --config=train.pbtxt   (or TF_CONFIG)
 #include <cstdlib>
 #include <iostream>
+#include <memory>
 #include <random>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "chief/chief_metrics.h"
 #include "chief/chief_state.h"
 #include "chief/chief_runner.h"
 #include "chief/chief_service.h"
@@ -16,6 +18,7 @@
 #include "common/config.h"
 #include "common/daemon.h"
 #include "common/logging.h"
+#include "common/monitoring.h"
 #include "common/rpc.h"
 #include "common/shutdown.h"
 #include "worker/model/cpu_ops.h"
@@ -28,6 +31,9 @@ ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
 ABSL_FLAG(bool, resume, false,
           "start from the latest complete checkpoint in the config's checkpoint.dir (values, "
           "optimizer slots, step, data cursors); from the seed when there is none");
+ABSL_FLAG(std::string, metrics_address, "",
+          "serve /metrics, /healthz and /readyz on host:port (port 0: any free one); off when "
+          "empty");
 ABSL_FLAG(std::string, init_from, "",
           "a checkpoint directory (ckpt-<step>) whose values start a new run at step 0 with "
           "fresh optimizer state; a --resume that finds a checkpoint of the run's own wins");
@@ -65,6 +71,20 @@ int main(int argc, char** argv) {
   }
   LOG_INFO("chief listening on {}; {} ps, {} workers, incarnation {:x}", address,
            task->cluster.num_ps(), task->cluster.num_workers(), incarnation);
+  std::unique_ptr<pstrain::MonitoringServer> monitoring;
+  if (const std::string m = absl::GetFlag(FLAGS_metrics_address); !m.empty()) {
+    const int workers = task->cluster.num_workers();
+    auto started = pstrain::MonitoringServer::Start(
+        m, {pstrain::ChiefMetrics(&chief), pstrain::ProcessMetrics()},
+        [&chief, workers] { return pstrain::ChiefNotReady(&chief, workers); },
+        {{"job", pstrain::kChiefJob}, {"task", "0"}});
+    if (!started.ok()) {
+      LOG_ERROR("{}", started.status().message());
+      return 1;
+    }
+    monitoring = std::move(*started);
+    LOG_INFO("metrics on http://{}:{}/metrics", m.substr(0, m.rfind(':')), monitoring->port());
+  }
   // A termination signal wakes the driver's waits at once.
   std::thread stop_watcher([&stop, &chief] {
     stop.Wait();

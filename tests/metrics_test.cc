@@ -1,16 +1,18 @@
 // The daemons' monitoring endpoints, end to end: `pstrain launch` gives each
-// parameter server a /metrics port and prints it; the exposition is read
-// during a real run by the Prometheus client's own parser.
+// task a /metrics port and prints it; the exposition is read during a real
+// run by the Prometheus client's own parser.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
 #include "common/env.h"
@@ -45,7 +47,7 @@ std::string HttpGet(int port, const std::string& path) {
   return out;
 }
 
-TEST_CASE("parameter servers serve /metrics, /healthz and /readyz during a run",
+TEST_CASE("every task serves /metrics, /healthz and /readyz during a run",
           "[metrics][cluster]") {
   const std::string dir = testing::FreshTempDir("metrics_run");
   ConfigOptions o;
@@ -60,27 +62,32 @@ TEST_CASE("parameter servers serve /metrics, /healthz and /readyz during a run",
   so.output_file = JoinPath(dir, "launch.out");
   auto launch = Subprocess::Spawn(so);
   REQUIRE(launch.ok());
-  // "pstrain launch: metrics: ps:0 http://127.0.0.1:P/metrics, ps:1 ..."
-  std::vector<int> ports;
+  // "pstrain launch: metrics: chief:0 http://127.0.0.1:P/metrics, ps:0 ..."
+  std::map<std::string, int> ports;
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  while (ports.size() < 2 && absl::Now() < deadline && (*launch)->running()) {
+  while (ports.size() < 5 && absl::Now() < deadline && (*launch)->running()) {
     const std::string out = Env::Default()->ReadFile(so.output_file).value_or("");
-    ports.clear();
-    for (size_t at = out.find("http://127.0.0.1:"); at != std::string::npos;
-         at = out.find("http://127.0.0.1:", at + 1)) {
-      int port = 0;
-      const size_t begin = at + 17;
-      if (absl::SimpleAtoi(out.substr(begin, out.find('/', begin) - begin), &port)) {
-        ports.push_back(port);
+    const size_t line = out.find("pstrain launch: metrics: ");
+    if (line != std::string::npos && out.find('\n', line) != std::string::npos) {
+      const std::string text = out.substr(line + 25, out.find('\n', line) - line - 25);
+      for (absl::string_view entry : absl::StrSplit(text, ", ")) {
+        std::vector<std::string> parts = absl::StrSplit(entry, ' ');
+        const size_t colon = parts.size() == 2 ? parts[1].rfind(':') : std::string::npos;
+        int port = 0;
+        if (colon != std::string::npos &&
+            absl::SimpleAtoi(parts[1].substr(colon + 1, parts[1].find('/', colon) - colon - 1),
+                             &port)) {
+          ports[parts[0]] = port;
+        }
       }
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
-  REQUIRE(ports.size() == 2);
+  REQUIRE(ports.size() == 5);
   // Scrape ps:0 until it has applied some steps and written a checkpoint.
   std::string metrics;
   while (absl::Now() < deadline && (*launch)->running()) {
-    metrics = HttpGet(ports[0], "/metrics");
+    metrics = HttpGet(ports["ps:0"], "/metrics");
     if (metrics.find("\npstrain_checkpoint_shards_written_total{job=\"ps\",task=\"0\"} 0") ==
             std::string::npos &&
         metrics.find("\npstrain_checkpoint_shards_written_total") != std::string::npos) {
@@ -88,13 +95,18 @@ TEST_CASE("parameter servers serve /metrics, /healthz and /readyz during a run",
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
-  const std::string health = HttpGet(ports[1], "/healthz");
-  const std::string ready = HttpGet(ports[1], "/readyz");
+  const std::string chief = HttpGet(ports["chief:0"], "/metrics");
+  const std::string worker = HttpGet(ports["worker:1"], "/metrics");
+  std::vector<std::string> health, ready;
+  for (const auto& [task, port] : ports) {
+    health.push_back(task + " " + HttpGet(port, "/healthz"));
+    ready.push_back(task + " " + HttpGet(port, "/readyz"));
+  }
   REQUIRE((*launch)->Wait(absl::Seconds(120)).has_value());
   INFO(metrics);
   CHECK(metrics.rfind("HTTP/1.0 200 OK", 0) == 0);
-  CHECK(health.find("200 OK") != std::string::npos);
-  CHECK(ready.find("200 OK") != std::string::npos);
+  for (const std::string& h : health) CHECK(h.find("200 OK") != std::string::npos);
+  for (const std::string& r : ready) CHECK(r.find("200 OK") != std::string::npos);
   for (const char* name :
        {"pstrain_ps_version", "pstrain_ps_pushes_applied_total", "pstrain_ps_pulls_total",
         "pstrain_ps_payload_bytes_total", "pstrain_checkpoint_shards_written_total",
@@ -104,6 +116,23 @@ TEST_CASE("parameter servers serve /metrics, /healthz and /readyz during a run",
     CHECK(metrics.find(absl::StrCat("# TYPE ", name, " ")) != std::string::npos);
   }
   CHECK(metrics.find("pstrain_ps_initialized{job=\"ps\",task=\"0\"} 1") != std::string::npos);
+  INFO(chief);
+  for (const char* name : {"pstrain_chief_global_step", "pstrain_chief_examples_per_second",
+                           "pstrain_chief_seconds_since_progress",
+                           "pstrain_checkpoints_committed_total", "process_threads"}) {
+    INFO(name);
+    CHECK(chief.find(absl::StrCat("# TYPE ", name, " ")) != std::string::npos);
+  }
+  CHECK(chief.find("pstrain_chief_workers_registered{job=\"chief\",task=\"0\"} 2") !=
+        std::string::npos);
+  INFO(worker);
+  CHECK(worker.find("pstrain_worker_registered{job=\"worker\",task=\"1\"} 1") !=
+        std::string::npos);
+  for (const char* phase : {"pull", "data", "compute", "push"}) {
+    INFO(phase);
+    CHECK(worker.find(absl::StrCat("pstrain_worker_step_seconds_total{phase=\"", phase,
+                                   "\",job=\"worker\",task=\"1\"}")) != std::string::npos);
+  }
 
   // The Prometheus client's parser reads every family, and the version is
   // a positive number.

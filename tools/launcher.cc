@@ -121,7 +121,7 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
                 const std::map<std::string, std::string>& bin_for_job, const std::string& log_dir,
                 bool append_logs, StopSignal* stop) {
   std::vector<std::unique_ptr<Task>> tasks;
-  // Each local parameter server serves /metrics on a free port of its host.
+  // Each local task serves /metrics on a free port of its host.
   const std::vector<TaskId> all = cluster.AllTasks();
   std::vector<int> metrics_ports;
   if (options.metrics) metrics_ports = PickFreePorts(static_cast<int>(all.size()));
@@ -148,7 +148,7 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
     if (!options.init_from.empty() && id.job == kChiefJob) {
       so.argv.push_back("--init_from=" + options.init_from);
     }
-    if (id.job == kPsJob && i < metrics_ports.size() && metrics_ports[i] > 0) {
+    if (i < metrics_ports.size() && metrics_ports[i] > 0) {
       const std::string host = hp->host == "localhost" ? "127.0.0.1" : hp->host;
       so.argv.push_back(absl::StrCat("--metrics_address=", host, ":", metrics_ports[i]));
       metrics_urls.push_back(

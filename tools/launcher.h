@@ -26,8 +26,8 @@ struct LaunchOptions {
   // job starts again from its latest checkpoint, up to this many times, with
   // a backoff of 1, 2, 4, ... 30 s. 0: a failed task ends the run.
   int max_restarts = 0;
-  // Each local parameter server serves /metrics, /healthz and /readyz on a
-  // free port of its host (printed at the start).
+  // Each local task serves /metrics, /healthz and /readyz on a free port of
+  // its host (printed at the start).
   bool metrics = true;
 };
 

@@ -70,8 +70,8 @@ int LaunchCommand(const std::vector<std::string>& argv) {
                             "the job again from its latest checkpoint (needs checkpoint.dir)"}},
       {"max_restarts", {"3", "on-failure: restarts allowed before the run fails (backoff 1, 2, "
                              "4, ... 30 s)"}},
-      {"metrics", {"true", "each local parameter server serves /metrics, /healthz and /readyz "
-                           "on a free port (printed at the start)"}},
+      {"metrics", {"true", "each local task serves /metrics, /healthz and /readyz on a free "
+                           "port (printed at the start)"}},
   };
   if (WantsHelp(argv)) {
     std::cout << "pstrain launch flags:\n" << Args::Usage(flags);

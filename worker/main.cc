@@ -3,6 +3,8 @@
 //   worker --cluster_spec=cluster.json --task=0 --config=train.pbtxt [--device=cuda:0]
 #include <cstdlib>
 #include <iostream>
+#include <memory>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -10,8 +12,10 @@
 #include "common/config.h"
 #include "common/daemon.h"
 #include "common/logging.h"
+#include "common/monitoring.h"
 #include "common/shutdown.h"
 #include "worker/trainer.h"
+#include "worker/worker_metrics.h"
 #include "worker/model/cpu_ops.h"
 
 ABSL_FLAG(std::string, cluster_spec, "", "cluster spec JSON file (else TF_CONFIG)");
@@ -19,6 +23,9 @@ ABSL_FLAG(std::string, job, "worker", "job name; must be worker");
 ABSL_FLAG(int, task, 0, "task index within the worker job");
 ABSL_FLAG(std::string, config, "", "training config (text-format TrainingConfig)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
+ABSL_FLAG(std::string, metrics_address, "",
+          "serve /metrics, /healthz and /readyz on host:port (port 0: any free one); off when "
+          "empty");
 ABSL_FLAG(std::string, device, "",
           "auto, cpu or cuda:N (default: the config's device, itself auto by default)");
 
@@ -45,6 +52,23 @@ int main(int argc, char** argv) {
   pstrain::WorkerOptions options;
   options.worker = setup->task.task.index;
   options.device = device;
+  pstrain::WorkerStats stats;
+  options.stats = &stats;
+  std::unique_ptr<pstrain::MonitoringServer> monitoring;
+  if (const std::string m = absl::GetFlag(FLAGS_metrics_address); !m.empty()) {
+    auto started = pstrain::MonitoringServer::Start(
+        m, {pstrain::WorkerMetrics(&stats), pstrain::ProcessMetrics()},
+        [&stats]() -> std::string {
+          return stats.registered ? "" : "registering with the chief";
+        },
+        {{"job", pstrain::kWorkerJob}, {"task", std::to_string(options.worker)}});
+    if (!started.ok()) {
+      LOG_ERROR("{}", started.status().message());
+      return 1;
+    }
+    monitoring = std::move(*started);
+    LOG_INFO("metrics on http://{}:{}/metrics", m.substr(0, m.rfind(':')), monitoring->port());
+  }
   absl::Status st = pstrain::RunWorker(config, setup->task.cluster, options, &stop);
   if (!st.ok()) {
     if (absl::IsCancelled(st)) {

@@ -72,6 +72,9 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
                                        &reg));
   LOG_INFO("registered with the chief: incarnation {:x}, starting at step {}", reg.incarnation(),
            reg.start_step());
+  WorkerStats unused;
+  WorkerStats* stats = options.stats != nullptr ? options.stats : &unused;
+  stats->registered = true;
   if (reg.has_cursor()) {
     // Resuming from a checkpoint: the data goes on where it stood at its step.
     RETURN_IF_ERROR(partition.Restore({reg.cursor_epoch(), reg.cursor_position()}));
@@ -250,6 +253,13 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     finished = servers_finished == ps.num_servers();
     ++local_steps;
     examples += batch.rows;
+    stats->steps.fetch_add(1, std::memory_order_relaxed);
+    stats->examples.fetch_add(batch.rows, std::memory_order_relaxed);
+    stats->gradients_dropped_stale.store(dropped, std::memory_order_relaxed);
+    stats->pull_ns.store(absl::ToInt64Nanoseconds(pull_time), std::memory_order_relaxed);
+    stats->data_ns.store(absl::ToInt64Nanoseconds(data_wait), std::memory_order_relaxed);
+    stats->compute_ns.store(absl::ToInt64Nanoseconds(compute_time), std::memory_order_relaxed);
+    stats->push_ns.store(absl::ToInt64Nanoseconds(push_time), std::memory_order_relaxed);
     loss_sum += loss;
     ++loss_count;
     if (local_steps % options.report_every == 0) {

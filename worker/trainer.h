@@ -6,6 +6,8 @@
 #ifndef PSTRAIN_WORKER_TRAINER_H_
 #define PSTRAIN_WORKER_TRAINER_H_
 
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -15,12 +17,28 @@
 
 namespace pstrain {
 
+// What the training loop has done so far, for the worker's metrics: plain
+// atomics the loop adds to once a step, read at scrape time.
+struct WorkerStats {
+  std::atomic<bool> registered{false};
+  std::atomic<int64_t> steps{0};
+  std::atomic<int64_t> examples{0};
+  std::atomic<int64_t> gradients_dropped_stale{0};
+  // Nanoseconds spent per phase of a step.
+  std::atomic<int64_t> pull_ns{0};
+  std::atomic<int64_t> data_ns{0};
+  std::atomic<int64_t> compute_ns{0};
+  std::atomic<int64_t> push_ns{0};
+};
+
 struct WorkerOptions {
   int worker = 0;
   // "auto", "cpu" or "cuda:N"; empty means the config's `device`.
   std::string device;
   // Report progress to the chief every this many steps (and at the end).
   int report_every = 10;
+  // Updated as training goes, when set (must outlive RunWorker).
+  WorkerStats* stats = nullptr;
 };
 
 // Runs until training finishes (OK), `stop` is raised (CANCELLED), or a

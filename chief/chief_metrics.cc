@@ -1,0 +1,88 @@
+#include "chief/chief_metrics.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/monitoring.h"
+
+namespace pstrain {
+namespace {
+
+using prometheus::MetricType;
+
+class ChiefCollector : public prometheus::Collectable {
+ public:
+  explicit ChiefCollector(Chief* chief) : chief_(chief) {}
+
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    ChiefStatusResponse s;
+    chief_->GetStatus(&s);
+    const Chief::CheckpointStats c = chief_->checkpoint_stats();
+    std::vector<prometheus::MetricFamily> out;
+    auto one = [&out](const char* name, const char* help, MetricType type, double value) {
+      prometheus::MetricFamily f = Family(name, help, type);
+      AddMetric(&f, {}, value);
+      out.push_back(std::move(f));
+    };
+    one("pstrain_chief_global_step", "The global step the workers reported.", MetricType::Gauge,
+        static_cast<double>(s.global_step()));
+    one("pstrain_chief_max_steps", "The step training ends at.", MetricType::Gauge,
+        static_cast<double>(s.max_steps()));
+    one("pstrain_chief_workers_registered", "Workers registered with the chief.",
+        MetricType::Gauge, s.workers_registered());
+    one("pstrain_chief_workers_done", "Workers that reported they are done.", MetricType::Gauge,
+        s.workers_done());
+    one("pstrain_chief_examples_per_second", "Training examples per second, all workers.",
+        MetricType::Gauge, s.examples_per_sec());
+    one("pstrain_chief_train_loss", "Mean training loss of the workers' latest reports.",
+        MetricType::Gauge, s.train_loss());
+    one("pstrain_chief_seconds_since_progress", "Time since the global step last moved.",
+        MetricType::Gauge, absl::ToDoubleSeconds(absl::Now() - chief_->last_progress()));
+    if (s.eval_step() >= 0) {
+      one("pstrain_chief_eval_step", "The step of the latest evaluation.", MetricType::Gauge,
+          static_cast<double>(s.eval_step()));
+      one("pstrain_chief_eval_accuracy", "Held-out accuracy at the latest evaluation.",
+          MetricType::Gauge, s.eval_accuracy());
+      one("pstrain_chief_eval_loss", "Held-out loss at the latest evaluation.", MetricType::Gauge,
+          s.eval_loss());
+    }
+    one("pstrain_checkpoints_committed_total", "Checkpoints committed (manifest written).",
+        MetricType::Counter, static_cast<double>(c.committed));
+    one("pstrain_checkpoint_failures_total", "Checkpoints that failed to commit.",
+        MetricType::Counter, static_cast<double>(c.failed));
+    one("pstrain_checkpoint_last_step", "The step of the last committed checkpoint (-1: none).",
+        MetricType::Gauge, static_cast<double>(c.last_step));
+    one("pstrain_checkpoint_last_bytes", "Bytes of the last committed checkpoint.",
+        MetricType::Gauge, static_cast<double>(c.last_bytes));
+    one("pstrain_checkpoint_last_duration_seconds",
+        "From asking for the last checkpoint's shards to its pointer file.", MetricType::Gauge,
+        c.last_seconds);
+    one("pstrain_checkpoint_last_success_timestamp_seconds",
+        "When the last checkpoint was committed, since the Unix epoch (0: never).",
+        MetricType::Gauge, c.last_success_unix);
+    return out;
+  }
+
+ private:
+  Chief* const chief_;
+};
+
+}  // namespace
+
+std::shared_ptr<prometheus::Collectable> ChiefMetrics(Chief* chief) {
+  return std::make_shared<ChiefCollector>(chief);
+}
+
+std::string ChiefNotReady(Chief* chief, int num_workers) {
+  ChiefStatusResponse s;
+  chief->GetStatus(&s);
+  if (s.state() == "starting") return "initialising the parameter servers";
+  if (s.workers_registered() < num_workers) {
+    return absl::StrCat(s.workers_registered(), " of ", num_workers, " workers registered");
+  }
+  return "";
+}
+
+}  // namespace pstrain

@@ -1501,6 +1501,26 @@ absl::Status ParameterServer::LoadRows(const LoadRowsRequest& request,
 
 // ---------------------------------------------------------------------------
 
+std::vector<bool> ParameterServer::SyncWaitingOn() {
+  absl::MutexLock lock(&mu_);
+  std::vector<bool> out;
+  if (!initialized_ || !model_->sync || FinishedLocked()) return out;
+  out.assign(model_->num_workers, false);
+  for (int w = 0; w < model_->num_workers; ++w) {
+    if (model_->partitions.empty()) {
+      out[w] = empty_arrived_[w] == 0;
+      continue;
+    }
+    for (const auto& [key, p] : model_->partitions) {
+      if (!p->closed && !p->arrived[w] && !p->in_flight[w]) {
+        out[w] = true;
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 ParameterServer::CheckpointStats ParameterServer::checkpoint_stats() {
   absl::MutexLock lock(&mu_);
   return checkpoint_stats_;

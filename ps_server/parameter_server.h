@@ -177,6 +177,11 @@ class ParameterServer {
   };
   CheckpointStats checkpoint_stats();
 
+  // Sync: for each worker, whether the open step still waits for its
+  // gradient on this server (some partition of the step lacks it). Empty in
+  // async mode, before Initialize and after the last step.
+  std::vector<bool> SyncWaitingOn();
+
  private:
   using Key = std::pair<std::string, int>;  // (variable, partition)
   using Buffer = std::shared_ptr<std::vector<float>>;

@@ -940,3 +940,27 @@ TEST_CASE("sync: a cut asked for a step ahead is taken at that step's boundary",
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+TEST_CASE("sync: the server says which workers the open step waits for", "[ps][sync][metrics]") {
+  ParameterServer ps;
+  CHECK(ps.SyncWaitingOn().empty());  // not initialised
+  REQUIRE(ps.Initialize(InitRequest(BaseConfig(true, 0, 0, 1.0f), 2, {0, 0, 0, 0})).ok());
+  CHECK(ps.SyncWaitingOn() == std::vector<bool>{true, true});
+  PushResponse r;
+  REQUIRE(ps.Push(Grad(1, 0, {1, 1, 1, 1}), &r).ok());
+  CHECK(r.outcome() == ACCUMULATED);
+  CHECK(ps.SyncWaitingOn() == std::vector<bool>{true, false});
+  REQUIRE(ps.Push(Grad(0, 0, {1, 1, 1, 1}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  CHECK(ps.SyncWaitingOn() == std::vector<bool>{true, true});  // the next step
+
+  ParameterServer async;
+  REQUIRE(async.Initialize(InitRequest(BaseConfig(false), 2)).ok());
+  CHECK(async.SyncWaitingOn().empty());
+}
+
+}  // namespace
+}  // namespace pstrain

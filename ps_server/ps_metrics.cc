@@ -1,5 +1,6 @@
 #include "ps_server/ps_metrics.h"
 
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -62,6 +63,17 @@ class PsCollector : public prometheus::Collectable {
       }
       out.push_back(std::move(rows));
       out.push_back(std::move(bytes));
+    }
+    const std::vector<bool> waiting = ps_->SyncWaitingOn();
+    if (!waiting.empty()) {
+      prometheus::MetricFamily f = Family(
+          "pstrain_sync_waiting_on",
+          "1 for each worker whose gradient the open sync step still waits for on this server.",
+          MetricType::Gauge);
+      for (size_t w = 0; w < waiting.size(); ++w) {
+        AddMetric(&f, {{"worker", std::to_string(w)}}, waiting[w] ? 1 : 0);
+      }
+      out.push_back(std::move(f));
     }
     one("pstrain_checkpoint_shards_written_total", "Checkpoint shards this server wrote.",
         MetricType::Counter, static_cast<double>(c.written));

@@ -110,12 +110,15 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run",
   for (const char* name :
        {"pstrain_ps_version", "pstrain_ps_pushes_applied_total", "pstrain_ps_pulls_total",
         "pstrain_ps_payload_bytes_total", "pstrain_checkpoint_shards_written_total",
-        "pstrain_checkpoint_last_success_timestamp_seconds", "process_resident_memory_bytes",
+        "pstrain_checkpoint_last_success_timestamp_seconds", "pstrain_sync_waiting_on",
+        "process_resident_memory_bytes",
         "process_cpu_seconds_total", "process_open_fds", "process_threads"}) {
     INFO(name);
     CHECK(metrics.find(absl::StrCat("# TYPE ", name, " ")) != std::string::npos);
   }
   CHECK(metrics.find("pstrain_ps_initialized{job=\"ps\",task=\"0\"} 1") != std::string::npos);
+  CHECK(metrics.find("pstrain_sync_waiting_on{worker=\"1\",job=\"ps\",task=\"0\"} ") !=
+        std::string::npos);
   INFO(chief);
   for (const char* name : {"pstrain_chief_global_step", "pstrain_chief_examples_per_second",
                            "pstrain_chief_seconds_since_progress",

@@ -6,6 +6,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source tools/setup.sh
 pstrain_install_deps
+# setup.sh runs with -e; from here a failing build or test must not end the
+# script before it prints its closing line.
+set +e
 python=$(pstrain_python_readers) || python=/usr/bin/python3  # the export test then names what is missing
 
 results=$(mktemp -d)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -16,6 +17,7 @@
 #include "common/checkpoint.h"
 #include "common/config.h"
 #include "common/env.h"
+#include "common/event_writer.h"
 #include "common/logging.h"
 #include "common/metrics.h"
 #include "common/placement.h"
@@ -470,6 +472,52 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     LOG_INFO("checkpoint: {} since the last one; the servers cut at step {}",
              absl::FormatDuration(ckpt_period), at);
   };
+  // TensorBoard: <output_dir>/events. A failure to write is logged once and
+  // never stops training.
+  std::unique_ptr<EventWriter> events;
+  {
+    auto created = EventWriter::Create(Env::Default(), JoinPath(config.output_dir(), "events"));
+    if (created.ok()) {
+      events = std::move(*created);
+      LOG_INFO("TensorBoard events: {} (tensorboard --logdir {})", events->path(),
+               config.output_dir());
+    } else {
+      LOG_WARN("no TensorBoard events: {}", created.status());
+    }
+  }
+  int64_t step_at_scalars = start_step;
+  absl::Time time_at_scalars = absl::Now();
+  // Training scalars at most once a second, and whenever asked (`force`).
+  auto write_scalars = [&](int64_t step, bool force, const Evaluation* e) {
+    if (events == nullptr) return;
+    const absl::Time now = absl::Now();
+    if (!force && (step == step_at_scalars || now - time_at_scalars < absl::Seconds(1))) return;
+    ChiefStatusResponse progress;
+    chief->GetStatus(&progress);
+    std::vector<std::pair<std::string, double>> scalars = {
+        {"train/loss", progress.train_loss()},
+        {"train/examples_per_second", progress.examples_per_sec()},
+    };
+    const double seconds = absl::ToDoubleSeconds(now - time_at_scalars);
+    if (step > step_at_scalars && seconds > 0) {
+      scalars.push_back({"train/step_time_seconds", seconds / (step - step_at_scalars)});
+    }
+    if (e != nullptr) {
+      scalars.push_back({"eval/accuracy", e->result.accuracy()});
+      scalars.push_back({"eval/loss", e->result.loss});
+      if (e->auc) {
+        scalars.push_back({"eval/auc", *e->auc});
+        scalars.push_back({"eval/log_loss", e->log_loss});
+      }
+    }
+    if (absl::Status st = events->WriteScalars(step, scalars); !st.ok()) {
+      LOG_WARN("TensorBoard events stop: {}", st);
+      events.reset();
+      return;
+    }
+    step_at_scalars = step;
+    time_at_scalars = now;
+  };
   const absl::Time start = absl::Now();
   for (;;) {
     if (stop->stopped()) {
@@ -497,11 +545,13 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
                e.step, max_steps, progress.train_loss(), e.result.accuracy(), e.result.loss,
                e.auc ? absl::StrFormat(", eval AUC %.4f", *e.auc) : "",
                progress.examples_per_sec());
+      write_scalars(e.step, /*force=*/true, &e);
       while (next_eval <= step) next_eval += every;
       next_eval = std::min(next_eval, max_steps);
     }
     commit_due(std::min(step, max_steps));
     timed_save(step);
+    write_scalars(step, /*force=*/false, nullptr);
     if (step >= max_steps || chief->AllWorkersDone()) break;
   }
 
@@ -512,6 +562,8 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   ASSIGN_OR_RETURN(Evaluation final_eval,
                    Evaluate(&ps, model.get(), config, test ? &*test : nullptr, &params));
   chief->SetEval(final_eval.step, final_eval.result.accuracy(), final_eval.result.loss);
+  write_scalars(final_eval.step, /*force=*/true, &final_eval);
+  if (events != nullptr) (void)events->Sync();
   // The workers can end before their reports carried the last step: commit
   // what the servers reached (the final evaluation pulled their version).
   commit_due(std::min(final_eval.step, max_steps));

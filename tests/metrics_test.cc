@@ -12,11 +12,13 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
 #include "common/env.h"
 #include "common/subprocess.h"
+#include "nlohmann/json.hpp"
 #include "tests/cluster_testlib.h"
 
 namespace pstrain {
@@ -47,7 +49,8 @@ std::string HttpGet(int port, const std::string& path) {
   return out;
 }
 
-TEST_CASE("every task serves /metrics, /healthz and /readyz during a run",
+TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and TensorBoard reads "
+          "the chief's events",
           "[metrics][cluster]") {
   const std::string dir = testing::FreshTempDir("metrics_run");
   ConfigOptions o;
@@ -138,8 +141,9 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run",
   }
 
   // The Prometheus client's parser reads every family, and the version is
-  // a positive number.
-  const testing::PythonReaders py = testing::PythonWithModules("prometheus_client.parser");
+  // a positive number; TensorBoard's own reader reads the chief's events.
+  const testing::PythonReaders py = testing::PythonWithModules(
+      "prometheus_client.parser, tensorboard.backend.event_processing.event_accumulator");
   if (!py.error.empty()) {
     if (py.required) FAIL(py.error);
     WARN("skipped the parser check: " << py.error);
@@ -161,6 +165,32 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run",
   INFO(parsed.output);
   CHECK(parsed.exit_code == 0);
   CHECK(parsed.output.find("families") != std::string::npos);
+
+  auto summary = Env::Default()->ReadFile(JoinPath(o.output_dir, "summary.json"));
+  REQUIRE(summary.ok());
+  const nlohmann::json j = nlohmann::json::parse(*summary);
+  CommandResult tb = testing::RunCommand(
+      {py.python, "-c",
+       "import sys\n"
+       "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n"
+       "a = EventAccumulator(sys.argv[1]); a.Reload()\n"
+       "tags = sorted(a.Tags()['scalars'])\n"
+       "acc = a.Scalars('eval/accuracy')\n"
+       "print('tags', tags)\n"
+       "print('last eval/accuracy step %d value %.4f' % (acc[-1].step, acc[-1].value))\n"
+       "print('evaluations', len(acc), 'loss points', len(a.Scalars('train/loss')))\n",
+       JoinPath(o.output_dir, "events")},
+      absl::Seconds(120));
+  INFO(tb.output);
+  CHECK(tb.exit_code == 0);
+  for (const char* tag : {"'eval/accuracy'", "'eval/loss'", "'train/loss'",
+                          "'train/examples_per_second'", "'train/step_time_seconds'"}) {
+    INFO(tag);
+    CHECK(tb.output.find(tag) != std::string::npos);
+  }
+  CHECK(tb.output.find(absl::StrFormat("last eval/accuracy step %d value %.4f",
+                                       j["global_step"].get<int64_t>(),
+                                       j["eval_accuracy"].get<double>())) != std::string::npos);
 }
 
 }  // namespace

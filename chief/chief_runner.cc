@@ -485,38 +485,39 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       LOG_WARN("no TensorBoard events: {}", created.status());
     }
   }
-  int64_t step_at_scalars = start_step;
-  absl::Time time_at_scalars = absl::Now();
-  // Training scalars at most once a second, and whenever asked (`force`).
-  auto write_scalars = [&](int64_t step, bool force, const Evaluation* e) {
+  auto write_events = [&](int64_t step,
+                          const std::vector<std::pair<std::string, double>>& scalars) {
     if (events == nullptr) return;
-    const absl::Time now = absl::Now();
-    if (!force && (step == step_at_scalars || now - time_at_scalars < absl::Seconds(1))) return;
-    ChiefStatusResponse progress;
-    chief->GetStatus(&progress);
-    std::vector<std::pair<std::string, double>> scalars = {
-        {"train/loss", progress.train_loss()},
-        {"train/examples_per_second", progress.examples_per_sec()},
-    };
-    const double seconds = absl::ToDoubleSeconds(now - time_at_scalars);
-    if (step > step_at_scalars && seconds > 0) {
-      scalars.push_back({"train/step_time_seconds", seconds / (step - step_at_scalars)});
-    }
-    if (e != nullptr) {
-      scalars.push_back({"eval/accuracy", e->result.accuracy()});
-      scalars.push_back({"eval/loss", e->result.loss});
-      if (e->auc) {
-        scalars.push_back({"eval/auc", *e->auc});
-        scalars.push_back({"eval/log_loss", e->log_loss});
-      }
-    }
     if (absl::Status st = events->WriteScalars(step, scalars); !st.ok()) {
       LOG_WARN("TensorBoard events stop: {}", st);
       events.reset();
-      return;
     }
+  };
+  // Training scalars at most once a second, at the chief's global step
+  // (which only grows: TensorBoard drops points of a tag whose step goes back).
+  int64_t step_at_scalars = start_step;
+  absl::Time time_at_scalars = absl::Now();
+  auto write_train_scalars = [&](int64_t step) {
+    const absl::Time now = absl::Now();
+    if (step <= step_at_scalars || now - time_at_scalars < absl::Seconds(1)) return;
+    ChiefStatusResponse progress;
+    chief->GetStatus(&progress);
+    write_events(step, {{"train/loss", progress.train_loss()},
+                        {"train/examples_per_second", progress.examples_per_sec()},
+                        {"train/step_time_seconds", absl::ToDoubleSeconds(now - time_at_scalars) /
+                                                        static_cast<double>(step - step_at_scalars)}});
     step_at_scalars = step;
     time_at_scalars = now;
+  };
+  // Evaluation scalars at the step evaluated (the servers' version pulled).
+  auto write_eval_scalars = [&](const Evaluation& e) {
+    std::vector<std::pair<std::string, double>> scalars = {{"eval/accuracy", e.result.accuracy()},
+                                                           {"eval/loss", e.result.loss}};
+    if (e.auc) {
+      scalars.push_back({"eval/auc", *e.auc});
+      scalars.push_back({"eval/log_loss", e.log_loss});
+    }
+    write_events(e.step, scalars);
   };
   const absl::Time start = absl::Now();
   for (;;) {
@@ -545,13 +546,13 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
                e.step, max_steps, progress.train_loss(), e.result.accuracy(), e.result.loss,
                e.auc ? absl::StrFormat(", eval AUC %.4f", *e.auc) : "",
                progress.examples_per_sec());
-      write_scalars(e.step, /*force=*/true, &e);
+      write_eval_scalars(e);
       while (next_eval <= step) next_eval += every;
       next_eval = std::min(next_eval, max_steps);
     }
     commit_due(std::min(step, max_steps));
     timed_save(step);
-    write_scalars(step, /*force=*/false, nullptr);
+    write_train_scalars(step);
     if (step >= max_steps || chief->AllWorkersDone()) break;
   }
 
@@ -562,7 +563,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   ASSIGN_OR_RETURN(Evaluation final_eval,
                    Evaluate(&ps, model.get(), config, test ? &*test : nullptr, &params));
   chief->SetEval(final_eval.step, final_eval.result.accuracy(), final_eval.result.loss);
-  write_scalars(final_eval.step, /*force=*/true, &final_eval);
+  write_eval_scalars(final_eval);
   if (events != nullptr) (void)events->Sync();
   // The workers can end before their reports carried the last step: commit
   // what the servers reached (the final evaluation pulled their version).

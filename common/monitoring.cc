@@ -5,9 +5,9 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -17,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "prometheus/text_serializer.h"
 
@@ -36,11 +37,23 @@ const char* Reason(int status) {
   }
 }
 
-void WriteAll(int fd, const std::string& data) {
+// Waits until `fd` is ready for `events` or `deadline` passes.
+bool WaitFor(int fd, short events, absl::Time deadline) {
+  for (;;) {
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1000)));
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+void WriteAll(int fd, const std::string& data, absl::Time deadline) {
   size_t at = 0;
-  while (at < data.size()) {
-    ssize_t n = ::send(fd, data.data() + at, data.size() - at, MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
+  while (at < data.size() && WaitFor(fd, POLLOUT, deadline)) {
+    ssize_t n = ::send(fd, data.data() + at, data.size() - at, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n <= 0) return;  // the client went away
     at += static_cast<size_t>(n);
   }
@@ -53,8 +66,11 @@ class ProcessCollector : public prometheus::Collectable {
     const long ticks = ::sysconf(_SC_CLK_TCK);
     const long page = ::sysconf(_SC_PAGESIZE);
     // /proc/self/stat: fields after the command's closing parenthesis.
-    std::ifstream stat_file("/proc/self/stat");
-    std::string stat((std::istreambuf_iterator<char>(stat_file)), std::istreambuf_iterator<char>());
+    std::string stat;
+    {
+      std::ifstream stat_file("/proc/self/stat");  // closed before the fds are counted
+      stat.assign(std::istreambuf_iterator<char>(stat_file), std::istreambuf_iterator<char>());
+    }
     const size_t close = stat.rfind(')');
     if (close != std::string::npos && ticks > 0) {
       std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
@@ -75,7 +91,8 @@ class ProcessCollector : public prometheus::Collectable {
                           prometheus::MetricType::Gauge);
         AddMetric(&thr, {}, static_cast<double>(threads));
         out.push_back(std::move(thr));
-        // Boot time from /proc/stat's btime, plus the start in clock ticks.
+        // Boot time from /proc/stat's btime, plus the start in clock ticks
+        // (the file is closed again at the end of this block).
         std::ifstream proc_stat("/proc/stat");
         std::string line;
         while (std::getline(proc_stat, line)) {
@@ -151,7 +168,7 @@ absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(
     return absl::InvalidArgumentError(
         absl::StrCat("metrics address ", address, ": expected an IPv4 address and a port"));
   }
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   const int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
@@ -184,22 +201,35 @@ void MonitoringServer::Serve() {
     pollfd p{listen_fd_, POLLIN, 0};
     if (::poll(&p, 1, 200) <= 0) continue;  // wakes to notice stopping_
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      // Out of descriptors, say: back off rather than spin on the ready socket.
+      if (errno != EINTR && errno != EAGAIN) absl::SleepFor(absl::Milliseconds(50));
+      continue;
+    }
     ServeOne(fd);
+    // Half-close and drain what the client still sends (briefly), so the
+    // close does not reset the connection before it read the response.
+    ::shutdown(fd, SHUT_WR);
+    char sink[4096];
+    const absl::Time drain_until = absl::Now() + absl::Milliseconds(100);
+    for (int i = 0; i < 16 && WaitFor(fd, POLLIN, drain_until); ++i) {
+      if (::recv(fd, sink, sizeof(sink), MSG_DONTWAIT) <= 0) break;
+    }
     ::close(fd);
   }
 }
 
 void MonitoringServer::ServeOne(int fd) const {
-  timeval tv{2, 0};  // a client gets 2 s to send its request
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  // A client gets 2 s in all to send its request, and 2 s more to take the
+  // response: a slow or silent one costs the server no more than that.
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
   std::string request;
   char buf[2048];
   while (request.find("\r\n\r\n") == std::string::npos &&
-         request.find("\n\n") == std::string::npos && request.size() < kMaxRequest) {
-    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n < 0 && errno == EINTR) continue;
+         request.find("\n\n") == std::string::npos && request.size() < kMaxRequest &&
+         WaitFor(fd, POLLIN, deadline)) {
+    ssize_t n = ::recv(fd, buf, std::min(sizeof(buf), kMaxRequest - request.size()), MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n <= 0) break;
     request.append(buf, static_cast<size_t>(n));
   }
@@ -212,11 +242,13 @@ void MonitoringServer::ServeOne(int fd) const {
     r = {405, "text/plain", "only GET\n"};
   } else {
     r = Handle(parts[1]);
-    if (parts[0] == "HEAD") r.body.clear();
   }
-  WriteAll(fd, absl::StrCat("HTTP/1.0 ", r.status, " ", Reason(r.status), "\r\nContent-Type: ",
-                            r.content_type, "\r\nContent-Length: ", r.body.size(),
-                            "\r\nConnection: close\r\n\r\n", r.body));
+  const bool head = parts.size() == 3 && parts[0] == "HEAD";
+  WriteAll(fd,
+           absl::StrCat("HTTP/1.0 ", r.status, " ", Reason(r.status), "\r\nContent-Type: ",
+                        r.content_type, "\r\nContent-Length: ", r.body.size(),
+                        "\r\nConnection: close\r\n\r\n", head ? "" : r.body),
+           absl::Now() + absl::Seconds(2));
 }
 
 MonitoringServer::Response MonitoringServer::Handle(const std::string& target) const {

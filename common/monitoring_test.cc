@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "catch2/catch.hpp"
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
@@ -16,8 +17,7 @@
 namespace pstrain {
 namespace {
 
-// Sends `request` to 127.0.0.1:port and returns everything the server sent.
-std::string Exchange(int port, const std::string& request) {
+int Connect(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(fd >= 0);
   sockaddr_in sa{};
@@ -25,7 +25,10 @@ std::string Exchange(int port, const std::string& request) {
   sa.sin_port = htons(static_cast<uint16_t>(port));
   ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0);
-  if (!request.empty()) REQUIRE(::send(fd, request.data(), request.size(), 0) > 0);
+  return fd;
+}
+
+std::string ReadAll(int fd) {
   std::string out;
   char buf[4096];
   for (;;) {
@@ -33,6 +36,14 @@ std::string Exchange(int port, const std::string& request) {
     if (n <= 0) break;
     out.append(buf, static_cast<size_t>(n));
   }
+  return out;
+}
+
+// Sends `request` to 127.0.0.1:port and returns everything the server sent.
+std::string Exchange(int port, const std::string& request) {
+  const int fd = Connect(port);
+  if (!request.empty()) REQUIRE(::send(fd, request.data(), request.size(), 0) > 0);
+  std::string out = ReadAll(fd);
   ::close(fd);
   return out;
 }
@@ -75,10 +86,27 @@ TEST_CASE("the monitoring endpoint serves metrics, health and readiness", "[moni
   CHECK(Get(port, "/nope").rfind("HTTP/1.0 404", 0) == 0);
   CHECK(Exchange(port, "POST /metrics HTTP/1.1\r\n\r\n").rfind("HTTP/1.0 405", 0) == 0);
   CHECK(Exchange(port, "garbage\r\n\r\n").rfind("HTTP/1.0 400", 0) == 0);
-  // A request without its end is answered once the client stops sending or
-  // its 2 s run out; an oversized one is refused; the next is served.
+  // An oversized request is refused; the next is served.
   CHECK(Exchange(port, std::string(8192, 'x')).rfind("HTTP/1.0 400", 0) == 0);
   CHECK(Get(port, "/healthz").find("ok\n") != std::string::npos);
+  // A request cut short (the client half-closes) is answered 400 at once.
+  {
+    const int fd = Connect(port);
+    REQUIRE(::send(fd, "GET /metr", 9, 0) == 9);
+    ::shutdown(fd, SHUT_WR);
+    CHECK(ReadAll(fd).rfind("HTTP/1.0 400", 0) == 0);
+    ::close(fd);
+  }
+  // A client that connects and sends nothing holds the server 2 s at most:
+  // the next client is answered within about that.
+  {
+    const int silent = Connect(port);
+    absl::SleepFor(absl::Milliseconds(50));  // accepted first
+    const absl::Time start = absl::Now();
+    CHECK(Get(port, "/healthz").find("ok\n") != std::string::npos);
+    CHECK(absl::Now() - start < absl::Seconds(5));
+    ::close(silent);
+  }
 }
 
 TEST_CASE("the monitoring endpoint refuses bad addresses and taken ports", "[monitoring]") {

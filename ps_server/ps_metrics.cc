@@ -86,7 +86,7 @@ class PsCollector : public prometheus::Collectable {
     one("pstrain_checkpoint_last_pause_seconds",
         "How long taking the last shard's snapshot paused training on this server.",
         MetricType::Gauge, c.pause_seconds);
-    one("pstrain_checkpoint_last_success_timestamp_seconds",
+    one("pstrain_checkpoint_last_shard_success_timestamp_seconds",
         "When the last shard was written, since the Unix epoch (0: never).", MetricType::Gauge,
         c.last_success_unix);
     return out;

@@ -1,5 +1,7 @@
 #include "tools/launcher.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -9,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -124,7 +127,20 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
   // Each local task serves /metrics on a free port of its host.
   const std::vector<TaskId> all = cluster.AllTasks();
   std::vector<int> metrics_ports;
-  if (options.metrics) metrics_ports = PickFreePorts(static_cast<int>(all.size()));
+  if (options.metrics) {
+    // Free now, and none of the cluster's own ports (its tasks bind those
+    // only as they start).
+    std::set<int> taken;
+    for (const TaskId& id : all) {
+      auto hp = ParseHostPort(cluster.address(id.job, id.index));
+      if (hp.ok()) taken.insert(hp->port);
+    }
+    for (int port : PickFreePorts(static_cast<int>(all.size() + taken.size()))) {
+      if (port > 0 && taken.count(port) == 0 && metrics_ports.size() < all.size()) {
+        metrics_ports.push_back(port);
+      }
+    }
+  }
   std::vector<std::string> metrics_urls;
   for (size_t i = 0; i < all.size(); ++i) {
     const TaskId& id = all[i];
@@ -149,7 +165,11 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
       so.argv.push_back("--init_from=" + options.init_from);
     }
     if (i < metrics_ports.size() && metrics_ports[i] > 0) {
-      const std::string host = hp->host == "localhost" ? "127.0.0.1" : hp->host;
+      // The task's own address where it is an IPv4 one (127.0.0.1, or
+      // 0.0.0.0 in a container); else loopback.
+      in_addr ignored;
+      const std::string host =
+          ::inet_pton(AF_INET, hp->host.c_str(), &ignored) == 1 ? hp->host : "127.0.0.1";
       so.argv.push_back(absl::StrCat("--metrics_address=", host, ":", metrics_ports[i]));
       metrics_urls.push_back(
           absl::StrCat(t->name, " http://", host, ":", metrics_ports[i], "/metrics"));
@@ -168,7 +188,7 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
   }
   std::cerr << "pstrain launch: started " << tasks.size() << " task(s); logs in " << log_dir
             << "\n";
-  if (!metrics_urls.empty() && !append_logs) {
+  if (!metrics_urls.empty()) {  // on every start: a restart picks new ports
     std::cerr << "pstrain launch: metrics: " << absl::StrJoin(metrics_urls, ", ") << "\n";
   }
 

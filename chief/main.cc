@@ -94,6 +94,10 @@ int main(int argc, char** argv) {
   start.resume = absl::GetFlag(FLAGS_resume);
   start.init_from = absl::GetFlag(FLAGS_init_from);
   absl::Status st = pstrain::RunChief(*config, task->cluster, incarnation, &chief, &stop, start);
+  // Said before the RPC server shuts down: that ends the workers' waiting
+  // calls, they fail and exit, and the launcher may stop this process before
+  // a later line is out.
+  if (!st.ok() && !absl::IsCancelled(st)) LOG_ERROR("training failed: {}", st);
   stop.Stop("chief finished");  // releases the watcher
   stop_watcher.join();
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
@@ -101,9 +105,5 @@ int main(int argc, char** argv) {
     LOG_INFO("stopped: {}", st.message());
     return stop.exit_code();
   }
-  if (!st.ok()) {
-    LOG_ERROR("training failed: {}", st);
-    return 1;
-  }
-  return 0;
+  return st.ok() ? 0 : 1;
 }

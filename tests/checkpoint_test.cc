@@ -144,7 +144,7 @@ TEST_CASE("a sync run killed with kill -9 on every process resumes to bitwise th
   }
   for (int pid : testing::ProcessesMatching(job.spec)) ::kill(pid, SIGKILL);
   REQUIRE((*launch)->Wait(absl::Seconds(30)).has_value());
-  CHECK(testing::ProcessesMatching(job.spec).empty());
+  CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
   auto latest = LatestGoodCheckpoint(Env::Default(), ckpt, nullptr);
   REQUIRE(latest.ok());
   auto manifest = ReadManifest(Env::Default(), *latest);
@@ -364,6 +364,8 @@ TEST_CASE("--init_from starts a new run from a checkpoint's values with fresh op
   const std::string dir3 = testing::FreshTempDir("ckpt_init_from_3");
   const Job other = WriteJob(dir3, sgd, 2);
   CommandResult refused = RunJob(other, true);
+  INFO(refused.output);
+  INFO(ChiefLog(other));
   CHECK(refused.exit_code != 0);
   CHECK(ChiefLog(other).find("was saved with optimizer adam, the config's is sgd") !=
         std::string::npos);
@@ -373,6 +375,8 @@ TEST_CASE("--init_from starts a new run from a checkpoint's values with fresh op
       {Binary("tools/pstrain"), "launch", "--cluster_spec", second.spec, "--config", second.config,
        "--bin_dir", BinDir(), "--progress=false", "--init_from=" + JoinPath(ckpt, "ckpt-999")},
       absl::Seconds(120));
+  INFO(bad.output);
+  INFO(ChiefLog(second));
   CHECK(bad.exit_code != 0);
   CHECK(ChiefLog(second).find("ckpt-999") != std::string::npos);
 }
@@ -666,7 +670,7 @@ TEST_CASE("--restart=on-failure: kill -9 of a worker, a server or the chief mid-
     WARN("killed " << victim << " after ckpt-" << *at_kill << ": resumed from step "
                    << resumed_from << ", " << absl::FormatDuration(to_resumed)
                    << " from the kill to the variables restored");
-    CHECK(testing::ProcessesMatching(job.spec).empty());
+    CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
   }
 }
 

@@ -85,7 +85,7 @@ TEST_CASE("sync training on 1 chief, 2 ps, 2 workers learns the digits", "[clust
   CHECK(run.summary["pushes_applied"] == 2 * 2 * 300);
   CHECK(run.summary["gradients_dropped_stale"] == 0);
   CHECK(run.result.output.find("held-out accuracy") != std::string::npos);
-  CHECK(testing::ProcessesMatching(run.dir).empty());
+  CHECK(testing::NoProcessesMatching(run.dir, absl::Seconds(10)));
 }
 
 TEST_CASE("sync with backup workers: 1 of 2 gradients per step, stragglers dropped and counted",
@@ -144,7 +144,7 @@ TEST_CASE("a layered model (GELU, dropout) trains from CSV files; bad CSV stops 
   CHECK(r.exit_code != 0);
   CHECK(r.output.find(bad_csv + ": more than 2 malformed lines (line 3004: expected 785 fields, "
                                 "found 2)") != std::string::npos);
-  CHECK(testing::ProcessesMatching(dir).empty());
+  CHECK(testing::NoProcessesMatching(dir, absl::Seconds(10)));
 }
 
 TEST_CASE("async training with a staleness bound learns the digits", "[cluster][async]") {
@@ -539,7 +539,7 @@ TEST_CASE("malformed cluster specs and configs: one-line error, non-zero exit", 
   CHECK(r.exit_code == 2);
   CHECK(r.output.find(bad_config + ":2:") != std::string::npos);
   CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
-  CHECK(testing::ProcessesMatching(dir).empty());
+  CHECK(testing::NoProcessesMatching(dir, absl::Seconds(10)));
 }
 
 // Starts `pstrain launch` on a long job and waits until training is under way.
@@ -583,7 +583,7 @@ TEST_CASE("Ctrl-C on pstrain launch stops every task and leaves none behind", "[
   std::optional<int> code = launch->Wait(absl::Seconds(30));
   REQUIRE(code.has_value());
   CHECK(*code != 0);
-  CHECK(testing::ProcessesMatching(spec).empty());
+  CHECK(testing::NoProcessesMatching(spec, absl::Seconds(10)));
 }
 
 TEST_CASE("Ctrl-C at a terminal (SIGINT to the whole process group) leaves nothing behind",
@@ -596,7 +596,7 @@ TEST_CASE("Ctrl-C at a terminal (SIGINT to the whole process group) leaves nothi
   std::optional<int> code = launch->Wait(absl::Seconds(30));
   REQUIRE(code.has_value());
   CHECK(*code != 0);
-  CHECK(testing::ProcessesMatching(spec).empty());
+  CHECK(testing::NoProcessesMatching(spec, absl::Seconds(10)));
 }
 
 TEST_CASE("a worker killed mid-run fails the job promptly instead of hanging", "[cluster][faults]") {
@@ -613,7 +613,7 @@ TEST_CASE("a worker killed mid-run fails the job promptly instead of hanging", "
   REQUIRE(out.ok());
   INFO(*out);
   CHECK(out->find("worker:1 exited with code 137") != std::string::npos);
-  CHECK(testing::ProcessesMatching(spec).empty());
+  CHECK(testing::NoProcessesMatching(spec, absl::Seconds(10)));
 }
 
 TEST_CASE("the ps_server daemon refuses bad pushes over gRPC and keeps serving", "[cluster][errors]") {

@@ -169,6 +169,15 @@ std::vector<int> ProcessesMatching(const std::string& needle) {
   return pids;
 }
 
+bool NoProcessesMatching(const std::string& needle, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!ProcessesMatching(needle).empty()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
+
 PythonReaders PythonWithModules(const std::string& modules) {
   PythonReaders r;
   const char* env = std::getenv("PSTRAIN_PYTHON");

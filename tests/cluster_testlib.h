@@ -60,6 +60,9 @@ CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration ti
 
 // Pids of live processes whose command line contains `needle`.
 std::vector<int> ProcessesMatching(const std::string& needle);
+// Waits until none is left (a process killed with SIGKILL keeps its command
+// line until it has finished exiting); false if some remain at `timeout`.
+bool NoProcessesMatching(const std::string& needle, absl::Duration timeout);
 
 // The Python with third-party readers that tools/test.sh sets up
 // ($PSTRAIN_PYTHON, else /usr/bin/python3), if it can import `modules`

@@ -65,23 +65,23 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
   so.output_file = JoinPath(dir, "launch.out");
   auto launch = Subprocess::Spawn(so);
   REQUIRE(launch.ok());
-  // "pstrain launch: metrics: chief:0 http://127.0.0.1:P/metrics, ps:0 ..."
+  // One line per task: "pstrain launch: metrics: ps:0 http://127.0.0.1:P/metrics".
   std::map<std::string, int> ports;
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  const std::string marker = "pstrain launch: metrics: ";
   while (ports.size() < 5 && absl::Now() < deadline && (*launch)->running()) {
     const std::string out = Env::Default()->ReadFile(so.output_file).value_or("");
-    const size_t line = out.find("pstrain launch: metrics: ");
-    if (line != std::string::npos && out.find('\n', line) != std::string::npos) {
-      const std::string text = out.substr(line + 25, out.find('\n', line) - line - 25);
-      for (absl::string_view entry : absl::StrSplit(text, ", ")) {
-        std::vector<std::string> parts = absl::StrSplit(entry, ' ');
-        const size_t colon = parts.size() == 2 ? parts[1].rfind(':') : std::string::npos;
-        int port = 0;
-        if (colon != std::string::npos &&
-            absl::SimpleAtoi(parts[1].substr(colon + 1, parts[1].find('/', colon) - colon - 1),
-                             &port)) {
-          ports[parts[0]] = port;
-        }
+    for (size_t at = out.find(marker); at != std::string::npos; at = out.find(marker, at + 1)) {
+      const size_t end = out.find('\n', at);
+      if (end == std::string::npos) break;
+      std::vector<std::string> parts =
+          absl::StrSplit(out.substr(at + marker.size(), end - at - marker.size()), ' ');
+      const size_t colon = parts.size() == 2 ? parts[1].rfind(':') : std::string::npos;
+      int port = 0;
+      if (colon != std::string::npos &&
+          absl::SimpleAtoi(parts[1].substr(colon + 1, parts[1].find('/', colon) - colon - 1),
+                           &port)) {
+        ports[parts[0]] = port;
       }
     }
     absl::SleepFor(absl::Milliseconds(10));

@@ -11,18 +11,15 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
-#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/chief_client.h"
 #include "common/cluster_spec.h"
 #include "common/config.h"
 #include "common/env.h"
-#include "common/local_ports.h"
 #include "common/subprocess.h"
 #include "nlohmann/json.hpp"
 
@@ -61,6 +58,14 @@ bool IsWarningOrError(const std::string& line) {
 void EmitLine(Task* t, const std::string& line, bool verbose, bool* progress_shown) {
   t->log << line << "\n";
   t->log.flush();
+  // "... metrics on http://host:port/metrics": where this task serves them.
+  if (const size_t at = line.find(" metrics on http://"); at != std::string::npos) {
+    if (*progress_shown) {
+      std::cerr << "\r\033[K";
+      *progress_shown = false;
+    }
+    std::cerr << "pstrain launch: metrics: " << t->name << " " << line.substr(at + 12) << "\n";
+  }
   // Lines not in the log format (usage errors before logging starts), warnings
   // and errors, and the chief's few lines (evaluations) are echoed.
   const bool log_format = !line.empty() && line[0] >= '0' && line[0] <= '9';
@@ -124,26 +129,10 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
                 const std::map<std::string, std::string>& bin_for_job, const std::string& log_dir,
                 bool append_logs, StopSignal* stop) {
   std::vector<std::unique_ptr<Task>> tasks;
-  // Each local task serves /metrics on a free port of its host.
-  const std::vector<TaskId> all = cluster.AllTasks();
-  std::vector<int> metrics_ports;
-  if (options.metrics) {
-    // Free now, and none of the cluster's own ports (its tasks bind those
-    // only as they start).
-    std::set<int> taken;
-    for (const TaskId& id : all) {
-      auto hp = ParseHostPort(cluster.address(id.job, id.index));
-      if (hp.ok()) taken.insert(hp->port);
-    }
-    for (int port : PickFreePorts(static_cast<int>(all.size() + taken.size()))) {
-      if (port > 0 && taken.count(port) == 0 && metrics_ports.size() < all.size()) {
-        metrics_ports.push_back(port);
-      }
-    }
-  }
-  std::vector<std::string> metrics_urls;
-  for (size_t i = 0; i < all.size(); ++i) {
-    const TaskId& id = all[i];
+  // Each local task serves /metrics on a port it picks itself (port 0: no
+  // race with other processes for a port chosen here); its log line saying
+  // where is echoed as "pstrain launch: metrics: <task> <url>".
+  for (const TaskId& id : cluster.AllTasks()) {
     const std::string& address = cluster.address(id.job, id.index);
     auto hp = ParseHostPort(address);
     if (!hp.ok() || !IsLocalHost(hp->host)) {
@@ -164,15 +153,13 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
     if (!options.init_from.empty() && id.job == kChiefJob) {
       so.argv.push_back("--init_from=" + options.init_from);
     }
-    if (i < metrics_ports.size() && metrics_ports[i] > 0) {
+    if (options.metrics) {
       // The task's own address where it is an IPv4 one (127.0.0.1, or
       // 0.0.0.0 in a container); else loopback.
       in_addr ignored;
       const std::string host =
           ::inet_pton(AF_INET, hp->host.c_str(), &ignored) == 1 ? hp->host : "127.0.0.1";
-      so.argv.push_back(absl::StrCat("--metrics_address=", host, ":", metrics_ports[i]));
-      metrics_urls.push_back(
-          absl::StrCat(t->name, " http://", host, ":", metrics_ports[i], "/metrics"));
+      so.argv.push_back(absl::StrCat("--metrics_address=", host, ":0"));
     }
     so.capture_output = true;
     auto proc = Subprocess::Spawn(so);
@@ -188,9 +175,6 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
   }
   std::cerr << "pstrain launch: started " << tasks.size() << " task(s); logs in " << log_dir
             << "\n";
-  if (!metrics_urls.empty()) {  // on every start: a restart picks new ports
-    std::cerr << "pstrain launch: metrics: " << absl::StrJoin(metrics_urls, ", ") << "\n";
-  }
 
   const bool tty = ::isatty(STDERR_FILENO);
   ChiefClient chief(cluster.address(kChiefJob, 0), absl::Milliseconds(300));

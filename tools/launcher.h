@@ -27,7 +27,7 @@ struct LaunchOptions {
   // a backoff of 1, 2, 4, ... 30 s. 0: a failed task ends the run.
   int max_restarts = 0;
   // Each local task serves /metrics, /healthz and /readyz on a free port of
-  // its host (printed at the start).
+  // its host (printed as each task reports it).
   bool metrics = true;
 };
 

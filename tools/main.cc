@@ -71,7 +71,7 @@ int LaunchCommand(const std::vector<std::string>& argv) {
       {"max_restarts", {"3", "on-failure: restarts allowed before the run fails (backoff 1, 2, "
                              "4, ... 30 s)"}},
       {"metrics", {"true", "each local task serves /metrics, /healthz and /readyz on a free "
-                           "port (printed at the start)"}},
+                           "port (printed as each task reports it)"}},
   };
   if (WantsHelp(argv)) {
     std::cout << "pstrain launch flags:\n" << Args::Usage(flags);

@@ -22,9 +22,7 @@ class ChiefCollector : public prometheus::Collectable {
     const Chief::CheckpointStats c = chief_->checkpoint_stats();
     std::vector<prometheus::MetricFamily> out;
     auto one = [&out](const char* name, const char* help, MetricType type, double value) {
-      prometheus::MetricFamily f = Family(name, help, type);
-      AddMetric(&f, {}, value);
-      out.push_back(std::move(f));
+      AddSingle(&out, name, help, type, value);
     };
     one("pstrain_chief_global_step", "The global step the workers reported.", MetricType::Gauge,
         static_cast<double>(s.global_step()));

@@ -79,18 +79,12 @@ class ProcessCollector : public prometheus::Collectable {
       if (f.size() > 21 && absl::SimpleAtoi(f[11], &utime) && absl::SimpleAtoi(f[12], &stime) &&
           absl::SimpleAtoi(f[17], &threads) && absl::SimpleAtoi(f[19], &start) &&
           absl::SimpleAtoi(f[21], &rss)) {
-        auto cpu = Family("process_cpu_seconds_total", "User and system CPU time spent, seconds.",
-                          prometheus::MetricType::Counter);
-        AddMetric(&cpu, {}, static_cast<double>(utime + stime) / ticks);
-        out.push_back(std::move(cpu));
-        auto mem = Family("process_resident_memory_bytes", "Resident memory size, bytes.",
-                          prometheus::MetricType::Gauge);
-        AddMetric(&mem, {}, static_cast<double>(rss) * page);
-        out.push_back(std::move(mem));
-        auto thr = Family("process_threads", "Threads in the process.",
-                          prometheus::MetricType::Gauge);
-        AddMetric(&thr, {}, static_cast<double>(threads));
-        out.push_back(std::move(thr));
+        AddSingle(&out, "process_cpu_seconds_total", "User and system CPU time spent, seconds.",
+                  prometheus::MetricType::Counter, static_cast<double>(utime + stime) / ticks);
+        AddSingle(&out, "process_resident_memory_bytes", "Resident memory size, bytes.",
+                  prometheus::MetricType::Gauge, static_cast<double>(rss) * page);
+        AddSingle(&out, "process_threads", "Threads in the process.",
+                  prometheus::MetricType::Gauge, static_cast<double>(threads));
         // Boot time from /proc/stat's btime, plus the start in clock ticks
         // (the file is closed again at the end of this block).
         std::ifstream proc_stat("/proc/stat");
@@ -98,11 +92,10 @@ class ProcessCollector : public prometheus::Collectable {
         while (std::getline(proc_stat, line)) {
           int64_t btime = 0;
           if (line.rfind("btime ", 0) == 0 && absl::SimpleAtoi(line.substr(6), &btime)) {
-            auto st = Family("process_start_time_seconds",
-                             "Start time of the process since the Unix epoch, seconds.",
-                             prometheus::MetricType::Gauge);
-            AddMetric(&st, {}, static_cast<double>(btime) + static_cast<double>(start) / ticks);
-            out.push_back(std::move(st));
+            AddSingle(&out, "process_start_time_seconds",
+                      "Start time of the process since the Unix epoch, seconds.",
+                      prometheus::MetricType::Gauge,
+                      static_cast<double>(btime) + static_cast<double>(start) / ticks);
             break;
           }
         }
@@ -114,9 +107,8 @@ class ProcessCollector : public prometheus::Collectable {
         if (e->d_name[0] != '.') ++fds;
       }
       ::closedir(d);
-      auto f = Family("process_open_fds", "Open file descriptors.", prometheus::MetricType::Gauge);
-      AddMetric(&f, {}, static_cast<double>(fds - 1));  // not the one reading the directory
-      out.push_back(std::move(f));
+      AddSingle(&out, "process_open_fds", "Open file descriptors.", prometheus::MetricType::Gauge,
+                static_cast<double>(fds - 1));  // not the one reading the directory
     }
     return out;
   }
@@ -143,6 +135,13 @@ void AddMetric(prometheus::MetricFamily* family,
     default: m.untyped.value = value; break;
   }
   family->metric.push_back(std::move(m));
+}
+
+void AddSingle(std::vector<prometheus::MetricFamily>* out, const std::string& name,
+               const std::string& help, prometheus::MetricType type, double value) {
+  prometheus::MetricFamily f = Family(name, help, type);
+  AddMetric(&f, {}, value);
+  out->push_back(std::move(f));
 }
 
 std::shared_ptr<prometheus::Collectable> ProcessMetrics() {

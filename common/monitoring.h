@@ -76,6 +76,9 @@ prometheus::MetricFamily Family(const std::string& name, const std::string& help
                                 prometheus::MetricType type);
 void AddMetric(prometheus::MetricFamily* family,
                std::vector<std::pair<std::string, std::string>> labels, double value);
+// Appends a family holding one metric without labels.
+void AddSingle(std::vector<prometheus::MetricFamily>* out, const std::string& name,
+               const std::string& help, prometheus::MetricType type, double value);
 
 }  // namespace pstrain
 

@@ -21,9 +21,7 @@ class PsCollector : public prometheus::Collectable {
     const ParameterServer::CheckpointStats c = ps_->checkpoint_stats();
     std::vector<prometheus::MetricFamily> out;
     auto one = [&out](const char* name, const char* help, MetricType type, double value) {
-      prometheus::MetricFamily f = Family(name, help, type);
-      AddMetric(&f, {}, value);
-      out.push_back(std::move(f));
+      AddSingle(&out, name, help, type, value);
     };
     one("pstrain_ps_initialized", "1 once the chief has installed the model.", MetricType::Gauge,
         s.initialized() ? 1 : 0);

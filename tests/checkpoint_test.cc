@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -117,6 +118,24 @@ void CopyCheckpoint(const std::string& from_dir, int64_t step, const std::string
   }
 }
 
+// Starts the job under `pstrain launch` and, once `ready()` holds (or 120 s
+// pass, or the launch ends), kills every process of it with SIGKILL.
+void LaunchAndKillAll(const Job& job, const std::string& dir, const std::function<bool()>& ready) {
+  SpawnOptions so;
+  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", job.spec, "--config",
+             job.config, "--bin_dir", BinDir(), "--progress=false"};
+  so.output_file = JoinPath(dir, "launch.out");
+  auto launch = Subprocess::Spawn(so);
+  REQUIRE(launch.ok());
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (!ready() && absl::Now() < deadline && (*launch)->running()) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  for (int pid : testing::ProcessesMatching(job.spec)) ::kill(pid, SIGKILL);
+  REQUIRE((*launch)->Wait(absl::Seconds(30)).has_value());
+  CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
+}
+
 TEST_CASE("a sync run killed with kill -9 on every process resumes to bitwise the same model",
           "[checkpoint][resume]") {
   const int steps = 1500;
@@ -131,20 +150,9 @@ TEST_CASE("a sync run killed with kill -9 on every process resumes to bitwise th
   const std::string dir = testing::FreshTempDir("ckpt_killed");
   const std::string ckpt = JoinPath(dir, "ckpt");
   const Job job = WriteJob(dir, CheckpointOptions(ckpt, steps), 2);
-  SpawnOptions so;
-  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", job.spec, "--config",
-             job.config, "--bin_dir", BinDir(), "--progress=false"};
-  so.output_file = JoinPath(dir, "launch.out");
-  auto launch = Subprocess::Spawn(so);
-  REQUIRE(launch.ok());
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (!Env::Default()->FileExists(JoinPath(JoinPath(ckpt, "ckpt-200"), kManifestFile)) &&
-         absl::Now() < deadline && (*launch)->running()) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  for (int pid : testing::ProcessesMatching(job.spec)) ::kill(pid, SIGKILL);
-  REQUIRE((*launch)->Wait(absl::Seconds(30)).has_value());
-  CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
+  LaunchAndKillAll(job, dir, [&ckpt] {
+    return Env::Default()->FileExists(JoinPath(JoinPath(ckpt, "ckpt-200"), kManifestFile));
+  });
   auto latest = LatestGoodCheckpoint(Env::Default(), ckpt, nullptr);
   REQUIRE(latest.ok());
   auto manifest = ReadManifest(Env::Default(), *latest);
@@ -414,19 +422,7 @@ TEST_CASE("an async run checkpoints with pushes held briefly and resumes after k
   ConfigOptions o = CheckpointOptions(ckpt, steps);
   o.sync = false;
   const Job job = WriteJob(dir, o, 2);
-  SpawnOptions so;
-  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", job.spec, "--config",
-             job.config, "--bin_dir", BinDir(), "--progress=false"};
-  so.output_file = JoinPath(dir, "launch.out");
-  auto launch = Subprocess::Spawn(so);
-  REQUIRE(launch.ok());
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (!ReadPointer(Env::Default(), ckpt).ok() && absl::Now() < deadline &&
-         (*launch)->running()) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  for (int pid : testing::ProcessesMatching(job.spec)) ::kill(pid, SIGKILL);
-  REQUIRE((*launch)->Wait(absl::Seconds(30)).has_value());
+  LaunchAndKillAll(job, dir, [&ckpt] { return ReadPointer(Env::Default(), ckpt).ok(); });
   const std::string first_log = ChiefLog(job);
   INFO(first_log);
   CHECK(first_log.find("cut taken, pushes held at most") != std::string::npos);
@@ -526,19 +522,7 @@ TEST_CASE("embedding rows and their Adam slots resume bitwise after kill -9, and
   const std::string dir = testing::FreshTempDir("ckpt_ctr_killed");
   const std::string ckpt = JoinPath(dir, "ckpt");
   const Job job = WriteJob(dir, options(ckpt), 2);
-  SpawnOptions so;
-  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", job.spec, "--config",
-             job.config, "--bin_dir", BinDir(), "--progress=false"};
-  so.output_file = JoinPath(dir, "launch.out");
-  auto launch = Subprocess::Spawn(so);
-  REQUIRE(launch.ok());
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (!ReadPointer(Env::Default(), ckpt).ok() && absl::Now() < deadline &&
-         (*launch)->running()) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  for (int pid : testing::ProcessesMatching(job.spec)) ::kill(pid, SIGKILL);
-  REQUIRE((*launch)->Wait(absl::Seconds(30)).has_value());
+  LaunchAndKillAll(job, dir, [&ckpt] { return ReadPointer(Env::Default(), ckpt).ok(); });
   auto latest = LatestGoodCheckpoint(Env::Default(), ckpt, nullptr);
   REQUIRE(latest.ok());
   auto killed_at = ReadManifest(Env::Default(), *latest);

@@ -18,9 +18,7 @@ class WorkerCollector : public prometheus::Collectable {
     const WorkerStats& s = *stats_;
     std::vector<prometheus::MetricFamily> out;
     auto one = [&out](const char* name, const char* help, MetricType type, double value) {
-      prometheus::MetricFamily f = Family(name, help, type);
-      AddMetric(&f, {}, value);
-      out.push_back(std::move(f));
+      AddSingle(&out, name, help, type, value);
     };
     one("pstrain_worker_registered", "1 once the worker has registered with the chief.",
         MetricType::Gauge, s.registered ? 1 : 0);

@@ -103,8 +103,8 @@ struct ResumePoint {
   std::vector<Tensor> params;
   PsClient::OptimizerState optimizer;
   std::vector<WorkerCursor> cursors;
-  // Embedding tables' rows, and whether their optimizer state goes with
-  // them (a resume) or not (init_from).
+  // Embedding tables' rows, and whether optimizer state (variables' and
+  // rows') goes with them: a resume, not an init_from.
   std::map<std::string, RestoredTable> tables;
   bool table_state = false;
 };
@@ -143,12 +143,12 @@ absl::Status LoadTables(const TrainingConfig& config, ResumePoint* r, PsClient* 
   return absl::OkStatus();
 }
 
-// Lays the checkpoint at `path` out for this placement: every variable must
+// Lays the checkpoint read from `path` out for this placement: every variable must
 // be there with the model's shape. With `with_state`, also its optimizer
 // slots and update counts, step and cursors (a resume); else values alone.
 absl::StatusOr<ResumePoint> LoadStartPoint(const TrainingConfig& config, const Placement& placement,
-                                           const std::string& path, bool with_state) {
-  ASSIGN_OR_RETURN(RestoredCheckpoint ckpt, LoadCheckpoint(Env::Default(), path));
+                                           const std::string& path, RestoredCheckpoint ckpt,
+                                           bool with_state) {
   if (with_state && ckpt.manifest.config_fingerprint() != ConfigFingerprint(config)) {
     LOG_WARN("resume: {} was written under another training config (fingerprint {:x}, now {:x}); "
              "its variables fit, so training goes on from it",
@@ -200,16 +200,18 @@ absl::StatusOr<std::optional<ResumePoint>> FindResumePoint(const TrainingConfig&
   if (dir.empty()) {
     return absl::FailedPreconditionError("--resume needs checkpoint.dir in the config");
   }
-  Env* env = Env::Default();
   std::vector<std::string> skipped;
-  absl::StatusOr<std::string> path = LatestGoodCheckpoint(env, dir, &skipped);
+  std::string path;
+  absl::StatusOr<RestoredCheckpoint> ckpt =
+      LoadLatestGoodCheckpoint(Env::Default(), dir, &skipped, &path);
   for (const std::string& s : skipped) LOG_WARN("resume: skipping {}", s);
-  if (absl::IsNotFound(path.status())) {
-    LOG_INFO("resume: {}; starting from the seed at step 0", path.status().message());
+  if (absl::IsNotFound(ckpt.status())) {
+    LOG_INFO("resume: {}; starting from the seed at step 0", ckpt.status().message());
     return std::optional<ResumePoint>();
   }
-  RETURN_IF_ERROR(path.status());
-  ASSIGN_OR_RETURN(ResumePoint r, LoadStartPoint(config, placement, *path, /*with_state=*/true));
+  RETURN_IF_ERROR(ckpt.status());
+  ASSIGN_OR_RETURN(ResumePoint r, LoadStartPoint(config, placement, path, std::move(*ckpt),
+                                                 /*with_state=*/true));
   return std::optional<ResumePoint>(std::move(r));
 }
 
@@ -321,38 +323,36 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
 
   PsClient ps(cluster, &placement, /*worker=*/-1, rpc_timeout);
   ps.set_incarnation(incarnation);
-  std::optional<ResumePoint> resume_point;
+  // Where the run starts: its own latest checkpoint (--resume), another's
+  // values (--init_from), or the seed.
+  std::optional<ResumePoint> from;
   if (start_from.resume) {
-    ASSIGN_OR_RETURN(resume_point, FindResumePoint(config, placement));
+    ASSIGN_OR_RETURN(from, FindResumePoint(config, placement));
   }
-  std::optional<ResumePoint> init_point;
-  if (!resume_point.has_value() && !start_from.init_from.empty()) {
-    ASSIGN_OR_RETURN(init_point, LoadStartPoint(config, placement, start_from.init_from,
-                                                /*with_state=*/false));
+  if (!from.has_value() && !start_from.init_from.empty()) {
+    ASSIGN_OR_RETURN(RestoredCheckpoint ckpt,
+                     LoadCheckpoint(Env::Default(), start_from.init_from));
+    ASSIGN_OR_RETURN(from, LoadStartPoint(config, placement, start_from.init_from,
+                                          std::move(ckpt), /*with_state=*/false));
   }
   std::vector<Tensor> params;
   int64_t start_step = 0;
-  if (resume_point.has_value()) {
-    params = std::move(resume_point->params);
-    start_step = resume_point->step;
+  if (from.has_value()) {
+    params = std::move(from->params);
+    start_step = from->step;
     RETURN_IF_ERROR(ps.InitializeAll(config, ConfigFingerprint(config), cluster.num_workers(),
                                      start_step, params,
                                      absl::Milliseconds(config.rpc().startup_timeout_ms()),
-                                     &resume_point->optimizer));
-    RETURN_IF_ERROR(LoadTables(config, &*resume_point, &ps));
-    LOG_INFO("initialised variables and optimizer slots on {} parameter server(s) from the "
-             "checkpoint of step {}",
-             cluster.num_ps(), start_step);
-    chief->MarkInitialized(start_step, resume_point->cursors);
-  } else if (init_point.has_value()) {
-    params = std::move(init_point->params);
-    RETURN_IF_ERROR(ps.InitializeAll(config, ConfigFingerprint(config), cluster.num_workers(),
-                                     /*start_step=*/0, params,
-                                     absl::Milliseconds(config.rpc().startup_timeout_ms())));
-    RETURN_IF_ERROR(LoadTables(config, &*init_point, &ps));
-    LOG_INFO("initialised variables on {} parameter server(s) from {} (fresh optimizer state)",
-             cluster.num_ps(), start_from.init_from);
-    chief->MarkInitialized();
+                                     from->table_state ? &from->optimizer : nullptr));
+    RETURN_IF_ERROR(LoadTables(config, &*from, &ps));
+    if (from->table_state) {
+      LOG_INFO("initialised variables and optimizer slots on {} parameter server(s) from the "
+               "checkpoint of step {}",
+               cluster.num_ps(), start_step);
+    } else {
+      LOG_INFO("initialised variables on {} parameter server(s) from {} (fresh optimizer state)",
+               cluster.num_ps(), start_from.init_from);
+    }
   } else {
     params = model->Initialize(config.seed());
     RETURN_IF_ERROR(ps.InitializeAll(config, ConfigFingerprint(config), cluster.num_workers(),
@@ -360,8 +360,8 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
                                      absl::Milliseconds(config.rpc().startup_timeout_ms())));
     LOG_INFO("initialised variables on {} parameter server(s) from seed {}", cluster.num_ps(),
              config.seed());
-    chief->MarkInitialized();
   }
+  chief->MarkInitialized(start_step, from.has_value() ? from->cursors : std::vector<WorkerCursor>());
 
   const int64_t max_steps = config.max_steps();
   const int64_t every = config.eval_every_steps() > 0 ? config.eval_every_steps() : max_steps;

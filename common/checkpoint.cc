@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
@@ -537,21 +539,46 @@ absl::Status CommitAndPrune(Env* env, const std::string& dir, int64_t latest, in
   return first_error;
 }
 
-absl::StatusOr<std::string> LatestGoodCheckpoint(Env* env, const std::string& dir,
-                                                 std::vector<std::string>* skipped) {
+namespace {
+
+// The path of the newest checkpoint of `dir` for which `problems` says
+// nothing ("" = good); each newer one is described in `skipped` with what
+// `problems` said. NOT_FOUND when none is good.
+absl::StatusOr<std::string> NewestAccepted(
+    Env* env, const std::string& dir, std::vector<std::string>* skipped,
+    const std::function<std::string(const CheckpointInfo&)>& problems) {
   if (!env->IsDirectory(dir)) {
     return absl::NotFoundError(absl::StrCat("no checkpoint directory ", dir));
   }
   ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ListCheckpoints(env, dir));
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    std::vector<std::string> problems = VerifyCheckpoint(env, it->path);
-    if (problems.empty()) return it->path;
-    if (skipped != nullptr) {
-      skipped->push_back(absl::StrCat(CheckpointDirName(it->step), ": ",
-                                      absl::StrJoin(problems, "; ")));
-    }
+    const std::string why = problems(*it);
+    if (why.empty()) return it->path;
+    if (skipped != nullptr) skipped->push_back(absl::StrCat(CheckpointDirName(it->step), ": ", why));
   }
   return absl::NotFoundError(absl::StrCat("no complete, intact checkpoint in ", dir));
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> LatestGoodCheckpoint(Env* env, const std::string& dir,
+                                                 std::vector<std::string>* skipped) {
+  return NewestAccepted(env, dir, skipped, [env](const CheckpointInfo& c) {
+    return absl::StrJoin(VerifyCheckpoint(env, c.path), "; ");
+  });
+}
+
+absl::StatusOr<RestoredCheckpoint> LoadLatestGoodCheckpoint(Env* env, const std::string& dir,
+                                                            std::vector<std::string>* skipped,
+                                                            std::string* path) {
+  std::optional<RestoredCheckpoint> loaded;
+  ASSIGN_OR_RETURN(*path, NewestAccepted(env, dir, skipped, [&](const CheckpointInfo& c) {
+                     absl::StatusOr<RestoredCheckpoint> r = LoadCheckpoint(env, c.path);
+                     if (!r.ok()) return std::string(r.status().message());
+                     loaded = std::move(*r);
+                     return std::string();
+                   }));
+  return std::move(*loaded);
 }
 
 absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& ckpt_dir) {

@@ -139,6 +139,13 @@ struct RestoredCheckpoint {
   std::map<std::string, RestoredTable> tables;
 };
 absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& ckpt_dir);
+// The newest checkpoint in `dir` that loads whole, read once (LoadCheckpoint
+// checks as it reads what VerifyCheckpoint checks); `path` gets where it is.
+// Each newer one that does not load is described in `skipped`. NOT_FOUND when
+// none does.
+absl::StatusOr<RestoredCheckpoint> LoadLatestGoodCheckpoint(Env* env, const std::string& dir,
+                                                            std::vector<std::string>* skipped,
+                                                            std::string* path);
 
 }  // namespace pstrain
 

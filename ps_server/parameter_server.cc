@@ -899,6 +899,21 @@ void ParameterServer::TakeSnapshotLocked(int64_t step, const std::vector<StepCur
   to_write_.push_back(std::move(snap));
 }
 
+absl::Status ParameterServer::AwaitPushesReleasedLocked(const std::shared_ptr<Model>& model,
+                                                        const char* what) {
+  // Only an async cut holds pushes: a few milliseconds (bounded anyway).
+  auto released = [this, &model]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !holding_pushes_ || model_ != model || shut_down_;
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&released), max_wait_)) {
+    return absl::UnavailableError(
+        absl::StrCat(what, ": held for a checkpoint longer than the wait limit"));
+  }
+  if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
+  if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+  return absl::OkStatus();
+}
+
 absl::Status ParameterServer::Snapshot(const SnapshotRequest& request,
                                        SnapshotResponse* response) {
   if (request.timeout_ms() < 0) return absl::InvalidArgumentError("Snapshot: negative timeout_ms");
@@ -1140,16 +1155,7 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
   int64_t ticket = 0;
   {
     absl::MutexLock lock(&mu_);
-    // A checkpoint's cut holds new pushes until in-flight ones are applied
-    // and the partitions are taken: a few milliseconds (bounded anyway).
-    auto released = [this, &model]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !holding_pushes_ || model_ != model || shut_down_;
-    };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&released), max_wait_)) {
-      return absl::UnavailableError("Push: held for a checkpoint longer than the wait limit");
-    }
-    if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
-    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+    RETURN_IF_ERROR(AwaitPushesReleasedLocked(model, "Push"));
     if (header.step() > version_) {
       ++counters_.pushes_rejected;
       return absl::FailedPreconditionError(absl::StrCat(
@@ -1390,15 +1396,7 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
   int64_t version = 0;
   {
     absl::MutexLock lock(&mu_);
-    // Async row pushes wait out a checkpoint's cut like dense ones.
-    auto released = [this, &model]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return model->sync || !holding_pushes_ || model_ != model || shut_down_;
-    };
-    if (!mu_.AwaitWithTimeout(absl::Condition(&released), max_wait_)) {
-      return absl::UnavailableError("PushRows: held for a checkpoint longer than the wait limit");
-    }
-    if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
-    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+    RETURN_IF_ERROR(AwaitPushesReleasedLocked(model, "PushRows"));
     if (request.step() > version_) {
       ++counters_.pushes_rejected;
       return absl::FailedPreconditionError(absl::StrCat(

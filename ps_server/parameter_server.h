@@ -339,6 +339,10 @@ class ParameterServer {
   // No apply may run meanwhile (sync: the step boundary; async: pushes held).
   void TakeSnapshotLocked(int64_t step, const std::vector<StepCursor>& cursors)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits while an async cut holds pushes (up to max_wait_); UNAVAILABLE or
+  // FAILED_PRECONDITION when the server shut down or `model` was replaced.
+  absl::Status AwaitPushesReleasedLocked(const std::shared_ptr<Model>& model, const char* what)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Writes queued snapshots (its own thread).
   void WriterLoop();
 

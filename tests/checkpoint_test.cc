@@ -70,6 +70,13 @@ CommandResult RunJob(const Job& job, bool resume) {
   return testing::RunCommand(argv, absl::Seconds(180));
 }
 
+// Runs the job to its end; it must succeed.
+void RunJobOk(const Job& job, bool resume) {
+  CommandResult r = RunJob(job, resume);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+}
+
 std::string ChiefLog(const Job& job) {
   return Env::Default()->ReadFile(JoinPath(JoinPath(job.out, "logs"), "chief-0.log")).value_or("");
 }
@@ -142,9 +149,7 @@ TEST_CASE("a sync run killed with kill -9 on every process resumes to bitwise th
   // The run never stopped.
   const std::string ref_dir = testing::FreshTempDir("ckpt_ref");
   const Job ref = WriteJob(ref_dir, CheckpointOptions(JoinPath(ref_dir, "ckpt"), steps), 2);
-  CommandResult r = RunJob(ref, false);
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
+  RunJobOk(ref, false);
 
   // The same job, every process killed with SIGKILL once it has checkpoints.
   const std::string dir = testing::FreshTempDir("ckpt_killed");
@@ -165,9 +170,7 @@ TEST_CASE("a sync run killed with kill -9 on every process resumes to bitwise th
                             absl::Seconds(30))
             .exit_code == 0);
 
-  CommandResult resumed = RunJob(job, true);
-  INFO(resumed.output);
-  REQUIRE(resumed.exit_code == 0);
+  RunJobOk(job, true);
   CHECK(ChiefLog(job).find("resume: from " + *latest) != std::string::npos);
   const TensorMap want = FinalModel(ref), got = FinalModel(job);
   REQUIRE(got.size() == want.size());
@@ -187,18 +190,14 @@ TEST_CASE("a checkpoint of 2 servers resumes onto 3, and one of 3 onto 1, values
   const std::string ref_dir = testing::FreshTempDir("reshard_ref");
   const std::string ref_ckpt = JoinPath(ref_dir, "ckpt");
   const Job ref = WriteJob(ref_dir, CheckpointOptions(ref_ckpt, 250), 2);
-  CommandResult r = RunJob(ref, false);
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
+  RunJobOk(ref, false);
 
   // 2 -> 3: its step-100 checkpoint alone, resumed on 3 servers to step 200.
   const std::string dir3 = testing::FreshTempDir("reshard_3");
   const std::string ckpt3 = JoinPath(dir3, "ckpt");
   CopyCheckpoint(ref_ckpt, 100, ckpt3);
   const Job job3 = WriteJob(dir3, CheckpointOptions(ckpt3, 200), 3);
-  CommandResult r3 = RunJob(job3, true);
-  INFO(r3.output);
-  REQUIRE(r3.exit_code == 0);
+  RunJobOk(job3, true);
   CHECK(ChiefLog(job3).find("(step 100, 2 shard(s) written, 3 now") != std::string::npos);
   auto m3 = ReadManifest(Env::Default(), JoinPath(ckpt3, "ckpt-200"));
   REQUIRE(m3.ok());
@@ -210,9 +209,7 @@ TEST_CASE("a checkpoint of 2 servers resumes onto 3, and one of 3 onto 1, values
   const std::string ckpt1 = JoinPath(dir1, "ckpt");
   CopyCheckpoint(ckpt3, 200, ckpt1);
   const Job job1 = WriteJob(dir1, CheckpointOptions(ckpt1, 250), 1);
-  CommandResult r1 = RunJob(job1, true);
-  INFO(r1.output);
-  REQUIRE(r1.exit_code == 0);
+  RunJobOk(job1, true);
   CHECK(ChiefLog(job1).find("(step 200, 3 shard(s) written, 1 now") != std::string::npos);
   CheckSameCheckpoint(JoinPath(ckpt1, "ckpt-250"), JoinPath(ref_ckpt, "ckpt-250"));
 }
@@ -222,9 +219,7 @@ TEST_CASE("a damaged newest checkpoint is skipped, named in the log, and the pre
   const std::string dir = testing::FreshTempDir("ckpt_damaged");
   const std::string ckpt = JoinPath(dir, "ckpt");
   const Job job = WriteJob(dir, CheckpointOptions(ckpt, 150), 2);
-  CommandResult r = RunJob(job, false);
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
+  RunJobOk(job, false);
   const TensorMap want = FinalModel(job);
   auto before = LoadCheckpoint(Env::Default(), JoinPath(ckpt, "ckpt-150"));
   REQUIRE(before.ok());
@@ -246,9 +241,7 @@ TEST_CASE("a damaged newest checkpoint is skipped, named in the log, and the pre
 
   // Resumed: from ckpt-100, on to 150 again: the same model as before.
   REQUIRE(Env::Default()->DeleteFile(JoinPath(job.out, "model_final.pst")).ok());
-  CommandResult resumed = RunJob(job, true);
-  INFO(resumed.output);
-  REQUIRE(resumed.exit_code == 0);
+  RunJobOk(job, true);
   const std::string log = ChiefLog(job);
   INFO(log);
   CHECK(log.find("resume: skipping ckpt-200: ") != std::string::npos);
@@ -283,9 +276,7 @@ TEST_CASE("a run's checkpoint exports to safetensors and npy that NumPy and safe
   const std::string dir = testing::FreshTempDir("ckpt_export");
   const std::string ckpt = JoinPath(dir, "ckpt");
   const Job job = WriteJob(dir, CheckpointOptions(ckpt, 100), 2);
-  CommandResult r = RunJob(job, false);
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
+  RunJobOk(job, false);
   // The final checkpoint against the model the chief pulled from the servers.
   const std::string last = JoinPath(ckpt, "ckpt-100");
   const std::string st_dir = JoinPath(dir, "st"), npy_dir = JoinPath(dir, "npy");
@@ -327,9 +318,7 @@ TEST_CASE("--init_from starts a new run from a checkpoint's values with fresh op
   const std::string dir = testing::FreshTempDir("ckpt_init_from");
   const std::string ckpt = JoinPath(dir, "ckpt");
   const Job first = WriteJob(dir, CheckpointOptions(ckpt, 100), 2);
-  CommandResult r = RunJob(first, false);
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
+  RunJobOk(first, false);
   const std::string from = JoinPath(ckpt, "ckpt-100");
 
   // A new run on 1 server whose Adam steps are far below float32's
@@ -398,9 +387,7 @@ TEST_CASE("a save that fails is logged, training goes on, and the next save is w
   // for step 100 fails, as on a broken or full disk.
   REQUIRE(Env::Default()->CreateDirs(ckpt).ok());
   testing::WriteFile(JoinPath(ckpt, "ckpt-100"), "in the way\n");
-  CommandResult r = RunJob(job, false);
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
+  RunJobOk(job, false);
   const std::string log = ChiefLog(job);
   INFO(log);
   CHECK(log.find("checkpoint step 100 failed, training goes on") != std::string::npos);
@@ -435,9 +422,7 @@ TEST_CASE("an async run checkpoints with pushes held briefly and resumes after k
   // A worker that had not pushed yet has no cursor: it starts from the top.
   CHECK(killed_at->cursors_size() >= 1);
 
-  CommandResult resumed = RunJob(job, true);
-  INFO(resumed.output);
-  REQUIRE(resumed.exit_code == 0);
+  RunJobOk(job, true);
   const std::string log = ChiefLog(job);
   INFO(log);
   CHECK(log.find("resume: from " + *latest) != std::string::npos);
@@ -509,9 +494,7 @@ TEST_CASE("embedding rows and their Adam slots resume bitwise after kill -9, and
   const std::string ref_dir = testing::FreshTempDir("ckpt_ctr_ref");
   const std::string ref_ckpt = JoinPath(ref_dir, "ckpt");
   const Job ref = WriteJob(ref_dir, options(ref_ckpt), 2);
-  CommandResult r = RunJob(ref, false);
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
+  RunJobOk(ref, false);
   auto m = ReadManifest(Env::Default(), JoinPath(ref_ckpt, CheckpointDirName(steps)));
   REQUIRE(m.ok());
   REQUIRE(m->tables_size() == 1);
@@ -530,9 +513,7 @@ TEST_CASE("embedding rows and their Adam slots resume bitwise after kill -9, and
   INFO("killed with the latest checkpoint at step " << killed_at->step());
   CHECK(killed_at->step() < steps);  // killed mid-run, not after it
   CHECK(killed_at->rows(0).rows() + killed_at->rows(1).rows() > 100);
-  CommandResult resumed = RunJob(job, true);
-  INFO(resumed.output);
-  REQUIRE(resumed.exit_code == 0);
+  RunJobOk(job, true);
   const std::string log = ChiefLog(job);
   INFO(log);
   CHECK(log.find("resume: from " + *latest) != std::string::npos);
@@ -576,9 +557,7 @@ TEST_CASE("embedding rows and their Adam slots resume bitwise after kill -9, and
   const std::string ckpt3 = JoinPath(dir3, "ckpt");
   CopyCheckpoint(ref_ckpt, 200, ckpt3);
   const Job job3 = WriteJob(dir3, options(ckpt3), 3);
-  CommandResult r3 = RunJob(job3, true);
-  INFO(r3.output);
-  REQUIRE(r3.exit_code == 0);
+  RunJobOk(job3, true);
   auto m3 = ReadManifest(Env::Default(), JoinPath(ckpt3, CheckpointDirName(steps)));
   REQUIRE(m3.ok());
   CHECK(m3->rows_size() == 3);
@@ -668,9 +647,7 @@ TEST_CASE("checkpoint.every_seconds saves on a timer, in sync and in async mode"
     o.sync = sync;
     o.extra = absl::StrCat("checkpoint { dir: \"", ckpt, "\" every_seconds: 1 keep: 100 }\n");
     const Job job = WriteJob(dir, o, 2);
-    CommandResult r = RunJob(job, false);
-    INFO(r.output);
-    REQUIRE(r.exit_code == 0);
+    RunJobOk(job, false);
     const std::string log = ChiefLog(job);
     INFO(log);
     if (sync) CHECK(log.find("since the last one; the servers cut at step ") != std::string::npos);

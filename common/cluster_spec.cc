@@ -1,12 +1,19 @@
 #include "common/cluster_spec.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -36,6 +43,38 @@ absl::Status SpecError(const std::string& source, const std::string& key,
 
 std::string TaskId::ToString() const { return absl::StrCat(job, ":", index); }
 
+absl::Status ValidateHost(const std::string& host) {
+  if (host.empty()) return absl::InvalidArgumentError("empty host name");
+  if (host.find(':') != std::string::npos) {  // an IPv6 literal
+    in6_addr ignored;
+    if (::inet_pton(AF_INET6, host.c_str(), &ignored) == 1) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("\"", host, "\" is not an IPv6 address"));
+  }
+  // A DNS name (RFC 1123) or an IPv4 literal, which has the same characters.
+  if (host.size() > 253) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("host name of ", host.size(), " characters (at most 253)"));
+  }
+  for (absl::string_view label : absl::StrSplit(host, '.')) {
+    const bool ok_chars = std::all_of(label.begin(), label.end(), [](char c) {
+      return absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '-';
+    });
+    if (label.empty() || label.size() > 63 || !ok_chars || label.front() == '-' ||
+        label.back() == '-') {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "\"", absl::CHexEscape(host),
+          "\" is not a host name (dot-separated labels of 1-63 letters, digits and inner "
+          "hyphens) or an IP address"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string HostPortString(const std::string& host, int port) {
+  return host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
+                                             : absl::StrCat(host, ":", port);
+}
+
 absl::StatusOr<HostPort> ParseHostPort(const std::string& address) {
   HostPort hp;
   std::string port_text;
@@ -60,8 +99,11 @@ absl::StatusOr<HostPort> ParseHostPort(const std::string& address) {
           "expected \"host:port\" (IPv6 hosts in brackets), got \"", address, "\""));
     }
   }
+  if (absl::Status st = ValidateHost(hp.host); !st.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("in \"", address, "\": ", st.message()));
+  }
   int port = 0;
-  if (hp.host.empty() || !absl::SimpleAtoi(port_text, &port) || port < 1 || port > 65535) {
+  if (!absl::SimpleAtoi(port_text, &port) || port < 1 || port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
         "expected \"host:port\" with a port in 1..65535, got \"", address, "\""));
   }

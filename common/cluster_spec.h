@@ -32,7 +32,15 @@ struct HostPort {
   int port = 0;
 };
 
-// Splits "host:port" ("[::1]:80" for IPv6); the port must be 1..65535.
+// A host as a task address may name it: a DNS name (RFC 1123 labels), an
+// IPv4 literal or an IPv6 literal (without brackets).
+absl::Status ValidateHost(const std::string& host);
+
+// "host:port", with brackets around an IPv6 host.
+std::string HostPortString(const std::string& host, int port);
+
+// Splits "host:port" ("[::1]:80" for IPv6); the host must pass ValidateHost and
+// the port must be 1..65535.
 absl::StatusOr<HostPort> ParseHostPort(const std::string& address);
 
 class ClusterSpec {

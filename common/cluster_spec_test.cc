@@ -100,5 +100,24 @@ TEST_CASE("host:port parsing", "[cluster_spec]") {
   CHECK_FALSE(ParseHostPort("::1:80").ok());
 }
 
+TEST_CASE("host names are validated", "[cluster_spec]") {
+  for (const char* good : {"localhost", "127.0.0.1", "ps-0.pstrain.default.svc", "a", "10.0.0.7",
+                           "::1", "fe80::1"}) {
+    INFO(good);
+    CHECK(ValidateHost(good).ok());
+  }
+  for (const char* bad : {"", "-h", "h-", "a..b", "host name", "h/x", "h;rm", "h\nx", ":::",
+                          "[::1]", "a_b"}) {
+    INFO(bad);
+    CHECK_FALSE(ValidateHost(bad).ok());
+  }
+  CHECK_FALSE(ValidateHost(std::string(64, 'a')).ok());  // a label of 64
+  CHECK_FALSE(ParseHostPort("bad host:80").ok());
+  CHECK(ParseHostPort("bad host:80").status().message().find("not a host name") !=
+        std::string::npos);
+  CHECK(HostPortString("::1", 80) == "[::1]:80");
+  CHECK(HostPortString("h", 80) == "h:80");
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -92,14 +92,19 @@ absl::Status RetryWithBackoff(const std::string& what, absl::Duration total,
 }
 
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& address,
-                                                          grpc::Service* service) {
+                                                          grpc::Service* service,
+                                                          const std::string& bind_host) {
   absl::StatusOr<HostPort> hp = ParseHostPort(address);
   if (!hp.ok()) return hp.status();
+  if (!bind_host.empty()) {
+    if (absl::Status st = ValidateHost(bind_host); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--bind: ", st.message()));
+    }
+  }
+  const std::string listen = HostPortString(bind_host.empty() ? hp->host : bind_host, hp->port);
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  // Listen on every interface at the task's port, as TensorFlow's servers do.
-  builder.AddListeningPort(absl::StrCat("0.0.0.0:", hp->port), grpc::InsecureServerCredentials(),
-                           &bound_port);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   // Two tasks must never share a port silently (gRPC enables SO_REUSEPORT by default).
@@ -109,7 +114,8 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& add
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on port ", hp->port, " (", address, "): in use or not allowed"));
+        absl::StrCat("cannot listen on ", listen, ": the port is in use, or the host is not an "
+                     "address of this machine (--bind=0.0.0.0 listens on all of them)"));
   }
   return server;
 }

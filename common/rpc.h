@@ -36,10 +36,14 @@ absl::Status RetryWithBackoff(const std::string& what, absl::Duration total,
                               const std::function<absl::Status()>& attempt,
                               absl::Duration max_backoff = absl::Seconds(2));
 
-// Builds a server listening on `address` (host:port) with pstrain's limits.
-// Fails with a clear status when the port cannot be bound.
+// Builds a server listening on `address` (host:port: the task's own address,
+// so a task the spec puts on 127.0.0.1 is not reachable from other hosts)
+// with pstrain's limits. A non-empty `bind_host` (e.g. "0.0.0.0" inside a
+// container whose spec names a service address) replaces the host. Fails
+// with a clear status when the address cannot be bound.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& address,
-                                                          grpc::Service* service);
+                                                          grpc::Service* service,
+                                                          const std::string& bind_host = "");
 
 }  // namespace pstrain
 

@@ -1,5 +1,8 @@
 #include "common/rpc.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -69,6 +72,46 @@ TEST_CASE("a second server on a port in use fails with a clear status", "[rpc]")
   CHECK(std::string(second.status().message()).find(std::to_string(port)) != std::string::npos);
   first->Shutdown();
   CHECK_FALSE(StartServer("127.0.0.1:0", &service_b).ok());  // port 0 is not a task address
+}
+
+// Whether a TCP connection to host:port is accepted.
+bool Connects(const std::string& host, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  ::inet_pton(AF_INET, host.c_str(), &a.sin_addr);
+  const bool ok = ::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+  ::close(fd);
+  return ok;
+}
+
+TEST_CASE("a server listens on its task's host only, or where --bind says", "[rpc]") {
+  PsService::Service service;
+  int tested = 0;
+  // 127.0.0.2 is loopback too on Linux, but not the address the task names.
+  for (int p = 24000 + (::getpid() % 20000); p < 65000; p += 11) {
+    auto s = StartServer(absl::StrCat("127.0.0.1:", p), &service);
+    if (!s.ok()) continue;
+    CHECK(Connects("127.0.0.1", p));
+    CHECK_FALSE(Connects("127.0.0.2", p));
+    (*s)->Shutdown();
+    ++tested;
+    break;
+  }
+  for (int p = 25000 + (::getpid() % 20000); p < 65000; p += 13) {
+    auto s = StartServer(absl::StrCat("127.0.0.1:", p), &service, "0.0.0.0");
+    if (!s.ok()) continue;
+    CHECK(Connects("127.0.0.1", p));
+    CHECK(Connects("127.0.0.2", p));
+    (*s)->Shutdown();
+    ++tested;
+    break;
+  }
+  CHECK(tested == 2);
+  auto bad = StartServer("127.0.0.1:1", &service, "not a host");
+  CHECK(absl::IsInvalidArgument(bad.status()));
+  CHECK(std::string(bad.status().message()).find("--bind") != std::string::npos);
 }
 
 }  // namespace

@@ -24,6 +24,9 @@ ABSL_FLAG(std::string, job, "ps", "job name; must be ps");
 ABSL_FLAG(int, task, 0, "task index within the ps job");
 ABSL_FLAG(std::string, config, "", "training config (accepted for uniformity; the chief sends it)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
+ABSL_FLAG(std::string, bind, "",
+          "listen on this host at the task's port instead of the task's own address (e.g. "
+          "0.0.0.0 in a container)");
 ABSL_FLAG(std::string, metrics_address, "",
           "serve /metrics, /healthz and /readyz on host:port (port 0: any free one); off when "
           "empty");
@@ -45,7 +48,7 @@ int main(int argc, char** argv) {
 
   pstrain::ParameterServer ps;
   pstrain::PsServiceImpl service(&ps, &stop);
-  auto server = pstrain::StartServer(address, &service);
+  auto server = pstrain::StartServer(address, &service, absl::GetFlag(FLAGS_bind));
   if (!server.ok()) {
     LOG_ERROR("{}", server.status().message());
     return 1;

@@ -526,8 +526,17 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       chief->SetState("stopped");
       return absl::CancelledError(stop->reason());
     }
-    const int64_t step =
-        chief->WaitForStep(std::min(next_eval, next_sync_cut()), absl::Seconds(1));
+    // Workers' reports only wake this loop; the step acted on is what the
+    // servers confirm (a forged report cannot end the run or trigger a save).
+    chief->WaitForStep(std::min(next_eval, next_sync_cut()), absl::Seconds(1));
+    int64_t servers_version = 0;
+    for (int s = 0; s < ps.num_servers(); ++s) {
+      PsStatusResponse status;
+      if (ps.GetStatus(s, &status).ok()) {
+        servers_version = std::max(servers_version, status.version());
+      }
+    }
+    const int64_t step = chief->ConfirmStep(servers_version);
     if (absl::Now() - chief->last_progress() > step_timeout + rpc_timeout) {
       chief->RequestStop();
       chief->SetState("failed");

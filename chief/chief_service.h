@@ -4,13 +4,16 @@
 #define PSTRAIN_CHIEF_CHIEF_SERVICE_H_
 
 #include "chief/chief_state.h"
+#include "common/auth.h"
 #include "proto/chief_service.grpc.pb.h"
 
 namespace pstrain {
 
 class ChiefServiceImpl final : public ChiefService::Service {
  public:
-  explicit ChiefServiceImpl(Chief* chief) : chief_(chief) {}
+  // Only workers register and report, each as itself; anyone authenticated
+  // reads GetStatus (common/auth.h). `auth` outlives this.
+  ChiefServiceImpl(Chief* chief, Authorizer* auth) : chief_(chief), auth_(auth) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* ctx, const RegisterWorkerRequest* req,
                               RegisterWorkerResponse* resp) override;
@@ -21,6 +24,7 @@ class ChiefServiceImpl final : public ChiefService::Service {
 
  private:
   Chief* const chief_;
+  Authorizer* const auth_;
 };
 
 }  // namespace pstrain

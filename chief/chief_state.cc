@@ -15,6 +15,8 @@ Chief::Chief(int num_workers, int64_t max_steps, uint64_t incarnation, uint64_t 
       fingerprint_(fingerprint),
       max_wait_(max_wait),
       global_step_(start_step),
+      claimed_step_(start_step),
+      claim_checked_(start_step),
       workers_(num_workers),
       last_progress_(absl::Now()) {}
 
@@ -69,10 +71,7 @@ absl::Status Chief::ReportProgress(const ProgressReport& report, ProgressRespons
   ws.examples = std::max(ws.examples, report.examples());
   if (report.local_steps() > 0 && report.loss() > 0) ws.loss = report.loss();
   ws.done = report.done();
-  if (report.global_step() > global_step_) {
-    global_step_ = report.global_step();
-    last_progress_ = now;
-  }
+  claimed_step_ = std::max(claimed_step_, report.global_step());
   response->set_stop(stop_requested_ || (max_steps_ > 0 && global_step_ >= max_steps_));
   return absl::OkStatus();
 }
@@ -113,6 +112,8 @@ void Chief::MarkInitialized(int64_t start_step, const std::vector<WorkerCursor>&
   state_ = "training";
   last_progress_ = absl::Now();
   global_step_ = std::max(global_step_, start_step);
+  claimed_step_ = std::max(claimed_step_, global_step_);
+  claim_checked_ = std::max(claim_checked_, global_step_);
   cursors_ = cursors;
 }
 
@@ -131,9 +132,21 @@ bool Chief::AllDoneLocked() const {
 int64_t Chief::WaitForStep(int64_t step, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto reached = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return global_step_ >= step || AllDoneLocked() || stop_requested_;
+    return (claimed_step_ >= step && claimed_step_ > claim_checked_) || AllDoneLocked() ||
+           stop_requested_;
   };
   mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+  return claimed_step_;
+}
+
+int64_t Chief::ConfirmStep(int64_t servers_version) {
+  absl::MutexLock lock(&mu_);
+  claim_checked_ = claimed_step_;
+  const int64_t confirmed = std::min(claimed_step_, servers_version);
+  if (confirmed > global_step_) {
+    global_step_ = confirmed;
+    last_progress_ = absl::Now();
+  }
   return global_step_;
 }
 

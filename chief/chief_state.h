@@ -1,5 +1,6 @@
 // The chief's shared state: worker registration, the global step as workers
-// report it, the stop decision and the latest evaluation. The RPC service
+// report it and as the servers confirm it, the stop decision and the latest
+// evaluation. The RPC service
 // reads and updates it; the driver (chief_runner.h) waits on it. No gRPC here.
 // Thread-safe: all state is guarded by mu_.
 #ifndef PSTRAIN_CHIEF_CHIEF_STATE_H_
@@ -37,9 +38,16 @@ class Chief {
   void MarkInitialized(int64_t start_step, const std::vector<WorkerCursor>& cursors);
   // Workers are told to stop at their next report.
   void RequestStop();
-  // Waits until the global step reaches `step`, every worker is done, a stop
-  // is requested, or `timeout` passes. Returns the global step.
+  // Waits until a worker claims a step at or past `step` that is newer than
+  // the last ConfirmStep saw, every worker is done, a stop is requested, or
+  // `timeout` passes. Returns the highest step claimed: a report is only a
+  // hint (a forged one must not end the run), confirmed with ConfirmStep.
   int64_t WaitForStep(int64_t step, absl::Duration timeout);
+  // The global step becomes the highest step claimed, capped by
+  // `servers_version` (the furthest version the parameter servers report);
+  // it never goes back. Returns it. Workers are told to stop, and the driver
+  // ends the run, only at a confirmed max_steps.
+  int64_t ConfirmStep(int64_t servers_version);
   // Waits until every registered worker has reported done, or `timeout`.
   bool WaitForWorkersDone(absl::Duration timeout);
   bool AllWorkersDone();
@@ -80,7 +88,9 @@ class Chief {
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   std::string state_ ABSL_GUARDED_BY(mu_) = "starting";
-  int64_t global_step_ ABSL_GUARDED_BY(mu_);
+  int64_t global_step_ ABSL_GUARDED_BY(mu_);    // confirmed by the servers
+  int64_t claimed_step_ ABSL_GUARDED_BY(mu_);   // the highest step reported
+  int64_t claim_checked_ ABSL_GUARDED_BY(mu_);  // claimed_step_ at the last ConfirmStep
   std::vector<WorkerState> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<WorkerCursor> cursors_ ABSL_GUARDED_BY(mu_);  // a resume's, by worker
   absl::Time first_report_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

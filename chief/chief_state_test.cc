@@ -48,13 +48,40 @@ TEST_CASE("progress moves the global step; workers are stopped at max_steps", "[
   ProgressResponse resp;
   REQUIRE(chief.ReportProgress(r, &resp).ok());
   CHECK_FALSE(resp.stop());
+  CHECK(chief.global_step() == 0);  // a claim, not yet confirmed by the servers
+  CHECK(chief.WaitForStep(40, absl::Milliseconds(10)) == 50);
+  CHECK(chief.ConfirmStep(50) == 50);
   CHECK(chief.global_step() == 50);
-  CHECK(chief.WaitForStep(60, absl::Milliseconds(10)) == 50);
   r.set_global_step(100);
+  REQUIRE(chief.ReportProgress(r, &resp).ok());
+  CHECK_FALSE(resp.stop());  // claimed, the servers are at 60
+  CHECK(chief.ConfirmStep(60) == 60);
+  CHECK(chief.ConfirmStep(100) == 100);
   REQUIRE(chief.ReportProgress(r, &resp).ok());
   CHECK(resp.stop());
   r.set_incarnation(10);
   CHECK(absl::IsFailedPrecondition(chief.ReportProgress(r, &resp)));
+}
+
+TEST_CASE("a forged step cannot end the run or spin the driver", "[chief]") {
+  Chief chief(2, 100, 9, 5, 0);
+  chief.MarkInitialized();
+  ProgressReport r;
+  r.set_incarnation(9);
+  r.set_worker(1);
+  r.set_global_step(1000000);
+  ProgressResponse resp;
+  REQUIRE(chief.ReportProgress(r, &resp).ok());
+  CHECK_FALSE(resp.stop());
+  CHECK(chief.WaitForStep(10, absl::Milliseconds(10)) == 1000000);
+  CHECK(chief.ConfirmStep(12) == 12);  // what the servers really reached
+  // The same claim does not wake the driver again: it waits its timeout.
+  const absl::Time start = absl::Now();
+  chief.WaitForStep(20, absl::Milliseconds(200));
+  CHECK(absl::Now() - start >= absl::Milliseconds(150));
+  CHECK(chief.ConfirmStep(11) == 12);  // never goes back
+  REQUIRE(chief.ReportProgress(r, &resp).ok());
+  CHECK_FALSE(resp.stop());
 }
 
 TEST_CASE("all workers done ends the wait", "[chief]") {

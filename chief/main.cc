@@ -65,7 +65,8 @@ int main(int argc, char** argv) {
 
   pstrain::Chief chief(task->cluster.num_workers(), config->max_steps(), incarnation,
                        pstrain::ConfigFingerprint(*config), /*start_step=*/0);
-  pstrain::ChiefServiceImpl service(&chief);
+  pstrain::Authorizer auth(setup->auth.secret, task->cluster);  // off without a secret
+  pstrain::ChiefServiceImpl service(&chief, &auth);
   const std::string& address = task->cluster.address(pstrain::kChiefJob, 0);
   auto server = pstrain::StartServer(address, &service, absl::GetFlag(FLAGS_bind));
   if (!server.ok()) {
@@ -78,7 +79,7 @@ int main(int argc, char** argv) {
   if (const std::string m = absl::GetFlag(FLAGS_metrics_address); !m.empty()) {
     const int workers = task->cluster.num_workers();
     auto started = pstrain::MonitoringServer::Start(
-        m, {pstrain::ChiefMetrics(&chief), pstrain::ProcessMetrics()},
+        m, {pstrain::ChiefMetrics(&chief), pstrain::ProcessMetrics(), pstrain::RefusalMetrics(&auth)},
         [&chief, workers] { return pstrain::ChiefNotReady(&chief, workers); },
         {{"job", pstrain::kChiefJob}, {"task", "0"}});
     if (!started.ok()) {

@@ -39,6 +39,39 @@ absl::Status SpecError(const std::string& source, const std::string& key,
       absl::StrCat("cluster spec ", source, ": key ", key, ": ", what));
 }
 
+// "pstrain": {"auth": {"secret_file": "auth/cluster.secret"}, "insecure": false}
+absl::Status ParseExtras(const std::string& source, const json& extras,
+                         std::string* secret_file, bool* insecure) {
+  if (!extras.is_object()) {
+    return SpecError(source, "\"pstrain\"", "expected an object of pstrain extras");
+  }
+  for (auto it = extras.begin(); it != extras.end(); ++it) {
+    const std::string key = absl::StrCat("\"pstrain\".\"", it.key(), "\"");
+    if (it.key() == "insecure") {
+      if (!it.value().is_boolean()) return SpecError(source, key, "expected true or false");
+      *insecure = it.value().get<bool>();
+    } else if (it.key() == "auth") {
+      if (!it.value().is_object()) {
+        return SpecError(source, key, "expected {\"secret_file\": \"PATH\"}");
+      }
+      for (auto a = it.value().begin(); a != it.value().end(); ++a) {
+        if (a.key() != "secret_file") {
+          return SpecError(source, absl::StrCat(key, ".\"", a.key(), "\""),
+                           "unknown key; expected \"secret_file\"");
+        }
+        if (!a.value().is_string() || a.value().get<std::string>().empty()) {
+          return SpecError(source, absl::StrCat(key, ".\"secret_file\""),
+                           "expected the path of the cluster secret (pstrain tokens writes one)");
+        }
+        *secret_file = a.value().get<std::string>();
+      }
+    } else {
+      return SpecError(source, key, "unknown key; expected \"auth\" or \"insecure\"");
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string TaskId::ToString() const { return absl::StrCat(job, ":", index); }
@@ -137,9 +170,7 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Parse(const std::string& json_text,
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     const std::string& job = it.key();
     if (job == "pstrain") {
-      if (!it.value().is_object()) {
-        return SpecError(source, "\"pstrain\"", "expected an object of pstrain extras");
-      }
+      RETURN_IF_ERROR(ParseExtras(source, it.value(), &spec.auth_secret_file_, &spec.insecure_));
       continue;
     }
     if (KnownJobs().count(job) == 0) {
@@ -190,7 +221,31 @@ absl::StatusOr<ClusterSpec> ClusterSpec::FromFile(const std::string& path) {
   }
   std::stringstream buf;
   buf << in.rdbuf();
-  return Parse(buf.str(), path);
+  ASSIGN_OR_RETURN(ClusterSpec spec, Parse(buf.str(), path));
+  // A relative secret path is relative to the spec file, wherever it is read from.
+  if (!spec.auth_secret_file_.empty() && spec.auth_secret_file_[0] != '/') {
+    const size_t slash = path.rfind('/');
+    if (slash != std::string::npos) {
+      spec.auth_secret_file_ = absl::StrCat(path.substr(0, slash + 1), spec.auth_secret_file_);
+    }
+  }
+  return spec;
+}
+
+bool IsLoopbackHost(const std::string& host) {
+  if (host == "localhost" || host == "::1") return true;
+  in_addr a;
+  return ::inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+bool ClusterSpec::AllLoopback() const {
+  for (const auto& [job, addrs] : jobs_) {
+    for (const std::string& addr : addrs) {
+      absl::StatusOr<HostPort> hp = ParseHostPort(addr);
+      if (!hp.ok() || !IsLoopbackHost(hp->host)) return false;
+    }
+  }
+  return true;
 }
 
 int ClusterSpec::num_tasks(const std::string& job) const {

@@ -36,6 +36,9 @@ struct HostPort {
 // IPv4 literal or an IPv6 literal (without brackets).
 absl::Status ValidateHost(const std::string& host);
 
+// localhost, 127.0.0.0/8 or ::1.
+bool IsLoopbackHost(const std::string& host);
+
 // "host:port", with brackets around an IPv6 host.
 std::string HostPortString(const std::string& host, int port);
 
@@ -61,9 +64,18 @@ class ClusterSpec {
   // Every task, chief first, then ps, then worker, each in index order.
   std::vector<TaskId> AllTasks() const;
   const std::string& source() const { return source_; }
+  // Whether every task's host is a loopback one (localhost, 127.0.0.0/8, ::1).
+  bool AllLoopback() const;
+  // The "pstrain" extras: {"auth": {"secret_file": PATH}, "insecure": BOOL}.
+  // A relative secret_file read by FromFile is made relative to the spec
+  // file's directory; from TF_CONFIG, to the working directory.
+  const std::string& auth_secret_file() const { return auth_secret_file_; }
+  bool insecure() const { return insecure_; }
 
  private:
   std::string source_;
+  std::string auth_secret_file_;
+  bool insecure_ = false;
   std::map<std::string, std::vector<std::string>> jobs_;
 };
 

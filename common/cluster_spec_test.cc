@@ -58,11 +58,15 @@ TEST_CASE("malformed specs give one-line errors naming file, key and expectation
   CHECK(e.find("object") != std::string::npos);
 }
 
-TEST_CASE("pstrain extras are accepted and ignored by the job list", "[cluster_spec]") {
+TEST_CASE("pstrain extras are not jobs, and their keys are checked", "[cluster_spec]") {
   auto spec = ClusterSpec::Parse(
-      R"({"chief": ["a:1"], "ps": ["a:2"], "worker": ["a:3"], "pstrain": {"metrics": {}}})", "s");
+      R"({"chief": ["a:1"], "ps": ["a:2"], "worker": ["a:3"], "pstrain": {"insecure": false}})",
+      "s");
   REQUIRE(spec.ok());
   CHECK(spec->AllTasks().size() == 3);
+  auto typo = ClusterSpec::Parse(R"({"chief": ["a:1"], "pstrain": {"metrics": {}}})", "s");
+  CHECK(std::string(typo.status().message()).find("\"pstrain\".\"metrics\": unknown key") !=
+        std::string::npos);
 }
 
 TEST_CASE("task index out of range is refused", "[cluster_spec]") {

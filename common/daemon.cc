@@ -7,6 +7,14 @@
 #include "common/rpc.h"
 #include "common/status_macros.h"
 
+ABSL_FLAG(std::string, auth_secret_file, "",
+          "the cluster secret (pstrain tokens writes it); default: the cluster spec's "
+          "\"pstrain\": {\"auth\": {\"secret_file\": ...}}");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "this task's own token instead of the secret (workers, which serve no RPCs)");
+ABSL_FLAG(bool, insecure, false,
+          "allow a cluster spec with non-loopback hosts to run without authentication");
+
 namespace pstrain {
 
 absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool config_required,
@@ -23,7 +31,17 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
   } else if (config_required) {
     return absl::InvalidArgumentError("--config=FILE (the training config) is required");
   }
+  ASSIGN_OR_RETURN(setup.auth,
+                   ResolveAuth(setup.task.cluster, setup.task.task.ToString(),
+                               /*serves=*/expected_job != kWorkerJob,
+                               absl::GetFlag(FLAGS_auth_secret_file),
+                               absl::GetFlag(FLAGS_auth_token_file), absl::GetFlag(FLAGS_insecure)));
+  SetCallCredentials(setup.task.task.ToString(), setup.auth.own_token);
   InitLogging(setup.task.task.ToString(), absl::GetFlag(FLAGS_log_level));
+  if (!setup.auth.own_token.empty()) {
+    LOG_INFO("authentication on: calls carry {}'s token{}", setup.task.task.ToString(),
+             setup.auth.secret.empty() ? "" : "; calls served are verified");
+  }
   return setup;
 }
 

@@ -6,6 +6,8 @@
 // The shared flags are declared here and defined in each daemon's main.cc with
 // that role's defaults and help text (flags are defined in main.cc only);
 // SetUpDaemon reads them. Any binary linking this library must define all five.
+// The authentication flags (--auth_secret_file, --auth_token_file,
+// --insecure) are the same for every role and are defined in daemon.cc.
 #ifndef PSTRAIN_COMMON_DAEMON_H_
 #define PSTRAIN_COMMON_DAEMON_H_
 
@@ -14,6 +16,7 @@
 
 #include "absl/flags/declare.h"
 #include "absl/status/statusor.h"
+#include "common/auth.h"
 #include "common/cluster_spec.h"
 #include "proto/config.pb.h"
 
@@ -28,13 +31,16 @@ namespace pstrain {
 struct DaemonSetup {
   TaskConfig task;
   std::optional<TrainingConfig> config;
+  AuthSetup auth;  // its token is already on every call this process makes
 };
 
 // Resolves the task (which must belong to `expected_job`) from the flags or,
 // when --cluster_spec is empty, from `tf_config` (the TF_CONFIG value, or
 // nullptr), and loads --config (an error when `config_required` and unset).
-// On success logging is initialised with the task's name ("ps:1"), and the
-// allocator is tuned for large messages (common/allocator.h).
+// On success logging is initialised with the task's name ("ps:1"), the
+// allocator is tuned for large messages (common/allocator.h), and the task's
+// credentials (common/auth.h; ps and chief, which serve RPCs, need the cluster
+// secret when there is one) go with every call it makes.
 absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool config_required,
                                         const char* tf_config);
 

@@ -148,6 +148,32 @@ std::shared_ptr<prometheus::Collectable> ProcessMetrics() {
   return std::make_shared<ProcessCollector>();
 }
 
+namespace {
+
+class RefusalCollector : public prometheus::Collectable {
+ public:
+  explicit RefusalCollector(const Authorizer* auth) : auth_(auth) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    prometheus::MetricFamily f =
+        Family("pstrain_rpc_refused_total",
+               "Calls refused before they reached the service: no valid token "
+               "(unauthenticated) or a role that may not make the call (permission_denied).",
+               prometheus::MetricType::Counter);
+    AddMetric(&f, {{"reason", "unauthenticated"}}, static_cast<double>(auth_->unauthenticated()));
+    AddMetric(&f, {{"reason", "permission_denied"}}, static_cast<double>(auth_->denied()));
+    return {std::move(f)};
+  }
+
+ private:
+  const Authorizer* const auth_;
+};
+
+}  // namespace
+
+std::shared_ptr<prometheus::Collectable> RefusalMetrics(const Authorizer* auth) {
+  return std::make_shared<RefusalCollector>(auth);
+}
+
 absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(
     const std::string& address, std::vector<std::shared_ptr<prometheus::Collectable>> collectables,
     ReadyFn ready, Labels labels) {

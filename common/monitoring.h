@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/auth.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 
@@ -69,6 +70,10 @@ class MonitoringServer {
 // process_cpu_seconds_total, process_resident_memory_bytes,
 // process_open_fds, process_threads, process_start_time_seconds.
 std::shared_ptr<prometheus::Collectable> ProcessMetrics();
+
+// pstrain_rpc_refused_total{reason="unauthenticated"|"permission_denied"}:
+// calls `auth` refused (common/auth.h). `auth` must outlive the collectable.
+std::shared_ptr<prometheus::Collectable> RefusalMetrics(const Authorizer* auth);
 
 // Building blocks for collectables: a family of one type, and one metric of
 // it with labels and a value (counter, gauge or untyped).

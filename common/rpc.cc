@@ -10,7 +10,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "grpcpp/support/client_interceptor.h"
 #include "common/cluster_spec.h"
 
 namespace pstrain {
@@ -43,7 +45,56 @@ std::vector<std::pair<std::string, int>> TransportArgs() {
   return args;
 }
 
+struct CallIdentity {
+  std::string identity;
+  std::string authorization;  // "Bearer <token>"
+};
+
+absl::Mutex identity_mu;
+CallIdentity* call_identity ABSL_GUARDED_BY(identity_mu) = nullptr;
+
+// Adds the process's identity and token to each call's initial metadata.
+class IdentityInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit IdentityInterceptor(const CallIdentity* id) : id_(id) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      std::multimap<std::string, std::string>* md = methods->GetSendInitialMetadata();
+      md->emplace(kIdentityHeader, id_->identity);
+      md->emplace("authorization", id_->authorization);
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const CallIdentity* const id_;  // lives as long as the process
+};
+
+class IdentityInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit IdentityInterceptorFactory(const CallIdentity* id) : id_(id) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo* info) override {
+    return new IdentityInterceptor(id_);
+  }
+
+ private:
+  const CallIdentity* const id_;
+};
+
 }  // namespace
+
+void SetCallCredentials(const std::string& identity, const std::string& token) {
+  absl::MutexLock lock(&identity_mu);
+  if (token.empty()) {
+    call_identity = nullptr;
+    return;
+  }
+  // Channels keep a pointer for their lifetime: identities are never freed.
+  call_identity = new CallIdentity{identity, absl::StrCat("Bearer ", token)};
+}
 
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address) {
   grpc::ChannelArguments args;
@@ -60,7 +111,18 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address) {
   // cooldown between resolutions (30 s) would keep a peer that came up late
   // unreachable for seconds.
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 200);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  const CallIdentity* id;
+  {
+    absl::MutexLock lock(&identity_mu);
+    id = call_identity;
+  }
+  if (id == nullptr) {
+    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
+  factories.push_back(std::make_unique<IdentityInterceptorFactory>(id));
+  return grpc::experimental::CreateCustomChannelWithInterceptors(
+      address, grpc::InsecureChannelCredentials(), args, std::move(factories));
 }
 
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {

@@ -22,6 +22,14 @@ inline constexpr int kMaxMessageBytes = 256 << 20;
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& what);
 
+// The metadata key naming the caller ("worker:3"; common/auth.h).
+inline constexpr char kIdentityHeader[] = "x-pstrain-identity";
+
+// What every call from this process carries from now on (common/auth.h):
+// the identity ("worker:3") and its token. Empty token: nothing (no
+// authentication). Set once at start-up, before the first channel.
+void SetCallCredentials(const std::string& identity, const std::string& token);
+
 // One channel per peer, reused for every call to it.
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address);
 

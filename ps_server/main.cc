@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
   const std::string& address = task.cluster.address(pstrain::kPsJob, task.task.index);
 
   pstrain::ParameterServer ps;
-  pstrain::PsServiceImpl service(&ps, &stop);
+  pstrain::Authorizer auth(setup->auth.secret, task.cluster);  // off without a secret
+  pstrain::PsServiceImpl service(&ps, &stop, &auth);
   auto server = pstrain::StartServer(address, &service, absl::GetFlag(FLAGS_bind));
   if (!server.ok()) {
     LOG_ERROR("{}", server.status().message());
@@ -57,7 +58,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<pstrain::MonitoringServer> monitoring;
   if (const std::string m = absl::GetFlag(FLAGS_metrics_address); !m.empty()) {
     auto started = pstrain::MonitoringServer::Start(
-        m, {pstrain::PsMetrics(&ps), pstrain::ProcessMetrics()},
+        m, {pstrain::PsMetrics(&ps), pstrain::ProcessMetrics(), pstrain::RefusalMetrics(&auth)},
         [&ps]() -> std::string {
           pstrain::PsStatusResponse s;
           ps.GetStatus(&s);

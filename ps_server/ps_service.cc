@@ -1,6 +1,7 @@
 #include "ps_server/ps_service.h"
 
 #include <atomic>
+#include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -11,6 +12,9 @@ namespace pstrain {
 
 grpc::Status PsServiceImpl::Initialize(grpc::ServerContext* ctx, const InitializeRequest* req,
                                        InitializeResponse* resp) {
+  if (auto caller = auth_->Check(*ctx, {Role::kChief}, "Initialize"); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   absl::Status st = ps_->Initialize(*req);
   if (st.ok()) {
     int64_t bytes = 0;
@@ -40,9 +44,11 @@ class PullReactor final : public grpc::ServerUnaryReactor {
  public:
   PullReactor(ParameterServer* ps, grpc::ByteBuffer* response) : ps_(ps), response_(response) {}
 
-  void Start(const grpc::ByteBuffer* request) {
+  // `who` checks the request's worker field against the caller.
+  void Start(const grpc::ByteBuffer* request, const std::function<absl::Status(int)>& who) {
     PullRequest req;
     absl::Status st = ParseMessage(*request, &req);
+    if (st.ok()) st = who(req.worker());
     if (!st.ok()) {
       Finish(ToGrpcStatus(st));
       Unref();
@@ -128,8 +134,14 @@ class PullReactor final : public grpc::ServerUnaryReactor {
 grpc::ServerUnaryReactor* PsServiceImpl::Pull(grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* req,
                                               grpc::ByteBuffer* resp) {
+  absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker, Role::kChief}, "Pull");
+  if (!caller.ok()) {
+    grpc::ServerUnaryReactor* refused = ctx->DefaultReactor();
+    refused->Finish(ToGrpcStatus(caller.status()));
+    return refused;
+  }
   auto* reactor = new PullReactor(ps_, resp);
-  reactor->Start(req);
+  reactor->Start(req, [&](int worker) { return auth_->CheckWorkerField(*caller, worker, "Pull"); });
   return reactor;
 }
 
@@ -139,10 +151,14 @@ grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   PushRequest header;
   IncomingFrame frame;
-  absl::Status st = DecodeFrame(*req, &header, &frame);
+  absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker}, "Push");
+  absl::Status st = caller.status();
+  if (st.ok()) st = DecodeFrame(*req, &header, &frame);
+  if (st.ok()) st = auth_->CheckWorkerField(*caller, header.worker(), "Push");
   PushResponse response;
   if (st.ok()) st = ps_->Push(header, frame.payload, &response);
-  if (!st.ok() && !absl::IsUnavailable(st)) {
+  if (!st.ok() && !absl::IsUnavailable(st) && !absl::IsUnauthenticated(st) &&
+      !absl::IsPermissionDenied(st)) {
     LOG_WARN("push from worker {} step {} refused: {}", header.worker(), header.step(),
              st.ToString());
   }
@@ -153,11 +169,20 @@ grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
 
 grpc::Status PsServiceImpl::PullRows(grpc::ServerContext* ctx, const PullRowsRequest* req,
                                      PullRowsResponse* resp) {
-  return ToGrpcStatus(ps_->PullRows(*req, resp));
+  absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker, Role::kChief}, "PullRows");
+  absl::Status st = caller.ok() ? auth_->CheckWorkerField(*caller, req->worker(), "PullRows")
+                                : caller.status();
+  if (st.ok()) st = ps_->PullRows(*req, resp);
+  return ToGrpcStatus(st);
 }
 
 grpc::Status PsServiceImpl::PushRows(grpc::ServerContext* ctx, const PushRowsRequest* req,
                                      PushRowsResponse* resp) {
+  absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker}, "PushRows");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (absl::Status st = auth_->CheckWorkerField(*caller, req->worker(), "PushRows"); !st.ok()) {
+    return ToGrpcStatus(st);
+  }
   absl::Status st = ps_->PushRows(*req, resp);
   if (!st.ok() && !absl::IsUnavailable(st)) {
     LOG_WARN("row push from worker {} step {} refused: {}", req->worker(), req->step(),
@@ -168,27 +193,44 @@ grpc::Status PsServiceImpl::PushRows(grpc::ServerContext* ctx, const PushRowsReq
 
 grpc::Status PsServiceImpl::GetStatus(grpc::ServerContext* ctx, const PsStatusRequest* req,
                                       PsStatusResponse* resp) {
+  if (auto caller = auth_->Check(*ctx, {Role::kChief, Role::kWorker, Role::kPs, Role::kOperator},
+                                 "GetStatus");
+      !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   ps_->GetStatus(resp);
   return grpc::Status::OK;
 }
 
 grpc::Status PsServiceImpl::LoadRows(grpc::ServerContext* ctx, const LoadRowsRequest* req,
                                      LoadRowsResponse* resp) {
+  if (auto caller = auth_->Check(*ctx, {Role::kChief}, "LoadRows"); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   return ToGrpcStatus(ps_->LoadRows(*req, resp));
 }
 
 grpc::Status PsServiceImpl::Snapshot(grpc::ServerContext* ctx, const SnapshotRequest* req,
                                      SnapshotResponse* resp) {
+  if (auto caller = auth_->Check(*ctx, {Role::kChief}, "Snapshot"); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   return ToGrpcStatus(ps_->Snapshot(*req, resp));
 }
 
 grpc::Status PsServiceImpl::GetShard(grpc::ServerContext* ctx, const GetShardRequest* req,
                                      GetShardResponse* resp) {
+  if (auto caller = auth_->Check(*ctx, {Role::kChief}, "GetShard"); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   return ToGrpcStatus(ps_->GetShard(*req, resp));
 }
 
 grpc::Status PsServiceImpl::Shutdown(grpc::ServerContext* ctx, const ShutdownRequest* req,
                                      ShutdownResponse* resp) {
+  if (auto caller = auth_->Check(*ctx, {Role::kChief}, "Shutdown"); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   PsStatusResponse status;
   ps_->GetStatus(&status);
   if (status.initialized() && req->incarnation() != status.incarnation()) {

@@ -8,9 +8,16 @@
 // server's version buffers on the way out, and a waiting Pull parks in
 // ParameterServer without a thread; a client that cancels releases it at once.
 // Initialize, GetStatus and Shutdown are plain protobuf methods.
+//
+// Every call is authenticated and authorized first (common/auth.h): only the
+// chief may Initialize, Shutdown, Snapshot, GetShard and LoadRows; only
+// workers push; workers and the chief pull; anyone authenticated reads
+// GetStatus. A worker's requests must name itself. A refused call changes
+// nothing.
 #ifndef PSTRAIN_PS_SERVER_PS_SERVICE_H_
 #define PSTRAIN_PS_SERVER_PS_SERVICE_H_
 
+#include "common/auth.h"
 #include "common/shutdown.h"
 #include "proto/ps_service.grpc.pb.h"
 #include "ps_server/parameter_server.h"
@@ -21,7 +28,9 @@ class PsServiceImpl final
     : public PsService::WithRawCallbackMethod_Pull<
           PsService::WithRawCallbackMethod_Push<PsService::Service>> {
  public:
-  PsServiceImpl(ParameterServer* ps, StopSignal* stop) : ps_(ps), stop_(stop) {}
+  // `auth` (authentication off when default-constructed) outlives this.
+  PsServiceImpl(ParameterServer* ps, StopSignal* stop, Authorizer* auth)
+      : ps_(ps), stop_(stop), auth_(auth) {}
 
   grpc::Status Initialize(grpc::ServerContext* ctx, const InitializeRequest* req,
                           InitializeResponse* resp) override;
@@ -48,6 +57,7 @@ class PsServiceImpl final
  private:
   ParameterServer* const ps_;
   StopSignal* const stop_;
+  Authorizer* const auth_;
 };
 
 }  // namespace pstrain

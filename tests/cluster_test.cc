@@ -586,6 +586,38 @@ TEST_CASE("Ctrl-C on pstrain launch stops every task and leaves none behind", "[
   CHECK(testing::NoProcessesMatching(spec, absl::Seconds(10)));
 }
 
+TEST_CASE("a forged progress report cannot end a run: the chief acts on the servers' version",
+          "[cluster][security]") {
+  const std::string dir = testing::FreshTempDir("forged_progress");
+  std::string spec;
+  std::unique_ptr<Subprocess> launch = StartLongJob(dir, &spec);
+  auto cluster = ClusterSpec::FromFile(spec);
+  REQUIRE(cluster.ok());
+  // Plaintext on loopback: anyone can read the incarnation and claim a step.
+  auto ps = PsService::NewStub(CreateChannel(cluster->address(kPsJob, 0)));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(10));
+  PsStatusResponse ps_status;
+  REQUIRE(ps->GetStatus(&ctx, PsStatusRequest(), &ps_status).ok());
+  ChiefClient chief(cluster->address(kChiefJob, 0), absl::Seconds(5));
+  ProgressReport forged;
+  forged.set_incarnation(ps_status.incarnation());
+  forged.set_worker(0);
+  forged.set_global_step(100000000);
+  ProgressResponse resp;
+  REQUIRE(chief.ReportProgress(forged, &resp).ok());
+  CHECK_FALSE(resp.stop());
+  // The chief used to finish within a second, and launch to exit 0.
+  CHECK_FALSE(launch->Wait(absl::Seconds(3)).has_value());
+  ChiefStatusResponse s;
+  REQUIRE(chief.GetStatus(&s).ok());
+  CHECK(s.global_step() < 1000000);
+  CHECK(s.state() == "training");
+  launch->Signal(SIGINT);
+  REQUIRE(launch->Wait(absl::Seconds(30)).has_value());
+  CHECK(testing::NoProcessesMatching(spec, absl::Seconds(10)));
+}
+
 TEST_CASE("Ctrl-C at a terminal (SIGINT to the whole process group) leaves nothing behind",
           "[cluster][signals]") {
   const std::string dir = testing::FreshTempDir("sigint_group");

@@ -1,7 +1,10 @@
 #include "tests/cluster_testlib.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -218,6 +221,25 @@ ConfigOptions ClickThroughOptions(const std::string& data_dir) {
   o.extra = "embedding_tables { name: \"features\" dim: 16 }";
   o.optimizer = "adam {}";
   return o;
+}
+
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
+  std::string out;
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
+    const std::string req = absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) > 0) {
+      char buf[8192];
+      for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
+    }
+  }
+  ::close(fd);
+  return out;
 }
 
 }  // namespace pstrain::testing

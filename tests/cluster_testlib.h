@@ -85,6 +85,9 @@ absl::StatusOr<std::pair<std::string, double>> CriteoData(const std::string& nam
 // width 16, MLP 64, Adam, sync.
 ConfigOptions ClickThroughOptions(const std::string& data_dir);
 
+// GET http://127.0.0.1:port/path: the whole response, "" when it failed.
+std::string HttpGet(int port, const std::string& path);
+
 }  // namespace pstrain::testing
 
 #endif  // PSTRAIN_TESTS_CLUSTER_TESTLIB_H_

@@ -29,26 +29,6 @@ using testing::BinDir;
 using testing::CommandResult;
 using testing::ConfigOptions;
 
-// GET http://127.0.0.1:port/path: the whole response, "" when it failed.
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return "";
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
-  std::string out;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
-    const std::string req = absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: localhost\r\n\r\n");
-    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) > 0) {
-      char buf[8192];
-      for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);
-    }
-  }
-  ::close(fd);
-  return out;
-}
-
 TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and TensorBoard reads "
           "the chief's events",
           "[metrics][cluster]") {
@@ -93,7 +73,7 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
   std::vector<std::string> health, ready;
   bool scraped = false;
   while (!scraped && absl::Now() < deadline && (*launch)->running()) {
-    metrics = HttpGet(ports["ps:0"], "/metrics");
+    metrics = testing::HttpGet(ports["ps:0"], "/metrics");
     if (metrics.find("\npstrain_checkpoint_shards_written_total{job=\"ps\",task=\"0\"} ") ==
             std::string::npos ||
         metrics.find("\npstrain_checkpoint_shards_written_total{job=\"ps\",task=\"0\"} 0\n") !=
@@ -101,13 +81,13 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
       absl::SleepFor(absl::Milliseconds(20));
       continue;
     }
-    chief = HttpGet(ports["chief:0"], "/metrics");
-    worker = HttpGet(ports["worker:1"], "/metrics");
+    chief = testing::HttpGet(ports["chief:0"], "/metrics");
+    worker = testing::HttpGet(ports["worker:1"], "/metrics");
     health.clear();
     ready.clear();
     for (const auto& [task, port] : ports) {
-      health.push_back(task + " " + HttpGet(port, "/healthz"));
-      ready.push_back(task + " " + HttpGet(port, "/readyz"));
+      health.push_back(task + " " + testing::HttpGet(port, "/healthz"));
+      ready.push_back(task + " " + testing::HttpGet(port, "/readyz"));
     }
     scraped = true;
   }

@@ -24,6 +24,7 @@ _LIBS = {
     "spdlog": (["spdlog", "fmt"], []),
     "prometheus": (["prometheus-cpp-pull", "prometheus-cpp-core"], []),
     "openblas": (["openblas"], []),
+    "libcrypto": (["libcrypto"], []),
 }
 
 def _pkg_config(ctx, flag, modules):

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/auth.h"
 #include "common/chief_client.h"
 #include "common/cluster_spec.h"
 #include "common/config.h"
@@ -328,6 +329,15 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
   if (!config.ok()) {
     std::cerr << "pstrain launch: " << config.status().message() << "\n";
     return 2;
+  }
+  // The launcher reads the chief's status as the operator.
+  if (!cluster->auth_secret_file().empty()) {
+    auto secret = ReadSecretFile(cluster->auth_secret_file());
+    if (!secret.ok()) {
+      std::cerr << "pstrain launch: cluster secret: " << secret.status().message() << "\n";
+      return 2;
+    }
+    SetCallCredentials(kOperatorIdentity, DeriveToken(*secret, kOperatorIdentity));
   }
   const std::string log_dir =
       options.log_dir.empty() ? JoinPath(config->output_dir(), "logs") : options.log_dir;

@@ -2,12 +2,17 @@
 //   pstrain launch  --cluster_spec=F --config=C   start a local cluster and train
 //   pstrain datagen --out=DIR                     write the synthetic digits dataset
 //   pstrain plan    --cluster_spec=F --config=C   print the variable placement
+//   pstrain tokens  --cluster_spec=F --out=DIR    write the cluster secret and task tokens
 //   pstrain bench   [--suites=wire,apply]         data-path figures beside the machine's limits
 //   pstrain checkpoint list|verify|inspect ...    read checkpoints
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include "common/auth.h"
 #include "common/cluster_spec.h"
 #include "common/config.h"
 #include "common/embedding_ids.h"
@@ -38,6 +43,7 @@ const char kUsage[] =
     "  datagen  write a synthetic dataset: digits (MNIST IDX format, or CSV) or click-through\n"
     "           data in the Criteo layout with its ground-truth AUC\n"
     "  plan     print how variables are placed on the parameter servers\n"
+    "  tokens   write a cluster secret and each task's token (authentication)\n"
     "  bench    measure the data path beside the limits of this machine\n"
     "  checkpoint  list, verify or inspect checkpoints (list DIR | verify CKPT | inspect CKPT)\n"
     "run 'pstrain <command> --help' for its flags\n";
@@ -177,6 +183,58 @@ int DatagenCommand(const std::vector<std::string>& argv) {
   if (!st.ok()) return Fail("datagen", std::string(st.message()));
   std::cout << "wrote " << o.train_examples << " training and " << o.test_examples
             << " held-out digits to " << args->Get("out") << " (" << format << ")\n";
+  return 0;
+}
+
+// pstrain tokens: the cluster secret (kept if it exists) and one token file
+// per task and for the operator, all mode 0600, in --out.
+int TokensCommand(const std::vector<std::string>& argv) {
+  const Args::FlagSpec flags = {
+      {"cluster_spec", {"", "cluster spec JSON"}},
+      {"out", {"", "directory for cluster.secret and the token files (created, mode 0700)"}},
+  };
+  if (WantsHelp(argv)) {
+    std::cout << "pstrain tokens flags:\n" << Args::Usage(flags);
+    return 0;
+  }
+  auto args = Args::Parse(argv, flags);
+  if (!args.ok()) return Fail("tokens", std::string(args.status().message()));
+  auto cluster = ClusterSpec::FromFile(args->Get("cluster_spec"));
+  if (!cluster.ok()) return Fail("tokens", std::string(cluster.status().message()));
+  const std::string out = args->Get("out");
+  if (out.empty()) return Fail("tokens", "--out=DIR is required");
+  if (absl::Status st = Env::Default()->CreateDirs(out); !st.ok()) {
+    return Fail("tokens", std::string(st.message()));
+  }
+  ::chmod(out.c_str(), 0700);
+  const std::string secret_path = JoinPath(out, "cluster.secret");
+  if (!Env::Default()->FileExists(secret_path)) {
+    if (absl::Status st = CreateSecretFile(secret_path); !st.ok()) {
+      return Fail("tokens", std::string(st.message()));
+    }
+    std::cout << "wrote a new cluster secret " << secret_path << "\n";
+  }
+  auto secret = ReadSecretFile(secret_path);
+  if (!secret.ok()) return Fail("tokens", std::string(secret.status().message()));
+  std::vector<std::string> identities;
+  for (const TaskId& t : cluster->AllTasks()) identities.push_back(t.ToString());
+  identities.push_back(kOperatorIdentity);
+  for (const std::string& id : identities) {
+    std::string file = id;
+    std::replace(file.begin(), file.end(), ':', '-');
+    const std::string path = JoinPath(out, file + ".token");
+    if (absl::Status st = WriteFileAtomically(Env::Default(), path,
+                                              DeriveToken(*secret, id) + "\n");
+        !st.ok()) {
+      return Fail("tokens", std::string(st.message()));
+    }
+    ::chmod(path.c_str(), 0600);
+  }
+  std::cout << "wrote " << identities.size() << " tokens in " << out
+            << "\nparameter servers and the chief need the secret; a worker needs only its "
+               "token (--auth_token_file=" << JoinPath(out, "worker-N.token")
+            << ").\nname the secret in the cluster spec:\n  \"pstrain\": {\"auth\": "
+               "{\"secret_file\": \"" << secret_path << "\"}}\n";
   return 0;
 }
 
@@ -337,6 +395,7 @@ int main(int argc, char** argv) {
   if (command == "launch") return pstrain::LaunchCommand(rest);
   if (command == "datagen") return pstrain::DatagenCommand(rest);
   if (command == "plan") return pstrain::PlanCommand(rest);
+  if (command == "tokens") return pstrain::TokensCommand(rest);
   if (command == "bench") return pstrain::BenchCommand(rest);
   if (command == "checkpoint") return pstrain::CheckpointCommand(rest, std::cout, std::cerr);
   if (command == "--help" || command == "-h" || command == "help") {

@@ -9,7 +9,7 @@ PSTRAIN_PACKAGES=(
   bazel-bootstrap g++ pkg-config
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev catch2 prometheus-cpp-dev
-  libopenblas-dev nlohmann-json3-dev
+  libopenblas-dev nlohmann-json3-dev libssl-dev
   python3-matplotlib  # pstrain bench draws bench.png with it
 )
 

@@ -1,0 +1,103 @@
+// Who is calling, and may they: authentication by per-identity tokens and
+// authorization by role, for every RPC a daemon serves.
+//
+// A cluster has one secret (`pstrain tokens` writes it, mode 0600). Each
+// identity's token is HMAC-SHA256(secret, identity) in hex; the identities
+// are the tasks ("chief:0", "ps:1", "worker:3") and "operator" (a person's
+// tools: status only). Every call carries two metadata entries,
+//   x-pstrain-identity: worker:3
+//   authorization: Bearer <token>
+// and the serving daemon, which holds the secret, recomputes the token and
+// compares in constant time. A task that serves nothing (a worker) can be
+// given only its own token file, so it cannot act as anyone else.
+//
+// Without a secret authentication is off: every call passes, as on the
+// loopback-only clusters of tests and demos. A cluster spec naming any
+// non-loopback host needs a secret or an explicit --insecure.
+#ifndef PSTRAIN_COMMON_AUTH_H_
+#define PSTRAIN_COMMON_AUTH_H_
+
+#include <atomic>
+#include <initializer_list>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/cluster_spec.h"
+#include "common/rpc.h"
+#include "grpcpp/grpcpp.h"
+
+namespace pstrain {
+
+inline constexpr char kOperatorIdentity[] = "operator";
+
+// HMAC-SHA256(secret, identity), 64 lowercase hex digits.
+std::string DeriveToken(absl::string_view secret, absl::string_view identity);
+
+// A new random secret (32 bytes, as 64 hex digits) at `path`, created with
+// mode 0600; fails if the file exists.
+absl::Status CreateSecretFile(const std::string& path);
+// A secret or token file's content, whitespace trimmed. Refused when it is
+// shorter than 32 characters or readable by group or others (chmod 600).
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
+
+enum class Role { kAnyone, kChief, kPs, kWorker, kOperator };
+
+struct Caller {
+  Role role = Role::kAnyone;  // kAnyone: authentication is off
+  int index = -1;             // the task index, for chief, ps and worker
+  std::string name;           // "worker:3", "operator"; "" when off
+};
+
+// Verifies calls against the cluster secret. Thread-safe.
+class Authorizer {
+ public:
+  Authorizer() = default;  // authentication off
+  // Off when `secret` is empty.
+  Authorizer(const std::string& secret, const ClusterSpec& cluster);
+
+  bool enabled() const { return !tokens_.empty(); }
+
+  // The caller of `ctx`, when its token is right (else UNAUTHENTICATED) and
+  // its role is one of `allowed` (else PERMISSION_DENIED). Both refusals
+  // are counted and name `method`. With authentication off: Role::kAnyone.
+  absl::StatusOr<Caller> Check(const grpc::ServerContextBase& ctx,
+                               std::initializer_list<Role> allowed, absl::string_view method);
+  absl::StatusOr<Caller> Check(absl::string_view identity, absl::string_view authorization,
+                               std::initializer_list<Role> allowed, absl::string_view method);
+
+  // A request's `worker` field must name the calling worker itself (the
+  // chief's calls carry -1). Counted as denied otherwise.
+  absl::Status CheckWorkerField(const Caller& caller, int worker, absl::string_view method);
+
+  int64_t unauthenticated() const { return unauthenticated_.load(std::memory_order_relaxed); }
+  int64_t denied() const { return denied_.load(std::memory_order_relaxed); }
+
+ private:
+  absl::Status Deny(const std::string& message);
+
+  std::map<std::string, std::pair<std::string, Caller>, std::less<>> tokens_;  // identity ->
+  std::atomic<int64_t> unauthenticated_{0};
+  std::atomic<int64_t> denied_{0};
+};
+
+// What a daemon authenticates with, from the flags (which win) and the
+// cluster spec's extras.
+struct AuthSetup {
+  std::string secret;     // empty: this task verifies nothing
+  std::string own_token;  // empty: authentication off
+};
+
+// Resolves a task's credentials: the secret from `secret_file` (else the
+// spec's), or only its own token from `token_file`. A task that serves RPCs
+// (`serves`) needs the secret. With neither, a spec naming a non-loopback
+// host is refused unless `insecure` (or the spec's "insecure": true).
+absl::StatusOr<AuthSetup> ResolveAuth(const ClusterSpec& cluster, const std::string& identity,
+                                      bool serves, const std::string& secret_file,
+                                      const std::string& token_file, bool insecure);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_AUTH_H_

@@ -1,0 +1,223 @@
+// Authentication and authorization with the real daemons: a cluster secret
+// from `pstrain tokens`, calls made with the right, a wrong or no token.
+#include <signal.h>
+
+#include <optional>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "catch2/catch.hpp"
+#include "common/auth.h"
+#include "common/cluster_spec.h"
+#include "common/config.h"
+#include "common/env.h"
+#include "common/rpc.h"
+#include "common/subprocess.h"
+#include "common/tensor.h"
+#include "common/wire_frame.h"
+#include "nlohmann/json.hpp"
+#include "proto/ps_service.grpc.pb.h"
+#include "tests/cluster_testlib.h"
+
+namespace pstrain {
+namespace {
+
+using testing::Binary;
+using testing::BinDir;
+using testing::CommandResult;
+using testing::ConfigOptions;
+
+// A spec of 1 chief, `ps` servers and `workers` workers on free loopback
+// ports whose extras name `secret_file`, and the tokens written for it.
+std::string WriteSecuredSpec(const std::string& dir, int ps, int workers) {
+  const std::string spec = testing::WriteClusterSpec(dir, ps, workers);
+  nlohmann::json j = nlohmann::json::parse(*Env::Default()->ReadFile(spec));
+  j["pstrain"] = {{"auth", {{"secret_file", "auth/cluster.secret"}}}};  // relative to the spec
+  testing::WriteFile(spec, j.dump());
+  CommandResult r = testing::RunCommand(
+      {Binary("tools/pstrain"), "tokens", "--cluster_spec", spec, "--out", JoinPath(dir, "auth")},
+      absl::Seconds(30));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  return spec;
+}
+
+std::string Token(const std::string& dir, const std::string& file) {
+  absl::StatusOr<std::string> t = ReadSecretFile(JoinPath(JoinPath(dir, "auth"), file));
+  REQUIRE(t.ok());
+  return *t;
+}
+
+// The port in a daemon's "metrics on http://127.0.0.1:PORT/metrics" line.
+int MetricsPort(const std::string& log_path) {
+  int port = 0;
+  absl::Status st = RetryWithBackoff("metrics line", absl::Seconds(20), [&]() {
+    std::string log = Env::Default()->ReadFile(log_path).value_or("");
+    const size_t at = log.find("metrics on http://127.0.0.1:");
+    if (at == std::string::npos) return absl::UnavailableError("not yet");
+    const size_t begin = at + std::string("metrics on http://127.0.0.1:").size();
+    if (!absl::SimpleAtoi(log.substr(begin, log.find('/', begin) - begin), &port)) {
+      return absl::InternalError("bad line");
+    }
+    return absl::OkStatus();
+  }, absl::Milliseconds(100));
+  REQUIRE(st.ok());
+  return port;
+}
+
+TEST_CASE("with a cluster secret only the right task in the right role changes a server",
+          "[security][cluster]") {
+  const std::string dir = testing::FreshTempDir("auth_ps");
+  const std::string spec = WriteSecuredSpec(dir, 1, 2);
+  auto cluster = ClusterSpec::FromFile(spec);
+  REQUIRE(cluster.ok());
+  CHECK(Env::Default()->FileExists(JoinPath(dir, "auth/worker-1.token")));
+  CHECK(Env::Default()->FileExists(JoinPath(dir, "auth/operator.token")));
+  SpawnOptions so;
+  so.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=0",
+             "--metrics_address=127.0.0.1:0"};
+  so.output_file = JoinPath(dir, "ps.log");
+  auto ps = Subprocess::Spawn(so);
+  REQUIRE(ps.ok());
+  const int metrics_port = MetricsPort(so.output_file);
+
+  // This test process has no credentials of its own: each call sets them.
+  auto channel = CreateChannel(cluster->address(kPsJob, 0));
+  auto stub = PsService::NewStub(channel);
+  grpc::GenericStub raw(channel);
+  const std::string chief = Token(dir, "chief-0.token");
+  const std::string w0 = Token(dir, "worker-0.token");
+  const std::string w1 = Token(dir, "worker-1.token");
+  auto call = [](const std::string& identity, const std::string& token, auto method) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(10));
+    ctx.set_wait_for_ready(true);
+    if (!identity.empty()) ctx.AddMetadata(kIdentityHeader, identity);
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    return method(&ctx).error_code();
+  };
+  PsStatusResponse status;
+  auto get_status = [&](const std::string& id, const std::string& token) {
+    return call(id, token, [&](grpc::ClientContext* c) {
+      return stub->GetStatus(c, PsStatusRequest(), &status);
+    });
+  };
+  CHECK(get_status("", "") == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(get_status("worker:0", w1) == grpc::StatusCode::UNAUTHENTICATED);  // another's token
+  REQUIRE(get_status("worker:0", w0) == grpc::StatusCode::OK);
+  CHECK_FALSE(status.initialized());
+
+  // A worker may neither stop nor (re)initialize a server.
+  ShutdownRequest bye;  // incarnation 0, as a server waiting for its chief accepted
+  ShutdownResponse bye_resp;
+  auto shutdown = [&](const std::string& id, const std::string& token) {
+    return call(id, token, [&](grpc::ClientContext* c) { return stub->Shutdown(c, bye, &bye_resp); });
+  };
+  CHECK(shutdown("worker:0", w0) == grpc::StatusCode::PERMISSION_DENIED);
+  CHECK(shutdown("", "") == grpc::StatusCode::UNAUTHENTICATED);
+  ConfigOptions o;
+  o.output_dir = JoinPath(dir, "out");
+  auto config = ParseTrainingConfig(testing::ConfigText(o), "test");
+  REQUIRE(config.ok());
+  InitializeRequest init;
+  init.set_incarnation(42);
+  *init.mutable_config() = *config;
+  init.set_num_workers(2);
+  NamedTensor* v = init.add_variables();
+  v->mutable_ref()->set_variable("w");
+  ToProto({2, 2}, {1, 2, 3, 4}, v->mutable_tensor());
+  InitializeResponse init_resp;
+  auto initialize = [&](const std::string& id, const std::string& token) {
+    return call(id, token,
+                [&](grpc::ClientContext* c) { return stub->Initialize(c, init, &init_resp); });
+  };
+  CHECK(initialize("worker:0", w0) == grpc::StatusCode::PERMISSION_DENIED);
+  CHECK(initialize("chief:0", w0) == grpc::StatusCode::UNAUTHENTICATED);
+  REQUIRE(get_status("worker:1", w1) == grpc::StatusCode::OK);
+  CHECK_FALSE(status.initialized());  // refused calls changed nothing
+  REQUIRE(initialize("chief:0", chief) == grpc::StatusCode::OK);
+
+  auto push = [&](const std::string& id, const std::string& token, int worker) {
+    PushRequest req;
+    req.set_incarnation(42);
+    req.set_worker(worker);
+    req.set_step(0);
+    NamedTensor* g = req.add_gradients();
+    g->mutable_ref()->set_variable("w");
+    ToProto({2, 2}, {1, 1, 1, 1}, g->mutable_tensor());
+    grpc::ByteBuffer frame = EncodePushFrame(req), resp;
+    return call(id, token, [&](grpc::ClientContext* c) {
+      return RawCall(&raw, c, "/pstrain.PsService/Push", frame, &resp);
+    });
+  };
+  CHECK(push("worker:0", w0, 1) == grpc::StatusCode::PERMISSION_DENIED);  // acting as worker 1
+  CHECK(push("chief:0", chief, -1) == grpc::StatusCode::PERMISSION_DENIED);  // chiefs do not push
+  CHECK(push("", "", 0) == grpc::StatusCode::UNAUTHENTICATED);
+  REQUIRE(get_status("chief:0", chief) == grpc::StatusCode::OK);
+  CHECK(status.version() == 0);
+  CHECK(status.pushes_applied() == 0);
+  CHECK(push("worker:0", w0, 0) == grpc::StatusCode::OK);
+  CHECK(push("worker:1", w1, 1) == grpc::StatusCode::OK);
+  REQUIRE(get_status("operator", Token(dir, "operator.token")) == grpc::StatusCode::OK);
+  CHECK(status.version() == 1);
+
+  // Refusals are counted: 5 unauthenticated, 4 denied so far.
+  const std::string metrics = testing::HttpGet(metrics_port, "/metrics");
+  INFO(metrics);
+  CHECK(metrics.find("pstrain_rpc_refused_total{reason=\"unauthenticated\",job=\"ps\",task=\"0\"} 5") !=
+        std::string::npos);
+  CHECK(metrics.find(
+            "pstrain_rpc_refused_total{reason=\"permission_denied\",job=\"ps\",task=\"0\"} 4") !=
+        std::string::npos);
+
+  bye.set_incarnation(42);
+  CHECK(shutdown("chief:0", chief) == grpc::StatusCode::OK);
+  std::optional<int> code = (*ps)->Wait(absl::Seconds(10));
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  const std::string log = Env::Default()->ReadFile(so.output_file).value_or("");
+  CHECK(log.find("Shutdown refused for worker:0: only chief may call it") != std::string::npos);
+}
+
+TEST_CASE("a cluster with a secret trains end to end; plaintext beyond loopback is refused",
+          "[security][cluster]") {
+  const std::string dir = testing::FreshTempDir("auth_launch");
+  const std::string spec = WriteSecuredSpec(dir, 2, 2);
+  ConfigOptions o;
+  o.max_steps = 40;
+  o.eval_every_steps = 20;
+  o.output_dir = JoinPath(dir, "out");
+  const std::string config =
+      testing::WriteFile(JoinPath(dir, "train.pbtxt"), testing::ConfigText(o));
+  CommandResult r = testing::RunCommand({Binary("tools/pstrain"), "launch", "--cluster_spec", spec,
+                                         "--config", config, "--bin_dir", BinDir()},
+                                        absl::Seconds(120));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("finished: step 40") != std::string::npos);
+  const std::string ps_log =
+      Env::Default()->ReadFile(JoinPath(o.output_dir, "logs/ps-1.log")).value_or("");
+  CHECK(ps_log.find("authentication on") != std::string::npos);
+  CHECK(ps_log.find("refused") == std::string::npos);
+
+  // The same job on addresses beyond loopback, without a secret: refused at
+  // start, naming the way out; --insecure lets it start.
+  const std::string remote = testing::WriteFile(
+      JoinPath(dir, "remote.json"),
+      R"({"chief": ["10.255.255.1:2220"], "ps": ["10.255.255.2:2221"], "worker": ["10.255.255.3:2222"]})");
+  CommandResult refused = testing::RunCommand(
+      {Binary("ps_server/ps_server"), "--cluster_spec=" + remote, "--task=0"}, absl::Seconds(20));
+  CHECK(refused.exit_code == 2);
+  CHECK(refused.output.find("pstrain tokens") != std::string::npos);
+  CommandResult insecure = testing::RunCommand(
+      {Binary("ps_server/ps_server"), "--cluster_spec=" + remote, "--task=0", "--insecure"},
+      absl::Seconds(20));
+  INFO(insecure.output);
+  CHECK(insecure.exit_code == 1);  // past authentication: 10.255.255.2 is not this machine
+  CHECK(insecure.output.find("cannot listen on 10.255.255.2:2221") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace pstrain

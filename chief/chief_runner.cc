@@ -566,6 +566,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   }
 
   chief->RequestStop();
+  chief->SetState("finishing");  // from here on, tasks may leave (pstrain launch reads it)
   if (!chief->WaitForWorkersDone(step_timeout)) {
     LOG_WARN("not every worker reported done within {}", absl::FormatDuration(step_timeout));
   }

@@ -5,10 +5,14 @@
 #include <iostream>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/chief_client.h"
 #include "common/cluster_spec.h"
 #include "common/daemon.h"
 #include "common/logging.h"
@@ -27,6 +31,8 @@ ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
 ABSL_FLAG(std::string, bind, "",
           "listen on this host at the task's port instead of the task's own address (e.g. "
           "0.0.0.0 in a container)");
+ABSL_FLAG(int, chief_timeout_s, 60,
+          "exit (code 1) when the chief, once reached, has been unreachable this long; 0: never");
 ABSL_FLAG(std::string, metrics_address, "",
           "serve /metrics, /healthz and /readyz on host:port (port 0: any free one); off when "
           "empty");
@@ -72,11 +78,38 @@ int main(int argc, char** argv) {
     monitoring = std::move(*started);
     LOG_INFO("metrics on http://{}:{}/metrics", m.substr(0, m.rfind(':')), monitoring->port());
   }
+  // A server outlives its chief only by --chief_timeout_s: the chief asks
+  // for the servers' version every second, and this asks for its status.
+  std::thread chief_watch;
+  if (const int timeout_s = absl::GetFlag(FLAGS_chief_timeout_s); timeout_s > 0) {
+    chief_watch = std::thread([&stop, &task, timeout_s] {
+      const std::string address = task.cluster.address(pstrain::kChiefJob, 0);
+      pstrain::ChiefClient chief(address, absl::Seconds(1));
+      absl::Time last_seen = absl::InfinitePast();
+      while (!stop.WaitFor(absl::Seconds(2))) {
+        pstrain::ChiefStatusResponse status;
+        if (chief.GetStatus(&status).ok()) {
+          last_seen = absl::Now();
+        } else if (last_seen != absl::InfinitePast() &&
+                   absl::Now() - last_seen > absl::Seconds(timeout_s)) {
+          stop.Stop(absl::StrCat("the chief at ", address, " has been unreachable for ",
+                                 absl::FormatDuration(absl::Now() - last_seen),
+                                 " (--chief_timeout_s=", timeout_s, "); exiting"),
+                    1);
+        }
+      }
+    });
+  }
   stop.Wait();
-  LOG_INFO("stopping: {}", stop.reason());
+  if (stop.exit_code() != 0) {
+    LOG_ERROR("stopping: {}", stop.reason());
+  } else {
+    LOG_INFO("stopping: {}", stop.reason());
+  }
   ps.Shutdown();  // wakes waiting pulls so in-flight calls finish promptly
   // Waits are already woken; the deadline only bounds replies still in flight
   // (gRPC waits it out while a client keeps its connection open).
   (*server)->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+  if (chief_watch.joinable()) chief_watch.join();
   return stop.exit_code();
 }

@@ -618,6 +618,82 @@ TEST_CASE("a forged progress report cannot end a run: the chief acts on the serv
   CHECK(testing::NoProcessesMatching(spec, absl::Seconds(10)));
 }
 
+TEST_CASE("a parameter server that exits with code 0 mid-run fails the launch, naming it",
+          "[cluster][faults]") {
+  const std::string dir = testing::FreshTempDir("ps_exit_zero");
+  std::string spec;
+  std::unique_ptr<Subprocess> launch = StartLongJob(dir, &spec);
+  auto cluster = ClusterSpec::FromFile(spec);
+  REQUIRE(cluster.ok());
+  auto ps = PsService::NewStub(CreateChannel(cluster->address(kPsJob, 1)));
+  PsStatusResponse status;
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(10));
+    REQUIRE(ps->GetStatus(&ctx, PsStatusRequest(), &status).ok());
+  }
+  // Without a cluster secret anyone on loopback may stop a server, as the
+  // chief does at the end; ps:1 then exits with code 0.
+  ShutdownRequest bye;
+  bye.set_incarnation(status.incarnation());
+  bye.set_reason("test");
+  ShutdownResponse bye_resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(10));
+  REQUIRE(ps->Shutdown(&ctx, bye, &bye_resp).ok());
+  const absl::Time start = absl::Now();
+  std::optional<int> code = launch->Wait(absl::Seconds(30));
+  REQUIRE(code.has_value());
+  CHECK(*code == 1);
+  CHECK(absl::Now() - start < absl::Seconds(15));  // it went unnoticed for ~70 s
+  auto out = Env::Default()->ReadFile(JoinPath(dir, "launch.out"));
+  REQUIRE(out.ok());
+  INFO(*out);
+  // Named as the failure, or beside the worker that failed for it first.
+  CHECK((out->find("ps:1 exited with code 0 before the chief finished the run") !=
+             std::string::npos ||
+         out->find("ps:1 had exited with code 0 before the chief finished the run") !=
+             std::string::npos));
+  CHECK(testing::NoProcessesMatching(spec, absl::Seconds(10)));
+}
+
+TEST_CASE("a parameter server whose chief is gone exits after --chief_timeout_s, saying why",
+          "[cluster][faults]") {
+  const std::string dir = testing::FreshTempDir("chief_gone");
+  const std::string spec = testing::WriteClusterSpec(dir, 1, 1);
+  ConfigOptions o;
+  o.output_dir = JoinPath(dir, "out");
+  const std::string config =
+      testing::WriteFile(JoinPath(dir, "train.pbtxt"), testing::ConfigText(o));
+  SpawnOptions ps_opts;
+  ps_opts.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=0",
+                  "--chief_timeout_s=2"};
+  ps_opts.output_file = JoinPath(dir, "ps.log");
+  auto ps = Subprocess::Spawn(ps_opts);
+  REQUIRE(ps.ok());
+  SpawnOptions chief_opts;
+  chief_opts.argv = {Binary("chief/chief"), "--cluster_spec=" + spec, "--config=" + config};
+  chief_opts.output_file = JoinPath(dir, "chief.log");
+  auto chief = Subprocess::Spawn(chief_opts);
+  REQUIRE(chief.ok());
+  // The chief installs the model, then waits for its worker, which never comes.
+  absl::Status initialized = RetryWithBackoff("initialized", absl::Seconds(30), [&]() {
+    std::string log = Env::Default()->ReadFile(ps_opts.output_file).value_or("");
+    return log.find("initialized") != std::string::npos ? absl::OkStatus()
+                                                        : absl::UnavailableError("not yet");
+  }, absl::Milliseconds(100));
+  REQUIRE(initialized.ok());
+  CHECK_FALSE((*ps)->Wait(absl::Seconds(4)).has_value());  // the chief is there: it stays
+  (*chief)->Signal(SIGKILL);
+  std::optional<int> code = (*ps)->Wait(absl::Seconds(20));
+  REQUIRE(code.has_value());
+  CHECK(*code == 1);
+  const std::string log = Env::Default()->ReadFile(ps_opts.output_file).value_or("");
+  INFO(log);
+  CHECK(log.find("has been unreachable for") != std::string::npos);
+  (*chief)->Wait(absl::Seconds(5));
+}
+
 TEST_CASE("Ctrl-C at a terminal (SIGINT to the whole process group) leaves nothing behind",
           "[cluster][signals]") {
   const std::string dir = testing::FreshTempDir("sigint_group");

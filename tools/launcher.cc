@@ -32,6 +32,7 @@ struct Task {
   std::string name;  // "ps:0"
   std::unique_ptr<Subprocess> proc;
   std::ofstream log;
+  std::string log_path;
   std::string partial;  // an output line not yet ended
   bool exited = false;
   int exit_code = 0;
@@ -144,8 +145,8 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
     auto t = std::make_unique<Task>();
     t->id = id;
     t->name = id.ToString();
-    t->log.open(JoinPath(log_dir, absl::StrCat(id.job, "-", id.index, ".log")),
-                append_logs ? std::ios::app : std::ios::trunc);
+    t->log_path = JoinPath(log_dir, absl::StrCat(id.job, "-", id.index, ".log"));
+    t->log.open(t->log_path, append_logs ? std::ios::app : std::ios::trunc);
     SpawnOptions so;
     so.argv = {bin_for_job.at(id.job), "--cluster_spec=" + options.cluster_spec,
                "--job=" + id.job, absl::StrCat("--task=", id.index),
@@ -188,6 +189,7 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
   bool restartable = false;
   bool chief_finished = false;
   absl::Time chief_finished_at;
+  std::vector<std::pair<const Task*, absl::Time>> early_exits;  // exited 0; by when the chief ends
 
   for (;;) {
     if (stop->stopped()) {
@@ -225,15 +227,36 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
       t->exited = true;
       t->exit_code = *code;
       if (*code != 0 && failure.empty()) {
-        failure = absl::StrCat(t->name, " exited with code ", *code, " (log: ",
-                               JoinPath(log_dir, absl::StrCat(t->id.job, "-", t->id.index, ".log")),
-                               ")");
+        failure = absl::StrCat(t->name, " exited with code ", *code, " (log: ", t->log_path, ")");
         exit_code = 1;
         restartable = true;
       }
       if (t->id.job == kChiefJob && *code == 0) {
         chief_finished = true;
         chief_finished_at = absl::Now();
+      } else if (*code == 0 && !chief_finished) {
+        // Leaving with code 0 is right only once the chief ends the run:
+        // it has a few seconds to say so (its step lags the servers').
+        early_exits.push_back({t.get(), absl::Now() + absl::Seconds(5)});
+      }
+    }
+    // A task that left while the chief still trains fails the run.
+    if (!early_exits.empty() && failure.empty()) {
+      ChiefStatusResponse s;
+      // Also a chief that failed or was stopped: its own exit tells why.
+      const bool ending = chief_finished || (chief.GetStatus(&s).ok() && s.state() != "starting" &&
+                                             s.state() != "training");
+      if (ending) {
+        early_exits.clear();
+      } else if (absl::Now() >= early_exits.front().second) {
+        const Task* t = early_exits.front().first;
+        failure = absl::StrCat(t->name, " exited with code 0 before the chief finished the run",
+                               s.max_steps() > 0 ? absl::StrCat(" (step ", s.global_step(), " of ",
+                                                                s.max_steps(), ")")
+                                                 : "",
+                               "; log: ", t->log_path);
+        exit_code = 1;
+        restartable = true;
       }
     }
     if (!failure.empty()) break;
@@ -279,6 +302,19 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
     t->exit_code = code.has_value() ? *code : t->proc->Stop(absl::ZeroDuration());
     if (t->proc->output_fd() >= 0) DrainOutput(t.get(), options.verbose, &progress_shown);
     t->exited = true;
+    // A server's code 0 here is not our SIGTERM's (128 + 15): it had left
+    // on its own (workers leave with 0 when the stopping chief tells them).
+    if (code == 0 && t->id.job == kPsJob && !chief_finished) {
+      early_exits.push_back({t.get(), absl::Now()});
+    }
+  }
+  // A task that left early is often the cause of the failure seen first (a
+  // worker whose server went away): name it too.
+  for (const auto& [t, ignored] : early_exits) {
+    if (!failure.empty() && failure.rfind(t->name + " ", 0) != 0) {
+      absl::StrAppend(&failure, "; ", t->name, " had exited with code 0 before the chief "
+                      "finished the run (log: ", t->log_path, ")");
+    }
   }
   Attempt a;
   a.failure = failure;

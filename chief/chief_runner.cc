@@ -301,6 +301,19 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
                       Chief* chief, StopSignal* stop, const ChiefStart& start_from) {
   const absl::Duration rpc_timeout = absl::Milliseconds(config.rpc().rpc_timeout_ms());
   const absl::Duration step_timeout = absl::Milliseconds(config.rpc().step_timeout_ms());
+  // The model is written to output_dir at the end: find out now, not after
+  // the run, that it cannot be.
+  {
+    Env* env = Env::Default();
+    const std::string probe = JoinPath(config.output_dir(), ".pstrain-write-test");
+    absl::Status writable = env->CreateDirs(config.output_dir());
+    if (writable.ok()) writable = env->WriteFile(probe, "ok\n", /*sync=*/false);
+    if (!writable.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "output_dir ", config.output_dir(), " is not writable: ", writable.message()));
+    }
+    (void)env->DeleteFile(probe);
+  }
   // The chief evaluates on the CPU: it is one process beside the workers,
   // and its numbers should not depend on which device a run had.
   std::unique_ptr<Backend> cpu = NewCpuBackend(config.compute_threads());
@@ -318,6 +331,12 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   if (HasTestSplit(config.data())) {
     ASSIGN_OR_RETURN(test, LoadDataset(Env::Default(), config.data(), DataSplit::kTest,
                                        model->input_dim(), model->num_labels()));
+    if (test->size == 0) {
+      // Its accuracy would read 0.0000, as if the model had learnt nothing.
+      return absl::InvalidArgumentError(
+          "the test split has no examples: nothing to evaluate on (give data a test file with "
+          "examples, or none to train without evaluation)");
+    }
     LOG_INFO("{} held-out examples for evaluation", test->size);
   }
 

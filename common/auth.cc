@@ -12,10 +12,10 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "openssl/crypto.h"
 #include "openssl/evp.h"
@@ -29,11 +29,16 @@ constexpr size_t kMinSecretChars = 32;
 
 const char* RoleName(Role r) {
   switch (r) {
-    case Role::kAnyone: return "anyone";
-    case Role::kChief: return kChiefJob;
-    case Role::kPs: return kPsJob;
-    case Role::kWorker: return kWorkerJob;
-    case Role::kOperator: return kOperatorIdentity;
+    case Role::kAnyone:
+      return "anyone";
+    case Role::kChief:
+      return kChiefJob;
+    case Role::kPs:
+      return kPsJob;
+    case Role::kWorker:
+      return kWorkerJob;
+    case Role::kOperator:
+      return kOperatorIdentity;
   }
   return "?";
 }
@@ -60,8 +65,8 @@ absl::Status CreateSecretFile(const std::string& path) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot create ", path, ": ", std::strerror(errno)));
   }
-  const bool ok = ::write(fd, hex.data(), hex.size()) == static_cast<ssize_t>(hex.size()) &&
-                  ::fsync(fd) == 0;
+  const bool ok =
+      ::write(fd, hex.data(), hex.size()) == static_cast<ssize_t>(hex.size()) && ::fsync(fd) == 0;
   ::close(fd);
   if (!ok) {
     ::unlink(path.c_str());
@@ -83,19 +88,20 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
   }
   ::close(fd);
   if (!S_ISREG(st.st_mode) || st.st_size > 4096) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not a secret file (a regular file "
+    return absl::InvalidArgumentError(absl::StrCat(path,
+                                                   ": not a secret file (a regular file "
                                                    "of at most 4096 bytes)"));
   }
   if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
     return absl::PermissionDeniedError(
         absl::StrFormat("%s: open to group or others (mode %03o); a secret must be private: "
-                        "chmod 600 %s", path, st.st_mode & 0777, path));
+                        "chmod 600 %s",
+                        path, st.st_mode & 0777, path));
   }
   text = std::string(absl::StripAsciiWhitespace(text));
   if (text.size() < kMinSecretChars) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", text.size(),
-                                                   " characters; a secret or token has at least ",
-                                                   kMinSecretChars));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": ", text.size(), " characters; a secret or token has at least ", kMinSecretChars));
   }
   return text;
 }
@@ -187,9 +193,10 @@ absl::StatusOr<AuthSetup> ResolveAuth(const ClusterSpec& cluster, const std::str
     setup.own_token = DeriveToken(setup.secret, identity);
   } else if (!token_file.empty()) {
     if (serves) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          identity, " serves RPCs and so needs the cluster secret (--auth_secret_file or the "
-                    "spec's \"pstrain\": {\"auth\": {\"secret_file\": ...}}), not a token"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(identity,
+                       " serves RPCs and so needs the cluster secret (--auth_secret_file or the "
+                       "spec's \"pstrain\": {\"auth\": {\"secret_file\": ...}}), not a token"));
     }
     absl::StatusOr<std::string> token = ReadSecretFile(token_file);
     if (!token.ok()) {

@@ -86,9 +86,9 @@ TEST_CASE("the authorizer admits the right token in the right role only", "[auth
 
   // The operator reads status; the chief's calls name worker -1.
   const std::string op = "Bearer " + DeriveToken(secret, kOperatorIdentity);
-  CHECK(auth.Check(kOperatorIdentity, op, {Role::kChief, Role::kWorker, Role::kOperator},
-                   "GetStatus")
-            .ok());
+  CHECK(
+      auth.Check(kOperatorIdentity, op, {Role::kChief, Role::kWorker, Role::kOperator}, "GetStatus")
+          .ok());
   CHECK(absl::IsPermissionDenied(
       auth.Check(kOperatorIdentity, op, {Role::kChief}, "Initialize").status()));
   absl::StatusOr<Caller> chief =
@@ -128,7 +128,8 @@ TEST_CASE("a spec beyond loopback needs a secret or --insecure", "[auth]") {
   const std::string token_path = TempPath("worker-token");
   { std::ofstream(token_path) << with->own_token << "\n"; }
   ::chmod(token_path.c_str(), 0600);
-  absl::StatusOr<AuthSetup> token_only = ResolveAuth(remote, "worker:0", false, "", token_path, false);
+  absl::StatusOr<AuthSetup> token_only =
+      ResolveAuth(remote, "worker:0", false, "", token_path, false);
   REQUIRE(token_only.ok());
   CHECK(token_only->secret.empty());
   CHECK(token_only->own_token == with->own_token);

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <fstream>
@@ -215,6 +216,11 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Parse(const std::string& json_text,
 }
 
 absl::StatusOr<ClusterSpec> ClusterSpec::FromFile(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cluster spec ", path, ": not a file (a directory?)"));
+  }
   std::ifstream in(path);
   if (!in) {
     return absl::NotFoundError(absl::StrCat("cluster spec ", path, ": cannot open file"));

@@ -1,5 +1,7 @@
 #include "common/config.h"
 
+#include <sys/stat.h>
+
 #include <cmath>
 #include <fstream>
 #include <set>
@@ -116,6 +118,11 @@ absl::StatusOr<TrainingConfig> ParseTrainingConfig(const std::string& text,
 }
 
 absl::StatusOr<TrainingConfig> LoadTrainingConfig(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training config ", path, ": not a file (a directory?)"));
+  }
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("training config ", path, ": cannot open"));
   std::stringstream buf;

@@ -1,6 +1,9 @@
 #include "common/config.h"
 
+#include <cstdlib>
+
 #include "catch2/catch.hpp"
+#include "common/cluster_spec.h"
 
 namespace pstrain {
 namespace {
@@ -23,6 +26,16 @@ TEST_CASE("a training config parses and gets defaults", "[config]") {
   CHECK(c->rpc().step_timeout_ms() > 0);
   CHECK(c->compute_threads() == 1);
   CHECK(c->placement().partition_min_bytes() > 0);
+}
+
+TEST_CASE("a config or spec path that is a directory says so", "[config]") {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  REQUIRE(dir != nullptr);
+  absl::StatusOr<TrainingConfig> c = LoadTrainingConfig(dir);
+  CHECK(absl::IsInvalidArgument(c.status()));
+  CHECK(std::string(c.status().message()).find("not a file") != std::string::npos);
+  absl::StatusOr<ClusterSpec> s = ClusterSpec::FromFile(dir);
+  CHECK(std::string(s.status().message()).find("not a file") != std::string::npos);
 }
 
 TEST_CASE("syntax errors name line and column", "[config]") {

@@ -694,6 +694,63 @@ TEST_CASE("a parameter server whose chief is gone exits after --chief_timeout_s,
   (*chief)->Wait(absl::Seconds(5));
 }
 
+TEST_CASE("a second launch into a running launch's output_dir is refused, naming it",
+          "[cluster][errors]") {
+  const std::string dir = testing::FreshTempDir("shared_output");
+  std::string spec;
+  std::unique_ptr<Subprocess> launch = StartLongJob(dir, &spec);
+  CommandResult second = testing::RunCommand(
+      {Binary("tools/pstrain"), "launch", "--cluster_spec", spec, "--config",
+       JoinPath(dir, "train.pbtxt"), "--bin_dir", BinDir()},
+      absl::Seconds(30));
+  CHECK(second.exit_code == 2);
+  CHECK(second.output.find(absl::StrCat("is in use by another launch (pid ", launch->pid(), ")")) !=
+        std::string::npos);
+  CHECK_FALSE(launch->Wait(absl::ZeroDuration()).has_value());  // the first goes on
+  launch->Signal(SIGINT);
+  REQUIRE(launch->Wait(absl::Seconds(30)).has_value());
+  CHECK(testing::NoProcessesMatching(spec, absl::Seconds(10)));
+}
+
+TEST_CASE("a chief whose output_dir is not writable fails at once, not after training",
+          "[cluster][errors]") {
+  const std::string dir = testing::FreshTempDir("unwritable_output");
+  const std::string spec = testing::WriteClusterSpec(dir, 1, 1);
+  ConfigOptions o;
+  o.output_dir = JoinPath(dir, "a_file/out");  // under a regular file: never creatable
+  testing::WriteFile(JoinPath(dir, "a_file"), "x");
+  const std::string config =
+      testing::WriteFile(JoinPath(dir, "train.pbtxt"), testing::ConfigText(o));
+  CommandResult r = testing::RunCommand(
+      {Binary("chief/chief"), "--cluster_spec=" + spec, "--config=" + config}, absl::Seconds(30));
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("is not writable") != std::string::npos);
+}
+
+TEST_CASE("an empty test split is refused at start instead of reporting accuracy 0.0000",
+          "[cluster][errors]") {
+  const std::string dir = testing::FreshTempDir("empty_test_split");
+  const std::string spec = testing::WriteClusterSpec(dir, 1, 1);
+  ConfigOptions o;
+  o.output_dir = JoinPath(dir, "out");
+  // IDX files of 0 images and 0 labels: well-formed, and empty.
+  const std::string images = testing::WriteFile(JoinPath(dir, "empty-images"),
+                                                std::string("\0\0\x08\x03\0\0\0\0\0\0\0\x1c\0\0\0\x1c", 16));
+  const std::string labels =
+      testing::WriteFile(JoinPath(dir, "empty-labels"), std::string("\0\0\x08\x01\0\0\0\0", 8));
+  const std::string d = testing::DigitsDir();
+  o.data = absl::StrCat("train_images: \"", d, "/train-images-idx3-ubyte\" train_labels: \"", d,
+                        "/train-labels-idx1-ubyte\" test_images: \"", images,
+                        "\" test_labels: \"", labels, "\"");
+  const std::string config =
+      testing::WriteFile(JoinPath(dir, "train.pbtxt"), testing::ConfigText(o));
+  CommandResult r = testing::RunCommand(
+      {Binary("chief/chief"), "--cluster_spec=" + spec, "--config=" + config}, absl::Seconds(30));
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("the test split has no examples") != std::string::npos);
+}
+
 TEST_CASE("Ctrl-C at a terminal (SIGINT to the whole process group) leaves nothing behind",
           "[cluster][signals]") {
   const std::string dir = testing::FreshTempDir("sigint_group");

@@ -53,16 +53,19 @@ std::string Token(const std::string& dir, const std::string& file) {
 // The port in a daemon's "metrics on http://127.0.0.1:PORT/metrics" line.
 int MetricsPort(const std::string& log_path) {
   int port = 0;
-  absl::Status st = RetryWithBackoff("metrics line", absl::Seconds(20), [&]() {
-    std::string log = Env::Default()->ReadFile(log_path).value_or("");
-    const size_t at = log.find("metrics on http://127.0.0.1:");
-    if (at == std::string::npos) return absl::UnavailableError("not yet");
-    const size_t begin = at + std::string("metrics on http://127.0.0.1:").size();
-    if (!absl::SimpleAtoi(log.substr(begin, log.find('/', begin) - begin), &port)) {
-      return absl::InternalError("bad line");
-    }
-    return absl::OkStatus();
-  }, absl::Milliseconds(100));
+  absl::Status st = RetryWithBackoff(
+      "metrics line", absl::Seconds(20),
+      [&]() {
+        std::string log = Env::Default()->ReadFile(log_path).value_or("");
+        const size_t at = log.find("metrics on http://127.0.0.1:");
+        if (at == std::string::npos) return absl::UnavailableError("not yet");
+        const size_t begin = at + std::string("metrics on http://127.0.0.1:").size();
+        if (!absl::SimpleAtoi(log.substr(begin, log.find('/', begin) - begin), &port)) {
+          return absl::InternalError("bad line");
+        }
+        return absl::OkStatus();
+      },
+      absl::Milliseconds(100));
   REQUIRE(st.ok());
   return port;
 }
@@ -113,7 +116,8 @@ TEST_CASE("with a cluster secret only the right task in the right role changes a
   ShutdownRequest bye;  // incarnation 0, as a server waiting for its chief accepted
   ShutdownResponse bye_resp;
   auto shutdown = [&](const std::string& id, const std::string& token) {
-    return call(id, token, [&](grpc::ClientContext* c) { return stub->Shutdown(c, bye, &bye_resp); });
+    return call(id, token,
+                [&](grpc::ClientContext* c) { return stub->Shutdown(c, bye, &bye_resp); });
   };
   CHECK(shutdown("worker:0", w0) == grpc::StatusCode::PERMISSION_DENIED);
   CHECK(shutdown("", "") == grpc::StatusCode::UNAUTHENTICATED);
@@ -152,7 +156,7 @@ TEST_CASE("with a cluster secret only the right task in the right role changes a
       return RawCall(&raw, c, "/pstrain.PsService/Push", frame, &resp);
     });
   };
-  CHECK(push("worker:0", w0, 1) == grpc::StatusCode::PERMISSION_DENIED);  // acting as worker 1
+  CHECK(push("worker:0", w0, 1) == grpc::StatusCode::PERMISSION_DENIED);     // acting as worker 1
   CHECK(push("chief:0", chief, -1) == grpc::StatusCode::PERMISSION_DENIED);  // chiefs do not push
   CHECK(push("", "", 0) == grpc::StatusCode::UNAUTHENTICATED);
   REQUIRE(get_status("chief:0", chief) == grpc::StatusCode::OK);
@@ -166,7 +170,8 @@ TEST_CASE("with a cluster secret only the right task in the right role changes a
   // Refusals are counted: 5 unauthenticated, 4 denied so far.
   const std::string metrics = testing::HttpGet(metrics_port, "/metrics");
   INFO(metrics);
-  CHECK(metrics.find("pstrain_rpc_refused_total{reason=\"unauthenticated\",job=\"ps\",task=\"0\"} 5") !=
+  CHECK(metrics.find(
+            "pstrain_rpc_refused_total{reason=\"unauthenticated\",job=\"ps\",task=\"0\"} 5") !=
         std::string::npos);
   CHECK(metrics.find(
             "pstrain_rpc_refused_total{reason=\"permission_denied\",job=\"ps\",task=\"0\"} 4") !=

@@ -1,9 +1,11 @@
 #include "tools/launcher.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -380,6 +382,23 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
   if (absl::Status st = Env::Default()->CreateDirs(log_dir); !st.ok()) {
     std::cerr << "pstrain launch: " << st.message() << "\n";
     return 2;
+  }
+  // One launch per output_dir: a second would overwrite the first's logs,
+  // checkpoints and model. The lock goes with this process, however it ends.
+  const std::string lock_path = JoinPath(config->output_dir(), ".pstrain-launch.lock");
+  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (lock_fd < 0 || ::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    std::string holder = Env::Default()->ReadFile(lock_path).value_or("");
+    while (!holder.empty() && holder.back() == '\n') holder.pop_back();
+    std::cerr << "pstrain launch: output_dir " << config->output_dir()
+              << " is in use by another launch"
+              << (holder.empty() ? "" : absl::StrCat(" (pid ", holder, ")"))
+              << "; give this run its own output_dir\n";
+    return 2;
+  }
+  const std::string pid = absl::StrCat(::getpid(), "\n");
+  if (::ftruncate(lock_fd, 0) != 0 || ::write(lock_fd, pid.data(), pid.size()) < 0) {
+    std::cerr << "pstrain launch: cannot write " << lock_path << "\n";
   }
   const std::pair<const char*, const char*> binaries[] = {
       {kChiefJob, "chief"}, {kPsJob, "ps_server"}, {kWorkerJob, "worker"}};

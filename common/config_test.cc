@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "common/cluster_spec.h"
 
@@ -61,6 +62,17 @@ TEST_CASE("semantic errors name the field", "[config]") {
   c = ParseTrainingConfig(text, "x.pbtxt");
   REQUIRE_FALSE(c.ok());
   CHECK(std::string(c.status().message()).find("max_steps") != std::string::npos);
+
+  for (const char* rate : {"inf", "nan", "0", "-1"}) {
+    INFO(rate);
+    text = kGood;
+    const size_t at = text.find("learning_rate: ");
+    REQUIRE(at != std::string::npos);
+    text.replace(at, text.find_first_of(" \n}", at + 15) - at, absl::StrCat("learning_rate: ", rate));
+    c = ParseTrainingConfig(text, "x.pbtxt");
+    REQUIRE_FALSE(c.ok());
+    CHECK(std::string(c.status().message()).find("optimizer.learning_rate") != std::string::npos);
+  }
 }
 
 TEST_CASE("consistency settings are checked: no configuration can wait forever", "[config]") {

@@ -946,6 +946,46 @@ embedding_tables { name: "user" dim: 8 num_rows: 1000000 optimizer { learning_ra
   // Jump consistent hashing splits a million consecutive ids within 0.1%.
   CHECK(r.output.find("ps:0 49.9") != std::string::npos);
   CHECK(r.output.find("ps:1 50.0") != std::string::npos);
+  CHECK(r.output.find("memory, at least: ps:0 ") != std::string::npos);
+}
+
+TEST_CASE("a model too large for the messages or the machine is refused in one line, before "
+          "anything is allocated",
+          "[cli][errors]") {
+  const std::string dir = testing::FreshTempDir("too_large");
+  const std::string spec = testing::WriteClusterSpec(dir, 2, 1);
+  ConfigOptions o;
+  o.hidden_units = {65536, 65536};  // 4.3 billion parameters in dense1/kernel
+  o.output_dir = JoinPath(dir, "out");
+  const std::string config =
+      testing::WriteFile(JoinPath(dir, "c.pbtxt"), testing::ConfigText(o));
+  const std::string expected = "the largest variable, dense1/kernel, is 16.0 GiB";
+  CommandResult plan = testing::RunCommand(
+      {Binary("tools/pstrain"), "plan", "--cluster_spec=" + spec, "--config=" + config},
+      absl::Seconds(30));
+  INFO(plan.output);
+  CHECK(plan.exit_code == 2);
+  CHECK(plan.output.find(expected) != std::string::npos);
+  CommandResult launch = testing::RunCommand({Binary("tools/pstrain"), "launch", "--cluster_spec",
+                                              spec, "--config", config, "--bin_dir", BinDir()},
+                                             absl::Seconds(30));
+  INFO(launch.output);
+  CHECK(launch.exit_code == 2);
+  CHECK(launch.output.find(expected) != std::string::npos);
+  // The chief started on its own (it died with std::bad_alloc, exit 134).
+  CommandResult chief = testing::RunCommand(
+      {Binary("chief/chief"), "--cluster_spec=" + spec, "--config=" + config}, absl::Seconds(30));
+  INFO(chief.output);
+  CHECK(chief.exit_code == 1);
+  CHECK(chief.output.find(expected) != std::string::npos);
+  // Enough servers for the messages; now this machine's memory is the limit.
+  const std::string wide = testing::WriteClusterSpec(testing::FreshTempDir("too_large_wide"), 80, 1);
+  CommandResult plan80 = testing::RunCommand(
+      {Binary("tools/pstrain"), "plan", "--cluster_spec=" + wide, "--config=" + config},
+      absl::Seconds(30));
+  INFO(plan80.output);
+  CHECK(plan80.exit_code == 2);
+  CHECK(plan80.output.find("of memory; this machine has") != std::string::npos);
 }
 
 TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV", "[bench]") {

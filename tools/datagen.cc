@@ -1,15 +1,19 @@
 #include "tools/datagen.h"
 
+#include <limits>
+
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/embedding_ids.h"
 #include "common/metrics.h"
+#include "common/sizing.h"
 #include "common/status_macros.h"
 
 namespace pstrain {
@@ -121,10 +125,24 @@ void RenderDigits(int64_t n, uint64_t seed, double difficulty, IdxArray* images,
   }
 }
 
-absl::Status WriteDigitsDataset(Env* env, const std::string& dir, const DigitsOptions& options) {
+// The digits are rendered in memory, one split at a time, before they are
+// written: `bytes_per_example` of that (IDX: the image and its label; CSV:
+// also the text).
+absl::Status CheckDigitsFit(const DigitsOptions& options, int64_t bytes_per_example,
+                            const char* format) {
   if (options.train_examples <= 0 || options.test_examples < 0) {
     return absl::InvalidArgumentError("datagen: --train must be > 0 and --test >= 0");
   }
+  const int64_t n = std::max(options.train_examples, options.test_examples);
+  const int64_t bytes = n > std::numeric_limits<int64_t>::max() / bytes_per_example
+                            ? std::numeric_limits<int64_t>::max()
+                            : n * bytes_per_example;
+  return CheckMemory(absl::StrCat("datagen --format=", format, " of ", n, " examples"), bytes,
+                     PhysicalMemoryBytes());
+}
+
+absl::Status WriteDigitsDataset(Env* env, const std::string& dir, const DigitsOptions& options) {
+  RETURN_IF_ERROR(CheckDigitsFit(options, kSide * kSide + 1, "idx"));
   RETURN_IF_ERROR(env->CreateDirs(dir));
   IdxArray images, labels;
   RenderDigits(options.train_examples, options.seed, options.difficulty, &images, &labels);
@@ -165,9 +183,8 @@ std::string DigitsCsv(const IdxArray& images, const IdxArray& labels) {
 }  // namespace
 
 absl::Status WriteDigitsCsv(Env* env, const std::string& dir, const DigitsOptions& options) {
-  if (options.train_examples <= 0 || options.test_examples < 0) {
-    return absl::InvalidArgumentError("datagen: --train must be > 0 and --test >= 0");
-  }
+  // A line is at most 6 characters a pixel (",0.502"), mostly ",0".
+  RETURN_IF_ERROR(CheckDigitsFit(options, kSide * kSide * 7 + 4, "csv"));
   RETURN_IF_ERROR(env->CreateDirs(dir));
   IdxArray images, labels;
   RenderDigits(options.train_examples, options.seed, options.difficulty, &images, &labels);
@@ -195,6 +212,11 @@ absl::StatusOr<CriteoTruth> WriteCriteoDataset(Env* env, const std::string& dir,
   if (!(o.missing >= 0 && o.missing < 1)) {
     return absl::InvalidArgumentError("criteo: --missing must be in [0, 1)");
   }
+  // A split's text is built in memory (about 220 bytes a line) before it is written.
+  RETURN_IF_ERROR(CheckMemory(
+      absl::StrCat("datagen --format=criteo of ", std::max(o.train_examples, o.test_examples),
+                   " examples"),
+      std::max(o.train_examples, o.test_examples) * 220, PhysicalMemoryBytes()));
   RETURN_IF_ERROR(env->CreateDirs(dir));
   // The hidden model: a bias (about a quarter of impressions are clicks),
   // one weight per integer feature, one per categorical value of each field

@@ -5,7 +5,10 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
+#include "common/env.h"
+#include "common/sizing.h"
 #include "worker/data/criteo_reader.h"
 #include "worker/data/csv_reader.h"
 #include "worker/data/idx_reader.h"
@@ -28,6 +31,23 @@ TEST_CASE("digits are deterministic, balanced and seed-dependent", "[datagen]") 
     ++counts[l];
   }
   for (int n : counts) CHECK(n == 20);
+}
+
+TEST_CASE("datagen refuses sizes beyond this machine's memory before allocating", "[datagen]") {
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/too_big");
+  DigitsOptions o;
+  o.train_examples = 3000000000;  // 2.2 TiB of pixels: it aborted with std::bad_alloc
+  absl::Status st = WriteDigitsDataset(Env::Default(), dir, o);
+  CHECK(absl::IsResourceExhausted(st));
+  CHECK(std::string(st.message()).find("datagen --format=idx of 3000000000 examples needs") !=
+        std::string::npos);
+  CHECK(absl::IsResourceExhausted(WriteDigitsCsv(Env::Default(), dir, o)));
+  CriteoOptions c;
+  c.train_examples = 100000000;  // 22 GB of text at once; this machine may hold it or not
+  c.test_examples = 10;
+  if (PhysicalMemoryBytes() < int64_t{22} << 30) {
+    CHECK(absl::IsResourceExhausted(WriteCriteoDataset(Env::Default(), dir, c).status()));
+  }
 }
 
 TEST_CASE("digits carry their class in the pixels", "[datagen]") {

@@ -18,6 +18,9 @@
 #include "common/embedding_ids.h"
 #include "common/env.h"
 #include "common/placement.h"
+#include "common/rpc.h"
+#include "common/sizing.h"
+#include "common/status_macros.h"
 #include "common/shutdown.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -58,6 +61,40 @@ bool WantsHelp(const std::vector<std::string>& argv) {
     if (a == "--help" || a == "-h") return true;
   }
   return false;
+}
+
+// The model against the message cap and this machine's memory: each
+// process's own need, and all the spec's loopback tasks together (those
+// `pstrain launch` starts here). `out`, when set, gets the figures.
+absl::Status CheckPlanFits(const ClusterSpec& cluster, const TrainingConfig& config,
+                           std::ostream* out) {
+  ASSIGN_OR_RETURN(std::vector<VariableSpec> variables, ModelVariables(config.model()));
+  ASSIGN_OR_RETURN(Placement placement,
+                   Placement::Compute(variables, cluster.num_ps(),
+                                      config.placement().partition_min_bytes(),
+                                      config.placement().partition_max_bytes()));
+  RETURN_IF_ERROR(CheckSharesFitMessages(variables, placement, kMaxMessageBytes));
+  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, CreateOptimizer(config.optimizer()));
+  const int64_t copies = 1 + static_cast<int64_t>(optimizer->slot_names().size());
+  const int64_t machine = PhysicalMemoryBytes();
+  const int64_t model_process = ModelProcessBytes(variables);
+  int64_t local = 0;
+  std::vector<std::string> per_ps;
+  for (const TaskId& t : cluster.AllTasks()) {
+    const int64_t need = t.job == kPsJob ? placement.server_bytes()[t.index] * copies
+                                         : model_process;
+    RETURN_IF_ERROR(CheckMemory(t.ToString(), need, machine));
+    if (t.job == kPsJob) per_ps.push_back(absl::StrCat(t.ToString(), " ", FormatBytes(need)));
+    auto hp = ParseHostPort(cluster.address(t.job, t.index));
+    if (hp.ok() && IsLoopbackHost(hp->host)) local += need;
+  }
+  if (out != nullptr) {
+    *out << "memory, at least: " << absl::StrJoin(per_ps, ", ") << " (values and slots), chief "
+         << FormatBytes(model_process) << ", each worker " << FormatBytes(model_process)
+         << "; the loopback tasks together " << FormatBytes(local) << " of this machine's "
+         << FormatBytes(machine) << "\n";
+  }
+  return CheckMemory("the spec's loopback tasks together", local, machine);
 }
 
 int LaunchCommand(const std::vector<std::string>& argv) {
@@ -107,6 +144,16 @@ int LaunchCommand(const std::vector<std::string>& argv) {
   }
   o.max_restarts = restart == "on-failure" ? static_cast<int>(*max_restarts) : 0;
   o.metrics = args->GetBool("metrics");
+  {
+    // Sized before any task starts (each task checks its own share again).
+    auto cluster = ClusterSpec::FromFile(o.cluster_spec);
+    auto config = LoadTrainingConfig(o.config);
+    if (cluster.ok() && config.ok()) {
+      if (absl::Status st = CheckPlanFits(*cluster, *config, nullptr); !st.ok()) {
+        return Fail("launch", std::string(st.message()));
+      }
+    }  // else Launch names the error
+  }
   StopSignal stop;
   StopOnTerminationSignals(&stop);
   return Launch(o, &stop);
@@ -290,6 +337,9 @@ int PlanCommand(const std::vector<std::string>& argv) {
       if (exact) std::cout << " (" << share[s] * row_bytes / 1024 / 1024 << " MiB)";
     }
     std::cout << (exact ? "\n" : " of any id set\n");
+  }
+  if (absl::Status st = CheckPlanFits(*cluster, *config, &std::cout); !st.ok()) {
+    return Fail("plan", std::string(st.message()));
   }
   return 0;
 }

@@ -156,6 +156,11 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Parse(const std::string& json_text,
       (void)ignored;
     } catch (const json::parse_error& e) {
       where = absl::StrCat(" at byte ", e.byte);
+    } catch (const json::exception& e) {
+      // A number too large for a double ("1e999") is out_of_range, not a
+      // parse_error: uncaught, it ended the daemon (found by
+      // tests/fuzz/cluster_spec_fuzzer).
+      where = absl::StrCat(" (", e.what(), ")");
     }
     return absl::InvalidArgumentError(
         absl::StrCat("cluster spec ", source, ": not valid JSON", where,

@@ -56,6 +56,12 @@ TEST_CASE("malformed specs give one-line errors naming file, key and expectation
 
   e = ErrorOf(R"(["a:1"])");
   CHECK(e.find("object") != std::string::npos);
+
+  // A number beyond a double threw an exception nobody caught.
+  e = ErrorOf(R"({"chief": ["a:1"], "ps": 1e999})");
+  CHECK(e.find("not valid JSON") != std::string::npos);
+  CHECK(e.find("number overflow") != std::string::npos);
+  CHECK_FALSE(ParseTfConfig(R"({"cluster": {"chief": ["a:1"]}, "task": {"index": 1e999}})").ok());
 }
 
 TEST_CASE("pstrain extras are not jobs, and their keys are checked", "[cluster_spec]") {

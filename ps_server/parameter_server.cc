@@ -1278,7 +1278,9 @@ absl::Status DecodeIds(const std::string& bytes, std::vector<uint64_t>* ids) {
                                                    kMaxRowsPerRequest));
   }
   ids->resize(bytes.size() / 8);
-  std::memcpy(ids->data(), bytes.data(), bytes.size());  // little-endian hosts
+  // memcpy from or to null is undefined even for 0 bytes (an empty vector's
+  // data() may be null): found by tests/fuzz/ps_request_fuzzer under UBSan.
+  if (!bytes.empty()) std::memcpy(ids->data(), bytes.data(), bytes.size());  // little-endian hosts
   return absl::OkStatus();
 }
 
@@ -1383,7 +1385,9 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
         " ids of table ", request.table(), " (", dim, " floats each)")));
   }
   grads.resize(ids.size() * dim);
-  std::memcpy(grads.data(), request.gradients().data(), request.gradients().size());
+  if (!grads.empty()) {
+    std::memcpy(grads.data(), request.gradients().data(), request.gradients().size());
+  }
   // Sync stages the rows for later, so they are checked now; async's apply
   // checks them itself, changing nothing when they are refused.
   if (model->sync) {

@@ -969,3 +969,37 @@ TEST_CASE("sync: the server says which workers the open step waits for", "[ps][s
 
 }  // namespace
 }  // namespace pstrain
+
+namespace pstrain {
+namespace {
+
+TEST_CASE("row requests naming no ids are answered, changing nothing", "[ps][embedding]") {
+  // ps_request_fuzzer found memcpy from an empty request (null) under UBSan.
+  TrainingConfig config = BaseConfig(/*sync=*/false);
+  EmbeddingTableConfig* t = config.add_embedding_tables();
+  t->set_name("t");
+  t->set_dim(2);
+  REQUIRE(ValidateAndFillDefaults(&config, "test").ok());
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(InitRequest(config, 1)).ok());
+  PullRowsRequest pull;
+  pull.set_incarnation(kIncarnation);
+  pull.set_worker(0);
+  pull.set_table("t");
+  PullRowsResponse rows;
+  REQUIRE(ps.PullRows(pull, &rows).ok());
+  CHECK(rows.rows().empty());
+  PushRowsRequest push;
+  push.set_incarnation(kIncarnation);
+  push.set_worker(0);
+  push.set_table("t");
+  PushRowsResponse pushed;
+  CHECK(ps.PushRows(push, &pushed).ok());
+  PsStatusResponse status;
+  ps.GetStatus(&status);
+  REQUIRE(status.tables_size() == 1);
+  CHECK(status.tables(0).rows() == 0);
+}
+
+}  // namespace
+}  // namespace pstrain

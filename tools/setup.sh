@@ -10,6 +10,7 @@ PSTRAIN_PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev libfmt-dev catch2 prometheus-cpp-dev
   libopenblas-dev nlohmann-json3-dev libssl-dev
+  clang libclang-rt-14-dev  # tools/fuzz.sh: libFuzzer, ASan, UBSan
   python3-matplotlib  # pstrain bench draws bench.png with it
 )
 

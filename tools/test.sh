@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's second command: set up, then build and test every target twice,
-# with CUDA (where nvcc exists) and CPU-only. Ends with the line
+# with CUDA (where nvcc exists) and CPU-only, then fuzz (tools/fuzz.sh). Ends with the line
 # "N passed, N failed", counting Catch2 test cases from Bazel's per-test XML.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +37,18 @@ run_config() {  # name, bazel flags...
 run_config default
 run_config cpu_only --config=cpu_only
 
+# The libFuzzer targets, each for PSTRAIN_FUZZ_SECONDS (20; 0 skips them) from
+# its seed corpus: one case each, failed by a crash.
+fuzz_passed=0
+fuzz_failed=0
+if [ "${PSTRAIN_FUZZ_SECONDS:-20}" != 0 ]; then
+  echo "=== fuzzing (tools/fuzz.sh)" >&2
+  fuzz_out=$(bash tools/fuzz.sh 2>&1)
+  echo "$fuzz_out" >&2
+  fuzz_passed=$(grep -c '^fuzz .*: ok' <<< "$fuzz_out")
+  fuzz_failed=$(grep -c '^fuzz .*: FAILED' <<< "$fuzz_out")
+fi
+
 # Count test cases: a <testcase> with a <failure> or <error> inside failed.
 read -r passed failed < <(find "$results" -name test.xml -exec cat {} + | awk '
   /<testcase/ { total++; bad = 0 }
@@ -45,5 +57,7 @@ read -r passed failed < <(find "$results" -name test.xml -exec cat {} + | awk '
 if [ "$overall" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # the build or a test binary failed before reporting a case
 fi
+passed=$((passed + fuzz_passed))
+failed=$((failed + fuzz_failed))
 echo "${passed} passed, ${failed} failed"
 [ "$overall" -eq 0 ] && [ "$failed" -eq 0 ]

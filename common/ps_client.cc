@@ -410,7 +410,7 @@ void PsClient::StartPushCall(int server, const PushRequest& header,
   PushBatch* batch = push_.get();
   PushBatch::Call& call = batch->calls.emplace_back();
   call.server = server;
-  SetDeadline(&call.context, rpc_timeout_);
+  SetDeadline(&call.context, push_timeout_);
   call.request = EncodeFrame(header, std::move(payload));
   {
     absl::MutexLock lock(&batch->mu);
@@ -498,7 +498,7 @@ absl::Status PsClient::PushEnd(std::vector<PushOutcome>* outcomes) {
   {
     absl::MutexLock lock(&batch->mu);
     auto done = [batch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch->mu) { return batch->pending == 0; };
-    if (!batch->mu.AwaitWithTimeout(absl::Condition(&done), rpc_timeout_ + absl::Seconds(5))) {
+    if (!batch->mu.AwaitWithTimeout(absl::Condition(&done), push_timeout_ + absl::Seconds(5))) {
       // gRPC enforces the deadlines; this guards against a stuck library.
       for (PushBatch::Call& call : batch->calls) call.context.TryCancel();
       batch->mu.Await(absl::Condition(&done));
@@ -655,7 +655,7 @@ absl::Status PsClient::PushRows(const std::string& table, int dim, absl::Span<co
     }
   }
   RETURN_IF_ERROR(CallAll(
-      static_cast<int>(servers.size()), rpc_timeout_, /*wait_for_ready=*/false,
+      static_cast<int>(servers.size()), push_timeout_, /*wait_for_ready=*/false,
       [this, &servers, &table](int c) {
         return absl::StrCat("PushRows ", table, " to ", ServerName(servers[c]));
       },

@@ -44,6 +44,11 @@ class PsClient {
   // per server). Async servers count every push call as an update and move
   // between a pull's parts, so async keeps 0.
   void set_chunk_bytes(int64_t bytes) { chunk_bytes_ = bytes; }
+  // The deadline of each Push and PushRows call (default: the rpc timeout). A worker's
+  // push is part of its step and gets the step's: a worker paused (SIGSTOP,
+  // a long GC, swapping) with a push in flight failed with DEADLINE_EXCEEDED
+  // on resuming, though the step timeout had not passed.
+  void set_push_timeout(absl::Duration timeout) { push_timeout_ = timeout; }
   // Sync: the worker's data cursor after the batch it is about to push,
   // carried in every push call (a checkpoint records it).
   void set_data_cursor(int64_t epoch, int64_t position) {
@@ -155,6 +160,7 @@ class PsClient {
   const Placement* const placement_;
   const int worker_;
   const absl::Duration rpc_timeout_;
+  absl::Duration push_timeout_ = rpc_timeout_;
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<PsService::Stub>> stubs_;
   // Pull and Push are raw methods: ByteBuffers in and out.

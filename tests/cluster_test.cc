@@ -751,6 +751,57 @@ TEST_CASE("an empty test split is refused at start instead of reporting accuracy
   CHECK(r.output.find("the test split has no examples") != std::string::npos);
 }
 
+TEST_CASE("a sync worker paused past rpc_timeout_ms but within step_timeout_ms does not fail the run",
+          "[cluster][faults]") {
+  // It failed with "Push to ps:1: Deadline Exceeded" when paused with a push
+  // in flight: pushes had the rpc deadline, not the step's.
+  const std::string dir = testing::FreshTempDir("worker_paused");
+  ConfigOptions o;
+  o.max_steps = 1000000;
+  o.rpc_timeout_ms = 1000;
+  o.step_timeout_ms = 30000;
+  o.output_dir = JoinPath(dir, "out");
+  const std::string spec = testing::WriteClusterSpec(dir, 2, 2);
+  const std::string config =
+      testing::WriteFile(JoinPath(dir, "train.pbtxt"), testing::ConfigText(o));
+  SpawnOptions so;
+  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", spec, "--config", config,
+             "--bin_dir", BinDir()};
+  so.output_file = JoinPath(dir, "launch.out");
+  auto launch = Subprocess::Spawn(so);
+  REQUIRE(launch.ok());
+  auto cluster = ClusterSpec::FromFile(spec);
+  REQUIRE(cluster.ok());
+  ChiefClient chief(cluster->address(kChiefJob, 0), absl::Seconds(1));
+  auto step_at_least = [&](int64_t step) {
+    return RetryWithBackoff("training", absl::Seconds(60), [&]() {
+      ChiefStatusResponse s;
+      absl::Status st = chief.GetStatus(&s);
+      if (!st.ok()) return absl::UnavailableError(st.message());
+      return s.global_step() >= step ? absl::OkStatus() : absl::UnavailableError("not yet");
+    }, absl::Milliseconds(50));
+  };
+  REQUIRE(step_at_least(20).ok());
+  std::vector<int> worker = testing::ProcessesMatching("--job=worker --task=1 --config=" + config);
+  REQUIRE(worker.size() == 1);
+  for (int pause = 0; pause < 5; ++pause) {
+    ::kill(worker[0], SIGSTOP);
+    absl::SleepFor(absl::Milliseconds(2500));  // 2.5x the rpc deadline
+    ::kill(worker[0], SIGCONT);
+    absl::SleepFor(absl::Milliseconds(300 + 150 * pause));
+  }
+  ChiefStatusResponse before;
+  REQUIRE(chief.GetStatus(&before).ok());
+  CHECK(step_at_least(before.global_step() + 20).ok());  // still training, both workers
+  CHECK_FALSE((*launch)->Wait(absl::ZeroDuration()).has_value());
+  (*launch)->Signal(SIGINT);
+  REQUIRE((*launch)->Wait(absl::Seconds(30)).has_value());
+  auto out = Env::Default()->ReadFile(so.output_file);
+  INFO(out.value_or(""));
+  CHECK(out.value_or("").find("Deadline Exceeded") == std::string::npos);
+  CHECK(testing::NoProcessesMatching(spec, absl::Seconds(10)));
+}
+
 TEST_CASE("Ctrl-C at a terminal (SIGINT to the whole process group) leaves nothing behind",
           "[cluster][signals]") {
   const std::string dir = testing::FreshTempDir("sigint_group");

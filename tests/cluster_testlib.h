@@ -47,6 +47,7 @@ struct ConfigOptions {
   int max_malformed_lines = 0;
   int eval_every_steps = 50;
   int step_timeout_ms = 30000;
+  int rpc_timeout_ms = 0;  // 0: the default
   std::string output_dir;
 };
 std::string ConfigText(const ConfigOptions& o);

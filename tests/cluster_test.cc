@@ -852,17 +852,8 @@ TEST_CASE("the ps_server daemon refuses bad pushes over gRPC and keeps serving",
     return method(&ctx);
   };
 
-  ConfigOptions o;
-  o.output_dir = JoinPath(dir, "out");
-  auto config = ParseTrainingConfig(testing::ConfigText(o), "test");
-  REQUIRE(config.ok());
-  InitializeRequest init;
-  init.set_incarnation(42);
-  *init.mutable_config() = *config;
-  init.set_num_workers(2);
-  NamedTensor* v = init.add_variables();
-  v->mutable_ref()->set_variable("w");
-  ToProto({2, 2}, {1, 2, 3, 4}, v->mutable_tensor());
+  InitializeRequest init = testing::TinyModelInit(JoinPath(dir, "out"));
+  REQUIRE(init.has_config());
   InitializeResponse init_resp;
   REQUIRE(call([&](grpc::ClientContext* c) { return stub->Initialize(c, init, &init_resp); }).ok());
 

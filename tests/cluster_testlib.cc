@@ -15,9 +15,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/config.h"
 #include "common/env.h"
 #include "common/local_ports.h"
 #include "common/subprocess.h"
+#include "common/tensor.h"
 #include "tools/datagen.h"
 
 namespace pstrain::testing {
@@ -242,6 +244,20 @@ std::string HttpGet(int port, const std::string& path) {
   }
   ::close(fd);
   return out;
+}
+
+InitializeRequest TinyModelInit(const std::string& output_dir) {
+  ConfigOptions o;
+  o.output_dir = output_dir;
+  absl::StatusOr<TrainingConfig> config = ParseTrainingConfig(ConfigText(o), "test");
+  InitializeRequest init;
+  init.set_incarnation(42);
+  if (config.ok()) *init.mutable_config() = *config;  // else Initialize refuses the empty one
+  init.set_num_workers(2);
+  NamedTensor* v = init.add_variables();
+  v->mutable_ref()->set_variable("w");
+  ToProto({2, 2}, {1, 2, 3, 4}, v->mutable_tensor());
+  return init;
 }
 
 }  // namespace pstrain::testing

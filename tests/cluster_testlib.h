@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "proto/ps_service.pb.h"
 
 namespace pstrain::testing {
 
@@ -85,6 +86,10 @@ absl::StatusOr<std::pair<std::string, double>> CriteoData(const std::string& nam
 // The click-through model over that data: a hashed table "features" of
 // width 16, MLP 64, Adam, sync.
 ConfigOptions ClickThroughOptions(const std::string& data_dir);
+
+// Initializes a server with one 2x2 variable "w" = {1, 2, 3, 4}, for
+// incarnation 42 and 2 workers, sync, writing under `output_dir`.
+InitializeRequest TinyModelInit(const std::string& output_dir);
 
 // GET http://127.0.0.1:port/path: the whole response, "" when it failed.
 std::string HttpGet(int port, const std::string& path);

@@ -121,17 +121,8 @@ TEST_CASE("with a cluster secret only the right task in the right role changes a
   };
   CHECK(shutdown("worker:0", w0) == grpc::StatusCode::PERMISSION_DENIED);
   CHECK(shutdown("", "") == grpc::StatusCode::UNAUTHENTICATED);
-  ConfigOptions o;
-  o.output_dir = JoinPath(dir, "out");
-  auto config = ParseTrainingConfig(testing::ConfigText(o), "test");
-  REQUIRE(config.ok());
-  InitializeRequest init;
-  init.set_incarnation(42);
-  *init.mutable_config() = *config;
-  init.set_num_workers(2);
-  NamedTensor* v = init.add_variables();
-  v->mutable_ref()->set_variable("w");
-  ToProto({2, 2}, {1, 2, 3, 4}, v->mutable_tensor());
+  InitializeRequest init = testing::TinyModelInit(JoinPath(dir, "out"));
+  REQUIRE(init.has_config());
   InitializeResponse init_resp;
   auto initialize = [&](const std::string& id, const std::string& token) {
     return call(id, token,

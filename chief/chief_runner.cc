@@ -22,7 +22,6 @@
 #include "common/metrics.h"
 #include "common/placement.h"
 #include "common/ps_client.h"
-#include "common/sizing.h"
 #include "common/status_macros.h"
 #include "common/tensor_file.h"
 #include "nlohmann/json.hpp"
@@ -315,17 +314,9 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     }
     (void)env->DeleteFile(probe);
   }
+  RETURN_IF_ERROR(CheckConfiguredModelFits(config, cluster.num_ps(), "the chief"));
   // The chief evaluates on the CPU: it is one process beside the workers,
   // and its numbers should not depend on which device a run had.
-  {
-    // Sized before anything is allocated for it.
-    ASSIGN_OR_RETURN(std::vector<VariableSpec> specs, ModelVariables(config.model()));
-    ASSIGN_OR_RETURN(Placement planned,
-                     Placement::Compute(specs, cluster.num_ps(),
-                                        config.placement().partition_min_bytes(),
-                                        config.placement().partition_max_bytes()));
-    RETURN_IF_ERROR(CheckModelFits(specs, planned, "the chief"));
-  }
   std::unique_ptr<Backend> cpu = NewCpuBackend(config.compute_threads());
   ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config.model(), cpu.get()));
   LOG_INFO("model: {}", model->Summary());

@@ -12,7 +12,6 @@
 #include "common/logging.h"
 #include "common/placement.h"
 #include "common/ps_client.h"
-#include "common/sizing.h"
 #include "common/status_macros.h"
 #include "worker/data/loader.h"
 #include "worker/data/partition.h"
@@ -46,15 +45,8 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   const absl::Duration step_timeout = absl::Milliseconds(config.rpc().step_timeout_ms());
   const bool sync = IsSyncMode(config);
 
-  {
-    // Sized before anything is allocated for it.
-    ASSIGN_OR_RETURN(std::vector<VariableSpec> specs, ModelVariables(config.model()));
-    ASSIGN_OR_RETURN(Placement planned,
-                     Placement::Compute(specs, cluster.num_ps(),
-                                        config.placement().partition_min_bytes(),
-                                        config.placement().partition_max_bytes()));
-    RETURN_IF_ERROR(CheckModelFits(specs, planned, absl::StrCat("worker:", options.worker)));
-  }
+  RETURN_IF_ERROR(
+      CheckConfiguredModelFits(config, cluster.num_ps(), absl::StrCat("worker:", options.worker)));
   ASSIGN_OR_RETURN(DeviceSpec device_spec,
                    ParseDeviceSpec(options.device.empty() ? config.device() : options.device));
   ASSIGN_OR_RETURN(OpenedDevice device, OpenDevice(device_spec, config.compute_threads()));

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/sizing.h"
 #include "common/status_macros.h"
 #include "worker/model/cpu_ops.h"
 
@@ -69,6 +70,15 @@ absl::StatusOr<Built> BuildLayers(const ModelConfig& config) {
 }
 
 }  // namespace
+
+absl::Status CheckConfiguredModelFits(const TrainingConfig& config, int num_ps,
+                                      const std::string& process) {
+  ASSIGN_OR_RETURN(std::vector<VariableSpec> specs, ModelVariables(config.model()));
+  ASSIGN_OR_RETURN(Placement placement,
+                   Placement::Compute(specs, num_ps, config.placement().partition_min_bytes(),
+                                      config.placement().partition_max_bytes()));
+  return CheckModelFits(specs, placement, process);
+}
 
 absl::StatusOr<std::vector<VariableSpec>> ModelVariables(const ModelConfig& config) {
   ASSIGN_OR_RETURN(Built b, BuildLayers(config));

@@ -47,6 +47,12 @@ struct EvalResult {
 // The variables of a model config, without building it (for placement).
 absl::StatusOr<std::vector<VariableSpec>> ModelVariables(const ModelConfig& config);
 
+// The model of `config`, placed on `num_ps` servers, against the message cap
+// and this machine's memory (common/sizing.h), before anything is allocated
+// for it; `process` ("the chief", "worker:1") names who would hold it.
+absl::Status CheckConfiguredModelFits(const TrainingConfig& config, int num_ps,
+                                      const std::string& process);
+
 class Model {
  public:
   // `backend` must outlive the model.

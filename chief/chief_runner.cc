@@ -548,15 +548,20 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     }
     // Workers' reports only wake this loop; the step acted on is what the
     // servers confirm (a forged report cannot end the run or trigger a save).
+    // The servers' slowest version caps it, as workers report the slowest
+    // they pulled; without every server's answer nothing is confirmed.
     chief->WaitForStep(std::min(next_eval, next_sync_cut()), absl::Seconds(1));
-    int64_t servers_version = 0;
+    int64_t servers_version = std::numeric_limits<int64_t>::max();
     for (int s = 0; s < ps.num_servers(); ++s) {
       PsStatusResponse status;
-      if (ps.GetStatus(s, &status).ok()) {
-        servers_version = std::max(servers_version, status.version());
-      }
+      servers_version = ps.GetStatus(s, &status).ok()
+                            ? std::min(servers_version, status.version())
+                            : std::numeric_limits<int64_t>::min();
     }
     const int64_t step = chief->ConfirmStep(servers_version);
+    if (step >= max_steps || chief->AllWorkersDone()) {
+      chief->SetState("finishing");  // before the last commit: tasks may leave from here on
+    }
     if (absl::Now() - chief->last_progress() > step_timeout + rpc_timeout) {
       chief->RequestStop();
       chief->SetState("failed");
@@ -586,7 +591,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   }
 
   chief->RequestStop();
-  chief->SetState("finishing");  // from here on, tasks may leave (pstrain launch reads it)
+  chief->SetState("finishing");  // also when the loop ended otherwise
   if (!chief->WaitForWorkersDone(step_timeout)) {
     LOG_WARN("not every worker reported done within {}", absl::FormatDuration(step_timeout));
   }

@@ -28,9 +28,6 @@ ABSL_FLAG(std::string, job, "chief", "job name; must be chief");
 ABSL_FLAG(int, task, 0, "task index within the chief job (always 0)");
 ABSL_FLAG(std::string, config, "", "training config (text-format TrainingConfig)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
-ABSL_FLAG(std::string, bind, "",
-          "listen on this host at the task's port instead of the task's own address (e.g. "
-          "0.0.0.0 in a container)");
 ABSL_FLAG(bool, resume, false,
           "start from the latest complete checkpoint in the config's checkpoint.dir (values, "
           "optimizer slots, step, data cursors); from the seed when there is none");

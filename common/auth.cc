@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "openssl/crypto.h"
 #include "openssl/evp.h"
@@ -75,14 +76,39 @@ absl::Status CreateSecretFile(const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status WritePrivateFile(const std::string& path, const std::string& content) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
+  }
+  // An existing temp file keeps its mode through O_CREAT: make it private.
+  const bool ok =
+      ::fchmod(fd, 0600) == 0 &&
+      ::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size()) &&
+      ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return absl::DataLossError(absl::StrCat("cannot write ", path));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
   }
   struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", std::strerror(err)));
+  }
   std::string text;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= 4096) {
+  if (S_ISREG(st.st_mode) && st.st_size <= 4096) {
     text.resize(st.st_size);
     if (::read(fd, text.data(), text.size()) != st.st_size) text.clear();
   }
@@ -121,9 +147,18 @@ Authorizer::Authorizer(const std::string& secret, const ClusterSpec& cluster) {
   tokens_[op.name] = {DeriveToken(secret, op.name), op};
 }
 
+bool Authorizer::ShouldLog(std::atomic<int64_t>* last_ms) {
+  // At most one line a second of each kind: anyone who reaches the port
+  // can make calls.
+  const int64_t now = absl::ToUnixMillis(absl::Now());
+  int64_t last = last_ms->load(std::memory_order_relaxed);
+  return now - last >= 1000 &&
+         last_ms->compare_exchange_strong(last, now, std::memory_order_relaxed);
+}
+
 absl::Status Authorizer::Deny(const std::string& message) {
   denied_.fetch_add(1, std::memory_order_relaxed);
-  LOG_WARN("{}", message);
+  if (ShouldLog(&last_denied_log_ms_)) LOG_WARN("{} ({} calls denied in all)", message, denied());
   return absl::PermissionDeniedError(message);
 }
 
@@ -138,10 +173,13 @@ absl::StatusOr<Caller> Authorizer::Check(absl::string_view identity,
   if (it == tokens_.end() || !bearer || authorization.size() != expected.size() ||
       CRYPTO_memcmp(authorization.data(), expected.data(), expected.size()) != 0) {
     unauthenticated_.fetch_add(1, std::memory_order_relaxed);
-    const std::string who = absl::CHexEscape(identity.substr(0, 64));
-    LOG_WARN("{} refused: {}", method,
-             it == tokens_.end() ? absl::StrCat("unknown identity \"", who, "\"")
-                                 : absl::StrCat("wrong or missing token for ", who));
+    if (ShouldLog(&last_unauthenticated_log_ms_)) {
+      const std::string who = absl::CHexEscape(identity.substr(0, 64));
+      LOG_WARN("{} refused: {} ({} unauthenticated calls in all)", method,
+               it == tokens_.end() ? absl::StrCat("unknown identity \"", who, "\"")
+                                   : absl::StrCat("wrong or missing token for ", who),
+               unauthenticated());
+    }
     return absl::UnauthenticatedError(absl::StrCat(
         method, ": unauthenticated (", it == tokens_.end() ? "unknown identity" : "bad token",
         "); this cluster needs the token of a task or of the operator (pstrain tokens)"));
@@ -180,7 +218,8 @@ absl::Status Authorizer::CheckWorkerField(const Caller& caller, int worker,
 
 absl::StatusOr<AuthSetup> ResolveAuth(const ClusterSpec& cluster, const std::string& identity,
                                       bool serves, const std::string& secret_file,
-                                      const std::string& token_file, bool insecure) {
+                                      const std::string& token_file, bool insecure,
+                                      const std::string& bind_host) {
   AuthSetup setup;
   const std::string secret_path = !secret_file.empty() ? secret_file : cluster.auth_secret_file();
   if (!secret_path.empty() && (token_file.empty() || serves)) {
@@ -204,10 +243,13 @@ absl::StatusOr<AuthSetup> ResolveAuth(const ClusterSpec& cluster, const std::str
                           absl::StrCat("--auth_token_file: ", token.status().message()));
     }
     setup.own_token = *token;
-  } else if (!cluster.AllLoopback() && !insecure && !cluster.insecure()) {
+  } else if (!insecure && !cluster.insecure() &&
+             (!cluster.AllLoopback() || (!bind_host.empty() && !IsLoopbackHost(bind_host)))) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cluster spec ", cluster.source(),
-        " names hosts other than loopback and no authentication is set up: anyone who can "
+        cluster.AllLoopback() ? absl::StrCat(" with --bind=", bind_host, " listens beyond loopback")
+                              : std::string(" names hosts other than loopback"),
+        " and no authentication is set up: anyone who can "
         "reach a port could read, change or stop the model. Write a secret with 'pstrain "
         "tokens --cluster_spec=SPEC --out=DIR' and name it in the spec (\"pstrain\": {\"auth\": "
         "{\"secret_file\": \"DIR/cluster.secret\"}}), or pass --insecure on a trusted network"));

@@ -39,6 +39,9 @@ std::string DeriveToken(absl::string_view secret, absl::string_view identity);
 // A new random secret (32 bytes, as 64 hex digits) at `path`, created with
 // mode 0600; fails if the file exists.
 absl::Status CreateSecretFile(const std::string& path);
+// Writes `content` to `path` (a temp file of mode 0600, then renamed):
+// never readable by others, even for a moment.
+absl::Status WritePrivateFile(const std::string& path, const std::string& content);
 // A secret or token file's content, whitespace trimmed. Refused when it is
 // shorter than 32 characters or readable by group or others (chmod 600).
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
@@ -62,7 +65,8 @@ class Authorizer {
 
   // The caller of `ctx`, when its token is right (else UNAUTHENTICATED) and
   // its role is one of `allowed` (else PERMISSION_DENIED). Both refusals
-  // are counted and name `method`. With authentication off: Role::kAnyone.
+  // are counted and name `method` (logged at most once a second). With
+  // authentication off: Role::kAnyone.
   absl::StatusOr<Caller> Check(const grpc::ServerContextBase& ctx,
                                std::initializer_list<Role> allowed, absl::string_view method);
   absl::StatusOr<Caller> Check(absl::string_view identity, absl::string_view authorization,
@@ -77,10 +81,13 @@ class Authorizer {
 
  private:
   absl::Status Deny(const std::string& message);
+  bool ShouldLog(std::atomic<int64_t>* last_ms);
 
   std::map<std::string, std::pair<std::string, Caller>, std::less<>> tokens_;  // identity ->
   std::atomic<int64_t> unauthenticated_{0};
   std::atomic<int64_t> denied_{0};
+  std::atomic<int64_t> last_unauthenticated_log_ms_{0};
+  std::atomic<int64_t> last_denied_log_ms_{0};
 };
 
 // What a daemon authenticates with, from the flags (which win) and the
@@ -93,10 +100,12 @@ struct AuthSetup {
 // Resolves a task's credentials: the secret from `secret_file` (else the
 // spec's), or only its own token from `token_file`. A task that serves RPCs
 // (`serves`) needs the secret. With neither, a spec naming a non-loopback
-// host is refused unless `insecure` (or the spec's "insecure": true).
+// host, or a `bind_host` (--bind) that is not loopback, is refused unless
+// `insecure` (or the spec's "insecure": true).
 absl::StatusOr<AuthSetup> ResolveAuth(const ClusterSpec& cluster, const std::string& identity,
                                       bool serves, const std::string& secret_file,
-                                      const std::string& token_file, bool insecure);
+                                      const std::string& token_file, bool insecure,
+                                      const std::string& bind_host = "");
 
 }  // namespace pstrain
 

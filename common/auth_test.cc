@@ -117,6 +117,13 @@ TEST_CASE("a spec beyond loopback needs a secret or --insecure", "[auth]") {
   REQUIRE(insecure.ok());
   CHECK(insecure->own_token.empty());
   CHECK(ResolveAuth(TwoWorkers(), "ps:0", true, "", "", false).ok());  // loopback
+  // Loopback in the spec, but listening on every interface.
+  absl::StatusOr<AuthSetup> bound =
+      ResolveAuth(TwoWorkers(), "ps:0", true, "", "", false, "0.0.0.0");
+  CHECK(absl::IsFailedPrecondition(bound.status()));
+  CHECK(std::string(bound.status().message()).find("--bind=0.0.0.0") != std::string::npos);
+  CHECK(ResolveAuth(TwoWorkers(), "ps:0", true, "", "", true, "0.0.0.0").ok());
+  CHECK(ResolveAuth(TwoWorkers(), "ps:0", true, "", "", false, "127.0.0.1").ok());
 
   const std::string path = TempPath("resolve-secret");
   ::unlink(path.c_str());

@@ -12,6 +12,9 @@ ABSL_FLAG(std::string, auth_secret_file, "",
           "\"pstrain\": {\"auth\": {\"secret_file\": ...}}");
 ABSL_FLAG(std::string, auth_token_file, "",
           "this task's own token instead of the secret (workers, which serve no RPCs)");
+ABSL_FLAG(std::string, bind, "",
+          "ps and chief: listen on this host at the task's port instead of the task's own "
+          "address (e.g. 0.0.0.0 in a container)");
 ABSL_FLAG(bool, insecure, false,
           "allow a cluster spec with non-loopback hosts to run without authentication");
 
@@ -35,7 +38,8 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
                    ResolveAuth(setup.task.cluster, setup.task.task.ToString(),
                                /*serves=*/expected_job != kWorkerJob,
                                absl::GetFlag(FLAGS_auth_secret_file),
-                               absl::GetFlag(FLAGS_auth_token_file), absl::GetFlag(FLAGS_insecure)));
+                               absl::GetFlag(FLAGS_auth_token_file), absl::GetFlag(FLAGS_insecure),
+                               absl::GetFlag(FLAGS_bind)));
   SetCallCredentials(setup.task.task.ToString(), setup.auth.own_token);
   InitLogging(setup.task.task.ToString(), absl::GetFlag(FLAGS_log_level));
   if (!setup.auth.own_token.empty()) {

@@ -7,7 +7,8 @@
 // that role's defaults and help text (flags are defined in main.cc only);
 // SetUpDaemon reads them. Any binary linking this library must define all five.
 // The authentication flags (--auth_secret_file, --auth_token_file,
-// --insecure) are the same for every role and are defined in daemon.cc.
+// --insecure) and --bind are the same for every role and are defined in
+// daemon.cc.
 #ifndef PSTRAIN_COMMON_DAEMON_H_
 #define PSTRAIN_COMMON_DAEMON_H_
 
@@ -25,6 +26,7 @@ ABSL_DECLARE_FLAG(std::string, job);
 ABSL_DECLARE_FLAG(int, task);
 ABSL_DECLARE_FLAG(std::string, config);
 ABSL_DECLARE_FLAG(std::string, log_level);
+ABSL_DECLARE_FLAG(std::string, bind);
 
 namespace pstrain {
 

@@ -28,9 +28,6 @@ ABSL_FLAG(std::string, job, "ps", "job name; must be ps");
 ABSL_FLAG(int, task, 0, "task index within the ps job");
 ABSL_FLAG(std::string, config, "", "training config (accepted for uniformity; the chief sends it)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
-ABSL_FLAG(std::string, bind, "",
-          "listen on this host at the task's port instead of the task's own address (e.g. "
-          "0.0.0.0 in a container)");
 ABSL_FLAG(int, chief_timeout_s, 60,
           "exit (code 1) when the chief, once reached, has been unreachable this long; 0: never");
 ABSL_FLAG(std::string, metrics_address, "",

@@ -31,11 +31,12 @@ fi
 bin=$(bazel --output_base="$base" info --config=fuzz --symlink_prefix=/ bazel-bin 2>/dev/null)
 failures=0
 for t in "${targets[@]}"; do
-  work=$(mktemp -d)
+  work=$(mktemp -d)  # the corpus, which libFuzzer grows
+  scratch=$(mktemp -d)  # files a target writes (checkpoint_fuzzer), outside the corpus
   cp -r "tests/fuzz/corpus/$t/." "$work/"
   log="$artifacts/$t.log"
   # Leaks are not this target's concern (static servers live to exit).
-  ASAN_OPTIONS=detect_leaks=0 TMPDIR="$work" "$bin/tests/fuzz/$t" -max_total_time="$seconds" \
+  ASAN_OPTIONS=detect_leaks=0 TMPDIR="$scratch" "$bin/tests/fuzz/$t" -max_total_time="$seconds" \
     -timeout=10 -rss_limit_mb=4096 -print_final_stats=1 -artifact_prefix="$artifacts/$t-" \
     "$work" > "$log" 2>&1
   rc=$?
@@ -48,6 +49,6 @@ for t in "${targets[@]}"; do
     tail -n 30 "$log"
     failures=$((failures + 1))
   fi
-  rm -rf "$work"
+  rm -rf "$work" "$scratch"
 done
 exit "$failures"

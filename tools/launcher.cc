@@ -9,7 +9,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -236,13 +238,15 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
       if (t->id.job == kChiefJob && *code == 0) {
         chief_finished = true;
         chief_finished_at = absl::Now();
-      } else if (*code == 0 && !chief_finished) {
-        // Leaving with code 0 is right only once the chief ends the run:
-        // it has a few seconds to say so (its step lags the servers').
+      } else if (*code == 0 && t->id.job == kPsJob && !chief_finished) {
+        // A server leaves with code 0 only when the chief, ending the run,
+        // tells it to: it has a few seconds to say so. (Workers leave with
+        // 0 when the servers reach max_steps, possibly while the chief is
+        // still writing a checkpoint: that is a normal end.)
         early_exits.push_back({t.get(), absl::Now() + absl::Seconds(5)});
       }
     }
-    // A task that left while the chief still trains fails the run.
+    // A server that left while the chief still trains fails the run.
     if (!early_exits.empty() && failure.empty()) {
       ChiefStatusResponse s;
       // Also a chief that failed or was stopped: its own exit tells why.
@@ -386,8 +390,15 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
   // One launch per output_dir: a second would overwrite the first's logs,
   // checkpoints and model. The lock goes with this process, however it ends.
   const std::string lock_path = JoinPath(config->output_dir(), ".pstrain-launch.lock");
-  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (lock_fd < 0 || ::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+  const int lock_fd = Env::Default()->CreateDirs(config->output_dir()).ok()
+                          ? ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)
+                          : -1;
+  if (lock_fd < 0) {
+    std::cerr << "pstrain launch: cannot create " << lock_path << ": " << std::strerror(errno)
+              << "\n";
+    return 2;
+  }
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
     std::string holder = Env::Default()->ReadFile(lock_path).value_or("");
     while (!holder.empty() && holder.back() == '\n') holder.pop_back();
     std::cerr << "pstrain launch: output_dir " << config->output_dir()

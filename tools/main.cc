@@ -250,10 +250,14 @@ int TokensCommand(const std::vector<std::string>& argv) {
   if (!cluster.ok()) return Fail("tokens", std::string(cluster.status().message()));
   const std::string out = args->Get("out");
   if (out.empty()) return Fail("tokens", "--out=DIR is required");
-  if (absl::Status st = Env::Default()->CreateDirs(out); !st.ok()) {
-    return Fail("tokens", std::string(st.message()));
+  // A directory this creates is private; one that exists is left as it is
+  // (the files in it are private either way).
+  if (!Env::Default()->IsDirectory(out)) {
+    if (absl::Status st = Env::Default()->CreateDirs(out); !st.ok()) {
+      return Fail("tokens", std::string(st.message()));
+    }
+    if (::chmod(out.c_str(), 0700) != 0) return Fail("tokens", "cannot chmod 700 " + out);
   }
-  ::chmod(out.c_str(), 0700);
   const std::string secret_path = JoinPath(out, "cluster.secret");
   if (!Env::Default()->FileExists(secret_path)) {
     if (absl::Status st = CreateSecretFile(secret_path); !st.ok()) {
@@ -270,12 +274,9 @@ int TokensCommand(const std::vector<std::string>& argv) {
     std::string file = id;
     std::replace(file.begin(), file.end(), ':', '-');
     const std::string path = JoinPath(out, file + ".token");
-    if (absl::Status st = WriteFileAtomically(Env::Default(), path,
-                                              DeriveToken(*secret, id) + "\n");
-        !st.ok()) {
+    if (absl::Status st = WritePrivateFile(path, DeriveToken(*secret, id) + "\n"); !st.ok()) {
       return Fail("tokens", std::string(st.message()));
     }
-    ::chmod(path.c_str(), 0600);
   }
   std::cout << "wrote " << identities.size() << " tokens in " << out
             << "\nparameter servers and the chief need the secret; a worker needs only its "

@@ -21,6 +21,7 @@ int64_t PhysicalMemoryBytes() {
 std::string FormatBytes(int64_t bytes) {
   if (bytes >= (int64_t{1} << 30)) return absl::StrFormat("%.1f GiB", bytes / double(1 << 30));
   if (bytes >= (int64_t{1} << 20)) return absl::StrFormat("%.1f MiB", bytes / double(1 << 20));
+  if (bytes >= (int64_t{1} << 10)) return absl::StrFormat("%.1f KiB", bytes / double(1 << 10));
   return absl::StrCat(bytes, " B");
 }
 

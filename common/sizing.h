@@ -18,7 +18,7 @@ namespace pstrain {
 // The machine's physical memory (MemTotal), in bytes.
 int64_t PhysicalMemoryBytes();
 
-// "1.5 GiB", "12.0 MiB", "512 B".
+// "1.5 GiB", "12.0 MiB", "3.5 KiB", "512 B".
 std::string FormatBytes(int64_t bytes);
 
 // `what` needs `bytes` of memory: refused when that is more than `limit`

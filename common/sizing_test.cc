@@ -39,6 +39,7 @@ TEST_CASE("a process's memory is checked against the machine's", "[sizing]") {
                                       {"c", {int64_t{1} << 62}}};
   CHECK(ModelProcessBytes(absurd) > (int64_t{1} << 50));
   CHECK(FormatBytes(512) == "512 B");
+  CHECK(FormatBytes(205824) == "201.0 KiB");
 }
 
 }  // namespace

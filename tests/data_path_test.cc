@@ -232,6 +232,12 @@ TEST_CASE("a share of several partitions is installed in parts and trains", "[da
 }
 
 TEST_CASE("steady state: a server takes almost no page faults per step", "[data_path]") {
+#ifdef __SANITIZE_ADDRESS__
+  // ASan's allocator quarantines freed memory and hands out fresh pages: the
+  // property is the real allocator's (common/allocator.h), not measurable here.
+  WARN("SKIPPED under AddressSanitizer: page faults measure the real allocator");
+  return;
+#endif
   Servers s(1, "faults");
   auto w0 = s.Worker(0), w1 = s.Worker(1);
   Buffers b0(s.vars, 1e-3f), b1(s.vars, 2e-3f);

@@ -24,7 +24,8 @@ class ChiefCollector : public prometheus::Collectable {
     auto one = [&out](const char* name, const char* help, MetricType type, double value) {
       AddSingle(&out, name, help, type, value);
     };
-    one("pstrain_chief_global_step", "The global step the workers reported.", MetricType::Gauge,
+    one("pstrain_chief_global_step",
+        "The global step: what the workers reported, as far as the servers confirm it.", MetricType::Gauge,
         static_cast<double>(s.global_step()));
     one("pstrain_chief_max_steps", "The step training ends at.", MetricType::Gauge,
         static_cast<double>(s.max_steps()));

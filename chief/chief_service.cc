@@ -38,9 +38,7 @@ grpc::Status ChiefServiceImpl::ReportProgress(grpc::ServerContext* ctx, const Pr
 
 grpc::Status ChiefServiceImpl::GetStatus(grpc::ServerContext* ctx, const ChiefStatusRequest* req,
                                          ChiefStatusResponse* resp) {
-  if (auto caller = auth_->Check(*ctx, {Role::kChief, Role::kWorker, Role::kPs, Role::kOperator},
-                                 "GetStatus");
-      !caller.ok()) {
+  if (auto caller = auth_->CheckAuthenticated(*ctx, "GetStatus"); !caller.ok()) {
     return ToGrpcStatus(caller.status());
   }
   chief_->GetStatus(resp);

@@ -35,13 +35,19 @@ TEST_CASE("registration refuses a different config or an unknown worker", "[chie
   CHECK(absl::IsInvalidArgument(chief.RegisterWorker(req, &resp)));
 }
 
+// A report of incarnation 9, the one the cases' chiefs run.
+ProgressReport Report(int worker, int64_t global_step) {
+  ProgressReport r;
+  r.set_incarnation(9);
+  r.set_worker(worker);
+  r.set_global_step(global_step);
+  return r;
+}
+
 TEST_CASE("progress moves the global step; workers are stopped at max_steps", "[chief]") {
   Chief chief(2, 100, 9, 5, 0);
   chief.MarkInitialized();
-  ProgressReport r;
-  r.set_incarnation(9);
-  r.set_worker(0);
-  r.set_global_step(50);
+  ProgressReport r = Report(0, 50);
   r.set_local_steps(50);
   r.set_loss(0.5f);
   r.set_examples(1600);
@@ -66,10 +72,7 @@ TEST_CASE("progress moves the global step; workers are stopped at max_steps", "[
 TEST_CASE("a forged step cannot end the run or spin the driver", "[chief]") {
   Chief chief(2, 100, 9, 5, 0);
   chief.MarkInitialized();
-  ProgressReport r;
-  r.set_incarnation(9);
-  r.set_worker(1);
-  r.set_global_step(1000000);
+  const ProgressReport r = Report(1, 1000000);
   ProgressResponse resp;
   REQUIRE(chief.ReportProgress(r, &resp).ok());
   CHECK_FALSE(resp.stop());
@@ -89,9 +92,7 @@ TEST_CASE("all workers done ends the wait", "[chief]") {
   chief.MarkInitialized();
   CHECK_FALSE(chief.WaitForWorkersDone(absl::Milliseconds(5)));
   for (int w = 0; w < 2; ++w) {
-    ProgressReport r;
-    r.set_incarnation(9);
-    r.set_worker(w);
+    ProgressReport r = Report(w, 0);
     r.set_done(true);
     ProgressResponse resp;
     REQUIRE(chief.ReportProgress(r, &resp).ok());

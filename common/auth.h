@@ -72,6 +72,12 @@ class Authorizer {
   absl::StatusOr<Caller> Check(absl::string_view identity, absl::string_view authorization,
                                std::initializer_list<Role> allowed, absl::string_view method);
 
+  // Any task or the operator (reads such as GetStatus).
+  absl::StatusOr<Caller> CheckAuthenticated(const grpc::ServerContextBase& ctx,
+                                            absl::string_view method) {
+    return Check(ctx, {Role::kChief, Role::kPs, Role::kWorker, Role::kOperator}, method);
+  }
+
   // A request's `worker` field must name the calling worker itself (the
   // chief's calls carry -1). Counted as denied otherwise.
   absl::Status CheckWorkerField(const Caller& caller, int worker, absl::string_view method);

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <fstream>
@@ -247,6 +248,12 @@ bool IsLoopbackHost(const std::string& host) {
   if (host == "localhost" || host == "::1") return true;
   in_addr a;
   return ::inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
+}
+
+bool IsThisMachine(const std::string& host) {
+  if (IsLoopbackHost(host) || host == "0.0.0.0") return true;
+  char name[256] = {0};
+  return ::gethostname(name, sizeof(name) - 1) == 0 && host == name;
 }
 
 bool ClusterSpec::AllLoopback() const {

@@ -38,6 +38,9 @@ absl::Status ValidateHost(const std::string& host);
 
 // localhost, 127.0.0.0/8 or ::1.
 bool IsLoopbackHost(const std::string& host);
+// A loopback host, 0.0.0.0, or this machine's host name: where `pstrain
+// launch` starts a task itself.
+bool IsThisMachine(const std::string& host);
 
 // "host:port", with brackets around an IPv6 host.
 std::string HostPortString(const std::string& host, int port);

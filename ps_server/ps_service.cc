@@ -193,9 +193,7 @@ grpc::Status PsServiceImpl::PushRows(grpc::ServerContext* ctx, const PushRowsReq
 
 grpc::Status PsServiceImpl::GetStatus(grpc::ServerContext* ctx, const PsStatusRequest* req,
                                       PsStatusResponse* resp) {
-  if (auto caller = auth_->Check(*ctx, {Role::kChief, Role::kWorker, Role::kPs, Role::kOperator},
-                                 "GetStatus");
-      !caller.ok()) {
+  if (auto caller = auth_->CheckAuthenticated(*ctx, "GetStatus"); !caller.ok()) {
     return ToGrpcStatus(caller.status());
   }
   ps_->GetStatus(resp);

@@ -42,12 +42,6 @@ struct Task {
   int exit_code = 0;
 };
 
-bool IsLocalHost(const std::string& host) {
-  if (host == "localhost" || host == "127.0.0.1" || host == "::1" || host == "0.0.0.0") return true;
-  char name[256] = {0};
-  return ::gethostname(name, sizeof(name) - 1) == 0 && host == name;
-}
-
 std::string SelfDir() {
   char buf[4096];
   ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -141,7 +135,7 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
   for (const TaskId& id : cluster.AllTasks()) {
     const std::string& address = cluster.address(id.job, id.index);
     auto hp = ParseHostPort(address);
-    if (!hp.ok() || !IsLocalHost(hp->host)) {
+    if (!hp.ok() || !IsThisMachine(hp->host)) {
       std::cerr << "pstrain launch: " << id.ToString() << " is on " << address
                 << ", not this machine; start it there\n";
       continue;

@@ -63,38 +63,50 @@ bool WantsHelp(const std::vector<std::string>& argv) {
   return false;
 }
 
-// The model against the message cap and this machine's memory: each
-// process's own need, and all the spec's loopback tasks together (those
-// `pstrain launch` starts here). `out`, when set, gets the figures.
-absl::Status CheckPlanFits(const ClusterSpec& cluster, const TrainingConfig& config,
-                           std::ostream* out) {
-  ASSIGN_OR_RETURN(std::vector<VariableSpec> variables, ModelVariables(config.model()));
-  ASSIGN_OR_RETURN(Placement placement,
-                   Placement::Compute(variables, cluster.num_ps(),
+// What `pstrain plan` prints and `pstrain launch` checks: the model's
+// variables, their placement on the spec's servers, the servers' optimizer.
+struct ModelPlan {
+  std::vector<VariableSpec> variables;
+  Placement placement;
+  std::unique_ptr<Optimizer> optimizer;
+};
+
+absl::StatusOr<ModelPlan> PlanModel(const ClusterSpec& cluster, const TrainingConfig& config) {
+  ModelPlan plan;
+  ASSIGN_OR_RETURN(plan.variables, ModelVariables(config.model()));
+  ASSIGN_OR_RETURN(plan.placement,
+                   Placement::Compute(plan.variables, cluster.num_ps(),
                                       config.placement().partition_min_bytes(),
                                       config.placement().partition_max_bytes()));
-  RETURN_IF_ERROR(CheckSharesFitMessages(variables, placement, kMaxMessageBytes));
-  ASSIGN_OR_RETURN(std::unique_ptr<Optimizer> optimizer, CreateOptimizer(config.optimizer()));
-  const int64_t copies = 1 + static_cast<int64_t>(optimizer->slot_names().size());
+  ASSIGN_OR_RETURN(plan.optimizer, CreateOptimizer(config.optimizer()));
+  return plan;
+}
+
+// The plan against the message cap and this machine's memory: each
+// process's own need, and the tasks `pstrain launch` would start here
+// together. `out`, when set, gets the figures.
+absl::Status CheckPlanFits(const ClusterSpec& cluster, const ModelPlan& plan, std::ostream* out) {
+  RETURN_IF_ERROR(CheckSharesFitMessages(plan.variables, plan.placement, kMaxMessageBytes));
+  const int64_t copies = 1 + static_cast<int64_t>(plan.optimizer->slot_names().size());
   const int64_t machine = PhysicalMemoryBytes();
-  const int64_t model_process = ModelProcessBytes(variables);
+  const int64_t model_process = ModelProcessBytes(plan.variables);
   int64_t local = 0;
   std::vector<std::string> per_ps;
   for (const TaskId& t : cluster.AllTasks()) {
-    const int64_t need = t.job == kPsJob ? placement.server_bytes()[t.index] * copies
+    const int64_t need = t.job == kPsJob ? plan.placement.server_bytes()[t.index] * copies
                                          : model_process;
     RETURN_IF_ERROR(CheckMemory(t.ToString(), need, machine));
     if (t.job == kPsJob) per_ps.push_back(absl::StrCat(t.ToString(), " ", FormatBytes(need)));
     auto hp = ParseHostPort(cluster.address(t.job, t.index));
-    if (hp.ok() && IsLoopbackHost(hp->host)) local += need;
+    if (hp.ok() && IsThisMachine(hp->host)) local += need;
   }
   if (out != nullptr) {
     *out << "memory, at least: " << absl::StrJoin(per_ps, ", ") << " (values and slots), chief "
          << FormatBytes(model_process) << ", each worker " << FormatBytes(model_process)
-         << "; the loopback tasks together " << FormatBytes(local) << " of this machine's "
+         << "; the tasks on this machine together " << FormatBytes(local) << " of its "
          << FormatBytes(machine) << "\n";
   }
-  return CheckMemory("the spec's loopback tasks together", local, machine);
+  return CheckMemory("the spec's tasks on this machine together", local, machine);
 }
 
 int LaunchCommand(const std::vector<std::string>& argv) {
@@ -149,9 +161,9 @@ int LaunchCommand(const std::vector<std::string>& argv) {
     auto cluster = ClusterSpec::FromFile(o.cluster_spec);
     auto config = LoadTrainingConfig(o.config);
     if (cluster.ok() && config.ok()) {
-      if (absl::Status st = CheckPlanFits(*cluster, *config, nullptr); !st.ok()) {
-        return Fail("launch", std::string(st.message()));
-      }
+      absl::StatusOr<ModelPlan> plan = PlanModel(*cluster, *config);
+      absl::Status st = plan.ok() ? CheckPlanFits(*cluster, *plan, nullptr) : plan.status();
+      if (!st.ok()) return Fail("launch", std::string(st.message()));
     }  // else Launch names the error
   }
   StopSignal stop;
@@ -301,17 +313,11 @@ int PlanCommand(const std::vector<std::string>& argv) {
   if (!cluster.ok()) return Fail("plan", std::string(cluster.status().message()));
   auto config = LoadTrainingConfig(args->Get("config"));
   if (!config.ok()) return Fail("plan", std::string(config.status().message()));
-  auto variables = ModelVariables(config->model());
-  if (!variables.ok()) return Fail("plan", std::string(variables.status().message()));
-  auto placement = Placement::Compute(*variables, cluster->num_ps(),
-                                      config->placement().partition_min_bytes(),
-                                      config->placement().partition_max_bytes());
-  if (!placement.ok()) return Fail("plan", std::string(placement.status().message()));
-  std::cout << placement->DebugString();
-  auto optimizer = CreateOptimizer(config->optimizer());
-  if (!optimizer.ok()) return Fail("plan", std::string(optimizer.status().message()));
-  const std::vector<std::string> slots = (*optimizer)->slot_names();
-  std::cout << "optimizer " << (*optimizer)->name() << " on the servers: "
+  auto plan = PlanModel(*cluster, *config);
+  if (!plan.ok()) return Fail("plan", std::string(plan.status().message()));
+  std::cout << plan->placement.DebugString();
+  const std::vector<std::string> slots = plan->optimizer->slot_names();
+  std::cout << "optimizer " << plan->optimizer->name() << " on the servers: "
             << (slots.empty() ? std::string("no slots")
                               : absl::StrCat(slots.size(), " slot(s) (", absl::StrJoin(slots, ", "),
                                              "), each the size of its variable"))
@@ -339,7 +345,7 @@ int PlanCommand(const std::vector<std::string>& argv) {
     }
     std::cout << (exact ? "\n" : " of any id set\n");
   }
-  if (absl::Status st = CheckPlanFits(*cluster, *config, &std::cout); !st.ok()) {
+  if (absl::Status st = CheckPlanFits(*cluster, *plan, &std::cout); !st.ok()) {
     return Fail("plan", std::string(st.message()));
   }
   return 0;

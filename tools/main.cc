@@ -1,14 +1,20 @@
 // pstrain: the command-line tool.
 //   pstrain launch  --cluster_spec=F --config=C   start a local cluster and train
+//   srun pstrain launch --slurm --ps=N --config=C one task of a Slurm job step
 //   pstrain datagen --out=DIR                     write the synthetic digits dataset
 //   pstrain plan    --cluster_spec=F --config=C   print the variable placement
 //   pstrain tokens  --cluster_spec=F --out=DIR    write the cluster secret and task tokens
 //   pstrain bench   [--suites=wire,apply]         data-path figures beside the machine's limits
 //   pstrain checkpoint list|verify|inspect ...    read checkpoints
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +26,7 @@
 #include "common/placement.h"
 #include "common/rpc.h"
 #include "common/sizing.h"
+#include "common/slurm.h"
 #include "common/status_macros.h"
 #include "common/shutdown.h"
 #include "absl/strings/numbers.h"
@@ -27,6 +34,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "nlohmann/json.hpp"
 #include "ps_server/optimizer.h"
 #include "tools/args.h"
 #include "tools/bench.h"
@@ -109,6 +117,81 @@ absl::Status CheckPlanFits(const ClusterSpec& cluster, const ModelPlan& plan, st
   return CheckMemory("the spec's tasks on this machine together", local, machine);
 }
 
+// `srun ... pstrain launch --slurm`: this rank's task of a cluster derived
+// from Slurm's environment. The process becomes the task's daemon (exec, with
+// TF_CONFIG set), so Slurm supervises, signals and reaps it directly.
+int SlurmTask(const Args& args) {
+  if (!args.Get("cluster_spec").empty()) {
+    return Fail("launch", "--slurm derives the cluster from Slurm: drop --cluster_spec");
+  }
+  if (args.Get("config").empty()) return Fail("launch", "--config is required");
+  if (args.Get("restart") != "never") {
+    return Fail("launch", "--slurm: restarts are Slurm's (sbatch --requeue with --resume), not "
+                          "--restart");
+  }
+  SlurmRoles roles;
+  auto ps = args.GetInt("ps");
+  auto workers = args.Get("workers").empty() ? absl::StatusOr<int64_t>(-1)
+                                             : args.GetInt("workers");
+  auto base_port = args.GetInt("base_port");
+  if (!ps.ok() || *ps < 1 || *ps > 4096) return Fail("launch", "--ps: expected 1..4096");
+  if (!workers.ok() || (*workers != -1 && (*workers < 1 || *workers > 65536))) {
+    return Fail("launch", "--workers: expected 1..65536");
+  }
+  if (!base_port.ok() || *base_port < 1 || *base_port > 65535) {
+    return Fail("launch", "--base_port: expected 1..65535");
+  }
+  roles.num_ps = static_cast<int>(*ps);
+  roles.num_workers = static_cast<int>(*workers);
+  roles.base_port = static_cast<int>(*base_port);
+  nlohmann::json extras = nlohmann::json::object();
+  if (std::string secret = args.Get("auth_secret_file"); !secret.empty()) {
+    if (secret[0] != '/') {
+      char cwd[4096];
+      if (::getcwd(cwd, sizeof(cwd)) != nullptr) secret = JoinPath(cwd, secret);
+    }
+    extras["auth"] = {{"secret_file", secret}};
+  }
+  if (args.GetBool("insecure")) extras["insecure"] = true;
+  auto task = ResolveSlurmTask(
+      [](const char* name) -> std::optional<std::string> {
+        const char* v = std::getenv(name);
+        if (v == nullptr) return std::nullopt;
+        return std::string(v);
+      },
+      roles, extras.empty() ? "" : extras.dump());
+  if (!task.ok()) return Fail("launch --slurm", std::string(task.status().message()));
+  const std::string& job = task->task.task.job;
+  const std::string name = job == kPsJob ? "ps_server" : job;
+  const std::string binary = FindBinary(args.Get("bin_dir"), name, name);
+  if (binary.empty()) {
+    return Fail("launch --slurm", "cannot find the " + name +
+                                      " binary next to pstrain or in --bin_dir");
+  }
+  std::vector<std::string> argv = {binary, "--config=" + args.Get("config")};
+  if (args.GetBool("resume") && job == kChiefJob) argv.push_back("--resume");
+  if (!args.Get("init_from").empty() && job == kChiefJob) {
+    argv.push_back("--init_from=" + args.Get("init_from"));
+  }
+  if (args.GetBool("metrics")) argv.push_back("--metrics_address=" + task->node + ":0");
+  const std::string address =
+      task->task.cluster.address(task->task.task.job, task->task.task.index);
+  std::cerr << "pstrain launch --slurm: rank " << task->rank << " of " << task->num_tasks
+            << " on " << task->node << " is " << task->task.task.ToString() << " at " << address
+            << "\n";
+  if (task->rank == 0) {
+    std::cerr << "pstrain launch --slurm: cluster "
+              << nlohmann::json::parse(task->tf_config)["cluster"].dump() << "\n";
+  }
+  std::cerr.flush();
+  ::setenv("TF_CONFIG", task->tf_config.c_str(), 1);
+  std::vector<char*> cargv;
+  for (std::string& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  ::execv(binary.c_str(), cargv.data());
+  return Fail("launch --slurm", absl::StrCat("exec ", binary, ": ", std::strerror(errno)));
+}
+
 int LaunchCommand(const std::vector<std::string>& argv) {
   const Args::FlagSpec flags = {
       {"cluster_spec", {"", "cluster spec JSON (TF_CONFIG's cluster format)"}},
@@ -127,6 +210,15 @@ int LaunchCommand(const std::vector<std::string>& argv) {
                              "4, ... 30 s)"}},
       {"metrics", {"true", "each local task serves /metrics, /healthz and /readyz on a free "
                            "port (printed as each task reports it)"}},
+      {"slurm", {"false", "run as one task of a Slurm job step (srun ... pstrain launch "
+                          "--slurm): derive the cluster from Slurm's environment and become "
+                          "this rank's chief, ps or worker; no --cluster_spec"}},
+      {"ps", {"1", "--slurm: parameter servers (ranks 1..N; rank 0 is the chief)"}},
+      {"workers", {"", "--slurm: workers (default: every remaining rank)"}},
+      {"base_port", {"8470", "--slurm: the k-th task on a node listens on base_port + k"}},
+      {"auth_secret_file", {"", "--slurm: the cluster secret (pstrain tokens --out DIR writes "
+                                "one), on a file system every node reads"}},
+      {"insecure", {"false", "--slurm: run without authentication (a trusted network only)"}},
   };
   if (WantsHelp(argv)) {
     std::cout << "pstrain launch flags:\n" << Args::Usage(flags);
@@ -134,6 +226,7 @@ int LaunchCommand(const std::vector<std::string>& argv) {
   }
   auto args = Args::Parse(argv, flags);
   if (!args.ok()) return Fail("launch", std::string(args.status().message()));
+  if (args->GetBool("slurm")) return SlurmTask(*args);
   LaunchOptions o;
   o.cluster_spec = args->Get("cluster_spec");
   o.config = args->Get("config");
@@ -249,7 +342,8 @@ int DatagenCommand(const std::vector<std::string>& argv) {
 // per task and for the operator, all mode 0600, in --out.
 int TokensCommand(const std::vector<std::string>& argv) {
   const Args::FlagSpec flags = {
-      {"cluster_spec", {"", "cluster spec JSON"}},
+      {"cluster_spec", {"", "cluster spec JSON (without one: only the secret and the operator's "
+                            "token, e.g. for a Slurm job)"}},
       {"out", {"", "directory for cluster.secret and the token files (created, mode 0700)"}},
   };
   if (WantsHelp(argv)) {
@@ -258,8 +352,12 @@ int TokensCommand(const std::vector<std::string>& argv) {
   }
   auto args = Args::Parse(argv, flags);
   if (!args.ok()) return Fail("tokens", std::string(args.status().message()));
-  auto cluster = ClusterSpec::FromFile(args->Get("cluster_spec"));
-  if (!cluster.ok()) return Fail("tokens", std::string(cluster.status().message()));
+  std::optional<ClusterSpec> cluster;
+  if (!args->Get("cluster_spec").empty()) {
+    auto parsed = ClusterSpec::FromFile(args->Get("cluster_spec"));
+    if (!parsed.ok()) return Fail("tokens", std::string(parsed.status().message()));
+    cluster = std::move(*parsed);
+  }
   const std::string out = args->Get("out");
   if (out.empty()) return Fail("tokens", "--out=DIR is required");
   // A directory this creates is private; one that exists is left as it is
@@ -280,7 +378,9 @@ int TokensCommand(const std::vector<std::string>& argv) {
   auto secret = ReadSecretFile(secret_path);
   if (!secret.ok()) return Fail("tokens", std::string(secret.status().message()));
   std::vector<std::string> identities;
-  for (const TaskId& t : cluster->AllTasks()) identities.push_back(t.ToString());
+  if (cluster.has_value()) {
+    for (const TaskId& t : cluster->AllTasks()) identities.push_back(t.ToString());
+  }
   identities.push_back(kOperatorIdentity);
   for (const std::string& id : identities) {
     std::string file = id;

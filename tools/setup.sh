@@ -18,6 +18,13 @@ pstrain_install_deps() {
   pstrain_apt_install "${PSTRAIN_PACKAGES[@]}"
 }
 
+# What only the tests use: a real one-node Slurm cluster (tests/multihost_test;
+# without recommends: Slurm's recommended plugins pull in 35 more packages).
+PSTRAIN_TEST_PACKAGES=(slurmctld slurmd slurm-client munge)
+pstrain_install_test_deps() {
+  PSTRAIN_APT_FLAGS=--no-install-recommends pstrain_apt_install "${PSTRAIN_TEST_PACKAGES[@]}"
+}
+
 pstrain_apt_install() {  # packages...: installs the ones missing
   local missing=()
   for p in "$@"; do
@@ -29,7 +36,7 @@ pstrain_apt_install() {  # packages...: installs the ones missing
   [ "$(id -u)" -ne 0 ] && sudo="sudo"
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq >/dev/null
-  $sudo apt-get install -y -qq "${missing[@]}" >/dev/null
+  $sudo apt-get install -y -qq ${PSTRAIN_APT_FLAGS:-} "${missing[@]}" >/dev/null
 }
 
 # The real third-party readers the tests check pstrain's output with: NumPy

@@ -6,6 +6,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 source tools/setup.sh
 pstrain_install_deps
+pstrain_install_test_deps
 # setup.sh runs with -e; from here a failing build or test must not end the
 # script before it prints its closing line.
 set +e

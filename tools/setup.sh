@@ -40,14 +40,16 @@ pstrain_apt_install() {  # packages...: installs the ones missing
 }
 
 # The real third-party readers the tests check pstrain's output with: NumPy
-# from Debian, safetensors and the Prometheus client's exposition parser
-# from PyPI, in a virtual environment outside the work tree. Prints the
+# from Debian, safetensors, the Prometheus client's exposition parser,
+# TensorBoard and kubernetes-validate (with jsonschema and PyYAML) from PyPI,
+# in a virtual environment outside the work tree. Prints the
 # environment's python3.
-PSTRAIN_PY_READERS=(safetensors==0.8.0 prometheus_client==0.23.1 tensorboard==2.21.0)
+PSTRAIN_PY_READERS=(safetensors==0.8.0 prometheus_client==0.23.1 tensorboard==2.21.0
+                    kubernetes-validate==1.37.0)  # tests/k8s: the manifests against Kubernetes' schemas
 pstrain_python_readers() {
   pstrain_apt_install python3-venv python3-numpy
   local venv="${PSTRAIN_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/pstrain/venv}"
-  if ! "$venv/bin/python3" -c "import numpy, safetensors.numpy, prometheus_client.parser, tensorboard" \
+  if ! "$venv/bin/python3" -c "import numpy, safetensors.numpy, prometheus_client.parser, tensorboard, kubernetes_validate" \
       2>/dev/null; then
     echo "setup: a Python environment for the tests in $venv (${PSTRAIN_PY_READERS[*]} from PyPI)" >&2
     /usr/bin/python3 -m venv --system-site-packages "$venv" >&2

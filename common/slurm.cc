@@ -70,6 +70,7 @@ absl::StatusOr<std::vector<std::string>> ExpandHostList(absl::string_view list) 
     for (;;) {
       if (pos == list.size() || list[pos] == ',') break;
       if (list[pos] == ']') return HostListError(list, "a ']' without its '['");
+      if (names[0].size() >= 253) return HostListError(list, "a host name over 253 characters");
       if (list[pos] != '[') {
         for (std::string& n : names) n.push_back(list[pos]);
         ++pos;
@@ -147,27 +148,29 @@ absl::StatusOr<std::vector<int>> ExpandTasksPerNode(absl::string_view spec) {
 absl::StatusOr<SlurmTask> ResolveSlurmTask(
     const std::function<std::optional<std::string>(const char*)>& getenv,
     const SlurmRoles& roles, const std::string& extras) {
-  auto first = [&](std::initializer_list<const char*> names) -> std::optional<std::string> {
-    for (const char* n : names) {
-      if (auto v = getenv(n); v.has_value() && !v->empty()) return v;
-    }
+  auto get = [&](const char* name) -> std::optional<std::string> {
+    if (auto v = getenv(name); v.has_value() && !v->empty()) return v;
     return std::nullopt;
   };
-  const std::optional<std::string> procid = first({"SLURM_PROCID"});
-  if (!procid.has_value()) {
+  // Only srun sets the step's variables: the batch script itself has
+  // SLURM_PROCID 0 and the job's task count too, and would wait as a chief
+  // for tasks that never start.
+  if (!get("SLURM_PROCID").has_value() || !get("SLURM_STEP_ID").has_value()) {
     return absl::FailedPreconditionError(
-        "not in a Slurm job step (SLURM_PROCID is unset): start each task with srun");
+        "not a task of a Slurm job step (SLURM_PROCID or SLURM_STEP_ID is unset; a batch script "
+        "itself is not one): start every task with srun");
   }
-  const std::optional<std::string> ntasks = first({"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS",
-                                                   "SLURM_NPROCS"});
-  const std::optional<std::string> nodelist = first({"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
-                                                     "SLURM_NODELIST"});
-  const std::optional<std::string> per_node = first({"SLURM_STEP_TASKS_PER_NODE",
-                                                     "SLURM_TASKS_PER_NODE"});
-  if (!ntasks || !nodelist || !per_node) {
-    return absl::FailedPreconditionError(
-        "Slurm's environment is incomplete: SLURM_NTASKS, SLURM_STEP_NODELIST and "
-        "SLURM_STEP_TASKS_PER_NODE are needed beside SLURM_PROCID");
+  const std::optional<std::string> procid = get("SLURM_PROCID");
+  const std::optional<std::string> ntasks = get("SLURM_STEP_NUM_TASKS");
+  const std::optional<std::string> nodelist = get("SLURM_STEP_NODELIST");
+  const std::optional<std::string> per_node = get("SLURM_STEP_TASKS_PER_NODE");
+  for (const auto& [value, name] : {std::pair{&ntasks, "SLURM_STEP_NUM_TASKS"},
+                                    std::pair{&nodelist, "SLURM_STEP_NODELIST"},
+                                    std::pair{&per_node, "SLURM_STEP_TASKS_PER_NODE"}}) {
+    if (!value->has_value()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Slurm's environment is incomplete: ", name, " is unset (srun sets it)"));
+    }
   }
   SlurmTask out;
   if (!absl::SimpleAtoi(*procid, &out.rank) || out.rank < 0) {
@@ -175,7 +178,7 @@ absl::StatusOr<SlurmTask> ResolveSlurmTask(
   }
   if (!absl::SimpleAtoi(*ntasks, &out.num_tasks) || out.num_tasks < 1 ||
       out.rank >= out.num_tasks) {
-    return absl::InvalidArgumentError(absl::StrCat("SLURM_NTASKS \"", *ntasks,
+    return absl::InvalidArgumentError(absl::StrCat("SLURM_STEP_NUM_TASKS \"", *ntasks,
                                                    "\" is not a task count above rank ",
                                                    out.rank));
   }
@@ -187,7 +190,7 @@ absl::StatusOr<SlurmTask> ResolveSlurmTask(
     return absl::InvalidArgumentError(absl::StrCat(
         "Slurm's environment disagrees with itself: ", nodes.size(), " node(s) in \"", *nodelist,
         "\", ", tasks_per_node.size(), " count(s) in tasks per node \"", *per_node, "\" placing ",
-        placed, " task(s), SLURM_NTASKS ", out.num_tasks));
+        placed, " task(s), SLURM_STEP_NUM_TASKS ", out.num_tasks));
   }
 
   if (roles.num_ps < 1 || roles.num_workers < -1 || roles.num_workers == 0) {
@@ -221,14 +224,23 @@ absl::StatusOr<SlurmTask> ResolveSlurmTask(
       if (rank == out.rank) {
         out.node = nodes[node];
         out.task.task = TaskId{job, static_cast<int>(cluster[job].size()) - 1};
+        out.node_index = static_cast<int>(node);
+        out.local_index = k;
       }
     }
   }
-  if (std::optional<std::string> here = first({"SLURMD_NODENAME"});
-      here.has_value() && *here != out.node) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "rank ", out.rank, " runs on ", *here, ", but block placement puts it on ", out.node,
-        ": run srun with --distribution=block (the default)"));
+  // The ports assume block placement: check where Slurm really put this rank.
+  const std::pair<const char*, std::string> where[] = {
+      {"SLURMD_NODENAME", out.node},
+      {"SLURM_NODEID", std::to_string(out.node_index)},
+      {"SLURM_LOCALID", std::to_string(out.local_index)}};
+  for (const auto& [name, expected] : where) {
+    if (std::optional<std::string> actual = get(name); actual.has_value() && *actual != expected) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", out.rank, " has ", name, "=", *actual, ", but block placement gives it ",
+          expected, " (node ", out.node, ", task ", out.local_index,
+          " there): run srun with --distribution=block (the default)"));
+    }
   }
   if (!extras.empty()) {
     nlohmann::json e = nlohmann::json::parse(extras, nullptr, false);

@@ -44,12 +44,15 @@ struct SlurmTask {
   int rank = 0;
   int num_tasks = 0;
   std::string node;       // this rank's node
+  int node_index = 0;     // its place in the node list (SLURM_NODEID)
+  int local_index = 0;    // its task number on that node (SLURM_LOCALID): port base_port + this
 };
 
-// Reads SLURM_PROCID, SLURM_NTASKS, SLURM_STEP_NODELIST and
-// SLURM_STEP_TASKS_PER_NODE (or their job-level forms SLURM_JOB_NODELIST and
-// SLURM_TASKS_PER_NODE) through `getenv`, and SLURMD_NODENAME, when set, to
-// check that this rank really is on the node block placement gives it.
+// Reads SLURM_PROCID, SLURM_STEP_ID, SLURM_STEP_NUM_TASKS,
+// SLURM_STEP_NODELIST and SLURM_STEP_TASKS_PER_NODE through `getenv` (srun
+// sets them; a batch script outside srun is refused), and SLURMD_NODENAME,
+// SLURM_NODEID and SLURM_LOCALID, when set, to check that this rank really
+// is where block placement puts it.
 // `extras` is the spec's "pstrain" object as JSON ("" for none). An
 // allocation that does not fit the roles is one line saying what was given
 // and what is needed.

@@ -40,6 +40,12 @@ TEST_CASE("malformed Slurm host lists are one clear error", "[slurm]") {
   }
 }
 
+TEST_CASE("a long name after a large range is refused before it is built", "[slurm]") {
+  auto hosts = ExpandHostList("n[00000-65535]" + std::string(300, 'a'));
+  REQUIRE_FALSE(hosts.ok());
+  CHECK(hosts.status().message().find("over 253 characters") != std::string::npos);
+}
+
 TEST_CASE("Slurm tasks-per-node counts expand", "[slurm]") {
   auto tpn = ExpandTasksPerNode("2(x3),1");
   REQUIRE(tpn.ok());
@@ -66,7 +72,8 @@ absl::StatusOr<SlurmTask> Resolve(const Env& env, SlurmRoles roles = {},
 
 Env StepEnv(int rank) {
   return {{"SLURM_PROCID", std::to_string(rank)},
-          {"SLURM_NTASKS", "7"},
+          {"SLURM_STEP_ID", "0"},
+          {"SLURM_STEP_NUM_TASKS", "7"},
           {"SLURM_STEP_NODELIST", "node[01-03],gpu7"},
           {"SLURM_STEP_TASKS_PER_NODE", "2(x3),1"}};
 }
@@ -103,24 +110,48 @@ TEST_CASE("each Slurm rank derives the same cluster and its own task", "[slurm]"
   CHECK(t->task.cluster.num_workers() == 4);
 }
 
-TEST_CASE("job-level Slurm variables serve when the step's are missing", "[slurm]") {
-  Env env = {{"SLURM_PROCID", "1"},
-             {"SLURM_NTASKS", "3"},
-             {"SLURM_JOB_NODELIST", "vm"},
-             {"SLURM_TASKS_PER_NODE", "3"},
-             {"SLURMD_NODENAME", "vm"}};
+TEST_CASE("a batch script outside srun is not taken for a task", "[slurm]") {
+  // What sbatch gives the script itself: rank 0 of the job, no step.
+  Env batch = {{"SLURM_PROCID", "0"},
+               {"SLURM_NTASKS", "3"},
+               {"SLURM_JOB_NODELIST", "vm"},
+               {"SLURM_TASKS_PER_NODE", "3"},
+               {"SLURMD_NODENAME", "vm"}};
+  auto t = Resolve(batch);
+  REQUIRE_FALSE(t.ok());
+  CHECK(t.status().message().find("start every task with srun") != std::string::npos);
+}
+
+TEST_CASE("a rank where Slurm really placed it gets its node's next port", "[slurm]") {
+  Env env = StepEnv(3);
+  env["SLURMD_NODENAME"] = "node02";
+  env["SLURM_NODEID"] = "1";
+  env["SLURM_LOCALID"] = "1";
   auto t = Resolve(env, {}, R"({"insecure": true})");
   REQUIRE(t.ok());
-  CHECK(t->task.task.ToString() == "ps:0");
-  CHECK(t->task.cluster.address("ps", 0) == "vm:8471");
+  CHECK(t->task.task.ToString() == "worker:1");  // 1 ps by default
+  CHECK(t->task.cluster.address("worker", 1) == "node02:8471");
+  CHECK(t->node_index == 1);
+  CHECK(t->local_index == 1);
   CHECK(t->task.cluster.insecure());
+  // Cyclic placement would put rank 3 elsewhere: refused, not mis-addressed.
+  for (const auto& [name, value] : {std::pair{"SLURMD_NODENAME", "node01"},
+                                    std::pair{"SLURM_NODEID", "0"},
+                                    std::pair{"SLURM_LOCALID", "0"}}) {
+    Env moved = env;
+    moved[name] = value;
+    auto m = Resolve(moved);
+    REQUIRE_FALSE(m.ok());
+    CHECK(m.status().message().find("--distribution=block") != std::string::npos);
+    CHECK(m.status().message().find(name) != std::string::npos);
+  }
 }
 
 TEST_CASE("a Slurm allocation that does not fit the roles is one clear line", "[slurm]") {
   SlurmRoles roles;
   roles.num_ps = 2;
   Env env = StepEnv(0);
-  env["SLURM_NTASKS"] = "3";
+  env["SLURM_STEP_NUM_TASKS"] = "3";
   env["SLURM_STEP_TASKS_PER_NODE"] = "1(x3)";
   env["SLURM_STEP_NODELIST"] = "n[1-3]";
   auto t = Resolve(env, roles);
@@ -135,17 +166,16 @@ TEST_CASE("a Slurm allocation that does not fit the roles is one clear line", "[
         "Slurm gave 7 task(s), but 1 chief + 2 ps + 2 worker(s) need exactly 5: ask for "
         "--ntasks=5");
 
-  CHECK(Resolve({}).status().message().find("SLURM_PROCID is unset") != std::string::npos);
-  Env partial = {{"SLURM_PROCID", "0"}};
-  CHECK(Resolve(partial).status().message().find("incomplete") != std::string::npos);
+  CHECK(Resolve({}).status().message().find("SLURM_PROCID or SLURM_STEP_ID is unset") !=
+        std::string::npos);
+  Env partial = {{"SLURM_PROCID", "0"}, {"SLURM_STEP_ID", "0"}, {"SLURM_STEP_NUM_TASKS", "2"}};
+  CHECK(Resolve(partial).status().message() ==
+        "Slurm's environment is incomplete: SLURM_STEP_NODELIST is unset (srun sets it)");
   env = StepEnv(0);
-  env["SLURM_NTASKS"] = "6";
+  env["SLURM_STEP_NUM_TASKS"] = "6";
   CHECK(Resolve(env).status().message().find("disagrees") != std::string::npos);
   env = StepEnv(7);
   CHECK_FALSE(Resolve(env).ok());
-  env = StepEnv(0);
-  env["SLURMD_NODENAME"] = "node02";
-  CHECK(Resolve(env).status().message().find("--distribution=block") != std::string::npos);
   roles = {};
   roles.base_port = 65535;
   CHECK(Resolve(StepEnv(0), roles).status().message().find("--base_port") != std::string::npos);

@@ -168,12 +168,16 @@ int SlurmTask(const Args& args) {
     return Fail("launch --slurm", "cannot find the " + name +
                                       " binary next to pstrain or in --bin_dir");
   }
-  std::vector<std::string> argv = {binary, "--config=" + args.Get("config")};
+  // All of the node's addresses: a node's own name often resolves to a
+  // loopback address on the node itself (Debian maps it to 127.0.1.1), where
+  // no other node could reach it. Calls are authenticated (a secret, or an
+  // explicit --insecure: ResolveAuth refuses anything else).
+  std::vector<std::string> argv = {binary, "--config=" + args.Get("config"), "--bind=0.0.0.0"};
   if (args.GetBool("resume") && job == kChiefJob) argv.push_back("--resume");
   if (!args.Get("init_from").empty() && job == kChiefJob) {
     argv.push_back("--init_from=" + args.Get("init_from"));
   }
-  if (args.GetBool("metrics")) argv.push_back("--metrics_address=" + task->node + ":0");
+  if (args.GetBool("metrics")) argv.push_back("--metrics_address=0.0.0.0:0");
   const std::string address =
       task->task.cluster.address(task->task.task.job, task->task.task.index);
   std::cerr << "pstrain launch --slurm: rank " << task->rank << " of " << task->num_tasks

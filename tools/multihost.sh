@@ -37,6 +37,7 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 name="pst$$"
 trap '"$hosts" down "$name"' EXIT
+trap 'exit 143' TERM INT  # exit runs the EXIT trap: no namespace or daemon is left behind
 
 # Host i runs task i: chief, ps:0, ps:1, worker:0, worker:1 (the capped one).
 a() { "$hosts" addr "$1"; }
@@ -75,6 +76,7 @@ for rate in ${rates//,/ }; do
   rc=0
   if ! timeout "$timeout" tail --pid="${pids[0]}" -f /dev/null; then
     echo "multihost.sh: $rate: the chief did not finish in ${timeout}s (logs: $run/logs)" >&2
+    kill -KILL "${pids[0]}" 2>/dev/null || true
     rc=1
   fi
   wait "${pids[0]}" || rc=$?

@@ -19,16 +19,23 @@ case "${1:-}" in
   check)
     [ "$(id -u)" -eq 0 ] || { echo "not root: network namespaces need CAP_SYS_ADMIN"; exit 1; }
     command -v ip >/dev/null || { echo "no ip command (iproute2)"; exit 1; }
+    command -v tc >/dev/null || { echo "no tc command (iproute2)"; exit 1; }
     probe="pstrain-probe-$$"
     if ! err=$(ip netns add "$probe" 2>&1); then
       echo "ip netns add failed: $err"
       exit 1
     fi
-    ok=1
-    err=$(ip -n "$probe" link add name va type veth peer name vb 2>&1) || ok=0
+    # Everything `up` and `cap` use, in a throwaway namespace.
+    err=$( { ip -n "$probe" link add name va type veth peer name vb &&
+             ip -n "$probe" link add name pbr type bridge &&
+             ip -n "$probe" link set vb master pbr &&
+             ip -n "$probe" link set va up &&
+             ip netns exec "$probe" tc qdisc replace dev va root tbf rate 1gbit burst 256kb \
+               latency 100ms &&
+             ip netns exec "$probe" true; } 2>&1) || ok=0
+    ok=${ok:-1}
     ip netns del "$probe" 2>/dev/null || true
-    [ $ok -eq 1 ] || { echo "veth pairs cannot be made: $err"; exit 1; }
-    command -v tc >/dev/null || { echo "no tc command (iproute2)"; exit 1; }
+    [ "$ok" -eq 1 ] || { echo "a test network cannot be made in a namespace: $err"; exit 1; }
     exit 0
     ;;
   up)

@@ -24,6 +24,15 @@ stop_pidfile() {  # pidfile: SIGTERM, then SIGKILL after 10 s
 }
 
 if [ "$cmd" = stop ]; then
+  # Jobs first: stopping slurmd leaves a job's step daemons and tasks running.
+  if [ -f "$dir/slurm.conf" ] && [ -f "$dir/slurmctld.pid" ]; then
+    export SLURM_CONF=$dir/slurm.conf
+    scancel --full --quiet --user="$(id -un)" 2>/dev/null || true
+    for _ in $(seq 300); do
+      [ -z "$(squeue -h 2>/dev/null)" ] && break
+      sleep 0.1
+    done
+  fi
   stop_pidfile "$dir/slurmd.pid"
   stop_pidfile "$dir/slurmctld.pid"
   stop_pidfile "$dir/munged.pid"
@@ -74,7 +83,7 @@ export SLURM_CONF=$dir/slurm.conf
 for _ in $(seq 600); do
   state=$(sinfo -h -o %t 2>/dev/null || true)
   case "$state" in
-    idle*|mix*|alloc*) exit 0 ;;
+    idle|mix|alloc) exit 0 ;;  # "idle*" would be a node not responding
   esac
   sleep 0.1
 done

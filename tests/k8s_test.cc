@@ -2,7 +2,8 @@
 // schemas and the TFJob API (tests/k8s/validate.py, with kubernetes-validate
 // from PyPI); the TF_CONFIG the entry point builds for every StatefulSet pod
 // parses into one cluster with that pod's task; the entry point really starts
-// a daemon that answers its probes; the pod config loads.
+// a daemon that answers its probes; the pod config loads; the image's runtime
+// stage has every library the daemons link.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -139,6 +140,20 @@ TEST_CASE("the container entry point starts the pod's daemon with its probes", "
   const std::string log = Env::Default()->ReadFile(JoinPath(dir, "ps.log")).value_or("");
   CHECK(log.find("authentication on") != std::string::npos);
   CHECK(log.find(absl::StrCat("listening on 127.0.0.1:", ports[1])) != std::string::npos);
+}
+
+TEST_CASE("the image's runtime stage installs every library the daemons load", "[k8s]") {
+  // Checked without a container runtime: ldd of the real binaries against the
+  // Debian packages the Containerfile's last stage installs.
+  testing::CommandResult r = RunCommand(
+      {"/bin/bash", JoinPath(BinDir(), "tests/k8s/runtime_libs.sh"),
+       JoinPath(K8sDir(), "Containerfile"), Binary("chief/chief"), Binary("ps_server/ps_server"),
+       Binary("worker/worker"), Binary("tools/pstrain")},
+      absl::Seconds(60));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("libgrpc++1.51") != std::string::npos);
+  CHECK(r.output.find("MISSING") == std::string::npos);
 }
 
 }  // namespace

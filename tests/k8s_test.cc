@@ -44,6 +44,34 @@ std::string ValidatorPython() {
   return py.python;
 }
 
+// Checks validate.py's "TF_CONFIG <statefulset> <ordinal> <json>" lines: one
+// per pod, each parsing into the same cluster with that pod's task at
+// <name>-<job>-<ordinal>.<name>:7000.
+void CheckPodTfConfigs(const std::string& output, const std::string& name,
+                       const std::map<std::string, int>& expected_pods) {
+  std::map<std::string, int> pods_per_job;
+  std::string first_cluster;
+  for (absl::string_view line : absl::StrSplit(output, '\n')) {
+    if (!absl::ConsumePrefix(&line, "TF_CONFIG ")) continue;
+    std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits(' ', 2));
+    REQUIRE(parts.size() == 3);
+    INFO(parts[0] << " " << parts[1]);
+    auto task = ParseTfConfig(parts[2]);
+    REQUIRE(task.ok());
+    const std::string job = parts[0].substr(name.size() + 1);  // trainer-ps -> ps
+    CHECK(task->task.job == job);
+    CHECK(std::to_string(task->task.index) == parts[1]);
+    CHECK(task->cluster.address(job, task->task.index) ==
+          absl::StrCat(parts[0], "-", parts[1], ".", name, ":7000"));
+    CHECK(task->cluster.auth_secret_file() == "/var/run/pstrain/auth/cluster.secret");
+    const std::string cluster = nlohmann::json::parse(parts[2])["cluster"].dump();
+    if (first_cluster.empty()) first_cluster = cluster;
+    CHECK(cluster == first_cluster);  // every pod sees the same cluster
+    ++pods_per_job[job];
+  }
+  CHECK(pods_per_job == expected_pods);
+}
+
 TEST_CASE("the Kubernetes manifests validate and each StatefulSet pod gets its own task",
           "[k8s]") {
   const std::string python = ValidatorPython();
@@ -57,29 +85,7 @@ TEST_CASE("the Kubernetes manifests validate and each StatefulSet pod gets its o
   CHECK(r.output.find("TFJob/pstrain") != std::string::npos);
   CHECK(r.output.find("Service/pstrain") != std::string::npos);
   CHECK(r.output.find("PersistentVolumeClaim/pstrain-data") != std::string::npos);
-  // "TF_CONFIG <statefulset> <ordinal> <json>" per pod.
-  std::map<std::string, int> pods_per_job;
-  std::string first_cluster;
-  for (absl::string_view line : absl::StrSplit(r.output, '\n')) {
-    if (!absl::ConsumePrefix(&line, "TF_CONFIG ")) continue;
-    std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits(' ', 2));
-    REQUIRE(parts.size() == 3);
-    INFO(parts[0] << " " << parts[1]);
-    auto task = ParseTfConfig(parts[2]);
-    REQUIRE(task.ok());
-    // pstrain-ps 1 -> ps:1, at pstrain-ps-1.pstrain:7000.
-    const std::string job = parts[0].substr(std::string("pstrain-").size());
-    CHECK(task->task.job == job);
-    CHECK(std::to_string(task->task.index) == parts[1]);
-    CHECK(task->cluster.address(job, task->task.index) ==
-          absl::StrCat(parts[0], "-", parts[1], ".pstrain:7000"));
-    CHECK(task->cluster.auth_secret_file() == "/var/run/pstrain/auth/cluster.secret");
-    const std::string cluster = nlohmann::json::parse(parts[2])["cluster"].dump();
-    if (first_cluster.empty()) first_cluster = cluster;
-    CHECK(cluster == first_cluster);  // every pod sees the same cluster
-    ++pods_per_job[job];
-  }
-  CHECK(pods_per_job == std::map<std::string, int>{{"chief", 1}, {"ps", 2}, {"worker", 2}});
+  CheckPodTfConfigs(r.output, "pstrain", {{"chief", 1}, {"ps", 2}, {"worker", 2}});
 }
 
 TEST_CASE("the manifest check refuses damaged manifests", "[k8s]") {
@@ -154,6 +160,68 @@ TEST_CASE("the image's runtime stage installs every library the daemons load", "
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("libgrpc++1.51") != std::string::npos);
   CHECK(r.output.find("MISSING") == std::string::npos);
+}
+
+TEST_CASE("pstrain k8s-manifest writes manifests that validate, for either kind", "[k8s]") {
+  const std::string python = ValidatorPython();
+  if (python.empty()) return;
+  const std::string dir = testing::FreshTempDir("k8s_manifest");
+  // A config whose first line starts with spaces: the ConfigMap must keep it.
+  const std::string config = testing::WriteFile(
+      JoinPath(dir, "train.pbtxt"),
+      "  # indented first line\n" +
+          Env::Default()->ReadFile(JoinPath(K8sDir(), "train.pbtxt")).value_or(""));
+  for (const std::string kind : {"statefulsets", "tfjob"}) {
+    INFO(kind);
+    const std::string out = JoinPath(dir, kind);
+    REQUIRE(Env::Default()->CreateDirs(out).ok());
+    // The validator reads the schema and runs the entry point from its directory.
+    for (const char* f : {"tfjob-v1.schema.json", "entrypoint.sh"}) {
+      testing::WriteFile(JoinPath(out, f),
+                         Env::Default()->ReadFile(JoinPath(K8sDir(), f)).value_or(""));
+    }
+    testing::CommandResult gen = RunCommand(
+        {Binary("tools/pstrain"), "k8s-manifest", "--config=" + config, "--kind=" + kind,
+         "--image=registry.example.com/pstrain:1.0", "--name=trainer", "--ps=3", "--workers=4",
+         "--gpus_per_worker=1"},
+        absl::Seconds(30));
+    REQUIRE(gen.exit_code == 0);
+    testing::WriteFile(JoinPath(out, "job.yaml"), gen.output);
+    testing::CommandResult r =
+        RunCommand({python, JoinPath(BinDir(), "tests/k8s/validate.py"), out, kKubernetesVersion,
+                    "--config", config},
+                   absl::Seconds(120));
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("ConfigMap/trainer-config") != std::string::npos);
+    if (kind == "statefulsets") {
+      CheckPodTfConfigs(r.output, "trainer", {{"chief", 1}, {"ps", 3}, {"worker", 4}});
+    } else {
+      CHECK(r.output.find("TFJob/trainer") != std::string::npos);
+      CHECK(gen.output.find("replicas: 4") != std::string::npos);
+    }
+    CHECK(gen.output.find("nvidia.com/gpu: 1") != std::string::npos);
+    // And the self-test refuses damaged copies of what it wrote.
+    testing::CommandResult self = RunCommand(
+        {python, JoinPath(BinDir(), "tests/k8s/validate.py"), out, kKubernetesVersion,
+         "--self-test"},
+        absl::Seconds(120));
+    INFO(self.output);
+    CHECK(self.exit_code == 0);
+  }
+  // Bad flags are one line naming the flag; nothing is written.
+  for (const auto& [flag, named] :
+       {std::pair{"--name=Bad_Name", "--name"}, std::pair{"--image=a b", "--image"},
+        std::pair{"--ps=0", "--ps"}, std::pair{"--kind=deployment", "--kind"},
+        std::pair{"--storage=lots", "--storage"}}) {
+    testing::CommandResult bad = RunCommand(
+        {Binary("tools/pstrain"), "k8s-manifest", "--config=" + config, "--image=img:1", flag},
+        absl::Seconds(30));
+    INFO(flag << ": " << bad.output);
+    CHECK(bad.exit_code == 2);
+    CHECK(bad.output.find(named) != std::string::npos);
+    CHECK(bad.output.find("apiVersion") == std::string::npos);
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 //   pstrain datagen --out=DIR                     write the synthetic digits dataset
 //   pstrain plan    --cluster_spec=F --config=C   print the variable placement
 //   pstrain tokens  --cluster_spec=F --out=DIR    write the cluster secret and task tokens
+//   pstrain k8s-manifest --config=C --image=I     Kubernetes manifests for a job
 //   pstrain bench   [--suites=wire,apply]         data-path figures beside the machine's limits
 //   pstrain checkpoint list|verify|inspect ...    read checkpoints
 #include <sys/stat.h>
@@ -40,6 +41,7 @@
 #include "tools/bench.h"
 #include "tools/checkpoint_cli.h"
 #include "tools/datagen.h"
+#include "tools/k8s_manifest.h"
 #include "tools/launcher.h"
 #include "worker/model/cpu_ops.h"
 #include "worker/model/model.h"
@@ -55,6 +57,7 @@ const char kUsage[] =
     "           data in the Criteo layout with its ground-truth AUC\n"
     "  plan     print how variables are placed on the parameter servers\n"
     "  tokens   write a cluster secret and each task's token (authentication)\n"
+    "  k8s-manifest  Kubernetes manifests for a job (StatefulSets or a Kubeflow TFJob)\n"
     "  bench    measure the data path beside the limits of this machine\n"
     "  checkpoint  list, verify or inspect checkpoints (list DIR | verify CKPT | inspect CKPT)\n"
     "run 'pstrain <command> --help' for its flags\n";
@@ -402,6 +405,53 @@ int TokensCommand(const std::vector<std::string>& argv) {
   return 0;
 }
 
+int K8sManifestCommand(const std::vector<std::string>& argv) {
+  const Args::FlagSpec flags = {
+      {"config", {"", "training config (checked, then carried in a ConfigMap; its paths should "
+                      "be under /data, the shared volume)"}},
+      {"image", {"", "the container image (configs/k8s/Containerfile builds one)"}},
+      {"kind", {"statefulsets", "statefulsets (a headless Service and a StatefulSet per role) or "
+                                "tfjob (a Kubeflow TFJob)"}},
+      {"name", {"pstrain", "prefix of every object and pod (a DNS label)"}},
+      {"ps", {"2", "parameter servers"}},
+      {"workers", {"2", "workers"}},
+      {"gpus_per_worker", {"0", "nvidia.com/gpu limit of each worker"}},
+      {"storage", {"20Gi", "size of the shared volume for data, output and checkpoints"}},
+  };
+  if (WantsHelp(argv)) {
+    std::cout << "pstrain k8s-manifest flags (the YAML goes to standard output):\n"
+              << Args::Usage(flags);
+    return 0;
+  }
+  auto args = Args::Parse(argv, flags);
+  if (!args.ok()) return Fail("k8s-manifest", std::string(args.status().message()));
+  if (args->Get("config").empty() || args->Get("image").empty()) {
+    return Fail("k8s-manifest", "--config and --image are required");
+  }
+  auto config = LoadTrainingConfig(args->Get("config"));
+  if (!config.ok()) return Fail("k8s-manifest", std::string(config.status().message()));
+  auto text = Env::Default()->ReadFile(args->Get("config"));
+  if (!text.ok()) return Fail("k8s-manifest", std::string(text.status().message()));
+  K8sManifestOptions o;
+  o.kind = args->Get("kind");
+  o.name = args->Get("name");
+  o.image = args->Get("image");
+  o.storage = args->Get("storage");
+  o.config_text = *text;
+  for (const auto& [flag, field] : {std::pair{"ps", &o.num_ps}, std::pair{"workers", &o.num_workers},
+                                    std::pair{"gpus_per_worker", &o.gpus_per_worker}}) {
+    auto v = args->GetInt(flag);
+    if (!v.ok() || *v < 0 || *v > 100000) {
+      return Fail("k8s-manifest", absl::StrCat("--", flag, ": expected a count"));
+    }
+    *field = static_cast<int>(*v);
+  }
+  auto yaml = RenderK8sManifest(o);
+  if (!yaml.ok()) return Fail("k8s-manifest", std::string(yaml.status().message()));
+  std::cout << *yaml;
+  return 0;
+}
+
 int PlanCommand(const std::vector<std::string>& argv) {
   const Args::FlagSpec flags = {
       {"cluster_spec", {"", "cluster spec JSON"}},
@@ -556,6 +606,7 @@ int main(int argc, char** argv) {
   if (command == "launch") return pstrain::LaunchCommand(rest);
   if (command == "datagen") return pstrain::DatagenCommand(rest);
   if (command == "plan") return pstrain::PlanCommand(rest);
+  if (command == "k8s-manifest") return pstrain::K8sManifestCommand(rest);
   if (command == "tokens") return pstrain::TokensCommand(rest);
   if (command == "bench") return pstrain::BenchCommand(rest);
   if (command == "checkpoint") return pstrain::CheckpointCommand(rest, std::cout, std::cerr);

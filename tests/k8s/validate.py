@@ -1,6 +1,8 @@
 """Validates pstrain's Kubernetes manifests (configs/k8s/*.yaml) for tests/k8s_test.
 
-  validate.py K8S_DIR VERSION         validate every object; print one
+  validate.py K8S_DIR VERSION [--config FILE]
+                                      validate every object (and that the ConfigMap holds
+                                      FILE's text); print one
                                       "TF_CONFIG <statefulset> <ordinal> <json>" line per
                                       StatefulSet pod, built by the entry point as the pod would
   validate.py K8S_DIR VERSION --self-test
@@ -72,7 +74,8 @@ def env_of(statefulset):
 
 
 def tf_configs(k8s_dir, docs):
-    """What the entry point builds in each StatefulSet pod, and cross-checks."""
+    """What the entry point (k8s_dir/entrypoint.sh) builds in each StatefulSet
+    pod, and cross-checks."""
     out, problems = [], []
     sets = {d["metadata"]["name"]: d for _, d in docs if d.get("kind") == "StatefulSet"}
     replicas = {env_of(s)["PSTRAIN_JOB"]: s["spec"]["replicas"] for s in sets.values()}
@@ -82,8 +85,11 @@ def tf_configs(k8s_dir, docs):
             if int(env.get(key, "-1")) != replicas.get(job):
                 problems.append("%s: %s=%s but the %s StatefulSet has %s replicas"
                                 % (name, key, env.get(key), job, replicas.get(job)))
-        if s["spec"].get("serviceName") != "pstrain":
-            problems.append("%s: serviceName is not the headless Service pstrain" % name)
+        service = env.get("PSTRAIN_SERVICE", "pstrain")
+        if s["spec"].get("serviceName") != service:
+            problems.append("%s: serviceName is not the headless Service %s" % (name, service))
+        if name != "%s-%s" % (env.get("PSTRAIN_PREFIX", "pstrain"), env["PSTRAIN_JOB"]):
+            problems.append("%s: not named <PSTRAIN_PREFIX>-<PSTRAIN_JOB>" % name)
         for ordinal in range(s["spec"]["replicas"]):
             run_env = dict(os.environ, PSTRAIN_POD_NAME="%s-%d" % (name, ordinal), **env)
             run_env.pop("TF_CONFIG", None)
@@ -102,8 +108,8 @@ def damaged_copies(docs):
     for i, (file, doc) in enumerate(docs):
         kind = doc.get("kind")
         d = copy.deepcopy(doc)
-        d["spec"]["unknownField"] = 1
-        yield ("%s %s: an unknown spec field" % (file, kind), d)
+        (d["spec"] if "spec" in d else d)["unknownField"] = 1
+        yield ("%s %s: an unknown field" % (file, kind), d)
         if kind == "TFJob":
             d = copy.deepcopy(doc)
             d["spec"]["tfReplicaSpecs"]["PS"]["replicas"] = "two"
@@ -156,6 +162,13 @@ def main():
         problems += ["%s: %s" % (file, p) for p in problems_of(doc, version, tfjob_schema)]
     lines, cross = tf_configs(k8s_dir, docs)
     problems += cross
+    # --config FILE: the ConfigMap must carry that file's text unchanged.
+    if "--config" in sys.argv:
+        with open(sys.argv[sys.argv.index("--config") + 1]) as f:
+            want = f.read().rstrip("\n") + "\n"
+        maps = [d for _, d in docs if d.get("kind") == "ConfigMap"]
+        if len(maps) != 1 or maps[0].get("data", {}).get("train.pbtxt") != want:
+            problems.append("the ConfigMap does not carry the config unchanged")
     for p in problems:
         print(p, file=sys.stderr)
     print("validated against Kubernetes %s: %s" % (version, " ".join(kinds)))

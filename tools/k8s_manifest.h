@@ -1,0 +1,34 @@
+// `pstrain k8s-manifest`: Kubernetes manifests for a pstrain job, the same
+// shape as configs/k8s (which documents them): the training config as a
+// ConfigMap, a shared volume claim, and either a headless Service with one
+// StatefulSet per role (the image's entry point builds TF_CONFIG from each
+// pod's ordinal) or a Kubeflow TFJob. The cluster secret is not in them: it is
+// created with kubectl from `pstrain tokens` (the output's header says how).
+#ifndef PSTRAIN_TOOLS_K8S_MANIFEST_H_
+#define PSTRAIN_TOOLS_K8S_MANIFEST_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace pstrain {
+
+struct K8sManifestOptions {
+  std::string kind = "statefulsets";  // or "tfjob"
+  std::string name = "pstrain";       // prefix of every object and pod
+  std::string image;
+  int num_ps = 2;
+  int num_workers = 2;
+  int gpus_per_worker = 0;
+  std::string storage = "20Gi";  // the shared volume's size
+  std::string config_text;       // the training config, as its file holds it
+};
+
+// The manifests as one YAML stream; INVALID_ARGUMENT naming the flag for a
+// name that is no DNS label, an image with spaces or quotes, counts out of
+// range.
+absl::StatusOr<std::string> RenderK8sManifest(const K8sManifestOptions& options);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_TOOLS_K8S_MANIFEST_H_

@@ -109,11 +109,15 @@ TEST_CASE("the demo trains across five simulated hosts, capped links changing on
   }
   const std::string dir = testing::FreshTempDir("across_hosts");
   const std::string config = DemoConfig(dir);
+  // Removes the run's namespaces (and any daemon in them) even if the script
+  // is killed at the deadline.
+  HostsGuard hosts{absl::StrCat("psm", ::getpid())};
   // Every task in a namespace of its own, with authentication on (the spec
   // names hosts beyond loopback); one worker host's link capped at 1 Gbit/s.
   CommandResult r = RunCommand({"/bin/bash", Script("tools/multihost.sh"), "--rates=unlimited,1gbit",
                                 "--config=" + config, "--bin_dir=" + BinDir(),
-                                "--out=" + JoinPath(dir, "runs"), "--timeout=150"},
+                                "--out=" + JoinPath(dir, "runs"), "--timeout=150",
+                                "--name=" + hosts.name},
                                absl::Seconds(400));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);

@@ -4,7 +4,9 @@
 # links with authentication on, once per link rate. One worker host's link is
 # capped (tbf, both ways) to show what the wire costs. Prints a table:
 #   tools/multihost.sh [--rates=unlimited,10gbit,1gbit] [--config=configs/demo.pbtxt]
-#                      [--bin_dir=bazel-bin] [--out=DIR] [--timeout=300]
+#                      [--bin_dir=bazel-bin] [--out=DIR] [--timeout=300] [--name=NAME]
+# (--name: the namespaces' prefix, default pst<pid>; `tests/netns/hosts.sh down NAME`
+# removes whatever a killed run left.)
 # Needs root (tests/netns/hosts.sh check says why not) and the built binaries.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -14,6 +16,7 @@ config=configs/demo.pbtxt
 bin_dir=bazel-bin
 out=""
 timeout=300
+name="pst$$"
 for arg in "$@"; do
   case "$arg" in
     --rates=*) rates=${arg#*=} ;;
@@ -21,6 +24,7 @@ for arg in "$@"; do
     --bin_dir=*) bin_dir=${arg#*=} ;;
     --out=*) out=${arg#*=} ;;
     --timeout=*) timeout=${arg#*=} ;;
+    --name=*) name=${arg#*=} ;;
     *) echo "multihost.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
@@ -35,7 +39,6 @@ bin_dir=$(cd "$bin_dir" && pwd)
 [ -n "$out" ] || out=$(mktemp -d /tmp/pstrain-multihost.XXXXXX)
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-name="pst$$"
 trap '"$hosts" down "$name"' EXIT
 trap 'exit 143' TERM INT  # exit runs the EXIT trap: no namespace or daemon is left behind
 

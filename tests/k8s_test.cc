@@ -213,7 +213,8 @@ TEST_CASE("pstrain k8s-manifest writes manifests that validate, for either kind"
   for (const auto& [flag, named] :
        {std::pair{"--name=Bad_Name", "--name"}, std::pair{"--image=a b", "--image"},
         std::pair{"--ps=0", "--ps"}, std::pair{"--kind=deployment", "--kind"},
-        std::pair{"--storage=lots", "--storage"}}) {
+        std::pair{"--storage=lots", "--storage"}, std::pair{"--storage=2-0", "--storage"},
+        std::pair{"--storage=20GB", "--storage"}}) {
     testing::CommandResult bad = RunCommand(
         {Binary("tools/pstrain"), "k8s-manifest", "--config=" + config, "--image=img:1", flag},
         absl::Seconds(30));

@@ -16,6 +16,18 @@ bool IsDnsLabel(const std::string& s, size_t max) {
   return true;
 }
 
+// A whole number with an optional binary or decimal suffix: 20Gi, 500M.
+bool IsQuantity(const std::string& s) {
+  size_t digits = 0;
+  while (digits < s.size() && absl::ascii_isdigit(static_cast<unsigned char>(s[digits]))) ++digits;
+  if (digits == 0 || digits > 12) return false;
+  const std::string suffix = s.substr(digits);
+  for (const char* ok : {"", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "k", "M", "G", "T", "P", "E"}) {
+    if (suffix == ok) return true;
+  }
+  return false;
+}
+
 struct Role {
   std::string job;       // chief, ps, worker
   std::string replica;   // the TFJob replica type
@@ -96,8 +108,7 @@ absl::StatusOr<std::string> RenderK8sManifest(const K8sManifestOptions& o) {
   if (o.gpus_per_worker < 0 || o.gpus_per_worker > 16) {
     return absl::InvalidArgumentError("--gpus_per_worker: expected 0..16");
   }
-  if (!IsDnsLabel(absl::AsciiStrToLower(o.storage), 16) ||
-      !absl::ascii_isdigit(static_cast<unsigned char>(o.storage[0]))) {
+  if (!IsQuantity(o.storage)) {
     return absl::InvalidArgumentError("--storage: expected a size such as 20Gi");
   }
   for (char c : o.config_text) {

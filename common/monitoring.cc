@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -191,19 +190,8 @@ absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(
   std::string host = address.substr(0, colon);
   if (host == "localhost") host = "127.0.0.1";
   if (::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1) {
-    // A host name (a Slurm node's, a pod's): its first IPv4 address.
-    addrinfo hints{};
-    hints.ai_family = AF_INET;
-    hints.ai_socktype = SOCK_STREAM;
-    addrinfo* found = nullptr;
-    if (host.empty() || ::getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0 ||
-        found == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "metrics address ", address, ": expected an IPv4 address or a host name that has one, "
-          "and a port"));
-    }
-    sa.sin_addr = reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr;
-    ::freeaddrinfo(found);
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address ", address, ": expected an IPv4 address and a port"));
   }
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));

@@ -92,6 +92,14 @@ bool Connects(const std::string& ns, const std::string& ip, int port) {
   return r.exit_code == 0;
 }
 
+// True, after saying why, where simulated hosts cannot be made.
+bool SkippedWithoutNamespaces() {
+  const std::string why = WhyNoNamespaces();
+  if (why.empty()) return false;
+  Skip("simulated hosts cannot be made here: " + why);
+  return true;
+}
+
 // Deletes the namespaces of `name` however the test ends.
 struct HostsGuard {
   std::string name;
@@ -102,11 +110,7 @@ struct HostsGuard {
 
 TEST_CASE("the demo trains across five simulated hosts, capped links changing only the speed",
           "[multihost][netns]") {
-  const std::string why = WhyNoNamespaces();
-  if (!why.empty()) {
-    Skip("simulated hosts cannot be made here: " + why);
-    return;
-  }
+  if (SkippedWithoutNamespaces()) return;
   const std::string dir = testing::FreshTempDir("across_hosts");
   const std::string config = DemoConfig(dir);
   // Removes the run's namespaces (and any daemon in them) even if the script
@@ -146,11 +150,7 @@ TEST_CASE("the demo trains across five simulated hosts, capped links changing on
 
 TEST_CASE("a daemon bound to its host's address is not reachable at the host's other interface",
           "[multihost][netns]") {
-  const std::string why = WhyNoNamespaces();
-  if (!why.empty()) {
-    Skip("simulated hosts cannot be made here: " + why);
-    return;
-  }
+  if (SkippedWithoutNamespaces()) return;
   const std::string dir = testing::FreshTempDir("bind_across_hosts");
   HostsGuard hosts{absl::StrCat("psb", ::getpid())};
   // Three hosts on two networks: host 0 is 10.213.0.1 and 10.213.1.1.

@@ -384,9 +384,11 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
   // One launch per output_dir: a second would overwrite the first's logs,
   // checkpoints and model. The lock goes with this process, however it ends.
   const std::string lock_path = JoinPath(config->output_dir(), ".pstrain-launch.lock");
-  const int lock_fd = Env::Default()->CreateDirs(config->output_dir()).ok()
-                          ? ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644)
-                          : -1;
+  if (absl::Status st = Env::Default()->CreateDirs(config->output_dir()); !st.ok()) {
+    std::cerr << "pstrain launch: output_dir: " << st.message() << "\n";
+    return 2;
+  }
+  const int lock_fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (lock_fd < 0) {
     std::cerr << "pstrain launch: cannot create " << lock_path << ": " << std::strerror(errno)
               << "\n";

@@ -428,10 +428,11 @@ int K8sManifestCommand(const std::vector<std::string>& argv) {
   if (args->Get("config").empty() || args->Get("image").empty()) {
     return Fail("k8s-manifest", "--config and --image are required");
   }
-  auto config = LoadTrainingConfig(args->Get("config"));
-  if (!config.ok()) return Fail("k8s-manifest", std::string(config.status().message()));
+  // Read once: checked as a config, then carried as it is.
   auto text = Env::Default()->ReadFile(args->Get("config"));
   if (!text.ok()) return Fail("k8s-manifest", std::string(text.status().message()));
+  auto config = ParseTrainingConfig(*text, args->Get("config"));
+  if (!config.ok()) return Fail("k8s-manifest", std::string(config.status().message()));
   K8sManifestOptions o;
   o.kind = args->Get("kind");
   o.name = args->Get("name");

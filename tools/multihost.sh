@@ -28,6 +28,9 @@ for arg in "$@"; do
     *) echo "multihost.sh: unknown argument $arg" >&2; exit 2 ;;
   esac
 done
+case "$name" in
+  ''|*[!a-z0-9]*) echo "multihost.sh: --name: expected lower-case letters and digits" >&2; exit 2 ;;
+esac
 if ! why=$("$hosts" check); then
   echo "multihost.sh: cannot simulate hosts here: $why" >&2
   exit 77

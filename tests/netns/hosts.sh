@@ -16,6 +16,13 @@ set -euo pipefail
 addr() { echo "10.213.${2:-0}.$(($1 + 1))"; }
 
 case "${1:-}" in
+  up|cap|down)
+    case "${2:-}" in
+      ''|*[!a-z0-9]*) echo "hosts.sh: NAME: expected lower-case letters and digits" >&2; exit 2 ;;
+    esac ;;
+esac
+
+case "${1:-}" in
   check)
     [ "$(id -u)" -eq 0 ] || { echo "not root: network namespaces need CAP_SYS_ADMIN"; exit 1; }
     command -v ip >/dev/null || { echo "no ip command (iproute2)"; exit 1; }

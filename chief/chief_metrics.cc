@@ -35,6 +35,18 @@ class ChiefCollector : public prometheus::Collectable {
         s.workers_done());
     one("pstrain_chief_examples_per_second", "Training examples per second, all workers.",
         MetricType::Gauge, s.examples_per_sec());
+    one("pstrain_chief_worker_steps_total", "Steps all workers have reported.",
+        MetricType::Counter, static_cast<double>(s.local_steps()));
+    prometheus::MetricFamily phases = Family(
+        "pstrain_chief_worker_step_seconds_total",
+        "Time all workers spent in each phase of their steps, as reported: pull, data, compute, "
+        "push (divided by pstrain_chief_worker_steps_total: the mean step's split).",
+        MetricType::Counter);
+    AddMetric(&phases, {{"phase", "pull"}}, s.pull_seconds());
+    AddMetric(&phases, {{"phase", "data"}}, s.data_seconds());
+    AddMetric(&phases, {{"phase", "compute"}}, s.compute_seconds());
+    AddMetric(&phases, {{"phase", "push"}}, s.push_seconds());
+    out.push_back(std::move(phases));
     one("pstrain_chief_train_loss", "Mean training loss of the workers' latest reports.",
         MetricType::Gauge, s.train_loss());
     one("pstrain_chief_seconds_since_progress", "Time since the global step last moved.",

@@ -630,6 +630,10 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
            applied, dropped_stale, rejected);
   ChiefStatusResponse progress;
   chief->GetStatus(&progress);
+  // Where a worker's step went, per step on average over every worker's.
+  auto per_step_ms = [&progress](double seconds) {
+    return progress.local_steps() > 0 ? 1000.0 * seconds / progress.local_steps() : 0.0;
+  };
   nlohmann::json summary = {
       {"global_step", final_eval.step},
       {"max_steps", max_steps},
@@ -641,6 +645,12 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
        final_eval.auc ? nlohmann::json(final_eval.log_loss) : nlohmann::json()},
       {"train_loss", progress.train_loss()},
       {"examples_per_sec", progress.examples_per_sec()},
+      {"worker_steps", progress.local_steps()},
+      {"step_time_ms",
+       {{"pull", per_step_ms(progress.pull_seconds())},
+        {"data", per_step_ms(progress.data_seconds())},
+        {"compute", per_step_ms(progress.compute_seconds())},
+        {"push", per_step_ms(progress.push_seconds())}}},
       {"train_seconds", seconds},
       {"mode", IsSyncMode(config) ? "sync" : "async"},
       {"num_ps", cluster.num_ps()},

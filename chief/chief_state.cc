@@ -1,6 +1,7 @@
 #include "chief/chief_state.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -63,12 +64,28 @@ absl::Status Chief::ReportProgress(const ProgressReport& report, ProgressRespons
   if (w < 0 || w >= num_workers_) {
     return absl::InvalidArgumentError(absl::StrCat("worker ", w, " out of range"));
   }
+  const std::array<double, 4> phases = {report.pull_seconds(), report.data_seconds(),
+                                        report.compute_seconds(), report.push_seconds()};
+  for (double s : phases) {
+    // A year of step time is far beyond any run; more is not a real report.
+    if (!std::isfinite(s) || s < 0 || s > 3.2e7) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker ", w, ": phase seconds ", s, " out of range"));
+    }
+  }
+  if (report.local_steps() < 0 || report.examples() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("worker ", w, ": negative counts"));
+  }
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();
   if (first_report_ == absl::InfinitePast()) first_report_ = now;
   WorkerState& ws = workers_[w];
   ws.registered = true;
   ws.examples = std::max(ws.examples, report.examples());
+  ws.local_steps = std::max(ws.local_steps, report.local_steps());
+  for (size_t i = 0; i < phases.size(); ++i) {
+    ws.phase_seconds[i] = std::max(ws.phase_seconds[i], phases[i]);
+  }
   if (report.local_steps() > 0 && report.loss() > 0) ws.loss = report.loss();
   ws.done = report.done();
   claimed_step_ = std::max(claimed_step_, report.global_step());
@@ -84,16 +101,24 @@ void Chief::GetStatus(ChiefStatusResponse* r) {
   int registered = 0, done = 0;
   float loss_sum = 0;
   int loss_n = 0;
-  int64_t examples = 0;
+  int64_t examples = 0, local_steps = 0;
+  std::array<double, 4> phases{};
   for (const WorkerState& ws : workers_) {
     registered += ws.registered;
     done += ws.done;
     examples += ws.examples;
+    local_steps += ws.local_steps;
+    for (size_t i = 0; i < phases.size(); ++i) phases[i] += ws.phase_seconds[i];
     if (ws.loss > 0) {
       loss_sum += ws.loss;
       ++loss_n;
     }
   }
+  r->set_local_steps(local_steps);
+  r->set_pull_seconds(phases[0]);
+  r->set_data_seconds(phases[1]);
+  r->set_compute_seconds(phases[2]);
+  r->set_push_seconds(phases[3]);
   r->set_workers_registered(registered);
   r->set_workers_done(done);
   r->set_train_loss(loss_n > 0 ? loss_sum / loss_n : 0);

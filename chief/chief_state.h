@@ -6,6 +6,7 @@
 #ifndef PSTRAIN_CHIEF_CHIEF_STATE_H_
 #define PSTRAIN_CHIEF_CHIEF_STATE_H_
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -73,7 +74,9 @@ class Chief {
     bool registered = false;
     bool done = false;
     int64_t examples = 0;
+    int64_t local_steps = 0;
     float loss = 0;
+    std::array<double, 4> phase_seconds{};  // pull, data, compute, push
   };
   bool AllDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -1,5 +1,7 @@
 #include "chief/chief_state.h"
 
+#include <cmath>
+#include <limits>
 #include <thread>
 
 #include "catch2/catch.hpp"
@@ -99,6 +101,39 @@ TEST_CASE("all workers done ends the wait", "[chief]") {
   }
   CHECK(chief.WaitForWorkersDone(absl::Milliseconds(5)));
   CHECK(chief.AllWorkersDone());
+}
+
+TEST_CASE("the chief sums the workers' step-time split; a bad split is refused, changing nothing",
+          "[chief]") {
+  Chief chief(2, 100, 9, 5, 0);
+  chief.MarkInitialized();
+  ProgressResponse resp;
+  ProgressReport a = Report(0, 3);
+  a.set_local_steps(10);
+  a.set_pull_seconds(1.0);
+  a.set_data_seconds(0.25);
+  a.set_compute_seconds(2.0);
+  a.set_push_seconds(0.5);
+  REQUIRE(chief.ReportProgress(a, &resp).ok());
+  ProgressReport b = Report(1, 3);
+  b.set_local_steps(30);
+  b.set_pull_seconds(3.0);
+  b.set_compute_seconds(4.0);
+  REQUIRE(chief.ReportProgress(b, &resp).ok());
+  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity(), 1e9}) {
+    ProgressReport r = Report(1, 4);
+    r.set_local_steps(1000);
+    r.set_push_seconds(bad);
+    INFO(bad);
+    CHECK(absl::IsInvalidArgument(chief.ReportProgress(r, &resp)));
+  }
+  ChiefStatusResponse s;
+  chief.GetStatus(&s);
+  CHECK(s.local_steps() == 40);
+  CHECK(s.pull_seconds() == 4.0);
+  CHECK(s.data_seconds() == 0.25);
+  CHECK(s.compute_seconds() == 6.0);
+  CHECK(s.push_seconds() == 0.5);
 }
 
 }  // namespace

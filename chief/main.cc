@@ -31,9 +31,6 @@ ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
 ABSL_FLAG(bool, resume, false,
           "start from the latest complete checkpoint in the config's checkpoint.dir (values, "
           "optimizer slots, step, data cursors); from the seed when there is none");
-ABSL_FLAG(std::string, metrics_address, "",
-          "serve /metrics, /healthz and /readyz on host:port (port 0: any free one); off when "
-          "empty");
 ABSL_FLAG(std::string, init_from, "",
           "a checkpoint directory (ckpt-<step>) whose values start a new run at step 0 with "
           "fresh optimizer state; a --resume that finds a checkpoint of the run's own wins");
@@ -73,10 +70,12 @@ int main(int argc, char** argv) {
   LOG_INFO("chief listening on {}; {} ps, {} workers, incarnation {:x}", address,
            task->cluster.num_ps(), task->cluster.num_workers(), incarnation);
   std::unique_ptr<pstrain::MonitoringServer> monitoring;
-  if (const std::string m = absl::GetFlag(FLAGS_metrics_address); !m.empty()) {
+  if (const std::string& m = setup->metrics_address; !m.empty()) {
     const int workers = task->cluster.num_workers();
     auto started = pstrain::MonitoringServer::Start(
-        m, {pstrain::ChiefMetrics(&chief), pstrain::ProcessMetrics(), pstrain::RefusalMetrics(&auth)},
+        m,
+        {pstrain::ChiefMetrics(&chief), pstrain::ProcessMetrics(), pstrain::RpcMetrics(),
+         pstrain::RefusalMetrics(&auth)},
         [&chief, workers] { return pstrain::ChiefNotReady(&chief, workers); },
         {{"job", pstrain::kChiefJob}, {"task", "0"}});
     if (!started.ok()) {

@@ -42,8 +42,42 @@ absl::Status SpecError(const std::string& source, const std::string& key,
 }
 
 // "pstrain": {"auth": {"secret_file": "auth/cluster.secret"}, "insecure": false}
+// "pstrain".{"metrics"}: {"job": ["host:port", ...], ...}, checked against
+// the cluster by Parse once every job is read.
+absl::Status ParseMetrics(const std::string& source, const std::string& key, const json& metrics,
+                          std::map<std::string, std::vector<std::string>>* out) {
+  if (!metrics.is_object()) {
+    return SpecError(source, key,
+                     "expected {\"job\": [\"host:port\", ...]}: where each task serves /metrics");
+  }
+  for (auto it = metrics.begin(); it != metrics.end(); ++it) {
+    const std::string job_key = absl::StrCat(key, ".\"", it.key(), "\"");
+    if (KnownJobs().count(it.key()) == 0) {
+      return SpecError(
+          source, job_key,
+          absl::StrCat("unknown job; expected one of ", absl::StrJoin(KnownJobs(), ", ")));
+    }
+    if (!it.value().is_array()) {
+      return SpecError(source, job_key, "expected an array of \"host:port\" strings, one per task");
+    }
+    std::vector<std::string>& addrs = (*out)[it.key()];
+    for (size_t i = 0; i < it.value().size(); ++i) {
+      const json& entry = it.value()[i];
+      const std::string entry_key = absl::StrCat(job_key, "[", i, "]");
+      if (!entry.is_string()) {
+        return SpecError(source, entry_key, "expected a \"host:port\" string");
+      }
+      absl::StatusOr<HostPort> hp = ParseHostPort(entry.get<std::string>());
+      if (!hp.ok()) return SpecError(source, entry_key, std::string(hp.status().message()));
+      addrs.push_back(entry.get<std::string>());
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseExtras(const std::string& source, const json& extras,
-                         std::string* secret_file, bool* insecure) {
+                         std::string* secret_file, bool* insecure,
+                         std::map<std::string, std::vector<std::string>>* metrics) {
   if (!extras.is_object()) {
     return SpecError(source, "\"pstrain\"", "expected an object of pstrain extras");
   }
@@ -67,8 +101,11 @@ absl::Status ParseExtras(const std::string& source, const json& extras,
         }
         *secret_file = a.value().get<std::string>();
       }
+    } else if (it.key() == "metrics") {
+      RETURN_IF_ERROR(ParseMetrics(source, key, it.value(), metrics));
     } else {
-      return SpecError(source, key, "unknown key; expected \"auth\" or \"insecure\"");
+      return SpecError(source, key,
+                       "unknown key; expected \"auth\", \"insecure\" or \"metrics\"");
     }
   }
   return absl::OkStatus();
@@ -177,7 +214,8 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Parse(const std::string& json_text,
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     const std::string& job = it.key();
     if (job == "pstrain") {
-      RETURN_IF_ERROR(ParseExtras(source, it.value(), &spec.auth_secret_file_, &spec.insecure_));
+      RETURN_IF_ERROR(ParseExtras(source, it.value(), &spec.auth_secret_file_, &spec.insecure_,
+                                  &spec.metrics_));
       continue;
     }
     if (KnownJobs().count(job) == 0) {
@@ -218,7 +256,32 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Parse(const std::string& json_text,
   if (spec.num_tasks(kChiefJob) != 1) {
     return SpecError(source, "\"chief\"", "expected exactly one chief address");
   }
+  for (const auto& [job, addrs] : spec.metrics_) {
+    const std::string key = absl::StrCat("\"pstrain\".\"metrics\".\"", job, "\"");
+    if (static_cast<int>(addrs.size()) != spec.num_tasks(job)) {
+      return SpecError(source, key,
+                       absl::StrCat(addrs.size(), " address(es) for ", spec.num_tasks(job),
+                                    " task(s); expected one per task"));
+    }
+    for (size_t i = 0; i < addrs.size(); ++i) {
+      const HostPort hp = *ParseHostPort(addrs[i]);
+      const std::string entry_key = absl::StrCat(key, "[", i, "]");
+      auto [prev, inserted] =
+          seen.emplace(absl::StrCat(CanonicalHost(hp.host), ":", hp.port), entry_key);
+      if (!inserted) {
+        return SpecError(source, entry_key,
+                         absl::StrCat("duplicate address \"", addrs[i], "\", already used by ",
+                                      prev->second, "; every endpoint needs its own port"));
+      }
+    }
+  }
   return spec;
+}
+
+std::string ClusterSpec::metrics_address(const std::string& job, int index) const {
+  auto it = metrics_.find(job);
+  if (it == metrics_.end() || index < 0 || index >= static_cast<int>(it->second.size())) return "";
+  return it->second[static_cast<size_t>(index)];
 }
 
 absl::StatusOr<ClusterSpec> ClusterSpec::FromFile(const std::string& path) {

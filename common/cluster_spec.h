@@ -69,17 +69,24 @@ class ClusterSpec {
   const std::string& source() const { return source_; }
   // Whether every task's host is a loopback one (localhost, 127.0.0.0/8, ::1).
   bool AllLoopback() const;
-  // The "pstrain" extras: {"auth": {"secret_file": PATH}, "insecure": BOOL}.
+  // The "pstrain" extras: {"auth": {"secret_file": PATH}, "insecure": BOOL,
+  // "metrics": {...}}.
   // A relative secret_file read by FromFile is made relative to the spec
   // file's directory; from TF_CONFIG, to the working directory.
   const std::string& auth_secret_file() const { return auth_secret_file_; }
   bool insecure() const { return insecure_; }
+  // {"metrics": {"ps": ["host:port", ...], ...}}: where each task of a job
+  // serves /metrics (one address per task, each a port of its own). Empty
+  // where the spec names none for the task.
+  std::string metrics_address(const std::string& job, int index) const;
+  bool has_metrics() const { return !metrics_.empty(); }
 
  private:
   std::string source_;
   std::string auth_secret_file_;
   bool insecure_ = false;
   std::map<std::string, std::vector<std::string>> jobs_;
+  std::map<std::string, std::vector<std::string>> metrics_;  // job -> per task
 };
 
 // A task's identity and its cluster, from flags or from TF_CONFIG.

@@ -70,9 +70,39 @@ TEST_CASE("pstrain extras are not jobs, and their keys are checked", "[cluster_s
       "s");
   REQUIRE(spec.ok());
   CHECK(spec->AllTasks().size() == 3);
-  auto typo = ClusterSpec::Parse(R"({"chief": ["a:1"], "pstrain": {"metrics": {}}})", "s");
-  CHECK(std::string(typo.status().message()).find("\"pstrain\".\"metrics\": unknown key") !=
+  auto typo = ClusterSpec::Parse(R"({"chief": ["a:1"], "pstrain": {"metric": {}}})", "s");
+  CHECK(std::string(typo.status().message()).find("\"pstrain\".\"metric\": unknown key") !=
         std::string::npos);
+}
+
+TEST_CASE("the spec may say where each task serves /metrics", "[cluster_spec]") {
+  auto spec = ClusterSpec::Parse(
+      R"({"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2", "127.0.0.1:3"], "worker": ["h:4"],
+          "pstrain": {"metrics": {"chief": ["127.0.0.1:9100"],
+                                  "ps": ["127.0.0.1:9101", "127.0.0.1:9102"]}}})",
+      "s");
+  REQUIRE(spec.ok());
+  CHECK(spec->has_metrics());
+  CHECK(spec->metrics_address("chief", 0) == "127.0.0.1:9100");
+  CHECK(spec->metrics_address("ps", 1) == "127.0.0.1:9102");
+  CHECK(spec->metrics_address("worker", 0).empty());  // none named for workers
+  CHECK(spec->metrics_address("ps", 2).empty());
+  CHECK_FALSE(ClusterSpec::Parse(kGood, "s")->has_metrics());
+
+  const std::string base = R"({"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"], "worker": ["h:4"],
+                               "pstrain": {"metrics": )";
+  auto error = [&base](const std::string& metrics) { return ErrorOf(base + metrics + "}}"); };
+  CHECK(error(R"({"ps": ["127.0.0.1:9101", "127.0.0.1:9102"]})") ==
+        "cluster spec spec.json: key \"pstrain\".\"metrics\".\"ps\": 2 address(es) for 1 "
+        "task(s); expected one per task");
+  CHECK(error(R"({"ps": ["127.0.0.1:2"]})").find("duplicate address \"127.0.0.1:2\", already "
+                                                  "used by \"ps\"[0]") != std::string::npos);
+  CHECK(error(R"({"ps": ["127.0.0.1:9"], "chief": ["localhost:9"]})")
+            .find("every endpoint needs its own port") != std::string::npos);
+  CHECK(error(R"({"evaluator": ["127.0.0.1:9"]})").find("unknown job") != std::string::npos);
+  CHECK(error(R"({"ps": "127.0.0.1:9"})").find("expected an array") != std::string::npos);
+  CHECK(error(R"({"ps": ["127.0.0.1"]})").find("\"ps\"[0]") != std::string::npos);
+  CHECK(error(R"(["127.0.0.1:9"])").find("where each task serves /metrics") != std::string::npos);
 }
 
 TEST_CASE("task index out of range is refused", "[cluster_spec]") {

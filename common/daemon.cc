@@ -1,6 +1,9 @@
 #include "common/daemon.h"
 
+#include <arpa/inet.h>
+
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "common/allocator.h"
 #include "common/config.h"
 #include "common/logging.h"
@@ -15,10 +18,31 @@ ABSL_FLAG(std::string, auth_token_file, "",
 ABSL_FLAG(std::string, bind, "",
           "ps and chief: listen on this host at the task's port instead of the task's own "
           "address (e.g. 0.0.0.0 in a container)");
+ABSL_FLAG(std::string, metrics_address, "",
+          "serve /metrics, /healthz and /readyz on host:port (port 0: any free one); default: "
+          "the cluster spec's \"pstrain\": {\"metrics\": ...} address for this task, on the "
+          "--bind host where set; off when neither names one");
 ABSL_FLAG(bool, insecure, false,
           "allow a cluster spec with non-loopback hosts to run without authentication");
 
 namespace pstrain {
+
+absl::StatusOr<std::string> ResolveMetricsAddress(const TaskConfig& task, const std::string& flag,
+                                                  const std::string& bind) {
+  if (!flag.empty()) return flag;
+  const std::string spec = task.cluster.metrics_address(task.task.job, task.task.index);
+  if (spec.empty()) return std::string();
+  const HostPort hp = *ParseHostPort(spec);  // validated by the spec's parser
+  if (!bind.empty()) return HostPortString(bind, hp.port);
+  in_addr ignored;
+  if (hp.host != "localhost" && ::inet_pton(AF_INET, hp.host.c_str(), &ignored) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        task.cluster.source(), ": \"pstrain\".\"metrics\" names ", spec, " for ",
+        task.task.ToString(), "; its endpoint listens on an IPv4 address: give one, or start the "
+        "task with --bind=0.0.0.0 (or --metrics_address=HOST:PORT)"));
+  }
+  return spec;
+}
 
 absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool config_required,
                                         const char* tf_config) {
@@ -40,6 +64,9 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
                                absl::GetFlag(FLAGS_auth_secret_file),
                                absl::GetFlag(FLAGS_auth_token_file), absl::GetFlag(FLAGS_insecure),
                                absl::GetFlag(FLAGS_bind)));
+  ASSIGN_OR_RETURN(setup.metrics_address,
+                   ResolveMetricsAddress(setup.task, absl::GetFlag(FLAGS_metrics_address),
+                                         absl::GetFlag(FLAGS_bind)));
   SetCallCredentials(setup.task.task.ToString(), setup.auth.own_token);
   InitLogging(setup.task.task.ToString(), absl::GetFlag(FLAGS_log_level));
   if (!setup.auth.own_token.empty()) {

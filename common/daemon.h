@@ -7,8 +7,8 @@
 // that role's defaults and help text (flags are defined in main.cc only);
 // SetUpDaemon reads them. Any binary linking this library must define all five.
 // The authentication flags (--auth_secret_file, --auth_token_file,
-// --insecure) and --bind are the same for every role and are defined in
-// daemon.cc.
+// --insecure), --bind and --metrics_address are the same for every role and
+// are defined in daemon.cc.
 #ifndef PSTRAIN_COMMON_DAEMON_H_
 #define PSTRAIN_COMMON_DAEMON_H_
 
@@ -27,6 +27,7 @@ ABSL_DECLARE_FLAG(int, task);
 ABSL_DECLARE_FLAG(std::string, config);
 ABSL_DECLARE_FLAG(std::string, log_level);
 ABSL_DECLARE_FLAG(std::string, bind);
+ABSL_DECLARE_FLAG(std::string, metrics_address);
 
 namespace pstrain {
 
@@ -34,7 +35,14 @@ struct DaemonSetup {
   TaskConfig task;
   std::optional<TrainingConfig> config;
   AuthSetup auth;  // its token is already on every call this process makes
+  // Where to serve /metrics ("host:port"); empty: nowhere.
+  std::string metrics_address;
 };
+
+// --metrics_address when set; else the spec's address for the task (on
+// `bind`'s host where set); else empty. The endpoint needs an IPv4 host.
+absl::StatusOr<std::string> ResolveMetricsAddress(const TaskConfig& task, const std::string& flag,
+                                                  const std::string& bind);
 
 // Resolves the task (which must belong to `expected_job`) from the flags or,
 // when --cluster_spec is empty, from `tf_config` (the TF_CONFIG value, or

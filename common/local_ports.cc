@@ -34,8 +34,8 @@ std::vector<int> PickFreePorts(int n) {
   return ports;
 }
 
-std::string LocalClusterSpecJson(int ps, int workers) {
-  const std::vector<int> ports = PickFreePorts(1 + ps + workers);
+std::string LocalClusterSpecJson(int ps, int workers, bool metrics) {
+  const std::vector<int> ports = PickFreePorts((metrics ? 2 : 1) * (1 + ps + workers));
   size_t next = 0;
   auto list = [&ports, &next](int n) {
     std::string s;
@@ -46,8 +46,15 @@ std::string LocalClusterSpecJson(int ps, int workers) {
   };
   const std::string chief = list(1);
   const std::string servers = list(ps);
+  const std::string worker_list = list(workers);
+  std::string extras;
+  if (metrics) {
+    const std::string chief_m = list(1), ps_m = list(ps);
+    extras = absl::StrCat(",\n \"pstrain\": {\"metrics\": {\"chief\": [", chief_m, "], \"ps\": [",
+                          ps_m, "], \"worker\": [", list(workers), "]}}");
+  }
   return absl::StrCat("{\"chief\": [", chief, "], \"ps\": [", servers, "], \"worker\": [",
-                      list(workers), "]}\n");
+                      worker_list, "]", extras, "}\n");
 }
 
 }  // namespace pstrain

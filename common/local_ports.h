@@ -15,8 +15,9 @@ namespace pstrain {
 std::vector<int> PickFreePorts(int n);
 
 // A cluster spec (JSON) with 1 chief, `ps` servers and `workers` workers on
-// free loopback ports.
-std::string LocalClusterSpecJson(int ps, int workers);
+// free loopback ports; with `metrics`, each task also gets a free port for
+// /metrics in the "pstrain" extras.
+std::string LocalClusterSpecJson(int ps, int workers, bool metrics = false);
 
 }  // namespace pstrain
 

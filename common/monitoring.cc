@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <utility>
 
@@ -137,6 +138,23 @@ void AddMetric(prometheus::MetricFamily* family,
   family->metric.push_back(std::move(m));
 }
 
+void AddHistogram(prometheus::MetricFamily* family,
+                  std::vector<std::pair<std::string, std::string>> labels,
+                  const Histogram::Snapshot& histogram) {
+  prometheus::ClientMetric m;
+  for (auto& [k, v] : labels) m.label.push_back({std::move(k), std::move(v)});
+  m.histogram.sample_count = histogram.cumulative.back();
+  m.histogram.sample_sum = histogram.sum;
+  for (size_t i = 0; i < histogram.cumulative.size(); ++i) {
+    prometheus::ClientMetric::Bucket b;
+    b.cumulative_count = histogram.cumulative[i];
+    b.upper_bound = i < histogram.bounds.size() ? histogram.bounds[i]
+                                                : std::numeric_limits<double>::infinity();
+    m.histogram.bucket.push_back(b);
+  }
+  family->metric.push_back(std::move(m));
+}
+
 void AddSingle(std::vector<prometheus::MetricFamily>* out, const std::string& name,
                const std::string& help, prometheus::MetricType type, double value) {
   prometheus::MetricFamily f = Family(name, help, type);
@@ -169,6 +187,58 @@ class RefusalCollector : public prometheus::Collectable {
 };
 
 }  // namespace
+
+namespace {
+
+class RpcCollector : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> out;
+    const std::vector<const RpcStats::Method*> methods = ServerRpcStats().Methods();
+    if (methods.empty()) return out;  // a worker serves no RPCs
+    const std::string prefix = "pstrain_rpc_server_";
+    const std::string verb = "served";
+    prometheus::MetricFamily handled =
+        Family(prefix + "handled_total",
+               "RPCs " + verb + " by this process that completed, by gRPC status code.",
+               prometheus::MetricType::Counter);
+    prometheus::MetricFamily seconds = Family(
+        prefix + "handling_seconds",
+        "Latency of RPCs " + verb + " by this process, from the call's start to its status.",
+        prometheus::MetricType::Histogram);
+    prometheus::MetricFamily received =
+        Family(prefix + "received_bytes_total",
+               "Message bytes received in RPCs " + verb + " by this process.",
+               prometheus::MetricType::Counter);
+    prometheus::MetricFamily sent = Family(
+        prefix + "sent_bytes_total", "Message bytes sent in RPCs " + verb + " by this process.",
+        prometheus::MetricType::Counter);
+    for (const RpcStats::Method* m : methods) {
+      for (size_t code = 0; code < m->by_code.size(); ++code) {
+        const uint64_t n = m->by_code[code].load(std::memory_order_relaxed);
+        if (n == 0 && code != 0) continue;  // OK always; other codes once seen
+        AddMetric(&handled,
+                  {{"service", m->service}, {"method", m->name},
+                   {"code", StatusCodeName(static_cast<int>(code))}},
+                  static_cast<double>(n));
+      }
+      AddHistogram(&seconds, {{"service", m->service}, {"method", m->name}}, m->seconds.Read());
+      AddMetric(&received, {{"service", m->service}, {"method", m->name}},
+                static_cast<double>(m->received_bytes.load(std::memory_order_relaxed)));
+      AddMetric(&sent, {{"service", m->service}, {"method", m->name}},
+                static_cast<double>(m->sent_bytes.load(std::memory_order_relaxed)));
+    }
+    out.push_back(std::move(handled));
+    out.push_back(std::move(seconds));
+    out.push_back(std::move(received));
+    out.push_back(std::move(sent));
+    return out;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<prometheus::Collectable> RpcMetrics() { return std::make_shared<RpcCollector>(); }
 
 std::shared_ptr<prometheus::Collectable> RefusalMetrics(const Authorizer* auth) {
   return std::make_shared<RefusalCollector>(auth);

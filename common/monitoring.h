@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/auth.h"
+#include "common/rpc_stats.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 
@@ -75,12 +76,23 @@ std::shared_ptr<prometheus::Collectable> ProcessMetrics();
 // calls `auth` refused (common/auth.h). `auth` must outlive the collectable.
 std::shared_ptr<prometheus::Collectable> RefusalMetrics(const Authorizer* auth);
 
+// The RPCs this process served (common/rpc_stats.h), by service, method
+// and status code:
+//   pstrain_rpc_server_handled_total{service,method,code}
+//   pstrain_rpc_server_handling_seconds{service,method} (histogram)
+//   pstrain_rpc_server_received_bytes_total / _sent_bytes_total{service,method}
+std::shared_ptr<prometheus::Collectable> RpcMetrics();
+
 // Building blocks for collectables: a family of one type, and one metric of
 // it with labels and a value (counter, gauge or untyped).
 prometheus::MetricFamily Family(const std::string& name, const std::string& help,
                                 prometheus::MetricType type);
 void AddMetric(prometheus::MetricFamily* family,
                std::vector<std::pair<std::string, std::string>> labels, double value);
+// One histogram metric (family->type must be Histogram).
+void AddHistogram(prometheus::MetricFamily* family,
+                  std::vector<std::pair<std::string, std::string>> labels,
+                  const Histogram::Snapshot& histogram);
 // Appends a family holding one metric without labels.
 void AddSingle(std::vector<prometheus::MetricFamily>* out, const std::string& name,
                const std::string& help, prometheus::MetricType type, double value);

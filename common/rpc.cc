@@ -14,6 +14,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/support/client_interceptor.h"
 #include "common/cluster_spec.h"
+#include "common/rpc_stats.h"
 
 namespace pstrain {
 
@@ -173,6 +174,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& add
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   for (const auto& [name, value] : TransportArgs()) builder.AddChannelArgument(name, value);
   builder.RegisterService(service);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(ServerStatsInterceptor());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) {
     return absl::UnavailableError(

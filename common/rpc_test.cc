@@ -8,6 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
+#include "common/rpc_stats.h"
+#include "common/wire_frame.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "proto/ps_service.grpc.pb.h"
 
 namespace pstrain {
@@ -112,6 +115,118 @@ TEST_CASE("a server listens on its task's host only, or where --bind says", "[rp
   auto bad = StartServer("127.0.0.1:1", &service, "not a host");
   CHECK(absl::IsInvalidArgument(bad.status()));
   CHECK(std::string(bad.status().message()).find("--bind") != std::string::npos);
+}
+
+// Answers GetStatus with a fixed version, and Push (raw bytes, as the real
+// server takes it) with an echo of its request; everything else is
+// UNIMPLEMENTED.
+class CountedService final : public PsService::WithRawCallbackMethod_Push<PsService::Service> {
+ public:
+  grpc::Status GetStatus(grpc::ServerContext*, const PsStatusRequest*,
+                         PsStatusResponse* resp) override {
+    resp->set_version(12345);
+    resp->set_incarnation(0xabcdef);
+    return grpc::Status::OK;
+  }
+  grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
+                                 grpc::ByteBuffer* resp) override {
+    *resp = *req;
+    grpc::ServerUnaryReactor* r = ctx->DefaultReactor();
+    r->Finish(grpc::Status::OK);
+    return r;
+  }
+};
+
+struct Counts {
+  uint64_t ok = 0, unimplemented = 0, calls = 0, sent = 0, received = 0;
+};
+Counts Read(RpcStats& stats, const char* method) {
+  RpcStats::Method* m = stats.Find(method);
+  return {m->by_code[0].load(), m->by_code[grpc::StatusCode::UNIMPLEMENTED].load(),
+          m->seconds.Read().cumulative.back(), m->sent_bytes.load(), m->received_bytes.load()};
+}
+
+TEST_CASE("every call served is counted by method and code, with its bytes", "[rpc]") {
+  CountedService service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  for (int p = 26000 + (::getpid() % 20000); p < 65000 && server == nullptr; p += 17) {
+    auto s = StartServer(absl::StrCat("127.0.0.1:", p), &service);
+    if (s.ok()) {
+      server = std::move(*s);
+      port = p;
+    }
+  }
+  REQUIRE(server != nullptr);
+  const char kStatus[] = "/pstrain.PsService/GetStatus";
+  const char kShutdown[] = "/pstrain.PsService/Shutdown";
+  const char kPush[] = "/pstrain.PsService/Push";
+  // The stats are the process's: compare before and after.
+  const Counts s0 = Read(ServerRpcStats(), kStatus);
+  const Counts sd0 = Read(ServerRpcStats(), kShutdown);
+  const Counts sp0 = Read(ServerRpcStats(), kPush);
+
+  std::shared_ptr<grpc::Channel> channel = CreateChannel(absl::StrCat("127.0.0.1:", port));
+  auto stub = PsService::NewStub(channel);
+  PsStatusRequest req;
+  PsStatusResponse expected;
+  expected.set_version(12345);
+  expected.set_incarnation(0xabcdef);
+  for (int i = 0; i < 3; ++i) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(10));
+    PsStatusResponse resp;
+    REQUIRE(stub->GetStatus(&ctx, req, &resp).ok());
+  }
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(10));
+    ShutdownRequest sreq;
+    sreq.set_reason("test");
+    ShutdownResponse sresp;
+    CHECK(stub->Shutdown(&ctx, sreq, &sresp).error_code() == grpc::StatusCode::UNIMPLEMENTED);
+  }
+  // A raw call of 100,000 bytes, echoed.
+  grpc::GenericStub raw(channel);
+  const std::string payload(100000, 'x');
+  grpc::Slice slice(payload);
+  grpc::ByteBuffer request(&slice, 1), response;
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(10));
+    REQUIRE(RawCall(&raw, &ctx, kPush, request, &response).ok());
+  }
+  server->Shutdown();
+
+  const Counts s1 = Read(ServerRpcStats(), kStatus);
+  const uint64_t req_bytes = req.ByteSizeLong(), resp_bytes = expected.ByteSizeLong();
+  CHECK(resp_bytes > 0);
+  CHECK(s1.ok - s0.ok == 3);
+  CHECK(s1.calls - s0.calls == 3);  // the histogram's count
+  CHECK(s1.received - s0.received == 3 * req_bytes);
+  CHECK(s1.sent - s0.sent == 3 * resp_bytes);
+
+  const Counts sd1 = Read(ServerRpcStats(), kShutdown);
+  CHECK(sd1.unimplemented - sd0.unimplemented == 2);
+  CHECK(sd1.ok == sd0.ok);
+  CHECK(sd1.sent == sd0.sent);  // an error carries no message
+
+  const Counts sp1 = Read(ServerRpcStats(), kPush);
+  CHECK(sp1.ok - sp0.ok == 1);
+  CHECK(sp1.received - sp0.received == 100000);
+  CHECK(sp1.sent - sp0.sent == 100000);
+
+  RpcStats::Method* m = ServerRpcStats().Find(kStatus);
+  CHECK(m->service == "pstrain.PsService");
+  CHECK(m->name == "GetStatus");
+}
+
+TEST_CASE("a histogram puts each value in the first bucket that holds it", "[rpc]") {
+  Histogram h({1, 2, 5});
+  for (double v : {0.5, 1.0, 1.5, 2.0, 4.0, 5.0, 9.0}) h.Observe(v);
+  const Histogram::Snapshot s = h.Read();
+  CHECK(s.cumulative == std::vector<uint64_t>{2, 4, 6, 7});  // le=1, 2, 5, +Inf
+  CHECK(s.sum == Approx(23.0));
 }
 
 }  // namespace

@@ -30,9 +30,6 @@ ABSL_FLAG(std::string, config, "", "training config (accepted for uniformity; th
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
 ABSL_FLAG(int, chief_timeout_s, 60,
           "exit (code 1) when the chief, once reached, has been unreachable this long; 0: never");
-ABSL_FLAG(std::string, metrics_address, "",
-          "serve /metrics, /healthz and /readyz on host:port (port 0: any free one); off when "
-          "empty");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("pstrain parameter server: --cluster_spec=FILE --task=N");
@@ -59,9 +56,11 @@ int main(int argc, char** argv) {
   }
   LOG_INFO("parameter server listening on {}", address);
   std::unique_ptr<pstrain::MonitoringServer> monitoring;
-  if (const std::string m = absl::GetFlag(FLAGS_metrics_address); !m.empty()) {
+  if (const std::string& m = setup->metrics_address; !m.empty()) {
     auto started = pstrain::MonitoringServer::Start(
-        m, {pstrain::PsMetrics(&ps), pstrain::ProcessMetrics(), pstrain::RefusalMetrics(&auth)},
+        m,
+        {pstrain::PsMetrics(&ps), pstrain::ProcessMetrics(), pstrain::RpcMetrics(),
+         pstrain::RefusalMetrics(&auth)},
         [&ps]() -> std::string {
           pstrain::PsStatusResponse s;
           ps.GetStatus(&s);

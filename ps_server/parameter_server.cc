@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,28 @@
 
 namespace pstrain {
 namespace {
+
+// Times one partition's apply into its total and the server's histogram.
+class ApplyTimer {
+ public:
+  ApplyTimer(std::atomic<int64_t>* nanos, Histogram* seconds)
+      : nanos_(nanos), seconds_(seconds), start_(std::chrono::steady_clock::now()) {}
+  ~ApplyTimer() {
+    const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now() - start_)
+                           .count();
+    nanos_->fetch_add(ns, std::memory_order_relaxed);
+    seconds_->Observe(static_cast<double>(ns) * 1e-9);
+  }
+  ApplyTimer(const ApplyTimer&) = delete;
+  ApplyTimer& operator=(const ApplyTimer&) = delete;
+
+ private:
+  std::atomic<int64_t>* const nanos_;
+  Histogram* const seconds_;
+  const std::chrono::steady_clock::time_point start_;
+};
+
 
 // Elements per apply chunk: the summed or copied gradient of one chunk stays
 // in L1 while the optimizer consumes it.
@@ -243,6 +266,7 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     version_ = request.start_step();
     open_partitions_ = static_cast<int>(model_->partitions.size());
     step_deadline_ = absl::InfiniteFuture();
+    step_first_gradient_ = absl::InfiniteFuture();
     sync_failure_ = absl::OkStatus();
     empty_arrived_.assign(model_->num_workers, 0);
     async_admitted_ = 0;
@@ -350,6 +374,8 @@ absl::Status ParameterServer::SnapshotLocked(const PullRequest& request, PullRep
     absl::MutexLock lock(&p->mu);
     reply->tensors.push_back({p->key.first, p->key.second, p->shape, p->current, nullptr, p});
     bytes += p->size * element_bytes;
+    p->pulls.fetch_add(1, std::memory_order_relaxed);
+    p->pull_bytes.fetch_add(p->size * element_bytes, std::memory_order_relaxed);
   };
   if (request.refs_size() == 0) {
     for (auto& [key, p] : model_->partitions) add(p.get());
@@ -605,15 +631,15 @@ absl::Status ParameterServer::PushImpl(const PushRequest& header, const Segmente
   std::shared_ptr<Model> model;
   {
     absl::MutexLock lock(&mu_);
-    absl::Status st = CheckIncarnationLocked(header.incarnation());
-    if (st.ok() && (header.worker() < 0 || header.worker() >= model_->num_workers)) {
-      st = absl::InvalidArgumentError(absl::StrCat("Push: worker ", header.worker(),
-                                                   " out of range; expected 0..",
-                                                   model_->num_workers - 1));
-    }
-    if (!st.ok()) {
-      if (!absl::IsUnavailable(st)) ++counters_.pushes_rejected;
+    if (absl::Status st = CheckIncarnationLocked(header.incarnation()); !st.ok()) {
+      if (!absl::IsUnavailable(st)) RejectLocked(Rejection::kIncarnation);
       return st;
+    }
+    if (header.worker() < 0 || header.worker() >= model_->num_workers) {
+      RejectLocked(Rejection::kWorker);
+      return absl::InvalidArgumentError(absl::StrCat("Push: worker ", header.worker(),
+                                                     " out of range; expected 0..",
+                                                     model_->num_workers - 1));
     }
     model = model_;
   }
@@ -621,7 +647,7 @@ absl::Status ParameterServer::PushImpl(const PushRequest& header, const Segmente
   absl::Status st = LocateGradients(*model, header, frame, contents, &grads);
   if (!st.ok()) {
     absl::MutexLock lock(&mu_);
-    ++counters_.pushes_rejected;
+    RejectLocked(Rejection::kShape);
     return st;
   }
   return model->sync ? PushSync(model, header, grads, response)
@@ -653,7 +679,7 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
     absl::MutexLock lock(&mu_);
     if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
     if (step > version_) {
-      ++counters_.pushes_rejected;
+      RejectLocked(Rejection::kAhead);
       return absl::FailedPreconditionError(absl::StrCat(
           "Push: step ", step, " is ahead of this server's version ", version_));
     }
@@ -665,6 +691,7 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
     if (!sync_failure_.ok()) return sync_failure_;
     if (step == version_) {
       step_cursors_[w] = {true, header.cursor_epoch(), header.cursor_position()};
+      if (step_first_gradient_ == absl::InfiniteFuture()) step_first_gradient_ = absl::Now();
     }
     if (step == version_ && model->step_deadline > absl::ZeroDuration() &&
         step_deadline_ == absl::InfiniteFuture()) {
@@ -675,7 +702,7 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
     if (step == version_ && model->partitions.empty()) {
       // Nothing to aggregate: the step completes when the quorum has pushed.
       if (empty_arrived_[w]) {
-        ++counters_.pushes_rejected;
+        RejectLocked(Rejection::kDuplicate);
         return absl::InvalidArgumentError(
             absl::StrCat("Push: worker ", w, " already pushed for step ", step));
       }
@@ -695,7 +722,7 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
       for (const GradientRef& g : grads) {
         PartitionState* p = g.partition;
         if (p->arrived[w] || p->in_flight[w]) {
-          ++counters_.pushes_rejected;
+          RejectLocked(Rejection::kDuplicate);
           return absl::InvalidArgumentError(absl::StrCat("Push: worker ", w, " already pushed ",
                                                          KeyString(p->key), " for step ", step));
         }
@@ -728,6 +755,8 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
     if (static_cast<int64_t>(stage.size()) != p->size) stage.resize(p->size);  // first push only
     g->bytes->CopyFloatsTo(g->offset, p->size, g->bfloat16, stage.data());
     copied += p->size * (g->bfloat16 ? 2 : 4);
+    p->pushes.fetch_add(1, std::memory_order_relaxed);
+    p->push_bytes.fetch_add(p->size * (g->bfloat16 ? 2 : 4), std::memory_order_relaxed);
     if (non_finite == nullptr && !AllFinite(stage)) non_finite = p;
   }
   // Partitions whose quorum this push completes, with their workers.
@@ -739,7 +768,7 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
     counters_.push_payload_bytes += copied;
     counters_.push_copied_bytes += copied;
     if (non_finite != nullptr) {
-      ++counters_.pushes_rejected;
+      RejectLocked(Rejection::kNonFinite);
       return absl::InvalidArgumentError(
           absl::StrCat("gradient for ", KeyString(non_finite->key), " contains NaN or Inf"));
     }
@@ -826,6 +855,10 @@ void ParameterServer::CompleteStepLocked(int64_t step, int contributors,
   ApplyStagedRowsLocked(step, contributors);
   counters_.pushes_applied += contributors;
   version_ = step + 1;
+  if (step_first_gradient_ != absl::InfiniteFuture()) {
+    quorum_wait_seconds_.Observe(absl::ToDoubleSeconds(absl::Now() - step_first_gradient_));
+    step_first_gradient_ = absl::InfiniteFuture();
+  }
   step_deadline_ = absl::InfiniteFuture();  // the next step's starts with its first gradient
   MaybeSnapshotLocked(version_);
   step_cursors_.assign(step_cursors_.size(), StepCursor());
@@ -1115,6 +1148,7 @@ ParameterServer::Buffer ParameterServer::ApplyPartition(const Model& model, Part
   for (int w : workers) parts.push_back(p->staging[w].data());
   const float count = static_cast<float>(parts.size());
   absl::MutexLock apply_lock(&p->apply_mu);
+  ApplyTimer timer(&p->apply_nanos, &apply_seconds_);
   Buffer in, out;
   {
     absl::MutexLock lock(&p->mu);
@@ -1157,7 +1191,7 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(AwaitPushesReleasedLocked(model, "Push"));
     if (header.step() > version_) {
-      ++counters_.pushes_rejected;
+      RejectLocked(Rejection::kAhead);
       return absl::FailedPreconditionError(absl::StrCat(
           "Push: step ", header.step(), " is ahead of this server's version ", version_));
     }
@@ -1169,6 +1203,7 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
     }
     ++async_admitted_;
     ticket = version_ + async_admitted_;
+    staleness_.Observe(static_cast<double>(ticket - 1 - header.step()));
     // Where this worker's data stands once this push is in; a checkpoint's
     // cut is taken with no push in flight, so it matches what was applied.
     // (A push refused below for a NaN leaves it a batch ahead: that batch
@@ -1186,7 +1221,7 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
     if (!finite) {
       absl::MutexLock lock(&mu_);
       if (model_ == model) --async_admitted_;
-      ++counters_.pushes_rejected;
+      RejectLocked(Rejection::kNonFinite);
       return absl::InvalidArgumentError(
           absl::StrCat("gradient for ", KeyString(g.partition->key), " contains NaN or Inf"));
     }
@@ -1207,6 +1242,7 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
   for (const GradientRef& g : grads) {
     PartitionState* p = g.partition;
     absl::MutexLock apply_lock(&p->apply_mu);
+    ApplyTimer timer(&p->apply_nanos, &apply_seconds_);
     Buffer in, out;
     {
       absl::MutexLock lock(&p->mu);
@@ -1237,6 +1273,8 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
       p->current = std::move(out);
     }
     bytes += p->size * element_bytes;
+    p->pushes.fetch_add(1, std::memory_order_relaxed);
+    p->push_bytes.fetch_add(p->size * element_bytes, std::memory_order_relaxed);
   }
   std::vector<Completion> completions;
   {
@@ -1362,18 +1400,31 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
   absl::Status st = DecodeIds(request.ids(), &ids);
   std::shared_ptr<Model> model;
   Model::Table* table = nullptr;
-  auto reject = [this](absl::Status status) {
+  auto reject = [this](absl::Status status, Rejection reason) {
     absl::MutexLock lock(&mu_);
-    if (!absl::IsUnavailable(status)) ++counters_.pushes_rejected;
+    if (!absl::IsUnavailable(status)) RejectLocked(reason);
     return status;
   };
-  if (!st.ok()) return reject(st);
+  // The table's checks of ids and values: OUT_OF_RANGE for an id outside a
+  // fixed-size table, INVALID_ARGUMENT for NaN or Inf.
+  auto values_reason = [](const absl::Status& status) {
+    return absl::IsOutOfRange(status) ? Rejection::kOutOfRange : Rejection::kNonFinite;
+  };
+  if (!st.ok()) {
+    return reject(st, request.ids().size() % 8 != 0 ? Rejection::kMalformed : Rejection::kSize);
+  }
   {
     absl::MutexLock lock(&mu_);
     st = CheckRowsRequestLocked(request.incarnation(), request.worker(), request.table(), &table);
     if (st.ok() && request.worker() < 0) st = absl::InvalidArgumentError("PushRows: no worker");
     if (!st.ok()) {
-      if (!absl::IsUnavailable(st)) ++counters_.pushes_rejected;
+      // CheckRowsRequestLocked: FAILED_PRECONDITION (incarnation), NOT_FOUND
+      // (no such table), INVALID_ARGUMENT (the worker).
+      if (!absl::IsUnavailable(st)) {
+        RejectLocked(absl::IsFailedPrecondition(st) ? Rejection::kIncarnation
+                     : absl::IsNotFound(st)         ? Rejection::kShape
+                                                    : Rejection::kWorker);
+      }
       return st;
     }
     model = model_;
@@ -1381,8 +1432,9 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
   const int dim = table->rows->dim();
   if (request.gradients().size() != ids.size() * dim * sizeof(float)) {
     return reject(absl::InvalidArgumentError(absl::StrCat(
-        "PushRows: ", request.gradients().size(), " bytes of gradients for ", ids.size(),
-        " ids of table ", request.table(), " (", dim, " floats each)")));
+                      "PushRows: ", request.gradients().size(), " bytes of gradients for ",
+                      ids.size(), " ids of table ", request.table(), " (", dim, " floats each)")),
+                  Rejection::kShape);
   }
   grads.resize(ids.size() * dim);
   if (!grads.empty()) {
@@ -1392,7 +1444,7 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
   // checks them itself, changing nothing when they are refused.
   if (model->sync) {
     if (absl::Status bad = table->rows->CheckGradients(ids, grads.data()); !bad.ok()) {
-      return reject(bad);
+      return reject(bad, values_reason(bad));
     }
   }
   const int w = request.worker();
@@ -1402,7 +1454,7 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(AwaitPushesReleasedLocked(model, "PushRows"));
     if (request.step() > version_) {
-      ++counters_.pushes_rejected;
+      RejectLocked(Rejection::kAhead);
       return absl::FailedPreconditionError(absl::StrCat(
           "PushRows: step ", request.step(), " is ahead of this server's version ", version_));
     }
@@ -1424,7 +1476,7 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
       std::vector<float>& staged_grads = table->staged_grads[w];
       // A step's rows from one worker are bounded like one request's.
       if (staged_ids.size() + ids.size() > kMaxRowsPerRequest) {
-        ++counters_.pushes_rejected;
+        RejectLocked(Rejection::kSize);
         return absl::ResourceExhaustedError(absl::StrCat(
             "PushRows: worker ", w, " would stage more than ", kMaxRowsPerRequest,
             " rows of table ", request.table(), " for step ", version_));
@@ -1448,7 +1500,7 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
     absl::MutexLock lock(&mu_);
     if (model_ == model) --rows_in_flight_;
   }
-  if (!st.ok()) return reject(st);
+  if (!st.ok()) return reject(st, values_reason(st));
   response->set_outcome(APPLIED);
   return absl::OkStatus();
 }
@@ -1519,6 +1571,53 @@ std::vector<bool> ParameterServer::SyncWaitingOn() {
         break;
       }
     }
+  }
+  return out;
+}
+
+const char* ParameterServer::RejectionName(Rejection r) {
+  switch (r) {
+    case Rejection::kIncarnation: return "incarnation";
+    case Rejection::kWorker: return "worker";
+    case Rejection::kShape: return "shape";
+    case Rejection::kNonFinite: return "non_finite";
+    case Rejection::kAhead: return "ahead";
+    case Rejection::kDuplicate: return "duplicate";
+    case Rejection::kOutOfRange: return "out_of_range";
+    case Rejection::kSize: return "size";
+    case Rejection::kMalformed: return "malformed";
+  }
+  return "unknown";
+}
+
+void ParameterServer::RejectLocked(Rejection reason) {
+  ++counters_.pushes_rejected;
+  ++counters_.rejected[static_cast<size_t>(reason)];
+}
+
+std::vector<double> ParameterServer::StalenessBounds() {
+  return {0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128, 256};
+}
+
+std::vector<ParameterServer::PartitionStats> ParameterServer::partition_stats() {
+  std::shared_ptr<Model> model;
+  {
+    absl::MutexLock lock(&mu_);
+    model = model_;
+  }
+  std::vector<PartitionStats> out;
+  if (model == nullptr) return out;
+  out.reserve(model->partitions.size());
+  for (const auto& [key, p] : model->partitions) {
+    PartitionStats s;
+    s.variable = key.first;
+    s.partition = key.second;
+    s.pushes = p->pushes.load(std::memory_order_relaxed);
+    s.pulls = p->pulls.load(std::memory_order_relaxed);
+    s.push_bytes = p->push_bytes.load(std::memory_order_relaxed);
+    s.pull_bytes = p->pull_bytes.load(std::memory_order_relaxed);
+    s.apply_seconds = static_cast<double>(p->apply_nanos.load(std::memory_order_relaxed)) * 1e-9;
+    out.push_back(std::move(s));
   }
   return out;
 }

@@ -46,6 +46,8 @@
 #ifndef PSTRAIN_PS_SERVER_PARAMETER_SERVER_H_
 #define PSTRAIN_PS_SERVER_PARAMETER_SERVER_H_
 
+#include <array>
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -61,6 +63,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/histogram.h"
 #include "common/segmented_bytes.h"
 #include "common/tensor.h"
 #include "proto/ps_service.pb.h"
@@ -72,10 +75,27 @@ namespace pstrain {
 
 class ParameterServer {
  public:
+  // Why a push (dense or rows) was refused: the `reason` label of
+  // pstrain_ps_pushes_rejected_total.
+  enum class Rejection {
+    kIncarnation,  // from another run of the cluster
+    kWorker,       // worker index out of range
+    kShape,        // unknown variable or table; wrong shape, dtype or length
+    kNonFinite,    // NaN or Inf in a gradient
+    kAhead,        // a step this server has not reached
+    kDuplicate,    // a second gradient from one worker for one step
+    kOutOfRange,   // an id outside a fixed-size table
+    kSize,         // more ids than one request or one step may carry
+    kMalformed,    // bytes that are not what the request's fields say
+  };
+  static constexpr int kNumRejections = 9;
+  static const char* RejectionName(Rejection r);
+
   struct Counters {
     int64_t pushes_applied = 0;  // pushes whose gradients reached the model
     int64_t gradients_dropped_stale = 0;
-    int64_t pushes_rejected = 0;
+    int64_t pushes_rejected = 0;  // the sum of rejected
+    std::array<int64_t, kNumRejections> rejected{};
     int64_t pulls = 0;
     // Tensor payload bytes received in pushes and sent in pulls, and how many
     // bytes this server copied in user space to get them there.
@@ -177,6 +197,28 @@ class ParameterServer {
   };
   CheckpointStats checkpoint_stats();
 
+  // Per variable partition, for metrics: what crossed the wire for it and
+  // the time its optimizer took.
+  struct PartitionStats {
+    std::string variable;
+    int partition = 0;
+    int64_t pushes = 0;  // gradients applied or staged
+    int64_t pulls = 0;
+    int64_t push_bytes = 0;
+    int64_t pull_bytes = 0;
+    double apply_seconds = 0;
+  };
+  std::vector<PartitionStats> partition_stats();
+  // Seconds per apply of one partition's update (sync: of a step's mean).
+  const Histogram& apply_seconds() const { return apply_seconds_; }
+  // Sync: seconds from a step's first gradient on this server to the step's
+  // completion (how long the quorum kept the earliest worker waiting).
+  const Histogram& quorum_wait_seconds() const { return quorum_wait_seconds_; }
+  // Async: each applied push's staleness (updates applied since the version
+  // its gradient was computed from).
+  const Histogram& staleness() const { return staleness_; }
+  static std::vector<double> StalenessBounds();
+
   // Sync: for each worker, whether the open step still waits for its
   // gradient on this server (some partition of the step lacks it). Empty in
   // async mode, before Initialize and after the last step.
@@ -216,6 +258,8 @@ class ParameterServer {
     bool closed = false;
     int closed_count = 0;  // gradients the closed partition applies
     Buffer next;
+    // For partition_stats(): counted without a lock.
+    std::atomic<int64_t> pushes{0}, pulls{0}, push_bytes{0}, pull_bytes{0}, apply_nanos{0};
   };
 
   // Everything Initialize installs; requests hold a reference while they work
@@ -382,6 +426,14 @@ class ParameterServer {
   // Async: pushes applied per worker (the SSP clock).
   std::vector<int64_t> worker_clock_ ABSL_GUARDED_BY(mu_);
   Counters counters_ ABSL_GUARDED_BY(mu_);
+  // Counts a refused push (never an UNAVAILABLE one: a server not ready or
+  // shutting down refuses nothing about the push itself).
+  void RejectLocked(Rejection reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sync: when the open step's first gradient arrived (InfiniteFuture: none yet).
+  absl::Time step_first_gradient_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  Histogram apply_seconds_{Histogram::SecondsBounds()};
+  Histogram quorum_wait_seconds_{Histogram::SecondsBounds()};
+  Histogram staleness_{StalenessBounds()};
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
   // Sync: each worker's data cursor as its push for the open step said.

@@ -243,6 +243,16 @@ TEST_CASE("bad pushes are refused and leave the model bit-identical", "[ps][vali
   CHECK(std::memcmp(before.data(), after.data(), before.size() * 4) == 0);
   CHECK(ps.counters().pushes_rejected == 9);
   CHECK(ps.counters().pushes_applied == 0);
+  // Each refusal is counted under its reason (pstrain_ps_pushes_rejected_total{reason}).
+  auto rejected = [&ps](ParameterServer::Rejection r) {
+    return ps.counters().rejected[static_cast<size_t>(r)];
+  };
+  CHECK(rejected(ParameterServer::Rejection::kShape) == 4);  // name, shape, duplicate, bytes
+  CHECK(rejected(ParameterServer::Rejection::kNonFinite) == 2);
+  CHECK(rejected(ParameterServer::Rejection::kWorker) == 1);
+  CHECK(rejected(ParameterServer::Rejection::kAhead) == 1);
+  CHECK(rejected(ParameterServer::Rejection::kIncarnation) == 1);
+  CHECK(rejected(ParameterServer::Rejection::kDuplicate) == 0);
   // And the server still works.
   CHECK(ps.Push(Grad(0, 0, {1, 1, 1, 1}), &r).ok());
   CHECK(r.outcome() == APPLIED);
@@ -732,6 +742,43 @@ TEST_CASE("async: staleness-aware learning rate divides by the staleness", "[ps]
   CHECK(PullW(ps) == std::vector<float>{-3.5f, -3.5f, -3.5f, -3.5f});
   REQUIRE(ps.Push(Grad(0, 0, {4, 4, 4, 4}), &r).ok());  // staleness 4: lr 1/4
   CHECK(PullW(ps) == std::vector<float>{-4.5f, -4.5f, -4.5f, -4.5f});
+  // The staleness histogram saw 0, 1, 2, 0, 4 (buckets le 0, 1, 2, 3, 4, ...).
+  const Histogram::Snapshot h = ps.staleness().Read();
+  REQUIRE(h.cumulative.size() >= 5);
+  CHECK(std::vector<uint64_t>(h.cumulative.begin(), h.cumulative.begin() + 5) ==
+        std::vector<uint64_t>{2, 3, 4, 4, 5});
+  CHECK(h.cumulative.back() == 5);
+  CHECK(h.sum == 7);
+  // Per partition: 5 pushes and 5 pulls of 16 bytes each, and some apply time.
+  const std::vector<ParameterServer::PartitionStats> parts = ps.partition_stats();
+  REQUIRE(parts.size() == 1);
+  CHECK(parts[0].variable == "w");
+  CHECK(parts[0].pushes == 5);
+  CHECK(parts[0].pulls == 5);
+  CHECK(parts[0].push_bytes == 80);
+  CHECK(parts[0].pull_bytes == 80);
+  CHECK(parts[0].apply_seconds > 0);
+  CHECK(ps.apply_seconds().Read().cumulative.back() == 5);
+}
+
+TEST_CASE("sync: the quorum wait runs from a step's first gradient to its completion",
+          "[ps][sync][metrics]") {
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(InitRequest(BaseConfig(true, 2), 2)).ok());
+  PushResponse r;
+  REQUIRE(ps.Push(Grad(0, 0, {1, 1, 1, 1}), &r).ok());
+  absl::SleepFor(absl::Milliseconds(60));
+  REQUIRE(ps.Push(Grad(1, 0, {1, 1, 1, 1}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  REQUIRE(ps.Push(Grad(0, 1, {1, 1, 1, 1}), &r).ok());
+  REQUIRE(ps.Push(Grad(1, 1, {1, 1, 1, 1}), &r).ok());
+  const Histogram::Snapshot h = ps.quorum_wait_seconds().Read();
+  CHECK(h.cumulative.back() == 2);
+  CHECK(h.sum >= 0.06);
+  CHECK(h.sum < 30);
+  // One apply per step (one partition), and the step's gradients counted once each.
+  CHECK(ps.apply_seconds().Read().cumulative.back() == 2);
+  CHECK(ps.partition_stats().at(0).pushes == 4);
 }
 
 TEST_CASE("server-side Adam keeps its slots per partition across steps", "[ps][optimizer]") {

@@ -32,9 +32,21 @@ class PsCollector : public prometheus::Collectable {
     one("pstrain_ps_gradients_dropped_stale_total",
         "Sync gradients that arrived after their step (backup workers).", MetricType::Counter,
         static_cast<double>(s.gradients_dropped_stale()));
-    one("pstrain_ps_pushes_rejected_total",
-        "Pushes refused (bad shape, non-finite, wrong incarnation, ...).", MetricType::Counter,
-        static_cast<double>(s.pushes_rejected()));
+    const ParameterServer::Counters counters = ps_->counters();
+    prometheus::MetricFamily rejected = Family(
+        "pstrain_ps_pushes_rejected_total",
+        "Pushes (dense and rows) refused, by reason: incarnation (another run), worker (index "
+        "out of range), shape (unknown variable or table; wrong shape, dtype or length), "
+        "non_finite, ahead (a step not reached), duplicate, out_of_range (an id outside a "
+        "fixed-size table), size (too many ids), malformed.",
+        MetricType::Counter);
+    for (int r = 0; r < ParameterServer::kNumRejections; ++r) {
+      AddMetric(&rejected,
+                {{"reason",
+                  ParameterServer::RejectionName(static_cast<ParameterServer::Rejection>(r))}},
+                static_cast<double>(counters.rejected[static_cast<size_t>(r)]));
+    }
+    out.push_back(std::move(rejected));
     one("pstrain_ps_pulls_total", "Pulls served.", MetricType::Counter,
         static_cast<double>(s.pulls()));
     prometheus::MetricFamily payload =
@@ -73,6 +85,55 @@ class PsCollector : public prometheus::Collectable {
       }
       out.push_back(std::move(f));
     }
+    const std::vector<ParameterServer::PartitionStats> parts = ps_->partition_stats();
+    if (!parts.empty()) {
+      prometheus::MetricFamily pushes =
+          Family("pstrain_ps_partition_pushes_total",
+                 "Gradients for this variable partition that were applied or staged for a step.",
+                 MetricType::Counter);
+      prometheus::MetricFamily pulls = Family("pstrain_ps_partition_pulls_total",
+                                              "Pulls that carried this variable partition.",
+                                              MetricType::Counter);
+      prometheus::MetricFamily bytes =
+          Family("pstrain_ps_partition_bytes_total",
+                 "Payload bytes of this variable partition received in pushes and sent in pulls.",
+                 MetricType::Counter);
+      prometheus::MetricFamily apply =
+          Family("pstrain_ps_partition_apply_seconds_total",
+                 "Time the optimizer spent updating this variable partition.", MetricType::Counter);
+      for (const ParameterServer::PartitionStats& p : parts) {
+        const std::string part = std::to_string(p.partition);
+        AddMetric(&pushes, {{"variable", p.variable}, {"partition", part}},
+                  static_cast<double>(p.pushes));
+        AddMetric(&pulls, {{"variable", p.variable}, {"partition", part}},
+                  static_cast<double>(p.pulls));
+        AddMetric(&bytes, {{"variable", p.variable}, {"partition", part}, {"direction", "push"}},
+                  static_cast<double>(p.push_bytes));
+        AddMetric(&bytes, {{"variable", p.variable}, {"partition", part}, {"direction", "pull"}},
+                  static_cast<double>(p.pull_bytes));
+        AddMetric(&apply, {{"variable", p.variable}, {"partition", part}}, p.apply_seconds);
+      }
+      out.push_back(std::move(pushes));
+      out.push_back(std::move(pulls));
+      out.push_back(std::move(bytes));
+      out.push_back(std::move(apply));
+    }
+    auto histogram = [&out](const char* name, const char* help, const Histogram& h) {
+      prometheus::MetricFamily f = Family(name, help, MetricType::Histogram);
+      AddHistogram(&f, {}, h.Read());
+      out.push_back(std::move(f));
+    };
+    histogram("pstrain_ps_apply_seconds",
+              "Time of each optimizer update of one partition (sync: of a step's mean gradient).",
+              ps_->apply_seconds());
+    histogram("pstrain_sync_quorum_wait_seconds",
+              "Sync: from a step's first gradient on this server to the step's completion, "
+              "the time the quorum kept the earliest worker waiting.",
+              ps_->quorum_wait_seconds());
+    histogram("pstrain_async_staleness",
+              "Async: each push's staleness, the updates applied since the version its gradient "
+              "was computed from.",
+              ps_->staleness());
     one("pstrain_checkpoint_shards_written_total", "Checkpoint shards this server wrote.",
         MetricType::Counter, static_cast<double>(c.written));
     one("pstrain_checkpoint_shard_failures_total", "Checkpoint shards that failed to write.",

@@ -45,8 +45,8 @@ std::string WriteFile(const std::string& path, const std::string& text) {
   return path;
 }
 
-std::string WriteClusterSpec(const std::string& dir, int ps, int workers) {
-  return WriteFile(JoinPath(dir, "cluster.json"), LocalClusterSpecJson(ps, workers));
+std::string WriteClusterSpec(const std::string& dir, int ps, int workers, bool metrics) {
+  return WriteFile(JoinPath(dir, "cluster.json"), LocalClusterSpecJson(ps, workers, metrics));
 }
 
 std::string DigitsDir() {
@@ -235,8 +235,14 @@ std::string HttpGet(int port, const std::string& path) {
   sa.sin_port = htons(static_cast<uint16_t>(port));
   ::inet_pton(AF_INET, "127.0.0.1", &sa.sin_addr);
   std::string out;
+  // Bounded: a peer that accepts but never answers (a stopped process) ends
+  // the read after 10 s.
+  timeval timeout{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
   if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0) {
-    const std::string req = absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: localhost\r\n\r\n");
+    const std::string req = absl::StrCat(
+        "GET ", path, " HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
     if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) > 0) {
       char buf[8192];
       for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) out.append(buf, n);

@@ -20,7 +20,7 @@ std::string Binary(const std::string& rel);  // e.g. "tools/pstrain"
 std::string FreshTempDir(const std::string& name);
 
 // A spec with 1 chief, `ps` servers and `workers` workers on free ports.
-std::string WriteClusterSpec(const std::string& dir, int ps, int workers);
+std::string WriteClusterSpec(const std::string& dir, int ps, int workers, bool metrics = false);
 std::string WriteFile(const std::string& path, const std::string& text);
 
 // Writes the synthetic digits once per test process (shared by cases).

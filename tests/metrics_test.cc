@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <map>
@@ -16,7 +17,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
+#include "common/cluster_spec.h"
 #include "common/env.h"
+#include "common/local_ports.h"
 #include "common/subprocess.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster_testlib.h"
@@ -101,6 +104,12 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
        {"pstrain_ps_version", "pstrain_ps_pushes_applied_total", "pstrain_ps_pulls_total",
         "pstrain_ps_payload_bytes_total", "pstrain_checkpoint_shards_written_total",
         "pstrain_checkpoint_last_shard_success_timestamp_seconds", "pstrain_sync_waiting_on",
+        "pstrain_ps_pushes_rejected_total", "pstrain_ps_partition_pushes_total",
+        "pstrain_ps_partition_pulls_total", "pstrain_ps_partition_bytes_total",
+        "pstrain_ps_partition_apply_seconds_total", "pstrain_ps_apply_seconds",
+        "pstrain_sync_quorum_wait_seconds", "pstrain_async_staleness",
+        "pstrain_rpc_server_handled_total", "pstrain_rpc_server_handling_seconds",
+        "pstrain_rpc_server_received_bytes_total", "pstrain_rpc_server_sent_bytes_total",
         "process_resident_memory_bytes",
         "process_cpu_seconds_total", "process_open_fds", "process_threads"}) {
     INFO(name);
@@ -109,6 +118,10 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
   CHECK(metrics.find("pstrain_ps_initialized{job=\"ps\",task=\"0\"} 1") != std::string::npos);
   CHECK(metrics.find("pstrain_sync_waiting_on{worker=\"1\",job=\"ps\",task=\"0\"} ") !=
         std::string::npos);
+  CHECK(metrics.find("pstrain_rpc_server_handled_total{service=\"pstrain.PsService\","
+                     "method=\"Push\",code=\"OK\",job=\"ps\",task=\"0\"} ") != std::string::npos);
+  CHECK(metrics.find("pstrain_ps_pushes_rejected_total{reason=\"non_finite\",job=\"ps\","
+                     "task=\"0\"} 0") != std::string::npos);
   INFO(chief);
   for (const char* name : {"pstrain_chief_global_step", "pstrain_chief_examples_per_second",
                            "pstrain_chief_seconds_since_progress",
@@ -117,6 +130,11 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
     CHECK(chief.find(absl::StrCat("# TYPE ", name, " ")) != std::string::npos);
   }
   CHECK(chief.find("pstrain_chief_workers_registered{job=\"chief\",task=\"0\"} 2") !=
+        std::string::npos);
+  CHECK(chief.find("pstrain_chief_worker_step_seconds_total{phase=\"compute\",job=\"chief\","
+                   "task=\"0\"} ") != std::string::npos);
+  CHECK(chief.find("pstrain_rpc_server_handled_total{service=\"pstrain.ChiefService\","
+                   "method=\"RegisterWorker\",code=\"OK\",job=\"chief\",task=\"0\"} 2") !=
         std::string::npos);
   INFO(worker);
   CHECK(worker.find("pstrain_worker_registered{job=\"worker\",task=\"1\"} 1") !=
@@ -156,6 +174,20 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
   auto summary = Env::Default()->ReadFile(JoinPath(o.output_dir, "summary.json"));
   REQUIRE(summary.ok());
   const nlohmann::json j = nlohmann::json::parse(*summary);
+  // The launcher's last line: where a worker's step went, from the workers'
+  // reports that the chief summed into summary.json.
+  double split_ms = 0;
+  for (const char* phase : {"pull", "data", "compute", "push"}) {
+    INFO(phase);
+    REQUIRE(j["step_time_ms"][phase].is_number());
+    CHECK(j["step_time_ms"][phase].get<double>() >= 0);
+    split_ms += j["step_time_ms"][phase].get<double>();
+  }
+  CHECK(split_ms > 0);
+  CHECK(j["worker_steps"].get<int64_t>() >= j["global_step"].get<int64_t>());
+  const std::string launched = Env::Default()->ReadFile(so.output_file).value_or("");
+  INFO(launched);
+  CHECK(launched.find("pstrain launch: a worker's step, on average: pull ") != std::string::npos);
   CommandResult tb = testing::RunCommand(
       {py.python, "-c",
        "import sys\n"
@@ -178,6 +210,163 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
   CHECK(tb.output.find(absl::StrFormat("last eval/accuracy step %d value %.4f",
                                        j["global_step"].get<int64_t>(),
                                        j["eval_accuracy"].get<double>())) != std::string::npos);
+}
+
+// The body of an HTTP response.
+std::string Body(const std::string& response) {
+  const size_t at = response.find("\r\n\r\n");
+  return at == std::string::npos ? "" : response.substr(at + 4);
+}
+
+// The value of the sample `series` (name{labels} exactly as exposed) in an
+// exposition, or -1.
+double SampleValue(const std::string& exposition, const std::string& series) {
+  const size_t at = exposition.find("\n" + series + " ");
+  double v = -1;
+  if (at == std::string::npos) return v;
+  const size_t start = at + series.size() + 2;
+  if (!absl::SimpleAtod(exposition.substr(start, exposition.find('\n', start) - start), &v)) {
+    return -1;
+  }
+  return v;
+}
+
+std::string UrlEncode(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~') {
+      out += static_cast<char>(c);
+    } else {
+      out += absl::StrFormat("%%%02X", c);
+    }
+  }
+  return out;
+}
+
+// An instant query through Prometheus's HTTP API: the value of its single
+// result, or -1 (no result, several, or no answer).
+double PromQuery(int port, const std::string& query) {
+  const std::string body = Body(testing::HttpGet(port, "/api/v1/query?query=" + UrlEncode(query)));
+  const nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || j.value("status", "") != "success") return -1;
+  const nlohmann::json& result = j["data"]["result"];
+  if (!result.is_array() || result.size() != 1) return -1;
+  double v = -1;
+  if (!absl::SimpleAtod(result[0]["value"][1].get<std::string>(), &v)) return -1;
+  return v;
+}
+
+TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes the cluster "
+          "through pstrain prometheus-config",
+          "[metrics][cluster][prometheus]") {
+  const std::string prometheus = "/usr/bin/prometheus", promtool = "/usr/bin/promtool";
+  if (::access(prometheus.c_str(), X_OK) != 0 || ::access(promtool.c_str(), X_OK) != 0) {
+    const char* required = std::getenv("PSTRAIN_REQUIRE_PYTHON_READERS");
+    const std::string why =
+        "no /usr/bin/prometheus or /usr/bin/promtool (tools/test.sh installs Debian's prometheus)";
+    if (required != nullptr && std::string(required) == "1") FAIL(why);
+    WARN("SKIPPED: " << why);
+    return;
+  }
+  const std::string dir = testing::FreshTempDir("prometheus_run");
+  const std::string spec_path = testing::WriteClusterSpec(dir, 2, 2, /*metrics=*/true);
+  absl::StatusOr<ClusterSpec> spec = ClusterSpec::FromFile(spec_path);
+  REQUIRE(spec.ok());
+  std::map<std::string, int> ports;  // task -> metrics port, from the spec
+  for (const TaskId& id : spec->AllTasks()) {
+    ports[id.ToString()] = ParseHostPort(spec->metrics_address(id.job, id.index))->port;
+  }
+
+  // The generated configuration, as promtool sees it.
+  CommandResult generated = testing::RunCommand(
+      {Binary("tools/pstrain"), "prometheus-config", "--cluster_spec", spec_path,
+       "--scrape_interval=500ms"},
+      absl::Seconds(60));
+  INFO(generated.output);
+  REQUIRE(generated.exit_code == 0);
+  const std::string yml = testing::WriteFile(JoinPath(dir, "prometheus.yml"), generated.output);
+  CommandResult checked =
+      testing::RunCommand({promtool, "check", "config", yml}, absl::Seconds(60));
+  INFO(checked.output);
+  REQUIRE(checked.exit_code == 0);
+
+  SpawnOptions prom;
+  const int prom_port = PickFreePorts(1)[0];
+  prom.argv = {prometheus, "--config.file=" + yml, "--storage.tsdb.path=" + JoinPath(dir, "tsdb"),
+               absl::StrCat("--web.listen-address=127.0.0.1:", prom_port), "--log.level=warn"};
+  prom.output_file = JoinPath(dir, "prometheus.log");
+  auto prom_proc = Subprocess::Spawn(prom);
+  REQUIRE(prom_proc.ok());
+
+  ConfigOptions o;
+  o.max_steps = 1000000;  // ended by the test
+  o.eval_every_steps = 1000;
+  o.output_dir = JoinPath(dir, "out");
+  const std::string config = testing::WriteFile(JoinPath(dir, "train.pbtxt"), ConfigText(o));
+  SpawnOptions so;
+  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", spec_path, "--config", config,
+             "--bin_dir", BinDir(), "--progress=false"};
+  so.output_file = JoinPath(dir, "launch.out");
+  auto launch = Subprocess::Spawn(so);
+  REQUIRE(launch.ok());
+
+  // Training is under way once ps:0 has applied a few steps.
+  const std::string version = "pstrain_ps_version{job=\"ps\",task=\"0\"}";
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  while (absl::Now() < deadline && (*launch)->running() &&
+         SampleValue(Body(testing::HttpGet(ports["ps:0"], "/metrics")), version) < 20) {
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  REQUIRE(SampleValue(Body(testing::HttpGet(ports["ps:0"], "/metrics")), version) >= 20);
+
+  // Every daemon's exposition passes promtool's lint.
+  for (const auto& [task, port] : ports) {
+    const std::string file = testing::WriteFile(JoinPath(dir, task + ".prom"),
+                                                Body(testing::HttpGet(port, "/metrics")));
+    CommandResult lint = testing::RunCommand(
+        {"/bin/sh", "-c", absl::StrCat(promtool, " check metrics < '", file, "'")},
+        absl::Seconds(60));
+    INFO(task << ": " << lint.output);
+    CHECK(lint.exit_code == 0);
+  }
+
+  // Hold worker:1 back (SIGSTOP): the servers' open step waits on it and
+  // their version stops, so both the endpoint and Prometheus have one value.
+  const std::vector<int> pids = testing::ProcessesMatching(
+      absl::StrCat("--cluster_spec=", spec_path, " --job=worker --task=1 "));
+  REQUIRE(pids.size() == 1);
+  REQUIRE(::kill(pids[0], SIGSTOP) == 0);
+  double held = -1;
+  const std::string waiting = "pstrain_sync_waiting_on{worker=\"1\",job=\"ps\",task=\"0\"}";
+  while (absl::Now() < deadline) {
+    const std::string a = Body(testing::HttpGet(ports["ps:0"], "/metrics"));
+    absl::SleepFor(absl::Milliseconds(700));
+    const std::string b = Body(testing::HttpGet(ports["ps:0"], "/metrics"));
+    if (SampleValue(a, version) == SampleValue(b, version) && SampleValue(b, waiting) == 1) {
+      held = SampleValue(b, version);
+      break;
+    }
+  }
+  double seen = -1, waiting_seen = -1, up_held = -1, up_ps = -1;
+  while (held > 0 && absl::Now() < deadline) {
+    seen = PromQuery(prom_port, "pstrain_ps_version{job=\"ps\",task=\"0\"}");
+    waiting_seen =
+        PromQuery(prom_port, "pstrain_sync_waiting_on{job=\"ps\",task=\"0\",worker=\"1\"}");
+    up_held = PromQuery(prom_port, "up{pstrain_task=\"worker:1\"}");
+    up_ps = PromQuery(prom_port, "up{pstrain_task=\"ps:0\"}");
+    if (seen == held && waiting_seen == 1 && up_held == 0 && up_ps == 1) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  ::kill(pids[0], SIGCONT);
+  (*launch)->Stop(absl::Seconds(20));
+  (*prom_proc)->Stop(absl::Seconds(20));
+  INFO(Env::Default()->ReadFile(prom.output_file).value_or(""));
+  REQUIRE(held > 0);
+  CHECK(seen == held);        // Prometheus has the endpoint's value
+  CHECK(waiting_seen == 1);   // and names the worker held back
+  CHECK(up_held == 0);        // whose own endpoint no longer answers
+  CHECK(up_ps == 1);
+  CHECK(testing::NoProcessesMatching(spec_path, absl::Seconds(20)));
 }
 
 }  // namespace

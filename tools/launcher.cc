@@ -129,9 +129,10 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
                 const std::map<std::string, std::string>& bin_for_job, const std::string& log_dir,
                 bool append_logs, StopSignal* stop) {
   std::vector<std::unique_ptr<Task>> tasks;
-  // Each local task serves /metrics on a port it picks itself (port 0: no
-  // race with other processes for a port chosen here); its log line saying
-  // where is echoed as "pstrain launch: metrics: <task> <url>".
+  // Each local task serves /metrics where the spec's "pstrain" extras say,
+  // or else on a port it picks itself (port 0: no race with other processes
+  // for a port chosen here); its log line saying where is echoed as
+  // "pstrain launch: metrics: <task> <url>".
   for (const TaskId& id : cluster.AllTasks()) {
     const std::string& address = cluster.address(id.job, id.index);
     auto hp = ParseHostPort(address);
@@ -153,7 +154,8 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
     if (!options.init_from.empty() && id.job == kChiefJob) {
       so.argv.push_back("--init_from=" + options.init_from);
     }
-    if (options.metrics) {
+    if (options.metrics && cluster.metrics_address(id.job, id.index).empty()) {
+      // (A task the spec gives a metrics address serves it there.)
       // The task's own address where it is an IPv4 one (127.0.0.1, or
       // 0.0.0.0 in a container); else loopback.
       in_addr ignored;
@@ -464,6 +466,24 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
           j.value("global_step", 0), j.value("eval_accuracy", 0.0), j.value("eval_loss", 0.0),
           j.value("train_seconds", 0.0), j.value("examples_per_sec", 0.0),
           JoinPath(config->output_dir(), "model_final.pst"));
+      // Where the workers' time went, from the same reports (summary.json).
+      const nlohmann::json split = j.value("step_time_ms", nlohmann::json::object());
+      const char* kPhases[] = {"pull", "data", "compute", "push"};
+      double ms[4] = {0, 0, 0, 0}, total = 0;
+      for (int i = 0; i < 4; ++i) {
+        if (split.is_object() && split.contains(kPhases[i]) && split[kPhases[i]].is_number()) {
+          ms[i] = split[kPhases[i]].get<double>();
+          total += ms[i];
+        }
+      }
+      if (total > 0) {
+        std::string line = "pstrain launch: a worker's step, on average:";
+        for (int i = 0; i < 4; ++i) {
+          absl::StrAppendFormat(&line, " %s %.2f ms (%.0f%%)%s", kPhases[i], ms[i],
+                                100.0 * ms[i] / total, i < 3 ? "," : "");
+        }
+        std::cerr << line << "\n";
+      }
     }
   }
   return 0;

@@ -5,6 +5,7 @@
 //   pstrain plan    --cluster_spec=F --config=C   print the variable placement
 //   pstrain tokens  --cluster_spec=F --out=DIR    write the cluster secret and task tokens
 //   pstrain k8s-manifest --config=C --image=I     Kubernetes manifests for a job
+//   pstrain prometheus-config --cluster_spec=F    a Prometheus scrape config for a spec
 //   pstrain bench   [--suites=wire,apply]         data-path figures beside the machine's limits
 //   pstrain checkpoint list|verify|inspect ...    read checkpoints
 #include <sys/stat.h>
@@ -43,6 +44,7 @@
 #include "tools/datagen.h"
 #include "tools/k8s_manifest.h"
 #include "tools/launcher.h"
+#include "tools/prometheus_config.h"
 #include "worker/model/cpu_ops.h"
 #include "worker/model/model.h"
 
@@ -58,6 +60,7 @@ const char kUsage[] =
     "  plan     print how variables are placed on the parameter servers\n"
     "  tokens   write a cluster secret and each task's token (authentication)\n"
     "  k8s-manifest  Kubernetes manifests for a job (StatefulSets or a Kubeflow TFJob)\n"
+    "  prometheus-config  a Prometheus configuration scraping every task of a cluster spec\n"
     "  bench    measure the data path beside the limits of this machine\n"
     "  checkpoint  list, verify or inspect checkpoints (list DIR | verify CKPT | inspect CKPT)\n"
     "run 'pstrain <command> --help' for its flags\n";
@@ -453,6 +456,34 @@ int K8sManifestCommand(const std::vector<std::string>& argv) {
   return 0;
 }
 
+int PrometheusConfigCommand(const std::vector<std::string>& argv) {
+  const Args::FlagSpec flags = {
+      {"cluster_spec", {"", "cluster spec whose \"pstrain\": {\"metrics\": ...} extras say "
+                            "where each task serves /metrics"}},
+      {"scrape_interval", {"5s", "how often Prometheus scrapes each task"}},
+      {"job_name", {"pstrain", "the scrape job's name (the `job` label of `up`)"}},
+  };
+  if (WantsHelp(argv)) {
+    std::cout << "pstrain prometheus-config flags (the YAML goes to standard output):\n"
+              << Args::Usage(flags);
+    return 0;
+  }
+  auto args = Args::Parse(argv, flags);
+  if (!args.ok()) return Fail("prometheus-config", std::string(args.status().message()));
+  if (args->Get("cluster_spec").empty()) {
+    return Fail("prometheus-config", "--cluster_spec is required");
+  }
+  auto spec = ClusterSpec::FromFile(args->Get("cluster_spec"));
+  if (!spec.ok()) return Fail("prometheus-config", std::string(spec.status().message()));
+  PrometheusConfigOptions o;
+  o.scrape_interval = args->Get("scrape_interval");
+  o.job_name = args->Get("job_name");
+  auto yaml = RenderPrometheusConfig(*spec, o);
+  if (!yaml.ok()) return Fail("prometheus-config", std::string(yaml.status().message()));
+  std::cout << *yaml;
+  return 0;
+}
+
 int PlanCommand(const std::vector<std::string>& argv) {
   const Args::FlagSpec flags = {
       {"cluster_spec", {"", "cluster spec JSON"}},
@@ -608,6 +639,7 @@ int main(int argc, char** argv) {
   if (command == "datagen") return pstrain::DatagenCommand(rest);
   if (command == "plan") return pstrain::PlanCommand(rest);
   if (command == "k8s-manifest") return pstrain::K8sManifestCommand(rest);
+  if (command == "prometheus-config") return pstrain::PrometheusConfigCommand(rest);
   if (command == "tokens") return pstrain::TokensCommand(rest);
   if (command == "bench") return pstrain::BenchCommand(rest);
   if (command == "checkpoint") return pstrain::CheckpointCommand(rest, std::cout, std::cerr);

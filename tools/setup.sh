@@ -18,9 +18,10 @@ pstrain_install_deps() {
   pstrain_apt_install "${PSTRAIN_PACKAGES[@]}"
 }
 
-# What only the tests use: a real one-node Slurm cluster (tests/multihost_test;
-# without recommends: Slurm's recommended plugins pull in 35 more packages).
-PSTRAIN_TEST_PACKAGES=(slurmctld slurmd slurm-client munge)
+# What only the tests use (without recommends: Slurm's recommended plugins
+# pull in 35 more packages): a real one-node Slurm cluster
+# (tests/multihost_test), and Prometheus with promtool (tests/metrics_test).
+PSTRAIN_TEST_PACKAGES=(slurmctld slurmd slurm-client munge prometheus)
 pstrain_install_test_deps() {
   PSTRAIN_APT_FLAGS=--no-install-recommends pstrain_apt_install "${PSTRAIN_TEST_PACKAGES[@]}"
 }

@@ -23,9 +23,6 @@ ABSL_FLAG(std::string, job, "worker", "job name; must be worker");
 ABSL_FLAG(int, task, 0, "task index within the worker job");
 ABSL_FLAG(std::string, config, "", "training config (text-format TrainingConfig)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
-ABSL_FLAG(std::string, metrics_address, "",
-          "serve /metrics, /healthz and /readyz on host:port (port 0: any free one); off when "
-          "empty");
 ABSL_FLAG(std::string, device, "",
           "auto, cpu or cuda:N (default: the config's device, itself auto by default)");
 
@@ -55,9 +52,9 @@ int main(int argc, char** argv) {
   pstrain::WorkerStats stats;
   options.stats = &stats;
   std::unique_ptr<pstrain::MonitoringServer> monitoring;
-  if (const std::string m = absl::GetFlag(FLAGS_metrics_address); !m.empty()) {
+  if (const std::string& m = setup->metrics_address; !m.empty()) {
     auto started = pstrain::MonitoringServer::Start(
-        m, {pstrain::WorkerMetrics(&stats), pstrain::ProcessMetrics()},
+        m, {pstrain::WorkerMetrics(&stats), pstrain::ProcessMetrics(), pstrain::RpcMetrics()},
         [&stats]() -> std::string {
           return stats.registered ? "" : "registering with the chief";
         },

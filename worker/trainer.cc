@@ -77,6 +77,16 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   WorkerStats unused;
   WorkerStats* stats = options.stats != nullptr ? options.stats : &unused;
   stats->registered = true;
+  // Device memory for the metrics (the CPU backend reports no device).
+  auto read_device_memory = [backend, stats] {
+    if (backend->host_memory()) return;
+    size_t used = 0, total = 0;
+    if (backend->MemoryInfo(&used, &total).ok()) {
+      stats->device_memory_used.store(static_cast<int64_t>(used), std::memory_order_relaxed);
+      stats->device_memory_total.store(static_cast<int64_t>(total), std::memory_order_relaxed);
+    }
+  };
+  read_device_memory();
   if (reg.has_cursor()) {
     // Resuming from a checkpoint: the data goes on where it stood at its step.
     RETURN_IF_ERROR(partition.Restore({reg.cursor_epoch(), reg.cursor_position()}));
@@ -165,6 +175,10 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     r.set_loss(loss_count > 0 ? static_cast<float>(loss_sum / loss_count) : 0.0f);
     r.set_examples(examples);
     r.set_done(done);
+    r.set_pull_seconds(absl::ToDoubleSeconds(pull_time));
+    r.set_data_seconds(absl::ToDoubleSeconds(data_wait));
+    r.set_compute_seconds(absl::ToDoubleSeconds(compute_time));
+    r.set_push_seconds(absl::ToDoubleSeconds(push_time));
     ProgressResponse resp;
     RETURN_IF_ERROR(chief.ReportProgress(r, &resp));
     *stop_requested = resp.stop();
@@ -267,6 +281,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     loss_sum += loss;
     ++loss_count;
     if (local_steps % options.report_every == 0) {
+      read_device_memory();
       bool stop_requested = false;
       absl::Status st = report(false, &stop_requested);
       // A report whose deadline passed while this process was paused is

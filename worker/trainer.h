@@ -29,6 +29,10 @@ struct WorkerStats {
   std::atomic<int64_t> data_ns{0};
   std::atomic<int64_t> compute_ns{0};
   std::atomic<int64_t> push_ns{0};
+  // On a GPU: the device's memory in use (by every process on it) and its
+  // size, read at start and at each progress report. Zero on the CPU.
+  std::atomic<int64_t> device_memory_used{0};
+  std::atomic<int64_t> device_memory_total{0};
 };
 
 struct WorkerOptions {

@@ -46,6 +46,13 @@ class WorkerCollector : public prometheus::Collectable {
     AddMetric(&phases, {{"phase", "compute"}}, compute);
     AddMetric(&phases, {{"phase", "push"}}, push);
     out.push_back(std::move(phases));
+    if (const int64_t total = s.device_memory_total.load(); total > 0) {
+      one("pstrain_worker_device_memory_used_bytes",
+          "GPU memory in use on this worker's device (all processes), as of the last report.",
+          MetricType::Gauge, static_cast<double>(s.device_memory_used.load()));
+      one("pstrain_worker_device_memory_total_bytes", "Memory of this worker's GPU.",
+          MetricType::Gauge, static_cast<double>(total));
+    }
     return out;
   }
 

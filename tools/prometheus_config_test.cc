@@ -1,0 +1,70 @@
+#include "tools/prometheus_config.h"
+
+#include <string>
+#include <vector>
+
+#include "catch2/catch.hpp"
+
+namespace pstrain {
+namespace {
+
+ClusterSpec Spec(const std::string& metrics) {
+  auto spec = ClusterSpec::Parse(
+      R"({"chief": ["10.0.0.1:2220"], "ps": ["10.0.0.2:2221"], "worker": ["10.0.0.3:2222"],
+          "pstrain": {"insecure": true, "metrics": )" + metrics + "}}",
+      "spec.json");
+  REQUIRE(spec.ok());
+  return *spec;
+}
+
+std::string ErrorOf(const absl::StatusOr<std::string>& r) {
+  REQUIRE_FALSE(r.ok());
+  CHECK(absl::IsInvalidArgument(r.status()));
+  return std::string(r.status().message());
+}
+
+TEST_CASE("one scrape job lists every task the spec gives a metrics address", "[prometheus]") {
+  PrometheusConfigOptions o;
+  o.scrape_interval = "2s";
+  auto yaml = RenderPrometheusConfig(
+      Spec(R"({"chief": ["10.0.0.1:9100"], "ps": ["10.0.0.2:9100"]})"), o);
+  REQUIRE(yaml.ok());
+  CHECK(yaml->find("  scrape_interval: 2s\n") != std::string::npos);
+  CHECK(yaml->find("  - job_name: pstrain\n    honor_labels: true\n") != std::string::npos);
+  CHECK(yaml->find("      - targets: [\"10.0.0.1:9100\"]\n"
+                   "        labels: {pstrain_task: \"chief:0\"}\n"
+                   "      - targets: [\"10.0.0.2:9100\"]\n"
+                   "        labels: {pstrain_task: \"ps:0\"}\n") != std::string::npos);
+  // The worker has no address: said in a comment, not scraped.
+  CHECK(yaml->find("# Not scraped (the spec names no metrics address): worker:0\n") !=
+        std::string::npos);
+  CHECK(yaml->find("10.0.0.3") == std::string::npos);
+}
+
+TEST_CASE("prometheus-config refuses what Prometheus could not use", "[prometheus]") {
+  PrometheusConfigOptions o;
+  auto no_metrics = ClusterSpec::Parse(
+      R"({"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"], "worker": ["127.0.0.1:3"]})", "s.json");
+  REQUIRE(no_metrics.ok());
+  CHECK(ErrorOf(RenderPrometheusConfig(*no_metrics, o)).find("s.json names no metrics address") !=
+        std::string::npos);
+  CHECK(ErrorOf(RenderPrometheusConfig(Spec(R"({"ps": ["0.0.0.0:9100"]})"), o))
+            .find("ps:0's metrics address 0.0.0.0:9100 is a wildcard") != std::string::npos);
+  const ClusterSpec good = Spec(R"({"ps": ["10.0.0.2:9100"]})");
+  for (const char* interval : {"", "5", "0s", "5 s", "1d", "-1s", "s", "10000000000s"}) {
+    o.scrape_interval = interval;
+    INFO(interval);
+    CHECK(ErrorOf(RenderPrometheusConfig(good, o)).find("--scrape_interval") != std::string::npos);
+  }
+  o.scrape_interval = "500ms";
+  CHECK(RenderPrometheusConfig(good, o).ok());
+  for (const std::string& name : std::vector<std::string>{"", "a b", "x:y", "\"q\"",
+                                                           std::string(65, 'j')}) {
+    o.job_name = name;
+    INFO(name);
+    CHECK(ErrorOf(RenderPrometheusConfig(good, o)).find("--job_name") != std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -517,15 +517,31 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   // (which only grows: TensorBoard drops points of a tag whose step goes back).
   int64_t step_at_scalars = start_step;
   absl::Time time_at_scalars = absl::Now();
+  // From the servers' status, polled below: ps:0's learning rate (every
+  // server runs the same schedule), and all servers' async staleness totals
+  // (a point's staleness is the mean over the pushes since the last point).
+  float learning_rate = 0;
+  int64_t staleness_count = 0, staleness_count_at_scalars = 0;
+  double staleness_sum = 0, staleness_sum_at_scalars = 0;
   auto write_train_scalars = [&](int64_t step) {
     const absl::Time now = absl::Now();
     if (step <= step_at_scalars || now - time_at_scalars < absl::Seconds(1)) return;
     ChiefStatusResponse progress;
     chief->GetStatus(&progress);
-    write_events(step, {{"train/loss", progress.train_loss()},
-                        {"train/examples_per_second", progress.examples_per_sec()},
-                        {"train/step_time_seconds", absl::ToDoubleSeconds(now - time_at_scalars) /
-                                                        static_cast<double>(step - step_at_scalars)}});
+    std::vector<std::pair<std::string, double>> scalars = {
+        {"train/loss", progress.train_loss()},
+        {"train/examples_per_second", progress.examples_per_sec()},
+        {"train/step_time_seconds", absl::ToDoubleSeconds(now - time_at_scalars) /
+                                        static_cast<double>(step - step_at_scalars)},
+        {"train/learning_rate", learning_rate}};
+    if (staleness_count > staleness_count_at_scalars) {
+      scalars.push_back({"train/staleness", (staleness_sum - staleness_sum_at_scalars) /
+                                                static_cast<double>(staleness_count -
+                                                                    staleness_count_at_scalars)});
+      staleness_count_at_scalars = staleness_count;
+      staleness_sum_at_scalars = staleness_sum;
+    }
+    write_events(step, scalars);
     step_at_scalars = step;
     time_at_scalars = now;
   };
@@ -552,11 +568,22 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     // they pulled; without every server's answer nothing is confirmed.
     chief->WaitForStep(std::min(next_eval, next_sync_cut()), absl::Seconds(1));
     int64_t servers_version = std::numeric_limits<int64_t>::max();
+    int64_t count = 0;
+    double sum = 0;
     for (int s = 0; s < ps.num_servers(); ++s) {
       PsStatusResponse status;
-      servers_version = ps.GetStatus(s, &status).ok()
-                            ? std::min(servers_version, status.version())
-                            : std::numeric_limits<int64_t>::min();
+      if (!ps.GetStatus(s, &status).ok()) {
+        servers_version = std::numeric_limits<int64_t>::min();
+        continue;
+      }
+      servers_version = std::min(servers_version, status.version());
+      if (s == 0) learning_rate = status.learning_rate();
+      count += status.staleness_count();
+      sum += status.staleness_sum();
+    }
+    if (count >= staleness_count) {  // all servers answered (totals only grow)
+      staleness_count = count;
+      staleness_sum = sum;
     }
     const int64_t step = chief->ConfirmStep(servers_version);
     if (step >= max_steps || chief->AllWorkersDone()) {

@@ -1640,7 +1640,11 @@ void ParameterServer::GetStatus(PsStatusResponse* response) {
   response->set_push_copied_bytes(counters_.push_copied_bytes);
   response->set_pull_payload_bytes(counters_.pull_payload_bytes);
   response->set_pull_copied_bytes(counters_.pull_copied_bytes);
+  const Histogram::Snapshot staleness = staleness_.Read();
+  response->set_staleness_count(static_cast<int64_t>(staleness.cumulative.back()));
+  response->set_staleness_sum(staleness.sum);
   if (model_ == nullptr) return;
+  response->set_learning_rate(model_->learning_rate.At(version_));
   for (const auto& [name, t] : model_->tables) {
     const EmbeddingTable::Stats st = t->rows->stats();
     TableStatus* ts = response->add_tables();

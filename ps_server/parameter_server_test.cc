@@ -749,6 +749,11 @@ TEST_CASE("async: staleness-aware learning rate divides by the staleness", "[ps]
         std::vector<uint64_t>{2, 3, 4, 4, 5});
   CHECK(h.cumulative.back() == 5);
   CHECK(h.sum == 7);
+  PsStatusResponse status;
+  ps.GetStatus(&status);  // what the chief's TensorBoard points are made of
+  CHECK(status.staleness_count() == 5);
+  CHECK(status.staleness_sum() == 7);
+  CHECK(status.learning_rate() == 1.0f);
   // Per partition: 5 pushes and 5 pulls of 16 bytes each, and some apply time.
   const std::vector<ParameterServer::PartitionStats> parts = ps.partition_stats();
   REQUIRE(parts.size() == 1);

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
@@ -203,7 +205,8 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
   INFO(tb.output);
   CHECK(tb.exit_code == 0);
   for (const char* tag : {"'eval/accuracy'", "'eval/loss'", "'train/loss'",
-                          "'train/examples_per_second'", "'train/step_time_seconds'"}) {
+                          "'train/examples_per_second'", "'train/step_time_seconds'",
+                          "'train/learning_rate'"}) {
     INFO(tag);
     CHECK(tb.output.find(tag) != std::string::npos);
   }
@@ -254,6 +257,14 @@ double PromQuery(int port, const std::string& query) {
   double v = -1;
   if (!absl::SimpleAtod(result[0]["value"][1].get<std::string>(), &v)) return -1;
   return v;
+}
+
+// How many series an instant query returns (-1: Prometheus refused it).
+int PromSeries(int port, const std::string& query) {
+  const std::string body = Body(testing::HttpGet(port, "/api/v1/query?query=" + UrlEncode(query)));
+  const nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || j.value("status", "") != "success") return -1;
+  return j["data"]["result"].is_array() ? static_cast<int>(j["data"]["result"].size()) : -1;
 }
 
 TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes the cluster "
@@ -357,6 +368,38 @@ TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes
     if (seen == held && waiting_seen == 1 && up_held == 0 && up_ps == 1) break;
     absl::SleepFor(absl::Milliseconds(200));
   }
+  // Every query of the Grafana dashboard is valid PromQL over these series,
+  // and every panel but the ones for events this run has none of (errors,
+  // an evaluation) shows data.
+  std::vector<std::string> dashboard_problems;
+  int dashboard_queries = 0;
+  auto dashboard = Env::Default()->ReadFile(JoinPath(BinDir(), "configs/grafana-dashboard.json"));
+  REQUIRE(dashboard.ok());
+  const nlohmann::json dash = nlohmann::json::parse(*dashboard);
+  // Retried while samples arrive (a rate needs two in its window), within
+  // the held step's timeout (30 s).
+  const absl::Time dashboard_deadline = std::min(deadline, absl::Now() + absl::Seconds(15));
+  do {
+    dashboard_problems.clear();
+    dashboard_queries = 0;
+    for (const nlohmann::json& panel : dash["panels"]) {
+      const std::string title = panel["title"].get<std::string>();
+      const bool may_be_empty = title == "RPC errors by method and code" || title == "Evaluation";
+      int series = 0;
+      for (const nlohmann::json& target : panel["targets"]) {
+        std::string expr = target["expr"].get<std::string>();
+        for (size_t at; (at = expr.find("$__rate_interval")) != std::string::npos;) {
+          expr.replace(at, std::string("$__rate_interval").size(), "1m");
+        }
+        const int n = PromSeries(prom_port, expr);
+        ++dashboard_queries;
+        if (n < 0) dashboard_problems.push_back(absl::StrCat(title, ": refused: ", expr));
+        series += std::max(n, 0);
+      }
+      if (series == 0 && !may_be_empty) dashboard_problems.push_back(title + ": no data");
+    }
+  } while (!dashboard_problems.empty() && absl::Now() < dashboard_deadline &&
+           (absl::SleepFor(absl::Milliseconds(500)), true));
   ::kill(pids[0], SIGCONT);
   (*launch)->Stop(absl::Seconds(20));
   (*prom_proc)->Stop(absl::Seconds(20));
@@ -366,6 +409,9 @@ TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes
   CHECK(waiting_seen == 1);   // and names the worker held back
   CHECK(up_held == 0);        // whose own endpoint no longer answers
   CHECK(up_ps == 1);
+  INFO(absl::StrJoin(dashboard_problems, "\n"));
+  CHECK(dashboard_queries >= 20);
+  CHECK(dashboard_problems.empty());
   CHECK(testing::NoProcessesMatching(spec_path, absl::Seconds(20)));
 }
 

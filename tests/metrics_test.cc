@@ -415,5 +415,43 @@ TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes
   CHECK(testing::NoProcessesMatching(spec_path, absl::Seconds(20)));
 }
 
+TEST_CASE("a worker on a GPU serves its device memory", "[metrics][cluster][cuda]") {
+  if (::access("/dev/nvidia0", F_OK) != 0) {
+    std::cerr << "SKIPPED: " << Catch::getResultCapture().getCurrentTestName()
+              << ": no GPU (/dev/nvidia0)\n";
+    return;
+  }
+  const std::string dir = testing::FreshTempDir("gpu_metrics");
+  const std::string spec_path = testing::WriteClusterSpec(dir, 1, 1, /*metrics=*/true);
+  absl::StatusOr<ClusterSpec> spec = ClusterSpec::FromFile(spec_path);
+  REQUIRE(spec.ok());
+  const int port = ParseHostPort(spec->metrics_address("worker", 0))->port;
+  ConfigOptions o;
+  o.max_steps = 1000000;  // ended by the test
+  o.device = "cuda:0";
+  o.output_dir = JoinPath(dir, "out");
+  const std::string config = testing::WriteFile(JoinPath(dir, "train.pbtxt"), ConfigText(o));
+  SpawnOptions so;
+  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", spec_path, "--config", config,
+             "--bin_dir", BinDir(), "--progress=false"};
+  so.output_file = JoinPath(dir, "launch.out");
+  auto launch = Subprocess::Spawn(so);
+  REQUIRE(launch.ok());
+  const std::string used = "pstrain_worker_device_memory_used_bytes{job=\"worker\",task=\"0\"}";
+  const std::string total = "pstrain_worker_device_memory_total_bytes{job=\"worker\",task=\"0\"}";
+  std::string metrics;
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  while (absl::Now() < deadline && (*launch)->running() && SampleValue(metrics, total) <= 0) {
+    metrics = Body(testing::HttpGet(port, "/metrics"));
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  (*launch)->Stop(absl::Seconds(20));
+  INFO(metrics);
+  INFO(Env::Default()->ReadFile(so.output_file).value_or(""));
+  CHECK(SampleValue(metrics, total) > 0);
+  CHECK(SampleValue(metrics, used) > 0);
+  CHECK(SampleValue(metrics, used) <= SampleValue(metrics, total));
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's second command: set up, then build and test every target twice,
-# with CUDA (where nvcc exists) and CPU-only, then fuzz (tools/fuzz.sh). Ends with the line
-# "N passed, N failed", counting Catch2 test cases from Bazel's per-test XML.
+# with CUDA (where nvcc exists) and CPU-only, then fuzz (tools/fuzz.sh), then run clang's
+# thread-safety analysis (tools/thread_safety.sh). Ends with the line "N passed, N failed",
+# counting Catch2 test cases from Bazel's per-test XML, each fuzz target and each analysis check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source tools/setup.sh
@@ -51,6 +52,14 @@ if [ "${PSTRAIN_FUZZ_SECONDS:-20}" != 0 ]; then
 fi
 
 # Count test cases: a <testcase> with a <failure> or <error> inside failed.
+# Clang's thread-safety analysis of the lock annotations (after the builds
+# above: it reads their generated headers); each check counts as a case.
+echo "=== thread-safety analysis (tools/thread_safety.sh)" >&2
+tsa_out=$(bash tools/thread_safety.sh 2>&1)
+echo "$tsa_out" >&2
+tsa_passed=$(grep -c '^thread-safety .*: ok' <<< "$tsa_out")
+tsa_failed=$(grep -c '^thread-safety .*: FAILED' <<< "$tsa_out")
+
 read -r passed failed < <(find "$results" -name test.xml -exec cat {} + | awk '
   /<testcase/ { total++; bad = 0 }
   /<failure|<error/ { if (!bad && total > 0) { failed++; bad = 1 } }
@@ -58,7 +67,7 @@ read -r passed failed < <(find "$results" -name test.xml -exec cat {} + | awk '
 if [ "$overall" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # the build or a test binary failed before reporting a case
 fi
-passed=$((passed + fuzz_passed))
-failed=$((failed + fuzz_failed))
+passed=$((passed + fuzz_passed + tsa_passed))
+failed=$((failed + fuzz_failed + tsa_failed))
 echo "${passed} passed, ${failed} failed"
 [ "$overall" -eq 0 ] && [ "$failed" -eq 0 ]

@@ -2,6 +2,12 @@
 // is copied each way (the servers' and the client's own counters), page
 // faults per step in steady state, and waiting pulls that hold no thread and
 // end the moment their caller gives up.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -363,6 +369,229 @@ TEST_CASE("no lost update: 8 clients x 200 concurrent async pushes to 2 servers,
     CHECK(st.pushes_applied() == kClients * kPushes);
     CHECK(st.version() == kClients * kPushes);
     CHECK(st.pushes_rejected() == 0);
+  }
+}
+
+// Resident memory of a process in bytes (/proc/<pid>/status VmRSS).
+int64_t ResidentBytes(int pid) {
+  std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+// A TCP connection to a server's port that sends `bytes` and then nothing.
+int RawConnect(const std::string& address, const std::string& bytes) {
+  const HostPort hp = *ParseHostPort(address);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(hp.port));
+  ::inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  if (!bytes.empty()) (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
+  return fd;
+}
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
+}
+
+TEST_CASE("load: 32 async clients against 2 servers lose no update while malformed, oversized, "
+          "truncated and stalled calls are refused beside them",
+          "[data_path][concurrency][load]") {
+  // As in the 8-client case: SGD at learning rate 1, client k pushes
+  // k + 1 + (element mod 3) everywhere, so element j ends at
+  // 1 - sum_k pushes_k * (k + 1 + j mod 3), exact in float32 (at most 2,000
+  // pushes per client keeps every partial sum an integer below 2^24). Each
+  // client pushes while the abuse goes on, and at least 50 times.
+  constexpr int kClients = 32, kMinPushes = 50, kMaxPushes = 2000;
+  Servers s(2, "load_async", {{"w", {128, 64}}, {"b", {64}}}, 0,
+            "optimizer { learning_rate: 1 } async {}", kClients);
+  const int threads_before = Threads(s.procs[0]->pid());
+  std::vector<int> pushes(kClients, 0);
+  std::vector<std::vector<double>> latency_ms(kClients);
+  std::vector<absl::Status> failures(kClients);
+  std::atomic<bool> abuse_done{false};
+  std::vector<std::thread> clients;
+  for (int k = 0; k < kClients; ++k) {
+    clients.emplace_back([&, k] {
+      std::unique_ptr<PsClient> c = s.Worker(k);
+      Buffers b(s.vars, 0);
+      for (auto& g : b.grads) {
+        for (size_t j = 0; j < g.size(); ++j) g[j] = static_cast<float>(k + 1 + j % 3);
+      }
+      std::vector<PushOutcome> out;
+      while (failures[k].ok() && pushes[k] < kMaxPushes &&
+             (pushes[k] < kMinPushes || !abuse_done.load())) {
+        const absl::Time t0 = absl::Now();
+        failures[k] = c->PushFrom(std::vector<int64_t>(2, 0), b.src(), &out);
+        latency_ms[k].push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+        for (PushOutcome o : out) {
+          if (failures[k].ok() && o != APPLIED) failures[k] = absl::InternalError("not applied");
+        }
+        if (failures[k].ok()) ++pushes[k];
+      }
+    });
+  }
+  // Beside the load, on ps:0: connections that stall half-way, garbage
+  // frames and protobufs, a stream cut short, and a message over the cap.
+  const std::string address = s.cluster->address(kPsJob, 0);
+  const std::string preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  std::vector<int> stalled;
+  for (int i = 0; i < 8; ++i) {
+    // The preface and the first 5 bytes of a 9-byte frame header, then silence.
+    stalled.push_back(RawConnect(address, preface + std::string("\x00\x00\x10\x04\x00", 5)));
+  }
+  int garbage_refused = 0, garbage_sent = 0, cut_short = 0;
+  grpc::StatusCode oversized = grpc::StatusCode::OK;
+  {
+    auto channel = CreateChannel(address);
+    grpc::GenericStub raw(channel);
+    std::mt19937 rng(7);
+    for (int i = 0; i < 40; ++i) {
+      std::string junk(1 + rng() % 4096, '\0');
+      for (char& ch : junk) ch = static_cast<char>(rng());
+      grpc::Slice slice(junk);
+      grpc::ByteBuffer request(&slice, 1), response;
+      for (const char* method : {"/pstrain.PsService/Push", "/pstrain.PsService/PushRows"}) {
+        grpc::ClientContext ctx;
+        SetDeadline(&ctx, absl::Seconds(10));
+        ++garbage_sent;
+        if (!RawCall(&raw, &ctx, method, request, &response).ok()) ++garbage_refused;
+      }
+      // A stream cut short: the preface, then half a HEADERS frame, then close.
+      const int fd = RawConnect(address, preface + std::string("\x00\x01\x00\x01\x04\x00\x00", 7));
+      if (fd >= 0) {
+        ::close(fd);
+        ++cut_short;
+      }
+    }
+    // 257 MiB, one MiB over the servers' cap, from a channel that allows it.
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(-1);
+    auto big_channel =
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    grpc::GenericStub big(big_channel);
+    std::string huge((257 << 20), 'x');
+    grpc::Slice slice(std::move(huge));
+    grpc::ByteBuffer request(&slice, 1), response;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(60));
+    oversized = RawCall(&big, &ctx, "/pstrain.PsService/Push", request, &response).error_code();
+  }
+  abuse_done = true;
+  for (auto& t : clients) t.join();
+  const int threads_during = Threads(s.procs[0]->pid());
+  const int64_t rss = ResidentBytes(s.procs[0]->pid());
+  for (int fd : stalled) {
+    if (fd >= 0) ::close(fd);
+  }
+
+  std::vector<double> all;
+  int64_t total = 0;
+  for (int k = 0; k < kClients; ++k) {
+    all.insert(all.end(), latency_ms[k].begin(), latency_ms[k].end());
+    total += pushes[k];
+  }
+  WARN("load: " << kClients << " clients, " << total << " pushes of 33 KiB; push latency ms p50 "
+                << Percentile(all, 0.5) << ", p90 " << Percentile(all, 0.9) << ", p99 "
+                << Percentile(all, 0.99) << ", max " << Percentile(all, 1.0) << "; ps:0 threads "
+                << threads_before << " -> " << threads_during << ", resident "
+                << rss / (1 << 20) << " MiB; " << garbage_refused << "/" << garbage_sent
+                << " garbage calls refused, " << cut_short << " streams cut short, 8 stalled, "
+                << "257 MiB push: " << static_cast<int>(oversized));
+  for (const absl::Status& st : failures) CHECK(st.ok());
+  for (int k = 0; k < kClients; ++k) CHECK(pushes[k] > 0);  // every client was served
+  CHECK(garbage_refused == garbage_sent);
+  CHECK(cut_short == 40);
+  CHECK(oversized == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Every update is there exactly once, on both servers.
+  std::vector<int64_t> per_rest(3, 0);
+  for (int k = 0; k < kClients; ++k) {
+    for (int r = 0; r < 3; ++r) per_rest[r] += int64_t{pushes[k]} * (k + 1 + r);
+  }
+  const std::vector<std::vector<float>> got = PullAll(s);
+  for (size_t v = 0; v < got.size(); ++v) {
+    int64_t wrong = 0;
+    for (size_t j = 0; j < got[v].size(); ++j) {
+      wrong += got[v][j] != static_cast<float>(1 - per_rest[j % 3]);
+    }
+    CHECK(wrong == 0);
+  }
+  for (int server = 0; server < 2; ++server) {
+    PsStatusResponse st;
+    REQUIRE(s.chief->GetStatus(server, &st).ok());
+    CHECK(st.pushes_applied() == total);
+    CHECK(st.version() == total);
+    CHECK_FALSE(s.procs[server]->Wait(absl::ZeroDuration()).has_value());  // still running
+  }
+  // Bounded: gRPC's threads, not one per client or per bad connection, and
+  // the memory of the model and the refused message's buffer at most.
+  CHECK(threads_during - threads_before < 64);
+  CHECK(rss < (int64_t{1} << 30));
+}
+
+TEST_CASE("load: 32 sync workers for 20 steps against 2 servers: every step is the exact mean",
+          "[data_path][concurrency][load]") {
+  // Each step's mean gradient is (sum_k (k + 1) + 32 * (j mod 3)) / 32 =
+  // 16.5 + j mod 3, exact in float32; 20 steps at learning rate 1.
+  constexpr int kClients = 32, kSteps = 20;
+  Servers s(2, "load_sync", {{"w", {128, 64}}, {"b", {64}}}, 0,
+            "optimizer { learning_rate: 1 } sync {}", kClients);
+  std::vector<absl::Status> failures(kClients);
+  std::vector<std::vector<double>> step_ms(kClients);
+  std::vector<std::thread> clients;
+  for (int k = 0; k < kClients; ++k) {
+    clients.emplace_back([&, k] {
+      std::unique_ptr<PsClient> c = s.Worker(k);
+      Buffers b(s.vars, 0);
+      for (auto& g : b.grads) {
+        for (size_t j = 0; j < g.size(); ++j) g[j] = static_cast<float>(k + 1 + j % 3);
+      }
+      std::vector<PushOutcome> out;
+      PsClient::PullResult r;
+      for (int64_t step = 0; step < kSteps && failures[k].ok(); ++step) {
+        const absl::Time t0 = absl::Now();
+        const std::vector<int64_t> at(2, step);
+        failures[k] = c->PullInto(at, absl::Seconds(30), b.dst(), &r);
+        if (failures[k].ok()) failures[k] = c->PushFrom(at, b.src(), &out);
+        for (PushOutcome o : out) {
+          if (failures[k].ok() && o != APPLIED && o != ACCUMULATED) {
+            failures[k] = absl::InternalError("dropped");
+          }
+        }
+        step_ms[k].push_back(absl::ToDoubleMilliseconds(absl::Now() - t0));
+      }
+    });
+  }
+  for (auto& t : clients) t.join();
+  std::vector<double> all;
+  for (const auto& v : step_ms) all.insert(all.end(), v.begin(), v.end());
+  WARN("sync load: " << kClients << " workers x " << kSteps << " steps; step ms p50 "
+                     << Percentile(all, 0.5) << ", p99 " << Percentile(all, 0.99) << ", max "
+                     << Percentile(all, 1.0));
+  for (const absl::Status& st : failures) CHECK(st.ok());
+  const std::vector<std::vector<float>> got = PullAll(s);
+  for (size_t v = 0; v < got.size(); ++v) {
+    int64_t wrong = 0;
+    for (size_t j = 0; j < got[v].size(); ++j) {
+      wrong += got[v][j] != 1.0f - kSteps * (16.5f + static_cast<float>(j % 3));
+    }
+    CHECK(wrong == 0);
+  }
+  for (int server = 0; server < 2; ++server) {
+    PsStatusResponse st;
+    REQUIRE(s.chief->GetStatus(server, &st).ok());
+    CHECK(st.version() == kSteps);
+    CHECK(st.pushes_applied() == kSteps * kClients);
   }
 }
 

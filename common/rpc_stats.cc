@@ -3,8 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <map>
+#include <string>
 #include <utility>
 
+#include "google/protobuf/descriptor.h"
 #include "google/protobuf/message_lite.h"
 #include "grpcpp/support/byte_buffer.h"
 
@@ -62,29 +65,51 @@ namespace {
 using grpc::experimental::InterceptionHookPoints;
 using grpc::experimental::InterceptorBatchMethods;
 
-// The methods whose messages are wire frames (common/wire_frame.h), which
-// both sides handle as raw grpc::ByteBuffers; every other method's messages
-// are protobuf messages.
-bool IsFramedMethod(const char* method) {
-  return method != nullptr && (std::strcmp(method, "/pstrain.PsService/Push") == 0 ||
-                               std::strcmp(method, "/pstrain.PsService/Pull") == 0);
+// What a method's request arrives as in the server's handler.
+enum class Request {
+  kFrame,     // a raw grpc::ByteBuffer: the wire-frame methods (common/wire_frame.h)
+  kProto,     // a generated protobuf message
+  kUnknown,   // not a method of a compiled-in service (gRPC answers UNIMPLEMENTED)
+};
+
+Request RequestKind(const char* method) {
+  if (method == nullptr) return Request::kUnknown;
+  if (std::strcmp(method, "/pstrain.PsService/Push") == 0 ||
+      std::strcmp(method, "/pstrain.PsService/Pull") == 0) {
+    return Request::kFrame;
+  }
+  // "/package.Service/Method" is a proto method when the generated
+  // descriptors know "package.Service.Method".
+  std::string name = method[0] == '/' ? method + 1 : method;
+  const size_t slash = name.rfind('/');
+  if (slash == std::string::npos) return Request::kUnknown;
+  name[slash] = '.';
+  return google::protobuf::DescriptorPool::generated_pool()->FindMethodByName(name) != nullptr
+             ? Request::kProto
+             : Request::kUnknown;
 }
 
 // The size on the wire of a received message: a ByteBuffer's length, or the
 // protobuf's encoded size (generated messages derive from MessageLite alone,
-// so the handler's message pointer is one to MessageLite).
-uint64_t ReceivedBytes(void* message, bool framed) {
+// so the handler's message pointer is one to MessageLite). A message of an
+// unknown method is not looked at.
+uint64_t ReceivedBytes(void* message, Request kind) {
   if (message == nullptr) return 0;
-  if (framed) return static_cast<grpc::ByteBuffer*>(message)->Length();
-  return static_cast<google::protobuf::MessageLite*>(message)->ByteSizeLong();
+  switch (kind) {
+    case Request::kFrame: return static_cast<grpc::ByteBuffer*>(message)->Length();
+    case Request::kProto:
+      return static_cast<google::protobuf::MessageLite*>(message)->ByteSizeLong();
+    case Request::kUnknown: return 0;
+  }
+  return 0;
 }
 
 // One call's interceptor: times it from its creation (the call's start) to
 // its status, and counts its messages' bytes.
 class StatsInterceptor final : public grpc::experimental::Interceptor {
  public:
-  StatsInterceptor(RpcStats::Method* method, bool framed)
-      : method_(method), framed_(framed), start_(std::chrono::steady_clock::now()) {}
+  StatsInterceptor(RpcStats::Method* method, Request kind)
+      : method_(method), kind_(kind), start_(std::chrono::steady_clock::now()) {}
 
   void Intercept(InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_MESSAGE)) {
@@ -94,7 +119,7 @@ class StatsInterceptor final : public grpc::experimental::Interceptor {
       }
     }
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::POST_RECV_MESSAGE)) {
-      method_->received_bytes.fetch_add(ReceivedBytes(methods->GetRecvMessage(), framed_),
+      method_->received_bytes.fetch_add(ReceivedBytes(methods->GetRecvMessage(), kind_),
                                         std::memory_order_relaxed);
     }
     if (methods->QueryInterceptionHookPoint(InterceptionHookPoints::PRE_SEND_STATUS)) {
@@ -112,7 +137,7 @@ class StatsInterceptor final : public grpc::experimental::Interceptor {
   }
 
   RpcStats::Method* const method_;
-  const bool framed_;
+  const Request kind_;
   const std::chrono::steady_clock::time_point start_;
 };
 
@@ -120,9 +145,30 @@ class ServerFactory final : public grpc::experimental::ServerInterceptorFactoryI
  public:
   grpc::experimental::Interceptor* CreateServerInterceptor(
       grpc::experimental::ServerRpcInfo* info) override {
-    return new StatsInterceptor(ServerRpcStats().Find(info->method()),
-                                IsFramedMethod(info->method()));
+    const absl::string_view name = info->method() == nullptr ? "" : info->method();
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      if (auto it = known_.find(name); it != known_.end()) {
+        return new StatsInterceptor(it->second.first, it->second.second);
+      }
+    }
+    const Request kind = RequestKind(info->method());
+    if (kind == Request::kUnknown) {
+      // Anyone may send any name: unknown ones share one record, so the
+      // records and the metrics stay bounded.
+      return new StatsInterceptor(ServerRpcStats().Find("/unknown"), kind);
+    }
+    RpcStats::Method* method = ServerRpcStats().Find(info->method());
+    absl::MutexLock lock(&mu_);
+    known_.emplace(std::string(name), std::make_pair(method, kind));
+    return new StatsInterceptor(method, kind);
   }
+
+ private:
+  absl::Mutex mu_;
+  // The methods of compiled-in services seen so far.
+  std::map<std::string, std::pair<RpcStats::Method*, Request>, std::less<>> known_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -221,6 +221,44 @@ TEST_CASE("every call served is counted by method and code, with its bytes", "[r
   CHECK(m->name == "GetStatus");
 }
 
+TEST_CASE("calls of unknown methods are refused and counted under one record", "[rpc]") {
+  CountedService service;
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  for (int p = 27000 + (::getpid() % 20000); p < 65000 && server == nullptr; p += 19) {
+    auto s = StartServer(absl::StrCat("127.0.0.1:", p), &service);
+    if (s.ok()) {
+      server = std::move(*s);
+      port = p;
+    }
+  }
+  REQUIRE(server != nullptr);
+  const uint64_t before = Read(ServerRpcStats(), "/unknown").unimplemented;
+  const size_t methods_before = ServerRpcStats().Methods().size();
+  grpc::GenericStub raw(CreateChannel(absl::StrCat("127.0.0.1:", port)));
+  const std::string junk(64, '\x7f');
+  grpc::Slice slice(junk);
+  grpc::ByteBuffer request(&slice, 1), response;
+  for (int i = 0; i < 30; ++i) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(10));
+    const std::string method = i % 2 == 0 ? absl::StrCat("/made.Up/Method", i)
+                                          : absl::StrCat("/pstrain.PsService/Nope", i);
+    CHECK(RawCall(&raw, &ctx, method, request, &response).error_code() ==
+          grpc::StatusCode::UNIMPLEMENTED);
+  }
+  // The server still answers, and 30 names made one record at most.
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(10));
+  PsStatusResponse resp;
+  CHECK(PsService::NewStub(CreateChannel(absl::StrCat("127.0.0.1:", port)))
+            ->GetStatus(&ctx, PsStatusRequest(), &resp)
+            .ok());
+  server->Shutdown();
+  CHECK(ServerRpcStats().Methods().size() <= methods_before + 2);  // "unknown", GetStatus
+  CHECK(Read(ServerRpcStats(), "/unknown").unimplemented - before == 30);
+}
+
 TEST_CASE("a histogram puts each value in the first bucket that holds it", "[rpc]") {
   Histogram h({1, 2, 5});
   for (double v : {0.5, 1.0, 1.5, 2.0, 4.0, 5.0, 9.0}) h.Observe(v);

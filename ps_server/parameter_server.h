@@ -214,8 +214,8 @@ class ParameterServer {
   // Sync: seconds from a step's first gradient on this server to the step's
   // completion (how long the quorum kept the earliest worker waiting).
   const Histogram& quorum_wait_seconds() const { return quorum_wait_seconds_; }
-  // Async: each applied push's staleness (updates applied since the version
-  // its gradient was computed from).
+  // Async: each admitted push's staleness (updates applied since the version
+  // its gradient was computed from; taken before its values are checked).
   const Histogram& staleness() const { return staleness_; }
   static std::vector<double> StalenessBounds();
 

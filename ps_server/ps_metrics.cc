@@ -131,8 +131,8 @@ class PsCollector : public prometheus::Collectable {
               "the time the quorum kept the earliest worker waiting.",
               ps_->quorum_wait_seconds());
     histogram("pstrain_async_staleness",
-              "Async: each push's staleness, the updates applied since the version its gradient "
-              "was computed from.",
+              "Async: each admitted push's staleness, the updates applied since the version its "
+              "gradient was computed from.",
               ps_->staleness());
     one("pstrain_checkpoint_shards_written_total", "Checkpoint shards this server wrote.",
         MetricType::Counter, static_cast<double>(c.written));

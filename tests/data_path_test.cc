@@ -129,6 +129,16 @@ struct Buffers {
   }
 };
 
+// Client k's gradients in the no-lost-update and load cases: k + 1 +
+// (element mod 3) in every element of every variable.
+Buffers ClientGradients(const std::vector<VariableSpec>& vars, int k) {
+  Buffers b(vars, 0);
+  for (auto& g : b.grads) {
+    for (size_t j = 0; j < g.size(); ++j) g[j] = static_cast<float>(k + 1 + j % 3);
+  }
+  return b;
+}
+
 // One sync step driven from this thread: both workers pull the step, then
 // push (the second push completes it).
 void SyncStep(Servers& s, PsClient& w0, PsClient& w1, Buffers& b0, Buffers& b1, int64_t step) {
@@ -339,10 +349,7 @@ TEST_CASE("no lost update: 8 clients x 200 concurrent async pushes to 2 servers,
   for (int k = 0; k < kClients; ++k) {
     clients.emplace_back([&s, &failures, k] {
       std::unique_ptr<PsClient> c = s.Worker(k);
-      Buffers b(s.vars, 0);
-      for (auto& g : b.grads) {
-        for (size_t j = 0; j < g.size(); ++j) g[j] = static_cast<float>(k + 1 + j % 3);
-      }
+      Buffers b = ClientGradients(s.vars, k);
       std::vector<PushOutcome> out;
       for (int i = 0; i < kPushes && failures[k].ok(); ++i) {
         failures[k] = c->PushFrom(std::vector<int64_t>(2, 0), b.src(), &out);
@@ -424,10 +431,7 @@ TEST_CASE("load: 32 async clients against 2 servers lose no update while malform
   for (int k = 0; k < kClients; ++k) {
     clients.emplace_back([&, k] {
       std::unique_ptr<PsClient> c = s.Worker(k);
-      Buffers b(s.vars, 0);
-      for (auto& g : b.grads) {
-        for (size_t j = 0; j < g.size(); ++j) g[j] = static_cast<float>(k + 1 + j % 3);
-      }
+      Buffers b = ClientGradients(s.vars, k);
       std::vector<PushOutcome> out;
       while (failures[k].ok() && pushes[k] < kMaxPushes &&
              (pushes[k] < kMinPushes || !abuse_done.load())) {
@@ -552,10 +556,7 @@ TEST_CASE("load: 32 sync workers for 20 steps against 2 servers: every step is t
   for (int k = 0; k < kClients; ++k) {
     clients.emplace_back([&, k] {
       std::unique_ptr<PsClient> c = s.Worker(k);
-      Buffers b(s.vars, 0);
-      for (auto& g : b.grads) {
-        for (size_t j = 0; j < g.size(); ++j) g[j] = static_cast<float>(k + 1 + j % 3);
-      }
+      Buffers b = ClientGradients(s.vars, k);
       std::vector<PushOutcome> out;
       PsClient::PullResult r;
       for (int64_t step = 0; step < kSteps && failures[k].ok(); ++step) {

@@ -246,25 +246,46 @@ std::string UrlEncode(const std::string& s) {
   return out;
 }
 
-// An instant query through Prometheus's HTTP API: the value of its single
-// result, or -1 (no result, several, or no answer).
-double PromQuery(int port, const std::string& query) {
+// An instant query through Prometheus's HTTP API: its result array, or
+// null when Prometheus refused the query or did not answer.
+nlohmann::json PromResult(int port, const std::string& query) {
   const std::string body = Body(testing::HttpGet(port, "/api/v1/query?query=" + UrlEncode(query)));
   const nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || j.value("status", "") != "success") return -1;
-  const nlohmann::json& result = j["data"]["result"];
-  if (!result.is_array() || result.size() != 1) return -1;
+  if (j.is_discarded() || j.value("status", "") != "success" || !j["data"]["result"].is_array()) {
+    return nullptr;
+  }
+  return j["data"]["result"];
+}
+
+// The value of a query's single result, or -1 (no result, several, or none).
+double PromQuery(int port, const std::string& query) {
+  const nlohmann::json result = PromResult(port, query);
   double v = -1;
-  if (!absl::SimpleAtod(result[0]["value"][1].get<std::string>(), &v)) return -1;
+  if (!result.is_array() || result.size() != 1 ||
+      !absl::SimpleAtod(result[0]["value"][1].get<std::string>(), &v)) {
+    return -1;
+  }
   return v;
 }
 
-// How many series an instant query returns (-1: Prometheus refused it).
+// How many series a query returns (-1: Prometheus refused it).
 int PromSeries(int port, const std::string& query) {
-  const std::string body = Body(testing::HttpGet(port, "/api/v1/query?query=" + UrlEncode(query)));
-  const nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || j.value("status", "") != "success") return -1;
-  return j["data"]["result"].is_array() ? static_cast<int>(j["data"]["result"].size()) : -1;
+  const nlohmann::json result = PromResult(port, query);
+  return result.is_array() ? static_cast<int>(result.size()) : -1;
+}
+
+// `pstrain launch` of a config on a spec, its output in dir/launch.out.
+std::unique_ptr<Subprocess> StartLaunch(const std::string& dir, const std::string& spec_path,
+                                        ConfigOptions o) {
+  o.output_dir = JoinPath(dir, "out");
+  const std::string config = testing::WriteFile(JoinPath(dir, "train.pbtxt"), ConfigText(o));
+  SpawnOptions so;
+  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", spec_path, "--config", config,
+             "--bin_dir", BinDir(), "--progress=false"};
+  so.output_file = JoinPath(dir, "launch.out");
+  auto launch = Subprocess::Spawn(so);
+  REQUIRE(launch.ok());
+  return std::move(*launch);
 }
 
 TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes the cluster "
@@ -312,19 +333,12 @@ TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes
   ConfigOptions o;
   o.max_steps = 1000000;  // ended by the test
   o.eval_every_steps = 1000;
-  o.output_dir = JoinPath(dir, "out");
-  const std::string config = testing::WriteFile(JoinPath(dir, "train.pbtxt"), ConfigText(o));
-  SpawnOptions so;
-  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", spec_path, "--config", config,
-             "--bin_dir", BinDir(), "--progress=false"};
-  so.output_file = JoinPath(dir, "launch.out");
-  auto launch = Subprocess::Spawn(so);
-  REQUIRE(launch.ok());
+  std::unique_ptr<Subprocess> launch = StartLaunch(dir, spec_path, o);
 
   // Training is under way once ps:0 has applied a few steps.
   const std::string version = "pstrain_ps_version{job=\"ps\",task=\"0\"}";
   const absl::Time deadline = absl::Now() + absl::Seconds(90);
-  while (absl::Now() < deadline && (*launch)->running() &&
+  while (absl::Now() < deadline && launch->running() &&
          SampleValue(Body(testing::HttpGet(ports["ps:0"], "/metrics")), version) < 20) {
     absl::SleepFor(absl::Milliseconds(50));
   }
@@ -401,7 +415,7 @@ TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes
   } while (!dashboard_problems.empty() && absl::Now() < dashboard_deadline &&
            (absl::SleepFor(absl::Milliseconds(500)), true));
   ::kill(pids[0], SIGCONT);
-  (*launch)->Stop(absl::Seconds(20));
+  launch->Stop(absl::Seconds(20));
   (*prom_proc)->Stop(absl::Seconds(20));
   INFO(Env::Default()->ReadFile(prom.output_file).value_or(""));
   REQUIRE(held > 0);
@@ -429,25 +443,18 @@ TEST_CASE("a worker on a GPU serves its device memory", "[metrics][cluster][cuda
   ConfigOptions o;
   o.max_steps = 1000000;  // ended by the test
   o.device = "cuda:0";
-  o.output_dir = JoinPath(dir, "out");
-  const std::string config = testing::WriteFile(JoinPath(dir, "train.pbtxt"), ConfigText(o));
-  SpawnOptions so;
-  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", spec_path, "--config", config,
-             "--bin_dir", BinDir(), "--progress=false"};
-  so.output_file = JoinPath(dir, "launch.out");
-  auto launch = Subprocess::Spawn(so);
-  REQUIRE(launch.ok());
+  std::unique_ptr<Subprocess> launch = StartLaunch(dir, spec_path, o);
   const std::string used = "pstrain_worker_device_memory_used_bytes{job=\"worker\",task=\"0\"}";
   const std::string total = "pstrain_worker_device_memory_total_bytes{job=\"worker\",task=\"0\"}";
   std::string metrics;
   const absl::Time deadline = absl::Now() + absl::Seconds(90);
-  while (absl::Now() < deadline && (*launch)->running() && SampleValue(metrics, total) <= 0) {
+  while (absl::Now() < deadline && launch->running() && SampleValue(metrics, total) <= 0) {
     metrics = Body(testing::HttpGet(port, "/metrics"));
     absl::SleepFor(absl::Milliseconds(100));
   }
-  (*launch)->Stop(absl::Seconds(20));
+  launch->Stop(absl::Seconds(20));
   INFO(metrics);
-  INFO(Env::Default()->ReadFile(so.output_file).value_or(""));
+  INFO(Env::Default()->ReadFile(JoinPath(dir, "launch.out")).value_or(""));
   CHECK(SampleValue(metrics, total) > 0);
   CHECK(SampleValue(metrics, used) > 0);
   CHECK(SampleValue(metrics, used) <= SampleValue(metrics, total));

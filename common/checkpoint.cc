@@ -1,6 +1,7 @@
 #include "common/checkpoint.h"
 
 #include <algorithm>
+#include <limits>
 #include <atomic>
 #include <cstring>
 #include <functional>
@@ -421,19 +422,43 @@ std::vector<std::string> ShardFileProblems(Env* env, const std::string& ckpt_dir
 
 }  // namespace
 
-std::vector<std::string> VerifyCheckpoint(Env* env, const std::string& ckpt_dir) {
+std::vector<std::string> VerifyCheckpoint(
+    Env* env, const std::string& ckpt_dir,
+    const std::function<void(int64_t done, int64_t total)>& progress) {
   std::vector<std::string> problems;
   absl::StatusOr<CheckpointManifest> m = ReadManifest(env, ckpt_dir);
   if (!m.ok()) {
     problems.push_back(std::string(m.status().message()));
     return problems;
   }
+  // Bytes to check: every tensor and row range the manifest names (summed
+  // saturating: the lengths are the manifest's, checked only below).
+  auto add = [](int64_t a, int64_t b) {
+    b = std::max<int64_t>(b, 0);
+    return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max()
+                                                       : a + b;
+  };
+  auto rows_bytes = [&add](const CheckpointRows& r) {
+    int64_t b = add(add(add(r.ids().length(), r.values().length()), r.updates().length()),
+                    r.touched().length());
+    for (const ByteRange& s : r.slots()) b = add(b, s.length());
+    return b;
+  };
+  int64_t total = 0, done = 0;
+  for (const CheckpointTensor& t : m->tensors()) total = add(total, t.length());
+  for (const CheckpointRows& r : m->rows()) total = add(total, rows_bytes(r));
+  auto checked = [&](int64_t bytes) {
+    done = add(done, bytes);
+    if (progress) progress(done, total);
+  };
   std::vector<bool> shard_ok;
   problems = ShardFileProblems(env, ckpt_dir, *m, &shard_ok);
   for (const CheckpointTensor& t : m->tensors()) {
-    if (!shard_ok[t.shard()]) continue;
-    absl::StatusOr<std::vector<float>> v = ReadCheckpointTensor(env, ckpt_dir, *m, t);
-    if (!v.ok()) problems.push_back(std::string(v.status().message()));
+    if (shard_ok[t.shard()]) {
+      absl::StatusOr<std::vector<float>> v = ReadCheckpointTensor(env, ckpt_dir, *m, t);
+      if (!v.ok()) problems.push_back(std::string(v.status().message()));
+    }
+    checked(t.length());
   }
   std::map<std::string, RestoredTable> tables;
   for (const CheckpointTable& t : m->tables()) {
@@ -442,15 +467,17 @@ std::vector<std::string> VerifyCheckpoint(Env* env, const std::string& ckpt_dir)
   }
   std::map<std::string, std::vector<uint64_t>> ids;  // every shard's, per table
   for (const CheckpointRows& r : m->rows()) {
-    if (!shard_ok[r.shard()]) continue;
-    RestoredTable t;  // one shard's rows at a time
-    t.dim = tables[r.table()].dim;
-    t.slots.resize(r.slots_size());
-    if (absl::Status st = ReadRows(env, ckpt_dir, *m, r, &t); !st.ok()) {
-      problems.push_back(std::string(st.message()));
-    } else {
-      ids[r.table()].insert(ids[r.table()].end(), t.ids.begin(), t.ids.end());
+    if (shard_ok[r.shard()]) {
+      RestoredTable t;  // one shard's rows at a time
+      t.dim = tables[r.table()].dim;
+      t.slots.resize(r.slots_size());
+      if (absl::Status st = ReadRows(env, ckpt_dir, *m, r, &t); !st.ok()) {
+        problems.push_back(std::string(st.message()));
+      } else {
+        ids[r.table()].insert(ids[r.table()].end(), t.ids.begin(), t.ids.end());
+      }
     }
+    checked(rows_bytes(r));
   }
   for (auto& [name, all] : ids) {
     if (absl::Status st = CheckUniqueIds(name, &all); !st.ok()) {

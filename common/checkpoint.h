@@ -20,6 +20,7 @@
 #define PSTRAIN_COMMON_CHECKPOINT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -86,8 +87,11 @@ absl::StatusOr<std::vector<float>> ReadCheckpointTensor(Env* env, const std::str
 // Every problem of the checkpoint at `ckpt_dir`, one line each: no or a bad
 // manifest, a missing or wrong-sized shard, a tensor whose bytes fail their
 // CRC, a variable whose partitions do not cover it, a missing slot. Empty:
-// the checkpoint is good.
-std::vector<std::string> VerifyCheckpoint(Env* env, const std::string& ckpt_dir);
+// the checkpoint is good. `progress` (optional) is told the bytes checked so
+// far and in all after each tensor and row range (the CLI's progress line).
+std::vector<std::string> VerifyCheckpoint(
+    Env* env, const std::string& ckpt_dir,
+    const std::function<void(int64_t done, int64_t total)>& progress = nullptr);
 
 struct CheckpointInfo {
   int64_t step = 0;

@@ -525,7 +525,23 @@ std::vector<T> Cat(const std::vector<T>& a, const std::vector<T>& b) {
 TEST_CASE("embedding rows are saved per shard and read back whole, bitwise", "[checkpoint][rows]") {
   const RowsFixture f;
   const std::string ckpt = WriteRowsFixture(f, TempDir("rows"));
-  CHECK(VerifyCheckpoint(Env::Default(), ckpt).empty());
+  // Verification reports its progress over every tensor and row range, up
+  // to all of the bytes the manifest names.
+  std::vector<std::pair<int64_t, int64_t>> progress;
+  CHECK(VerifyCheckpoint(Env::Default(), ckpt, [&progress](int64_t done, int64_t total) {
+          progress.emplace_back(done, total);
+        }).empty());
+  auto manifest = ReadManifest(Env::Default(), ckpt);
+  REQUIRE(manifest.ok());
+  REQUIRE(progress.size() ==
+          static_cast<size_t>(manifest->tensors_size() + manifest->rows_size()));
+  CHECK(manifest->rows_size() > 0);
+  for (size_t i = 1; i < progress.size(); ++i) CHECK(progress[i].first > progress[i - 1].first);
+  CHECK(progress.back().first == progress.back().second);
+  int64_t shard_bytes = 0;
+  for (const ShardFile& sf : manifest->shards()) shard_bytes += sf.bytes();
+  CHECK(progress.back().second > 0);
+  CHECK(progress.back().second <= shard_bytes);
   auto c = LoadCheckpoint(Env::Default(), ckpt);
   REQUIRE(c.ok());
   REQUIRE(c->tables.count("ads") == 1);

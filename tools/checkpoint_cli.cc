@@ -58,9 +58,36 @@ int List(const std::string& dir, std::ostream& out, std::ostream& err) {
   return 0;
 }
 
+// "export: 3/10 variables" redrawn in place on a terminal; nothing in a pipe.
+class Progress {
+ public:
+  explicit Progress(std::string what) : what_(std::move(what)), tty_(::isatty(2) == 1) {}
+  ~Progress() {
+    if (tty_ && drawn_) std::fputs("\n", stderr);
+  }
+  void Update(const std::string& line) {
+    if (!tty_) return;
+    std::fprintf(stderr, "\r\033[K%s: %s", what_.c_str(), line.c_str());
+    std::fflush(stderr);
+    drawn_ = true;
+  }
+
+ private:
+  const std::string what_;
+  const bool tty_;
+  bool drawn_ = false;
+};
+
 int Verify(const std::string& ckpt, std::ostream& out) {
   Env* env = Env::Default();
-  const std::vector<std::string> problems = VerifyCheckpoint(env, ckpt);
+  std::vector<std::string> problems;
+  {
+    Progress progress("verify");
+    problems = VerifyCheckpoint(env, ckpt, [&progress](int64_t done, int64_t total) {
+      progress.Update(absl::StrFormat("%.1f / %.1f MiB checked", done / 1048576.0,
+                                      total / 1048576.0));
+    });
+  }
   if (!problems.empty()) {
     for (const std::string& p : problems) out << ckpt << ": " << p << "\n";
     return 1;
@@ -182,26 +209,6 @@ bool SafeRelativePath(const std::string& name) {
   }
   return true;
 }
-
-// "export: 3/10 variables" redrawn in place on a terminal; nothing in a pipe.
-class Progress {
- public:
-  explicit Progress(std::string what) : what_(std::move(what)), tty_(::isatty(2) == 1) {}
-  ~Progress() {
-    if (tty_ && drawn_) std::fputs("\n", stderr);
-  }
-  void Update(const std::string& line) {
-    if (!tty_) return;
-    std::fprintf(stderr, "\r\033[K%s: %s", what_.c_str(), line.c_str());
-    std::fflush(stderr);
-    drawn_ = true;
-  }
-
- private:
-  const std::string what_;
-  const bool tty_;
-  bool drawn_ = false;
-};
 
 int Export(const std::string& ckpt, const std::string& format, const std::string& out_dir,
            std::ostream& out, std::ostream& err) {

@@ -570,10 +570,12 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     int64_t servers_version = std::numeric_limits<int64_t>::max();
     int64_t count = 0;
     double sum = 0;
+    bool all_answered = true;
     for (int s = 0; s < ps.num_servers(); ++s) {
       PsStatusResponse status;
       if (!ps.GetStatus(s, &status).ok()) {
         servers_version = std::numeric_limits<int64_t>::min();
+        all_answered = false;
         continue;
       }
       servers_version = std::min(servers_version, status.version());
@@ -581,7 +583,12 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       count += status.staleness_count();
       sum += status.staleness_sum();
     }
-    if (count >= staleness_count) {  // all servers answered (totals only grow)
+    if (all_answered) {
+      if (count < staleness_count_at_scalars) {
+        // A server started afresh: its totals began again at 0.
+        staleness_count_at_scalars = count;
+        staleness_sum_at_scalars = sum;
+      }
       staleness_count = count;
       staleness_sum = sum;
     }

@@ -103,8 +103,8 @@ TEST_CASE("all workers done ends the wait", "[chief]") {
   CHECK(chief.AllWorkersDone());
 }
 
-TEST_CASE("the chief sums the workers' step-time split; a bad split is refused, changing nothing",
-          "[chief]") {
+TEST_CASE("the chief sums the workers' step-time split; a bad split is ignored, the report "
+          "taken", "[chief]") {
   Chief chief(2, 100, 9, 5, 0);
   chief.MarkInitialized();
   ProgressResponse resp;
@@ -122,10 +122,10 @@ TEST_CASE("the chief sums the workers' step-time split; a bad split is refused, 
   REQUIRE(chief.ReportProgress(b, &resp).ok());
   for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity(), 1e9}) {
     ProgressReport r = Report(1, 4);
-    r.set_local_steps(1000);
+    r.set_local_steps(30);
     r.set_push_seconds(bad);
     INFO(bad);
-    CHECK(absl::IsInvalidArgument(chief.ReportProgress(r, &resp)));
+    CHECK(chief.ReportProgress(r, &resp).ok());  // progress counts; the split is not touched
   }
   ChiefStatusResponse s;
   chief.GetStatus(&s);

@@ -67,7 +67,9 @@ using grpc::experimental::InterceptorBatchMethods;
 
 // What a method's request arrives as in the server's handler.
 enum class Request {
-  kFrame,     // a raw grpc::ByteBuffer: the wire-frame methods (common/wire_frame.h)
+  kFrame,     // a raw grpc::ByteBuffer: the wire-frame methods (common/wire_frame.h),
+              // which ps_server/ps_service.h serves raw (a service serving them as
+              // protos must not be started through StartServer)
   kProto,     // a generated protobuf message
   kUnknown,   // not a method of a compiled-in service (gRPC answers UNIMPLEMENTED)
 };

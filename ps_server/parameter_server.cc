@@ -641,6 +641,10 @@ absl::Status ParameterServer::PushImpl(const PushRequest& header, const Segmente
                                                      " out of range; expected 0..",
                                                      model_->num_workers - 1));
     }
+    if (header.step() < 0) {
+      RejectLocked(Rejection::kMalformed);
+      return absl::InvalidArgumentError(absl::StrCat("Push: negative step ", header.step()));
+    }
     model = model_;
   }
   std::vector<GradientRef> grads;
@@ -755,8 +759,6 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
     if (static_cast<int64_t>(stage.size()) != p->size) stage.resize(p->size);  // first push only
     g->bytes->CopyFloatsTo(g->offset, p->size, g->bfloat16, stage.data());
     copied += p->size * (g->bfloat16 ? 2 : 4);
-    p->pushes.fetch_add(1, std::memory_order_relaxed);
-    p->push_bytes.fetch_add(p->size * (g->bfloat16 ? 2 : 4), std::memory_order_relaxed);
     if (non_finite == nullptr && !AllFinite(stage)) non_finite = p;
   }
   // Partitions whose quorum this push completes, with their workers.
@@ -786,6 +788,8 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
         continue;
       }
       p->arrived[w] = 1;
+      p->pushes.fetch_add(1, std::memory_order_relaxed);
+      p->push_bytes.fetch_add(p->size * (g->bfloat16 ? 2 : 4), std::memory_order_relaxed);
       if (++p->arrived_count < model->replicas_to_aggregate) continue;
       to_apply.emplace_back(p, ClosePartitionLocked(*model, p));
     }
@@ -856,7 +860,9 @@ void ParameterServer::CompleteStepLocked(int64_t step, int contributors,
   counters_.pushes_applied += contributors;
   version_ = step + 1;
   if (step_first_gradient_ != absl::InfiniteFuture()) {
-    quorum_wait_seconds_.Observe(absl::ToDoubleSeconds(absl::Now() - step_first_gradient_));
+    // Wall-clock times: a clock stepped back must not make a negative wait.
+    quorum_wait_seconds_.Observe(
+        std::max(0.0, absl::ToDoubleSeconds(absl::Now() - step_first_gradient_)));
     step_first_gradient_ = absl::InfiniteFuture();
   }
   step_deadline_ = absl::InfiniteFuture();  // the next step's starts with its first gradient
@@ -1417,6 +1423,10 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
     absl::MutexLock lock(&mu_);
     st = CheckRowsRequestLocked(request.incarnation(), request.worker(), request.table(), &table);
     if (st.ok() && request.worker() < 0) st = absl::InvalidArgumentError("PushRows: no worker");
+    if (st.ok() && request.step() < 0) {
+      RejectLocked(Rejection::kMalformed);
+      return absl::InvalidArgumentError(absl::StrCat("PushRows: negative step ", request.step()));
+    }
     if (!st.ok()) {
       // CheckRowsRequestLocked: FAILED_PRECONDITION (incarnation), NOT_FOUND
       // (no such table), INVALID_ARGUMENT (the worker).
@@ -1588,6 +1598,11 @@ const char* ParameterServer::RejectionName(Rejection r) {
     case Rejection::kMalformed: return "malformed";
   }
   return "unknown";
+}
+
+void ParameterServer::RecordRejection(Rejection reason) {
+  absl::MutexLock lock(&mu_);
+  RejectLocked(reason);
 }
 
 void ParameterServer::RejectLocked(Rejection reason) {

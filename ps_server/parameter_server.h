@@ -90,6 +90,9 @@ class ParameterServer {
   };
   static constexpr int kNumRejections = 9;
   static const char* RejectionName(Rejection r);
+  // Counts a push refused before it reached the server (a frame that does
+  // not decode: kMalformed).
+  void RecordRejection(Rejection reason);
 
   struct Counters {
     int64_t pushes_applied = 0;  // pushes whose gradients reached the model

@@ -229,6 +229,7 @@ TEST_CASE("bad pushes are refused and leave the model bit-identical", "[ps][vali
   CHECK(absl::IsInvalidArgument(ps.Push(Grad(0, 0, {1, 1, inf, 1}), &r)));
   CHECK(absl::IsInvalidArgument(ps.Push(Grad(5, 0, {1, 1, 1, 1}), &r)));
   CHECK(absl::IsFailedPrecondition(ps.Push(Grad(0, 9, {1, 1, 1, 1}), &r)));  // future step
+  CHECK(absl::IsInvalidArgument(ps.Push(Grad(0, -5, {1, 1, 1, 1}), &r)));    // no step is < 0
   PushRequest other_run = Grad(0, 0, {1, 1, 1, 1});
   other_run.set_incarnation(kIncarnation + 1);
   CHECK(absl::IsFailedPrecondition(ps.Push(other_run, &r)));
@@ -241,7 +242,7 @@ TEST_CASE("bad pushes are refused and leave the model bit-identical", "[ps][vali
 
   const std::vector<float> after = PullW(ps);
   CHECK(std::memcmp(before.data(), after.data(), before.size() * 4) == 0);
-  CHECK(ps.counters().pushes_rejected == 9);
+  CHECK(ps.counters().pushes_rejected == 10);
   CHECK(ps.counters().pushes_applied == 0);
   // Each refusal is counted under its reason (pstrain_ps_pushes_rejected_total{reason}).
   auto rejected = [&ps](ParameterServer::Rejection r) {
@@ -252,6 +253,7 @@ TEST_CASE("bad pushes are refused and leave the model bit-identical", "[ps][vali
   CHECK(rejected(ParameterServer::Rejection::kWorker) == 1);
   CHECK(rejected(ParameterServer::Rejection::kAhead) == 1);
   CHECK(rejected(ParameterServer::Rejection::kIncarnation) == 1);
+  CHECK(rejected(ParameterServer::Rejection::kMalformed) == 1);
   CHECK(rejected(ParameterServer::Rejection::kDuplicate) == 0);
   // And the server still works.
   CHECK(ps.Push(Grad(0, 0, {1, 1, 1, 1}), &r).ok());

@@ -153,7 +153,10 @@ grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
   IncomingFrame frame;
   absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker}, "Push");
   absl::Status st = caller.status();
-  if (st.ok()) st = DecodeFrame(*req, &header, &frame);
+  if (st.ok()) {
+    st = DecodeFrame(*req, &header, &frame);
+    if (!st.ok()) ps_->RecordRejection(ParameterServer::Rejection::kMalformed);
+  }
   if (st.ok()) st = auth_->CheckWorkerField(*caller, header.worker(), "Push");
   PushResponse response;
   if (st.ok()) st = ps_->Push(header, frame.payload, &response);

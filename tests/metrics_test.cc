@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -323,7 +324,16 @@ TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes
   REQUIRE(checked.exit_code == 0);
 
   SpawnOptions prom;
-  const int prom_port = PickFreePorts(1)[0];
+  // A free port that is none of the spec's (those are free until the launch).
+  int prom_port = 0;
+  for (int tries = 0; tries < 10 && prom_port == 0; ++tries) {
+    const int p = PickFreePorts(1)[0];
+    if (spec_path.empty() || Env::Default()->ReadFile(spec_path).value_or("").find(
+                                 absl::StrCat(":", p, "\"")) == std::string::npos) {
+      prom_port = p;
+    }
+  }
+  REQUIRE(prom_port != 0);
   prom.argv = {prometheus, "--config.file=" + yml, "--storage.tsdb.path=" + JoinPath(dir, "tsdb"),
                absl::StrCat("--web.listen-address=127.0.0.1:", prom_port), "--log.level=warn"};
   prom.output_file = JoinPath(dir, "prometheus.log");
@@ -361,11 +371,21 @@ TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes
       absl::StrCat("--cluster_spec=", spec_path, " --job=worker --task=1 "));
   REQUIRE(pids.size() == 1);
   REQUIRE(::kill(pids[0], SIGSTOP) == 0);
+  // Stopped for sure ("T" in /proc/PID/stat) before the servers are read.
+  auto state = [](int pid) {
+    std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+    std::string stat;
+    std::getline(in, stat);
+    const size_t paren = stat.rfind(')');
+    return paren == std::string::npos || paren + 2 >= stat.size() ? '?' : stat[paren + 2];
+  };
+  while (state(pids[0]) != 'T' && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  REQUIRE(state(pids[0]) == 'T');
   double held = -1;
   const std::string waiting = "pstrain_sync_waiting_on{worker=\"1\",job=\"ps\",task=\"0\"}";
   while (absl::Now() < deadline) {
     const std::string a = Body(testing::HttpGet(ports["ps:0"], "/metrics"));
-    absl::SleepFor(absl::Milliseconds(700));
+    absl::SleepFor(absl::Seconds(1));
     const std::string b = Body(testing::HttpGet(ports["ps:0"], "/metrics"));
     if (SampleValue(a, version) == SampleValue(b, version) && SampleValue(b, waiting) == 1) {
       held = SampleValue(b, version);

@@ -9,16 +9,37 @@
 namespace pstrain {
 namespace {
 
-// Prometheus' duration: digits and a unit (ms, s, m, h), at least 1 ms.
+// A Prometheus duration: one or more number-unit pairs, the units in the
+// order y, w, d, h, m, s, ms, each at most once ("1m30s", "500ms"), and not
+// zero in all.
 bool IsDuration(const std::string& d) {
-  size_t digits = 0;
-  while (digits < d.size() && absl::ascii_isdigit(static_cast<unsigned char>(d[digits]))) {
-    ++digits;
+  static const char* const kUnits[] = {"y", "w", "d", "h", "m", "s", "ms"};
+  size_t at = 0;
+  int next_unit = 0;  // units must come in kUnits order
+  bool nonzero = false;
+  while (at < d.size()) {
+    size_t digits = 0;
+    while (at + digits < d.size() &&
+           absl::ascii_isdigit(static_cast<unsigned char>(d[at + digits]))) {
+      ++digits;
+    }
+    if (digits == 0 || digits > 9) return false;
+    nonzero = nonzero || d.substr(at, digits).find_first_not_of('0') != std::string::npos;
+    at += digits;
+    // The longest unit that matches here ("ms" before "m").
+    int unit = -1;
+    for (int u = next_unit; u < 7; ++u) {
+      const std::string name = kUnits[u];
+      if (d.compare(at, name.size(), name) == 0 &&
+          (unit < 0 || name.size() > std::string(kUnits[unit]).size())) {
+        unit = u;
+      }
+    }
+    if (unit < 0) return false;
+    at += std::string(kUnits[unit]).size();
+    next_unit = unit + 1;
   }
-  if (digits == 0 || digits > 9) return false;
-  const std::string unit = d.substr(digits);
-  if (unit != "ms" && unit != "s" && unit != "m" && unit != "h") return false;
-  return d.find_first_not_of('0') < digits;  // not zero
+  return nonzero;
 }
 
 bool IsScrapeJobName(const std::string& name) {
@@ -36,7 +57,7 @@ absl::StatusOr<std::string> RenderPrometheusConfig(const ClusterSpec& spec,
   if (!IsDuration(options.scrape_interval)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--scrape_interval \"", options.scrape_interval,
-                     "\": expected a Prometheus duration such as 500ms, 5s or 1m"));
+                     "\": expected a Prometheus duration such as 500ms, 5s, 1m30s or 1d"));
   }
   if (!IsScrapeJobName(options.job_name)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -51,13 +51,17 @@ TEST_CASE("prometheus-config refuses what Prometheus could not use", "[prometheu
   CHECK(ErrorOf(RenderPrometheusConfig(Spec(R"({"ps": ["0.0.0.0:9100"]})"), o))
             .find("ps:0's metrics address 0.0.0.0:9100 is a wildcard") != std::string::npos);
   const ClusterSpec good = Spec(R"({"ps": ["10.0.0.2:9100"]})");
-  for (const char* interval : {"", "5", "0s", "5 s", "1d", "-1s", "s", "10000000000s"}) {
+  for (const char* interval :
+       {"", "5", "0s", "5 s", "-1s", "s", "10000000000s", "1s1m", "1m1m", "1x", "0m0s"}) {
     o.scrape_interval = interval;
     INFO(interval);
     CHECK(ErrorOf(RenderPrometheusConfig(good, o)).find("--scrape_interval") != std::string::npos);
   }
-  o.scrape_interval = "500ms";
-  CHECK(RenderPrometheusConfig(good, o).ok());
+  for (const char* interval : {"500ms", "5s", "1m30s", "1d", "2w", "1h0m", "1y2w3d4h5m6s7ms"}) {
+    o.scrape_interval = interval;
+    INFO(interval);
+    CHECK(RenderPrometheusConfig(good, o).ok());
+  }
   for (const std::string& name : std::vector<std::string>{"", "a b", "x:y", "\"q\"",
                                                            std::string(65, 'j')}) {
     o.job_name = name;

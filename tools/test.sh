@@ -56,9 +56,12 @@ fi
 # above: it reads their generated headers); each check counts as a case.
 echo "=== thread-safety analysis (tools/thread_safety.sh)" >&2
 tsa_out=$(bash tools/thread_safety.sh 2>&1)
+tsa_rc=$?
 echo "$tsa_out" >&2
 tsa_passed=$(grep -c '^thread-safety .*: ok' <<< "$tsa_out")
 tsa_failed=$(grep -c '^thread-safety .*: FAILED' <<< "$tsa_out")
+# A script that failed without saying which check still fails the run.
+if [ "$tsa_rc" -ne 0 ] && [ "$tsa_failed" -eq 0 ]; then tsa_failed=1; fi
 
 read -r passed failed < <(find "$results" -name test.xml -exec cat {} + | awk '
   /<testcase/ { total++; bad = 0 }

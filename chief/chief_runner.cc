@@ -194,6 +194,27 @@ absl::StatusOr<ResumePoint> LoadStartPoint(const TrainingConfig& config, const P
   return r;
 }
 
+// A restore's progress as a log line at most once a second, and at the end
+// of one that took longer than a second.
+CheckpointProgress RestoreProgressLog() {
+  struct State {
+    absl::Time start = absl::Now();
+    absl::Time last = absl::Now();
+  };
+  auto state = std::make_shared<State>();
+  return [state](int64_t done, int64_t total) {
+    const absl::Time now = absl::Now();
+    const bool end = done >= total;
+    if (now - state->last < absl::Seconds(1) && !(end && now - state->start >= absl::Seconds(1))) {
+      return;
+    }
+    state->last = now;
+    LOG_INFO("restoring: {:.1f} of {:.1f} MiB read ({:.0f}%, {:.1f} s)", done / 1048576.0,
+             total / 1048576.0, total > 0 ? 100.0 * done / total : 100.0,
+             absl::ToDoubleSeconds(now - state->start));
+  };
+}
+
 absl::StatusOr<std::optional<ResumePoint>> FindResumePoint(const TrainingConfig& config,
                                                            const Placement& placement) {
   const std::string& dir = config.checkpoint().dir();
@@ -203,7 +224,7 @@ absl::StatusOr<std::optional<ResumePoint>> FindResumePoint(const TrainingConfig&
   std::vector<std::string> skipped;
   std::string path;
   absl::StatusOr<RestoredCheckpoint> ckpt =
-      LoadLatestGoodCheckpoint(Env::Default(), dir, &skipped, &path);
+      LoadLatestGoodCheckpoint(Env::Default(), dir, &skipped, &path, RestoreProgressLog());
   for (const std::string& s : skipped) LOG_WARN("resume: skipping {}", s);
   if (absl::IsNotFound(ckpt.status())) {
     LOG_INFO("resume: {}; starting from the seed at step 0", ckpt.status().message());
@@ -350,8 +371,8 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     ASSIGN_OR_RETURN(from, FindResumePoint(config, placement));
   }
   if (!from.has_value() && !start_from.init_from.empty()) {
-    ASSIGN_OR_RETURN(RestoredCheckpoint ckpt,
-                     LoadCheckpoint(Env::Default(), start_from.init_from));
+    ASSIGN_OR_RETURN(RestoredCheckpoint ckpt, LoadCheckpoint(Env::Default(), start_from.init_from,
+                                                             RestoreProgressLog()));
     ASSIGN_OR_RETURN(from, LoadStartPoint(config, placement, start_from.init_from,
                                           std::move(ckpt), /*with_state=*/false));
   }

@@ -26,6 +26,13 @@
 namespace pstrain {
 namespace {
 
+// a + b for progress totals of lengths a manifest states (negative ones
+// count as 0; the sum stops at the largest int64 instead of overflowing).
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  b = std::max<int64_t>(b, 0);
+  return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max() : a + b;
+}
+
 constexpr char kShardMagic[8] = {'P', 'S', 'T', 'S', 'H', 'R', 'D', '1'};
 constexpr int64_t kAlign = 64;
 constexpr char kCrcPrefix[] = "crc32c: ";
@@ -422,9 +429,8 @@ std::vector<std::string> ShardFileProblems(Env* env, const std::string& ckpt_dir
 
 }  // namespace
 
-std::vector<std::string> VerifyCheckpoint(
-    Env* env, const std::string& ckpt_dir,
-    const std::function<void(int64_t done, int64_t total)>& progress) {
+std::vector<std::string> VerifyCheckpoint(Env* env, const std::string& ckpt_dir,
+                                          const CheckpointProgress& progress) {
   std::vector<std::string> problems;
   absl::StatusOr<CheckpointManifest> m = ReadManifest(env, ckpt_dir);
   if (!m.ok()) {
@@ -433,11 +439,7 @@ std::vector<std::string> VerifyCheckpoint(
   }
   // Bytes to check: every tensor and row range the manifest names (summed
   // saturating: the lengths are the manifest's, checked only below).
-  auto add = [](int64_t a, int64_t b) {
-    b = std::max<int64_t>(b, 0);
-    return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max()
-                                                       : a + b;
-  };
+  auto add = SaturatingAdd;
   auto rows_bytes = [&add](const CheckpointRows& r) {
     int64_t b = add(add(add(r.ids().length(), r.values().length()), r.updates().length()),
                     r.touched().length());
@@ -597,10 +599,11 @@ absl::StatusOr<std::string> LatestGoodCheckpoint(Env* env, const std::string& di
 
 absl::StatusOr<RestoredCheckpoint> LoadLatestGoodCheckpoint(Env* env, const std::string& dir,
                                                             std::vector<std::string>* skipped,
-                                                            std::string* path) {
+                                                            std::string* path,
+                                                            const CheckpointProgress& progress) {
   std::optional<RestoredCheckpoint> loaded;
   ASSIGN_OR_RETURN(*path, NewestAccepted(env, dir, skipped, [&](const CheckpointInfo& c) {
-                     absl::StatusOr<RestoredCheckpoint> r = LoadCheckpoint(env, c.path);
+                     absl::StatusOr<RestoredCheckpoint> r = LoadCheckpoint(env, c.path, progress);
                      if (!r.ok()) return std::string(r.status().message());
                      loaded = std::move(*r);
                      return std::string();
@@ -608,7 +611,8 @@ absl::StatusOr<RestoredCheckpoint> LoadLatestGoodCheckpoint(Env* env, const std:
   return std::move(*loaded);
 }
 
-absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& ckpt_dir) {
+absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& ckpt_dir,
+                                                  const CheckpointProgress& progress) {
   RestoredCheckpoint out;
   ASSIGN_OR_RETURN(out.manifest, ReadManifest(env, ckpt_dir));
   const CheckpointManifest& m = out.manifest;
@@ -644,9 +648,18 @@ absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& c
   // destinations; pread and the CRC run in parallel).
   std::atomic<size_t> next{0};
   std::vector<absl::Status> errors(reads.size());
+  int64_t total = 0;
+  for (const auto& [tensor, dst] : reads) total = SaturatingAdd(total, tensor->length());
+  absl::Mutex progress_mu;
+  int64_t done = 0;
   auto reader = [&]() {
     for (size_t i = next++; i < reads.size(); i = next++) {
       errors[i] = ReadTensorInto(env, ckpt_dir, m, *reads[i].first, reads[i].second);
+      if (progress) {
+        absl::MutexLock lock(&progress_mu);
+        done = SaturatingAdd(done, reads[i].first->length());
+        progress(done, total);
+      }
     }
   };
   const size_t threads = std::min<size_t>(

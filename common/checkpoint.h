@@ -89,9 +89,9 @@ absl::StatusOr<std::vector<float>> ReadCheckpointTensor(Env* env, const std::str
 // CRC, a variable whose partitions do not cover it, a missing slot. Empty:
 // the checkpoint is good. `progress` (optional) is told the bytes checked so
 // far and in all after each tensor and row range (the CLI's progress line).
-std::vector<std::string> VerifyCheckpoint(
-    Env* env, const std::string& ckpt_dir,
-    const std::function<void(int64_t done, int64_t total)>& progress = nullptr);
+using CheckpointProgress = std::function<void(int64_t done, int64_t total)>;
+std::vector<std::string> VerifyCheckpoint(Env* env, const std::string& ckpt_dir,
+                                          const CheckpointProgress& progress = nullptr);
 
 struct CheckpointInfo {
   int64_t step = 0;
@@ -142,14 +142,18 @@ struct RestoredCheckpoint {
   std::map<std::string, RestoredVariable> variables;
   std::map<std::string, RestoredTable> tables;
 };
-absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& ckpt_dir);
+// `progress` (optional), as for VerifyCheckpoint: the bytes of variables
+// read so far and in all, after each tensor; called from the reading
+// threads, one call at a time.
+absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& ckpt_dir,
+                                                  const CheckpointProgress& progress = nullptr);
 // The newest checkpoint in `dir` that loads whole, read once (LoadCheckpoint
 // checks as it reads what VerifyCheckpoint checks); `path` gets where it is.
 // Each newer one that does not load is described in `skipped`. NOT_FOUND when
-// none does.
-absl::StatusOr<RestoredCheckpoint> LoadLatestGoodCheckpoint(Env* env, const std::string& dir,
-                                                            std::vector<std::string>* skipped,
-                                                            std::string* path);
+// none does. `progress` is each attempt's.
+absl::StatusOr<RestoredCheckpoint> LoadLatestGoodCheckpoint(
+    Env* env, const std::string& dir, std::vector<std::string>* skipped, std::string* path,
+    const CheckpointProgress& progress = nullptr);
 
 }  // namespace pstrain
 

@@ -142,8 +142,16 @@ TEST_CASE("a sharded checkpoint reads back whole variables and slots, bitwise", 
   const Fixture f;
   const std::string ckpt = WriteFixture(f, TempDir("roundtrip"), 100);
   CHECK(VerifyCheckpoint(Env::Default(), ckpt).empty());
-  auto c = LoadCheckpoint(Env::Default(), ckpt);
+  // The load reports its progress, one call per tensor, up to all of it.
+  std::vector<std::pair<int64_t, int64_t>> progress;
+  auto c = LoadCheckpoint(Env::Default(), ckpt, [&progress](int64_t done, int64_t total) {
+    progress.emplace_back(done, total);
+  });
   REQUIRE(c.ok());
+  REQUIRE(progress.size() == static_cast<size_t>(c->manifest.tensors_size()));
+  for (size_t i = 1; i < progress.size(); ++i) CHECK(progress[i].first > progress[i - 1].first);
+  CHECK(progress.back().first == progress.back().second);
+  CHECK(progress.back().second > 0);
   CHECK(c->manifest.step() == 100);
   CHECK(c->manifest.cursors(0).position() == 64);
   const RestoredVariable& w = c->variables.at("w");

@@ -224,7 +224,11 @@ int Export(const std::string& ckpt, const std::string& format, const std::string
   }
   Progress progress("export");
   progress.Update(absl::StrCat("reading and verifying ", ckpt));
-  absl::StatusOr<RestoredCheckpoint> c = LoadCheckpoint(env, ckpt);
+  absl::StatusOr<RestoredCheckpoint> c =
+      LoadCheckpoint(env, ckpt, [&progress](int64_t done, int64_t total) {
+        progress.Update(absl::StrFormat("%.1f / %.1f MiB read and verified", done / 1048576.0,
+                                        total / 1048576.0));
+      });
   if (!c.ok()) {
     err << "pstrain checkpoint export: " << c.status().message() << "\n";
     return 1;

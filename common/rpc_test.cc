@@ -137,6 +137,18 @@ class CountedService final : public PsService::WithRawCallbackMethod_Push<PsServ
   }
 };
 
+// `service` on a free loopback port (a handful of tries against races).
+std::unique_ptr<grpc::Server> StartOnSomePort(grpc::Service* service, int* port) {
+  for (int p = 26000 + (::getpid() % 20000); p < 65000; p += 17) {
+    auto s = StartServer(absl::StrCat("127.0.0.1:", p), service);
+    if (s.ok()) {
+      *port = p;
+      return std::move(*s);
+    }
+  }
+  return nullptr;
+}
+
 struct Counts {
   uint64_t ok = 0, unimplemented = 0, calls = 0, sent = 0, received = 0;
 };
@@ -148,15 +160,8 @@ Counts Read(RpcStats& stats, const char* method) {
 
 TEST_CASE("every call served is counted by method and code, with its bytes", "[rpc]") {
   CountedService service;
-  std::unique_ptr<grpc::Server> server;
   int port = 0;
-  for (int p = 26000 + (::getpid() % 20000); p < 65000 && server == nullptr; p += 17) {
-    auto s = StartServer(absl::StrCat("127.0.0.1:", p), &service);
-    if (s.ok()) {
-      server = std::move(*s);
-      port = p;
-    }
-  }
+  std::unique_ptr<grpc::Server> server = StartOnSomePort(&service, &port);
   REQUIRE(server != nullptr);
   const char kStatus[] = "/pstrain.PsService/GetStatus";
   const char kShutdown[] = "/pstrain.PsService/Shutdown";
@@ -223,15 +228,8 @@ TEST_CASE("every call served is counted by method and code, with its bytes", "[r
 
 TEST_CASE("calls of unknown methods are refused and counted under one record", "[rpc]") {
   CountedService service;
-  std::unique_ptr<grpc::Server> server;
   int port = 0;
-  for (int p = 27000 + (::getpid() % 20000); p < 65000 && server == nullptr; p += 19) {
-    auto s = StartServer(absl::StrCat("127.0.0.1:", p), &service);
-    if (s.ok()) {
-      server = std::move(*s);
-      port = p;
-    }
-  }
+  std::unique_ptr<grpc::Server> server = StartOnSomePort(&service, &port);
   REQUIRE(server != nullptr);
   const uint64_t before = Read(ServerRpcStats(), "/unknown").unimplemented;
   const size_t methods_before = ServerRpcStats().Methods().size();

@@ -35,28 +35,37 @@ using testing::BinDir;
 using testing::CommandResult;
 using testing::ConfigOptions;
 
+// `pstrain launch` of a config on a spec, its output in dir/launch.out.
+std::unique_ptr<Subprocess> StartLaunch(const std::string& dir, const std::string& spec_path,
+                                        ConfigOptions o) {
+  o.output_dir = JoinPath(dir, "out");
+  const std::string config = testing::WriteFile(JoinPath(dir, "train.pbtxt"), ConfigText(o));
+  SpawnOptions so;
+  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", spec_path, "--config", config,
+             "--bin_dir", BinDir(), "--progress=false"};
+  so.output_file = JoinPath(dir, "launch.out");
+  auto launch = Subprocess::Spawn(so);
+  REQUIRE(launch.ok());
+  return std::move(*launch);
+}
+
 TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and TensorBoard reads "
           "the chief's events",
           "[metrics][cluster]") {
   const std::string dir = testing::FreshTempDir("metrics_run");
   ConfigOptions o;
   o.max_steps = 4000;
-  o.output_dir = JoinPath(dir, "out");
   o.extra = absl::StrCat("checkpoint { dir: \"", JoinPath(dir, "ckpt"), "\" every_steps: 100 }\n");
   const std::string spec = testing::WriteClusterSpec(dir, 2, 2);
-  const std::string config = testing::WriteFile(JoinPath(dir, "train.pbtxt"), ConfigText(o));
-  SpawnOptions so;
-  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", spec, "--config", config,
-             "--bin_dir", BinDir(), "--progress=false"};
-  so.output_file = JoinPath(dir, "launch.out");
-  auto launch = Subprocess::Spawn(so);
-  REQUIRE(launch.ok());
+  std::unique_ptr<Subprocess> launch = StartLaunch(dir, spec, o);
+  o.output_dir = JoinPath(dir, "out");  // where StartLaunch put it
+  const std::string launch_out = JoinPath(dir, "launch.out");
   // One line per task: "pstrain launch: metrics: ps:0 http://127.0.0.1:P/metrics".
   std::map<std::string, int> ports;
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   const std::string marker = "pstrain launch: metrics: ";
-  while (ports.size() < 5 && absl::Now() < deadline && (*launch)->running()) {
-    const std::string out = Env::Default()->ReadFile(so.output_file).value_or("");
+  while (ports.size() < 5 && absl::Now() < deadline && launch->running()) {
+    const std::string out = Env::Default()->ReadFile(launch_out).value_or("");
     for (size_t at = out.find(marker); at != std::string::npos; at = out.find(marker, at + 1)) {
       const size_t end = out.find('\n', at);
       if (end == std::string::npos) break;
@@ -78,7 +87,7 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
   std::string metrics, chief, worker;
   std::vector<std::string> health, ready;
   bool scraped = false;
-  while (!scraped && absl::Now() < deadline && (*launch)->running()) {
+  while (!scraped && absl::Now() < deadline && launch->running()) {
     metrics = testing::HttpGet(ports["ps:0"], "/metrics");
     if (metrics.find("\npstrain_checkpoint_shards_written_total{job=\"ps\",task=\"0\"} ") ==
             std::string::npos ||
@@ -98,7 +107,7 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
     scraped = true;
   }
   REQUIRE(scraped);  // during the run, not after it
-  REQUIRE((*launch)->Wait(absl::Seconds(120)).has_value());
+  REQUIRE(launch->Wait(absl::Seconds(120)).has_value());
   INFO(metrics);
   CHECK(metrics.rfind("HTTP/1.0 200 OK", 0) == 0);
   for (const std::string& h : health) CHECK(h.find("200 OK") != std::string::npos);
@@ -188,7 +197,7 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
   }
   CHECK(split_ms > 0);
   CHECK(j["worker_steps"].get<int64_t>() >= j["global_step"].get<int64_t>());
-  const std::string launched = Env::Default()->ReadFile(so.output_file).value_or("");
+  const std::string launched = Env::Default()->ReadFile(launch_out).value_or("");
   INFO(launched);
   CHECK(launched.find("pstrain launch: a worker's step, on average: pull ") != std::string::npos);
   CommandResult tb = testing::RunCommand(
@@ -275,19 +284,6 @@ int PromSeries(int port, const std::string& query) {
   return result.is_array() ? static_cast<int>(result.size()) : -1;
 }
 
-// `pstrain launch` of a config on a spec, its output in dir/launch.out.
-std::unique_ptr<Subprocess> StartLaunch(const std::string& dir, const std::string& spec_path,
-                                        ConfigOptions o) {
-  o.output_dir = JoinPath(dir, "out");
-  const std::string config = testing::WriteFile(JoinPath(dir, "train.pbtxt"), ConfigText(o));
-  SpawnOptions so;
-  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", spec_path, "--config", config,
-             "--bin_dir", BinDir(), "--progress=false"};
-  so.output_file = JoinPath(dir, "launch.out");
-  auto launch = Subprocess::Spawn(so);
-  REQUIRE(launch.ok());
-  return std::move(*launch);
-}
 
 TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes the cluster "
           "through pstrain prometheus-config",

@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
 
   pstrain::Chief chief(task->cluster.num_workers(), config->max_steps(), incarnation,
                        pstrain::ConfigFingerprint(*config), /*start_step=*/0);
-  pstrain::Authorizer auth(setup->auth.secret, task->cluster);  // off without a secret
+  // Off without a secret or TLS.
+  pstrain::Authorizer auth(setup->auth.secret, task->cluster, setup->auth.tls != nullptr);
   pstrain::ChiefServiceImpl service(&chief, &auth);
   const std::string& address = task->cluster.address(pstrain::kChiefJob, 0);
   auto server = pstrain::StartServer(address, &service, absl::GetFlag(FLAGS_bind));

@@ -13,11 +13,11 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/tls.h"
 #include "openssl/crypto.h"
 #include "openssl/evp.h"
 #include "openssl/hmac.h"
@@ -76,75 +76,35 @@ absl::Status CreateSecretFile(const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status WritePrivateFile(const std::string& path, const std::string& content) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
-  }
-  // An existing temp file keeps its mode through O_CREAT: make it private.
-  const bool ok =
-      ::fchmod(fd, 0600) == 0 &&
-      ::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size()) &&
-      ::fsync(fd) == 0;
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return absl::DataLossError(absl::StrCat("cannot write ", path));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  absl::StatusOr<std::string> text = ReadPrivateFile(path, 4096);
+  if (!text.ok()) return text.status();
+  const std::string trimmed(absl::StripAsciiWhitespace(*text));
+  if (trimmed.size() < kMinSecretChars) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", trimmed.size(),
+                                                   " characters; a secret or token has at least ",
+                                                   kMinSecretChars));
   }
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", std::strerror(err)));
-  }
-  std::string text;
-  if (S_ISREG(st.st_mode) && st.st_size <= 4096) {
-    text.resize(st.st_size);
-    if (::read(fd, text.data(), text.size()) != st.st_size) text.clear();
-  }
-  ::close(fd);
-  if (!S_ISREG(st.st_mode) || st.st_size > 4096) {
-    return absl::InvalidArgumentError(absl::StrCat(path,
-                                                   ": not a secret file (a regular file "
-                                                   "of at most 4096 bytes)"));
-  }
-  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
-    return absl::PermissionDeniedError(
-        absl::StrFormat("%s: open to group or others (mode %03o); a secret must be private: "
-                        "chmod 600 %s",
-                        path, st.st_mode & 0777, path));
-  }
-  text = std::string(absl::StripAsciiWhitespace(text));
-  if (text.size() < kMinSecretChars) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": ", text.size(), " characters; a secret or token has at least ", kMinSecretChars));
-  }
-  return text;
+  return trimmed;
 }
 
-Authorizer::Authorizer(const std::string& secret, const ClusterSpec& cluster) {
-  if (secret.empty()) return;
+Authorizer::Authorizer(const std::string& secret, const ClusterSpec& cluster, bool tls)
+    : tls_(tls), has_tokens_(!secret.empty()) {
+  if (secret.empty() && !tls) return;
+  auto add = [&](const Caller& c) {
+    tokens_[c.name] = {has_tokens_ ? DeriveToken(secret, c.name) : std::string(), c};
+  };
   for (const TaskId& t : cluster.AllTasks()) {
     Caller c;
     c.role = t.job == kChiefJob ? Role::kChief : t.job == kPsJob ? Role::kPs : Role::kWorker;
     c.index = t.index;
     c.name = t.ToString();
-    tokens_[c.name] = {DeriveToken(secret, c.name), c};
+    add(c);
   }
   Caller op;
   op.role = Role::kOperator;
   op.name = kOperatorIdentity;
-  tokens_[op.name] = {DeriveToken(secret, op.name), op};
+  add(op);
 }
 
 bool Authorizer::ShouldLog(std::atomic<int64_t>* last_ms) {
@@ -167,22 +127,42 @@ absl::StatusOr<Caller> Authorizer::Check(absl::string_view identity,
                                          std::initializer_list<Role> allowed,
                                          absl::string_view method) {
   if (!enabled()) return Caller();
+  return Authorize(identity, authorization, /*certified=*/false, allowed, method);
+}
+
+absl::StatusOr<Caller> Authorizer::Authorize(absl::string_view identity,
+                                             absl::string_view authorization, bool certified,
+                                             std::initializer_list<Role> allowed,
+                                             absl::string_view method) {
   auto it = tokens_.find(identity);
-  const std::string& expected = it == tokens_.end() ? std::string() : it->second.first;
-  const bool bearer = absl::ConsumePrefix(&authorization, "Bearer ");
-  if (it == tokens_.end() || !bearer || authorization.size() != expected.size() ||
-      CRYPTO_memcmp(authorization.data(), expected.data(), expected.size()) != 0) {
+  const char* problem = nullptr;  // why the caller is not authenticated
+  if (!certified && tls_) {
+    problem = "no client certificate";
+  } else if (it == tokens_.end()) {
+    problem = certified ? "a certificate for no task of this cluster" : "unknown identity";
+  } else if (has_tokens_) {
+    const std::string& expected = it->second.first;
+    const bool bearer = absl::ConsumePrefix(&authorization, "Bearer ");
+    if (!bearer || authorization.size() != expected.size() ||
+        CRYPTO_memcmp(authorization.data(), expected.data(), expected.size()) != 0) {
+      problem = "bad token";
+    }
+  }
+  if (problem != nullptr) {
     unauthenticated_.fetch_add(1, std::memory_order_relaxed);
     if (ShouldLog(&last_unauthenticated_log_ms_)) {
       const std::string who = absl::CHexEscape(identity.substr(0, 64));
       LOG_WARN("{} refused: {} ({} unauthenticated calls in all)", method,
-               it == tokens_.end() ? absl::StrCat("unknown identity \"", who, "\"")
-                                   : absl::StrCat("wrong or missing token for ", who),
+               identity.empty() ? std::string(problem)
+                                : absl::StrCat(problem, " for \"", who, "\""),
                unauthenticated());
     }
-    return absl::UnauthenticatedError(absl::StrCat(
-        method, ": unauthenticated (", it == tokens_.end() ? "unknown identity" : "bad token",
-        "); this cluster needs the token of a task or of the operator (pstrain tokens)"));
+    std::vector<std::string> needs;
+    if (tls_) needs.push_back("a certificate from the cluster's CA (pstrain certs)");
+    if (has_tokens_) needs.push_back("the token of a task or of the operator (pstrain tokens)");
+    return absl::UnauthenticatedError(absl::StrCat(method, ": unauthenticated (", problem,
+                                                   "); this cluster needs ",
+                                                   absl::StrJoin(needs, " and ")));
   }
   const Caller& caller = it->second.second;
   if (std::find(allowed.begin(), allowed.end(), caller.role) == allowed.end()) {
@@ -204,7 +184,12 @@ absl::StatusOr<Caller> Authorizer::Check(const grpc::ServerContextBase& ctx,
     return it == md.end() ? absl::string_view()
                           : absl::string_view(it->second.data(), it->second.size());
   };
-  return Check(header(kIdentityHeader), header("authorization"), allowed, method);
+  if (tls_) {
+    // The verified certificate names the caller; the identity header does not.
+    const std::string cn = PeerCommonName(ctx);
+    if (!cn.empty()) return Authorize(cn, header("authorization"), true, allowed, method);
+  }
+  return Authorize(header(kIdentityHeader), header("authorization"), false, allowed, method);
 }
 
 absl::Status Authorizer::CheckWorkerField(const Caller& caller, int worker,
@@ -219,8 +204,25 @@ absl::Status Authorizer::CheckWorkerField(const Caller& caller, int worker,
 absl::StatusOr<AuthSetup> ResolveAuth(const ClusterSpec& cluster, const std::string& identity,
                                       bool serves, const std::string& secret_file,
                                       const std::string& token_file, bool insecure,
-                                      const std::string& bind_host) {
+                                      const std::string& bind_host, const TlsFiles& tls_flags) {
   AuthSetup setup;
+  TlsFiles tls_files =
+      cluster.tls_dir().empty() ? TlsFiles() : TlsFilesIn(cluster.tls_dir(), identity);
+  if (!tls_flags.ca_file.empty()) tls_files.ca_file = tls_flags.ca_file;
+  if (!tls_flags.cert_file.empty()) tls_files.cert_file = tls_flags.cert_file;
+  if (!tls_flags.key_file.empty()) tls_files.key_file = tls_flags.key_file;
+  if (tls_files.any()) {
+    absl::StatusOr<TlsConfig> tls = LoadTls(tls_files);
+    if (!tls.ok()) {
+      return absl::Status(tls.status().code(), absl::StrCat("TLS: ", tls.status().message()));
+    }
+    if (tls->identity != identity) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TLS: ", tls_files.cert_file, " is the certificate of \"", tls->identity,
+          "\", not of this task, ", identity));
+    }
+    setup.tls = std::make_shared<const TlsConfig>(*std::move(tls));
+  }
   const std::string secret_path = !secret_file.empty() ? secret_file : cluster.auth_secret_file();
   if (!secret_path.empty() && (token_file.empty() || serves)) {
     absl::StatusOr<std::string> secret = ReadSecretFile(secret_path);
@@ -243,7 +245,7 @@ absl::StatusOr<AuthSetup> ResolveAuth(const ClusterSpec& cluster, const std::str
                           absl::StrCat("--auth_token_file: ", token.status().message()));
     }
     setup.own_token = *token;
-  } else if (!insecure && !cluster.insecure() &&
+  } else if (!setup.tls && !insecure && !cluster.insecure() &&
              (!cluster.AllLoopback() || (!bind_host.empty() && !IsLoopbackHost(bind_host)))) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cluster spec ", cluster.source(),
@@ -252,7 +254,9 @@ absl::StatusOr<AuthSetup> ResolveAuth(const ClusterSpec& cluster, const std::str
         " and no authentication is set up: anyone who can "
         "reach a port could read, change or stop the model. Write a secret with 'pstrain "
         "tokens --cluster_spec=SPEC --out=DIR' and name it in the spec (\"pstrain\": {\"auth\": "
-        "{\"secret_file\": \"DIR/cluster.secret\"}}), or pass --insecure on a trusted network"));
+        "{\"secret_file\": \"DIR/cluster.secret\"}}), or certificates with 'pstrain certs "
+        "--cluster_spec=SPEC --out=DIR' (\"pstrain\": {\"tls\": {\"dir\": \"DIR\"}}), or pass "
+        "--insecure on a trusted network"));
   }
   return setup;
 }

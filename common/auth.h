@@ -20,13 +20,16 @@
 #include <atomic>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/cluster_spec.h"
+#include "common/env.h"  // WritePrivateFile, ReadPrivateFile
 #include "common/rpc.h"
+#include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 
 namespace pstrain {
@@ -39,9 +42,6 @@ std::string DeriveToken(absl::string_view secret, absl::string_view identity);
 // A new random secret (32 bytes, as 64 hex digits) at `path`, created with
 // mode 0600; fails if the file exists.
 absl::Status CreateSecretFile(const std::string& path);
-// Writes `content` to `path` (a temp file of mode 0600, then renamed):
-// never readable by others, even for a moment.
-absl::Status WritePrivateFile(const std::string& path, const std::string& content);
 // A secret or token file's content, whitespace trimmed. Refused when it is
 // shorter than 32 characters or readable by group or others (chmod 600).
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
@@ -58,8 +58,11 @@ struct Caller {
 class Authorizer {
  public:
   Authorizer() = default;  // authentication off
-  // Off when `secret` is empty.
-  Authorizer(const std::string& secret, const ClusterSpec& cluster);
+  // With `tls` the caller is the verified client certificate's common name
+  // (common/tls.h), and a call without a certificate is unauthenticated;
+  // with a `secret` the call must also carry that identity's token. Off
+  // when neither.
+  Authorizer(const std::string& secret, const ClusterSpec& cluster, bool tls = false);
 
   bool enabled() const { return !tokens_.empty(); }
 
@@ -86,10 +89,16 @@ class Authorizer {
   int64_t denied() const { return denied_.load(std::memory_order_relaxed); }
 
  private:
+  absl::StatusOr<Caller> Authorize(absl::string_view identity, absl::string_view authorization,
+                                   bool certified, std::initializer_list<Role> allowed,
+                                   absl::string_view method);
   absl::Status Deny(const std::string& message);
   bool ShouldLog(std::atomic<int64_t>* last_ms);
 
-  std::map<std::string, std::pair<std::string, Caller>, std::less<>> tokens_;  // identity ->
+  bool tls_ = false;
+  bool has_tokens_ = false;
+  // identity -> its token ("" without a secret) and who it is
+  std::map<std::string, std::pair<std::string, Caller>, std::less<>> tokens_;
   std::atomic<int64_t> unauthenticated_{0};
   std::atomic<int64_t> denied_{0};
   std::atomic<int64_t> last_unauthenticated_log_ms_{0};
@@ -99,19 +108,23 @@ class Authorizer {
 // What a daemon authenticates with, from the flags (which win) and the
 // cluster spec's extras.
 struct AuthSetup {
-  std::string secret;     // empty: this task verifies nothing
-  std::string own_token;  // empty: authentication off
+  std::string secret;     // empty: this task verifies no tokens
+  std::string own_token;  // empty: no tokens on calls
+  std::shared_ptr<const TlsConfig> tls;  // null: plaintext
 };
 
 // Resolves a task's credentials: the secret from `secret_file` (else the
 // spec's), or only its own token from `token_file`. A task that serves RPCs
-// (`serves`) needs the secret. With neither, a spec naming a non-loopback
-// host, or a `bind_host` (--bind) that is not loopback, is refused unless
-// `insecure` (or the spec's "insecure": true).
+// (`serves`) needs the secret. Mutual TLS: the files in the spec's TLS dir
+// for `identity`, each replaced by the one `tls_flags` names; the
+// certificate must be `identity`'s own. With neither a secret nor TLS, a
+// spec naming a non-loopback host, or a `bind_host` (--bind) that is not
+// loopback, is refused unless `insecure` (or the spec's "insecure": true).
 absl::StatusOr<AuthSetup> ResolveAuth(const ClusterSpec& cluster, const std::string& identity,
                                       bool serves, const std::string& secret_file,
                                       const std::string& token_file, bool insecure,
-                                      const std::string& bind_host = "");
+                                      const std::string& bind_host = "",
+                                      const TlsFiles& tls_flags = TlsFiles());
 
 }  // namespace pstrain
 

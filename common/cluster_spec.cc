@@ -41,7 +41,8 @@ absl::Status SpecError(const std::string& source, const std::string& key,
       absl::StrCat("cluster spec ", source, ": key ", key, ": ", what));
 }
 
-// "pstrain": {"auth": {"secret_file": "auth/cluster.secret"}, "insecure": false}
+// "pstrain": {"auth": {"secret_file": "auth/cluster.secret"}, "tls": {"dir": "tls"},
+//             "insecure": false}
 // "pstrain".{"metrics"}: {"job": ["host:port", ...], ...}, checked against
 // the cluster by Parse once every job is read.
 absl::Status ParseMetrics(const std::string& source, const std::string& key, const json& metrics,
@@ -76,7 +77,7 @@ absl::Status ParseMetrics(const std::string& source, const std::string& key, con
 }
 
 absl::Status ParseExtras(const std::string& source, const json& extras,
-                         std::string* secret_file, bool* insecure,
+                         std::string* secret_file, std::string* tls_dir, bool* insecure,
                          std::map<std::string, std::vector<std::string>>* metrics) {
   if (!extras.is_object()) {
     return SpecError(source, "\"pstrain\"", "expected an object of pstrain extras");
@@ -101,11 +102,20 @@ absl::Status ParseExtras(const std::string& source, const json& extras,
         }
         *secret_file = a.value().get<std::string>();
       }
+    } else if (it.key() == "tls") {
+      // {"dir": "tls"}: what `pstrain certs --out=tls` wrote.
+      if (!it.value().is_object() || it.value().size() != 1 || !it.value().contains("dir") ||
+          !it.value()["dir"].is_string() || it.value()["dir"].get<std::string>().empty()) {
+        return SpecError(source, key,
+                         "expected {\"dir\": \"PATH\"}: the directory pstrain certs wrote");
+      }
+      *tls_dir = it.value()["dir"].get<std::string>();
     } else if (it.key() == "metrics") {
       RETURN_IF_ERROR(ParseMetrics(source, key, it.value(), metrics));
     } else {
       return SpecError(source, key,
-                       "unknown key; expected \"auth\", \"insecure\" or \"metrics\"");
+                       "unknown key; expected \"auth\", \"tls\", \"insecure\" or "
+                       "\"metrics\"");
     }
   }
   return absl::OkStatus();
@@ -214,8 +224,8 @@ absl::StatusOr<ClusterSpec> ClusterSpec::Parse(const std::string& json_text,
   for (auto it = doc.begin(); it != doc.end(); ++it) {
     const std::string& job = it.key();
     if (job == "pstrain") {
-      RETURN_IF_ERROR(ParseExtras(source, it.value(), &spec.auth_secret_file_, &spec.insecure_,
-                                  &spec.metrics_));
+      RETURN_IF_ERROR(ParseExtras(source, it.value(), &spec.auth_secret_file_, &spec.tls_dir_,
+                                  &spec.insecure_, &spec.metrics_));
       continue;
     }
     if (KnownJobs().count(job) == 0) {
@@ -297,11 +307,11 @@ absl::StatusOr<ClusterSpec> ClusterSpec::FromFile(const std::string& path) {
   std::stringstream buf;
   buf << in.rdbuf();
   ASSIGN_OR_RETURN(ClusterSpec spec, Parse(buf.str(), path));
-  // A relative secret path is relative to the spec file, wherever it is read from.
-  if (!spec.auth_secret_file_.empty() && spec.auth_secret_file_[0] != '/') {
+  // Relative secret and TLS paths are relative to the spec file, wherever it is read from.
+  for (std::string* p : {&spec.auth_secret_file_, &spec.tls_dir_}) {
     const size_t slash = path.rfind('/');
-    if (slash != std::string::npos) {
-      spec.auth_secret_file_ = absl::StrCat(path.substr(0, slash + 1), spec.auth_secret_file_);
+    if (!p->empty() && (*p)[0] != '/' && slash != std::string::npos) {
+      *p = absl::StrCat(path.substr(0, slash + 1), *p);
     }
   }
   return spec;

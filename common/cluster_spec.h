@@ -69,11 +69,13 @@ class ClusterSpec {
   const std::string& source() const { return source_; }
   // Whether every task's host is a loopback one (localhost, 127.0.0.0/8, ::1).
   bool AllLoopback() const;
-  // The "pstrain" extras: {"auth": {"secret_file": PATH}, "insecure": BOOL,
-  // "metrics": {...}}.
-  // A relative secret_file read by FromFile is made relative to the spec
-  // file's directory; from TF_CONFIG, to the working directory.
+  // The "pstrain" extras: {"auth": {"secret_file": PATH}, "tls": {"dir":
+  // DIR}, "insecure": BOOL, "metrics": {...}}.
+  // A relative secret_file or TLS dir read by FromFile is made relative to
+  // the spec file's directory; from TF_CONFIG, to the working directory.
   const std::string& auth_secret_file() const { return auth_secret_file_; }
+  // Where `pstrain certs` wrote the cluster's CA and certificates (mutual TLS).
+  const std::string& tls_dir() const { return tls_dir_; }
   bool insecure() const { return insecure_; }
   // {"metrics": {"ps": ["host:port", ...], ...}}: where each task of a job
   // serves /metrics (one address per task, each a port of its own). Empty
@@ -84,6 +86,7 @@ class ClusterSpec {
  private:
   std::string source_;
   std::string auth_secret_file_;
+  std::string tls_dir_;
   bool insecure_ = false;
   std::map<std::string, std::vector<std::string>> jobs_;
   std::map<std::string, std::vector<std::string>> metrics_;  // job -> per task

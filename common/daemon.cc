@@ -4,6 +4,8 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/allocator.h"
 #include "common/config.h"
 #include "common/logging.h"
@@ -22,6 +24,14 @@ ABSL_FLAG(std::string, metrics_address, "",
           "serve /metrics, /healthz and /readyz on host:port (port 0: any free one); default: "
           "the cluster spec's \"pstrain\": {\"metrics\": ...} address for this task, on the "
           "--bind host where set; off when neither names one");
+ABSL_FLAG(std::string, tls_ca_file, "",
+          "mutual TLS: the cluster CA's certificate; default: ca.crt in the cluster spec's "
+          "\"pstrain\": {\"tls\": {\"dir\": ...}} (pstrain certs writes it)");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "mutual TLS: this task's certificate; default: JOB-INDEX.crt in the spec's TLS dir");
+ABSL_FLAG(std::string, tls_key_file, "",
+          "mutual TLS: this task's private key (mode 0600); default: JOB-INDEX.key in the "
+          "spec's TLS dir");
 ABSL_FLAG(bool, insecure, false,
           "allow a cluster spec with non-loopback hosts to run without authentication");
 
@@ -63,12 +73,25 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
                                /*serves=*/expected_job != kWorkerJob,
                                absl::GetFlag(FLAGS_auth_secret_file),
                                absl::GetFlag(FLAGS_auth_token_file), absl::GetFlag(FLAGS_insecure),
-                               absl::GetFlag(FLAGS_bind)));
+                               absl::GetFlag(FLAGS_bind),
+                               TlsFiles{absl::GetFlag(FLAGS_tls_ca_file),
+                                        absl::GetFlag(FLAGS_tls_cert_file),
+                                        absl::GetFlag(FLAGS_tls_key_file)}));
   ASSIGN_OR_RETURN(setup.metrics_address,
                    ResolveMetricsAddress(setup.task, absl::GetFlag(FLAGS_metrics_address),
                                          absl::GetFlag(FLAGS_bind)));
   SetCallCredentials(setup.task.task.ToString(), setup.auth.own_token);
+  SetTransportSecurity(setup.auth.tls);
   InitLogging(setup.task.task.ToString(), absl::GetFlag(FLAGS_log_level));
+  if (setup.auth.tls) {
+    const absl::Duration left = setup.auth.tls->not_after - absl::Now();
+    LOG_INFO("mutual TLS on: this task's certificate is {}'s, valid until {}", setup.auth.tls->identity,
+             absl::FormatTime("%Y-%m-%d %H:%M UTC", setup.auth.tls->not_after, absl::UTCTimeZone()));
+    if (left < absl::Hours(24 * 7)) {
+      LOG_WARN("this task's certificate expires in {}: renew it with pstrain certs",
+               absl::FormatDuration(absl::Floor(left, absl::Minutes(1))));
+    }
+  }
   if (!setup.auth.own_token.empty()) {
     LOG_INFO("authentication on: calls carry {}'s token{}", setup.task.task.ToString(),
              setup.auth.secret.empty() ? "" : "; calls served are verified");

@@ -7,8 +7,8 @@
 // that role's defaults and help text (flags are defined in main.cc only);
 // SetUpDaemon reads them. Any binary linking this library must define all five.
 // The authentication flags (--auth_secret_file, --auth_token_file,
-// --insecure), --bind and --metrics_address are the same for every role and
-// are defined in daemon.cc.
+// --tls_ca_file, --tls_cert_file, --tls_key_file, --insecure), --bind and
+// --metrics_address are the same for every role and are defined in daemon.cc.
 #ifndef PSTRAIN_COMMON_DAEMON_H_
 #define PSTRAIN_COMMON_DAEMON_H_
 

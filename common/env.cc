@@ -256,6 +256,61 @@ absl::Status DeleteRecursively(Env* env, const std::string& dir) {
   return env->DeleteDir(dir);
 }
 
+absl::Status WritePrivateFile(const std::string& path, const std::string& content) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot create ", tmp, ": ", std::strerror(errno)));
+  }
+  // An existing temp file keeps its mode through O_CREAT: make it private.
+  const bool ok =
+      ::fchmod(fd, 0600) == 0 &&
+      ::write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size()) &&
+      ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return absl::DataLossError(absl::StrCat("cannot write ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadPrivateFile(const std::string& path, size_t max_bytes) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat("cannot open ", path, ": ", std::strerror(errno)));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("cannot stat ", path, ": ", std::strerror(err)));
+  }
+  const bool fits = S_ISREG(st.st_mode) && static_cast<uint64_t>(st.st_size) <= max_bytes;
+  std::string text;
+  bool read_all = false;
+  if (fits) {
+    text.resize(st.st_size);
+    read_all = ::read(fd, text.data(), text.size()) == st.st_size;
+  }
+  ::close(fd);
+  if (!fits) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": not a key or secret file (a regular file of at most ", max_bytes, " bytes)"));
+  }
+  if ((st.st_mode & (S_IRWXG | S_IRWXO)) != 0) {
+    char mode[8];
+    snprintf(mode, sizeof(mode), "%03o", static_cast<unsigned>(st.st_mode & 0777));
+    return absl::PermissionDeniedError(absl::StrCat(path, ": open to group or others (mode ", mode,
+                                                    "); keys and secrets must be private: "
+                                                    "chmod 600 ",
+                                                    path));
+  }
+  if (!read_all) return absl::DataLossError(absl::StrCat("cannot read ", path));
+  return text;
+}
+
 absl::Status WriteFileAtomically(Env* env, const std::string& path, absl::string_view data) {
   const std::string tmp = path + ".tmp";
   absl::Status st = env->WriteFile(tmp, data, /*sync=*/true);

@@ -69,6 +69,13 @@ absl::Status WriteFileAtomically(Env* env, const std::string& path, absl::string
 absl::Status WriteFileStreamAtomically(Env* env, const std::string& path,
                                        const std::function<absl::Status(WritableFile*)>& write);
 
+// Writes `content` to `path` through a temp file of mode 0600 that is then
+// renamed: never readable by others, even for a moment.
+absl::Status WritePrivateFile(const std::string& path, const std::string& content);
+// A file that must stay private (a key, a secret): refused when it is not a
+// regular file, is larger than `max_bytes`, or is open to group or others.
+absl::StatusOr<std::string> ReadPrivateFile(const std::string& path, size_t max_bytes);
+
 std::string Dirname(const std::string& path);
 std::string JoinPath(const std::string& a, const std::string& b);
 

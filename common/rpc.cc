@@ -15,6 +15,7 @@
 #include "grpcpp/support/client_interceptor.h"
 #include "common/cluster_spec.h"
 #include "common/rpc_stats.h"
+#include "common/tls.h"
 
 namespace pstrain {
 
@@ -53,6 +54,11 @@ struct CallIdentity {
 
 absl::Mutex identity_mu;
 CallIdentity* call_identity ABSL_GUARDED_BY(identity_mu) = nullptr;
+std::shared_ptr<const TlsConfig> transport_tls ABSL_GUARDED_BY(identity_mu);
+
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsConfig* tls) {
+  return tls ? TlsChannelCredentials(*tls) : grpc::InsecureChannelCredentials();
+}
 
 // Adds the process's identity and token to each call's initial metadata.
 class IdentityInterceptor final : public grpc::experimental::Interceptor {
@@ -97,6 +103,16 @@ void SetCallCredentials(const std::string& identity, const std::string& token) {
   call_identity = new CallIdentity{identity, absl::StrCat("Bearer ", token)};
 }
 
+void SetTransportSecurity(std::shared_ptr<const TlsConfig> tls) {
+  absl::MutexLock lock(&identity_mu);
+  transport_tls = std::move(tls);
+}
+
+std::shared_ptr<const TlsConfig> TransportSecurity() {
+  absl::MutexLock lock(&identity_mu);
+  return transport_tls;
+}
+
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address) {
   grpc::ChannelArguments args;
   for (const auto& [name, value] : TransportArgs()) args.SetInt(name, value);
@@ -113,17 +129,19 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address) {
   // unreachable for seconds.
   args.SetInt(GRPC_ARG_DNS_MIN_TIME_BETWEEN_RESOLUTIONS_MS, 200);
   const CallIdentity* id;
+  std::shared_ptr<const TlsConfig> tls;
   {
     absl::MutexLock lock(&identity_mu);
     id = call_identity;
+    tls = transport_tls;
   }
   if (id == nullptr) {
-    return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+    return grpc::CreateCustomChannel(address, ChannelCredentials(tls.get()), args);
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
   factories.push_back(std::make_unique<IdentityInterceptorFactory>(id));
   return grpc::experimental::CreateCustomChannelWithInterceptors(
-      address, grpc::InsecureChannelCredentials(), args, std::move(factories));
+      address, ChannelCredentials(tls.get()), args, std::move(factories));
 }
 
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
@@ -167,7 +185,9 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& add
   const std::string listen = HostPortString(bind_host.empty() ? hp->host : bind_host, hp->port);
   grpc::ServerBuilder builder;
   int bound_port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
+  const std::shared_ptr<const TlsConfig> tls = TransportSecurity();
+  builder.AddListeningPort(
+      listen, tls ? TlsServerCredentials(*tls) : grpc::InsecureServerCredentials(), &bound_port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   // Two tasks must never share a port silently (gRPC enables SO_REUSEPORT by default).

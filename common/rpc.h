@@ -16,6 +16,8 @@
 
 namespace pstrain {
 
+struct TlsConfig;
+
 // Protobuf messages up to this size cross the wire (both directions).
 inline constexpr int kMaxMessageBytes = 256 << 20;
 
@@ -29,6 +31,12 @@ inline constexpr char kIdentityHeader[] = "x-pstrain-identity";
 // the identity ("worker:3") and its token. Empty token: nothing (no
 // authentication). Set once at start-up, before the first channel.
 void SetCallCredentials(const std::string& identity, const std::string& token);
+
+// Mutual TLS (common/tls.h) for every channel this process opens and every
+// server it starts from now on; null: plaintext. Set once at start-up,
+// before the first channel.
+void SetTransportSecurity(std::shared_ptr<const TlsConfig> tls);
+std::shared_ptr<const TlsConfig> TransportSecurity();
 
 // One channel per peer, reused for every call to it.
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address);

@@ -47,7 +47,8 @@ int main(int argc, char** argv) {
   const std::string& address = task.cluster.address(pstrain::kPsJob, task.task.index);
 
   pstrain::ParameterServer ps;
-  pstrain::Authorizer auth(setup->auth.secret, task.cluster);  // off without a secret
+  // Off without a secret or TLS.
+  pstrain::Authorizer auth(setup->auth.secret, task.cluster, setup->auth.tls != nullptr);
   pstrain::PsServiceImpl service(&ps, &stop, &auth);
   auto server = pstrain::StartServer(address, &service, absl::GetFlag(FLAGS_bind));
   if (!server.ok()) {

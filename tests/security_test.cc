@@ -215,5 +215,63 @@ TEST_CASE("a cluster with a secret trains end to end; plaintext beyond loopback 
   CHECK(insecure.output.find("cannot listen on 10.255.255.2:2221") != std::string::npos);
 }
 
+TEST_CASE("a cluster with mutual TLS, and with TLS and tokens, trains end to end",
+          "[security][cluster][tls]") {
+  const std::string dir = testing::FreshTempDir("tls_launch");
+  const std::string spec = testing::WriteClusterSpec(dir, 2, 2);
+  CommandResult certs = testing::RunCommand(
+      {Binary("tools/pstrain"), "certs", "--cluster_spec", spec, "--out", JoinPath(dir, "tls"),
+       "--days", "2"},
+      absl::Seconds(30));
+  INFO(certs.output);
+  REQUIRE(certs.exit_code == 0);
+  CHECK(certs.output.find("wrote a new CA") != std::string::npos);
+  nlohmann::json j = nlohmann::json::parse(*Env::Default()->ReadFile(spec));
+  j["pstrain"] = {{"tls", {{"dir", "tls"}}}};  // relative to the spec
+  testing::WriteFile(spec, j.dump());
+  for (bool with_tokens : {false, true}) {
+    if (with_tokens) {
+      j["pstrain"]["auth"] = {{"secret_file", "auth/cluster.secret"}};
+      testing::WriteFile(spec, j.dump());
+      REQUIRE(testing::RunCommand({Binary("tools/pstrain"), "tokens", "--cluster_spec", spec,
+                                   "--out", JoinPath(dir, "auth")},
+                                  absl::Seconds(30))
+                  .exit_code == 0);
+    }
+    ConfigOptions o;
+    o.max_steps = 40;
+    o.eval_every_steps = 20;
+    o.output_dir = JoinPath(dir, with_tokens ? "out_both" : "out_tls");
+    const std::string config =
+        testing::WriteFile(JoinPath(dir, "train.pbtxt"), testing::ConfigText(o));
+    CommandResult r = testing::RunCommand({Binary("tools/pstrain"), "launch", "--cluster_spec",
+                                           spec, "--config", config, "--bin_dir", BinDir()},
+                                          absl::Seconds(120));
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.output.find("finished: step 40") != std::string::npos);
+    for (const char* task : {"ps-1", "chief-0", "worker-1"}) {
+      const std::string log =
+          Env::Default()->ReadFile(JoinPath(o.output_dir, absl::StrCat("logs/", task, ".log")))
+              .value_or("");
+      INFO(log);
+      CHECK(log.find("mutual TLS on") != std::string::npos);
+      CHECK((log.find("authentication on") != std::string::npos) == with_tokens);
+      CHECK(log.find(" refused: ") == std::string::npos);  // no call was turned away
+      CHECK(log.find(" refused for ") == std::string::npos);
+    }
+  }
+
+  // A task started with another task's certificate stops at once, saying so.
+  CommandResult wrong = testing::RunCommand(
+      {Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=0",
+       "--tls_cert_file=" + JoinPath(dir, "tls/ps-1.crt"),
+       "--tls_key_file=" + JoinPath(dir, "tls/ps-1.key")},
+      absl::Seconds(20));
+  CHECK(wrong.exit_code == 2);
+  CHECK(wrong.output.find("is the certificate of \"ps:1\", not of this task, ps:0") !=
+        std::string::npos);
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -25,7 +25,9 @@
 #include "common/cluster_spec.h"
 #include "common/config.h"
 #include "common/env.h"
+#include "common/rpc.h"
 #include "common/subprocess.h"
+#include "common/tls.h"
 #include "nlohmann/json.hpp"
 
 namespace pstrain {
@@ -376,6 +378,14 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
       return 2;
     }
     SetCallCredentials(kOperatorIdentity, DeriveToken(*secret, kOperatorIdentity));
+  }
+  if (!cluster->tls_dir().empty()) {  // and over TLS, with the operator's certificate
+    auto tls = LoadTls(TlsFilesIn(cluster->tls_dir(), kOperatorIdentity));
+    if (!tls.ok()) {
+      std::cerr << "pstrain launch: TLS: " << tls.status().message() << "\n";
+      return 2;
+    }
+    SetTransportSecurity(std::make_shared<const TlsConfig>(*std::move(tls)));
   }
   const std::string log_dir =
       options.log_dir.empty() ? JoinPath(config->output_dir(), "logs") : options.log_dir;

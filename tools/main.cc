@@ -4,6 +4,7 @@
 //   pstrain datagen --out=DIR                     write the synthetic digits dataset
 //   pstrain plan    --cluster_spec=F --config=C   print the variable placement
 //   pstrain tokens  --cluster_spec=F --out=DIR    write the cluster secret and task tokens
+//   pstrain certs   --cluster_spec=F --out=DIR    write a cluster CA and task certificates
 //   pstrain k8s-manifest --config=C --image=I     Kubernetes manifests for a job
 //   pstrain prometheus-config --cluster_spec=F    a Prometheus scrape config for a spec
 //   pstrain bench   [--suites=wire,apply]         data-path figures beside the machine's limits
@@ -31,6 +32,7 @@
 #include "common/slurm.h"
 #include "common/status_macros.h"
 #include "common/shutdown.h"
+#include "common/tls.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -59,6 +61,7 @@ const char kUsage[] =
     "           data in the Criteo layout with its ground-truth AUC\n"
     "  plan     print how variables are placed on the parameter servers\n"
     "  tokens   write a cluster secret and each task's token (authentication)\n"
+    "  certs    write a cluster CA and each task's certificate (mutual TLS)\n"
     "  k8s-manifest  Kubernetes manifests for a job (StatefulSets or a Kubeflow TFJob)\n"
     "  prometheus-config  a Prometheus configuration scraping every task of a cluster spec\n"
     "  bench    measure the data path beside the limits of this machine\n"
@@ -345,6 +348,56 @@ int DatagenCommand(const std::vector<std::string>& argv) {
   if (!st.ok()) return Fail("datagen", std::string(st.message()));
   std::cout << "wrote " << o.train_examples << " training and " << o.test_examples
             << " held-out digits to " << args->Get("out") << " (" << format << ")\n";
+  return 0;
+}
+
+// pstrain certs: a cluster CA (kept if it exists) and a certificate and key
+// per task and for the operator, for mutual TLS (common/tls.h).
+int CertsCommand(const std::vector<std::string>& argv) {
+  const Args::FlagSpec flags = {
+      {"cluster_spec", {"", "cluster spec JSON (without one: only the CA and the operator's "
+                            "certificate)"}},
+      {"out", {"", "directory for ca.crt, ca.key and JOB-INDEX.crt/.key (created, mode 0700)"}},
+      {"days", {"365", "how long the certificates are valid"}},
+  };
+  if (WantsHelp(argv)) {
+    std::cout << "pstrain certs flags:\n" << Args::Usage(flags);
+    return 0;
+  }
+  auto args = Args::Parse(argv, flags);
+  if (!args.ok()) return Fail("certs", std::string(args.status().message()));
+  std::optional<ClusterSpec> cluster;
+  if (!args->Get("cluster_spec").empty()) {
+    auto parsed = ClusterSpec::FromFile(args->Get("cluster_spec"));
+    if (!parsed.ok()) return Fail("certs", std::string(parsed.status().message()));
+    cluster = std::move(*parsed);
+  }
+  auto days = args->GetInt("days");
+  if (!days.ok() || *days < 1 || *days > 3650) {
+    return Fail("certs", "--days: a whole number of days from 1 to 3650");
+  }
+  const std::string out = args->Get("out");
+  if (out.empty()) return Fail("certs", "--out=DIR is required");
+  if (!Env::Default()->IsDirectory(out)) {
+    if (absl::Status st = Env::Default()->CreateDirs(out); !st.ok()) {
+      return Fail("certs", std::string(st.message()));
+    }
+    if (::chmod(out.c_str(), 0700) != 0) return Fail("certs", "cannot chmod 700 " + out);
+  }
+  const bool had_ca = Env::Default()->FileExists(JoinPath(out, "ca.crt"));
+  std::vector<std::string> written;
+  if (absl::Status st = WriteClusterCertificates(cluster ? &*cluster : nullptr, out,
+                                                 absl::Hours(24) * *days, &written);
+      !st.ok()) {
+    return Fail("certs", std::string(st.message()));
+  }
+  std::cout << (had_ca ? "signed with the existing CA " : "wrote a new CA ")
+            << JoinPath(out, "ca.crt") << "\nwrote " << written.size() - (had_ca ? 0 : 2)
+            << " certificate and key files in " << out << ", valid " << *days
+            << " days\nevery task needs ca.crt and its own JOB-INDEX.crt and .key; keep ca.key "
+               "off the cluster.\nname the directory in the cluster spec:\n  \"pstrain\": "
+               "{\"tls\": {\"dir\": \""
+            << out << "\"}}\n";
   return 0;
 }
 
@@ -641,6 +694,7 @@ int main(int argc, char** argv) {
   if (command == "k8s-manifest") return pstrain::K8sManifestCommand(rest);
   if (command == "prometheus-config") return pstrain::PrometheusConfigCommand(rest);
   if (command == "tokens") return pstrain::TokensCommand(rest);
+  if (command == "certs") return pstrain::CertsCommand(rest);
   if (command == "bench") return pstrain::BenchCommand(rest);
   if (command == "checkpoint") return pstrain::CheckpointCommand(rest, std::cout, std::cerr);
   if (command == "--help" || command == "-h" || command == "help") {

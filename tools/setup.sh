@@ -20,8 +20,9 @@ pstrain_install_deps() {
 
 # What only the tests use (without recommends: Slurm's recommended plugins
 # pull in 35 more packages): a real one-node Slurm cluster
-# (tests/multihost_test), and Prometheus with promtool (tests/metrics_test).
-PSTRAIN_TEST_PACKAGES=(slurmctld slurmd slurm-client munge prometheus)
+# (tests/multihost_test), Prometheus with promtool (tests/metrics_test), and
+# openssl, which checks the certificates pstrain certs writes (common/tls_test).
+PSTRAIN_TEST_PACKAGES=(slurmctld slurmd slurm-client munge prometheus openssl)
 pstrain_install_test_deps() {
   PSTRAIN_APT_FLAGS=--no-install-recommends pstrain_apt_install "${PSTRAIN_TEST_PACKAGES[@]}"
 }

@@ -1,0 +1,355 @@
+#include "common/tls.h"
+
+#include <arpa/inet.h>
+#include <time.h>
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "common/cluster_spec.h"
+#include "common/env.h"
+#include "common/status_macros.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "openssl/bio.h"
+#include "openssl/bn.h"
+#include "openssl/err.h"
+#include "openssl/evp.h"
+#include "openssl/pem.h"
+#include "openssl/x509.h"
+#include "openssl/x509v3.h"
+
+namespace pstrain {
+namespace {
+
+struct BioFree {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+struct X509Free {
+  void operator()(X509* x) const { X509_free(x); }
+};
+struct PkeyFree {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
+struct StoreFree {
+  void operator()(X509_STORE* s) const { X509_STORE_free(s); }
+};
+struct StoreCtxFree {
+  void operator()(X509_STORE_CTX* c) const { X509_STORE_CTX_free(c); }
+};
+struct BnFree {
+  void operator()(BIGNUM* b) const { BN_free(b); }
+};
+using Bio = std::unique_ptr<BIO, BioFree>;
+using Cert = std::unique_ptr<X509, X509Free>;
+using Key = std::unique_ptr<EVP_PKEY, PkeyFree>;
+
+constexpr size_t kMaxPemBytes = 1 << 20;
+
+// OpenSSL's queued errors as one line (and the queue emptied).
+std::string OpensslErrors() {
+  std::string out;
+  while (unsigned long e = ERR_get_error()) {
+    char buf[256];
+    ERR_error_string_n(e, buf, sizeof(buf));
+    absl::StrAppend(&out, out.empty() ? "" : "; ", buf);
+  }
+  return out.empty() ? "no detail from OpenSSL" : out;
+}
+
+Bio MemoryBio(const std::string& pem) {
+  return Bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+}
+
+// Refuses encrypted keys rather than prompting on a terminal.
+int NoPassword(char*, int, int, void*) { return 0; }
+
+std::vector<Cert> ParseCerts(const std::string& pem) {
+  std::vector<Cert> certs;
+  Bio bio = MemoryBio(pem);
+  while (X509* x = PEM_read_bio_X509(bio.get(), nullptr, NoPassword, nullptr)) {
+    certs.emplace_back(x);
+  }
+  ERR_clear_error();  // the end of the input reads as an error
+  return certs;
+}
+
+std::string CommonName(X509* cert) {
+  X509_NAME* name = X509_get_subject_name(cert);
+  const int at = X509_NAME_get_index_by_NID(name, NID_commonName, -1);
+  if (at < 0) return "";
+  unsigned char* utf8 = nullptr;
+  const int n = ASN1_STRING_to_UTF8(&utf8, X509_NAME_ENTRY_get_data(X509_NAME_get_entry(name, at)));
+  if (n < 0) return "";
+  std::string cn(reinterpret_cast<char*>(utf8), n);
+  OPENSSL_free(utf8);
+  return cn;
+}
+
+absl::Time NotAfter(const X509* cert) {
+  struct tm tm = {};
+  if (ASN1_TIME_to_tm(X509_get0_notAfter(cert), &tm) != 1) return absl::InfinitePast();
+  return absl::FromTimeT(timegm(&tm));
+}
+
+absl::StatusOr<std::string> ReadPem(const std::string& path) {
+  ASSIGN_OR_RETURN(int64_t size, Env::Default()->FileSize(path));
+  if (size > static_cast<int64_t>(kMaxPemBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", size, " bytes; a PEM file here "
+                                                   "has at most ", kMaxPemBytes));
+  }
+  return Env::Default()->ReadFile(path);
+}
+
+// --- writing ---
+
+absl::Status AddExtension(X509* cert, X509* issuer, int nid, const std::string& value) {
+  X509V3_CTX ctx;
+  X509V3_set_ctx_nodb(&ctx);
+  X509V3_set_ctx(&ctx, issuer, cert, nullptr, nullptr, 0);
+  X509_EXTENSION* ext = X509V3_EXT_conf_nid(nullptr, &ctx, nid, value.c_str());
+  if (ext == nullptr) {
+    return absl::InternalError(absl::StrCat("certificate extension ", OBJ_nid2sn(nid), "=", value,
+                                            ": ", OpensslErrors()));
+  }
+  const int ok = X509_add_ext(cert, ext, -1);
+  X509_EXTENSION_free(ext);
+  if (ok != 1) return absl::InternalError(absl::StrCat("X509_add_ext: ", OpensslErrors()));
+  return absl::OkStatus();
+}
+
+// A certificate for `cn` and `key`, signed by `issuer`/`issuer_key` (or by
+// itself when `issuer` is null, as the CA is).
+absl::StatusOr<Cert> MakeCertificate(const std::string& cn, EVP_PKEY* key, X509* issuer,
+                                     EVP_PKEY* issuer_key, bool is_ca, const std::string& san,
+                                     absl::Duration validity) {
+  Cert cert(X509_new());
+  std::unique_ptr<BIGNUM, BnFree> serial(BN_new());
+  X509_NAME* name = X509_get_subject_name(cert.get());
+  const long seconds = static_cast<long>(absl::ToInt64Seconds(validity));
+  const bool ok =
+      cert && serial && X509_set_version(cert.get(), X509_VERSION_3) == 1 &&
+      BN_rand(serial.get(), 127, BN_RAND_TOP_ANY, BN_RAND_BOTTOM_ANY) == 1 &&
+      BN_to_ASN1_INTEGER(serial.get(), X509_get_serialNumber(cert.get())) != nullptr &&
+      // An hour back, for clocks a little behind the one that wrote it.
+      X509_gmtime_adj(X509_getm_notBefore(cert.get()), -3600) != nullptr &&
+      X509_gmtime_adj(X509_getm_notAfter(cert.get()), seconds) != nullptr &&
+      X509_set_pubkey(cert.get(), key) == 1 &&
+      X509_NAME_add_entry_by_txt(name, "O", MBSTRING_UTF8,
+                                 reinterpret_cast<const unsigned char*>("pstrain"), -1, -1,
+                                 0) == 1 &&
+      X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_UTF8,
+                                 reinterpret_cast<const unsigned char*>(cn.c_str()), -1, -1,
+                                 0) == 1 &&
+      X509_set_issuer_name(cert.get(), issuer ? X509_get_subject_name(issuer) : name) == 1;
+  if (!ok) return absl::InternalError(absl::StrCat("certificate for ", cn, ": ", OpensslErrors()));
+  X509* signer = issuer ? issuer : cert.get();
+  RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_subject_key_identifier, "hash"));
+  RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_authority_key_identifier, "keyid:always"));
+  if (is_ca) {
+    RETURN_IF_ERROR(
+        AddExtension(cert.get(), signer, NID_basic_constraints, "critical,CA:TRUE,pathlen:0"));
+    RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_key_usage, "critical,keyCertSign,cRLSign"));
+  } else {
+    RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_basic_constraints, "critical,CA:FALSE"));
+    RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_key_usage, "critical,digitalSignature"));
+    RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_ext_key_usage, "serverAuth,clientAuth"));
+    if (!san.empty()) {
+      RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_subject_alt_name, san));
+    }
+  }
+  if (X509_sign(cert.get(), issuer_key ? issuer_key : key, EVP_sha256()) <= 0) {
+    return absl::InternalError(absl::StrCat("signing the certificate for ", cn, ": ",
+                                            OpensslErrors()));
+  }
+  return cert;
+}
+
+std::string BioText(BIO* bio) {
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(bio, &data);
+  return std::string(data, n);
+}
+
+absl::StatusOr<std::string> CertPem(X509* cert) {
+  Bio bio(BIO_new(BIO_s_mem()));
+  if (!bio || PEM_write_bio_X509(bio.get(), cert) != 1) {
+    return absl::InternalError(absl::StrCat("PEM of a certificate: ", OpensslErrors()));
+  }
+  return BioText(bio.get());
+}
+
+absl::StatusOr<std::string> KeyPem(EVP_PKEY* key) {
+  Bio bio(BIO_new(BIO_s_mem()));
+  if (!bio ||
+      PEM_write_bio_PrivateKey(bio.get(), key, nullptr, nullptr, 0, nullptr, nullptr) != 1) {
+    return absl::InternalError(absl::StrCat("PEM of a key: ", OpensslErrors()));
+  }
+  return BioText(bio.get());
+}
+
+absl::StatusOr<Key> NewKey() {
+  Key key(EVP_EC_gen("P-256"));
+  if (!key) return absl::InternalError(absl::StrCat("a P-256 key: ", OpensslErrors()));
+  return key;
+}
+
+// The subjectAltName value naming `host`.
+std::string AltName(const std::string& host) {
+  in_addr v4;
+  in6_addr v6;
+  const bool ip = ::inet_pton(AF_INET, host.c_str(), &v4) == 1 ||
+                  ::inet_pton(AF_INET6, host.c_str(), &v6) == 1;
+  return absl::StrCat(ip ? "IP:" : "DNS:", host);
+}
+
+}  // namespace
+
+TlsFiles TlsFilesIn(const std::string& dir, const std::string& identity) {
+  const std::string base = JoinPath(dir, absl::StrReplaceAll(identity, {{":", "-"}}));
+  return TlsFiles{JoinPath(dir, "ca.crt"), base + ".crt", base + ".key"};
+}
+
+absl::StatusOr<TlsConfig> LoadTls(const TlsFiles& files) {
+  if (files.ca_file.empty() || files.cert_file.empty() || files.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS needs all three of the CA certificate, the certificate and its key");
+  }
+  TlsConfig tls;
+  ASSIGN_OR_RETURN(tls.ca_pem, ReadPem(files.ca_file));
+  ASSIGN_OR_RETURN(tls.cert_pem, ReadPem(files.cert_file));
+  ASSIGN_OR_RETURN(tls.key_pem, ReadPrivateFile(files.key_file, kMaxPemBytes));
+  std::vector<Cert> cas = ParseCerts(tls.ca_pem);
+  if (cas.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(files.ca_file, ": no PEM certificate (-----BEGIN CERTIFICATE-----) in it"));
+  }
+  std::vector<Cert> own = ParseCerts(tls.cert_pem);
+  if (own.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(files.cert_file, ": no PEM certificate (-----BEGIN CERTIFICATE-----) in it"));
+  }
+  X509* cert = own.front().get();
+  Bio key_bio = MemoryBio(tls.key_pem);
+  Key key(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, NoPassword, nullptr));
+  if (!key) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        files.key_file, ": not an unencrypted PEM private key (", OpensslErrors(), ")"));
+  }
+  if (X509_check_private_key(cert, key.get()) != 1) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(absl::StrCat(files.key_file, " is not the key of ",
+                                                   files.cert_file));
+  }
+  std::unique_ptr<X509_STORE, StoreFree> store(X509_STORE_new());
+  std::unique_ptr<X509_STORE_CTX, StoreCtxFree> ctx(X509_STORE_CTX_new());
+  if (!store || !ctx) return absl::ResourceExhaustedError("OpenSSL: no memory for a store");
+  for (const Cert& ca : cas) X509_STORE_add_cert(store.get(), ca.get());
+  STACK_OF(X509)* chain = sk_X509_new_null();
+  for (size_t i = 1; i < own.size(); ++i) sk_X509_push(chain, own[i].get());
+  const bool inited = X509_STORE_CTX_init(ctx.get(), store.get(), cert, chain) == 1;
+  const bool verified = inited && X509_verify_cert(ctx.get()) == 1;
+  const int err = inited ? X509_STORE_CTX_get_error(ctx.get()) : X509_V_ERR_UNSPECIFIED;
+  sk_X509_free(chain);
+  ERR_clear_error();
+  if (!verified) {
+    return absl::InvalidArgumentError(absl::StrCat(files.cert_file, " does not verify against ",
+                                                   files.ca_file, ": ",
+                                                   X509_verify_cert_error_string(err)));
+  }
+  tls.identity = CommonName(cert);
+  if (tls.identity.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(files.cert_file, ": no subject common name (the task's identity)"));
+  }
+  tls.not_after = NotAfter(cert);
+  return tls;
+}
+
+std::shared_ptr<grpc::ServerCredentials> TlsServerCredentials(const TlsConfig& tls) {
+  // Asked for and verified when offered, not required in the handshake: a
+  // call without a certificate then reaches the Authorizer, which refuses
+  // it with UNAUTHENTICATED and counts it.
+  grpc::SslServerCredentialsOptions options(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+  options.pem_root_certs = tls.ca_pem;
+  options.pem_key_cert_pairs.push_back({tls.key_pem, tls.cert_pem});
+  return grpc::SslServerCredentials(options);
+}
+
+std::shared_ptr<grpc::ChannelCredentials> TlsChannelCredentials(const TlsConfig& tls) {
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = tls.ca_pem;
+  options.pem_private_key = tls.key_pem;
+  options.pem_cert_chain = tls.cert_pem;
+  return grpc::SslCredentials(options);
+}
+
+std::string PeerCommonName(const grpc::ServerContextBase& ctx) {
+  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return "";
+  std::vector<grpc::string_ref> cn = auth->FindPropertyValues("x509_common_name");
+  if (cn.empty()) return "";
+  return std::string(cn.front().data(), cn.front().size());
+}
+
+absl::Status WriteClusterCertificates(const ClusterSpec* cluster, const std::string& dir,
+                                      absl::Duration validity, std::vector<std::string>* written) {
+  if (validity < absl::Hours(1)) {
+    return absl::InvalidArgumentError("certificates valid for less than an hour");
+  }
+  Env* env = Env::Default();
+  const std::string ca_crt = JoinPath(dir, "ca.crt"), ca_key_path = JoinPath(dir, "ca.key");
+  Cert ca;
+  Key ca_key;
+  if (env->FileExists(ca_crt) || env->FileExists(ca_key_path)) {
+    // Reuse the CA, so certificates added later (a new task) join the same cluster.
+    ASSIGN_OR_RETURN(std::string crt_pem, ReadPem(ca_crt));
+    ASSIGN_OR_RETURN(std::string key_pem, ReadPrivateFile(ca_key_path, kMaxPemBytes));
+    std::vector<Cert> certs = ParseCerts(crt_pem);
+    Bio bio = MemoryBio(key_pem);
+    ca_key.reset(PEM_read_bio_PrivateKey(bio.get(), nullptr, NoPassword, nullptr));
+    if (certs.empty() || !ca_key || X509_check_private_key(certs.front().get(), ca_key.get()) != 1) {
+      ERR_clear_error();
+      return absl::InvalidArgumentError(absl::StrCat(
+          ca_crt, " and ", ca_key_path, " are not a CA certificate and its key; move them away "
+          "to start a new CA"));
+    }
+    ca = std::move(certs.front());
+  } else {
+    ASSIGN_OR_RETURN(ca_key, NewKey());
+    // The CA outlives its certificates a little, so renewing them is enough.
+    ASSIGN_OR_RETURN(ca, MakeCertificate("pstrain cluster CA", ca_key.get(), nullptr, nullptr,
+                                         /*is_ca=*/true, "", validity + absl::Hours(24)));
+    ASSIGN_OR_RETURN(std::string key_pem, KeyPem(ca_key.get()));
+    RETURN_IF_ERROR(WritePrivateFile(ca_key_path, key_pem));
+    ASSIGN_OR_RETURN(std::string crt_pem, CertPem(ca.get()));
+    RETURN_IF_ERROR(WriteFileAtomically(env, ca_crt, crt_pem));
+    written->push_back(ca_key_path);
+    written->push_back(ca_crt);
+  }
+  std::vector<std::pair<std::string, std::string>> subjects;  // identity, host
+  if (cluster != nullptr) {
+    for (const TaskId& t : cluster->AllTasks()) {
+      ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(cluster->address(t.job, t.index)));
+      subjects.emplace_back(t.ToString(), hp.host);
+    }
+  }
+  subjects.emplace_back("operator", "");
+  for (const auto& [identity, host] : subjects) {
+    ASSIGN_OR_RETURN(Key key, NewKey());
+    ASSIGN_OR_RETURN(Cert cert, MakeCertificate(identity, key.get(), ca.get(), ca_key.get(),
+                                                /*is_ca=*/false, host.empty() ? "" : AltName(host),
+                                                validity));
+    const TlsFiles files = TlsFilesIn(dir, identity);
+    ASSIGN_OR_RETURN(std::string key_pem, KeyPem(key.get()));
+    RETURN_IF_ERROR(WritePrivateFile(files.key_file, key_pem));
+    ASSIGN_OR_RETURN(std::string crt_pem, CertPem(cert.get()));
+    RETURN_IF_ERROR(WriteFileAtomically(env, files.cert_file, crt_pem));
+    written->push_back(files.cert_file);
+    written->push_back(files.key_file);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

@@ -1,0 +1,304 @@
+// Mutual TLS: the certificates pstrain certs writes (checked by openssl
+// itself), what LoadTls refuses, and calls over TLS through a real gRPC
+// server: who the server sees, and what it refuses.
+#include "common/tls.h"
+
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "catch2/catch.hpp"
+#include "common/auth.h"
+#include "common/cluster_spec.h"
+#include "common/env.h"
+#include "common/rpc.h"
+#include "proto/ps_service.grpc.pb.h"
+
+namespace pstrain {
+namespace {
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir =
+      JoinPath(base ? base : "/tmp", absl::StrCat("tls_", name, "_", ::getpid()));
+  if (Env::Default()->IsDirectory(dir)) REQUIRE(DeleteRecursively(Env::Default(), dir).ok());
+  REQUIRE(Env::Default()->CreateDirs(dir).ok());
+  return dir;
+}
+
+ClusterSpec Spec(const std::string& json) {
+  absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(json, "test");
+  INFO(spec.status().ToString());
+  REQUIRE(spec.ok());
+  return *spec;
+}
+
+// Runs `command`, returning its output (stdout and stderr) and exit code.
+std::pair<std::string, int> Run(const std::string& command) {
+  std::string out;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), p)) out.append(buf, n);
+  const int status = ::pclose(p);
+  return {out, WIFEXITED(status) ? WEXITSTATUS(status) : -1};
+}
+
+bool HaveOpenssl() { return Run("command -v openssl").second == 0; }
+
+TlsConfig Load(const std::string& dir, const std::string& identity) {
+  absl::StatusOr<TlsConfig> tls = LoadTls(TlsFilesIn(dir, identity));
+  INFO(tls.status().ToString());
+  REQUIRE(tls.ok());
+  return *tls;
+}
+
+TEST_CASE("pstrain's certificates are a CA and one per task that openssl accepts", "[tls]") {
+  const std::string dir = TempDir("write");
+  const ClusterSpec spec = Spec(
+      R"({"chief": ["127.0.0.1:2220"], "ps": ["ps-0.example.org:2221"], "worker": ["[::1]:2222"]})");
+  std::vector<std::string> written;
+  REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(24 * 30), &written).ok());
+  CHECK(written.size() == 2 + 2 * 4);  // the CA, and chief, ps, worker and operator
+  for (const char* id : {"chief:0", "ps:0", "worker:0", "operator"}) {
+    const TlsConfig tls = Load(dir, id);
+    CHECK(tls.identity == id);
+    CHECK(tls.not_after > absl::Now() + absl::Hours(24 * 29));
+    CHECK(tls.not_after < absl::Now() + absl::Hours(24 * 31));
+    struct stat st;
+    REQUIRE(::stat(TlsFilesIn(dir, id).key_file.c_str(), &st) == 0);
+    CHECK((st.st_mode & 0777) == 0600);
+  }
+  struct stat st;
+  REQUIRE(::stat(JoinPath(dir, "ca.key").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+
+  // A second run signs with the same CA: certificates of both runs verify.
+  const std::string ca = *Env::Default()->ReadFile(JoinPath(dir, "ca.crt"));
+  const std::string old_ps = *Env::Default()->ReadFile(JoinPath(dir, "ps-0.crt"));
+  written.clear();
+  REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(24 * 30), &written).ok());
+  CHECK(written.size() == 2 * 4);
+  CHECK(*Env::Default()->ReadFile(JoinPath(dir, "ca.crt")) == ca);
+  CHECK(*Env::Default()->ReadFile(JoinPath(dir, "ps-0.crt")) != old_ps);
+  Load(dir, "ps:0");
+
+  if (!HaveOpenssl()) {
+    WARN("openssl is not installed: its view of the certificates was not checked");
+    return;
+  }
+  auto [verify, code] = Run(absl::StrCat("openssl verify -CAfile ", dir, "/ca.crt ", dir,
+                                         "/chief-0.crt ", dir, "/ps-0.crt ", dir,
+                                         "/worker-0.crt ", dir, "/operator.crt"));
+  INFO(verify);
+  CHECK(code == 0);
+  CHECK(verify.find("ps-0.crt: OK") != std::string::npos);
+  auto [text, code2] = Run(absl::StrCat("openssl x509 -noout -text -in ", dir, "/ps-0.crt; ",
+                                        "openssl x509 -noout -text -in ", dir, "/chief-0.crt; ",
+                                        "openssl x509 -noout -text -in ", dir, "/worker-0.crt"));
+  INFO(text);
+  REQUIRE(code2 == 0);
+  CHECK(text.find("CN = ps:0") != std::string::npos);
+  CHECK(text.find("DNS:ps-0.example.org") != std::string::npos);
+  CHECK(text.find("IP Address:127.0.0.1") != std::string::npos);
+  CHECK(text.find("IP Address:0:0:0:0:0:0:0:1") != std::string::npos);
+  CHECK(text.find("TLS Web Server Authentication, TLS Web Client Authentication") !=
+        std::string::npos);
+  CHECK(text.find("CA:FALSE") != std::string::npos);
+  // And openssl's own key reads back as the key of the certificate.
+  auto [key, code3] =
+      Run(absl::StrCat("openssl pkey -in ", dir, "/ps-0.key -pubout; openssl x509 -in ", dir,
+                       "/ps-0.crt -noout -pubkey"));
+  REQUIRE(code3 == 0);
+  const size_t half = key.find("-----BEGIN PUBLIC KEY-----", 10);
+  REQUIRE(half != std::string::npos);
+  CHECK(key.substr(0, half) == key.substr(half));
+}
+
+TEST_CASE("LoadTls refuses wrong, foreign, open and missing files, naming them", "[tls]") {
+  const std::string a = TempDir("refuse_a"), b = TempDir("refuse_b");
+  const ClusterSpec spec = Spec(R"({"chief": ["127.0.0.1:2220"], "ps": ["127.0.0.1:2221"], "worker": ["127.0.0.1:2222"]})");
+  std::vector<std::string> written;
+  REQUIRE(WriteClusterCertificates(&spec, a, absl::Hours(48), &written).ok());
+  REQUIRE(WriteClusterCertificates(&spec, b, absl::Hours(48), &written).ok());
+
+  auto error = [](const TlsFiles& f) {
+    absl::StatusOr<TlsConfig> tls = LoadTls(f);
+    REQUIRE_FALSE(tls.ok());
+    return std::string(tls.status().message());
+  };
+  TlsFiles wrong_key = TlsFilesIn(a, "ps:0");
+  wrong_key.key_file = TlsFilesIn(a, "chief:0").key_file;
+  CHECK(error(wrong_key).find("chief-0.key is not the key of") != std::string::npos);
+
+  TlsFiles foreign = TlsFilesIn(a, "ps:0");  // a certificate of another CA
+  foreign.cert_file = TlsFilesIn(b, "ps:0").cert_file;
+  foreign.key_file = TlsFilesIn(b, "ps:0").key_file;
+  const std::string why = error(foreign);
+  CHECK(why.find("does not verify against") != std::string::npos);
+  CHECK(why.find("unable to get local issuer certificate") != std::string::npos);
+
+  const TlsFiles open = TlsFilesIn(a, "ps:0");
+  REQUIRE(::chmod(open.key_file.c_str(), 0644) == 0);
+  CHECK(error(open).find("chmod 600") != std::string::npos);
+  REQUIRE(::chmod(open.key_file.c_str(), 0600) == 0);
+
+  TlsFiles garbage = TlsFilesIn(a, "ps:0");
+  garbage.ca_file = JoinPath(a, "garbage.pem");
+  REQUIRE(Env::Default()->WriteFile(garbage.ca_file, "not a certificate\n", false).ok());
+  CHECK(error(garbage).find("no PEM certificate") != std::string::npos);
+
+  TlsFiles missing = TlsFilesIn(a, "ps:7");
+  CHECK(error(missing).find("ps-7.crt") != std::string::npos);
+  CHECK(error(TlsFiles{"", "x", "y"}).find("all three") != std::string::npos);
+
+  // A task must hold its own certificate.
+  TlsFiles other;
+  other.cert_file = TlsFilesIn(a, "chief:0").cert_file;
+  other.key_file = TlsFilesIn(a, "chief:0").key_file;
+  other.ca_file = TlsFilesIn(a, "chief:0").ca_file;
+  absl::StatusOr<AuthSetup> as_ps = ResolveAuth(spec, "ps:0", true, "", "", false, "", other);
+  REQUIRE_FALSE(as_ps.ok());
+  CHECK(as_ps.status().message().find("is the certificate of \"chief:0\", not of this task, ps:0") !=
+        std::string::npos);
+
+  // Certificates are authentication enough beyond loopback (no --insecure).
+  const ClusterSpec remote = Spec(
+      R"({"chief": ["10.1.0.1:2220"], "ps": ["10.1.0.2:2221"], "worker": ["10.1.0.3:2222"],
+          "pstrain": {"tls": {"dir": ")" + a +
+      R"("}}})");
+  CHECK(remote.tls_dir() == a);
+  absl::StatusOr<AuthSetup> ok = ResolveAuth(remote, "ps:0", true, "", "", false);
+  REQUIRE(ok.ok());
+  REQUIRE(ok->tls != nullptr);
+  CHECK(ok->tls->identity == "ps:0");
+  const ClusterSpec bare = Spec(R"({"chief": ["10.1.0.1:2220"], "ps": ["10.1.0.2:2221"], "worker": ["10.1.0.3:2222"]})");
+  absl::StatusOr<AuthSetup> refused = ResolveAuth(bare, "ps:0", true, "", "", false);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().message().find("pstrain certs") != std::string::npos);
+}
+
+// GetStatus answers with the caller's task index and role (as `version` and
+// `incarnation`); Shutdown is the chief's only.
+class WhoService final : public PsService::Service {
+ public:
+  explicit WhoService(Authorizer* auth) : auth_(auth) {}
+  grpc::Status GetStatus(grpc::ServerContext* ctx, const PsStatusRequest*,
+                         PsStatusResponse* resp) override {
+    absl::StatusOr<Caller> caller = auth_->CheckAuthenticated(*ctx, "GetStatus");
+    if (!caller.ok()) return ToGrpcStatus(caller.status());
+    resp->set_version(caller->index);
+    resp->set_incarnation(static_cast<int64_t>(caller->role));
+    return grpc::Status::OK;
+  }
+  grpc::Status Shutdown(grpc::ServerContext* ctx, const ShutdownRequest*,
+                        ShutdownResponse*) override {
+    absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kChief}, "Shutdown");
+    return ToGrpcStatus(caller.status());
+  }
+
+ private:
+  Authorizer* const auth_;
+};
+
+TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[tls][rpc]") {
+  const std::string dir = TempDir("rpc"), other_ca = TempDir("rpc_other");
+  // Free ports come from the kernel: bind to port 0 through a first server.
+  ClusterSpec spec = Spec(R"({"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"],
+                              "worker": ["127.0.0.1:3", "127.0.0.1:4"]})");
+  std::vector<std::string> written;
+  REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(48), &written).ok());
+  REQUIRE(WriteClusterCertificates(&spec, other_ca, absl::Hours(48), &written).ok());
+  auto tls = [](const std::string& d, const std::string& id) {
+    return std::make_shared<const TlsConfig>(Load(d, id));
+  };
+
+  Authorizer auth("", spec, /*tls=*/true);
+  WhoService service(&auth);
+  SetTransportSecurity(tls(dir, "ps:0"));
+  std::unique_ptr<grpc::Server> server;
+  int port = 0;
+  for (int p = 27000 + (::getpid() % 20000); p < 65000 && server == nullptr; p += 13) {
+    absl::StatusOr<std::unique_ptr<grpc::Server>> s =
+        StartServer(absl::StrCat("127.0.0.1:", p), &service);
+    if (s.ok()) {
+      server = std::move(*s);
+      port = p;
+    }
+  }
+  REQUIRE(server != nullptr);
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+
+  // Each channel takes the credentials set when it is made.
+  auto channel_as = [&](std::shared_ptr<const TlsConfig> t, const std::string& host) {
+    SetTransportSecurity(std::move(t));
+    auto channel = CreateChannel(absl::StrCat(host, ":", port));
+    SetTransportSecurity(nullptr);
+    return PsService::NewStub(channel);
+  };
+  auto status_of = [](PsService::Stub* stub, PsStatusResponse* resp,
+                      const std::string& header_identity = "") {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(5));
+    if (!header_identity.empty()) ctx.AddMetadata(kIdentityHeader, header_identity);
+    return stub->GetStatus(&ctx, PsStatusRequest(), resp);
+  };
+  auto shutdown = [](PsService::Stub* stub) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(5));
+    ctx.AddMetadata(kIdentityHeader, "chief:0");  // a claim the certificate overrides
+    ShutdownResponse resp;
+    return stub->Shutdown(&ctx, ShutdownRequest(), &resp).error_code();
+  };
+
+  PsStatusResponse resp;
+  auto worker1 = channel_as(tls(dir, "worker:1"), "127.0.0.1");
+  grpc::Status st = status_of(worker1.get(), &resp, "chief:0");
+  INFO(st.error_message());
+  REQUIRE(st.ok());
+  CHECK(resp.version() == 1);  // worker:1, whatever the header claims
+  CHECK(resp.incarnation() == static_cast<int64_t>(Role::kWorker));
+  CHECK(shutdown(worker1.get()) == grpc::StatusCode::PERMISSION_DENIED);
+  auto chief = channel_as(tls(dir, "chief:0"), "127.0.0.1");
+  CHECK(shutdown(chief.get()) == grpc::StatusCode::OK);
+  auto op = channel_as(tls(dir, "operator"), "127.0.0.1");
+  REQUIRE(status_of(op.get(), &resp).ok());
+  CHECK(resp.incarnation() == static_cast<int64_t>(Role::kOperator));
+  CHECK(auth.unauthenticated() == 0);
+  CHECK(auth.denied() == 1);
+
+  // TLS without a client certificate reaches the server, which refuses and counts it.
+  TlsConfig anonymous = Load(dir, "worker:0");
+  anonymous.cert_pem.clear();
+  anonymous.key_pem.clear();
+  auto anon = channel_as(std::make_shared<const TlsConfig>(anonymous), "127.0.0.1");
+  st = status_of(anon.get(), &resp, "worker:0");
+  CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(st.error_message().find("no client certificate") != std::string::npos);
+  CHECK(auth.unauthenticated() == 1);
+
+  // A certificate of another CA, plaintext, and a server not named by its
+  // certificate (127.0.0.1 reached as localhost) never get a call through.
+  auto foreign = channel_as(tls(other_ca, "worker:0"), "127.0.0.1");
+  CHECK(status_of(foreign.get(), &resp).error_code() == grpc::StatusCode::UNAVAILABLE);
+  auto plain = channel_as(nullptr, "127.0.0.1");
+  CHECK(status_of(plain.get(), &resp).error_code() == grpc::StatusCode::UNAVAILABLE);
+  auto misnamed = channel_as(tls(dir, "worker:0"), "localhost");
+  CHECK(status_of(misnamed.get(), &resp).error_code() == grpc::StatusCode::UNAVAILABLE);
+  // A client trusting another CA refuses this server.
+  TlsConfig distrust = Load(dir, "worker:0");
+  distrust.ca_pem = *Env::Default()->ReadFile(JoinPath(other_ca, "ca.crt"));
+  auto distrusting = channel_as(std::make_shared<const TlsConfig>(distrust), "127.0.0.1");
+  CHECK(status_of(distrusting.get(), &resp).error_code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK(auth.unauthenticated() == 1);  // none of those reached the service
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/logging.h"
 
 namespace pstrain {
 
@@ -40,8 +41,22 @@ absl::Status Chief::RegisterWorker(const RegisterWorkerRequest& request,
     return absl::DeadlineExceededError(absl::StrCat("variables not initialised after ",
                                                     absl::FormatDuration(timeout)));
   }
-  workers_[w].registered = true;
-  workers_[w].done = false;
+  WorkerState& ws = workers_[w];
+  if (ws.registered) {
+    // The worker was restarted: what its earlier process did still counts.
+    ++ws.restarts;
+    ws.prior_examples += ws.examples;
+    for (size_t i = 0; i < ws.phase_seconds.size(); ++i) {
+      ws.prior_phase_seconds[i] += ws.phase_seconds[i];
+    }
+    ws.examples = 0;
+    ws.phase_seconds = {};
+    response->set_rejoin(true);
+    LOG_INFO("worker {} registered again (restart {}): it rejoins the run at step {}", w,
+             ws.restarts, global_step_);
+  }
+  ws.registered = true;
+  ws.done = false;
   last_progress_ = absl::Now();
   response->set_incarnation(incarnation_);
   response->set_start_step(global_step_);
@@ -102,9 +117,11 @@ void Chief::GetStatus(ChiefStatusResponse* r) {
   for (const WorkerState& ws : workers_) {
     registered += ws.registered;
     done += ws.done;
-    examples += ws.examples;
+    examples += ws.prior_examples + ws.examples;
     local_steps += ws.local_steps;
-    for (size_t i = 0; i < phases.size(); ++i) phases[i] += ws.phase_seconds[i];
+    for (size_t i = 0; i < phases.size(); ++i) {
+      phases[i] += ws.prior_phase_seconds[i] + ws.phase_seconds[i];
+    }
     if (ws.loss > 0) {
       loss_sum += ws.loss;
       ++loss_n;

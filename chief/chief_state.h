@@ -73,10 +73,15 @@ class Chief {
   struct WorkerState {
     bool registered = false;
     bool done = false;
-    int64_t examples = 0;
+    int64_t examples = 0;     // this process's (its reports count from 0)
+    // All of the worker's steps (a restarted one counts its earlier ones).
     int64_t local_steps = 0;
     float loss = 0;
     std::array<double, 4> phase_seconds{};  // pull, data, compute, push
+    int restarts = 0;  // registrations after the first in this run
+    // What the worker's earlier processes did, before it was restarted.
+    int64_t prior_examples = 0;
+    std::array<double, 4> prior_phase_seconds{};
   };
   bool AllDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

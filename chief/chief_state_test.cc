@@ -46,6 +46,39 @@ ProgressReport Report(int worker, int64_t global_step) {
   return r;
 }
 
+TEST_CASE("a worker registering again rejoins; its earlier process's work still counts",
+          "[chief]") {
+  Chief chief(2, 1000, 9, 5, 0);
+  chief.MarkInitialized();
+  RegisterWorkerRequest req;
+  req.set_worker(1);
+  req.set_config_fingerprint(5);
+  RegisterWorkerResponse resp;
+  REQUIRE(chief.RegisterWorker(req, &resp).ok());
+  CHECK_FALSE(resp.rejoin());
+  ProgressReport r = Report(1, 30);
+  r.set_local_steps(30);
+  r.set_examples(960);
+  r.set_push_seconds(2.0);
+  ProgressResponse presp;
+  REQUIRE(chief.ReportProgress(r, &presp).ok());
+  // Restarted: its reports count examples and phase time from 0 again, and
+  // steps from the pushes the servers had applied (33, a few past the report).
+  RegisterWorkerResponse again;
+  REQUIRE(chief.RegisterWorker(req, &again).ok());
+  CHECK(again.rejoin());
+  CHECK(again.incarnation() == 9);
+  r.set_local_steps(33 + 5);
+  r.set_examples(160);
+  r.set_push_seconds(0.5);
+  REQUIRE(chief.ReportProgress(r, &presp).ok());
+  ChiefStatusResponse status;
+  chief.GetStatus(&status);
+  CHECK(status.local_steps() == 38);
+  CHECK(status.push_seconds() == Approx(2.5));
+  CHECK(status.workers_registered() == 1);
+}
+
 TEST_CASE("progress moves the global step; workers are stopped at max_steps", "[chief]") {
   Chief chief(2, 100, 9, 5, 0);
   chief.MarkInitialized();

@@ -1660,6 +1660,15 @@ void ParameterServer::GetStatus(PsStatusResponse* response) {
   response->set_staleness_sum(staleness.sum);
   if (model_ == nullptr) return;
   response->set_learning_rate(model_->learning_rate.At(version_));
+  if (!model_->sync) {
+    for (size_t w = 0; w < worker_clock_.size(); ++w) {
+      WorkerProgress* wp = response->add_workers();
+      wp->set_pushes_applied(worker_clock_[w]);
+      wp->set_has_cursor(async_cursors_[w].set);
+      wp->set_cursor_epoch(async_cursors_[w].epoch);
+      wp->set_cursor_position(async_cursors_[w].position);
+    }
+  }
   for (const auto& [name, t] : model_->tables) {
     const EmbeddingTable::Stats st = t->rows->stats();
     TableStatus* ts = response->add_tables();

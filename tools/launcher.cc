@@ -40,6 +40,7 @@ struct Task {
   std::ofstream log;
   std::string log_path;
   std::string partial;  // an output line not yet ended
+  std::string host;     // from the spec
   bool exited = false;
   int exit_code = 0;
 };
@@ -127,10 +128,33 @@ struct Attempt {
   bool chief_finished = false;
 };
 
+// `restarts` counts the restarts spent (of options.max_restarts); with
+// `workers_alone` (async mode) a worker that fails is restarted by itself
+// from that budget while the others go on.
 Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
                 const std::map<std::string, std::string>& bin_for_job, const std::string& log_dir,
-                bool append_logs, StopSignal* stop) {
+                bool append_logs, bool workers_alone, int* restarts, StopSignal* stop) {
   std::vector<std::unique_ptr<Task>> tasks;
+  auto argv_for = [&](const TaskId& id, const std::string& host) {
+    std::vector<std::string> argv = {bin_for_job.at(id.job), "--cluster_spec=" + options.cluster_spec,
+                                     "--job=" + id.job, absl::StrCat("--task=", id.index),
+                                     "--config=" + options.config};
+    if (options.resume && id.job == kChiefJob) argv.push_back("--resume");
+    if (!options.init_from.empty() && id.job == kChiefJob) {
+      argv.push_back("--init_from=" + options.init_from);
+    }
+    if (options.metrics && cluster.metrics_address(id.job, id.index).empty()) {
+      // (A task the spec gives a metrics address serves it there.)
+      // The task's own address where it is an IPv4 one (127.0.0.1, or
+      // 0.0.0.0 in a container); else loopback.
+      in_addr ignored;
+      argv.push_back(absl::StrCat("--metrics_address=",
+                                  ::inet_pton(AF_INET, host.c_str(), &ignored) == 1 ? host
+                                                                                    : "127.0.0.1",
+                                  ":0"));
+    }
+    return argv;
+  };
   // Each local task serves /metrics where the spec's "pstrain" extras say,
   // or else on a port it picks itself (port 0: no race with other processes
   // for a port chosen here); its log line saying where is echoed as
@@ -148,23 +172,9 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
     t->name = id.ToString();
     t->log_path = JoinPath(log_dir, absl::StrCat(id.job, "-", id.index, ".log"));
     t->log.open(t->log_path, append_logs ? std::ios::app : std::ios::trunc);
+    t->host = hp->host;
     SpawnOptions so;
-    so.argv = {bin_for_job.at(id.job), "--cluster_spec=" + options.cluster_spec,
-               "--job=" + id.job, absl::StrCat("--task=", id.index),
-               "--config=" + options.config};
-    if (options.resume && id.job == kChiefJob) so.argv.push_back("--resume");
-    if (!options.init_from.empty() && id.job == kChiefJob) {
-      so.argv.push_back("--init_from=" + options.init_from);
-    }
-    if (options.metrics && cluster.metrics_address(id.job, id.index).empty()) {
-      // (A task the spec gives a metrics address serves it there.)
-      // The task's own address where it is an IPv4 one (127.0.0.1, or
-      // 0.0.0.0 in a container); else loopback.
-      in_addr ignored;
-      const std::string host =
-          ::inet_pton(AF_INET, hp->host.c_str(), &ignored) == 1 ? hp->host : "127.0.0.1";
-      so.argv.push_back(absl::StrCat("--metrics_address=", host, ":0"));
-    }
+    so.argv = argv_for(id, t->host);
     so.capture_output = true;
     auto proc = Subprocess::Spawn(so);
     if (!proc.ok()) {
@@ -228,6 +238,28 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
       if (t->proc->output_fd() >= 0) DrainOutput(t.get(), options.verbose, &progress_shown);
       t->exited = true;
       t->exit_code = *code;
+      // In async mode a failed worker is restarted by itself: the others
+      // go on, and it rejoins where the servers say its data stood. (A
+      // server's failure, reaped first, restarts the job instead.)
+      if (*code != 0 && failure.empty() && workers_alone && t->id.job == kWorkerJob &&
+          *restarts < options.max_restarts && !chief_finished && !stop->stopped()) {
+        ++*restarts;
+        std::cerr << "pstrain launch: " << t->name << " exited with code " << *code
+                  << " (log: " << t->log_path << "); restarting it alone, the others go on "
+                  << "(restart " << *restarts << " of " << options.max_restarts << ")\n";
+        SpawnOptions so;
+        so.argv = argv_for(t->id, t->host);
+        so.capture_output = true;
+        auto proc = Subprocess::Spawn(so);
+        if (proc.ok()) {
+          t->proc = std::move(*proc);
+          t->exited = false;
+          t->exit_code = 0;
+          continue;
+        }
+        std::cerr << "pstrain launch: restarting " << t->name << ": " << proc.status().message()
+                  << "\n";
+      }
       if (*code != 0 && failure.empty()) {
         failure = absl::StrCat(t->name, " exited with code ", *code, " (log: ", t->log_path, ")");
         exit_code = 1;
@@ -439,8 +471,10 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
     return 2;
   }
   LaunchOptions run = options;
-  for (int restarts = 0;; ++restarts) {
-    Attempt a = RunOnce(run, *cluster, bin_for_job, log_dir, /*append_logs=*/restarts > 0, stop);
+  const bool workers_alone = !IsSyncMode(*config);
+  for (int restarts = 0, attempts = 0;; ++attempts) {
+    Attempt a = RunOnce(run, *cluster, bin_for_job, log_dir, /*append_logs=*/attempts > 0,
+                        workers_alone, &restarts, stop);
     if (a.restartable && restarts < options.max_restarts) {
       const absl::Duration backoff =
           std::min(absl::Seconds(30), absl::Seconds(1) * (int64_t{1} << std::min(restarts, 5)));
@@ -453,6 +487,7 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
         return stop->exit_code() != 0 ? stop->exit_code() : 130;
       }
       run.resume = true;  // a checkpoint of this run's own wins over init_from
+      ++restarts;
       continue;
     }
     if (!a.failure.empty()) {

@@ -93,13 +93,6 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     LOG_INFO("data cursor restored: epoch {}, position {}", reg.cursor_epoch(),
              reg.cursor_position());
   }
-  // Batches are assembled ahead on a thread of their own, into pinned memory
-  // on CUDA so that their copy to the device runs at full speed.
-  Prefetcher::Allocator pinned;
-  pinned.alloc = [backend](size_t bytes) { return backend->AllocateHost(bytes); };
-  pinned.free = [backend](void* p) { backend->FreeHost(p); };
-  ASSIGN_OR_RETURN(std::unique_ptr<Prefetcher> batches,
-                   Prefetcher::Create(&partition, config.data().prefetch_batches(), pinned));
   ASSIGN_OR_RETURN(Placement placement,
                    Placement::Compute(model->variables(), cluster.num_ps(),
                                       config.placement().partition_min_bytes(),
@@ -116,6 +109,43 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   if (sync) ps.set_chunk_bytes(kSyncChunkBytes);
   ps.set_push_timeout(step_timeout + rpc_timeout);
   std::vector<int64_t> min_versions(ps.num_servers(), reg.start_step());
+  // A worker restarted alone in async mode goes on where its data stood at
+  // its last push the servers took (the newest of theirs: a batch applied
+  // on only some servers is not trained again), and its dropout seeds go on
+  // from the pushes applied.
+  int64_t steps_before = 0;  // this worker's pushes before a restart
+  if (reg.rejoin() && !sync) {
+    DataCursor resume_at{0, 0};
+    bool have_cursor = false;
+    for (int s = 0; s < ps.num_servers(); ++s) {
+      PsStatusResponse st;
+      RETURN_IF_ERROR(ps.GetStatus(s, &st));
+      if (options.worker >= st.workers_size()) continue;
+      const WorkerProgress& wp = st.workers(options.worker);
+      steps_before = std::max(steps_before, wp.pushes_applied());
+      const DataCursor c{wp.cursor_epoch(), wp.cursor_position()};
+      if (wp.has_cursor() && (!have_cursor || std::make_pair(c.epoch, c.position) >
+                                                  std::make_pair(resume_at.epoch,
+                                                                 resume_at.position))) {
+        resume_at = c;
+        have_cursor = true;
+      }
+    }
+    if (have_cursor) RETURN_IF_ERROR(partition.Restore(resume_at));
+    LOG_INFO("rejoined the running job after a restart: {} of this worker's pushes were "
+             "applied; data goes on at epoch {}, position {}",
+             steps_before, partition.cursor().epoch, partition.cursor().position);
+  } else if (reg.rejoin()) {
+    LOG_WARN("registered again in sync mode: this worker's data starts over from the run's "
+             "start (pstrain launch restarts the whole job in sync mode)");
+  }
+  // Batches are assembled ahead on a thread of their own, into pinned memory
+  // on CUDA so that their copy to the device runs at full speed.
+  Prefetcher::Allocator pinned;
+  pinned.alloc = [backend](size_t bytes) { return backend->AllocateHost(bytes); };
+  pinned.free = [backend](void* p) { backend->FreeHost(p); };
+  ASSIGN_OR_RETURN(std::unique_ptr<Prefetcher> batches,
+                   Prefetcher::Create(&partition, config.data().prefetch_batches(), pinned));
   // Pulls land in the model's host parameter block (pinned on CUDA) and
   // pushes read its host gradient block: no intermediate tensors.
   const std::vector<float*> param_dst = model->host_parameter_pointers();
@@ -171,7 +201,8 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     r.set_global_step(pulled.versions.empty()
                           ? reg.start_step()
                           : *std::min_element(pulled.versions.begin(), pulled.versions.end()));
-    r.set_local_steps(local_steps);
+    // A restarted worker's steps include its earlier process's.
+    r.set_local_steps(steps_before + local_steps);
     r.set_loss(loss_count > 0 ? static_cast<float>(loss_sum / loss_count) : 0.0f);
     r.set_examples(examples);
     r.set_done(done);
@@ -235,7 +266,8 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     if (computed.ok()) {
       computed = model->ComputeGradients(
           x, batch.y, batch.rows,
-          StepSeed(config.seed(), options.worker, sync ? steps[0] : local_steps), &loss);
+          StepSeed(config.seed(), options.worker,
+                   sync ? steps[0] : steps_before + local_steps), &loss);
     }
     batches->Release();
     RETURN_IF_ERROR(computed);

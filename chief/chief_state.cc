@@ -52,6 +52,7 @@ absl::Status Chief::RegisterWorker(const RegisterWorkerRequest& request,
     ws.examples = 0;
     ws.phase_seconds = {};
     response->set_rejoin(true);
+    response->set_local_steps_before(ws.local_steps);
     LOG_INFO("worker {} registered again (restart {}): it rejoins the run at step {}", w,
              ws.restarts, global_step_);
   }
@@ -59,6 +60,7 @@ absl::Status Chief::RegisterWorker(const RegisterWorkerRequest& request,
   ws.done = false;
   last_progress_ = absl::Now();
   response->set_incarnation(incarnation_);
+  response->set_session(ws.restarts);
   response->set_start_step(global_step_);
   for (const WorkerCursor& c : cursors_) {
     if (c.worker() != w) continue;

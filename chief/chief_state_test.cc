@@ -68,6 +68,8 @@ TEST_CASE("a worker registering again rejoins; its earlier process's work still 
   REQUIRE(chief.RegisterWorker(req, &again).ok());
   CHECK(again.rejoin());
   CHECK(again.incarnation() == 9);
+  CHECK(again.session() == 1);
+  CHECK(again.local_steps_before() == 30);
   r.set_local_steps(33 + 5);
   r.set_examples(160);
   r.set_push_seconds(0.5);

@@ -452,6 +452,7 @@ absl::Status PsClient::PushReady(size_t first, size_t end) {
     header.set_step(batch->steps[g.server]);
     header.set_cursor_epoch(cursor_epoch_);
     header.set_cursor_position(cursor_position_);
+    header.set_session(session_);
     std::vector<OutgoingPayload> payload;
     for (const auto& [v, part] : g.parts) {
       const int64_t row = vars[v].spec.row_elements();
@@ -492,6 +493,7 @@ absl::Status PsClient::PushEnd(std::vector<PushOutcome>* outcomes) {
       empty.set_step(batch->steps[s]);
       empty.set_cursor_epoch(cursor_epoch_);
       empty.set_cursor_position(cursor_position_);
+      empty.set_session(session_);
       StartPushCall(s, empty, {});
     }
   }
@@ -644,6 +646,7 @@ absl::Status PsClient::PushRows(const std::string& table, int dim, absl::Span<co
     r.set_incarnation(incarnation_);
     r.set_worker(worker_);
     r.set_step(steps[servers[c]]);
+    r.set_session(session_);
     r.set_table(table);
     r.set_ids(IdBytes(ids, positions));
     std::string* g = r.mutable_gradients();

@@ -35,6 +35,8 @@ class PsClient {
 
   int num_servers() const { return static_cast<int>(stubs_.size()); }
   void set_incarnation(uint64_t incarnation) { incarnation_ = incarnation; }
+  // The worker process's session (RegisterWorkerResponse.session), on pushes.
+  void set_session(int32_t session) { session_ = session; }
   uint64_t incarnation() const { return incarnation_; }
   // The dtype tensors travel in: DT_FLOAT (default) or DT_BFLOAT16 (pushes
   // rounded here, pulls rounded by the servers; both halve the bytes).
@@ -166,6 +168,7 @@ class PsClient {
   // Pull and Push are raw methods: ByteBuffers in and out.
   std::vector<std::unique_ptr<grpc::GenericStub>> raw_stubs_;
   uint64_t incarnation_ = 0;
+  int32_t session_ = 0;
   DataType wire_dtype_ = DT_FLOAT;
   int64_t chunk_bytes_ = 0;
   int64_t cursor_epoch_ = 0;

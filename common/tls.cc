@@ -14,6 +14,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "openssl/bio.h"
 #include "openssl/bn.h"
+#include "openssl/crypto.h"
 #include "openssl/err.h"
 #include "openssl/evp.h"
 #include "openssl/pem.h"
@@ -22,6 +23,15 @@
 
 namespace pstrain {
 namespace {
+
+// OpenSSL frees its global state in an atexit handler, which can run while
+// gRPC's threads still use it: a crash at exit (seen here as the launcher's
+// exit code 139 after a TLS run; upstream grpc/grpc#38539, fixed there with
+// this same flag). Set during static initialisation, before anything else
+// initialises OpenSSL; the process's exit frees the memory anyway.
+const bool openssl_without_atexit = [] {
+  return OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr) == 1;
+}();
 
 struct BioFree {
   void operator()(BIO* b) const { BIO_free(b); }

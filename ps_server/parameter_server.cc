@@ -272,7 +272,10 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     async_admitted_ = 0;
     worker_clock_.assign(model_->num_workers, 0);
     step_cursors_.assign(model_->num_workers, StepCursor());
+    completed_cursors_.assign(model_->num_workers, StepCursor());
     async_cursors_.assign(model_->num_workers, StepCursor());
+    worker_session_.assign(model_->num_workers, 0);
+    session_start_step_.assign(model_->num_workers, -1);
     holding_pushes_ = false;
     rows_in_flight_ = 0;
     scheduled_cuts_.clear();
@@ -679,6 +682,7 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
   std::vector<const GradientRef*> accepted;
   std::vector<Completion> empty_step;  // a partition-less server's completed step
   bool empty_step_done = false;
+  int replayed = 0;  // partitions the worker's earlier process had pushed already
   {
     absl::MutexLock lock(&mu_);
     if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
@@ -687,6 +691,7 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
       return absl::FailedPreconditionError(absl::StrCat(
           "Push: step ", step, " is ahead of this server's version ", version_));
     }
+    RETURN_IF_ERROR(AdmitSessionLocked(w, header.session(), "Push"));
     if (FinishedLocked()) {
       response->set_outcome(FINISHED);
       response->set_version(version_);
@@ -705,6 +710,11 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
     }
     if (step == version_ && model->partitions.empty()) {
       // Nothing to aggregate: the step completes when the quorum has pushed.
+      if (empty_arrived_[w] && ReplayAllowedLocked(w, step)) {
+        response->set_outcome(ACCUMULATED);  // its earlier process's push counted
+        response->set_version(version_);
+        return absl::OkStatus();
+      }
       if (empty_arrived_[w]) {
         RejectLocked(Rejection::kDuplicate);
         return absl::InvalidArgumentError(
@@ -725,6 +735,10 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
     } else if (step == version_) {
       for (const GradientRef& g : grads) {
         PartitionState* p = g.partition;
+        if ((p->arrived[w] || p->in_flight[w]) && ReplayAllowedLocked(w, step)) {
+          ++replayed;  // the same gradient as its earlier process's: taken once
+          continue;
+        }
         if (p->arrived[w] || p->in_flight[w]) {
           RejectLocked(Rejection::kDuplicate);
           return absl::InvalidArgumentError(absl::StrCat("Push: worker ", w, " already pushed ",
@@ -735,6 +749,10 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
     }
     if (empty_step_done) {
       // answered above
+    } else if (accepted.empty() && replayed > 0) {
+      response->set_outcome(ACCUMULATED);
+      response->set_version(version_);
+      return absl::OkStatus();
     } else if (accepted.empty()) {
       ++counters_.gradients_dropped_stale;
       response->set_outcome(DROPPED_STALE);
@@ -854,6 +872,33 @@ bool ParameterServer::FinishPartitionsLocked(
   return true;
 }
 
+absl::Status ParameterServer::AdmitSessionLocked(int worker, int32_t session,
+                                                const char* method) {
+  int32_t& newest = worker_session_[worker];
+  if (session < 0) {
+    RejectLocked(Rejection::kMalformed);
+    return absl::InvalidArgumentError(absl::StrCat(method, ": negative session ", session));
+  }
+  if (session < newest) {
+    RejectLocked(Rejection::kSuperseded);
+    return absl::FailedPreconditionError(absl::StrCat(
+        method, ": worker ", worker, " session ", session, " was superseded by session ", newest,
+        " (the worker was restarted; this is an earlier process of it)"));
+  }
+  if (session > newest) {
+    newest = session;
+    session_start_step_[worker] = version_;
+    // Rows its earlier process staged for the open step are pushed again.
+    for (auto& [name, table] : model_->tables) {
+      if (static_cast<size_t>(worker) < table->staged_ids.size()) {
+        table->staged_ids[worker].clear();
+        table->staged_grads[worker].clear();
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 void ParameterServer::CompleteStepLocked(int64_t step, int contributors,
                                          std::vector<Completion>* completions) {
   ApplyStagedRowsLocked(step, contributors);
@@ -867,6 +912,9 @@ void ParameterServer::CompleteStepLocked(int64_t step, int contributors,
   }
   step_deadline_ = absl::InfiniteFuture();  // the next step's starts with its first gradient
   MaybeSnapshotLocked(version_);
+  for (size_t w = 0; w < step_cursors_.size(); ++w) {
+    if (step_cursors_[w].set) completed_cursors_[w] = step_cursors_[w];
+  }
   step_cursors_.assign(step_cursors_.size(), StepCursor());
   CollectReadyLocked(completions);
 }
@@ -1196,6 +1244,7 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(AwaitPushesReleasedLocked(model, "Push"));
+    RETURN_IF_ERROR(AdmitSessionLocked(w, header.session(), "Push"));
     if (header.step() > version_) {
       RejectLocked(Rejection::kAhead);
       return absl::FailedPreconditionError(absl::StrCat(
@@ -1463,6 +1512,7 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
   {
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(AwaitPushesReleasedLocked(model, "PushRows"));
+    RETURN_IF_ERROR(AdmitSessionLocked(w, request.session(), "PushRows"));
     if (request.step() > version_) {
       RejectLocked(Rejection::kAhead);
       return absl::FailedPreconditionError(absl::StrCat(
@@ -1596,6 +1646,7 @@ const char* ParameterServer::RejectionName(Rejection r) {
     case Rejection::kOutOfRange: return "out_of_range";
     case Rejection::kSize: return "size";
     case Rejection::kMalformed: return "malformed";
+    case Rejection::kSuperseded: return "superseded";
   }
   return "unknown";
 }
@@ -1660,14 +1711,13 @@ void ParameterServer::GetStatus(PsStatusResponse* response) {
   response->set_staleness_sum(staleness.sum);
   if (model_ == nullptr) return;
   response->set_learning_rate(model_->learning_rate.At(version_));
-  if (!model_->sync) {
-    for (size_t w = 0; w < worker_clock_.size(); ++w) {
-      WorkerProgress* wp = response->add_workers();
-      wp->set_pushes_applied(worker_clock_[w]);
-      wp->set_has_cursor(async_cursors_[w].set);
-      wp->set_cursor_epoch(async_cursors_[w].epoch);
-      wp->set_cursor_position(async_cursors_[w].position);
-    }
+  for (size_t w = 0; w < worker_clock_.size(); ++w) {
+    WorkerProgress* wp = response->add_workers();
+    const StepCursor& c = model_->sync ? completed_cursors_[w] : async_cursors_[w];
+    if (!model_->sync) wp->set_pushes_applied(worker_clock_[w]);
+    wp->set_has_cursor(c.set);
+    wp->set_cursor_epoch(c.epoch);
+    wp->set_cursor_position(c.position);
   }
   for (const auto& [name, t] : model_->tables) {
     const EmbeddingTable::Stats st = t->rows->stats();

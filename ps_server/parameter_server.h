@@ -87,8 +87,9 @@ class ParameterServer {
     kOutOfRange,   // an id outside a fixed-size table
     kSize,         // more ids than one request or one step may carry
     kMalformed,    // bytes that are not what the request's fields say
+    kSuperseded,   // from a worker process that was since restarted
   };
-  static constexpr int kNumRejections = 9;
+  static constexpr int kNumRejections = 10;
   static const char* RejectionName(Rejection r);
   // Counts a push refused before it reached the server (a frame that does
   // not decode: kMalformed).
@@ -439,8 +440,25 @@ class ParameterServer {
   Histogram staleness_{StalenessBounds()};
   uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
-  // Sync: each worker's data cursor as its push for the open step said.
+  // Sync: each worker's data cursor as its push for the open step said, and
+  // as of the latest completed step it pushed to.
   std::vector<StepCursor> step_cursors_ ABSL_GUARDED_BY(mu_);
+  std::vector<StepCursor> completed_cursors_ ABSL_GUARDED_BY(mu_);
+  // Each worker's newest session (its process; PushRequest.session), and
+  // the step open when that session first pushed: its gradients for that
+  // step may repeat what its earlier process had pushed (the same batch
+  // from the same parameters), and are then taken once.
+  std::vector<int32_t> worker_session_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> session_start_step_ ABSL_GUARDED_BY(mu_);
+  // Refuses a push of a session older than the worker's newest; on a newer
+  // one, drops the rows the earlier process staged for the open step (the
+  // new one pushes them again).
+  absl::Status AdmitSessionLocked(int worker, int32_t session, const char* method)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether `worker`'s push for `step` may repeat partitions already in.
+  bool ReplayAllowedLocked(int worker, int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return worker_session_[worker] > 0 && session_start_step_[worker] == step;
+  }
   // Async: each worker's data cursor as of its latest admitted push, and
   // whether a checkpoint's cut is holding new pushes.
   std::vector<StepCursor> async_cursors_ ABSL_GUARDED_BY(mu_);

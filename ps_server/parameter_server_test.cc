@@ -127,6 +127,63 @@ TEST_CASE("sync: the update waits for the quorum and applies the average", "[ps]
   CHECK(PullW(ps) == std::vector<float>{0, 1, 2, 3});
 }
 
+TEST_CASE("a restarted worker's session: its repeat of the open step is taken once, its "
+          "earlier process is refused",
+          "[ps][sync][recovery]") {
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(InitRequest(BaseConfig(true), 2)).ok());
+  auto rejected = [&ps](ParameterServer::Rejection r) {
+    return ps.counters().rejected[static_cast<size_t>(r)];
+  };
+  PushResponse r;
+  REQUIRE(ps.Push(Grad(0, 0, {1, 1, 1, 1}), &r).ok());
+  REQUIRE(ps.Push(Grad(1, 0, {3, 3, 3, 3}), &r).ok());  // step 0 done
+  REQUIRE(ps.Push(Grad(1, 1, {2, 2, 2, 2}), &r).ok());  // worker 1's process 0, then killed
+  CHECK(r.outcome() == ACCUMULATED);
+  // The same process again: a duplicate, as ever.
+  CHECK(absl::IsInvalidArgument(ps.Push(Grad(1, 1, {2, 2, 2, 2}), &r)));
+  CHECK(rejected(ParameterServer::Rejection::kDuplicate) == 1);
+  // Its restart (session 1) repeats step 1: taken once, not refused.
+  PushRequest again = Grad(1, 1, {2, 2, 2, 2});
+  again.set_session(1);
+  REQUIRE(ps.Push(again, &r).ok());
+  CHECK(r.outcome() == ACCUMULATED);
+  CHECK(rejected(ParameterServer::Rejection::kDuplicate) == 1);
+  // The earlier process, had it lived on, is refused from now on.
+  absl::Status old = ps.Push(Grad(1, 1, {9, 9, 9, 9}), &r);
+  CHECK(absl::IsFailedPrecondition(old));
+  CHECK(std::string(old.message()).find("superseded by session 1") != std::string::npos);
+  CHECK(rejected(ParameterServer::Rejection::kSuperseded) == 1);
+  PushRequest negative = Grad(1, 1, {2, 2, 2, 2});
+  negative.set_session(-1);
+  CHECK(absl::IsInvalidArgument(ps.Push(negative, &r)));
+  // Worker 0 completes step 1 with worker 1's gradient counted once:
+  // w = {0,1,2,3} after step 0 (mean 2, lr 0.5); step 1's mean is 1.5.
+  REQUIRE(ps.Push(Grad(0, 1, {1, 1, 1, 1}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  CHECK(PullW(ps) == std::vector<float>{-0.75f, 0.25f, 1.25f, 2.25f});
+  // After the step it opened, session 1's duplicates are duplicates again.
+  PushRequest next = Grad(1, 2, {1, 1, 1, 1});
+  next.set_session(1);
+  next.set_cursor_epoch(3);
+  next.set_cursor_position(64);
+  REQUIRE(ps.Push(next, &r).ok());
+  CHECK(absl::IsInvalidArgument(ps.Push(next, &r)));
+  // GetStatus says where worker 1's data stood after the last step it
+  // pushed to was completed (not before).
+  PsStatusResponse status;
+  ps.GetStatus(&status);
+  REQUIRE(status.workers_size() == 2);
+  CHECK(status.workers(1).cursor_epoch() == 0);
+  REQUIRE(ps.Push(Grad(0, 2, {1, 1, 1, 1}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  status.Clear();
+  ps.GetStatus(&status);
+  CHECK(status.workers(1).has_cursor());
+  CHECK(status.workers(1).cursor_epoch() == 3);
+  CHECK(status.workers(1).cursor_position() == 64);
+}
+
 TEST_CASE("sync: a waiting pull wakes when the step completes", "[ps][sync]") {
   ParameterServer ps;
   REQUIRE(ps.Initialize(InitRequest(BaseConfig(true), 2)).ok());

@@ -38,7 +38,8 @@ class PsCollector : public prometheus::Collectable {
         "Pushes (dense and rows) refused, by reason: incarnation (another run), worker (index "
         "out of range), shape (unknown variable or table; wrong shape, dtype or length), "
         "non_finite, ahead (a step not reached), duplicate, out_of_range (an id outside a "
-        "fixed-size table), size (too many ids), malformed.",
+        "fixed-size table), size (too many ids), malformed, superseded (from a worker process "
+        "since restarted).",
         MetricType::Counter);
     for (int r = 0; r < ParameterServer::kNumRejections; ++r) {
       AddMetric(&rejected,

@@ -128,12 +128,11 @@ struct Attempt {
   bool chief_finished = false;
 };
 
-// `restarts` counts the restarts spent (of options.max_restarts); with
-// `workers_alone` (async mode) a worker that fails is restarted by itself
-// from that budget while the others go on.
+// `restarts` counts the restarts spent (of options.max_restarts); a worker
+// that fails is restarted by itself from that budget while the others go on.
 Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
                 const std::map<std::string, std::string>& bin_for_job, const std::string& log_dir,
-                bool append_logs, bool workers_alone, int* restarts, StopSignal* stop) {
+                bool append_logs, int* restarts, StopSignal* stop) {
   std::vector<std::unique_ptr<Task>> tasks;
   auto argv_for = [&](const TaskId& id, const std::string& host) {
     std::vector<std::string> argv = {bin_for_job.at(id.job), "--cluster_spec=" + options.cluster_spec,
@@ -238,10 +237,10 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
       if (t->proc->output_fd() >= 0) DrainOutput(t.get(), options.verbose, &progress_shown);
       t->exited = true;
       t->exit_code = *code;
-      // In async mode a failed worker is restarted by itself: the others
-      // go on, and it rejoins where the servers say its data stood. (A
-      // server's failure, reaped first, restarts the job instead.)
-      if (*code != 0 && failure.empty() && workers_alone && t->id.job == kWorkerJob &&
+      // A failed worker is restarted by itself: the others go on (in sync
+      // mode they wait for it), and it rejoins where the servers say its
+      // data stood. (A server's failure, reaped first, restarts the job.)
+      if (*code != 0 && failure.empty() && t->id.job == kWorkerJob &&
           *restarts < options.max_restarts && !chief_finished && !stop->stopped()) {
         ++*restarts;
         std::cerr << "pstrain launch: " << t->name << " exited with code " << *code
@@ -471,10 +470,9 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
     return 2;
   }
   LaunchOptions run = options;
-  const bool workers_alone = !IsSyncMode(*config);
   for (int restarts = 0, attempts = 0;; ++attempts) {
     Attempt a = RunOnce(run, *cluster, bin_for_job, log_dir, /*append_logs=*/attempts > 0,
-                        workers_alone, &restarts, stop);
+                        &restarts, stop);
     if (a.restartable && restarts < options.max_restarts) {
       const absl::Duration backoff =
           std::min(absl::Seconds(30), absl::Seconds(1) * (int64_t{1} << std::min(restarts, 5)));

@@ -24,9 +24,9 @@ struct LaunchOptions {
   std::string init_from;  // the chief starts a new run from this checkpoint's values
   // --restart=on-failure: when a task fails, every task is stopped and the
   // job starts again from its latest checkpoint, up to this many times, with
-  // a backoff of 1, 2, 4, ... 30 s. In async mode a failed worker is
-  // restarted alone instead (from the same budget) and rejoins the running
-  // job. 0: a failed task ends the run.
+  // a backoff of 1, 2, 4, ... 30 s. A failed worker is restarted alone
+  // instead (from the same budget) and rejoins the running job. 0: a failed
+  // task ends the run.
   int max_restarts = 0;
   // Each local task serves /metrics, /healthz and /readyz on a free port of
   // its host (printed as each task reports it).

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -109,14 +111,21 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   if (sync) ps.set_chunk_bytes(kSyncChunkBytes);
   ps.set_push_timeout(step_timeout + rpc_timeout);
   std::vector<int64_t> min_versions(ps.num_servers(), reg.start_step());
-  // A worker restarted alone in async mode goes on where its data stood at
-  // its last push the servers took (the newest of theirs: a batch applied
-  // on only some servers is not trained again), and its dropout seeds go on
-  // from the pushes applied.
-  int64_t steps_before = 0;  // this worker's pushes before a restart
-  if (reg.rejoin() && !sync) {
+  ps.set_session(reg.session());
+  // A restarted worker goes on where its data stood. Async: at its last push
+  // the servers took (the newest of theirs: a batch applied on only some
+  // servers is not trained again), its steps and dropout seeds counting on
+  // from the pushes applied. Sync: at the cursor of the last step it helped
+  // complete on the server furthest behind, so it computes the open step's
+  // gradient from the batch its earlier process had (servers take a
+  // partition it had pushed already once).
+  // This worker's steps before a restart: in async mode the servers' count
+  // of its pushes applied (exact); in sync mode what it had reported.
+  int64_t steps_before = reg.local_steps_before();
+  if (reg.rejoin()) {
     DataCursor resume_at{0, 0};
     bool have_cursor = false;
+    int64_t min_version = std::numeric_limits<int64_t>::max(), max_version = -1;
     for (int s = 0; s < ps.num_servers(); ++s) {
       PsStatusResponse st;
       RETURN_IF_ERROR(ps.GetStatus(s, &st));
@@ -124,20 +133,31 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
       const WorkerProgress& wp = st.workers(options.worker);
       steps_before = std::max(steps_before, wp.pushes_applied());
       const DataCursor c{wp.cursor_epoch(), wp.cursor_position()};
-      if (wp.has_cursor() && (!have_cursor || std::make_pair(c.epoch, c.position) >
-                                                  std::make_pair(resume_at.epoch,
-                                                                 resume_at.position))) {
-        resume_at = c;
-        have_cursor = true;
+      const bool newer = !have_cursor || std::make_pair(c.epoch, c.position) >
+                                             std::make_pair(resume_at.epoch, resume_at.position);
+      const bool take = sync ? st.version() < min_version : newer;
+      if (sync) {
+        max_version = std::max(max_version, st.version());
+        min_version = std::min(min_version, st.version());
+      }
+      if (take) {
+        have_cursor = wp.has_cursor();
+        if (have_cursor) resume_at = c;
       }
     }
     if (have_cursor) RETURN_IF_ERROR(partition.Restore(resume_at));
-    LOG_INFO("rejoined the running job after a restart: {} of this worker's pushes were "
-             "applied; data goes on at epoch {}, position {}",
-             steps_before, partition.cursor().epoch, partition.cursor().position);
-  } else if (reg.rejoin()) {
-    LOG_WARN("registered again in sync mode: this worker's data starts over from the run's "
-             "start (pstrain launch restarts the whole job in sync mode)");
+    LOG_INFO("rejoined the running job after a restart (session {}): {}data goes on at epoch {}, "
+             "position {}",
+             reg.session(),
+             sync ? absl::StrCat("at step ", min_version, "; ")
+                  : absl::StrCat(steps_before, " of this worker's pushes were applied; "),
+             partition.cursor().epoch, partition.cursor().position);
+    if (sync && max_version > min_version) {
+      LOG_WARN("the servers are at steps {} to {}: the step its earlier process left open was "
+               "completed on some of them, so this step's gradient is computed from newer "
+               "parameters there than its earlier process had",
+               min_version, max_version);
+    }
   }
   // Batches are assembled ahead on a thread of their own, into pinned memory
   // on CUDA so that their copy to the device runs at full speed.

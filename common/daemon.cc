@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "common/allocator.h"
 #include "common/config.h"
+#include "common/env.h"
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
@@ -85,11 +86,18 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
   InitLogging(setup.task.task.ToString(), absl::GetFlag(FLAGS_log_level));
   if (setup.auth.tls) {
     const absl::Duration left = setup.auth.tls->not_after - absl::Now();
-    LOG_INFO("mutual TLS on: this task's certificate is {}'s, valid until {}", setup.auth.tls->identity,
+    LOG_INFO("mutual TLS on: this task's certificate is {}'s, valid until {}",
+             setup.auth.tls->identity,
              absl::FormatTime("%Y-%m-%d %H:%M UTC", setup.auth.tls->not_after, absl::UTCTimeZone()));
     if (left < absl::Hours(24 * 7)) {
-      LOG_WARN("this task's certificate expires in {}: renew it with pstrain certs",
+      LOG_WARN("this task's certificate or its CA expires in {}: renew with pstrain certs",
                absl::FormatDuration(absl::Floor(left, absl::Minutes(1))));
+    }
+    const std::string& dir = setup.task.cluster.tls_dir();
+    if (!dir.empty() && Env::Default()->FileExists(JoinPath(dir, "ca.key"))) {
+      LOG_WARN("{} is readable here: whoever reads it can make a certificate for any task; "
+               "keep the CA's key off the cluster",
+               JoinPath(dir, "ca.key"));
     }
   }
   if (!setup.auth.own_token.empty()) {

@@ -755,6 +755,16 @@ absl::Status PsClient::GetShard(int server, int64_t step, absl::Duration timeout
                         absl::StrCat("GetShard ", ServerName(server), " step ", step));
 }
 
+absl::Status PsClient::ClaimSession(int server, int32_t session, PsStatusResponse* response) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  PsStatusRequest req;
+  req.set_worker(worker_);
+  req.set_claim_session(session);
+  return FromGrpcStatus(stubs_[server]->GetStatus(&ctx, req, response),
+                        absl::StrCat("GetStatus ", ServerName(server)));
+}
+
 absl::Status PsClient::GetStatus(int server, PsStatusResponse* response) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, rpc_timeout_);

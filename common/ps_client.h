@@ -138,6 +138,8 @@ class PsClient {
   absl::Status SnapshotAll(int64_t step, absl::Duration timeout,
                            std::vector<SnapshotResponse>* responses);
   absl::Status GetStatus(int server, PsStatusResponse* response);
+  // A restarted worker's status read that claims its `session` on `server`.
+  absl::Status ClaimSession(int server, int32_t session, PsStatusResponse* response);
 
   // Tensor payload this client moved, and the bytes it copied to move them.
   struct Counters {

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <time.h>
 
+#include <algorithm>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -131,9 +132,12 @@ absl::Status AddExtension(X509* cert, X509* issuer, int nid, const std::string& 
 
 // A certificate for `cn` and `key`, signed by `issuer`/`issuer_key` (or by
 // itself when `issuer` is null, as the CA is).
+// A task that serves RPCs (`serves`) gets serverAuth and its host as a
+// subject alternative name; a worker or the operator only clientAuth, so
+// its certificate cannot pose as a server.
 absl::StatusOr<Cert> MakeCertificate(const std::string& cn, EVP_PKEY* key, X509* issuer,
-                                     EVP_PKEY* issuer_key, bool is_ca, const std::string& san,
-                                     absl::Duration validity) {
+                                     EVP_PKEY* issuer_key, bool is_ca, bool serves,
+                                     const std::string& san, absl::Duration validity) {
   Cert cert(X509_new());
   std::unique_ptr<BIGNUM, BnFree> serial(BN_new());
   X509_NAME* name = X509_get_subject_name(cert.get());
@@ -164,8 +168,9 @@ absl::StatusOr<Cert> MakeCertificate(const std::string& cn, EVP_PKEY* key, X509*
   } else {
     RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_basic_constraints, "critical,CA:FALSE"));
     RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_key_usage, "critical,digitalSignature"));
-    RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_ext_key_usage, "serverAuth,clientAuth"));
-    if (!san.empty()) {
+    RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_ext_key_usage,
+                                 serves ? "serverAuth,clientAuth" : "clientAuth"));
+    if (serves && !san.empty()) {
       RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_subject_alt_name, san));
     }
   }
@@ -273,7 +278,9 @@ absl::StatusOr<TlsConfig> LoadTls(const TlsFiles& files) {
     return absl::InvalidArgumentError(
         absl::StrCat(files.cert_file, ": no subject common name (the task's identity)"));
   }
+  // The chain stops working when its first certificate expires.
   tls.not_after = NotAfter(cert);
+  for (const Cert& ca : cas) tls.not_after = std::min(tls.not_after, NotAfter(ca.get()));
   return tls;
 }
 
@@ -328,9 +335,11 @@ absl::Status WriteClusterCertificates(const ClusterSpec* cluster, const std::str
     ca = std::move(certs.front());
   } else {
     ASSIGN_OR_RETURN(ca_key, NewKey());
-    // The CA outlives its certificates a little, so renewing them is enough.
+    // The CA outlives the certificates written with it by a day; once
+    // reused, it caps the new ones at its own expiry (below).
     ASSIGN_OR_RETURN(ca, MakeCertificate("pstrain cluster CA", ca_key.get(), nullptr, nullptr,
-                                         /*is_ca=*/true, "", validity + absl::Hours(24)));
+                                         /*is_ca=*/true, /*serves=*/false, "",
+                                         validity + absl::Hours(24)));
     ASSIGN_OR_RETURN(std::string key_pem, KeyPem(ca_key.get()));
     RETURN_IF_ERROR(WritePrivateFile(ca_key_path, key_pem));
     ASSIGN_OR_RETURN(std::string crt_pem, CertPem(ca.get()));
@@ -338,19 +347,27 @@ absl::Status WriteClusterCertificates(const ClusterSpec* cluster, const std::str
     written->push_back(ca_key_path);
     written->push_back(ca_crt);
   }
-  std::vector<std::pair<std::string, std::string>> subjects;  // identity, host
+  // A reused CA may expire first: no certificate outlives its CA.
+  const absl::Time ca_expires = NotAfter(ca.get());
+  if (ca_expires < absl::Now() + absl::Hours(1)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        ca_crt, " expires ", absl::FormatTime("%Y-%m-%d %H:%M UTC", ca_expires, absl::UTCTimeZone()),
+        ": move ca.crt and ca.key away to start a new CA (every task then needs the new ca.crt)"));
+  }
+  const absl::Duration leaf_validity = std::min(validity, ca_expires - absl::Now());
+  std::vector<std::pair<std::string, std::string>> subjects;  // identity, host (servers only)
   if (cluster != nullptr) {
     for (const TaskId& t : cluster->AllTasks()) {
       ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(cluster->address(t.job, t.index)));
-      subjects.emplace_back(t.ToString(), hp.host);
+      subjects.emplace_back(t.ToString(), t.job == kWorkerJob ? "" : hp.host);
     }
   }
   subjects.emplace_back("operator", "");
   for (const auto& [identity, host] : subjects) {
     ASSIGN_OR_RETURN(Key key, NewKey());
     ASSIGN_OR_RETURN(Cert cert, MakeCertificate(identity, key.get(), ca.get(), ca_key.get(),
-                                                /*is_ca=*/false, host.empty() ? "" : AltName(host),
-                                                validity));
+                                                /*is_ca=*/false, /*serves=*/!host.empty(),
+                                                host.empty() ? "" : AltName(host), leaf_validity));
     const TlsFiles files = TlsFilesIn(dir, identity);
     ASSIGN_OR_RETURN(std::string key_pem, KeyPem(key.get()));
     RETURN_IF_ERROR(WritePrivateFile(files.key_file, key_pem));

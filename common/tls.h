@@ -47,7 +47,7 @@ struct TlsConfig {
   std::string cert_pem;
   std::string key_pem;
   std::string identity;   // the certificate's common name
-  absl::Time not_after;   // when the certificate expires
+  absl::Time not_after;   // when the certificate, or the CA, expires: the sooner
 };
 
 // Reads and checks the three files: PEM that parses, a certificate signed by
@@ -67,9 +67,10 @@ std::string PeerCommonName(const grpc::ServerContextBase& ctx);
 
 // Writes a CA (unless `dir` already has ca.crt and ca.key, which are reused)
 // and a certificate and key for every task of `cluster` (may be null: then
-// only the operator's) and for the operator, valid for `validity`.
-// Serving tasks' certificates name their host. `written` receives the
-// paths written.
+// only the operator's) and for the operator, valid for `validity` (at most
+// until a reused CA expires). Serving tasks' certificates (ps, chief) name
+// their host and may serve; workers' and the operator's are for clients
+// only. `written` receives the paths written.
 absl::Status WriteClusterCertificates(const ClusterSpec* cluster, const std::string& dir,
                                       absl::Duration validity, std::vector<std::string>* written);
 

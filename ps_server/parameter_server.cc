@@ -1693,6 +1693,22 @@ ParameterServer::CheckpointStats ParameterServer::checkpoint_stats() {
   return checkpoint_stats_;
 }
 
+absl::Status ParameterServer::GetStatus(int worker, int32_t session,
+                                        PsStatusResponse* response) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (model_ == nullptr) return absl::UnavailableError("GetStatus: not initialized yet");
+    if (worker < 0 || worker >= model_->num_workers) {
+      return absl::InvalidArgumentError(absl::StrCat("GetStatus: worker ", worker, " out of range"));
+    }
+    RETURN_IF_ERROR(AdmitSessionLocked(worker, session, "GetStatus"));
+  }
+  // (Pushes admitted before the claim were counted under the lock above;
+  // none of the earlier session's is admitted after it.)
+  GetStatus(response);
+  return absl::OkStatus();
+}
+
 void ParameterServer::GetStatus(PsStatusResponse* response) {
   absl::MutexLock lock(&mu_);
   response->set_initialized(initialized_);

@@ -168,6 +168,11 @@ class ParameterServer {
   absl::Status LoadRows(const LoadRowsRequest& request, LoadRowsResponse* response);
 
   void GetStatus(PsStatusResponse* response);
+  // The same after `worker` claims `session` (a restarted worker's first
+  // read): its earlier sessions' pushes are refused from now on, and every
+  // push admitted before is in the status. Fails for a session older than
+  // the newest, a worker out of range, or before Initialize.
+  absl::Status GetStatus(int worker, int32_t session, PsStatusResponse* response);
   // Checkpoints (sync mode, `checkpoint.dir` set): when a step completes at
   // a multiple of `checkpoint.every_steps` or at max_steps, this server takes
   // its partitions at that version (the buffers themselves, and a copy of

@@ -157,6 +157,14 @@ TEST_CASE("a restarted worker's session: its repeat of the open step is taken on
   PushRequest negative = Grad(1, 1, {2, 2, 2, 2});
   negative.set_session(-1);
   CHECK(absl::IsInvalidArgument(ps.Push(negative, &r)));
+  // A restart's status read claims its session (before it pushes): an
+  // older claim is refused like an older push.
+  PsStatusResponse claimed;
+  CHECK(absl::IsInvalidArgument(ps.GetStatus(7, 1, &claimed)));
+  CHECK(absl::IsFailedPrecondition(ps.GetStatus(1, 0, &claimed)));
+  REQUIRE(ps.GetStatus(1, 1, &claimed).ok());
+  CHECK(claimed.version() == 1);
+  CHECK(claimed.workers_size() == 2);
   // Worker 0 completes step 1 with worker 1's gradient counted once:
   // w = {0,1,2,3} after step 0 (mean 2, lr 0.5); step 1's mean is 1.5.
   REQUIRE(ps.Push(Grad(0, 1, {1, 1, 1, 1}), &r).ok());

@@ -196,8 +196,18 @@ grpc::Status PsServiceImpl::PushRows(grpc::ServerContext* ctx, const PushRowsReq
 
 grpc::Status PsServiceImpl::GetStatus(grpc::ServerContext* ctx, const PsStatusRequest* req,
                                       PsStatusResponse* resp) {
-  if (auto caller = auth_->CheckAuthenticated(*ctx, "GetStatus"); !caller.ok()) {
-    return ToGrpcStatus(caller.status());
+  absl::StatusOr<Caller> caller = auth_->CheckAuthenticated(*ctx, "GetStatus");
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (req->claim_session() != 0) {
+    if (caller->role != Role::kAnyone && caller->role != Role::kWorker) {
+      return ToGrpcStatus(absl::PermissionDeniedError(
+          absl::StrCat("GetStatus: only a worker claims a session; ", caller->name, " may not")));
+    }
+    if (absl::Status st = auth_->CheckWorkerField(*caller, req->worker(), "GetStatus");
+        !st.ok()) {
+      return ToGrpcStatus(st);
+    }
+    return ToGrpcStatus(ps_->GetStatus(req->worker(), req->claim_session(), resp));
   }
   ps_->GetStatus(resp);
   return grpc::Status::OK;

@@ -637,9 +637,9 @@ TEST_CASE("--restart=on-failure: kill -9 of a server or the chief mid-run restar
   }
 }
 
-// The number after `prefix` in `text` (-1 when absent).
-int64_t NumberAfter(const std::string& text, const std::string& prefix) {
-  const size_t at = text.find(prefix);
+// The number after the first (or `last`) `prefix` in `text` (-1 when absent).
+int64_t NumberAfter(const std::string& text, const std::string& prefix, bool last = false) {
+  const size_t at = last ? text.rfind(prefix) : text.find(prefix);
   if (at == std::string::npos) return -1;
   const size_t begin = at + prefix.size();
   int64_t n = -1;
@@ -677,6 +677,20 @@ TEST_CASE("--restart=on-failure: a worker killed mid-run is restarted alone and 
         absl::StrCat("--cluster_spec=", job.spec, " --job=worker --task=1"));
     REQUIRE(pids.size() == 1);
     REQUIRE(::kill(pids[0], SIGKILL) == 0);
+    if (!sync) {
+      // Once it has rejoined, kill it again: the second restart waits 1 s.
+      const std::string w1_log = JoinPath(job.out, "logs/worker-1.log");
+      const absl::Time again = absl::Now() + absl::Seconds(30);
+      while (Env::Default()->ReadFile(w1_log).value_or("").find("rejoined the running job") ==
+                 std::string::npos &&
+             absl::Now() < again && (*launch)->running()) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      const std::vector<int> second = testing::ProcessesMatching(
+          absl::StrCat("--cluster_spec=", job.spec, " --job=worker --task=1"));
+      REQUIRE(second.size() == 1);
+      REQUIRE(::kill(second[0], SIGKILL) == 0);
+    }
     std::optional<int> code = (*launch)->Wait(absl::Seconds(180));
     if (!code.has_value()) (*launch)->Stop(absl::Seconds(5));
     const std::string out = Env::Default()->ReadFile(so.output_file).value_or("");
@@ -686,6 +700,11 @@ TEST_CASE("--restart=on-failure: a worker killed mid-run is restarted alone and 
     CHECK(out.find("worker:1 exited with code 137") != std::string::npos);
     CHECK(out.find("restarting it alone, the others go on (restart 1 of 3)") !=
           std::string::npos);
+    if (!sync) {
+      CHECK(out.find("restarting it alone in 1s, the others go on (restart 2 of 3)") !=
+            std::string::npos);
+      CHECK(ChiefLog(job).find("worker 1 registered again (restart 2)") != std::string::npos);
+    }
     CHECK(out.find("restarting the job") == std::string::npos);  // the others went on
     CHECK(ChiefLog(job).find("worker 1 registered again (restart 1)") != std::string::npos);
     CHECK(ChiefLog(job).find("from the checkpoint of step") == std::string::npos);
@@ -717,12 +736,14 @@ TEST_CASE("--restart=on-failure: a worker killed mid-run is restarted alone and 
       // Every step is one push, applied once: worker 0's steps, worker 1's
       // before the kill (the servers' count) and after it add up to the run
       // (a push the kill cut off between the two servers counts on one only).
-      const int64_t before = NumberAfter(w1, rejoined);
+      // (Its second restart's count: the servers count all of its pushes.)
+      const int64_t before = NumberAfter(
+          w1, "rejoined the running job after a restart (session 2): ", /*last=*/true);
       REQUIRE(before > 0);
       CHECK(std::abs(w0 + before + w1_after - steps) <= 1);
       // The chief counts the first process's steps too.
       CHECK(std::abs(j["worker_steps"].get<int64_t>() - steps) <= 1);
-      WARN("async: worker 1 killed after " << before << " pushes; rejoined at epoch " << epoch
+      WARN("async: worker 1 killed twice, after " << before << " pushes in all; rejoined first at epoch " << epoch
                                            << ", position " << position << "; then "
                                            << w1_after << " steps, worker 0 " << w0);
     } else {

@@ -42,6 +42,10 @@ struct Task {
   std::string partial;  // an output line not yet ended
   std::string host;     // from the spec
   bool exited = false;
+  // A worker restarted alone: how often, and when its next start is due
+  // (InfiniteFuture: none pending).
+  int restarts = 0;
+  absl::Time restart_at = absl::InfiniteFuture();
   int exit_code = 0;
 };
 
@@ -208,6 +212,24 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
       exit_code = stop->exit_code() != 0 ? stop->exit_code() : 130;
       break;
     }
+    // Workers due for a restart alone.
+    for (auto& t : tasks) {
+      if (t->restart_at > absl::Now()) continue;
+      t->restart_at = absl::InfiniteFuture();
+      SpawnOptions so;
+      so.argv = argv_for(t->id, t->host);
+      so.capture_output = true;
+      auto proc = Subprocess::Spawn(so);
+      if (!proc.ok()) {
+        failure = absl::StrCat("restarting ", t->name, ": ", proc.status().message());
+        exit_code = 1;
+        break;
+      }
+      t->proc = std::move(*proc);
+      t->exited = false;
+      t->exit_code = 0;
+    }
+    if (!failure.empty()) break;
     // Wait for output or a child's exit, at most until the next progress tick.
     std::vector<pollfd> fds;
     std::vector<std::pair<Task*, bool>> owners;  // (task, is_output)
@@ -239,25 +261,27 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
       t->exit_code = *code;
       // A failed worker is restarted by itself: the others go on (in sync
       // mode they wait for it), and it rejoins where the servers say its
-      // data stood. (A server's failure, reaped first, restarts the job.)
+      // data stood. Not while a server's early exit is pending judgement
+      // (the failure is likely the server's: the job restarts instead). A
+      // worker failing again waits 1, 2, 4 ... 30 s first.
       if (*code != 0 && failure.empty() && t->id.job == kWorkerJob &&
-          *restarts < options.max_restarts && !chief_finished && !stop->stopped()) {
+          *restarts < options.max_restarts && !chief_finished && early_exits.empty() &&
+          !stop->stopped()) {
         ++*restarts;
+        const absl::Duration backoff =
+            t->restarts == 0 ? absl::ZeroDuration()
+                             : std::min(absl::Seconds(30),
+                                        absl::Seconds(1) * (int64_t{1} << std::min(t->restarts - 1, 5)));
+        ++t->restarts;
+        t->restart_at = absl::Now() + backoff;
         std::cerr << "pstrain launch: " << t->name << " exited with code " << *code
-                  << " (log: " << t->log_path << "); restarting it alone, the others go on "
-                  << "(restart " << *restarts << " of " << options.max_restarts << ")\n";
-        SpawnOptions so;
-        so.argv = argv_for(t->id, t->host);
-        so.capture_output = true;
-        auto proc = Subprocess::Spawn(so);
-        if (proc.ok()) {
-          t->proc = std::move(*proc);
-          t->exited = false;
-          t->exit_code = 0;
-          continue;
-        }
-        std::cerr << "pstrain launch: restarting " << t->name << ": " << proc.status().message()
-                  << "\n";
+                  << " (log: " << t->log_path << "); restarting it alone"
+                  << (backoff > absl::ZeroDuration()
+                          ? absl::StrCat(" in ", absl::FormatDuration(backoff))
+                          : std::string())
+                  << ", the others go on (restart " << *restarts << " of "
+                  << options.max_restarts << ")\n";
+        continue;
       }
       if (*code != 0 && failure.empty()) {
         failure = absl::StrCat(t->name, " exited with code ", *code, " (log: ", t->log_path, ")");
@@ -296,7 +320,7 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
     }
     if (!failure.empty()) break;
     bool all_exited = true;
-    for (auto& t : tasks) all_exited &= t->exited;
+    for (auto& t : tasks) all_exited &= t->exited && t->restart_at == absl::InfiniteFuture();
     if (all_exited) break;
     // After the chief finishes, the others get a grace period to exit.
     if (chief_finished && absl::Now() - chief_finished_at > absl::Seconds(20)) {

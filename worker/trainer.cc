@@ -128,7 +128,11 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     int64_t min_version = std::numeric_limits<int64_t>::max(), max_version = -1;
     for (int s = 0; s < ps.num_servers(); ++s) {
       PsStatusResponse st;
-      RETURN_IF_ERROR(ps.GetStatus(s, &st));
+      // Claiming the session fences off any earlier process of this worker
+      // still alive (hung, not dead), and the cursor read with it already
+      // counts each push of that process the server took.
+      RETURN_IF_ERROR(reg.session() > 0 ? ps.ClaimSession(s, reg.session(), &st)
+                                        : ps.GetStatus(s, &st));
       if (options.worker >= st.workers_size()) continue;
       const WorkerProgress& wp = st.workers(options.worker);
       steps_before = std::max(steps_before, wp.pushes_applied());
@@ -145,7 +149,12 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
         if (have_cursor) resume_at = c;
       }
     }
-    if (have_cursor) RETURN_IF_ERROR(partition.Restore(resume_at));
+    if (have_cursor) {
+      RETURN_IF_ERROR(partition.Restore(resume_at));
+    } else {
+      LOG_WARN("no server has this worker's data cursor (none of its pushes completed a step "
+               "there): its data starts where the run's did");
+    }
     LOG_INFO("rejoined the running job after a restart (session {}): {}data goes on at epoch {}, "
              "position {}",
              reg.session(),

@@ -1,6 +1,7 @@
 #include "common/chief_client.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/cluster_spec.h"
 #include "common/rpc.h"
 
 namespace pstrain {
@@ -8,7 +9,7 @@ namespace pstrain {
 ChiefClient::ChiefClient(const std::string& address, absl::Duration rpc_timeout)
     : address_(address),
       rpc_timeout_(rpc_timeout),
-      stub_(ChiefService::NewStub(CreateChannel(address))) {}
+      stub_(ChiefService::NewStub(CreateChannel(address, TaskId{kChiefJob, 0}.ToString()))) {}
 
 absl::Status ChiefClient::RegisterWorker(int worker, uint64_t fingerprint, absl::Duration timeout,
                                          RegisterWorkerResponse* response) {

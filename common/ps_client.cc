@@ -127,7 +127,8 @@ PsClient::PsClient(const ClusterSpec& cluster, const Placement* placement, int w
     : placement_(placement), worker_(worker), rpc_timeout_(rpc_timeout) {
   for (int s = 0; s < cluster.num_ps(); ++s) {
     addresses_.push_back(cluster.address(kPsJob, s));
-    std::shared_ptr<grpc::Channel> channel = CreateChannel(addresses_.back());
+    std::shared_ptr<grpc::Channel> channel =
+        CreateChannel(addresses_.back(), TaskId{kPsJob, s}.ToString());
     stubs_.push_back(PsService::NewStub(channel));
     raw_stubs_.push_back(std::make_unique<grpc::GenericStub>(channel));
   }

@@ -113,7 +113,8 @@ std::shared_ptr<const TlsConfig> TransportSecurity() {
   return transport_tls;
 }
 
-std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address) {
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
+                                             const std::string& peer) {
   grpc::ChannelArguments args;
   for (const auto& [name, value] : TransportArgs()) args.SetInt(name, value);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -135,6 +136,8 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address) {
     id = call_identity;
     tls = transport_tls;
   }
+  // The server must prove it is the task dialled, not just any of the cluster's.
+  if (tls && !peer.empty()) args.SetSslTargetNameOverride(TaskAltName(peer));
   if (id == nullptr) {
     return grpc::CreateCustomChannel(address, ChannelCredentials(tls.get()), args);
   }

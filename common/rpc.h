@@ -38,8 +38,12 @@ void SetCallCredentials(const std::string& identity, const std::string& token);
 void SetTransportSecurity(std::shared_ptr<const TlsConfig> tls);
 std::shared_ptr<const TlsConfig> TransportSecurity();
 
-// One channel per peer, reused for every call to it.
-std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address);
+// One channel per peer, reused for every call to it. Over TLS a channel to
+// a task (`peer`: "ps:1", "chief:0") accepts only that task's certificate
+// (common/tls.h TaskAltName); without `peer`, any server certificate of the
+// cluster CA naming the address's host.
+std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
+                                             const std::string& peer = "");
 
 // Sets a deadline `timeout` from now on `context`.
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout);

@@ -221,6 +221,10 @@ std::string AltName(const std::string& host) {
 
 }  // namespace
 
+std::string TaskAltName(const std::string& identity) {
+  return absl::StrCat(absl::StrReplaceAll(identity, {{":", "-"}}), ".task.pstrain");
+}
+
 TlsFiles TlsFilesIn(const std::string& dir, const std::string& identity) {
   const std::string base = JoinPath(dir, absl::StrReplaceAll(identity, {{":", "-"}}));
   return TlsFiles{JoinPath(dir, "ca.crt"), base + ".crt", base + ".key"};
@@ -367,7 +371,10 @@ absl::Status WriteClusterCertificates(const ClusterSpec* cluster, const std::str
     ASSIGN_OR_RETURN(Key key, NewKey());
     ASSIGN_OR_RETURN(Cert cert, MakeCertificate(identity, key.get(), ca.get(), ca_key.get(),
                                                 /*is_ca=*/false, /*serves=*/!host.empty(),
-                                                host.empty() ? "" : AltName(host), leaf_validity));
+                                                host.empty() ? ""
+                                                             : absl::StrCat(AltName(host), ",DNS:",
+                                                                            TaskAltName(identity)),
+                                                leaf_validity));
     const TlsFiles files = TlsFilesIn(dir, identity);
     ASSIGN_OR_RETURN(std::string key_pem, KeyPem(key.get()));
     RETURN_IF_ERROR(WritePrivateFile(files.key_file, key_pem));

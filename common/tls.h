@@ -50,6 +50,11 @@ struct TlsConfig {
   absl::Time not_after;   // when the certificate, or the CA, expires: the sooner
 };
 
+// The DNS name a serving task's certificate carries besides its host
+// ("ps:1" -> "ps-1.task.pstrain"): a client that dials ps:1 checks for it,
+// so no other task's certificate passes for ps:1's.
+std::string TaskAltName(const std::string& identity);
+
 // Reads and checks the three files: PEM that parses, a certificate signed by
 // the CA and valid now, a key that is the certificate's and is private (mode
 // 0600). Each failure names the file and what is wrong with it.

@@ -104,7 +104,8 @@ TEST_CASE("pstrain's certificates are a CA and one per task that openssl accepts
   INFO(text);
   REQUIRE(code2 == 0);
   CHECK(text.find("CN = ps:0") != std::string::npos);
-  CHECK(text.find("DNS:ps-0.example.org") != std::string::npos);
+  CHECK(text.find("DNS:ps-0.example.org, DNS:ps-0.task.pstrain") != std::string::npos);
+  CHECK(text.find("DNS:chief-0.task.pstrain") != std::string::npos);
   CHECK(text.find("IP Address:0:0:0:0:0:0:0:1") != std::string::npos);
   CHECK(text.find("TLS Web Server Authentication, TLS Web Client Authentication") !=
         std::string::npos);
@@ -243,9 +244,10 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
   const std::string address = absl::StrCat("127.0.0.1:", port);
 
   // Each channel takes the credentials set when it is made.
-  auto channel_as = [&](std::shared_ptr<const TlsConfig> t, const std::string& host) {
+  auto channel_as = [&](std::shared_ptr<const TlsConfig> t, const std::string& host,
+                        const std::string& peer = "") {
     SetTransportSecurity(std::move(t));
-    auto channel = CreateChannel(absl::StrCat(host, ":", port));
+    auto channel = CreateChannel(absl::StrCat(host, ":", port), peer);
     SetTransportSecurity(nullptr);
     return PsService::NewStub(channel);
   };
@@ -298,6 +300,12 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
   CHECK(status_of(plain.get(), &resp).error_code() == grpc::StatusCode::UNAVAILABLE);
   auto misnamed = channel_as(tls(dir, "worker:0"), "localhost");
   CHECK(status_of(misnamed.get(), &resp).error_code() == grpc::StatusCode::UNAVAILABLE);
+  // A channel to a task accepts only that task's certificate (whatever the
+  // host is called): this server is ps:0, not ps:1 nor the chief.
+  auto to_ps0 = channel_as(tls(dir, "worker:0"), "localhost", "ps:0");
+  CHECK(status_of(to_ps0.get(), &resp).ok());
+  auto to_chief = channel_as(tls(dir, "worker:0"), "127.0.0.1", "chief:0");
+  CHECK(status_of(to_chief.get(), &resp).error_code() == grpc::StatusCode::UNAVAILABLE);
   // A client trusting another CA refuses this server.
   TlsConfig distrust = Load(dir, "worker:0");
   distrust.ca_pem = *Env::Default()->ReadFile(JoinPath(other_ca, "ca.crt"));

@@ -93,6 +93,11 @@ absl::Status Chief::ReportProgress(const ProgressReport& report, ProgressRespons
   const absl::Time now = absl::Now();
   if (first_report_ == absl::InfinitePast()) first_report_ = now;
   WorkerState& ws = workers_[w];
+  if (report.session() != ws.restarts) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "progress from worker ", w, " session ", report.session(), "; its current session is ",
+        ws.restarts, " (it was restarted: this is an earlier process of it)"));
+  }
   ws.registered = true;
   ws.examples = std::max(ws.examples, report.examples());
   ws.local_steps = std::max(ws.local_steps, report.local_steps());

@@ -73,6 +73,9 @@ TEST_CASE("a worker registering again rejoins; its earlier process's work still 
   r.set_local_steps(33 + 5);
   r.set_examples(160);
   r.set_push_seconds(0.5);
+  // The earlier process's report (session 0) is refused, changing nothing.
+  CHECK(absl::IsFailedPrecondition(chief.ReportProgress(r, &presp)));
+  r.set_session(1);
   REQUIRE(chief.ReportProgress(r, &presp).ok());
   ChiefStatusResponse status;
   chief.GetStatus(&status);

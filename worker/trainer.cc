@@ -227,6 +227,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     ProgressReport r;
     r.set_incarnation(reg.incarnation());
     r.set_worker(options.worker);
+    r.set_session(reg.session());
     r.set_global_step(pulled.versions.empty()
                           ? reg.start_step()
                           : *std::min_element(pulled.versions.begin(), pulled.versions.end()));

@@ -315,7 +315,8 @@ std::string PeerCommonName(const grpc::ServerContextBase& ctx) {
 }
 
 absl::Status WriteClusterCertificates(const ClusterSpec* cluster, const std::string& dir,
-                                      absl::Duration validity, std::vector<std::string>* written) {
+                                      absl::Duration validity, std::vector<std::string>* written,
+                                      absl::Time* expires) {
   if (validity < absl::Hours(1)) {
     return absl::InvalidArgumentError("certificates valid for less than an hour");
   }
@@ -359,6 +360,7 @@ absl::Status WriteClusterCertificates(const ClusterSpec* cluster, const std::str
         ": move ca.crt and ca.key away to start a new CA (every task then needs the new ca.crt)"));
   }
   const absl::Duration leaf_validity = std::min(validity, ca_expires - absl::Now());
+  if (expires != nullptr) *expires = absl::Now() + leaf_validity;
   std::vector<std::pair<std::string, std::string>> subjects;  // identity, host (servers only)
   if (cluster != nullptr) {
     for (const TaskId& t : cluster->AllTasks()) {

@@ -75,9 +75,11 @@ std::string PeerCommonName(const grpc::ServerContextBase& ctx);
 // only the operator's) and for the operator, valid for `validity` (at most
 // until a reused CA expires). Serving tasks' certificates (ps, chief) name
 // their host and may serve; workers' and the operator's are for clients
-// only. `written` receives the paths written.
+// only. `written` receives the paths written, `expires` (may be null) when
+// the new certificates expire.
 absl::Status WriteClusterCertificates(const ClusterSpec* cluster, const std::string& dir,
-                                      absl::Duration validity, std::vector<std::string>* written);
+                                      absl::Duration validity, std::vector<std::string>* written,
+                                      absl::Time* expires = nullptr);
 
 }  // namespace pstrain
 

@@ -86,6 +86,12 @@ TEST_CASE("pstrain's certificates are a CA and one per task that openssl accepts
   REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(24 * 30), &written).ok());
   CHECK(written.size() == 2 * 4);
   CHECK(*Env::Default()->ReadFile(JoinPath(dir, "ca.crt")) == ca);
+  // Asked for longer than the CA lives (30 days and one): capped at the CA.
+  absl::Time expires;
+  written.clear();
+  REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(24 * 400), &written, &expires).ok());
+  CHECK(expires < absl::Now() + absl::Hours(24 * 31) + absl::Minutes(1));
+  CHECK(Load(dir, "worker:0").not_after <= expires + absl::Seconds(1));
   CHECK(*Env::Default()->ReadFile(JoinPath(dir, "ps-0.crt")) != old_ps);
   Load(dir, "ps:0");
 

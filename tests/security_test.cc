@@ -226,6 +226,8 @@ TEST_CASE("a cluster with mutual TLS, and with TLS and tokens, trains end to end
   INFO(certs.output);
   REQUIRE(certs.exit_code == 0);
   CHECK(certs.output.find("wrote a new CA") != std::string::npos);
+  CHECK(certs.output.find("valid until ") != std::string::npos);
+  CHECK(certs.output.find("when the CA expires") == std::string::npos);
   nlohmann::json j = nlohmann::json::parse(*Env::Default()->ReadFile(spec));
   j["pstrain"] = {{"tls", {{"dir", "tls"}}}};  // relative to the spec
   testing::WriteFile(spec, j.dump());

@@ -38,6 +38,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "ps_server/optimizer.h"
 #include "tools/args.h"
@@ -386,15 +388,19 @@ int CertsCommand(const std::vector<std::string>& argv) {
   }
   const bool had_ca = Env::Default()->FileExists(JoinPath(out, "ca.crt"));
   std::vector<std::string> written;
+  absl::Time expires;
   if (absl::Status st = WriteClusterCertificates(cluster ? &*cluster : nullptr, out,
-                                                 absl::Hours(24) * *days, &written);
+                                                 absl::Hours(24) * *days, &written, &expires);
       !st.ok()) {
     return Fail("certs", std::string(st.message()));
   }
+  const bool capped = expires < absl::Now() + absl::Hours(24) * *days - absl::Minutes(1);
   std::cout << (had_ca ? "signed with the existing CA " : "wrote a new CA ")
             << JoinPath(out, "ca.crt") << "\nwrote " << written.size() - (had_ca ? 0 : 2)
-            << " certificate and key files in " << out << ", valid " << *days
-            << " days\nevery task needs ca.crt and its own JOB-INDEX.crt and .key; keep ca.key "
+            << " certificate and key files in " << out << ", valid until "
+            << absl::FormatTime("%Y-%m-%d %H:%M UTC", expires, absl::UTCTimeZone())
+            << (capped ? " (when the CA expires: move ca.crt and ca.key away for a new CA)" : "")
+            << "\nevery task needs ca.crt and its own JOB-INDEX.crt and .key; keep ca.key "
                "off the cluster.\nname the directory in the cluster spec:\n  \"pstrain\": "
                "{\"tls\": {\"dir\": \""
             << out << "\"}}\n";

@@ -757,20 +757,21 @@ absl::Status PsClient::GetShard(int server, int64_t step, absl::Duration timeout
 }
 
 absl::Status PsClient::ClaimSession(int server, int32_t session, PsStatusResponse* response) {
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, rpc_timeout_);
   PsStatusRequest req;
   req.set_worker(worker_);
   req.set_claim_session(session);
-  return FromGrpcStatus(stubs_[server]->GetStatus(&ctx, req, response),
-                        absl::StrCat("GetStatus ", ServerName(server)));
+  return StatusCall(server, req, response);
 }
 
 absl::Status PsClient::GetStatus(int server, PsStatusResponse* response) {
+  return StatusCall(server, PsStatusRequest(), response);
+}
+
+absl::Status PsClient::StatusCall(int server, const PsStatusRequest& request,
+                                  PsStatusResponse* response) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, rpc_timeout_);
-  PsStatusRequest req;
-  return FromGrpcStatus(stubs_[server]->GetStatus(&ctx, req, response),
+  return FromGrpcStatus(stubs_[server]->GetStatus(&ctx, request, response),
                         absl::StrCat("GetStatus ", ServerName(server)));
 }
 

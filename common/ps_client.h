@@ -152,6 +152,7 @@ class PsClient {
 
  private:
   std::string ServerName(int s) const;
+  absl::Status StatusCall(int server, const PsStatusRequest& request, PsStatusResponse* response);
   struct PushBatch;
   void StartPushCall(int server, const PushRequest& header, std::vector<OutgoingPayload> payload);
   // Sends the pull calls and assembles the replies; sets *straddled (and

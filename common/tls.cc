@@ -34,27 +34,20 @@ const bool openssl_without_atexit = [] {
   return OPENSSL_init_crypto(OPENSSL_INIT_NO_ATEXIT, nullptr) == 1;
 }();
 
-struct BioFree {
-  void operator()(BIO* b) const { BIO_free(b); }
+// OpenSSL objects owned by unique_ptr, each freed by its own function.
+template <auto free_fn>
+struct OpensslFree {
+  template <typename T>
+  void operator()(T* p) const {
+    free_fn(p);
+  }
 };
-struct X509Free {
-  void operator()(X509* x) const { X509_free(x); }
-};
-struct PkeyFree {
-  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
-};
-struct StoreFree {
-  void operator()(X509_STORE* s) const { X509_STORE_free(s); }
-};
-struct StoreCtxFree {
-  void operator()(X509_STORE_CTX* c) const { X509_STORE_CTX_free(c); }
-};
-struct BnFree {
-  void operator()(BIGNUM* b) const { BN_free(b); }
-};
-using Bio = std::unique_ptr<BIO, BioFree>;
-using Cert = std::unique_ptr<X509, X509Free>;
-using Key = std::unique_ptr<EVP_PKEY, PkeyFree>;
+using Bio = std::unique_ptr<BIO, OpensslFree<BIO_free>>;
+using Cert = std::unique_ptr<X509, OpensslFree<X509_free>>;
+using Key = std::unique_ptr<EVP_PKEY, OpensslFree<EVP_PKEY_free>>;
+using Store = std::unique_ptr<X509_STORE, OpensslFree<X509_STORE_free>>;
+using StoreCtx = std::unique_ptr<X509_STORE_CTX, OpensslFree<X509_STORE_CTX_free>>;
+using Bignum = std::unique_ptr<BIGNUM, OpensslFree<BN_free>>;
 
 constexpr size_t kMaxPemBytes = 1 << 20;
 
@@ -139,7 +132,7 @@ absl::StatusOr<Cert> MakeCertificate(const std::string& cn, EVP_PKEY* key, X509*
                                      EVP_PKEY* issuer_key, bool is_ca, bool serves,
                                      const std::string& san, absl::Duration validity) {
   Cert cert(X509_new());
-  std::unique_ptr<BIGNUM, BnFree> serial(BN_new());
+  Bignum serial(BN_new());
   X509_NAME* name = X509_get_subject_name(cert.get());
   const long seconds = static_cast<long>(absl::ToInt64Seconds(validity));
   const bool ok =
@@ -261,8 +254,8 @@ absl::StatusOr<TlsConfig> LoadTls(const TlsFiles& files) {
     return absl::InvalidArgumentError(absl::StrCat(files.key_file, " is not the key of ",
                                                    files.cert_file));
   }
-  std::unique_ptr<X509_STORE, StoreFree> store(X509_STORE_new());
-  std::unique_ptr<X509_STORE_CTX, StoreCtxFree> ctx(X509_STORE_CTX_new());
+  Store store(X509_STORE_new());
+  StoreCtx ctx(X509_STORE_CTX_new());
   if (!store || !ctx) return absl::ResourceExhaustedError("OpenSSL: no memory for a store");
   for (const Cert& ca : cas) X509_STORE_add_cert(store.get(), ca.get());
   STACK_OF(X509)* chain = sk_X509_new_null();

@@ -198,6 +198,20 @@ TEST_CASE("LoadTls refuses wrong, foreign, open and missing files, naming them",
   CHECK(refused.status().message().find("pstrain certs") != std::string::npos);
 }
 
+// A server for `service` on the first free loopback port from `first` (in
+// steps of 13), with the process's transport security; null if none.
+std::unique_ptr<grpc::Server> StartOnSomePort(grpc::Service* service, int first, int* port) {
+  for (int p = first; p < 65000; p += 13) {
+    absl::StatusOr<std::unique_ptr<grpc::Server>> s =
+        StartServer(absl::StrCat("127.0.0.1:", p), service);
+    if (s.ok()) {
+      *port = p;
+      return std::move(*s);
+    }
+  }
+  return nullptr;
+}
+
 // GetStatus answers with the caller's task index and role (as `version` and
 // `incarnation`); Shutdown is the chief's only.
 class WhoService final : public PsService::Service {
@@ -223,7 +237,8 @@ class WhoService final : public PsService::Service {
 
 TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[tls][rpc]") {
   const std::string dir = TempDir("rpc"), other_ca = TempDir("rpc_other");
-  // Free ports come from the kernel: bind to port 0 through a first server.
+  // The spec only names the tasks and their host: its ports are never dialled
+  // (the server below takes a free one).
   ClusterSpec spec = Spec(R"({"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"],
                               "worker": ["127.0.0.1:3", "127.0.0.1:4"]})");
   std::vector<std::string> written;
@@ -236,18 +251,10 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
   Authorizer auth("", spec, /*tls=*/true);
   WhoService service(&auth);
   SetTransportSecurity(tls(dir, "ps:0"));
-  std::unique_ptr<grpc::Server> server;
   int port = 0;
-  for (int p = 27000 + (::getpid() % 20000); p < 65000 && server == nullptr; p += 13) {
-    absl::StatusOr<std::unique_ptr<grpc::Server>> s =
-        StartServer(absl::StrCat("127.0.0.1:", p), &service);
-    if (s.ok()) {
-      server = std::move(*s);
-      port = p;
-    }
-  }
+  std::unique_ptr<grpc::Server> server =
+      StartOnSomePort(&service, 27000 + (::getpid() % 20000), &port);
   REQUIRE(server != nullptr);
-  const std::string address = absl::StrCat("127.0.0.1:", port);
 
   // Each channel takes the credentials set when it is made.
   auto channel_as = [&](std::shared_ptr<const TlsConfig> t, const std::string& host,
@@ -322,15 +329,7 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
 
   // A worker's certificate cannot serve: clients refuse a server showing it.
   SetTransportSecurity(tls(dir, "worker:1"));
-  std::unique_ptr<grpc::Server> impostor;
-  for (int p = port + 1; p < 65000 && impostor == nullptr; p += 13) {
-    absl::StatusOr<std::unique_ptr<grpc::Server>> s =
-        StartServer(absl::StrCat("127.0.0.1:", p), &service);
-    if (s.ok()) {
-      impostor = std::move(*s);
-      port = p;
-    }
-  }
+  std::unique_ptr<grpc::Server> impostor = StartOnSomePort(&service, port + 1, &port);
   REQUIRE(impostor != nullptr);
   auto fooled = channel_as(tls(dir, "chief:0"), "127.0.0.1");
   CHECK(status_of(fooled.get(), &resp).error_code() == grpc::StatusCode::UNAVAILABLE);

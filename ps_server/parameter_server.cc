@@ -710,12 +710,12 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
     }
     if (step == version_ && model->partitions.empty()) {
       // Nothing to aggregate: the step completes when the quorum has pushed.
-      if (empty_arrived_[w] && ReplayAllowedLocked(w, step)) {
-        response->set_outcome(ACCUMULATED);  // its earlier process's push counted
-        response->set_version(version_);
-        return absl::OkStatus();
-      }
       if (empty_arrived_[w]) {
+        if (ReplayAllowedLocked(w, step)) {
+          response->set_outcome(ACCUMULATED);  // its earlier process's push counted
+          response->set_version(version_);
+          return absl::OkStatus();
+        }
         RejectLocked(Rejection::kDuplicate);
         return absl::InvalidArgumentError(
             absl::StrCat("Push: worker ", w, " already pushed for step ", step));
@@ -735,11 +735,11 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
     } else if (step == version_) {
       for (const GradientRef& g : grads) {
         PartitionState* p = g.partition;
-        if ((p->arrived[w] || p->in_flight[w]) && ReplayAllowedLocked(w, step)) {
-          ++replayed;  // the same gradient as its earlier process's: taken once
-          continue;
-        }
         if (p->arrived[w] || p->in_flight[w]) {
+          if (ReplayAllowedLocked(w, step)) {
+            ++replayed;  // the same gradient as its earlier process's: taken once
+            continue;
+          }
           RejectLocked(Rejection::kDuplicate);
           return absl::InvalidArgumentError(absl::StrCat("Push: worker ", w, " already pushed ",
                                                          KeyString(p->key), " for step ", step));

@@ -450,9 +450,10 @@ class ParameterServer {
   std::vector<StepCursor> step_cursors_ ABSL_GUARDED_BY(mu_);
   std::vector<StepCursor> completed_cursors_ ABSL_GUARDED_BY(mu_);
   // Each worker's newest session (its process; PushRequest.session), and
-  // the step open when that session first pushed: its gradients for that
-  // step may repeat what its earlier process had pushed (the same batch
-  // from the same parameters), and are then taken once.
+  // the step open when a later session than the first reached this server
+  // (-1: none): its gradients for that step may repeat what its earlier
+  // process had pushed (the same batch from the same parameters), and are
+  // then taken once.
   std::vector<int32_t> worker_session_ ABSL_GUARDED_BY(mu_);
   std::vector<int64_t> session_start_step_ ABSL_GUARDED_BY(mu_);
   // Refuses a push of a session older than the worker's newest; on a newer
@@ -462,7 +463,7 @@ class ParameterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `worker`'s push for `step` may repeat partitions already in.
   bool ReplayAllowedLocked(int worker, int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return worker_session_[worker] > 0 && session_start_step_[worker] == step;
+    return session_start_step_[worker] == step;
   }
   // Async: each worker's data cursor as of its latest admitted push, and
   // whether a checkpoint's cut is holding new pushes.

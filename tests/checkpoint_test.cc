@@ -91,6 +91,42 @@ bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
+// Every variable of `want` is in `got` with the same bits, and no other.
+void CheckSameModel(const TensorMap& got, const TensorMap& want) {
+  REQUIRE(got.size() == want.size());
+  for (const auto& [name, t] : want) {
+    INFO(name);
+    REQUIRE(got.count(name) == 1);
+    CHECK(BitwiseEqual(got.at(name).values(), t.values()));
+  }
+}
+
+// The number after the first (or `last`) `prefix` in `text` (-1 when absent).
+int64_t NumberAfter(const std::string& text, const std::string& prefix, bool last = false) {
+  const size_t at = last ? text.rfind(prefix) : text.find(prefix);
+  if (at == std::string::npos) return -1;
+  const size_t begin = at + prefix.size();
+  int64_t n = -1;
+  if (!absl::SimpleAtoi(text.substr(begin, text.find_first_not_of("0123456789", begin) - begin),
+                        &n)) {
+    return -1;
+  }
+  return n;
+}
+
+// `pstrain launch` of `job` with `flags` added, its output in DIR/launch.out.
+std::unique_ptr<Subprocess> SpawnLaunch(const Job& job, const std::string& dir,
+                                        const std::vector<std::string>& flags = {}) {
+  SpawnOptions so;
+  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", job.spec, "--config",
+             job.config, "--bin_dir", BinDir(), "--progress=false"};
+  so.argv.insert(so.argv.end(), flags.begin(), flags.end());
+  so.output_file = JoinPath(dir, "launch.out");
+  auto launch = Subprocess::Spawn(so);
+  REQUIRE(launch.ok());
+  return std::move(*launch);
+}
+
 // Values, slots and update counts of two checkpoints, variable by variable.
 void CheckSameCheckpoint(const std::string& got_dir, const std::string& want_dir) {
   auto got = LoadCheckpoint(Env::Default(), got_dir);
@@ -128,18 +164,13 @@ void CopyCheckpoint(const std::string& from_dir, int64_t step, const std::string
 // Starts the job under `pstrain launch` and, once `ready()` holds (or 120 s
 // pass, or the launch ends), kills every process of it with SIGKILL.
 void LaunchAndKillAll(const Job& job, const std::string& dir, const std::function<bool()>& ready) {
-  SpawnOptions so;
-  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", job.spec, "--config",
-             job.config, "--bin_dir", BinDir(), "--progress=false"};
-  so.output_file = JoinPath(dir, "launch.out");
-  auto launch = Subprocess::Spawn(so);
-  REQUIRE(launch.ok());
+  std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir);
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (!ready() && absl::Now() < deadline && (*launch)->running()) {
+  while (!ready() && absl::Now() < deadline && launch->running()) {
     absl::SleepFor(absl::Milliseconds(5));
   }
   for (int pid : testing::ProcessesMatching(job.spec)) ::kill(pid, SIGKILL);
-  REQUIRE((*launch)->Wait(absl::Seconds(30)).has_value());
+  REQUIRE(launch->Wait(absl::Seconds(30)).has_value());
   CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
 }
 
@@ -172,13 +203,7 @@ TEST_CASE("a sync run killed with kill -9 on every process resumes to bitwise th
 
   RunJobOk(job, true);
   CHECK(ChiefLog(job).find("resume: from " + *latest) != std::string::npos);
-  const TensorMap want = FinalModel(ref), got = FinalModel(job);
-  REQUIRE(got.size() == want.size());
-  for (const auto& [name, t] : want) {
-    INFO(name);
-    REQUIRE(got.count(name) == 1);
-    CHECK(BitwiseEqual(got.at(name).values(), t.values()));
-  }
+  CheckSameModel(FinalModel(job), FinalModel(ref));
   CheckSameCheckpoint(JoinPath(ckpt, CheckpointDirName(steps)),
                       JoinPath(JoinPath(ref_dir, "ckpt"), CheckpointDirName(steps)));
 }
@@ -248,12 +273,7 @@ TEST_CASE("a damaged newest checkpoint is skipped, named in the log, and the pre
   CHECK(log.find("resume: skipping ckpt-150: ") != std::string::npos);
   CHECK(log.find("CRC32C mismatch") != std::string::npos);
   CHECK(log.find("resume: from " + JoinPath(ckpt, "ckpt-100")) != std::string::npos);
-  const TensorMap got = FinalModel(job);
-  for (const auto& [name, t] : want) {
-    INFO(name);
-    REQUIRE(got.count(name) == 1);
-    CHECK(BitwiseEqual(got.at(name).values(), t.values()));
-  }
+  CheckSameModel(FinalModel(job), want);
   // The resumed run wrote a good ckpt-150 over the damaged one.
   CHECK(VerifyCheckpoint(Env::Default(), JoinPath(ckpt, "ckpt-150")).empty());
 }
@@ -576,15 +596,10 @@ TEST_CASE("--restart=on-failure: kill -9 of a server or the chief mid-run restar
     const std::string dir = testing::FreshTempDir("ckpt_restart");
     const std::string ckpt = JoinPath(dir, "ckpt");
     const Job job = WriteJob(dir, CheckpointOptions(ckpt, steps), 2);
-    SpawnOptions so;
-    so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", job.spec, "--config",
-               job.config, "--bin_dir", BinDir(), "--progress=false", "--restart=on-failure"};
-    so.output_file = JoinPath(dir, "launch.out");
-    auto launch = Subprocess::Spawn(so);
-    REQUIRE(launch.ok());
+    std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir, {"--restart=on-failure"});
     const absl::Time deadline = absl::Now() + absl::Seconds(120);
     while (!Env::Default()->FileExists(JoinPath(JoinPath(ckpt, "ckpt-200"), kManifestFile)) &&
-           absl::Now() < deadline && (*launch)->running()) {
+           absl::Now() < deadline && launch->running()) {
       absl::SleepFor(absl::Milliseconds(5));
     }
     const std::vector<int> pids =
@@ -599,30 +614,24 @@ TEST_CASE("--restart=on-failure: kill -9 of a server or the chief mid-run restar
     // Time until the restarted chief has put a checkpoint back on the servers.
     const std::string resumed_line = "from the checkpoint of step ";
     absl::Duration to_resumed = absl::InfiniteDuration();
-    while (absl::Now() < killed + absl::Seconds(60) && (*launch)->running()) {
+    while (absl::Now() < killed + absl::Seconds(60) && launch->running()) {
       if (ChiefLog(job).find(resumed_line) != std::string::npos) {
         to_resumed = absl::Now() - killed;
         break;
       }
       absl::SleepFor(absl::Milliseconds(5));
     }
-    std::optional<int> code = (*launch)->Wait(absl::Seconds(180));
-    if (!code.has_value()) (*launch)->Stop(absl::Seconds(5));
-    const std::string out = Env::Default()->ReadFile(so.output_file).value_or("");
+    std::optional<int> code = launch->Wait(absl::Seconds(180));
+    if (!code.has_value()) launch->Stop(absl::Seconds(5));
+    const std::string out = Env::Default()->ReadFile(JoinPath(dir, "launch.out")).value_or("");
     INFO(out);
     REQUIRE(code.has_value());
     CHECK(*code == 0);
     CHECK(out.find("restarting the job from its latest checkpoint in 1s (restart 1 of 3)") !=
           std::string::npos);
     const std::string log = ChiefLog(job);  // both starts: logs are appended on a restart
-    const size_t at = log.find(resumed_line);
-    REQUIRE(at != std::string::npos);
-    int64_t resumed_from = -1;
-    REQUIRE(absl::SimpleAtoi(log.substr(at + resumed_line.size(),
-                                        log.find_first_not_of("0123456789",
-                                                              at + resumed_line.size()) -
-                                            at - resumed_line.size()),
-                             &resumed_from));
+    const int64_t resumed_from = NumberAfter(log, resumed_line);
+    REQUIRE(resumed_from >= 0);
     CHECK(resumed_from >= *at_kill);
     CHECK(resumed_from < steps);
     auto summary = Env::Default()->ReadFile(JoinPath(job.out, "summary.json"));
@@ -637,19 +646,6 @@ TEST_CASE("--restart=on-failure: kill -9 of a server or the chief mid-run restar
   }
 }
 
-// The number after the first (or `last`) `prefix` in `text` (-1 when absent).
-int64_t NumberAfter(const std::string& text, const std::string& prefix, bool last = false) {
-  const size_t at = last ? text.rfind(prefix) : text.find(prefix);
-  if (at == std::string::npos) return -1;
-  const size_t begin = at + prefix.size();
-  int64_t n = -1;
-  if (!absl::SimpleAtoi(text.substr(begin, text.find_first_not_of("0123456789", begin) - begin),
-                        &n)) {
-    return -1;
-  }
-  return n;
-}
-
 TEST_CASE("--restart=on-failure: a worker killed mid-run is restarted alone and goes on where "
           "its data stood, in async and in sync mode; sync ends bitwise as if never killed",
           "[checkpoint][recovery]") {
@@ -660,17 +656,12 @@ TEST_CASE("--restart=on-failure: a worker killed mid-run is restarted alone and 
     ConfigOptions o = CheckpointOptions(JoinPath(dir, "ckpt"), steps);
     o.sync = sync;
     const Job job = WriteJob(dir, o, 2);
-    SpawnOptions so;
-    so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", job.spec, "--config",
-               job.config, "--bin_dir", BinDir(), "--progress=false", "--restart=on-failure"};
-    so.output_file = JoinPath(dir, "launch.out");
-    auto launch = Subprocess::Spawn(so);
-    REQUIRE(launch.ok());
+    std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir, {"--restart=on-failure"});
     // Kill worker 1 once the run is well under way (a checkpoint of step 600
     // or later: async checkpoints cut at whatever step they are asked at).
     const absl::Time deadline = absl::Now() + absl::Seconds(120);
     while (ReadPointer(Env::Default(), JoinPath(dir, "ckpt")).value_or(0) < 600 &&
-           absl::Now() < deadline && (*launch)->running()) {
+           absl::Now() < deadline && launch->running()) {
       absl::SleepFor(absl::Milliseconds(5));
     }
     const std::vector<int> pids = testing::ProcessesMatching(
@@ -683,7 +674,7 @@ TEST_CASE("--restart=on-failure: a worker killed mid-run is restarted alone and 
       const absl::Time again = absl::Now() + absl::Seconds(30);
       while (Env::Default()->ReadFile(w1_log).value_or("").find("rejoined the running job") ==
                  std::string::npos &&
-             absl::Now() < again && (*launch)->running()) {
+             absl::Now() < again && launch->running()) {
         absl::SleepFor(absl::Milliseconds(5));
       }
       const std::vector<int> second = testing::ProcessesMatching(
@@ -691,9 +682,9 @@ TEST_CASE("--restart=on-failure: a worker killed mid-run is restarted alone and 
       REQUIRE(second.size() == 1);
       REQUIRE(::kill(second[0], SIGKILL) == 0);
     }
-    std::optional<int> code = (*launch)->Wait(absl::Seconds(180));
-    if (!code.has_value()) (*launch)->Stop(absl::Seconds(5));
-    const std::string out = Env::Default()->ReadFile(so.output_file).value_or("");
+    std::optional<int> code = launch->Wait(absl::Seconds(180));
+    if (!code.has_value()) launch->Stop(absl::Seconds(5));
+    const std::string out = Env::Default()->ReadFile(JoinPath(dir, "launch.out")).value_or("");
     INFO(out);
     REQUIRE(code.has_value());
     CHECK(*code == 0);
@@ -743,9 +734,9 @@ TEST_CASE("--restart=on-failure: a worker killed mid-run is restarted alone and 
       CHECK(std::abs(w0 + before + w1_after - steps) <= 1);
       // The chief counts the first process's steps too.
       CHECK(std::abs(j["worker_steps"].get<int64_t>() - steps) <= 1);
-      WARN("async: worker 1 killed twice, after " << before << " pushes in all; rejoined first at epoch " << epoch
-                                           << ", position " << position << "; then "
-                                           << w1_after << " steps, worker 0 " << w0);
+      WARN("async: worker 1 killed twice, after " << before << " pushes in all; rejoined first "
+           << "at epoch " << epoch << ", position " << position << "; then " << w1_after
+           << " steps, worker 0 " << w0);
     } else {
       const int64_t at = NumberAfter(w1, rejoined + "at step ");
       REQUIRE(at > 0);
@@ -767,13 +758,7 @@ TEST_CASE("--restart=on-failure: a worker killed mid-run is restarted alone and 
         ConfigOptions ro = CheckpointOptions(JoinPath(ref_dir, "ckpt"), steps);
         const Job ref = WriteJob(ref_dir, ro, 2);
         RunJobOk(ref, false);
-        const TensorMap want = FinalModel(ref), got = FinalModel(job);
-        REQUIRE(got.size() == want.size());
-        for (const auto& [name, t] : want) {
-          INFO(name);
-          REQUIRE(got.count(name) == 1);
-          CHECK(BitwiseEqual(got.at(name).values(), t.values()));
-        }
+        CheckSameModel(FinalModel(job), FinalModel(ref));
       }
     }
     CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));

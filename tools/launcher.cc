@@ -132,31 +132,37 @@ struct Attempt {
   bool chief_finished = false;
 };
 
+// The wait before restart n (from 0): 1, 2, 4, ... 30 s.
+absl::Duration RestartBackoff(int n) {
+  return std::min(absl::Seconds(30), absl::Seconds(1) * (int64_t{1} << std::min(n, 5)));
+}
+
 // `restarts` counts the restarts spent (of options.max_restarts); a worker
 // that fails is restarted by itself from that budget while the others go on.
 Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
                 const std::map<std::string, std::string>& bin_for_job, const std::string& log_dir,
                 bool append_logs, int* restarts, StopSignal* stop) {
   std::vector<std::unique_ptr<Task>> tasks;
-  auto argv_for = [&](const TaskId& id, const std::string& host) {
-    std::vector<std::string> argv = {bin_for_job.at(id.job), "--cluster_spec=" + options.cluster_spec,
-                                     "--job=" + id.job, absl::StrCat("--task=", id.index),
-                                     "--config=" + options.config};
-    if (options.resume && id.job == kChiefJob) argv.push_back("--resume");
+  // Starts task `id` (on `host`, from the spec) with its output captured.
+  auto spawn = [&](const TaskId& id, const std::string& host) {
+    SpawnOptions so;
+    so.argv = {bin_for_job.at(id.job), "--cluster_spec=" + options.cluster_spec,
+               "--job=" + id.job, absl::StrCat("--task=", id.index),
+               "--config=" + options.config};
+    if (options.resume && id.job == kChiefJob) so.argv.push_back("--resume");
     if (!options.init_from.empty() && id.job == kChiefJob) {
-      argv.push_back("--init_from=" + options.init_from);
+      so.argv.push_back("--init_from=" + options.init_from);
     }
     if (options.metrics && cluster.metrics_address(id.job, id.index).empty()) {
       // (A task the spec gives a metrics address serves it there.)
       // The task's own address where it is an IPv4 one (127.0.0.1, or
       // 0.0.0.0 in a container); else loopback.
       in_addr ignored;
-      argv.push_back(absl::StrCat("--metrics_address=",
-                                  ::inet_pton(AF_INET, host.c_str(), &ignored) == 1 ? host
-                                                                                    : "127.0.0.1",
-                                  ":0"));
+      const bool ipv4 = ::inet_pton(AF_INET, host.c_str(), &ignored) == 1;
+      so.argv.push_back(absl::StrCat("--metrics_address=", ipv4 ? host : "127.0.0.1", ":0"));
     }
-    return argv;
+    so.capture_output = true;
+    return Subprocess::Spawn(so);
   };
   // Each local task serves /metrics where the spec's "pstrain" extras say,
   // or else on a port it picks itself (port 0: no race with other processes
@@ -176,10 +182,7 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
     t->log_path = JoinPath(log_dir, absl::StrCat(id.job, "-", id.index, ".log"));
     t->log.open(t->log_path, append_logs ? std::ios::app : std::ios::trunc);
     t->host = hp->host;
-    SpawnOptions so;
-    so.argv = argv_for(id, t->host);
-    so.capture_output = true;
-    auto proc = Subprocess::Spawn(so);
+    auto proc = spawn(id, t->host);
     if (!proc.ok()) {
       for (auto& other : tasks) other->proc->Stop(absl::Seconds(5));
       Attempt a;
@@ -216,10 +219,7 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
     for (auto& t : tasks) {
       if (t->restart_at > absl::Now()) continue;
       t->restart_at = absl::InfiniteFuture();
-      SpawnOptions so;
-      so.argv = argv_for(t->id, t->host);
-      so.capture_output = true;
-      auto proc = Subprocess::Spawn(so);
+      auto proc = spawn(t->id, t->host);
       if (!proc.ok()) {
         failure = absl::StrCat("restarting ", t->name, ": ", proc.status().message());
         exit_code = 1;
@@ -269,9 +269,7 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
           !stop->stopped()) {
         ++*restarts;
         const absl::Duration backoff =
-            t->restarts == 0 ? absl::ZeroDuration()
-                             : std::min(absl::Seconds(30),
-                                        absl::Seconds(1) * (int64_t{1} << std::min(t->restarts - 1, 5)));
+            t->restarts == 0 ? absl::ZeroDuration() : RestartBackoff(t->restarts - 1);
         ++t->restarts;
         t->restart_at = absl::Now() + backoff;
         std::cerr << "pstrain launch: " << t->name << " exited with code " << *code
@@ -498,8 +496,7 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
     Attempt a = RunOnce(run, *cluster, bin_for_job, log_dir, /*append_logs=*/attempts > 0,
                         &restarts, stop);
     if (a.restartable && restarts < options.max_restarts) {
-      const absl::Duration backoff =
-          std::min(absl::Seconds(30), absl::Seconds(1) * (int64_t{1} << std::min(restarts, 5)));
+      const absl::Duration backoff = RestartBackoff(restarts);
       std::cerr << "pstrain launch: " << a.failure
                 << "; restarting the job from its latest checkpoint in "
                 << absl::FormatDuration(backoff) << " (restart " << restarts + 1 << " of "

@@ -353,6 +353,24 @@ int DatagenCommand(const std::vector<std::string>& argv) {
   return 0;
 }
 
+// The --cluster_spec of `pstrain tokens` and `certs`: none when empty.
+absl::StatusOr<std::optional<ClusterSpec>> OptionalClusterSpec(const std::string& path) {
+  if (path.empty()) return std::optional<ClusterSpec>();
+  ASSIGN_OR_RETURN(ClusterSpec spec, ClusterSpec::FromFile(path));
+  return std::optional<ClusterSpec>(std::move(spec));
+}
+
+// A directory for keys or secrets: one this creates is private (mode 0700);
+// one that exists is left as it is (the files in it are private either way).
+absl::Status CreatePrivateDir(const std::string& dir) {
+  if (Env::Default()->IsDirectory(dir)) return absl::OkStatus();
+  RETURN_IF_ERROR(Env::Default()->CreateDirs(dir));
+  if (::chmod(dir.c_str(), 0700) != 0) {
+    return absl::InternalError(absl::StrCat("cannot chmod 700 ", dir));
+  }
+  return absl::OkStatus();
+}
+
 // pstrain certs: a cluster CA (kept if it exists) and a certificate and key
 // per task and for the operator, for mutual TLS (common/tls.h).
 int CertsCommand(const std::vector<std::string>& argv) {
@@ -368,29 +386,23 @@ int CertsCommand(const std::vector<std::string>& argv) {
   }
   auto args = Args::Parse(argv, flags);
   if (!args.ok()) return Fail("certs", std::string(args.status().message()));
-  std::optional<ClusterSpec> cluster;
-  if (!args->Get("cluster_spec").empty()) {
-    auto parsed = ClusterSpec::FromFile(args->Get("cluster_spec"));
-    if (!parsed.ok()) return Fail("certs", std::string(parsed.status().message()));
-    cluster = std::move(*parsed);
-  }
+  auto cluster = OptionalClusterSpec(args->Get("cluster_spec"));
+  if (!cluster.ok()) return Fail("certs", std::string(cluster.status().message()));
   auto days = args->GetInt("days");
   if (!days.ok() || *days < 1 || *days > 3650) {
     return Fail("certs", "--days: a whole number of days from 1 to 3650");
   }
   const std::string out = args->Get("out");
   if (out.empty()) return Fail("certs", "--out=DIR is required");
-  if (!Env::Default()->IsDirectory(out)) {
-    if (absl::Status st = Env::Default()->CreateDirs(out); !st.ok()) {
-      return Fail("certs", std::string(st.message()));
-    }
-    if (::chmod(out.c_str(), 0700) != 0) return Fail("certs", "cannot chmod 700 " + out);
+  if (absl::Status st = CreatePrivateDir(out); !st.ok()) {
+    return Fail("certs", std::string(st.message()));
   }
   const bool had_ca = Env::Default()->FileExists(JoinPath(out, "ca.crt"));
   std::vector<std::string> written;
   absl::Time expires;
-  if (absl::Status st = WriteClusterCertificates(cluster ? &*cluster : nullptr, out,
-                                                 absl::Hours(24) * *days, &written, &expires);
+  const ClusterSpec* spec = cluster->has_value() ? &cluster->value() : nullptr;
+  if (absl::Status st =
+          WriteClusterCertificates(spec, out, absl::Hours(24) * *days, &written, &expires);
       !st.ok()) {
     return Fail("certs", std::string(st.message()));
   }
@@ -421,21 +433,12 @@ int TokensCommand(const std::vector<std::string>& argv) {
   }
   auto args = Args::Parse(argv, flags);
   if (!args.ok()) return Fail("tokens", std::string(args.status().message()));
-  std::optional<ClusterSpec> cluster;
-  if (!args->Get("cluster_spec").empty()) {
-    auto parsed = ClusterSpec::FromFile(args->Get("cluster_spec"));
-    if (!parsed.ok()) return Fail("tokens", std::string(parsed.status().message()));
-    cluster = std::move(*parsed);
-  }
+  auto cluster = OptionalClusterSpec(args->Get("cluster_spec"));
+  if (!cluster.ok()) return Fail("tokens", std::string(cluster.status().message()));
   const std::string out = args->Get("out");
   if (out.empty()) return Fail("tokens", "--out=DIR is required");
-  // A directory this creates is private; one that exists is left as it is
-  // (the files in it are private either way).
-  if (!Env::Default()->IsDirectory(out)) {
-    if (absl::Status st = Env::Default()->CreateDirs(out); !st.ok()) {
-      return Fail("tokens", std::string(st.message()));
-    }
-    if (::chmod(out.c_str(), 0700) != 0) return Fail("tokens", "cannot chmod 700 " + out);
+  if (absl::Status st = CreatePrivateDir(out); !st.ok()) {
+    return Fail("tokens", std::string(st.message()));
   }
   const std::string secret_path = JoinPath(out, "cluster.secret");
   if (!Env::Default()->FileExists(secret_path)) {
@@ -447,8 +450,8 @@ int TokensCommand(const std::vector<std::string>& argv) {
   auto secret = ReadSecretFile(secret_path);
   if (!secret.ok()) return Fail("tokens", std::string(secret.status().message()));
   std::vector<std::string> identities;
-  if (cluster.has_value()) {
-    for (const TaskId& t : cluster->AllTasks()) identities.push_back(t.ToString());
+  if (cluster->has_value()) {
+    for (const TaskId& t : (*cluster)->AllTasks()) identities.push_back(t.ToString());
   }
   identities.push_back(kOperatorIdentity);
   for (const std::string& id : identities) {

@@ -39,6 +39,64 @@ double Millis(absl::Duration d, int64_t steps) {
   return steps > 0 ? absl::ToDoubleMilliseconds(d) / steps : 0.0;
 }
 
+// A restarted worker (session > 0) claims its session on every server and
+// goes on where its data stood. Async: at its last push the servers took
+// (the newest cursor of theirs: a batch applied on only some servers is not
+// trained again), its steps and dropout seeds counting on from the pushes
+// applied (`steps_before`). Sync: at the cursor of the last step it helped
+// complete on the server furthest behind, so it computes the open step's
+// gradient from the batch its earlier process had (servers take a
+// partition it had pushed already once).
+absl::Status Rejoin(PsClient* ps, int worker, int32_t session, bool sync,
+                    DataPartition* partition, int64_t* steps_before) {
+  DataCursor resume_at{0, 0};
+  bool have_cursor = false;
+  int64_t min_version = std::numeric_limits<int64_t>::max(), max_version = -1;
+  for (int s = 0; s < ps->num_servers(); ++s) {
+    PsStatusResponse st;
+    // Claiming the session fences off any earlier process of this worker
+    // still alive (hung, not dead), and the cursor read with it already
+    // counts each push of that process the server took.
+    RETURN_IF_ERROR(ps->ClaimSession(s, session, &st));
+    if (worker >= st.workers_size()) continue;
+    const WorkerProgress& wp = st.workers(worker);
+    *steps_before = std::max(*steps_before, wp.pushes_applied());
+    const DataCursor c{wp.cursor_epoch(), wp.cursor_position()};
+    bool take;
+    if (sync) {
+      take = st.version() < min_version;
+      max_version = std::max(max_version, st.version());
+      min_version = std::min(min_version, st.version());
+    } else {
+      take = !have_cursor || std::make_pair(c.epoch, c.position) >
+                                 std::make_pair(resume_at.epoch, resume_at.position);
+    }
+    if (take) {
+      have_cursor = wp.has_cursor();
+      if (have_cursor) resume_at = c;
+    }
+  }
+  if (have_cursor) {
+    RETURN_IF_ERROR(partition->Restore(resume_at));
+  } else {
+    LOG_WARN("no server has this worker's data cursor (none of its pushes completed a step "
+             "there): its data starts where the run's did");
+  }
+  LOG_INFO("rejoined the running job after a restart (session {}): {}data goes on at epoch {}, "
+           "position {}",
+           session,
+           sync ? absl::StrCat("at step ", min_version, "; ")
+                : absl::StrCat(*steps_before, " of this worker's pushes were applied; "),
+           partition->cursor().epoch, partition->cursor().position);
+  if (sync && max_version > min_version) {
+    LOG_WARN("the servers are at steps {} to {}: the step its earlier process left open was "
+             "completed on some of them, so this step's gradient is computed from newer "
+             "parameters there than its earlier process had",
+             min_version, max_version);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
@@ -112,61 +170,11 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   ps.set_push_timeout(step_timeout + rpc_timeout);
   std::vector<int64_t> min_versions(ps.num_servers(), reg.start_step());
   ps.set_session(reg.session());
-  // A restarted worker goes on where its data stood. Async: at its last push
-  // the servers took (the newest of theirs: a batch applied on only some
-  // servers is not trained again), its steps and dropout seeds counting on
-  // from the pushes applied. Sync: at the cursor of the last step it helped
-  // complete on the server furthest behind, so it computes the open step's
-  // gradient from the batch its earlier process had (servers take a
-  // partition it had pushed already once).
   // This worker's steps before a restart: in async mode the servers' count
   // of its pushes applied (exact); in sync mode what it had reported.
   int64_t steps_before = reg.local_steps_before();
   if (reg.rejoin()) {
-    DataCursor resume_at{0, 0};
-    bool have_cursor = false;
-    int64_t min_version = std::numeric_limits<int64_t>::max(), max_version = -1;
-    for (int s = 0; s < ps.num_servers(); ++s) {
-      PsStatusResponse st;
-      // Claiming the session fences off any earlier process of this worker
-      // still alive (hung, not dead), and the cursor read with it already
-      // counts each push of that process the server took.
-      RETURN_IF_ERROR(reg.session() > 0 ? ps.ClaimSession(s, reg.session(), &st)
-                                        : ps.GetStatus(s, &st));
-      if (options.worker >= st.workers_size()) continue;
-      const WorkerProgress& wp = st.workers(options.worker);
-      steps_before = std::max(steps_before, wp.pushes_applied());
-      const DataCursor c{wp.cursor_epoch(), wp.cursor_position()};
-      const bool newer = !have_cursor || std::make_pair(c.epoch, c.position) >
-                                             std::make_pair(resume_at.epoch, resume_at.position);
-      const bool take = sync ? st.version() < min_version : newer;
-      if (sync) {
-        max_version = std::max(max_version, st.version());
-        min_version = std::min(min_version, st.version());
-      }
-      if (take) {
-        have_cursor = wp.has_cursor();
-        if (have_cursor) resume_at = c;
-      }
-    }
-    if (have_cursor) {
-      RETURN_IF_ERROR(partition.Restore(resume_at));
-    } else {
-      LOG_WARN("no server has this worker's data cursor (none of its pushes completed a step "
-               "there): its data starts where the run's did");
-    }
-    LOG_INFO("rejoined the running job after a restart (session {}): {}data goes on at epoch {}, "
-             "position {}",
-             reg.session(),
-             sync ? absl::StrCat("at step ", min_version, "; ")
-                  : absl::StrCat(steps_before, " of this worker's pushes were applied; "),
-             partition.cursor().epoch, partition.cursor().position);
-    if (sync && max_version > min_version) {
-      LOG_WARN("the servers are at steps {} to {}: the step its earlier process left open was "
-               "completed on some of them, so this step's gradient is computed from newer "
-               "parameters there than its earlier process had",
-               min_version, max_version);
-    }
+    RETURN_IF_ERROR(Rejoin(&ps, options.worker, reg.session(), sync, &partition, &steps_before));
   }
   // Batches are assembled ahead on a thread of their own, into pinned memory
   // on CUDA so that their copy to the device runs at full speed.

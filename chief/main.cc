@@ -63,7 +63,8 @@ int main(int argc, char** argv) {
   pstrain::Authorizer auth(setup->auth.secret, task->cluster, setup->auth.tls != nullptr);
   pstrain::ChiefServiceImpl service(&chief, &auth);
   const std::string& address = task->cluster.address(pstrain::kChiefJob, 0);
-  auto server = pstrain::StartServer(address, &service, absl::GetFlag(FLAGS_bind));
+  auto server =
+      pstrain::StartServer(address, &service, absl::GetFlag(FLAGS_bind), setup->limits);
   if (!server.ok()) {
     LOG_ERROR("{}", server.status().message());
     return 1;

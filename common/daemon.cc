@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
+
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -35,6 +37,12 @@ ABSL_FLAG(std::string, tls_key_file, "",
           "spec's TLS dir");
 ABSL_FLAG(bool, insecure, false,
           "allow a cluster spec with non-loopback hosts to run without authentication");
+ABSL_FLAG(int64_t, max_inflight_mib, pstrain::ServerLimits().inflight_bytes >> 20,
+          "ps and chief: memory for RPC messages being received and sent, in MiB (at least "
+          "512); as it fills senders are slowed, past it calls fail with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int, max_rpc_threads, pstrain::ServerLimits().threads,
+          "ps and chief: threads for synchronous RPC handlers; a call finding none free fails "
+          "with RESOURCE_EXHAUSTED");
 
 namespace pstrain {
 
@@ -81,6 +89,17 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
   ASSIGN_OR_RETURN(setup.metrics_address,
                    ResolveMetricsAddress(setup.task, absl::GetFlag(FLAGS_metrics_address),
                                          absl::GetFlag(FLAGS_bind)));
+  const int64_t inflight_mib = absl::GetFlag(FLAGS_max_inflight_mib);
+  setup.limits.inflight_bytes =
+      std::clamp<int64_t>(inflight_mib, 0, int64_t{1} << 30) * (int64_t{1} << 20);
+  setup.limits.threads = absl::GetFlag(FLAGS_max_rpc_threads);
+  if (absl::Status st = ValidateServerLimits(setup.limits); !st.ok()) {
+    const bool memory = setup.limits.inflight_bytes < kMinInflightBytes;
+    return absl::InvalidArgumentError(
+        absl::StrCat(memory ? absl::StrCat("--max_inflight_mib=", inflight_mib)
+                            : absl::StrCat("--max_rpc_threads=", setup.limits.threads),
+                     ": ", st.message()));
+  }
   SetCallCredentials(setup.task.task.ToString(), setup.auth.own_token);
   SetTransportSecurity(setup.auth.tls);
   InitLogging(setup.task.task.ToString(), absl::GetFlag(FLAGS_log_level));

@@ -7,8 +7,9 @@
 // that role's defaults and help text (flags are defined in main.cc only);
 // SetUpDaemon reads them. Any binary linking this library must define all five.
 // The authentication flags (--auth_secret_file, --auth_token_file,
-// --tls_ca_file, --tls_cert_file, --tls_key_file, --insecure), --bind and
-// --metrics_address are the same for every role and are defined in daemon.cc.
+// --tls_ca_file, --tls_cert_file, --tls_key_file, --insecure), --bind,
+// --metrics_address and the server limits (--max_inflight_mib,
+// --max_rpc_threads) are the same for every role and are defined in daemon.cc.
 #ifndef PSTRAIN_COMMON_DAEMON_H_
 #define PSTRAIN_COMMON_DAEMON_H_
 
@@ -19,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "common/auth.h"
 #include "common/cluster_spec.h"
+#include "common/rpc.h"
 #include "proto/config.pb.h"
 
 ABSL_DECLARE_FLAG(std::string, cluster_spec);
@@ -37,6 +39,8 @@ struct DaemonSetup {
   AuthSetup auth;  // its token is already on every call this process makes
   // Where to serve /metrics ("host:port"); empty: nowhere.
   std::string metrics_address;
+  // For StartServer: --max_inflight_mib and --max_rpc_threads.
+  ServerLimits limits;
 };
 
 // --metrics_address when set; else the spec's address for the task (on

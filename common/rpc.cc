@@ -12,6 +12,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/support/client_interceptor.h"
 #include "common/cluster_spec.h"
 #include "common/rpc_stats.h"
@@ -175,11 +176,27 @@ absl::Status RetryWithBackoff(const std::string& what, absl::Duration total,
   }
 }
 
+absl::Status ValidateServerLimits(const ServerLimits& limits) {
+  if (limits.inflight_bytes < kMinInflightBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("in-flight memory limit of ", limits.inflight_bytes >> 20,
+                     " MiB is below the minimum of ", kMinInflightBytes >> 20,
+                     " MiB (twice the largest message, ", kMaxMessageBytes >> 20, " MiB)"));
+  }
+  if (limits.threads < 4 || limits.threads > 65536) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RPC thread limit ", limits.threads, " is outside [4, 65536]"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& address,
                                                           grpc::Service* service,
-                                                          const std::string& bind_host) {
+                                                          const std::string& bind_host,
+                                                          const ServerLimits& limits) {
   absl::StatusOr<HostPort> hp = ParseHostPort(address);
   if (!hp.ok()) return hp.status();
+  if (absl::Status st = ValidateServerLimits(limits); !st.ok()) return st;
   if (!bind_host.empty()) {
     if (absl::Status st = ValidateHost(bind_host); !st.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--bind: ", st.message()));
@@ -193,6 +210,10 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& add
       listen, tls ? TlsServerCredentials(*tls) : grpc::InsecureServerCredentials(), &bound_port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  grpc::ResourceQuota quota("pstrain-server");
+  quota.Resize(static_cast<size_t>(limits.inflight_bytes));
+  quota.SetMaxThreads(limits.threads);
+  builder.SetResourceQuota(quota);
   // Two tasks must never share a port silently (gRPC enables SO_REUSEPORT by default).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   for (const auto& [name, value] : TransportArgs()) builder.AddChannelArgument(name, value);

@@ -56,14 +56,29 @@ absl::Status RetryWithBackoff(const std::string& what, absl::Duration total,
                               const std::function<absl::Status()>& attempt,
                               absl::Duration max_backoff = absl::Seconds(2));
 
+// What one server may hold at once. gRPC's resource quota bounds the memory
+// of the messages its transports are receiving and sending: as it fills,
+// gRPC shrinks the flow-control windows (senders slow down), and past it
+// cancels calls with RESOURCE_EXHAUSTED ("Buffers full") and closes idle
+// connections. Its thread quota bounds the threads of the synchronous
+// handlers; a call that finds none free is refused with RESOURCE_EXHAUSTED.
+struct ServerLimits {
+  // At least kMinInflightBytes, so a message of the largest size fits.
+  int64_t inflight_bytes = int64_t{2} << 30;
+  int threads = 256;
+};
+inline constexpr int64_t kMinInflightBytes = int64_t{2} * kMaxMessageBytes;
+absl::Status ValidateServerLimits(const ServerLimits& limits);
+
 // Builds a server listening on `address` (host:port: the task's own address,
 // so a task the spec puts on 127.0.0.1 is not reachable from other hosts)
-// with pstrain's limits. A non-empty `bind_host` (e.g. "0.0.0.0" inside a
+// with pstrain's limits (message sizes, `limits`). A non-empty `bind_host` (e.g. "0.0.0.0" inside a
 // container whose spec names a service address) replaces the host. Fails
 // with a clear status when the address cannot be bound.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& address,
                                                           grpc::Service* service,
-                                                          const std::string& bind_host = "");
+                                                          const std::string& bind_host = "",
+                                                          const ServerLimits& limits = {});
 
 }  // namespace pstrain
 

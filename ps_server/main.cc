@@ -28,6 +28,9 @@ ABSL_FLAG(std::string, job, "ps", "job name; must be ps");
 ABSL_FLAG(int, task, 0, "task index within the ps job");
 ABSL_FLAG(std::string, config, "", "training config (accepted for uniformity; the chief sends it)");
 ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
+ABSL_FLAG(int, max_concurrent_calls, pstrain::PsServiceImpl::kDefaultMaxCalls,
+          "data calls (Pull, Push, PullRows, PushRows) served at once, waiting pulls included; "
+          "one more fails at once with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, chief_timeout_s, 60,
           "exit (code 1) when the chief, once reached, has been unreachable this long; 0: never");
 
@@ -44,13 +47,19 @@ int main(int argc, char** argv) {
     return 2;
   }
   const pstrain::TaskConfig& task = setup->task;
+  const int max_calls = absl::GetFlag(FLAGS_max_concurrent_calls);
+  if (max_calls < 1) {
+    std::cerr << "ps_server: --max_concurrent_calls=" << max_calls << " must be at least 1\n";
+    return 2;
+  }
   const std::string& address = task.cluster.address(pstrain::kPsJob, task.task.index);
 
   pstrain::ParameterServer ps;
   // Off without a secret or TLS.
   pstrain::Authorizer auth(setup->auth.secret, task.cluster, setup->auth.tls != nullptr);
-  pstrain::PsServiceImpl service(&ps, &stop, &auth);
-  auto server = pstrain::StartServer(address, &service, absl::GetFlag(FLAGS_bind));
+  pstrain::PsServiceImpl service(&ps, &stop, &auth, max_calls);
+  auto server =
+      pstrain::StartServer(address, &service, absl::GetFlag(FLAGS_bind), setup->limits);
   if (!server.ok()) {
     LOG_ERROR("{}", server.status().message());
     return 1;

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <functional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -9,6 +10,37 @@
 #include "common/wire_frame.h"
 
 namespace pstrain {
+
+// One of the service's max_calls_ places, held for a data call's life.
+class CallSlot {
+ public:
+  explicit CallSlot(PsServiceImpl* service) : service_(service) {
+    const int before = service_->calls_.fetch_add(1, std::memory_order_acq_rel);
+    if (before >= service_->max_calls_) {
+      service_->calls_.fetch_sub(1, std::memory_order_acq_rel);
+      service_ = nullptr;
+      refused_ = grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("this parameter server is serving ", before,
+                       " data calls, its limit (--max_concurrent_calls); try again later"));
+    }
+  }
+  ~CallSlot() {
+    if (service_ != nullptr) service_->calls_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+  CallSlot(CallSlot&& other) noexcept
+      : service_(std::exchange(other.service_, nullptr)), refused_(other.refused_) {}
+  CallSlot(const CallSlot&) = delete;
+  CallSlot& operator=(const CallSlot&) = delete;
+  CallSlot& operator=(CallSlot&&) = delete;
+
+  bool ok() const { return service_ != nullptr; }
+  const grpc::Status& refused() const { return refused_; }
+
+ private:
+  PsServiceImpl* service_;
+  grpc::Status refused_;
+};
 
 grpc::Status PsServiceImpl::Initialize(grpc::ServerContext* ctx, const InitializeRequest* req,
                                        InitializeResponse* resp) {
@@ -42,7 +74,8 @@ namespace {
 // cancellation (client gone, deadline) ends the wait at once.
 class PullReactor final : public grpc::ServerUnaryReactor {
  public:
-  PullReactor(ParameterServer* ps, grpc::ByteBuffer* response) : ps_(ps), response_(response) {}
+  PullReactor(ParameterServer* ps, grpc::ByteBuffer* response, CallSlot slot)
+      : ps_(ps), response_(response), slot_(std::move(slot)) {}
 
   // `who` checks the request's worker field against the caller.
   void Start(const grpc::ByteBuffer* request, const std::function<absl::Status(int)>& who) {
@@ -123,6 +156,7 @@ class PullReactor final : public grpc::ServerUnaryReactor {
 
   ParameterServer* const ps_;
   grpc::ByteBuffer* const response_;
+  const CallSlot slot_;  // released with the reactor, when gRPC is done with the call
   absl::Mutex mu_;
   uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
@@ -134,13 +168,14 @@ class PullReactor final : public grpc::ServerUnaryReactor {
 grpc::ServerUnaryReactor* PsServiceImpl::Pull(grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* req,
                                               grpc::ByteBuffer* resp) {
+  CallSlot slot(this);
   absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker, Role::kChief}, "Pull");
-  if (!caller.ok()) {
+  if (!slot.ok() || !caller.ok()) {
     grpc::ServerUnaryReactor* refused = ctx->DefaultReactor();
-    refused->Finish(ToGrpcStatus(caller.status()));
+    refused->Finish(slot.ok() ? ToGrpcStatus(caller.status()) : slot.refused());
     return refused;
   }
-  auto* reactor = new PullReactor(ps_, resp);
+  auto* reactor = new PullReactor(ps_, resp, std::move(slot));
   reactor->Start(req, [&](int worker) { return auth_->CheckWorkerField(*caller, worker, "Pull"); });
   return reactor;
 }
@@ -149,6 +184,11 @@ grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* req,
                                               grpc::ByteBuffer* resp) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+  const CallSlot slot(this);
+  if (!slot.ok()) {
+    reactor->Finish(slot.refused());
+    return reactor;
+  }
   PushRequest header;
   IncomingFrame frame;
   absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker}, "Push");
@@ -172,6 +212,8 @@ grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
 
 grpc::Status PsServiceImpl::PullRows(grpc::ServerContext* ctx, const PullRowsRequest* req,
                                      PullRowsResponse* resp) {
+  const CallSlot slot(this);
+  if (!slot.ok()) return slot.refused();
   absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker, Role::kChief}, "PullRows");
   absl::Status st = caller.ok() ? auth_->CheckWorkerField(*caller, req->worker(), "PullRows")
                                 : caller.status();
@@ -181,6 +223,8 @@ grpc::Status PsServiceImpl::PullRows(grpc::ServerContext* ctx, const PullRowsReq
 
 grpc::Status PsServiceImpl::PushRows(grpc::ServerContext* ctx, const PushRowsRequest* req,
                                      PushRowsResponse* resp) {
+  const CallSlot slot(this);
+  if (!slot.ok()) return slot.refused();
   absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker}, "PushRows");
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (absl::Status st = auth_->CheckWorkerField(*caller, req->worker(), "PushRows"); !st.ok()) {

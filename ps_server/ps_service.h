@@ -14,8 +14,14 @@
 // workers push; workers and the chief pull; anyone authenticated reads
 // GetStatus. A worker's requests must name itself. A refused call changes
 // nothing.
+//
+// At most `max_calls` data calls (Pull, Push, PullRows, PushRows) are served
+// at once, a waiting Pull included; one more is refused at once with
+// RESOURCE_EXHAUSTED, before its request is looked at.
 #ifndef PSTRAIN_PS_SERVER_PS_SERVICE_H_
 #define PSTRAIN_PS_SERVER_PS_SERVICE_H_
+
+#include <atomic>
 
 #include "common/auth.h"
 #include "common/shutdown.h"
@@ -28,9 +34,11 @@ class PsServiceImpl final
     : public PsService::WithRawCallbackMethod_Pull<
           PsService::WithRawCallbackMethod_Push<PsService::Service>> {
  public:
+  static constexpr int kDefaultMaxCalls = 4096;
   // `auth` (authentication off when default-constructed) outlives this.
-  PsServiceImpl(ParameterServer* ps, StopSignal* stop, Authorizer* auth)
-      : ps_(ps), stop_(stop), auth_(auth) {}
+  PsServiceImpl(ParameterServer* ps, StopSignal* stop, Authorizer* auth,
+                int max_calls = kDefaultMaxCalls)
+      : ps_(ps), stop_(stop), auth_(auth), max_calls_(max_calls) {}
 
   grpc::Status Initialize(grpc::ServerContext* ctx, const InitializeRequest* req,
                           InitializeResponse* resp) override;
@@ -55,9 +63,12 @@ class PsServiceImpl final
                         ShutdownResponse* resp) override;
 
  private:
+  friend class CallSlot;
   ParameterServer* const ps_;
   StopSignal* const stop_;
   Authorizer* const auth_;
+  const int max_calls_;
+  std::atomic<int> calls_{0};  // data calls being served
 };
 
 }  // namespace pstrain

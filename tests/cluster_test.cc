@@ -551,6 +551,20 @@ TEST_CASE("malformed cluster specs and configs: one-line error, non-zero exit", 
   CHECK(r.exit_code == 2);
   CHECK(r.output.find("out of range") != std::string::npos);
   CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  // Server limits out of range, each refused in one line naming the flag.
+  for (const auto& [flag, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"--max_inflight_mib=100", "minimum of 512 MiB"},
+           {"--max_rpc_threads=1", "outside [4, 65536]"},
+           {"--max_concurrent_calls=0", "at least 1"}}) {
+    r = testing::RunCommand(
+        {Binary("ps_server/ps_server"), "--cluster_spec=" + good_spec, "--task=0", flag},
+        absl::Seconds(30));
+    INFO(flag << ": " << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(expect) != std::string::npos);
+    CHECK(r.output.find(flag.substr(0, flag.find('='))) != std::string::npos);
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  }
   // A malformed training config names line and column.
   const std::string bad_config =
       testing::WriteFile(JoinPath(dir, "bad.pbtxt"), "max_steps: 10\nseed: [\n");

@@ -65,10 +65,11 @@ struct Servers {
   std::unique_ptr<PsClient> chief;
 
   // `settings`: text-format lines added to the training config (the
-  // optimizer, the mode); `workers`: how many the servers expect.
+  // optimizer, the mode); `workers`: how many the servers expect;
+  // `server_flags`: added to every ps_server's command line.
   explicit Servers(int n, const std::string& name, std::vector<VariableSpec> variables = {},
                    int64_t partition_max_bytes = 0, const std::string& settings = "",
-                   int workers = 2) {
+                   int workers = 2, const std::vector<std::string>& server_flags = {}) {
     if (!variables.empty()) vars = std::move(variables);
     dir = testing::FreshTempDir(name);
     auto spec = ClusterSpec::FromFile(testing::WriteClusterSpec(dir, n, workers));
@@ -78,6 +79,7 @@ struct Servers {
       SpawnOptions so;
       so.argv = {testing::Binary("ps_server/ps_server"),
                  "--cluster_spec=" + JoinPath(dir, "cluster.json"), absl::StrCat("--task=", s)};
+      so.argv.insert(so.argv.end(), server_flags.begin(), server_flags.end());
       so.output_file = JoinPath(dir, absl::StrCat("ps", s, ".log"));
       auto p = Subprocess::Spawn(so);
       REQUIRE(p.ok());
@@ -329,6 +331,11 @@ TEST_CASE("waiting pulls hold no server thread and end when their callers give u
   CHECK(st.version() == 1);
 }
 
+// Two embedding tables, for the training config.
+constexpr char kTables[] =
+    "embedding_tables { name: \"ads\" dim: 4 } "
+    "embedding_tables { name: \"slots\" dim: 2 num_rows: 1000 init_scale: 0 } ";
+
 // Every partition's values, by variable, as the chief pulls them.
 std::vector<std::vector<float>> PullAll(Servers& s) {
   Buffers b(s.vars, 0);
@@ -555,6 +562,200 @@ TEST_CASE("load: 32 async clients against 2 servers lose no update while malform
   CHECK(rss_max < (int64_t{1} << 30));
 }
 
+// 8 calls of `bytes` each at once, each on a connection of its own, to
+// ps:0's Push; returns their codes, and *rss_growth gets how far ps:0's
+// resident memory rose above where it stood before while they ran.
+std::vector<grpc::StatusCode> ConcurrentBigPushes(Servers& s, int64_t bytes, int64_t* rss_growth) {
+  constexpr int kCalls = 8;
+  const int pid = s.procs[0]->pid();
+  const int64_t rss_before = ResidentBytes(pid);
+  std::atomic<bool> done{false};
+  int64_t rss_max = rss_before;
+  std::thread sampler([&] {
+    while (!done.load()) {
+      rss_max = std::max(rss_max, ResidentBytes(pid));
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+  });
+  // One payload, shared by every call's buffer (slices are reference-counted).
+  const grpc::Slice payload(std::string(static_cast<size_t>(bytes), 'x'));
+  std::vector<grpc::StatusCode> codes(kCalls, grpc::StatusCode::OK);
+  std::vector<std::thread> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.emplace_back([&, i] {
+      grpc::ChannelArguments args;
+      args.SetMaxSendMessageSize(-1);
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own
+      args.SetInt("pstrain.test.connection", i);
+      auto channel = grpc::CreateCustomChannel(s.cluster->address(kPsJob, 0),
+                                               grpc::InsecureChannelCredentials(), args);
+      grpc::GenericStub stub(channel);
+      grpc::Slice slice = payload;
+      grpc::ByteBuffer request(&slice, 1), response;
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx, absl::Seconds(60));
+      codes[i] = RawCall(&stub, &ctx, "/pstrain.PsService/Push", request, &response).error_code();
+    });
+  }
+  for (auto& t : calls) t.join();
+  done = true;
+  sampler.join();
+  *rss_growth = rss_max - rss_before;
+  return codes;
+}
+
+TEST_CASE("in-flight request memory is bounded: 8 concurrent 200 MiB pushes are refused past "
+          "the quota, not held", "[data_path][limits]") {
+  // The same calls against a quota they fit in show what they would cost.
+  int64_t unbounded = 0;
+  {
+    Servers s(1, "inflight_big", {}, 0, "", 2, {"--max_inflight_mib=8192"});
+    for (grpc::StatusCode c : ConcurrentBigPushes(s, int64_t{200} << 20, &unbounded)) {
+      CHECK(c == grpc::StatusCode::INVALID_ARGUMENT);  // received whole, then refused
+    }
+  }
+  Servers s(1, "inflight", {}, 0, "", 2, {"--max_inflight_mib=512"});
+  int64_t bounded = 0;
+  int exhausted = 0;
+  for (grpc::StatusCode c : ConcurrentBigPushes(s, int64_t{200} << 20, &bounded)) {
+    CHECK((c == grpc::StatusCode::INVALID_ARGUMENT || c == grpc::StatusCode::RESOURCE_EXHAUSTED));
+    exhausted += c == grpc::StatusCode::RESOURCE_EXHAUSTED;
+  }
+  WARN("8 concurrent 200 MiB pushes: ps:0's resident memory rose " << (unbounded >> 20)
+                                                                    << " MiB with an 8 GiB quota, "
+                                                                    << (bounded >> 20)
+                                                                    << " MiB with 512 MiB; "
+                                                                    << exhausted
+                                                                    << " of 8 refused "
+                                                                       "RESOURCE_EXHAUSTED");
+  CHECK(exhausted > 0);
+  CHECK(unbounded > (int64_t{1} << 30));
+  CHECK(bounded < (int64_t{800} << 20));
+  // Nothing changed and the server still trains.
+  CHECK_FALSE(s.procs[0]->Wait(absl::ZeroDuration()).has_value());
+  auto w0 = s.Worker(0), w1 = s.Worker(1);
+  Buffers b0(s.vars, 0.5f), b1(s.vars, 0.5f);
+  SyncStep(s, *w0, *w1, b0, b1, 0);
+  PsStatusResponse st;
+  REQUIRE(s.chief->GetStatus(0, &st).ok());
+  CHECK(st.version() == 1);
+  CHECK(st.pushes_applied() == 2);
+}
+
+TEST_CASE("a server serves at most --max_concurrent_calls data calls; one more is refused at once",
+          "[data_path][limits]") {
+  Servers s(1, "callcap", {}, 0, "", 2, {"--max_concurrent_calls=4"});
+  auto channel = CreateChannel(s.cluster->address(kPsJob, 0));
+  grpc::GenericStub raw(channel);
+  PullRequest req;
+  req.set_incarnation(4242);
+  req.set_worker(0);
+  req.set_min_version(1000);  // never reached: each waits until its deadline
+  req.set_timeout_ms(600000);
+  const grpc::ByteBuffer request = SerializeMessage(req);
+  absl::Mutex mu;
+  int parked_done = 0;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<grpc::ByteBuffer> responses(4);
+  for (int i = 0; i < 4; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    SetDeadline(contexts.back().get(), absl::Seconds(4));
+    raw.UnaryCall(contexts[i].get(), "/pstrain.PsService/Pull", grpc::StubOptions(), &request,
+                  &responses[i], [&](grpc::Status) {
+                    absl::MutexLock lock(&mu);
+                    ++parked_done;
+                  });
+  }
+  absl::SleepFor(absl::Seconds(1));  // all four parked by now
+  // A fifth call, pull or push, is refused at once and names the limit.
+  auto w0 = s.Worker(0), w1 = s.Worker(1);
+  Buffers b0(s.vars, 0.5f), b1(s.vars, 0.5f);
+  const absl::Time t0 = absl::Now();
+  PsClient::PullResult r;
+  absl::Status pull = w0->PullInto({0}, absl::Seconds(20), b0.dst(), &r);
+  std::vector<PushOutcome> out;
+  absl::Status push = w1->PushFrom({0}, b1.src(), &out);
+  CHECK(absl::Now() - t0 < absl::Seconds(3));
+  CHECK(absl::IsResourceExhausted(pull));
+  CHECK(absl::IsResourceExhausted(push));
+  CHECK(pull.message().find("--max_concurrent_calls") != std::string::npos);
+  PsStatusResponse st;
+  REQUIRE(s.chief->GetStatus(0, &st).ok());  // GetStatus is not a data call
+  CHECK(st.version() == 0);
+  CHECK(st.pushes_applied() == 0);
+  {
+    absl::MutexLock lock(&mu);
+    CHECK(parked_done == 0);
+    auto all = [&parked_done]() { return parked_done == 4; };
+    REQUIRE(mu.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(20)));
+  }
+  // Their places are free again once the server has ended them too (a
+  // moment after their callers saw the deadline).
+  absl::Status again;
+  for (const absl::Time until = absl::Now() + absl::Seconds(5);;) {
+    again = w0->PullInto({0}, absl::Seconds(20), b0.dst(), &r);
+    if (!absl::IsResourceExhausted(again) || absl::Now() > until) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  INFO(again.ToString());
+  CHECK(again.ok());
+  SyncStep(s, *w0, *w1, b0, b1, 0);
+  REQUIRE(s.chief->GetStatus(0, &st).ok());
+  CHECK(st.version() == 1);
+}
+
+TEST_CASE("synchronous handlers take at most --max_rpc_threads threads; a call past them is "
+          "refused", "[data_path][limits]") {
+  Servers s(1, "threadcap", {}, 0, absl::StrCat("optimizer { learning_rate: 0.5 } ", kTables), 2,
+            {"--max_rpc_threads=8"});
+  const int pid = s.procs[0]->pid();
+  const int threads_before = Threads(pid);
+  // 32 row pulls that each wait (a synchronous handler holds its thread) for
+  // a version never reached.
+  PullRowsRequest req;
+  req.set_incarnation(4242);
+  req.set_worker(0);
+  req.set_table("ads");
+  req.set_min_version(1000);
+  req.set_timeout_ms(3000);
+  const uint64_t id = 7;
+  req.set_ids(std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
+  auto stub = PsService::NewStub(CreateChannel(s.cluster->address(kPsJob, 0)));
+  constexpr int kCalls = 32;
+  std::vector<grpc::StatusCode> codes(kCalls, grpc::StatusCode::OK);
+  int threads_max = 0;
+  std::atomic<bool> done{false};
+  std::thread sampler([&] {
+    while (!done.load()) {
+      threads_max = std::max(threads_max, Threads(pid));
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  });
+  std::vector<std::thread> calls;
+  for (int i = 0; i < kCalls; ++i) {
+    calls.emplace_back([&, i] {
+      grpc::ClientContext ctx;
+      SetDeadline(&ctx, absl::Seconds(20));
+      PullRowsResponse resp;
+      codes[i] = stub->PullRows(&ctx, req, &resp).error_code();
+    });
+  }
+  for (auto& t : calls) t.join();
+  done = true;
+  sampler.join();
+  int exhausted = 0, waited = 0;
+  for (grpc::StatusCode c : codes) {
+    exhausted += c == grpc::StatusCode::RESOURCE_EXHAUSTED;
+    waited += c == grpc::StatusCode::DEADLINE_EXCEEDED;
+  }
+  WARN("32 waiting row pulls, --max_rpc_threads=8: " << waited << " waited, " << exhausted
+                                                    << " refused; threads " << threads_before
+                                                    << " before, at most " << threads_max);
+  CHECK(exhausted + waited == kCalls);
+  CHECK(exhausted > 0);
+  CHECK(threads_max - threads_before <= 8);
+}
+
 TEST_CASE("load: 32 sync workers for 20 steps against 2 servers: every step is the exact mean",
           "[data_path][concurrency][load]") {
   // Each step's mean gradient is (sum_k (k + 1) + 32 * (j mod 3)) / 32 =
@@ -641,10 +842,7 @@ TEST_CASE("a sync step with a dead worker: with min_replicas it goes on at the d
   }
 }
 
-// Embedding rows over RPC, against real servers.
-constexpr char kTables[] =
-    "embedding_tables { name: \"ads\" dim: 4 } "
-    "embedding_tables { name: \"slots\" dim: 2 num_rows: 1000 init_scale: 0 } ";
+// Embedding rows over RPC, against real servers (kTables).
 
 std::vector<uint64_t> SomeIds(int n, uint64_t seed) {
   std::mt19937_64 rng(seed);

@@ -364,6 +364,11 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
 
   PsClient ps(cluster, &placement, /*worker=*/-1, rpc_timeout);
   ps.set_incarnation(incarnation);
+  // The evaluation's pulls: a share of up to 64 MiB in one call, read at
+  // one version; a larger one in calls of up to 64 MiB of whole
+  // partitions, each at the version it found (the oldest is reported).
+  ps.set_chunk_bytes(int64_t{64} << 20);
+  ps.set_mixed_versions(true);
   // Where the run starts: its own latest checkpoint (--resume), another's
   // values (--init_from), or the seed.
   std::optional<ResumePoint> from;

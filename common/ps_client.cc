@@ -292,10 +292,14 @@ absl::Status PsClient::PullCalls(const std::vector<int>& servers,
                                               decoded.message()));
     }
     if (result->versions[s] >= 0 && result->versions[s] != header.version()) {
-      *straddled = true;
-      return absl::OkStatus();
+      if (!mixed_versions_) {
+        *straddled = true;
+        return absl::OkStatus();
+      }
+      result->versions[s] = std::min(result->versions[s], header.version());
+    } else {
+      result->versions[s] = header.version();
     }
-    result->versions[s] = header.version();
     result->finished &= header.finished();
     int64_t offset = 0;
     for (const NamedTensor& nt : header.tensors()) {
@@ -445,9 +449,19 @@ absl::Status PsClient::PushReady(size_t first, size_t end) {
     }
   }
   // Per server, calls of up to chunk_bytes_ of whole partitions (or one).
-  for (const PartitionGroup& g :
-       GroupPartitions(*placement_, ready, chunk_bytes_, bf16 ? 2 : 4, /*every_server=*/false)) {
+  const std::vector<PartitionGroup> groups =
+      GroupPartitions(*placement_, ready, chunk_bytes_, bf16 ? 2 : 4, /*every_server=*/false);
+  // A push started whole numbers each server's parts (async servers count
+  // the push once, when its last part is in).
+  const bool whole = ready.size() == vars.size();
+  std::vector<int> num_parts(num_servers(), 0), next_part(num_servers(), 0);
+  for (const PartitionGroup& g : groups) ++num_parts[g.server];
+  for (const PartitionGroup& g : groups) {
     PushRequest header;
+    if (whole && num_parts[g.server] > 1) {
+      header.set_part(next_part[g.server]++);
+      header.set_num_parts(num_parts[g.server]);
+    }
     header.set_incarnation(incarnation_);
     header.set_worker(worker_);
     header.set_step(batch->steps[g.server]);
@@ -527,13 +541,15 @@ absl::Status PsClient::PushEnd(std::vector<PushOutcome>* outcomes) {
       return FromGrpcStatus(call.status, absl::StrCat("Push to ", ServerName(call.server)));
     }
   }
-  // A server's outcome over its calls: APPLIED if one completed the step,
-  // else ACCUMULATED, else FINISHED or DROPPED_STALE.
+  // A server's outcome over its calls: APPLIED if one completed the step
+  // (or, async, the push), else ACCUMULATED, else FINISHED or DROPPED_STALE;
+  // an async push's held parts say nothing of it.
   auto rank = [](PushOutcome o) {
     switch (o) {
       case APPLIED: return 3;
       case ACCUMULATED: return 2;
       case FINISHED: return 1;
+      case HELD: return -1;
       default: return 0;
     }
   };

@@ -41,11 +41,18 @@ class PsClient {
   // The dtype tensors travel in: DT_FLOAT (default) or DT_BFLOAT16 (pushes
   // rounded here, pulls rounded by the servers; both halve the bytes).
   void set_wire_dtype(DataType dtype) { wire_dtype_ = dtype; }
-  // Sync only: split a pull from and a push to one server into calls of up
-  // to this many bytes of whole partitions, in flight together (0: one call
-  // per server). Async servers count every push call as an update and move
-  // between a pull's parts, so async keeps 0.
+  // Split a pull from and a push to one server into calls of up to this
+  // many bytes of whole partitions, in flight together (0: one call per
+  // server, which must then fit one message). A push whose calls are all
+  // started at once (PushFrom) numbers its parts (PushRequest.num_parts):
+  // an async server applies it whole, as one update, when its last part is
+  // in. Pushes started piecemeal (PushReady) are for sync servers only.
   void set_chunk_bytes(int64_t bytes) { chunk_bytes_ = bytes; }
+  // How a pull in several calls treats a server whose calls answered at
+  // different versions (its version moved between them): false (sync
+  // workers) makes the pull again; true (async, the chief's evaluation)
+  // takes the parts as they are and reports the oldest version.
+  void set_mixed_versions(bool allowed) { mixed_versions_ = allowed; }
   // The deadline of each Push and PushRows call (default: the rpc timeout). A worker's
   // push is part of its step and gets the step's: a worker paused (SIGSTOP,
   // a long GC, swapping) with a push in flight failed with DEADLINE_EXCEEDED
@@ -174,6 +181,7 @@ class PsClient {
   int32_t session_ = 0;
   DataType wire_dtype_ = DT_FLOAT;
   int64_t chunk_bytes_ = 0;
+  bool mixed_versions_ = false;
   int64_t cursor_epoch_ = 0;
   int64_t cursor_position_ = 0;
   std::vector<uint16_t> bf16_grads_;  // bfloat16 pushes are sent from here

@@ -32,28 +32,24 @@ absl::Status CheckMemory(const std::string& what, int64_t bytes, int64_t limit) 
                                                    FormatBytes(limit)));
 }
 
-absl::Status CheckSharesFitMessages(const std::vector<VariableSpec>& variables,
-                                    const Placement& placement, int64_t max_message_bytes) {
+absl::Status CheckPartitionsFitMessages(const Placement& placement, int64_t max_message_bytes) {
   // Headers and names take a little of each message.
   const int64_t limit = max_message_bytes - (int64_t{1} << 20);
-  for (int s = 0; s < placement.num_servers(); ++s) {
-    const int64_t share = placement.server_bytes()[s];
-    if (share <= limit) continue;
-    const VariableSpec* biggest = &variables.front();
-    for (const VariableSpec& v : variables) {
-      if (v.num_elements() > biggest->num_elements()) biggest = &v;
+  for (const VariablePlacement& vp : placement.variables()) {
+    const int64_t row_bytes = vp.spec.row_elements() * 4;
+    for (const Partition& part : vp.partitions) {
+      const int64_t bytes = part.num_rows() * row_bytes;
+      if (bytes <= limit) continue;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "partition ", part.index, " of ", vp.spec.name, " is ", FormatBytes(bytes), " (",
+          part.num_rows(), " rows of ", FormatBytes(row_bytes),
+          "); one message carries at most ", FormatBytes(max_message_bytes), ": ",
+          row_bytes > limit
+              ? std::string("a single row is larger than that; make the variable narrower")
+              : absl::StrCat("set placement.partition_max_bytes to at most ",
+                             FormatBytes(limit), " (pulls and pushes travel as calls of whole "
+                                                 "partitions)")));
     }
-    int64_t total = 0;
-    for (int64_t b : placement.server_bytes()) total += b;
-    const int64_t servers_needed = (total + limit - 1) / limit;
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "ps:", s, "'s share of the model is ", FormatBytes(share), " (the largest variable, ",
-        biggest->name, ", is ", FormatBytes(biggest->num_elements() * 4),
-        "); one message carries at most ", FormatBytes(max_message_bytes),
-        " and a pull by the chief (or an async worker) carries a server's whole share: ",
-        servers_needed > 100000 ? std::string("make the model smaller")
-                                : absl::StrCat("use at least ", servers_needed,
-                                               " parameter servers, or a smaller model")));
   }
   return absl::OkStatus();
 }
@@ -72,7 +68,7 @@ int64_t ModelProcessBytes(const std::vector<VariableSpec>& variables) {
 
 absl::Status CheckModelFits(const std::vector<VariableSpec>& variables,
                             const Placement& placement, const std::string& process) {
-  absl::Status st = CheckSharesFitMessages(variables, placement, kMaxMessageBytes);
+  absl::Status st = CheckPartitionsFitMessages(placement, kMaxMessageBytes);
   if (st.ok()) st = CheckMemory(process, ModelProcessBytes(variables), PhysicalMemoryBytes());
   return st;
 }

@@ -7,22 +7,34 @@
 namespace pstrain {
 namespace {
 
-TEST_CASE("a server's share beyond one message is refused, naming the variable", "[sizing]") {
-  // hidden_units 65536 x 65536: the model a user tried, 16 GiB in one kernel.
+TEST_CASE("a partition beyond one message is refused, naming it and the fix; a share is not",
+          "[sizing]") {
+  // hidden_units 65536 x 65536: the model a user tried, 16 GiB in one
+  // kernel, spread over 2 servers in partitions of at most 64 MiB: 8 GiB a
+  // server, and every call fits one message.
   std::vector<VariableSpec> vars = {{"dense1/kernel", {65536, 65536}}, {"dense1/bias", {65536}}};
   auto placement = Placement::Compute(vars, 2, 1 << 20, 64 << 20);
   REQUIRE(placement.ok());
-  absl::Status st = CheckSharesFitMessages(vars, *placement, 256 << 20);
+  CHECK(placement->server_bytes()[0] > (int64_t{4} << 30));
+  CHECK(CheckPartitionsFitMessages(*placement, 256 << 20).ok());
+  // Partitions of up to 1 GiB do not fit.
+  auto big = Placement::Compute(vars, 2, 1 << 20, int64_t{1} << 30);
+  REQUIRE(big.ok());
+  absl::Status st = CheckPartitionsFitMessages(*big, 256 << 20);
   CHECK(absl::IsResourceExhausted(st));
-  const std::string m(st.message());
-  CHECK(m.find("dense1/kernel, is 16.0 GiB") != std::string::npos);
+  std::string m(st.message());
+  CHECK(m.find("partition 0 of dense1/kernel is 1.0 GiB (4096 rows of 256.0 KiB)") !=
+        std::string::npos);
   CHECK(m.find("at most 256.0 MiB") != std::string::npos);
-  CHECK(m.find("use at least 65 parameter servers") != std::string::npos);
-
-  std::vector<VariableSpec> small = {{"w", {784, 64}}, {"b", {64}}};
-  auto fits = Placement::Compute(small, 2, 1 << 20, 64 << 20);
-  REQUIRE(fits.ok());
-  CHECK(CheckSharesFitMessages(small, *fits, 256 << 20).ok());
+  CHECK(m.find("placement.partition_max_bytes to at most 255.0 MiB") != std::string::npos);
+  // A single row over the cap cannot be split.
+  std::vector<VariableSpec> wide = {{"w", {2, 80 << 20}}};
+  auto rows = Placement::Compute(wide, 1, 1 << 20, 64 << 20);
+  REQUIRE(rows.ok());
+  st = CheckPartitionsFitMessages(*rows, 256 << 20);
+  CHECK(absl::IsResourceExhausted(st));
+  m = std::string(st.message());
+  CHECK(m.find("a single row is larger than that") != std::string::npos);
 }
 
 TEST_CASE("a process's memory is checked against the machine's", "[sizing]") {

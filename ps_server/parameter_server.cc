@@ -14,6 +14,7 @@
 #include "common/config.h"
 #include "common/embedding_ids.h"
 #include "common/env.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace pstrain {
@@ -274,6 +275,8 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     step_cursors_.assign(model_->num_workers, StepCursor());
     completed_cursors_.assign(model_->num_workers, StepCursor());
     async_cursors_.assign(model_->num_workers, StepCursor());
+    held_pushes_.clear();
+    held_pushes_.resize(static_cast<size_t>(model_->num_workers));
     worker_session_.assign(model_->num_workers, 0);
     session_start_step_.assign(model_->num_workers, -1);
     holding_pushes_ = false;
@@ -617,20 +620,24 @@ absl::Status ParameterServer::LocateGradients(const Model& model, const PushRequ
 }
 
 absl::Status ParameterServer::Push(const PushRequest& header, const SegmentedBytes& payload,
-                                   PushResponse* response) {
-  return PushImpl(header, &payload, nullptr, response);
+                                   PushResponse* response, std::shared_ptr<const void> keep) {
+  return PushImpl(header, &payload, nullptr, response, std::move(keep));
 }
 
 absl::Status ParameterServer::Push(const PushRequest& request, PushResponse* response) {
+  // A part that may be held owns a copy of the request (tests and tools).
+  std::shared_ptr<const PushRequest> owned;
+  if (request.num_parts() > 1) owned = std::make_shared<const PushRequest>(request);
+  const PushRequest& r = owned ? *owned : request;
   std::vector<SegmentedBytes> contents;
-  contents.reserve(request.gradients_size());
-  for (const NamedTensor& nt : request.gradients()) contents.emplace_back(nt.tensor().content());
-  return PushImpl(request, nullptr, &contents, response);
+  contents.reserve(r.gradients_size());
+  for (const NamedTensor& nt : r.gradients()) contents.emplace_back(nt.tensor().content());
+  return PushImpl(r, nullptr, &contents, response, owned);
 }
 
 absl::Status ParameterServer::PushImpl(const PushRequest& header, const SegmentedBytes* frame,
                                        const std::vector<SegmentedBytes>* contents,
-                                       PushResponse* response) {
+                                       PushResponse* response, std::shared_ptr<const void> keep) {
   std::shared_ptr<Model> model;
   {
     absl::MutexLock lock(&mu_);
@@ -648,17 +655,104 @@ absl::Status ParameterServer::PushImpl(const PushRequest& header, const Segmente
       RejectLocked(Rejection::kMalformed);
       return absl::InvalidArgumentError(absl::StrCat("Push: negative step ", header.step()));
     }
+    // A push comes in at most one part per partition of this server.
+    const int64_t max_parts = std::max<int64_t>(1, static_cast<int64_t>(model_->partitions.size()));
+    if (header.num_parts() < 0 || header.num_parts() > max_parts || header.part() < 0 ||
+        header.part() >= std::max(1, header.num_parts())) {
+      RejectLocked(Rejection::kMalformed);
+      return absl::InvalidArgumentError(
+          absl::StrCat("Push: part ", header.part(), " of ", header.num_parts(),
+                       "; this server takes a push in at most ", max_parts, " parts"));
+    }
     model = model_;
+  }
+  const bool held = !model->sync && header.num_parts() > 1;
+  HeldPart part;
+  if (held) {
+    if (keep == nullptr) {
+      return absl::InternalError("Push: a multi-part push without its bytes' owner");
+    }
+    // The part's own views of the bytes, which live as long as it is held.
+    part.keep = std::move(keep);
+    if (frame != nullptr) {
+      part.frame = std::make_unique<SegmentedBytes>(*frame);
+      frame = part.frame.get();
+    } else {
+      part.contents = std::make_unique<std::vector<SegmentedBytes>>(*contents);
+      contents = part.contents.get();
+    }
   }
   std::vector<GradientRef> grads;
   absl::Status st = LocateGradients(*model, header, frame, contents, &grads);
+  if (st.ok() && held && grads.empty()) {
+    st = absl::InvalidArgumentError("Push: a part of a multi-part push carries no gradient");
+  }
   if (!st.ok()) {
     absl::MutexLock lock(&mu_);
     RejectLocked(Rejection::kShape);
     return st;
   }
-  return model->sync ? PushSync(model, header, grads, response)
-                     : PushAsync(model, header, grads, response);
+  if (model->sync) return PushSync(model, header, grads, response);
+  if (held) return PushAsyncPart(model, header, std::move(grads), std::move(part), response);
+  return PushAsync(model, header, grads, response);
+}
+
+absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
+                                            const PushRequest& header,
+                                            std::vector<GradientRef> grads, HeldPart part,
+                                            PushResponse* response) {
+  const int w = header.worker();
+  std::vector<GradientRef> all;
+  std::vector<HeldPart> parts;  // alive until the push is applied
+  {
+    absl::MutexLock lock(&mu_);
+    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+    if (header.session() < worker_session_[w]) {
+      // Refused at once, not held (AdmitSessionLocked counts it).
+      return AdmitSessionLocked(w, header.session(), "Push");
+    }
+    HeldPush& h = held_pushes_[w];
+    if (h.num_parts != header.num_parts() || h.session != header.session() ||
+        h.step != header.step()) {
+      if (h.num_parts > 0) {
+        LOG_WARN("worker {}'s push for step {} (session {}) dropped with {} of its {} parts in: "
+                 "a part of another push came",
+                 w, h.step, h.session, h.parts.size(), h.num_parts);
+      }
+      h = HeldPush();
+      h.session = header.session();
+      h.step = header.step();
+      h.num_parts = header.num_parts();
+      h.got.assign(static_cast<size_t>(h.num_parts), 0);
+    }
+    if (h.got[header.part()]) {
+      RejectLocked(Rejection::kDuplicate);
+      return absl::InvalidArgumentError(absl::StrCat("Push: worker ", w, " sent part ",
+                                                     header.part(), " of its push for step ",
+                                                     header.step(), " twice"));
+    }
+    for (const GradientRef& g : grads) {
+      if (h.partitions.count(g.partition) != 0) {
+        RejectLocked(Rejection::kDuplicate);
+        return absl::InvalidArgumentError(absl::StrCat("Push: worker ", w, " sent ",
+                                                       KeyString(g.partition->key),
+                                                       " in two parts of one push"));
+      }
+    }
+    for (const GradientRef& g : grads) h.partitions.insert(g.partition);
+    h.got[header.part()] = 1;
+    h.grads.insert(h.grads.end(), grads.begin(), grads.end());
+    h.parts.push_back(std::move(part));
+    if (static_cast<int>(h.parts.size()) < h.num_parts) {
+      response->set_outcome(HELD);
+      response->set_version(version_);
+      return absl::OkStatus();
+    }
+    all = std::move(h.grads);
+    parts = std::move(h.parts);
+    h = HeldPush();
+  }
+  return PushAsync(model, header, all, response);
 }
 
 ParameterServer::Buffer ParameterServer::TakeSpare(PartitionState* p) {

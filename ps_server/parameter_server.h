@@ -145,9 +145,12 @@ class ParameterServer {
   absl::Status Pull(const PullRequest& request, PullResponse* response);
 
   // A push whose tensors carry dtype and shape only; their contents are
-  // `payload`, concatenated in order (a frame's payload).
+  // `payload`, concatenated in order (a frame's payload). `keep` holds the
+  // bytes `payload` views: an async push's part (PushRequest.num_parts > 1)
+  // is held, bytes and all, until its push's last part is in (answered
+  // HELD), so a multi-part push needs it.
   absl::Status Push(const PushRequest& header, const SegmentedBytes& payload,
-                    PushResponse* response);
+                    PushResponse* response, std::shared_ptr<const void> keep = nullptr);
   // A push with the contents inside the protos (tests and tools).
   absl::Status Push(const PushRequest& request, PushResponse* response);
 
@@ -332,7 +335,19 @@ class ParameterServer {
                                const std::vector<SegmentedBytes>* contents,
                                std::vector<GradientRef>* grads) const;
   absl::Status PushImpl(const PushRequest& header, const SegmentedBytes* frame,
-                        const std::vector<SegmentedBytes>* contents, PushResponse* response);
+                        const std::vector<SegmentedBytes>* contents, PushResponse* response,
+                        std::shared_ptr<const void> keep);
+  // Async: one part of a multi-part push, its gradients located in `part`'s
+  // own view of the bytes. Held until the push's last part is in, which
+  // applies them all through PushAsync.
+  struct HeldPart {
+    std::shared_ptr<const void> keep;  // the received bytes
+    std::unique_ptr<SegmentedBytes> frame;
+    std::unique_ptr<std::vector<SegmentedBytes>> contents;
+  };
+  absl::Status PushAsyncPart(const std::shared_ptr<Model>& model, const PushRequest& header,
+                             std::vector<GradientRef> grads, HeldPart part,
+                             PushResponse* response);
   absl::Status PushSync(const std::shared_ptr<Model>& model, const PushRequest& header,
                         const std::vector<GradientRef>& grads, PushResponse* response);
   absl::Status PushAsync(const std::shared_ptr<Model>& model, const PushRequest& header,
@@ -465,6 +480,19 @@ class ParameterServer {
   bool ReplayAllowedLocked(int worker, int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return session_start_step_[worker] == step;
   }
+  // Async: each worker's multi-part push being received (one at a time: a
+  // part of another push drops it). Its held bytes are at most this
+  // server's share, as no partition may come twice.
+  struct HeldPush {
+    int32_t session = 0;
+    int64_t step = 0;
+    int num_parts = 0;  // 0: none
+    std::vector<char> got;  // per part
+    std::set<const PartitionState*> partitions;
+    std::vector<GradientRef> grads;
+    std::vector<HeldPart> parts;
+  };
+  std::vector<HeldPush> held_pushes_ ABSL_GUARDED_BY(mu_);
   // Async: each worker's data cursor as of its latest admitted push, and
   // whether a checkpoint's cut is holding new pushes.
   std::vector<StepCursor> async_cursors_ ABSL_GUARDED_BY(mu_);

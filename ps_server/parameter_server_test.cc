@@ -509,6 +509,83 @@ TEST_CASE("sync per partition: a step split over several pushes per worker, in a
   CHECK(all(split) == std::vector<std::vector<float>>{{-6, -7}, {-2, -2, -2, -2}});  // b, w
 }
 
+TEST_CASE("async: a push in parts is held until its last part, then applied as one update",
+          "[ps][async]") {
+  // Two partitions (w and b), SGD at rate 1; worker 0 sends each push as
+  // two parts.
+  auto init = [] {
+    InitializeRequest req = InitRequest(BaseConfig(false, 0, 0, 1.0f), 2, {0, 0, 0, 0});
+    NamedTensor* v = req.add_variables();
+    v->mutable_ref()->set_variable("b");
+    ToProto({2}, {0, 0}, v->mutable_tensor());
+    return req;
+  };
+  auto part = [](int w, int64_t step, int k, int n, const std::string& var,
+                 std::vector<float> g) {
+    PushRequest req = Grad(w, step, std::move(g), var,
+                           var == "w" ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{2});
+    req.set_part(k);
+    req.set_num_parts(n);
+    return req;
+  };
+  auto values = [](ParameterServer& ps, int64_t* version) {
+    PullRequest req;
+    req.set_incarnation(kIncarnation);
+    req.set_worker(-1);
+    PullResponse resp;
+    REQUIRE(ps.Pull(req, &resp).ok());
+    *version = resp.version();
+    std::vector<std::vector<float>> out;
+    for (const NamedTensor& nt : resp.tensors()) out.push_back(FromProto(nt.tensor())->values());
+    return out;  // b, w
+  };
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(init()).ok());
+  PushResponse r;
+  int64_t version = -1;
+  // The second part first: held, nothing applied, the version unmoved.
+  REQUIRE(ps.Push(part(0, 0, 1, 2, "b", {5, 6}), &r).ok());
+  CHECK(r.outcome() == HELD);
+  CHECK(values(ps, &version) == std::vector<std::vector<float>>{{0, 0}, {0, 0, 0, 0}});
+  CHECK(version == 0);
+  // A part sent twice, or a partition in two parts, is refused.
+  CHECK(absl::IsInvalidArgument(ps.Push(part(0, 0, 1, 2, "w", {1, 1, 1, 1}), &r)));
+  CHECK(absl::IsInvalidArgument(ps.Push(part(0, 0, 0, 2, "b", {5, 6}), &r)));
+  // Another worker's whole push goes through meanwhile.
+  REQUIRE(ps.Push(Grad(1, 0, {10, 10, 10, 10}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  // The last part applies both, as one update.
+  REQUIRE(ps.Push(part(0, 0, 0, 2, "w", {1, 2, 3, 4}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  CHECK(r.version() == 2);
+  CHECK(values(ps, &version) ==
+        std::vector<std::vector<float>>{{-5, -6}, {-11, -12, -13, -14}});
+  PsStatusResponse st;
+  ps.GetStatus(&st);
+  CHECK(st.pushes_applied() == 2);
+  // A push whose parts never all came is dropped by the worker's next one.
+  REQUIRE(ps.Push(part(0, 1, 0, 2, "w", {100, 100, 100, 100}), &r).ok());
+  CHECK(r.outcome() == HELD);
+  REQUIRE(ps.Push(part(0, 2, 1, 2, "b", {1, 1}), &r).ok());  // step 2: another push
+  CHECK(r.outcome() == HELD);
+  REQUIRE(ps.Push(part(0, 2, 0, 2, "w", {1, 1, 1, 1}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  CHECK(values(ps, &version) ==
+        std::vector<std::vector<float>>{{-6, -7}, {-12, -13, -14, -15}});
+  CHECK(version == 3);
+  // Part numbers outside the push, more parts than partitions, and an empty
+  // part are malformed; none changes anything.
+  CHECK(absl::IsInvalidArgument(ps.Push(part(0, 3, 2, 2, "w", {1, 1, 1, 1}), &r)));
+  CHECK(absl::IsInvalidArgument(ps.Push(part(0, 3, 0, 3, "w", {1, 1, 1, 1}), &r)));
+  CHECK(absl::IsInvalidArgument(ps.Push(part(0, 3, -1, 2, "w", {1, 1, 1, 1}), &r)));
+  PushRequest empty = part(0, 3, 0, 2, "w", {1, 1, 1, 1});
+  empty.clear_gradients();
+  CHECK(absl::IsInvalidArgument(ps.Push(empty, &r)));
+  CHECK(values(ps, &version) ==
+        std::vector<std::vector<float>>{{-6, -7}, {-12, -13, -14, -15}});
+  CHECK(version == 3);
+}
+
 TEST_CASE("sync: a server holding no partition completes each step on the quorum",
           "[ps][sync]") {
   ParameterServer ps;

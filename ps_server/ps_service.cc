@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <functional>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -190,16 +191,17 @@ grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
     return reactor;
   }
   PushRequest header;
-  IncomingFrame frame;
+  // Shared: a part of a multi-part async push is held, bytes and all.
+  auto frame = std::make_shared<IncomingFrame>();
   absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker}, "Push");
   absl::Status st = caller.status();
   if (st.ok()) {
-    st = DecodeFrame(*req, &header, &frame);
+    st = DecodeFrame(*req, &header, frame.get());
     if (!st.ok()) ps_->RecordRejection(ParameterServer::Rejection::kMalformed);
   }
   if (st.ok()) st = auth_->CheckWorkerField(*caller, header.worker(), "Push");
   PushResponse response;
-  if (st.ok()) st = ps_->Push(header, frame.payload, &response);
+  if (st.ok()) st = ps_->Push(header, frame->payload, &response, frame);
   if (!st.ok() && !absl::IsUnavailable(st) && !absl::IsUnauthenticated(st) &&
       !absl::IsPermissionDenied(st)) {
     LOG_WARN("push from worker {} step {} refused: {}", header.worker(), header.step(),

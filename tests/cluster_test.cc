@@ -1035,9 +1035,16 @@ TEST_CASE("a model too large for the messages or the machine is refused in one l
   ConfigOptions o;
   o.hidden_units = {65536, 65536};  // 4.3 billion parameters in dense1/kernel
   o.output_dir = JoinPath(dir, "out");
-  const std::string config =
-      testing::WriteFile(JoinPath(dir, "c.pbtxt"), testing::ConfigText(o));
-  const std::string expected = "the largest variable, dense1/kernel, is 16.0 GiB";
+  // Partitions of up to 1 GiB: one does not fit a message.
+  std::string text = testing::ConfigText(o);
+  const std::string placement = "placement { partition_min_bytes: 65536 }";
+  REQUIRE(text.find(placement) != std::string::npos);
+  text.replace(text.find(placement), placement.size(),
+               "placement { partition_min_bytes: 65536 partition_max_bytes: 1073741824 }");
+  const std::string config = testing::WriteFile(JoinPath(dir, "c.pbtxt"), text);
+  const std::string expected =
+      "partition 0 of dense1/kernel is 1.0 GiB (4096 rows of 256.0 KiB); one message carries "
+      "at most 256.0 MiB: set placement.partition_max_bytes to at most 255.0 MiB";
   CommandResult plan = testing::RunCommand(
       {Binary("tools/pstrain"), "plan", "--cluster_spec=" + spec, "--config=" + config},
       absl::Seconds(30));
@@ -1056,14 +1063,16 @@ TEST_CASE("a model too large for the messages or the machine is refused in one l
   INFO(chief.output);
   CHECK(chief.exit_code == 1);
   CHECK(chief.output.find(expected) != std::string::npos);
-  // Enough servers for the messages; now this machine's memory is the limit.
-  const std::string wide = testing::WriteClusterSpec(testing::FreshTempDir("too_large_wide"), 80, 1);
-  CommandResult plan80 = testing::RunCommand(
-      {Binary("tools/pstrain"), "plan", "--cluster_spec=" + wide, "--config=" + config},
+  // With the default 4 MiB partitions every call fits a message, whatever a
+  // server's share (8 GiB here); now this machine's memory is the limit.
+  const std::string fits = testing::WriteFile(JoinPath(dir, "d.pbtxt"), testing::ConfigText(o));
+  CommandResult plan_fits = testing::RunCommand(
+      {Binary("tools/pstrain"), "plan", "--cluster_spec=" + spec, "--config=" + fits},
       absl::Seconds(30));
-  INFO(plan80.output);
-  CHECK(plan80.exit_code == 2);
-  CHECK(plan80.output.find("of memory; this machine has") != std::string::npos);
+  INFO(plan_fits.output);
+  CHECK(plan_fits.exit_code == 2);
+  CHECK(plan_fits.output.find("of memory; this machine has") != std::string::npos);
+  CHECK(plan_fits.output.find("one message") == std::string::npos);
 }
 
 TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV", "[bench]") {

@@ -642,6 +642,50 @@ TEST_CASE("in-flight request memory is bounded: 8 concurrent 200 MiB pushes are 
   CHECK(st.pushes_applied() == 2);
 }
 
+TEST_CASE("async: a server's share over the message cap travels in calls of whole partitions; "
+          "each push is one update", "[data_path][async][limits]") {
+  // 260 MiB on one server, over gRPC's 256 MiB cap, in 4 MiB partitions.
+  const std::vector<VariableSpec> vars = {{"w", {65536, 1040}}};
+  Servers s(1, "big_share", vars, 4 << 20, "optimizer { learning_rate: 1 } async {}");
+  REQUIRE(s.placement->server_bytes()[0] > kMaxMessageBytes);
+  Buffers b(s.vars, 0.25f);
+  // In one message it is refused by size, and changes nothing.
+  {
+    auto whole = s.Worker(0);
+    std::vector<PushOutcome> out;
+    absl::Status st = whole->PushFrom({0}, b.src(), &out);
+    INFO(st.ToString());
+    CHECK(absl::IsResourceExhausted(st));
+  }
+  // In parts: two workers' pushes, each applied whole, once.
+  for (int w = 0; w < 2; ++w) {
+    auto c = s.Worker(w);
+    c->set_chunk_bytes(4 << 20);
+    c->set_mixed_versions(true);
+    PsClient::PullResult r;
+    REQUIRE(c->PullInto({}, absl::Seconds(20), b.dst(), &r).ok());
+    CHECK(r.versions[0] == w);
+    std::vector<PushOutcome> out;
+    absl::Status st = c->PushFrom(r.versions, b.src(), &out);
+    INFO(st.ToString());
+    REQUIRE(st.ok());
+    CHECK(out[0] == APPLIED);
+  }
+  PsStatusResponse st;
+  REQUIRE(s.chief->GetStatus(0, &st).ok());
+  CHECK(st.version() == 2);
+  CHECK(st.pushes_applied() == 2);
+  // The chief reads it in calls of up to 64 MiB: 1 - 2 x 0.25 everywhere.
+  s.chief->set_chunk_bytes(64 << 20);
+  s.chief->set_mixed_versions(true);
+  PsClient::PullResult r;
+  REQUIRE(s.chief->PullInto({}, absl::Seconds(20), b.dst(), &r).ok());
+  CHECK(r.versions[0] == 2);
+  int64_t wrong = 0;
+  for (float v : b.params[0]) wrong += v != 0.5f;
+  CHECK(wrong == 0);
+}
+
 TEST_CASE("a server serves at most --max_concurrent_calls data calls; one more is refused at once",
           "[data_path][limits]") {
   Servers s(1, "callcap", {}, 0, "", 2, {"--max_concurrent_calls=4"});

@@ -32,8 +32,8 @@ uint64_t StepSeed(uint64_t seed, int worker, int64_t step) {
                     0xC2B2AE3D27D4EB4FULL * static_cast<uint64_t>(step));
 }
 
-// Bytes of whole partitions per pull or push call in sync mode.
-constexpr int64_t kSyncChunkBytes = 4 << 20;
+// Bytes of whole partitions per pull or push call.
+constexpr int64_t kChunkBytes = 4 << 20;
 
 double Millis(absl::Duration d, int64_t steps) {
   return steps > 0 ? absl::ToDoubleMilliseconds(d) / steps : 0.0;
@@ -163,10 +163,13 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   ps.set_incarnation(reg.incarnation());
   // The chief's pulls (evaluation, the saved model) stay float32.
   if (config.rpc().wire_dtype() == "bfloat16") ps.set_wire_dtype(DT_BFLOAT16);
-  // Sync servers aggregate per partition, so a push may travel as several
-  // calls in flight together (the server applies each partition as it lands),
-  // and so may a pull (this worker copies one part while the next arrives).
-  if (sync) ps.set_chunk_bytes(kSyncChunkBytes);
+  // Pulls and pushes travel as calls of up to 4 MiB in flight together, so
+  // no message nears gRPC's cap: sync servers aggregate per partition and
+  // apply each as it lands; async servers hold a push's parts until the
+  // last is in and apply it as one update, and this worker takes an async
+  // pull's parts at whatever version each answered (the oldest counts).
+  ps.set_chunk_bytes(kChunkBytes);
+  ps.set_mixed_versions(!sync);
   ps.set_push_timeout(step_timeout + rpc_timeout);
   std::vector<int64_t> min_versions(ps.num_servers(), reg.start_step());
   ps.set_session(reg.session());

@@ -27,6 +27,7 @@ TEST_CASE("a training config parses and gets defaults", "[config]") {
   CHECK(c->rpc().step_timeout_ms() > 0);
   CHECK(c->compute_threads() == 1);
   CHECK(c->placement().partition_min_bytes() > 0);
+  CHECK(c->rpc().call_bytes() == (4 << 20));
 }
 
 TEST_CASE("a config or spec path that is a directory says so", "[config]") {
@@ -73,6 +74,17 @@ TEST_CASE("semantic errors name the field", "[config]") {
     REQUIRE_FALSE(c.ok());
     CHECK(std::string(c.status().message()).find("optimizer.learning_rate") != std::string::npos);
   }
+
+  // A call must stay under the message cap.
+  for (const char* bytes : {"-1", "268435456"}) {
+    INFO(bytes);
+    c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { call_bytes: ", bytes, " }\n"), "x.pbtxt");
+    REQUIRE_FALSE(c.ok());
+    CHECK(std::string(c.status().message()).find("rpc.call_bytes") != std::string::npos);
+  }
+  c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { call_bytes: 65536 }\n"), "x.pbtxt");
+  REQUIRE(c.ok());
+  CHECK(c->rpc().call_bytes() == 65536);
 }
 
 TEST_CASE("consistency settings are checked: no configuration can wait forever", "[config]") {

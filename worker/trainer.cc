@@ -32,9 +32,6 @@ uint64_t StepSeed(uint64_t seed, int worker, int64_t step) {
                     0xC2B2AE3D27D4EB4FULL * static_cast<uint64_t>(step));
 }
 
-// Bytes of whole partitions per pull or push call.
-constexpr int64_t kChunkBytes = 4 << 20;
-
 double Millis(absl::Duration d, int64_t steps) {
   return steps > 0 ? absl::ToDoubleMilliseconds(d) / steps : 0.0;
 }
@@ -163,12 +160,13 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   ps.set_incarnation(reg.incarnation());
   // The chief's pulls (evaluation, the saved model) stay float32.
   if (config.rpc().wire_dtype() == "bfloat16") ps.set_wire_dtype(DT_BFLOAT16);
-  // Pulls and pushes travel as calls of up to 4 MiB in flight together, so
-  // no message nears gRPC's cap: sync servers aggregate per partition and
-  // apply each as it lands; async servers hold a push's parts until the
-  // last is in and apply it as one update, and this worker takes an async
-  // pull's parts at whatever version each answered (the oldest counts).
-  ps.set_chunk_bytes(kChunkBytes);
+  // Pulls and pushes travel as calls of up to rpc.call_bytes (4 MiB) in
+  // flight together, so no message nears gRPC's cap: sync servers aggregate
+  // per partition and apply each as it lands; async servers hold a push's
+  // parts until the last is in and apply it as one update, and this worker
+  // takes an async pull's parts at whatever version each answered (the
+  // oldest counts).
+  ps.set_chunk_bytes(config.rpc().call_bytes());
   ps.set_mixed_versions(!sync);
   ps.set_push_timeout(step_timeout + rpc_timeout);
   std::vector<int64_t> min_versions(ps.num_servers(), reg.start_step());

@@ -4,7 +4,9 @@
 # stage installs (or from the base image's own libc and compiler runtime).
 #   runtime_libs.sh CONTAINERFILE BINARY...
 # Libraries outside Debian's packages (the CUDA toolkit's, in a CUDA build)
-# are listed and skipped: the CPU-only image does not link them.
+# are listed and skipped: the CPU-only image does not link them; so are the
+# sanitizers' runtimes (a --config=asan test build links them; the image's
+# release build does not).
 set -euo pipefail
 containerfile=$1
 shift
@@ -22,6 +24,11 @@ for lib in $(ldd "$@" | awk '/=>/ && $3 ~ /^\// {print $3}' | sort -u); do
     echo "not from a Debian package (skipped): $real"
     continue
   fi
+  case "$pkg" in
+    libasan* | libubsan* | libtsan* | liblsan*)
+      echo "a sanitizer's runtime (skipped): $real"
+      continue ;;
+  esac
   case " $wanted $base " in
     *" $pkg "*) ;;
     *) echo "MISSING: $real comes from $pkg, which the runtime stage does not install"

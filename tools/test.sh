@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The README's second command: set up, then build and test every target twice,
-# with CUDA (where nvcc exists) and CPU-only, then fuzz (tools/fuzz.sh), then run clang's
-# thread-safety analysis (tools/thread_safety.sh). Ends with the line "N passed, N failed",
-# counting Catch2 test cases from Bazel's per-test XML, each fuzz target and each analysis check.
+# The README's second command: set up, then build and test every target three
+# times, with CUDA (where nvcc exists), CPU-only, and under ASan + UBSan, then
+# fuzz (tools/fuzz.sh), then run clang's thread-safety analysis
+# (tools/thread_safety.sh). Ends with the line "N passed, N failed", counting
+# Catch2 test cases from Bazel's per-test XML, each fuzz target and each
+# analysis check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 source tools/setup.sh
@@ -16,28 +18,39 @@ python=$(pstrain_python_readers) || python=/usr/bin/python3  # the export test t
 results=$(mktemp -d)
 trap 'rm -rf "$results"' EXIT
 overall=0
+startup=()  # bazel startup options of the configuration being run
 run_config() {  # name, bazel flags...
   local name=$1
   shift
   echo "=== bazel test //... ($name)" >&2
-  bazel test --noshow_progress --test_env=PSTRAIN_PYTHON="$python" \
+  bazel "${startup[@]}" test --noshow_progress --test_env=PSTRAIN_PYTHON="$python" \
     --test_env=PSTRAIN_REQUIRE_PYTHON_READERS=1 "$@" //... >&2
   local rc=$?
   [ $rc -ne 0 ] && overall=$rc
   mkdir -p "$results/$name"
   # The XML of every current test target (run now, or cached from an identical run).
-  local label dir
-  for label in $(bazel query --noshow_progress 'tests(//...)' 2>/dev/null); do
+  local label dir testlogs
+  testlogs=$(bazel "${startup[@]}" info "$@" bazel-testlogs 2>/dev/null)
+  for label in $(bazel "${startup[@]}" query --noshow_progress 'tests(//...)' 2>/dev/null); do
     dir=${label#//}
     dir=${dir/://}
-    if [ -f "bazel-testlogs/$dir/test.xml" ]; then
+    if [ -f "$testlogs/$dir/test.xml" ]; then
       mkdir -p "$results/$name/$dir"
-      cp "bazel-testlogs/$dir/test.xml" "$results/$name/$dir/"
+      cp "$testlogs/$dir/test.xml" "$results/$name/$dir/"
     fi
   done
 }
 run_config default
 run_config cpu_only --config=cpu_only
+# Every test again under AddressSanitizer and UndefinedBehaviorSanitizer
+# (gcc, --config=asan), in an output base of its own (another compiler
+# configuration would rebuild the main one) and without convenience
+# symlinks. PSTRAIN_ASAN=0 skips it.
+if [ "${PSTRAIN_ASAN:-1}" != 0 ]; then
+  startup=(--output_base="${PSTRAIN_ASAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-asan}")
+  run_config asan --config=asan --symlink_prefix=/
+  startup=()
+fi
 
 # The libFuzzer targets, each for PSTRAIN_FUZZ_SECONDS (20; 0 skips them) from
 # its seed corpus: one case each, failed by a crash.

@@ -236,10 +236,10 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
   if (rpc->wire_dtype() != "float32" && rpc->wire_dtype() != "bfloat16") {
     return FieldError(source, "rpc.wire_dtype", "expected float32 or bfloat16");
   }
-  if (rpc->call_bytes() < 0 || rpc->call_bytes() > (int64_t{255} << 20)) {
-    return FieldError(source, "rpc.call_bytes",
-                      "expected 0..267386880 (255 MiB, under the 256 MiB message cap; 0 means "
-                      "4 MiB)");
+  if (rpc->call_bytes() < 0 || rpc->call_bytes() > (int64_t{64} << 20)) {
+    // Well under the 256 MiB message cap: a call of many small partitions
+    // carries a header entry for each.
+    return FieldError(source, "rpc.call_bytes", "expected 0..67108864 (64 MiB; 0 means 4 MiB)");
   }
   if (rpc->call_bytes() == 0) rpc->set_call_bytes(4 << 20);
   if (rpc->rpc_timeout_ms() == 0) rpc->set_rpc_timeout_ms(10000);

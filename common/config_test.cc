@@ -76,7 +76,7 @@ TEST_CASE("semantic errors name the field", "[config]") {
   }
 
   // A call must stay under the message cap.
-  for (const char* bytes : {"-1", "268435456"}) {
+  for (const char* bytes : {"-1", "67108865"}) {
     INFO(bytes);
     c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { call_bytes: ", bytes, " }\n"), "x.pbtxt");
     REQUIRE_FALSE(c.ok());

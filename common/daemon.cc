@@ -40,9 +40,10 @@ ABSL_FLAG(bool, insecure, false,
 ABSL_FLAG(int64_t, max_inflight_mib, pstrain::ServerLimits().inflight_bytes >> 20,
           "ps and chief: memory for RPC messages being received and sent, in MiB (at least "
           "512); as it fills senders are slowed, past it calls fail with RESOURCE_EXHAUSTED");
-ABSL_FLAG(int, max_rpc_threads, pstrain::ServerLimits().threads,
+ABSL_FLAG(int, max_rpc_threads, 0,
           "ps and chief: threads for synchronous RPC handlers; a call finding none free fails "
-          "with RESOURCE_EXHAUSTED");
+          "with RESOURCE_EXHAUSTED; 0: 256, or 2 per task of the cluster and 64 more where "
+          "that is more (a waiting RegisterWorker or PullRows holds one)");
 
 namespace pstrain {
 
@@ -93,6 +94,11 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
   setup.limits.inflight_bytes =
       std::clamp<int64_t>(inflight_mib, 0, int64_t{1} << 30) * (int64_t{1} << 20);
   setup.limits.threads = absl::GetFlag(FLAGS_max_rpc_threads);
+  if (setup.limits.threads == 0) {
+    const int64_t tasks = static_cast<int64_t>(setup.task.cluster.AllTasks().size());
+    setup.limits.threads = static_cast<int>(
+        std::clamp<int64_t>(2 * tasks + 64, ServerLimits().threads, 65536));
+  }
   if (absl::Status st = ValidateServerLimits(setup.limits); !st.ok()) {
     const bool memory = setup.limits.inflight_bytes < kMinInflightBytes;
     return absl::InvalidArgumentError(

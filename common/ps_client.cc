@@ -566,6 +566,14 @@ absl::Status PsClient::PushEnd(std::vector<PushOutcome>* outcomes) {
     if (!seen[call.server] || rank(response.outcome()) > rank(o)) o = response.outcome();
     seen[call.server] = true;
   }
+  for (int s = 0; s < num_servers(); ++s) {
+    if ((*outcomes)[s] == HELD) {
+      // Every part was held and none applied the push: the server dropped it.
+      return absl::AbortedError(absl::StrCat("Push to ", ServerName(s),
+                                             ": the server held every part of the push and "
+                                             "applied none (it took a part of another push)"));
+    }
+  }
   return absl::OkStatus();
 }
 

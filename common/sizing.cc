@@ -32,9 +32,11 @@ absl::Status CheckMemory(const std::string& what, int64_t bytes, int64_t limit) 
                                                    FormatBytes(limit)));
 }
 
-absl::Status CheckPartitionsFitMessages(const Placement& placement, int64_t max_message_bytes) {
-  // Headers and names take a little of each message.
-  const int64_t limit = max_message_bytes - (int64_t{1} << 20);
+absl::Status CheckPartitionsFitMessages(const Placement& placement, int64_t max_message_bytes,
+                                        int copies) {
+  // Headers and names take a little of each message; a resume's Initialize
+  // carries a partition's values and its optimizer slots together.
+  const int64_t limit = (max_message_bytes - (int64_t{1} << 20)) / std::max(1, copies);
   for (const VariablePlacement& vp : placement.variables()) {
     const int64_t row_bytes = vp.spec.row_elements() * 4;
     for (const Partition& part : vp.partitions) {
@@ -43,7 +45,8 @@ absl::Status CheckPartitionsFitMessages(const Placement& placement, int64_t max_
       return absl::ResourceExhaustedError(absl::StrCat(
           "partition ", part.index, " of ", vp.spec.name, " is ", FormatBytes(bytes), " (",
           part.num_rows(), " rows of ", FormatBytes(row_bytes),
-          "); one message carries at most ", FormatBytes(max_message_bytes), ": ",
+          ")", copies > 1 ? absl::StrCat(" x ", copies, " with its optimizer slots") : "",
+          "; one message carries at most ", FormatBytes(max_message_bytes), ": ",
           row_bytes > limit
               ? std::string("a single row is larger than that; make the variable narrower")
               : absl::StrCat("set placement.partition_max_bytes to at most ",

@@ -25,10 +25,13 @@ std::string FormatBytes(int64_t bytes);
 // (RESOURCE_EXHAUSTED naming both).
 absl::Status CheckMemory(const std::string& what, int64_t bytes, int64_t limit);
 
-// Each partition of `placement` must fit in one message: pulls, pushes and
-// the chief's Initialize travel as calls of whole partitions (a server's
-// share may be any size). The first one too big is named, with the fix.
-absl::Status CheckPartitionsFitMessages(const Placement& placement, int64_t max_message_bytes);
+// Each partition of `placement`, `copies` times (its values and optimizer
+// slots, which a resume's Initialize carries together), must fit in one
+// message: pulls, pushes and Initialize travel as calls of whole partitions
+// (a server's share may be any size). The first one too big is named, with
+// the fix.
+absl::Status CheckPartitionsFitMessages(const Placement& placement, int64_t max_message_bytes,
+                                        int copies = 1);
 
 // What a worker or the chief holds at least: the parameters twice (the
 // pulled values and the model's own; a worker also its gradients).

@@ -35,6 +35,16 @@ TEST_CASE("a partition beyond one message is refused, naming it and the fix; a s
   CHECK(absl::IsResourceExhausted(st));
   m = std::string(st.message());
   CHECK(m.find("a single row is larger than that") != std::string::npos);
+  // With Adam's two slots a 128 MiB partition no longer fits (a resume sends
+  // them together).
+  auto adam = Placement::Compute(vars, 2, 1 << 20, 128 << 20);
+  REQUIRE(adam.ok());
+  CHECK(CheckPartitionsFitMessages(*adam, 256 << 20).ok());
+  st = CheckPartitionsFitMessages(*adam, 256 << 20, 3);
+  CHECK(absl::IsResourceExhausted(st));
+  m = std::string(st.message());
+  CHECK(m.find("(512 rows of 256.0 KiB) x 3 with its optimizer slots") != std::string::npos);
+  CHECK(m.find("partition_max_bytes to at most 85.0 MiB") != std::string::npos);
 }
 
 TEST_CASE("a process's memory is checked against the machine's", "[sizing]") {

@@ -620,24 +620,20 @@ absl::Status ParameterServer::LocateGradients(const Model& model, const PushRequ
 }
 
 absl::Status ParameterServer::Push(const PushRequest& header, const SegmentedBytes& payload,
-                                   PushResponse* response, std::shared_ptr<const void> keep) {
-  return PushImpl(header, &payload, nullptr, response, std::move(keep));
+                                   PushResponse* response) {
+  return PushImpl(header, &payload, nullptr, response);
 }
 
 absl::Status ParameterServer::Push(const PushRequest& request, PushResponse* response) {
-  // A part that may be held owns a copy of the request (tests and tools).
-  std::shared_ptr<const PushRequest> owned;
-  if (request.num_parts() > 1) owned = std::make_shared<const PushRequest>(request);
-  const PushRequest& r = owned ? *owned : request;
   std::vector<SegmentedBytes> contents;
-  contents.reserve(r.gradients_size());
-  for (const NamedTensor& nt : r.gradients()) contents.emplace_back(nt.tensor().content());
-  return PushImpl(r, nullptr, &contents, response, owned);
+  contents.reserve(request.gradients_size());
+  for (const NamedTensor& nt : request.gradients()) contents.emplace_back(nt.tensor().content());
+  return PushImpl(request, nullptr, &contents, response);
 }
 
 absl::Status ParameterServer::PushImpl(const PushRequest& header, const SegmentedBytes* frame,
                                        const std::vector<SegmentedBytes>* contents,
-                                       PushResponse* response, std::shared_ptr<const void> keep) {
+                                       PushResponse* response) {
   std::shared_ptr<Model> model;
   {
     absl::MutexLock lock(&mu_);
@@ -667,21 +663,6 @@ absl::Status ParameterServer::PushImpl(const PushRequest& header, const Segmente
     model = model_;
   }
   const bool held = !model->sync && header.num_parts() > 1;
-  HeldPart part;
-  if (held) {
-    if (keep == nullptr) {
-      return absl::InternalError("Push: a multi-part push without its bytes' owner");
-    }
-    // The part's own views of the bytes, which live as long as it is held.
-    part.keep = std::move(keep);
-    if (frame != nullptr) {
-      part.frame = std::make_unique<SegmentedBytes>(*frame);
-      frame = part.frame.get();
-    } else {
-      part.contents = std::make_unique<std::vector<SegmentedBytes>>(*contents);
-      contents = part.contents.get();
-    }
-  }
   std::vector<GradientRef> grads;
   absl::Status st = LocateGradients(*model, header, frame, contents, &grads);
   if (st.ok() && held && grads.empty()) {
@@ -693,8 +674,22 @@ absl::Status ParameterServer::PushImpl(const PushRequest& header, const Segmente
     return st;
   }
   if (model->sync) return PushSync(model, header, grads, response);
-  if (held) return PushAsyncPart(model, header, std::move(grads), std::move(part), response);
-  return PushAsync(model, header, grads, response);
+  if (!held) return PushAsync(model, header, grads, response);
+  // The part's gradients, copied out of the request to be held.
+  int64_t total = 0;
+  for (const GradientRef& g : grads) total += g.partition->size * (g.bfloat16 ? 2 : 4);
+  HeldPart part;
+  part.bytes.reset(new char[static_cast<size_t>(total)]);
+  int64_t at = 0;
+  for (GradientRef& g : grads) {
+    const int64_t n = g.partition->size * (g.bfloat16 ? 2 : 4);
+    g.bytes->CopyTo(g.offset, n, part.bytes.get() + at);
+    g.offset = at;
+    at += n;
+  }
+  part.view = std::make_unique<SegmentedBytes>(absl::string_view(part.bytes.get(), total));
+  for (GradientRef& g : grads) g.bytes = part.view.get();
+  return PushAsyncPart(model, header, std::move(grads), std::move(part), response);
 }
 
 absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
@@ -712,6 +707,15 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
       return AdmitSessionLocked(w, header.session(), "Push");
     }
     HeldPush& h = held_pushes_[w];
+    if (h.num_parts > 0 && (header.session() < h.session ||
+                            (header.session() == h.session && header.step() < h.step))) {
+      // A late part of an earlier push must not drop the one being received.
+      RejectLocked(Rejection::kSuperseded);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Push: worker ", w, "'s part for step ", header.step(), " (session ",
+          header.session(), ") came after parts of its push for step ", h.step, " (session ",
+          h.session, ")"));
+    }
     if (h.num_parts != header.num_parts() || h.session != header.session() ||
         h.step != header.step()) {
       if (h.num_parts > 0) {
@@ -740,6 +744,7 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
       }
     }
     for (const GradientRef& g : grads) h.partitions.insert(g.partition);
+    counters_.push_copied_bytes += static_cast<int64_t>(part.view->size());
     h.got[header.part()] = 1;
     h.grads.insert(h.grads.end(), grads.begin(), grads.end());
     h.parts.push_back(std::move(part));

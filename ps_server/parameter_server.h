@@ -145,12 +145,11 @@ class ParameterServer {
   absl::Status Pull(const PullRequest& request, PullResponse* response);
 
   // A push whose tensors carry dtype and shape only; their contents are
-  // `payload`, concatenated in order (a frame's payload). `keep` holds the
-  // bytes `payload` views: an async push's part (PushRequest.num_parts > 1)
-  // is held, bytes and all, until its push's last part is in (answered
-  // HELD), so a multi-part push needs it.
+  // `payload`, concatenated in order (a frame's payload). A part of an async
+  // push in several calls (PushRequest.num_parts > 1) is answered HELD and
+  // its gradients kept (copied) until the push's last part is in.
   absl::Status Push(const PushRequest& header, const SegmentedBytes& payload,
-                    PushResponse* response, std::shared_ptr<const void> keep = nullptr);
+                    PushResponse* response);
   // A push with the contents inside the protos (tests and tools).
   absl::Status Push(const PushRequest& request, PushResponse* response);
 
@@ -335,15 +334,14 @@ class ParameterServer {
                                const std::vector<SegmentedBytes>* contents,
                                std::vector<GradientRef>* grads) const;
   absl::Status PushImpl(const PushRequest& header, const SegmentedBytes* frame,
-                        const std::vector<SegmentedBytes>* contents, PushResponse* response,
-                        std::shared_ptr<const void> keep);
-  // Async: one part of a multi-part push, its gradients located in `part`'s
-  // own view of the bytes. Held until the push's last part is in, which
-  // applies them all through PushAsync.
+                        const std::vector<SegmentedBytes>* contents, PushResponse* response);
+  // Async: one part of a multi-part push, its gradients' bytes copied out of
+  // the request (a held part pins none of gRPC's buffers, so none of its
+  // memory quota, and nothing but the gradients). Held until the push's last
+  // part is in, which applies them all through PushAsync.
   struct HeldPart {
-    std::shared_ptr<const void> keep;  // the received bytes
-    std::unique_ptr<SegmentedBytes> frame;
-    std::unique_ptr<std::vector<SegmentedBytes>> contents;
+    std::unique_ptr<char[]> bytes;
+    std::unique_ptr<SegmentedBytes> view;  // of `bytes`; the grads point here
   };
   absl::Status PushAsyncPart(const std::shared_ptr<Model>& model, const PushRequest& header,
                              std::vector<GradientRef> grads, HeldPart part,
@@ -481,8 +479,9 @@ class ParameterServer {
     return session_start_step_[worker] == step;
   }
   // Async: each worker's multi-part push being received (one at a time: a
-  // part of another push drops it). Its held bytes are at most this
-  // server's share, as no partition may come twice.
+  // part of a later push drops it; a part of an earlier one is refused). Its
+  // held bytes are at most this server's share, as no partition may come
+  // twice: as much as a sync server's staging buffers for the worker.
   struct HeldPush {
     int32_t session = 0;
     int64_t step = 0;

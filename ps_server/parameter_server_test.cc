@@ -568,6 +568,8 @@ TEST_CASE("async: a push in parts is held until its last part, then applied as o
   CHECK(r.outcome() == HELD);
   REQUIRE(ps.Push(part(0, 2, 1, 2, "b", {1, 1}), &r).ok());  // step 2: another push
   CHECK(r.outcome() == HELD);
+  // A late part of the dropped push is refused and drops nothing.
+  CHECK(absl::IsFailedPrecondition(ps.Push(part(0, 1, 1, 2, "b", {9, 9}), &r)));
   REQUIRE(ps.Push(part(0, 2, 0, 2, "w", {1, 1, 1, 1}), &r).ok());
   CHECK(r.outcome() == APPLIED);
   CHECK(values(ps, &version) ==

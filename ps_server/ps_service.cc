@@ -2,7 +2,6 @@
 
 #include <atomic>
 #include <functional>
-#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -191,17 +190,16 @@ grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
     return reactor;
   }
   PushRequest header;
-  // Shared: a part of a multi-part async push is held, bytes and all.
-  auto frame = std::make_shared<IncomingFrame>();
+  IncomingFrame frame;
   absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker}, "Push");
   absl::Status st = caller.status();
   if (st.ok()) {
-    st = DecodeFrame(*req, &header, frame.get());
+    st = DecodeFrame(*req, &header, &frame);
     if (!st.ok()) ps_->RecordRejection(ParameterServer::Rejection::kMalformed);
   }
   if (st.ok()) st = auth_->CheckWorkerField(*caller, header.worker(), "Push");
   PushResponse response;
-  if (st.ok()) st = ps_->Push(header, frame->payload, &response, frame);
+  if (st.ok()) st = ps_->Push(header, frame.payload, &response);
   if (!st.ok() && !absl::IsUnavailable(st) && !absl::IsUnauthenticated(st) &&
       !absl::IsPermissionDenied(st)) {
     LOG_WARN("push from worker {} step {} refused: {}", header.worker(), header.step(),

@@ -34,7 +34,10 @@ class PsServiceImpl final
     : public PsService::WithRawCallbackMethod_Pull<
           PsService::WithRawCallbackMethod_Push<PsService::Service>> {
  public:
-  static constexpr int kDefaultMaxCalls = 4096;
+  // A worker's pull or push is up to share / rpc.call_bytes calls per server
+  // in flight together (a 1 GiB share in 4 MiB calls: 256), so the default
+  // leaves room for large jobs; each waiting pull holds about a kilobyte.
+  static constexpr int kDefaultMaxCalls = 65536;
   // `auth` (authentication off when default-constructed) outlives this.
   PsServiceImpl(ParameterServer* ps, StopSignal* stop, Authorizer* auth,
                 int max_calls = kDefaultMaxCalls)

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <optional>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -834,7 +835,14 @@ TEST_CASE("a sync worker paused past rpc_timeout_ms but within step_timeout_ms d
   REQUIRE((*launch)->Wait(absl::Seconds(30)).has_value());
   auto out = Env::Default()->ReadFile(so.output_file);
   INFO(out.value_or(""));
-  CHECK(out.value_or("").find("Deadline Exceeded") == std::string::npos);
+  // No push or pull ran out of time. A progress report paused in flight may
+  // time out: the worker says so and trains on (a warning, not a failure).
+  int deadline_failures = 0;
+  for (absl::string_view line : absl::StrSplit(out.value_or(""), '\n')) {
+    deadline_failures += absl::StrContains(line, "Deadline Exceeded") &&
+                         !absl::StrContains(line, "progress report to the chief timed out");
+  }
+  CHECK(deadline_failures == 0);
   CHECK(testing::NoProcessesMatching(spec, absl::Seconds(10)));
 }
 

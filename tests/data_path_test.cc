@@ -629,8 +629,12 @@ TEST_CASE("in-flight request memory is bounded: 8 concurrent 200 MiB pushes are 
                                                                     << " of 8 refused "
                                                                        "RESOURCE_EXHAUSTED");
   CHECK(exhausted > 0);
+#ifndef __SANITIZE_ADDRESS__
+  // (ASan's allocator keeps freed buffers in quarantine: resident memory
+  // measures it, not the quota.)
   CHECK(unbounded > (int64_t{1} << 30));
   CHECK(bounded < (int64_t{800} << 20));
+#endif
   // Nothing changed and the server still trains.
   CHECK_FALSE(s.procs[0]->Wait(absl::ZeroDuration()).has_value());
   auto w0 = s.Worker(0), w1 = s.Worker(1);
@@ -703,7 +707,7 @@ TEST_CASE("a server serves at most --max_concurrent_calls data calls; one more i
   std::vector<grpc::ByteBuffer> responses(4);
   for (int i = 0; i < 4; ++i) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
-    SetDeadline(contexts.back().get(), absl::Seconds(4));
+    SetDeadline(contexts.back().get(), absl::Seconds(60));  // cancelled below
     raw.UnaryCall(contexts[i].get(), "/pstrain.PsService/Pull", grpc::StubOptions(), &request,
                   &responses[i], [&](grpc::Status) {
                     absl::MutexLock lock(&mu);
@@ -730,11 +734,15 @@ TEST_CASE("a server serves at most --max_concurrent_calls data calls; one more i
   {
     absl::MutexLock lock(&mu);
     CHECK(parked_done == 0);
+  }
+  for (auto& ctx : contexts) ctx->TryCancel();
+  {
+    absl::MutexLock lock(&mu);
     auto all = [&parked_done]() { return parked_done == 4; };
     REQUIRE(mu.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(20)));
   }
   // Their places are free again once the server has ended them too (a
-  // moment after their callers saw the deadline).
+  // moment after their callers gave up).
   absl::Status again;
   for (const absl::Time until = absl::Now() + absl::Seconds(5);;) {
     again = w0->PullInto({0}, absl::Seconds(20), b0.dst(), &r);
@@ -797,7 +805,8 @@ TEST_CASE("synchronous handlers take at most --max_rpc_threads threads; a call p
                                                     << " before, at most " << threads_max);
   CHECK(exhausted + waited == kCalls);
   CHECK(exhausted > 0);
-  CHECK(threads_max - threads_before <= 8);
+  CHECK(waited <= 8);  // each held one of the 8 threads while it waited
+  CHECK(threads_max - threads_before <= 16);  // those, and a few of gRPC's own
 }
 
 TEST_CASE("load: 32 sync workers for 20 steps against 2 servers: every step is the exact mean",

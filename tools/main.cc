@@ -105,8 +105,9 @@ absl::StatusOr<ModelPlan> PlanModel(const ClusterSpec& cluster, const TrainingCo
 // process's own need, and the tasks `pstrain launch` would start here
 // together. `out`, when set, gets the figures.
 absl::Status CheckPlanFits(const ClusterSpec& cluster, const ModelPlan& plan, std::ostream* out) {
-  RETURN_IF_ERROR(CheckPartitionsFitMessages(plan.placement, kMaxMessageBytes));
   const int64_t copies = 1 + static_cast<int64_t>(plan.optimizer->slot_names().size());
+  RETURN_IF_ERROR(
+      CheckPartitionsFitMessages(plan.placement, kMaxMessageBytes, static_cast<int>(copies)));
   const int64_t machine = PhysicalMemoryBytes();
   const int64_t model_process = ModelProcessBytes(plan.variables);
   int64_t local = 0;

@@ -31,6 +31,10 @@ run_config() {  # name, bazel flags...
   # The XML of every current test target (run now, or cached from an identical run).
   local label dir testlogs
   testlogs=$(bazel "${startup[@]}" info "$@" bazel-testlogs 2>/dev/null)
+  if [ -z "$testlogs" ]; then
+    echo "=== $name: bazel info found no test logs; its cases are not counted" >&2
+    overall=1
+  fi
   for label in $(bazel "${startup[@]}" query --noshow_progress 'tests(//...)' 2>/dev/null); do
     dir=${label#//}
     dir=${dir/://}

@@ -18,13 +18,20 @@ python=$(pstrain_python_readers) || python=/usr/bin/python3  # the export test t
 results=$(mktemp -d)
 trap 'rm -rf "$results"' EXIT
 overall=0
-startup=()  # bazel startup options of the configuration being run
+startup=()         # bazel startup options of the configuration being run
+patterns=(//...)  # what it builds and tests
+# The test targets, by name (their XML is collected by name).
+mapfile -t test_targets < <(bazel query --noshow_progress 'tests(//...)' 2>/dev/null)
+if [ "${#test_targets[@]}" -eq 0 ]; then
+  echo "=== bazel query found no test targets" >&2
+  overall=1
+fi
 run_config() {  # name, bazel flags...
   local name=$1
   shift
-  echo "=== bazel test //... ($name)" >&2
+  echo "=== bazel test ($name)" >&2
   bazel "${startup[@]}" test --noshow_progress --test_env=PSTRAIN_PYTHON="$python" \
-    --test_env=PSTRAIN_REQUIRE_PYTHON_READERS=1 "$@" //... >&2
+    --test_env=PSTRAIN_REQUIRE_PYTHON_READERS=1 "$@" -- "${patterns[@]}" >&2
   local rc=$?
   [ $rc -ne 0 ] && overall=$rc
   mkdir -p "$results/$name"
@@ -35,7 +42,7 @@ run_config() {  # name, bazel flags...
     echo "=== $name: bazel info found no test logs; its cases are not counted" >&2
     overall=1
   fi
-  for label in $(bazel "${startup[@]}" query --noshow_progress 'tests(//...)' 2>/dev/null); do
+  for label in "${test_targets[@]}"; do
     dir=${label#//}
     dir=${dir/://}
     if [ -f "$testlogs/$dir/test.xml" ]; then
@@ -52,8 +59,12 @@ run_config cpu_only --config=cpu_only
 # symlinks. PSTRAIN_ASAN=0 skips it.
 if [ "${PSTRAIN_ASAN:-1}" != 0 ]; then
   startup=(--output_base="${PSTRAIN_ASAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-asan}")
+  # The test targets by name: from another output base, //... would walk
+  # into the main one's convenience symlinks (bazel-<dir>/external/...).
+  patterns=("${test_targets[@]}")
   run_config asan --config=asan --symlink_prefix=/
   startup=()
+  patterns=(//...)
 fi
 
 # The libFuzzer targets, each for PSTRAIN_FUZZ_SECONDS (20; 0 skips them) from

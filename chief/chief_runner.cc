@@ -4,6 +4,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <utility>
@@ -316,6 +317,15 @@ absl::Status CommitCheckpoint(const TrainingConfig& config, const Placement& pla
   return st;
 }
 
+// A fresh, non-zero incarnation other than `old` (a rollback's).
+uint64_t NewIncarnation(uint64_t old) {
+  std::random_device rd;
+  for (;;) {
+    const uint64_t fresh = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    if (fresh != 0 && fresh != old) return fresh;
+  }
+}
+
 }  // namespace
 
 absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, uint64_t incarnation,
@@ -581,6 +591,84 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     }
     write_events(e.step, scalars);
   };
+  // --- Rollbacks. A parameter server that restarted (it answers
+  // uninitialised, or for another incarnation) lost its partitions, and the
+  // others have moved on without it: every server goes back to the latest
+  // checkpoint, the one consistent point, under a new incarnation. Workers,
+  // refused on the old one, register again (previous_incarnation) and go on
+  // from the checkpoint's cursors; nothing else restarts. An operator's
+  // `pstrain checkpoint restore` does the same from the checkpoint it names.
+  const absl::Duration startup_timeout = absl::Milliseconds(config.rpc().startup_timeout_ms());
+  // Where a rollback starts from: the checkpoint named, or else the latest
+  // good one of the run (none: the seed at step 0). Read before anything
+  // changes, so a bad one leaves the run as it was.
+  auto load_point = [&](const std::string& checkpoint)
+      -> absl::StatusOr<std::optional<ResumePoint>> {
+    if (!checkpoint.empty()) {
+      ASSIGN_OR_RETURN(RestoredCheckpoint ckpt,
+                       LoadCheckpoint(Env::Default(), checkpoint, RestoreProgressLog()));
+      ASSIGN_OR_RETURN(ResumePoint r, LoadStartPoint(config, placement, checkpoint,
+                                                     std::move(ckpt), /*with_state=*/true));
+      return std::optional<ResumePoint>(std::move(r));
+    }
+    if (config.checkpoint().dir().empty()) {
+      LOG_WARN("no checkpoint.dir in the config: the job starts again from the seed at step 0");
+      return std::optional<ResumePoint>();
+    }
+    return FindResumePoint(config, placement);
+  };
+  // Puts `point` on every server under a new incarnation; returns its step.
+  auto roll_back = [&](std::optional<ResumePoint> point, const std::string& why,
+                       absl::Time began) -> absl::StatusOr<int64_t> {
+    chief->BeginRollback();
+    chief->SetServersDown(0);
+    const uint64_t fresh = NewIncarnation(ps.incarnation());
+    ps.set_incarnation(fresh);
+    const int64_t step = point.has_value() ? point->step : 0;
+    std::vector<Tensor> values =
+        point.has_value() ? std::move(point->params) : model->Initialize(config.seed());
+    RETURN_IF_ERROR(ps.InitializeAll(config, ConfigFingerprint(config), cluster.num_workers(), step,
+                                     values, startup_timeout,
+                                     point.has_value() ? &point->optimizer : nullptr));
+    if (point.has_value()) RETURN_IF_ERROR(LoadTables(config, &*point, &ps));
+    if (!config.checkpoint().dir().empty()) {
+      // A later --resume must not take the abandoned timeline's checkpoints.
+      std::vector<std::string> moved;
+      absl::Status st =
+          SetAsideCheckpointsAfter(Env::Default(), config.checkpoint().dir(), step, &moved);
+      if (!st.ok()) LOG_WARN("setting aside the checkpoints past step {}: {}", step, st);
+      for (const std::string& m : moved) {
+        LOG_INFO("set aside {}: it is past the step rolled back to", m);
+      }
+    }
+    chief->FinishRollback(fresh, step,
+                          point.has_value() ? point->cursors : std::vector<WorkerCursor>());
+    // The driver's schedule from there.
+    next_eval = std::min(every, max_steps);
+    while (next_eval <= step && next_eval < max_steps) next_eval += every;
+    next_eval = std::min(next_eval, max_steps);
+    next_ckpt = next_checkpoint_after(step);
+    asked.clear();
+    last_cut = step;
+    step_at_save = step;
+    last_save = absl::Now();
+    LOG_INFO("rolled back to step {} in {:.3f} s ({}); incarnation {:x}; the workers follow", step,
+             absl::ToDoubleSeconds(absl::Now() - began), why, fresh);
+    return step;
+  };
+  // Servers the heartbeat below finds not answering, since when.
+  std::vector<absl::Time> down_since(ps.num_servers(), absl::InfiniteFuture());
+  // Whether every server answers, on this run's incarnation.
+  auto servers_on_run = [&ps]() {
+    for (int s = 0; s < ps.num_servers(); ++s) {
+      PsStatusResponse status;
+      if (!ps.GetStatus(s, &status).ok() || !status.initialized() ||
+          status.incarnation() != ps.incarnation()) {
+        return false;
+      }
+    }
+    return true;
+  };
   const absl::Time start = absl::Now();
   for (;;) {
     if (stop->stopped()) {
@@ -592,14 +680,36 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     // servers confirm (a forged report cannot end the run or trigger a save).
     // The servers' slowest version caps it, as workers report the slowest
     // they pulled; without every server's answer nothing is confirmed.
-    chief->WaitForStep(std::min(next_eval, next_sync_cut()), absl::Seconds(1));
+    // At least every 250 ms the servers are polled: the heartbeat that finds
+    // one restarted (or gone) within a quarter second.
+    chief->WaitForStep(std::min(next_eval, next_sync_cut()), absl::Milliseconds(250));
     int64_t servers_version = std::numeric_limits<int64_t>::max();
     int64_t count = 0;
     double sum = 0;
     bool all_answered = true;
+    int down = 0;
+    std::vector<std::string> restarted;
     for (int s = 0; s < ps.num_servers(); ++s) {
       PsStatusResponse status;
-      if (!ps.GetStatus(s, &status).ok()) {
+      absl::Status answered = ps.GetStatus(s, &status);
+      if (!answered.ok()) {
+        servers_version = std::numeric_limits<int64_t>::min();
+        all_answered = false;
+        ++down;
+        if (down_since[s] == absl::InfiniteFuture()) {
+          down_since[s] = absl::Now();
+          LOG_WARN("ps:{} does not answer ({}); waiting up to {} for it to come back", s,
+                   answered, absl::FormatDuration(startup_timeout));
+        }
+        continue;
+      }
+      if (down_since[s] != absl::InfiniteFuture()) {
+        LOG_INFO("ps:{} answers again after {}", s,
+                 absl::FormatDuration(absl::Trunc(absl::Now() - down_since[s], absl::Milliseconds(1))));
+        down_since[s] = absl::InfiniteFuture();
+      }
+      if (!status.initialized() || status.incarnation() != ps.incarnation()) {
+        restarted.push_back(absl::StrCat("ps:", s));
         servers_version = std::numeric_limits<int64_t>::min();
         all_answered = false;
         continue;
@@ -618,11 +728,59 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       staleness_count = count;
       staleness_sum = sum;
     }
+    // An operator's restore, or a server that restarted: roll back.
+    std::string requested;
+    if (chief->TakeRestoreRequest(&requested)) {
+      const absl::Time began = absl::Now();
+      absl::StatusOr<std::optional<ResumePoint>> point = load_point(requested);
+      if (!point.ok()) {
+        LOG_WARN("restore of {} refused, training goes on: {}", requested, point.status());
+        chief->FinishRestoreRequest(point.status(), 0);
+        continue;
+      }
+      absl::StatusOr<int64_t> to =
+          roll_back(std::move(*point), absl::StrCat("an operator's restore of ", requested), began);
+      chief->FinishRestoreRequest(to.status(), to.value_or(0));
+      if (!to.ok()) {
+        chief->FailRollback(to.status());
+        return absl::Status(to.status().code(),
+                            absl::StrCat("rolling back to ", requested, ": ", to.status().message()));
+      }
+      continue;
+    }
+    if (!restarted.empty()) {
+      const absl::Time began = absl::Now();
+      const std::string why =
+          absl::StrCat(absl::StrJoin(restarted, ", "), " restarted and lost its partitions");
+      LOG_WARN("{}: rolling every server back to the latest checkpoint", why);
+      chief->BeginRollback();  // workers that lost the server wait from now on
+      absl::StatusOr<std::optional<ResumePoint>> point = load_point("");
+      absl::StatusOr<int64_t> to =
+          point.ok() ? roll_back(std::move(*point), why, began)
+                     : absl::StatusOr<int64_t>(point.status());
+      if (!to.ok()) {
+        chief->FailRollback(to.status());
+        return absl::Status(to.status().code(),
+                            absl::StrCat(why, "; the rollback failed: ", to.status().message()));
+      }
+      continue;
+    }
+    chief->SetServersDown(down);
+    for (int s = 0; s < ps.num_servers(); ++s) {
+      if (down_since[s] != absl::InfiniteFuture() && absl::Now() - down_since[s] > startup_timeout) {
+        chief->RequestStop();
+        chief->SetState("failed");
+        return absl::UnavailableError(absl::StrCat(
+            "ps:", s, " has not answered for ", absl::FormatDuration(startup_timeout),
+            " (rpc.startup_timeout_ms): it is gone"));
+      }
+    }
     const int64_t step = chief->ConfirmStep(servers_version);
     if (step >= max_steps || chief->AllWorkersDone()) {
       chief->SetState("finishing");  // before the last commit: tasks may leave from here on
     }
-    if (absl::Now() - chief->last_progress() > step_timeout + rpc_timeout) {
+    // (While a server is down, the wait for it above bounds the run instead.)
+    if (down == 0 && absl::Now() - chief->last_progress() > step_timeout + rpc_timeout) {
       chief->RequestStop();
       chief->SetState("failed");
       return absl::DeadlineExceededError(absl::StrCat(
@@ -630,8 +788,15 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
           " (global step ", step, "): a worker or parameter server is stuck or gone"));
     }
     if (step >= next_eval && step < max_steps) {
-      ASSIGN_OR_RETURN(Evaluation e,
-                       Evaluate(&ps, model.get(), config, test ? &*test : nullptr, &params));
+      absl::StatusOr<Evaluation> evaluated =
+          Evaluate(&ps, model.get(), config, test ? &*test : nullptr, &params);
+      if (!evaluated.ok()) {
+        // A server lost in the meantime: the heartbeat above takes it up.
+        if (servers_on_run()) return evaluated.status();
+        LOG_WARN("evaluation at step {} put off: {}", step, evaluated.status());
+        continue;
+      }
+      const Evaluation& e = *evaluated;
       chief->SetEval(e.step, e.result.accuracy(), e.result.loss);
       ChiefStatusResponse progress;
       chief->GetStatus(&progress);

@@ -1,5 +1,9 @@
 #include "chief/chief_service.h"
 
+#include <algorithm>
+#include <chrono>
+
+#include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/rpc.h"
 
@@ -43,6 +47,27 @@ grpc::Status ChiefServiceImpl::GetStatus(grpc::ServerContext* ctx, const ChiefSt
   }
   chief_->GetStatus(resp);
   return grpc::Status::OK;
+}
+
+grpc::Status ChiefServiceImpl::Restore(grpc::ServerContext* ctx, const RestoreRequest* req,
+                                       RestoreResponse* resp) {
+  if (auto caller = auth_->Check(*ctx, {Role::kOperator}, "Restore"); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
+  if (req->checkpoint().empty() || req->checkpoint().size() > 4096) {
+    return ToGrpcStatus(absl::InvalidArgumentError("Restore: a checkpoint path of 1 to 4096 bytes"));
+  }
+  // The rollback itself is bounded by the servers' startup timeout; the
+  // call's own deadline (the caller's) ends the wait sooner.
+  absl::Duration timeout = absl::Minutes(10);
+  if (ctx->deadline() != std::chrono::system_clock::time_point::max()) {
+    timeout = std::min(timeout, absl::FromChrono(ctx->deadline()) - absl::Now());
+  }
+  LOG_INFO("restore of {} asked by {}", req->checkpoint(), ctx->peer());
+  int64_t step = 0;
+  absl::Status st = chief_->RequestRestore(req->checkpoint(), timeout, &step);
+  if (st.ok()) resp->set_step(step);
+  return ToGrpcStatus(st);
 }
 
 }  // namespace pstrain

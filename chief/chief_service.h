@@ -12,7 +12,7 @@ namespace pstrain {
 class ChiefServiceImpl final : public ChiefService::Service {
  public:
   // Only workers register and report, each as itself; anyone authenticated
-  // reads GetStatus (common/auth.h). `auth` outlives this.
+  // reads GetStatus, only the operator restores (common/auth.h). `auth` outlives this.
   ChiefServiceImpl(Chief* chief, Authorizer* auth) : chief_(chief), auth_(auth) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* ctx, const RegisterWorkerRequest* req,
@@ -21,6 +21,9 @@ class ChiefServiceImpl final : public ChiefService::Service {
                               ProgressResponse* resp) override;
   grpc::Status GetStatus(grpc::ServerContext* ctx, const ChiefStatusRequest* req,
                          ChiefStatusResponse* resp) override;
+  // An operator's rollback to a checkpoint (`pstrain checkpoint restore`).
+  grpc::Status Restore(grpc::ServerContext* ctx, const RestoreRequest* req,
+                       RestoreResponse* resp) override;
 
  private:
   Chief* const chief_;

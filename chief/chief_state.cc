@@ -13,9 +13,9 @@ Chief::Chief(int num_workers, int64_t max_steps, uint64_t incarnation, uint64_t 
              int64_t start_step, absl::Duration max_wait)
     : num_workers_(num_workers),
       max_steps_(max_steps),
-      incarnation_(incarnation),
       fingerprint_(fingerprint),
       max_wait_(max_wait),
+      incarnation_(incarnation),
       global_step_(start_step),
       claimed_step_(start_step),
       claim_checked_(start_step),
@@ -36,6 +36,7 @@ absl::Status Chief::RegisterWorker(const RegisterWorkerRequest& request,
   }
   if (request.timeout_ms() < 0) return absl::InvalidArgumentError("negative timeout_ms");
   absl::MutexLock lock(&mu_);
+  if (request.previous_incarnation() != 0) return RegisterAfterRollbackLocked(request, response);
   const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
   if (!mu_.AwaitWithTimeout(absl::Condition(&initialized_), timeout)) {
     return absl::DeadlineExceededError(absl::StrCat("variables not initialised after ",
@@ -71,13 +72,68 @@ absl::Status Chief::RegisterWorker(const RegisterWorkerRequest& request,
   return absl::OkStatus();
 }
 
+absl::Status Chief::RegisterAfterRollbackLocked(const RegisterWorkerRequest& request,
+                                                RegisterWorkerResponse* response) {
+  const int w = request.worker();
+  const uint64_t previous = request.previous_incarnation();
+  if (previous != incarnation_ &&
+      std::find(earlier_incarnations_.begin(), earlier_incarnations_.end(), previous) ==
+          earlier_incarnations_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", w, " names incarnation ", previous,
+        ", which this chief never ran (a task from another run?)"));
+  }
+  const absl::Time start = absl::Now();
+  const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
+  // A worker can lose a server before the chief's heartbeat does: a few
+  // seconds for a rollback (or a server found down) to show.
+  auto expected = [this, previous]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return incarnation_ != previous || rolling_back_ || servers_down_ > 0 ||
+           !rollback_failed_.ok() || stop_requested_;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&expected), std::min(timeout, absl::Seconds(5)));
+  if (!expected()) {
+    return absl::FailedPreconditionError(
+        "no rollback under way: every parameter server answers, on the run's incarnation");
+  }
+  // Settled: the rollback done, failed, the run ending, or the lost servers
+  // back without one (a network blip, not a restart).
+  auto settled = [this, previous]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return (incarnation_ != previous && initialized_ && !rolling_back_) ||
+           !rollback_failed_.ok() || stop_requested_ ||
+           (incarnation_ == previous && !rolling_back_ && servers_down_ == 0);
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&settled),
+                            std::max(absl::ZeroDuration(), timeout - (absl::Now() - start)))) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the job's rollback did not finish within ", absl::FormatDuration(timeout)));
+  }
+  if (!rollback_failed_.ok()) return rollback_failed_;
+  if (incarnation_ == previous) {
+    return absl::FailedPreconditionError(
+        stop_requested_ ? "the run is ending"
+                        : "no rollback: the parameter servers are back on the run's incarnation");
+  }
+  WorkerState& ws = workers_[w];
+  ws.registered = true;
+  ws.done = false;
+  last_progress_ = absl::Now();
+  response->set_incarnation(incarnation_);
+  response->set_session(ws.restarts);
+  response->set_start_step(global_step_);
+  response->set_rolled_back(true);
+  for (const WorkerCursor& c : cursors_) {
+    if (c.worker() != w) continue;
+    response->set_has_cursor(true);
+    response->set_cursor_epoch(c.epoch());
+    response->set_cursor_position(c.position());
+  }
+  LOG_INFO("worker {} follows the rollback: it goes on from step {}", w, global_step_);
+  return absl::OkStatus();
+}
+
 absl::Status Chief::ReportProgress(const ProgressReport& report, ProgressResponse* response) {
   const int w = report.worker();
-  if (report.incarnation() != incarnation_) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("progress from cluster incarnation ", report.incarnation(),
-                     ", this chief runs ", incarnation_));
-  }
   if (w < 0 || w >= num_workers_) {
     return absl::InvalidArgumentError(absl::StrCat("worker ", w, " out of range"));
   }
@@ -90,6 +146,11 @@ absl::Status Chief::ReportProgress(const ProgressReport& report, ProgressRespons
     if (!std::isfinite(s) || s < 0 || s > 3.2e7) s = 0;
   }
   absl::MutexLock lock(&mu_);
+  if (report.incarnation() != incarnation_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("progress from cluster incarnation ", report.incarnation(),
+                     ", this chief runs ", incarnation_));
+  }
   const absl::Time now = absl::Now();
   if (first_report_ == absl::InfinitePast()) first_report_ = now;
   WorkerState& ws = workers_[w];
@@ -147,6 +208,8 @@ void Chief::GetStatus(ChiefStatusResponse* r) {
   r->set_eval_step(eval_step_);
   r->set_eval_accuracy(eval_accuracy_);
   r->set_eval_loss(eval_loss_);
+  r->set_rollbacks(rollbacks_);
+  r->set_rolled_back_to(rolled_back_to_);
 }
 
 void Chief::MarkInitialized() { MarkInitialized(0, {}); }
@@ -160,6 +223,95 @@ void Chief::MarkInitialized(int64_t start_step, const std::vector<WorkerCursor>&
   claimed_step_ = std::max(claimed_step_, global_step_);
   claim_checked_ = std::max(claim_checked_, global_step_);
   cursors_ = cursors;
+}
+
+void Chief::BeginRollback() {
+  absl::MutexLock lock(&mu_);
+  rolling_back_ = true;
+  initialized_ = false;  // registrations wait for the new incarnation
+  state_ = "rolling back";
+}
+
+void Chief::FinishRollback(uint64_t incarnation, int64_t step,
+                           const std::vector<WorkerCursor>& cursors) {
+  absl::MutexLock lock(&mu_);
+  if (incarnation != incarnation_) {
+    earlier_incarnations_.push_back(incarnation_);
+    incarnation_ = incarnation;
+  }
+  rolling_back_ = false;
+  initialized_ = true;
+  state_ = "training";
+  last_progress_ = absl::Now();
+  // The one place the global step goes back.
+  global_step_ = step;
+  claimed_step_ = step;
+  claim_checked_ = step;
+  cursors_ = cursors;
+  ++rollbacks_;
+  rolled_back_to_ = step;
+}
+
+void Chief::FailRollback(const absl::Status& status) {
+  absl::MutexLock lock(&mu_);
+  rollback_failed_ = status.ok() ? absl::InternalError("rollback failed") : status;
+  rolling_back_ = false;
+  stop_requested_ = true;
+  state_ = "failed";
+}
+
+void Chief::SetServersDown(int n) {
+  absl::MutexLock lock(&mu_);
+  servers_down_ = n;
+}
+
+uint64_t Chief::incarnation() {
+  absl::MutexLock lock(&mu_);
+  return incarnation_;
+}
+
+int Chief::rollbacks() {
+  absl::MutexLock lock(&mu_);
+  return rollbacks_;
+}
+
+absl::Status Chief::RequestRestore(const std::string& checkpoint, absl::Duration timeout,
+                                   int64_t* step) {
+  absl::MutexLock lock(&mu_);
+  if (state_ != "training" || rolling_back_) {
+    return absl::UnavailableError(
+        absl::StrCat("the chief is ", state_, ": a restore is taken only while it trains"));
+  }
+  if (restore_ != nullptr) return absl::UnavailableError("another restore is under way");
+  auto request = std::make_shared<RestoreRequestState>();
+  request->checkpoint = checkpoint;
+  restore_ = request;
+  auto answered = [&request]() { return request->answered; };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&answered), timeout)) {
+    if (!request->taken) restore_.reset();  // withdrawn before the driver saw it
+    return absl::DeadlineExceededError(
+        absl::StrCat("the restore did not finish within ", absl::FormatDuration(timeout),
+                     request->taken ? " (it goes on: see the chief's log)" : " (withdrawn)"));
+  }
+  *step = request->step;
+  return request->status;
+}
+
+bool Chief::TakeRestoreRequest(std::string* checkpoint) {
+  absl::MutexLock lock(&mu_);
+  if (restore_ == nullptr || restore_->taken) return false;
+  restore_->taken = true;
+  *checkpoint = restore_->checkpoint;
+  return true;
+}
+
+void Chief::FinishRestoreRequest(const absl::Status& status, int64_t step) {
+  absl::MutexLock lock(&mu_);
+  if (restore_ == nullptr) return;
+  restore_->answered = true;
+  restore_->status = status;
+  restore_->step = step;
+  restore_.reset();
 }
 
 void Chief::RequestStop() {
@@ -178,7 +330,7 @@ int64_t Chief::WaitForStep(int64_t step, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto reached = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return (claimed_step_ >= step && claimed_step_ > claim_checked_) || AllDoneLocked() ||
-           stop_requested_;
+           stop_requested_ || (restore_ != nullptr && !restore_->taken);
   };
   mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
   return claimed_step_;

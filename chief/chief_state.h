@@ -7,6 +7,7 @@
 #define PSTRAIN_CHIEF_CHIEF_STATE_H_
 
 #include <array>
+#include <memory>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -57,6 +58,31 @@ class Chief {
   void SetEval(int64_t step, float accuracy, float loss);
   void SetState(const std::string& state);
 
+  // --- Rollbacks of the running job to a checkpoint (a restarted parameter
+  // server's, or an operator's `pstrain checkpoint restore`), by the driver.
+  // From BeginRollback on, registrations wait and workers that lost their
+  // servers wait for the new incarnation.
+  void BeginRollback();
+  // Training goes on from `step` under `incarnation`: the global step goes
+  // back to it, and each worker gets its cursor when it registers again.
+  void FinishRollback(uint64_t incarnation, int64_t step, const std::vector<WorkerCursor>& cursors);
+  // The rollback failed: the run ends; workers waiting for it are refused.
+  void FailRollback(const absl::Status& status);
+  // How many servers the driver's heartbeat finds unreachable now: a worker
+  // that lost one waits for the rollback its restart brings.
+  void SetServersDown(int n);
+  uint64_t incarnation();
+  int rollbacks();
+
+  // An operator's rollback (the Restore RPC): queued for the driver, which
+  // carries it out between its rounds; waits up to `timeout` for the outcome.
+  absl::Status RequestRestore(const std::string& checkpoint, absl::Duration timeout,
+                              int64_t* step);
+  // The driver: takes the queued request, if any.
+  bool TakeRestoreRequest(std::string* checkpoint);
+  // The driver: the taken request's outcome.
+  void FinishRestoreRequest(const absl::Status& status, int64_t step);
+
   // Checkpoints the driver committed (or failed to), for the metrics.
   struct CheckpointStats {
     int64_t committed = 0;
@@ -85,14 +111,35 @@ class Chief {
   };
   bool AllDoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // A registration naming an earlier incarnation (the worker's servers
+  // moved on): waits for the rollback, then answers as the run's restart.
+  absl::Status RegisterAfterRollbackLocked(const RegisterWorkerRequest& request,
+                                           RegisterWorkerResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Constant after construction.
   const int num_workers_;
   const int64_t max_steps_;
-  const uint64_t incarnation_;
   const uint64_t fingerprint_;
   const absl::Duration max_wait_;
 
   absl::Mutex mu_;
+  uint64_t incarnation_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> earlier_incarnations_ ABSL_GUARDED_BY(mu_);  // rolled back from
+  bool rolling_back_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status rollback_failed_ ABSL_GUARDED_BY(mu_);
+  int servers_down_ ABSL_GUARDED_BY(mu_) = 0;
+  int rollbacks_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t rolled_back_to_ ABSL_GUARDED_BY(mu_) = -1;
+  // The Restore RPC's request, from queued to answered.
+  struct RestoreRequestState {
+    std::string checkpoint;
+    bool taken = false;
+    bool answered = false;
+    absl::Status status;
+    int64_t step = 0;
+  };
+  std::shared_ptr<RestoreRequestState> restore_ ABSL_GUARDED_BY(mu_);
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   std::string state_ ABSL_GUARDED_BY(mu_) = "starting";

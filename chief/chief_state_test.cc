@@ -4,6 +4,7 @@
 #include <limits>
 #include <thread>
 
+#include "absl/time/clock.h"
 #include "catch2/catch.hpp"
 
 namespace pstrain {
@@ -172,6 +173,141 @@ TEST_CASE("the chief sums the workers' step-time split; a bad split is ignored, 
   CHECK(s.data_seconds() == 0.25);
   CHECK(s.compute_seconds() == 6.0);
   CHECK(s.push_seconds() == 0.5);
+}
+
+TEST_CASE("a worker whose servers moved on waits for the rollback and goes on from its step "
+          "and cursor; an earlier incarnation's reports are refused",
+          "[chief][rollback]") {
+  Chief chief(2, 1000, 9, 5, 0);
+  chief.MarkInitialized();
+  ProgressResponse pr;
+  ProgressReport r = Report(0, 300);
+  REQUIRE(chief.ReportProgress(r, &pr).ok());
+  REQUIRE(chief.ConfirmStep(300) == 300);
+
+  RegisterWorkerRequest req;
+  req.set_worker(1);
+  req.set_config_fingerprint(5);
+  req.set_previous_incarnation(9);
+  req.set_timeout_ms(200);
+  RegisterWorkerResponse resp;
+  // No rollback under way and every server answering: refused after the
+  // grace, so the worker's own error stands.
+  const absl::Time t0 = absl::Now();
+  CHECK(absl::IsFailedPrecondition(chief.RegisterWorker(req, &resp)));
+  CHECK(absl::Now() - t0 >= absl::Milliseconds(150));
+  // An incarnation this chief never ran.
+  req.set_previous_incarnation(77);
+  CHECK(absl::IsFailedPrecondition(chief.RegisterWorker(req, &resp)));
+
+  // A rollback: the worker waits until it is done.
+  req.set_previous_incarnation(9);
+  req.set_timeout_ms(10000);
+  chief.BeginRollback();
+  absl::Status registered;
+  std::thread worker([&] { registered = chief.RegisterWorker(req, &resp); });
+  absl::SleepFor(absl::Milliseconds(50));
+  WorkerCursor c;
+  c.set_worker(1);
+  c.set_epoch(2);
+  c.set_position(64);
+  chief.FinishRollback(/*incarnation=*/11, /*step=*/200, {c});
+  worker.join();
+  REQUIRE(registered.ok());
+  CHECK(resp.rolled_back());
+  CHECK_FALSE(resp.rejoin());
+  CHECK(resp.incarnation() == 11);
+  CHECK(resp.start_step() == 200);
+  CHECK(resp.has_cursor());
+  CHECK(resp.cursor_epoch() == 2);
+  CHECK(resp.cursor_position() == 64);
+  CHECK(resp.session() == 0);
+  // The one way the global step goes back.
+  CHECK(chief.global_step() == 200);
+  CHECK(chief.incarnation() == 11);
+  ChiefStatusResponse st;
+  chief.GetStatus(&st);
+  CHECK(st.rollbacks() == 1);
+  CHECK(st.rolled_back_to() == 200);
+  CHECK(st.state() == "training");
+  // A report of the old incarnation is refused; the new one's counts.
+  CHECK(absl::IsFailedPrecondition(chief.ReportProgress(Report(0, 400), &pr)));
+  CHECK(chief.ConfirmStep(1000) == 200);
+  ProgressReport now = Report(0, 210);
+  now.set_incarnation(11);
+  REQUIRE(chief.ReportProgress(now, &pr).ok());
+  CHECK(chief.ConfirmStep(1000) == 210);
+  // A worker that registers again later, naming the old one, gets the new.
+  RegisterWorkerResponse late;
+  REQUIRE(chief.RegisterWorker(req, &late).ok());
+  CHECK(late.incarnation() == 11);
+}
+
+TEST_CASE("a worker that lost a server waits while it is down; a failed rollback refuses it",
+          "[chief][rollback]") {
+  Chief chief(1, 1000, 9, 5, 0);
+  chief.MarkInitialized();
+  RegisterWorkerRequest req;
+  req.set_worker(0);
+  req.set_config_fingerprint(5);
+  req.set_previous_incarnation(9);
+  req.set_timeout_ms(10000);
+  RegisterWorkerResponse resp;
+  chief.SetServersDown(1);
+  absl::Status registered;
+  std::thread worker([&] { registered = chief.RegisterWorker(req, &resp); });
+  absl::SleepFor(absl::Milliseconds(50));
+  chief.BeginRollback();
+  chief.FailRollback(absl::NotFoundError("no complete, intact checkpoint"));
+  worker.join();
+  CHECK(absl::IsNotFound(registered));
+  ChiefStatusResponse st;
+  chief.GetStatus(&st);
+  CHECK(st.state() == "failed");
+
+  // A server that comes back without having restarted (a blip): no rollback.
+  Chief other(1, 1000, 9, 5, 0);
+  other.MarkInitialized();
+  other.SetServersDown(1);
+  std::thread w2([&] { registered = other.RegisterWorker(req, &resp); });
+  absl::SleepFor(absl::Milliseconds(50));
+  other.SetServersDown(0);
+  w2.join();
+  CHECK(absl::IsFailedPrecondition(registered));
+}
+
+TEST_CASE("an operator's restore is handed to the driver and answered with its step",
+          "[chief][rollback]") {
+  Chief chief(1, 1000, 9, 5, 0);
+  int64_t step = 0;
+  // Not while the chief is starting.
+  CHECK(absl::IsUnavailable(chief.RequestRestore("/x/ckpt-100", absl::Seconds(1), &step)));
+  chief.MarkInitialized();
+  std::string taken;
+  CHECK_FALSE(chief.TakeRestoreRequest(&taken));
+  // Nobody takes it: withdrawn at the deadline.
+  CHECK(absl::IsDeadlineExceeded(chief.RequestRestore("/x/ckpt-100", absl::Milliseconds(50),
+                                                      &step)));
+  CHECK_FALSE(chief.TakeRestoreRequest(&taken));
+  absl::Status answered;
+  std::thread op([&] { answered = chief.RequestRestore("/x/ckpt-100", absl::Seconds(10), &step); });
+  // The driver's wait wakes for it.
+  const absl::Time t0 = absl::Now();
+  chief.WaitForStep(1000, absl::Seconds(5));
+  CHECK(absl::Now() - t0 < absl::Seconds(4));
+  REQUIRE(chief.TakeRestoreRequest(&taken));
+  CHECK(taken == "/x/ckpt-100");
+  CHECK_FALSE(chief.TakeRestoreRequest(&taken));
+  chief.FinishRestoreRequest(absl::OkStatus(), 100);
+  op.join();
+  CHECK(answered.ok());
+  CHECK(step == 100);
+  // A refused one carries the driver's reason.
+  std::thread op2([&] { answered = chief.RequestRestore("/x/bad", absl::Seconds(10), &step); });
+  while (!chief.TakeRestoreRequest(&taken)) absl::SleepFor(absl::Milliseconds(5));
+  chief.FinishRestoreRequest(absl::FailedPreconditionError("another model?"), 0);
+  op2.join();
+  CHECK(absl::IsFailedPrecondition(answered));
 }
 
 }  // namespace

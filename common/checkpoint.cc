@@ -568,6 +568,30 @@ absl::Status CommitAndPrune(Env* env, const std::string& dir, int64_t latest, in
   return first_error;
 }
 
+absl::Status SetAsideCheckpointsAfter(Env* env, const std::string& dir, int64_t step,
+                                      std::vector<std::string>* moved) {
+  if (!env->IsDirectory(dir)) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<CheckpointInfo> all, ListCheckpoints(env, dir));
+  std::vector<int64_t> kept;
+  for (const CheckpointInfo& info : all) {
+    if (info.step <= step) {
+      if (info.complete) kept.push_back(info.step);
+      continue;
+    }
+    std::string to = absl::StrCat(info.path, ".rolled-back");
+    for (int n = 2; env->FileExists(to); ++n) to = absl::StrCat(info.path, ".rolled-back-", n);
+    RETURN_IF_ERROR(env->RenameFile(info.path, to));
+    if (moved != nullptr) moved->push_back(to);
+  }
+  RETURN_IF_ERROR(env->SyncDir(dir));
+  if (kept.empty()) {
+    const std::string pointer = JoinPath(dir, kPointerFile);
+    return env->FileExists(pointer) ? env->DeleteFile(pointer) : absl::OkStatus();
+  }
+  const int64_t latest = kept.back();
+  return WritePointer(env, dir, latest, kept);
+}
+
 namespace {
 
 // The path of the newest checkpoint of `dir` for which `problems` says

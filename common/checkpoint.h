@@ -114,6 +114,15 @@ absl::StatusOr<int64_t> ReadPointer(Env* env, const std::string& dir);
 // older than it, and rewrites the pointer. Never deletes `latest`.
 absl::Status CommitAndPrune(Env* env, const std::string& dir, int64_t latest, int keep);
 
+// A rollback to `step`: the checkpoints of `dir` past it belong to the
+// timeline abandoned, so a later --resume must not take them. Each is
+// renamed ckpt-<n>.rolled-back (.rolled-back-2, ... if taken), kept for
+// inspection, out of ListCheckpoints' sight; the pointer is rewritten to
+// the newest complete one left (or removed with none). `moved` gets the
+// new names.
+absl::Status SetAsideCheckpointsAfter(Env* env, const std::string& dir, int64_t step,
+                                      std::vector<std::string>* moved);
+
 // The newest checkpoint in `dir` that verifies. Each newer one that does not
 // is described in `skipped` ("ckpt-300: shard-1-of-2: ..."), so the caller
 // can log why it fell back. NOT_FOUND when none is good.

@@ -321,6 +321,43 @@ TEST_CASE("committing keeps the newest complete ones and deletes the rest", "[ch
   CHECK(*ReadPointer(env, dir) == 300);
 }
 
+TEST_CASE("a rollback sets the checkpoints past its step aside, out of a resume's sight",
+          "[checkpoint]") {
+  const Fixture f;
+  const std::string dir = TempDir("set_aside");
+  Env* env = Env::Default();
+  for (int64_t s : {100, 200, 300}) REQUIRE(SaveFixture(env, f, dir, s, /*keep=*/10).ok());
+  REQUIRE(env->CreateDirs(JoinPath(dir, "ckpt-400")).ok());  // one under way
+  std::vector<std::string> moved;
+  REQUIRE(SetAsideCheckpointsAfter(env, dir, 100, &moved).ok());
+  CHECK(moved == std::vector<std::string>{JoinPath(dir, "ckpt-200.rolled-back"),
+                                          JoinPath(dir, "ckpt-300.rolled-back"),
+                                          JoinPath(dir, "ckpt-400.rolled-back")});
+  auto all = ListCheckpoints(env, dir);
+  REQUIRE(all.ok());
+  REQUIRE(all->size() == 1);
+  CHECK((*all)[0].step == 100);
+  CHECK(*ReadPointer(env, dir) == 100);
+  auto latest = LatestGoodCheckpoint(env, dir, nullptr);
+  REQUIRE(latest.ok());
+  CHECK(*latest == JoinPath(dir, "ckpt-100"));
+  // The set-aside ones are kept whole, for inspection.
+  CHECK(VerifyCheckpoint(env, JoinPath(dir, "ckpt-300.rolled-back")).empty());
+  // The new timeline saves 200 again, and rolls back past it once more.
+  REQUIRE(SaveFixture(env, f, dir, 200, 10).ok());
+  moved.clear();
+  REQUIRE(SetAsideCheckpointsAfter(env, dir, 150, &moved).ok());
+  CHECK(moved == std::vector<std::string>{JoinPath(dir, "ckpt-200.rolled-back-2")});
+  // Back before every checkpoint: no pointer is left to name one.
+  moved.clear();
+  REQUIRE(SetAsideCheckpointsAfter(env, dir, 0, &moved).ok());
+  CHECK(moved.size() == 1);
+  CHECK(absl::IsNotFound(ReadPointer(env, dir).status()));
+  CHECK(absl::IsNotFound(LatestGoodCheckpoint(env, dir, nullptr).status()));
+  // A directory that does not exist has nothing to set aside.
+  CHECK(SetAsideCheckpointsAfter(env, JoinPath(dir, "none"), 0, &moved).ok());
+}
+
 TEST_CASE("checkpoints are listed by step; other names are ignored", "[checkpoint]") {
   const Fixture f;
   const std::string dir = TempDir("list");

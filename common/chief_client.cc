@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cluster_spec.h"
 #include "common/rpc.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 
@@ -12,9 +13,11 @@ ChiefClient::ChiefClient(const std::string& address, absl::Duration rpc_timeout)
       stub_(ChiefService::NewStub(CreateChannel(address, TaskId{kChiefJob, 0}.ToString()))) {}
 
 absl::Status ChiefClient::RegisterWorker(int worker, uint64_t fingerprint, absl::Duration timeout,
-                                         RegisterWorkerResponse* response) {
+                                         RegisterWorkerResponse* response,
+                                         uint64_t previous_incarnation) {
   RegisterWorkerRequest req;
   req.set_worker(worker);
+  req.set_previous_incarnation(previous_incarnation);
   req.set_config_fingerprint(fingerprint);
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   grpc::ClientContext ctx;
@@ -29,6 +32,19 @@ absl::Status ChiefClient::ReportProgress(const ProgressReport& report, ProgressR
   SetDeadline(&ctx, rpc_timeout_);
   return FromGrpcStatus(stub_->ReportProgress(&ctx, report, response),
                         absl::StrCat("ReportProgress to chief ", address_));
+}
+
+absl::Status ChiefClient::Restore(const std::string& checkpoint, absl::Duration timeout,
+                                  int64_t* step) {
+  RestoreRequest req;
+  req.set_checkpoint(checkpoint);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout);
+  RestoreResponse resp;
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->Restore(&ctx, req, &resp),
+                                 absl::StrCat("Restore on chief ", address_)));
+  *step = resp.step();
+  return absl::OkStatus();
 }
 
 absl::Status ChiefClient::GetStatus(ChiefStatusResponse* response) {

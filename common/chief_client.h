@@ -17,8 +17,13 @@ class ChiefClient {
   ChiefClient(const std::string& address, absl::Duration rpc_timeout);
 
   // Blocks until the chief is up and has initialised the variables, at most `timeout`.
+  // `previous_incarnation` (non-zero): registering again after this
+  // worker's servers went over to another incarnation (a rollback).
   absl::Status RegisterWorker(int worker, uint64_t fingerprint, absl::Duration timeout,
-                              RegisterWorkerResponse* response);
+                              RegisterWorkerResponse* response, uint64_t previous_incarnation = 0);
+  // Rolls the running job back to `checkpoint` (a path the chief reads);
+  // waits up to `timeout`. *step gets the step it went back to.
+  absl::Status Restore(const std::string& checkpoint, absl::Duration timeout, int64_t* step);
   absl::Status ReportProgress(const ProgressReport& report, ProgressResponse* response);
   absl::Status GetStatus(ChiefStatusResponse* response);
 

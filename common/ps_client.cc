@@ -373,11 +373,39 @@ struct PsClient::PushBatch {
   int slices ABSL_GUARDED_BY(mu) = 0;   // payload slices gRPC still holds
 };
 
-PsClient::~PsClient() {
-  if (push_ != nullptr) {
-    std::vector<PushOutcome> ignored;
-    PushEnd(&ignored).IgnoreError();  // waits for, or cancels, calls in flight
+PsClient::~PsClient() { AbandonPush(); }
+
+void PsClient::AbandonPush() {
+  if (push_ == nullptr) return;
+  WaitForPushCalls().IgnoreError();
+  push_.reset();
+}
+
+absl::Status PsClient::WaitForPushCalls() {
+  PushBatch* batch = push_.get();
+  {
+    absl::MutexLock lock(&batch->mu);
+    auto done = [batch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch->mu) { return batch->pending == 0; };
+    if (!batch->mu.AwaitWithTimeout(absl::Condition(&done), push_timeout_ + absl::Seconds(5))) {
+      // gRPC enforces the deadlines; this guards against a stuck library.
+      for (PushBatch::Call& call : batch->calls) call.context.TryCancel();
+      batch->mu.Await(absl::Condition(&done));
+    }
   }
+  for (PushBatch::Call& call : batch->calls) call.request.Clear();  // our own slice references
+  {
+    absl::MutexLock lock(&batch->mu);
+    auto released = [batch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch->mu) {
+      return batch->slices == 0;
+    };
+    if (!batch->mu.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(10))) {
+      // The batch must outlive the slices' release callbacks: keep it.
+      push_.release();
+      return absl::InternalError(
+          "Push: gRPC still references the gradient buffers 10 s after the calls ended");
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PsClient::PushFrom(const std::vector<int64_t>& steps,
@@ -512,28 +540,7 @@ absl::Status PsClient::PushEnd(std::vector<PushOutcome>* outcomes) {
       StartPushCall(s, empty, {});
     }
   }
-  {
-    absl::MutexLock lock(&batch->mu);
-    auto done = [batch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch->mu) { return batch->pending == 0; };
-    if (!batch->mu.AwaitWithTimeout(absl::Condition(&done), push_timeout_ + absl::Seconds(5))) {
-      // gRPC enforces the deadlines; this guards against a stuck library.
-      for (PushBatch::Call& call : batch->calls) call.context.TryCancel();
-      batch->mu.Await(absl::Condition(&done));
-    }
-  }
-  for (PushBatch::Call& call : batch->calls) call.request.Clear();  // our own slice references
-  {
-    absl::MutexLock lock(&batch->mu);
-    auto released = [batch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch->mu) {
-      return batch->slices == 0;
-    };
-    if (!batch->mu.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(10))) {
-      // The batch must outlive the slices' release callbacks: keep it.
-      push_.release();
-      return absl::InternalError(
-          "Push: gRPC still references the gradient buffers 10 s after the calls ended");
-    }
-  }
+  RETURN_IF_ERROR(WaitForPushCalls());
   std::unique_ptr<PushBatch> finished = std::move(push_);
   if (!st.ok()) return st;
   for (PushBatch::Call& call : finished->calls) {

@@ -114,6 +114,10 @@ class PsClient {
                          const std::vector<const float*>& sources);
   absl::Status PushReady(size_t first, size_t end);
   absl::Status PushEnd(std::vector<PushOutcome>* outcomes);
+  // A step that failed after PushBegin: waits for (or cancels) the calls in
+  // flight and sends nothing more (the rest of the gradient memory was never
+  // computed). Also what the destructor does.
+  void AbandonPush();
 
   // Embedding rows, each id asked of the server that holds it
   // (ServerForId), the servers called in parallel. PullRows reads the rows
@@ -161,6 +165,8 @@ class PsClient {
   std::string ServerName(int s) const;
   absl::Status StatusCall(int server, const PsStatusRequest& request, PsStatusResponse* response);
   struct PushBatch;
+  // Waits for the calls of push_ to end and gRPC to release their slices.
+  absl::Status WaitForPushCalls();
   void StartPushCall(int server, const PushRequest& header, std::vector<OutgoingPayload> payload);
   // Sends the pull calls and assembles the replies; sets *straddled (and
   // returns OK) when one server's parts came from different versions.

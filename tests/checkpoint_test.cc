@@ -587,11 +587,11 @@ TEST_CASE("embedding rows and their Adam slots resume bitwise after kill -9, and
                       JoinPath(ref_ckpt, CheckpointDirName(steps)));
 }
 
-TEST_CASE("--restart=on-failure: kill -9 of a server or the chief mid-run restarts the job "
-          "from its latest checkpoint, and it finishes",
+TEST_CASE("--restart=on-failure: kill -9 of the chief mid-run restarts the job from its latest "
+          "checkpoint, and it finishes",
           "[checkpoint][recovery]") {
   const int steps = 1500;
-  for (const char* victim : {"--job=ps --task=1", "--job=chief --task=0"}) {
+  for (const char* victim : {"--job=chief --task=0"}) {
     INFO("killed: " << victim);
     const std::string dir = testing::FreshTempDir("ckpt_restart");
     const std::string ckpt = JoinPath(dir, "ckpt");
@@ -644,6 +644,163 @@ TEST_CASE("--restart=on-failure: kill -9 of a server or the chief mid-run restar
                    << " from the kill to the variables restored");
     CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
   }
+}
+
+// The chief's log line of a rollback: "rolled back to step N in S s (why)".
+const char kRolledBack[] = "rolled back to step ";
+
+TEST_CASE("--restart=on-failure: a server killed with kill -9 is restarted alone, every server "
+          "rolls back to the latest checkpoint, the workers follow, and a sync run ends bitwise "
+          "as if never killed",
+          "[checkpoint][recovery]") {
+  const int steps = 1500;
+  const std::string dir = testing::FreshTempDir("ps_rollback");
+  const std::string ckpt = JoinPath(dir, "ckpt");
+  const Job job = WriteJob(dir, CheckpointOptions(ckpt, steps), 2);
+  std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir, {"--restart=on-failure"});
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (ReadPointer(Env::Default(), ckpt).value_or(0) < 300 && absl::Now() < deadline &&
+         launch->running()) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const std::vector<int> pids =
+      testing::ProcessesMatching(absl::StrCat("--cluster_spec=", job.spec, " --job=ps --task=1"));
+  REQUIRE(pids.size() == 1);
+  REQUIRE(::kill(pids[0], SIGKILL) == 0);
+  const absl::Time killed = absl::Now();
+  auto at_kill = ReadPointer(Env::Default(), ckpt);
+  REQUIRE(at_kill.ok());
+  // Time until the chief has put the checkpoint back on every server.
+  absl::Duration to_rolled_back = absl::InfiniteDuration();
+  while (absl::Now() < killed + absl::Seconds(60) && launch->running()) {
+    if (ChiefLog(job).find(kRolledBack) != std::string::npos) {
+      to_rolled_back = absl::Now() - killed;
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  std::optional<int> code = launch->Wait(absl::Seconds(180));
+  if (!code.has_value()) launch->Stop(absl::Seconds(5));
+  const std::string out = Env::Default()->ReadFile(JoinPath(dir, "launch.out")).value_or("");
+  INFO(out);
+  const std::string log = ChiefLog(job);
+  INFO(log);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  CHECK(out.find("ps:1 exited with code 137") != std::string::npos);
+  CHECK(out.find("restarting it alone, the others go on from the latest checkpoint (restart 1 "
+                 "of 3)") != std::string::npos);
+  CHECK(out.find("restarting the job") == std::string::npos);  // nothing else restarted
+  CHECK(log.find("ps:1 restarted and lost its partitions") != std::string::npos);
+  const int64_t rolled_back_to = NumberAfter(log, kRolledBack);
+  REQUIRE(rolled_back_to >= 0);
+  // Back to the newest checkpoint complete at the kill (or one committed in
+  // the instant after), never further.
+  CHECK(rolled_back_to >= *at_kill);
+  CHECK(rolled_back_to < steps);
+  CHECK(log.find("initialised variables on 2 parameter server(s) from seed") !=
+        std::string::npos);  // the chief's one start
+  for (int w = 0; w < 2; ++w) {
+    const std::string wl = Env::Default()
+                               ->ReadFile(JoinPath(job.out, absl::StrCat("logs/worker-", w, ".log")))
+                               .value_or("");
+    INFO("worker " << w << ": " << wl);
+    CHECK(wl.find(absl::StrCat("the job was rolled back to step ", rolled_back_to)) !=
+          std::string::npos);
+    CHECK(wl.find("1 rollback(s) followed") != std::string::npos);
+  }
+  auto summary = Env::Default()->ReadFile(JoinPath(job.out, "summary.json"));
+  REQUIRE(summary.ok());
+  const nlohmann::json j = nlohmann::json::parse(*summary);
+  CHECK(j["global_step"].get<int64_t>() == steps);
+  // The run went on from the checkpoint's values, slots, step and cursors:
+  // it ends where one never interrupted does.
+  const std::string ref_dir = testing::FreshTempDir("ps_rollback_ref");
+  const Job ref = WriteJob(ref_dir, CheckpointOptions(JoinPath(ref_dir, "ckpt"), steps), 2);
+  RunJobOk(ref, false);
+  CheckSameModel(FinalModel(job), FinalModel(ref));
+  WARN("killed ps:1 after ckpt-" << *at_kill << ": every server rolled back to step "
+                                 << rolled_back_to << ", " << absl::FormatDuration(to_rolled_back)
+                                 << " from the kill to the variables restored");
+  CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
+}
+
+TEST_CASE("pstrain checkpoint restore rolls a running job back to a checkpoint; it ends bitwise "
+          "as if never rolled back, and a damaged checkpoint changes nothing",
+          "[checkpoint][recovery]") {
+  const int steps = 1500;
+  const std::string dir = testing::FreshTempDir("cli_restore");
+  const std::string ckpt = JoinPath(dir, "ckpt");
+  const Job job = WriteJob(dir, CheckpointOptions(ckpt, steps), 2);
+  // Without a running chief: a clear failure.
+  CommandResult none = testing::RunCommand(
+      {Binary("tools/pstrain"), "checkpoint", "restore", JoinPath(ckpt, "ckpt-200"),
+       "--cluster_spec=" + job.spec},
+      absl::Seconds(60));
+  CHECK(none.exit_code != 0);
+  std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir);
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (ReadPointer(Env::Default(), ckpt).value_or(0) < 400 && absl::Now() < deadline &&
+         launch->running()) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  // A damaged copy of ckpt-100 is refused before the chief is asked.
+  const std::string bad_dir = testing::FreshTempDir("cli_restore_bad");
+  CopyCheckpoint(ckpt, 100, bad_dir);
+  const std::string bad = JoinPath(bad_dir, "ckpt-100");
+  {
+    auto manifest = ReadManifest(Env::Default(), bad);
+    REQUIRE(manifest.ok());
+    const std::string shard = JoinPath(bad, manifest->shards(0).file());
+    auto bytes = Env::Default()->ReadFile(shard);
+    REQUIRE(bytes.ok());
+    std::string damaged = *bytes;
+    damaged[damaged.size() / 2] ^= 0x40;
+    REQUIRE(Env::Default()->WriteFile(shard, damaged, false).ok());
+  }
+  CommandResult refused = testing::RunCommand(
+      {Binary("tools/pstrain"), "checkpoint", "restore", bad, "--cluster_spec=" + job.spec},
+      absl::Seconds(60));
+  INFO(refused.output);
+  CHECK(refused.exit_code == 1);
+  CHECK(refused.output.find("is not a good checkpoint; nothing changed") != std::string::npos);
+  // ckpt-200 of this run, restored from a copy elsewhere (the chief reads
+  // the path it is given).
+  const std::string copy_dir = testing::FreshTempDir("cli_restore_copy");
+  CopyCheckpoint(ckpt, 200, copy_dir);
+  CommandResult restored = testing::RunCommand(
+      {Binary("tools/pstrain"), "checkpoint", "restore", JoinPath(copy_dir, "ckpt-200"),
+       "--cluster_spec=" + job.spec},
+      absl::Seconds(120));
+  INFO(restored.output);
+  REQUIRE(restored.exit_code == 0);
+  CHECK(restored.output.find("rolled the job back to step 200 from") != std::string::npos);
+  std::optional<int> code = launch->Wait(absl::Seconds(180));
+  if (!code.has_value()) launch->Stop(absl::Seconds(5));
+  const std::string out = Env::Default()->ReadFile(JoinPath(dir, "launch.out")).value_or("");
+  INFO(out);
+  const std::string log = ChiefLog(job);
+  INFO(log);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  CHECK(log.find("an operator's restore of ") != std::string::npos);
+  CHECK(NumberAfter(log, kRolledBack) == 200);
+  // The checkpoints past 200 at the restore were set aside, and written
+  // again by the new timeline.
+  CHECK(Env::Default()->IsDirectory(JoinPath(ckpt, "ckpt-400.rolled-back")));
+  auto latest = ReadPointer(Env::Default(), ckpt);
+  REQUIRE(latest.ok());
+  CHECK(*latest == steps);
+  const nlohmann::json j =
+      nlohmann::json::parse(Env::Default()->ReadFile(JoinPath(job.out, "summary.json")).value_or("{}"));
+  CHECK(j["global_step"].get<int64_t>() == steps);
+  // Sync training from step 200's values, slots and cursors replays the
+  // same steps: the model ends where a run never rolled back does.
+  const std::string ref_dir = testing::FreshTempDir("cli_restore_ref");
+  const Job ref = WriteJob(ref_dir, CheckpointOptions(JoinPath(ref_dir, "ckpt"), steps), 2);
+  RunJobOk(ref, false);
+  CheckSameModel(FinalModel(job), FinalModel(ref));
+  CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
 }
 
 TEST_CASE("--restart=on-failure: a worker killed mid-run is restarted alone and goes on where "

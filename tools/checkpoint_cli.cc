@@ -2,7 +2,10 @@
 
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <limits>
 #include <map>
@@ -10,13 +13,18 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/checkpoint.h"
+#include "common/chief_client.h"
+#include "common/cluster_spec.h"
 #include "common/env.h"
 #include "nlohmann/json.hpp"
+#include "tools/operator.h"
 #include "tools/tensor_export.h"
 
 namespace pstrain {
@@ -27,7 +35,11 @@ constexpr char kUsage[] =
     "       pstrain checkpoint verify CKPT\n"
     "       pstrain checkpoint inspect CKPT [--json]\n"
     "       pstrain checkpoint export CKPT --format=safetensors|npy --out=OUT\n"
+    "       pstrain checkpoint restore CKPT --cluster_spec=F [--timeout_s=600]\n"
     "DIR is a config's checkpoint.dir; CKPT one of its ckpt-<step> directories.\n"
+    "restore rolls the running job of cluster spec F back to CKPT (a rollback:\n"
+    "values, optimizer state, step and the workers' data cursors, onto however\n"
+    "many servers run now); its checkpoints past CKPT's step are set aside.\n"
     "export writes OUT/model.safetensors (every variable whole, named as in the\n"
     "model) or one OUT/<variable>.npy each ('/' in a name is a subdirectory);\n"
     "an embedding table T is T [rows, dim] float32 and T/ids [rows] uint64.\n";
@@ -297,13 +309,68 @@ int Export(const std::string& ckpt, const std::string& format, const std::string
   return 0;
 }
 
+// Asks the chief of the running job to roll back to `ckpt`, checked here
+// first; the chief reads it itself (the path is made absolute for it).
+int Restore(const std::string& ckpt, const std::string& cluster_spec, int64_t timeout_s,
+            std::ostream& out, std::ostream& err) {
+  if (cluster_spec.empty()) {
+    err << "pstrain checkpoint restore: --cluster_spec=F names the running job\n";
+    return 2;
+  }
+  if (timeout_s <= 0 || timeout_s > 86400) {
+    err << "pstrain checkpoint restore: --timeout_s must be 1..86400\n";
+    return 2;
+  }
+  char* resolved = ::realpath(ckpt.c_str(), nullptr);
+  if (resolved == nullptr) {
+    err << "pstrain checkpoint restore: " << ckpt << ": " << std::strerror(errno) << "\n";
+    return 1;
+  }
+  const std::string path = resolved;
+  std::free(resolved);
+  std::vector<std::string> problems;
+  {
+    Progress progress("verify");
+    problems = VerifyCheckpoint(Env::Default(), path, [&progress](int64_t done, int64_t total) {
+      progress.Update(absl::StrFormat("%.1f / %.1f MiB checked", done / 1048576.0,
+                                      total / 1048576.0));
+    });
+  }
+  if (!problems.empty()) {
+    for (const std::string& p : problems) err << ckpt << ": " << p << "\n";
+    err << "pstrain checkpoint restore: " << ckpt << " is not a good checkpoint; nothing changed\n";
+    return 1;
+  }
+  absl::StatusOr<ClusterSpec> cluster = ClusterSpec::FromFile(cluster_spec);
+  if (!cluster.ok()) {
+    err << "pstrain checkpoint restore: " << cluster.status().message() << "\n";
+    return 2;
+  }
+  if (absl::Status st = ActAsOperator(*cluster); !st.ok()) {
+    err << "pstrain checkpoint restore: " << st.message() << "\n";
+    return 2;
+  }
+  ChiefClient chief(cluster->address(kChiefJob, 0), absl::Seconds(10));
+  int64_t step = 0;
+  const absl::Time start = absl::Now();
+  absl::Status st = chief.Restore(path, absl::Seconds(timeout_s), &step);
+  if (!st.ok()) {
+    err << "pstrain checkpoint restore: " << st.message() << "\n";
+    return 1;
+  }
+  out << "rolled the job back to step " << step << " from " << path << " in "
+      << absl::StrFormat("%.2f", absl::ToDoubleSeconds(absl::Now() - start)) << " s\n";
+  return 0;
+}
+
 }  // namespace
 
 int CheckpointCommand(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
   std::vector<std::string> args;
   bool json = false;
-  std::string format, out_dir;
-  bool export_flags = false;
+  std::string format, out_dir, cluster_spec;
+  int64_t timeout_s = 600;
+  bool export_flags = false, restore_flags = false;
   for (const std::string& a : argv) {
     if (a == "--help" || a == "-h") {
       out << kUsage;
@@ -317,6 +384,15 @@ int CheckpointCommand(const std::vector<std::string>& argv, std::ostream& out, s
     } else if (absl::StartsWith(a, "--out=")) {
       out_dir = a.substr(6);
       export_flags = true;
+    } else if (absl::StartsWith(a, "--cluster_spec=")) {
+      cluster_spec = a.substr(15);
+      restore_flags = true;
+    } else if (absl::StartsWith(a, "--timeout_s=")) {
+      if (!absl::SimpleAtoi(a.substr(12), &timeout_s)) {
+        err << "pstrain checkpoint: --timeout_s takes seconds\n";
+        return 2;
+      }
+      restore_flags = true;
     } else if (absl::StartsWith(a, "--")) {
       err << "pstrain checkpoint: unknown flag " << a << "\n" << kUsage;
       return 2;
@@ -327,7 +403,10 @@ int CheckpointCommand(const std::vector<std::string>& argv, std::ostream& out, s
   if (args.size() == 2 && args[0] == "export" && !json) {
     return Export(args[1], format, out_dir, out, err);
   }
-  if (export_flags) {
+  if (args.size() == 2 && args[0] == "restore" && !json && !export_flags) {
+    return Restore(args[1], cluster_spec, timeout_s, out, err);
+  }
+  if (export_flags || restore_flags) {
     err << kUsage;
     return 2;
   }

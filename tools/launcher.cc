@@ -29,6 +29,7 @@
 #include "common/subprocess.h"
 #include "common/tls.h"
 #include "nlohmann/json.hpp"
+#include "tools/operator.h"
 
 namespace pstrain {
 namespace {
@@ -261,10 +262,13 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
       t->exit_code = *code;
       // A failed worker is restarted by itself: the others go on (in sync
       // mode they wait for it), and it rejoins where the servers say its
-      // data stood. Not while a server's early exit is pending judgement
-      // (the failure is likely the server's: the job restarts instead). A
-      // worker failing again waits 1, 2, 4 ... 30 s first.
-      if (*code != 0 && failure.empty() && t->id.job == kWorkerJob &&
+      // data stood. A failed parameter server likewise: the chief sees it
+      // come back empty and rolls every server back to the latest
+      // checkpoint, and the workers follow. Not while a server's early exit
+      // is pending judgement (the failure is likely the server's: the job
+      // restarts instead). A task failing again waits 1, 2, 4 ... 30 s first.
+      const bool alone = t->id.job == kWorkerJob || t->id.job == kPsJob;
+      if (*code != 0 && failure.empty() && alone &&
           *restarts < options.max_restarts && !chief_finished && early_exits.empty() &&
           !stop->stopped()) {
         ++*restarts;
@@ -277,8 +281,9 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
                   << (backoff > absl::ZeroDuration()
                           ? absl::StrCat(" in ", absl::FormatDuration(backoff))
                           : std::string())
-                  << ", the others go on (restart " << *restarts << " of "
-                  << options.max_restarts << ")\n";
+                  << ", the others go on"
+                  << (t->id.job == kPsJob ? " from the latest checkpoint" : "") << " (restart "
+                  << *restarts << " of " << options.max_restarts << ")\n";
         continue;
       }
       if (*code != 0 && failure.empty()) {
@@ -424,21 +429,9 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
     return 2;
   }
   // The launcher reads the chief's status as the operator.
-  if (!cluster->auth_secret_file().empty()) {
-    auto secret = ReadSecretFile(cluster->auth_secret_file());
-    if (!secret.ok()) {
-      std::cerr << "pstrain launch: cluster secret: " << secret.status().message() << "\n";
-      return 2;
-    }
-    SetCallCredentials(kOperatorIdentity, DeriveToken(*secret, kOperatorIdentity));
-  }
-  if (!cluster->tls_dir().empty()) {  // and over TLS, with the operator's certificate
-    auto tls = LoadTls(TlsFilesIn(cluster->tls_dir(), kOperatorIdentity));
-    if (!tls.ok()) {
-      std::cerr << "pstrain launch: TLS: " << tls.status().message() << "\n";
-      return 2;
-    }
-    SetTransportSecurity(std::make_shared<const TlsConfig>(*std::move(tls)));
+  if (absl::Status st = ActAsOperator(*cluster); !st.ok()) {
+    std::cerr << "pstrain launch: " << st.message() << "\n";
+    return 2;
   }
   const std::string log_dir =
       options.log_dir.empty() ? JoinPath(config->output_dir(), "logs") : options.log_dir;

@@ -156,26 +156,31 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
                                       config.placement().partition_max_bytes()));
 
 
-  PsClient ps(cluster, &placement, options.worker, rpc_timeout);
-  ps.set_incarnation(reg.incarnation());
-  // The chief's pulls (evaluation, the saved model) stay float32.
-  if (config.rpc().wire_dtype() == "bfloat16") ps.set_wire_dtype(DT_BFLOAT16);
   // Pulls and pushes travel as calls of up to rpc.call_bytes (4 MiB) in
   // flight together, so no message nears gRPC's cap: sync servers aggregate
   // per partition and apply each as it lands; async servers hold a push's
   // parts until the last is in and apply it as one update, and this worker
   // takes an async pull's parts at whatever version each answered (the
-  // oldest counts).
-  ps.set_chunk_bytes(config.rpc().call_bytes());
-  ps.set_mixed_versions(!sync);
-  ps.set_push_timeout(step_timeout + rpc_timeout);
-  std::vector<int64_t> min_versions(ps.num_servers(), reg.start_step());
-  ps.set_session(reg.session());
+  // oldest counts). A new client after a rollback: the new incarnation.
+  auto connect = [&](const RegisterWorkerResponse& r) {
+    auto client = std::make_unique<PsClient>(cluster, &placement, options.worker, rpc_timeout);
+    client->set_incarnation(r.incarnation());
+    // The chief's pulls (evaluation, the saved model) stay float32.
+    if (config.rpc().wire_dtype() == "bfloat16") client->set_wire_dtype(DT_BFLOAT16);
+    client->set_chunk_bytes(config.rpc().call_bytes());
+    client->set_mixed_versions(!sync);
+    client->set_push_timeout(step_timeout + rpc_timeout);
+    client->set_session(r.session());
+    return client;
+  };
+  std::unique_ptr<PsClient> ps = connect(reg);
+  std::vector<int64_t> min_versions(ps->num_servers(), reg.start_step());
   // This worker's steps before a restart: in async mode the servers' count
   // of its pushes applied (exact); in sync mode what it had reported.
   int64_t steps_before = reg.local_steps_before();
   if (reg.rejoin()) {
-    RETURN_IF_ERROR(Rejoin(&ps, options.worker, reg.session(), sync, &partition, &steps_before));
+    RETURN_IF_ERROR(
+        Rejoin(ps.get(), options.worker, reg.session(), sync, &partition, &steps_before));
   }
   // Batches are assembled ahead on a thread of their own, into pinned memory
   // on CUDA so that their copy to the device runs at full speed.
@@ -220,15 +225,15 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   std::vector<PushOutcome> row_outcomes;
   if (sync && clip_norm == 0 && !click_through) {
     model->set_gradients_ready([&ps, &early_push](size_t first, size_t end) {
-      absl::Status st = ps.PushReady(first, end);
+      absl::Status st = ps->PushReady(first, end);
       if (early_push.ok()) early_push = st;
     });
   }
   int64_t local_steps = 0, examples = 0, dropped = 0;
   double loss_sum = 0;
   int loss_count = 0;
-  bool finished = false;
   int late_reports = 0;
+  int rollbacks = 0;
   // Where the worker's time goes, for the closing log line.
   absl::Duration pull_time, data_wait, compute_time, push_time;
 
@@ -257,14 +262,19 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     return absl::OkStatus();
   };
 
-  while (!finished) {
-    if (stop->stopped()) return absl::CancelledError(stop->reason());
+  // One step: pull, compute, push, and every report_every steps a report.
+  // *end says whether training ends here (the servers at max_steps, or the
+  // chief's stop).
+  auto train_step = [&](bool* end) -> absl::Status {
     absl::Time t0 = absl::Now();
-    RETURN_IF_ERROR(ps.PullInto(sync ? min_versions : std::vector<int64_t>(), step_timeout,
-                                param_dst, &pulled));
+    RETURN_IF_ERROR(ps->PullInto(sync ? min_versions : std::vector<int64_t>(), step_timeout,
+                                 param_dst, &pulled));
     absl::Time t1 = absl::Now();
     pull_time += t1 - t0;
-    if (pulled.finished) break;
+    if (pulled.finished) {
+      *end = true;
+      return absl::OkStatus();
+    }
     Prefetcher::Batch batch;
     RETURN_IF_ERROR(batches->Next(step_timeout, &batch));
     t0 = absl::Now();
@@ -277,12 +287,12 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     std::vector<int64_t> steps = pulled.versions;
     // A checkpoint at the step this push completes records where the data
     // stands after this batch.
-    ps.set_data_cursor(batch.end.epoch, batch.end.position);
+    ps->set_data_cursor(batch.end.epoch, batch.end.position);
     if (sync) {
-      steps.assign(ps.num_servers(),
+      steps.assign(ps->num_servers(),
                    *std::min_element(pulled.versions.begin(), pulled.versions.end()));
       // Each layer's gradients leave as soon as the backward pass has them.
-      RETURN_IF_ERROR(ps.PushBegin(steps, grad_src));
+      RETURN_IF_ERROR(ps->PushBegin(steps, grad_src));
     }
     float loss = 0;
     const float* x = batch.x;
@@ -293,8 +303,8 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
       sparse = SparseBatch::OnePerField(batch.ids, batch.rows, batch.id_fields);
       unique = UniqueRows::Of(sparse.ids);
       rows.resize(unique.ids.size() * embedding_dim);
-      computed = ps.PullRows(table, embedding_dim, unique.ids,
-                             sync ? steps[0] : 0, step_timeout, rows.data());
+      computed = ps->PullRows(table, embedding_dim, unique.ids, sync ? steps[0] : 0,
+                              step_timeout, rows.data());
       if (computed.ok()) {
         bagged.resize(static_cast<size_t>(batch.rows) * bags->output_dim());
         bags->Forward(sparse, unique, rows.data(), batch.x, bagged.data());
@@ -326,20 +336,20 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
       }
     }
     if (click_through) {
-      RETURN_IF_ERROR(ps.PushRows(table, embedding_dim, unique.ids, row_grads.data(), steps,
-                                  &row_outcomes));
+      RETURN_IF_ERROR(ps->PushRows(table, embedding_dim, unique.ids, row_grads.data(), steps,
+                                   &row_outcomes));
     }
     t1 = absl::Now();
     compute_time += t1 - t0;
-    RETURN_IF_ERROR(sync ? ps.PushEnd(&outcomes) : ps.PushFrom(steps, grad_src, &outcomes));
+    RETURN_IF_ERROR(sync ? ps->PushEnd(&outcomes) : ps->PushFrom(steps, grad_src, &outcomes));
     push_time += absl::Now() - t1;
     int servers_finished = 0;
-    for (int s = 0; s < ps.num_servers(); ++s) {
+    for (int s = 0; s < ps->num_servers(); ++s) {
       if (outcomes[s] == FINISHED) ++servers_finished;
       if (outcomes[s] == DROPPED_STALE) ++dropped;
       min_versions[s] = steps[s] + 1;
     }
-    finished = servers_finished == ps.num_servers();
+    *end = servers_finished == ps->num_servers();
     ++local_steps;
     examples += batch.rows;
     stats->steps.fetch_add(1, std::memory_order_relaxed);
@@ -364,8 +374,54 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
         RETURN_IF_ERROR(st);
         late_reports = 0;
       }
-      if (stop_requested) break;
+      if (stop_requested) *end = true;
     }
+    return absl::OkStatus();
+  };
+
+  // A step that failed as a lost server fails it (refused on the old
+  // incarnation, or the server gone): the chief may be rolling the job back
+  // to a checkpoint. Asked, it answers once the rollback is done, and this
+  // worker goes on from the step and data cursor rolled back to, with a new
+  // client on the new incarnation; else the step's own error stands.
+  auto follow_rollback = [&](const absl::Status& cause) -> absl::Status {
+    if (!absl::IsUnavailable(cause) && !absl::IsFailedPrecondition(cause) &&
+        !absl::IsAborted(cause) && !absl::IsDeadlineExceeded(cause)) {
+      return cause;
+    }
+    ps->AbandonPush();  // nothing more of the failed step is sent
+    RegisterWorkerResponse again;
+    absl::Status st = chief.RegisterWorker(
+        options.worker, ConfigFingerprint(config),
+        absl::Milliseconds(config.rpc().startup_timeout_ms()), &again, reg.incarnation());
+    if (!st.ok()) {
+      LOG_WARN("no rollback to follow ({}): the step's failure stands", st);
+      return cause;
+    }
+    LOG_WARN("the job was rolled back to step {} (this worker's step had failed: {}); going on "
+             "from there",
+             again.start_step(), cause);
+    reg = again;
+    batches.reset();  // its thread reads the partition
+    RETURN_IF_ERROR(partition.Restore(reg.has_cursor()
+                                          ? DataCursor{reg.cursor_epoch(), reg.cursor_position()}
+                                          : DataCursor{0, 0}));
+    ASSIGN_OR_RETURN(batches,
+                     Prefetcher::Create(&partition, config.data().prefetch_batches(), pinned));
+    ps = connect(reg);
+    min_versions.assign(ps->num_servers(), reg.start_step());
+    pulled = PsClient::PullResult();
+    early_push = absl::OkStatus();
+    ++rollbacks;
+    LOG_INFO("data cursor after the rollback: epoch {}, position {}", partition.cursor().epoch,
+             partition.cursor().position);
+    return absl::OkStatus();
+  };
+
+  for (bool end = false; !end;) {
+    if (stop->stopped()) return absl::CancelledError(stop->reason());
+    absl::Status st = train_step(&end);
+    if (!st.ok()) RETURN_IF_ERROR(follow_rollback(st));
   }
   bool ignored;
   absl::Status st = report(true, &ignored);
@@ -373,8 +429,8 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   const DataCursor cursor = batches->consumed_cursor();
   LOG_INFO(
       "done after {} local steps ({} examples, data cursor epoch {} position {}, {} stale "
-      "gradients dropped)",
-      local_steps, examples, cursor.epoch, cursor.position, dropped);
+      "gradients dropped, {} rollback(s) followed)",
+      local_steps, examples, cursor.epoch, cursor.position, dropped, rollbacks);
   const double total = absl::ToDoubleSeconds(pull_time + data_wait + compute_time + push_time);
   auto share = [total](absl::Duration d) {
     return total > 0 ? 100.0 * absl::ToDoubleSeconds(d) / total : 0.0;

@@ -59,6 +59,12 @@ class ChiefCollector : public prometheus::Collectable {
       one("pstrain_chief_eval_loss", "Held-out loss at the latest evaluation.", MetricType::Gauge,
           s.eval_loss());
     }
+    one("pstrain_chief_rollbacks_total",
+        "Rollbacks of the running job to a checkpoint: a restarted parameter server's, or an "
+        "operator's restore.",
+        MetricType::Counter, s.rollbacks());
+    one("pstrain_chief_rolled_back_to_step", "The step of the latest rollback (-1: none).",
+        MetricType::Gauge, static_cast<double>(s.rolled_back_to()));
     one("pstrain_checkpoints_committed_total", "Checkpoints committed (manifest written).",
         MetricType::Counter, static_cast<double>(c.committed));
     one("pstrain_checkpoint_failures_total", "Checkpoints that failed to commit.",

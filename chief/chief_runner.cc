@@ -6,6 +6,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <thread>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/checkpoint.h"
 #include "common/config.h"
@@ -110,18 +112,16 @@ struct ResumePoint {
   bool table_state = false;
 };
 
-// Sends the start point's embedding rows to the servers that hold them now.
-absl::Status LoadTables(const TrainingConfig& config, ResumePoint* r, PsClient* ps) {
+// Whether the start point's embedding rows fit the config's tables (width,
+// and optimizer when their state comes too): checked before anything changes.
+absl::Status CheckTables(const TrainingConfig& config, const ResumePoint& r) {
   for (const EmbeddingTableConfig& tc : config.embedding_tables()) {
-    auto it = r->tables.find(tc.name());
-    if (it == r->tables.end()) {
-      LOG_WARN("the checkpoint has no rows of embedding table {}: it starts empty", tc.name());
-      continue;
-    }
-    RestoredTable& t = it->second;
+    auto it = r.tables.find(tc.name());
+    if (it == r.tables.end()) continue;
+    const RestoredTable& t = it->second;
     const std::string kind =
         OptimizerKindName(tc.has_optimizer() ? tc.optimizer() : config.optimizer());
-    if (r->table_state && t.optimizer != kind) {
+    if (r.table_state && t.optimizer != kind) {
       return absl::FailedPreconditionError(absl::StrCat(
           "embedding table ", tc.name(), " was saved with optimizer ", t.optimizer,
           ", the config's is ", kind, ": --init_from starts from its rows with fresh state"));
@@ -131,6 +131,20 @@ absl::Status LoadTables(const TrainingConfig& config, ResumePoint* r, PsClient* 
                                                         " was saved with dim ", t.dim,
                                                         ", the config says ", tc.dim()));
     }
+  }
+  return absl::OkStatus();
+}
+
+// Sends the start point's embedding rows to the servers that hold them now.
+absl::Status LoadTables(const TrainingConfig& config, ResumePoint* r, PsClient* ps) {
+  RETURN_IF_ERROR(CheckTables(config, *r));
+  for (const EmbeddingTableConfig& tc : config.embedding_tables()) {
+    auto it = r->tables.find(tc.name());
+    if (it == r->tables.end()) {
+      LOG_WARN("the checkpoint has no rows of embedding table {}: it starts empty", tc.name());
+      continue;
+    }
+    RestoredTable& t = it->second;
     std::vector<const float*> slots;
     if (r->table_state) {
       for (const std::vector<float>& slot : t.slots) slots.push_back(slot.data());
@@ -604,18 +618,36 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   // changes, so a bad one leaves the run as it was.
   auto load_point = [&](const std::string& checkpoint)
       -> absl::StatusOr<std::optional<ResumePoint>> {
+    std::optional<ResumePoint> point;
+    const std::string& dir = config.checkpoint().dir();
     if (!checkpoint.empty()) {
       ASSIGN_OR_RETURN(RestoredCheckpoint ckpt,
                        LoadCheckpoint(Env::Default(), checkpoint, RestoreProgressLog()));
-      ASSIGN_OR_RETURN(ResumePoint r, LoadStartPoint(config, placement, checkpoint,
-                                                     std::move(ckpt), /*with_state=*/true));
-      return std::optional<ResumePoint>(std::move(r));
+      ASSIGN_OR_RETURN(point, LoadStartPoint(config, placement, checkpoint, std::move(ckpt),
+                                             /*with_state=*/true));
+    } else if (!dir.empty()) {
+      ASSIGN_OR_RETURN(point, FindResumePoint(config, placement));
+      // Checkpoints that exist but none of which verifies: the disk is
+      // sick, and the seed would throw the run away.
+      if (!point.has_value() && Env::Default()->IsDirectory(dir) &&
+          !ListCheckpoints(Env::Default(), dir).value_or(std::vector<CheckpointInfo>()).empty()) {
+        return absl::DataLossError(
+            absl::StrCat("no checkpoint in ", dir, " verifies: nothing to roll back to"));
+      }
     }
-    if (config.checkpoint().dir().empty()) {
-      LOG_WARN("no checkpoint.dir in the config: the job starts again from the seed at step 0");
-      return std::optional<ResumePoint>();
+    if (!point.has_value() && !start_from.init_from.empty()) {
+      // No checkpoint of the run yet: back to where it started.
+      ASSIGN_OR_RETURN(RestoredCheckpoint ckpt, LoadCheckpoint(Env::Default(), start_from.init_from,
+                                                               RestoreProgressLog()));
+      ASSIGN_OR_RETURN(point, LoadStartPoint(config, placement, start_from.init_from,
+                                             std::move(ckpt), /*with_state=*/false));
     }
-    return FindResumePoint(config, placement);
+    if (point.has_value()) {
+      RETURN_IF_ERROR(CheckTables(config, *point));
+    } else {
+      LOG_WARN("no checkpoint of the run yet: the job starts again from the seed at step 0");
+    }
+    return point;
   };
   // Puts `point` on every server under a new incarnation; returns its step.
   auto roll_back = [&](std::optional<ResumePoint> point, const std::string& why,
@@ -656,8 +688,40 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
              absl::ToDoubleSeconds(absl::Now() - began), why, fresh);
     return step;
   };
-  // Servers the heartbeat below finds not answering, since when.
+  // Servers the loop below finds not answering, since when.
   std::vector<absl::Time> down_since(ps.num_servers(), absl::InfiniteFuture());
+  // The heartbeat: every 250 ms, on a thread of its own (the driver can be
+  // busy evaluating or committing a checkpoint), every server's status; a
+  // restarted one wakes the driver, and workers that lost it wait for the
+  // rollback instead of failing.
+  absl::Notification heartbeat_stop;
+  std::thread heartbeat([&] {
+    PsClient probe(cluster, &placement, /*worker=*/-1, rpc_timeout);
+    while (!heartbeat_stop.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
+      const int64_t generation = chief->health_generation();
+      if (generation < 0) continue;  // a rollback under way
+      const uint64_t incarnation = chief->incarnation();
+      int down = 0;
+      bool restarted = false;
+      for (int s = 0; s < probe.num_servers(); ++s) {
+        PsStatusResponse status;
+        if (!probe.GetStatus(s, &status).ok()) {
+          ++down;
+        } else if (!status.initialized() || status.incarnation() != incarnation) {
+          restarted = true;
+        }
+      }
+      chief->SetServerHealth(generation, down, restarted);
+    }
+  });
+  struct JoinOnExit {
+    absl::Notification* stop;
+    std::thread* thread;
+    ~JoinOnExit() {
+      stop->Notify();
+      thread->join();
+    }
+  } join_heartbeat{&heartbeat_stop, &heartbeat};
   // Whether every server answers, on this run's incarnation.
   auto servers_on_run = [&ps]() {
     for (int s = 0; s < ps.num_servers(); ++s) {
@@ -728,9 +792,17 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       staleness_count = count;
       staleness_sum = sum;
     }
-    // An operator's restore, or a server that restarted: roll back.
+    // An operator's restore, or a server that restarted: roll back. Not
+    // once the run is finishing (the servers at max_steps, or every worker
+    // done): it ends from here.
+    const bool finishing = chief->global_step() >= max_steps || chief->AllWorkersDone();
     std::string requested;
     if (chief->TakeRestoreRequest(&requested)) {
+      if (finishing) {
+        chief->FinishRestoreRequest(
+            absl::FailedPreconditionError("the run is finishing: no restore"), 0);
+        continue;
+      }
       const absl::Time began = absl::Now();
       absl::StatusOr<std::optional<ResumePoint>> point = load_point(requested);
       if (!point.ok()) {
@@ -748,7 +820,11 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       }
       continue;
     }
-    if (!restarted.empty()) {
+    if (restarted.empty() && chief->server_restarted()) {
+      // The heartbeat saw it; this round's poll missed it (back up since?).
+      restarted.push_back("a parameter server");
+    }
+    if (!restarted.empty() && !finishing) {
       const absl::Time began = absl::Now();
       const std::string why =
           absl::StrCat(absl::StrJoin(restarted, ", "), " restarted and lost its partitions");

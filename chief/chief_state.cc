@@ -38,10 +38,16 @@ absl::Status Chief::RegisterWorker(const RegisterWorkerRequest& request,
   absl::MutexLock lock(&mu_);
   if (request.previous_incarnation() != 0) return RegisterAfterRollbackLocked(request, response);
   const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
-  if (!mu_.AwaitWithTimeout(absl::Condition(&initialized_), timeout)) {
+  // (A rollback that failed, or a run that is ending, ends the wait too.)
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return initialized_ || stop_requested_ || !rollback_failed_.ok();
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
     return absl::DeadlineExceededError(absl::StrCat("variables not initialised after ",
                                                     absl::FormatDuration(timeout)));
   }
+  if (!rollback_failed_.ok()) return rollback_failed_;
+  if (!initialized_) return absl::FailedPreconditionError("the run is ending");
   WorkerState& ws = workers_[w];
   if (ws.registered) {
     // The worker was restarted: what its earlier process did still counts.
@@ -83,12 +89,20 @@ absl::Status Chief::RegisterAfterRollbackLocked(const RegisterWorkerRequest& req
         "worker ", w, " names incarnation ", previous,
         ", which this chief never ran (a task from another run?)"));
   }
+  if (request.session() < workers_[w].restarts) {
+    // An earlier process of a restarted worker (hung, not dead) must not
+    // come back to life on the new incarnation.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", w, " session ", request.session(), "; its current session is ",
+        workers_[w].restarts, " (it was restarted: this is an earlier process of it)"));
+  }
   const absl::Time start = absl::Now();
   const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
-  // A worker can lose a server before the chief's heartbeat does: a few
-  // seconds for a rollback (or a server found down) to show.
+  // A worker can lose a server before the chief's heartbeat (every 250 ms,
+  // on a thread of its own) does: a few seconds for a rollback, or a server
+  // found down or restarted, to show.
   auto expected = [this, previous]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return incarnation_ != previous || rolling_back_ || servers_down_ > 0 ||
+    return incarnation_ != previous || rolling_back_ || servers_down_ > 0 || server_restarted_ ||
            !rollback_failed_.ok() || stop_requested_;
   };
   mu_.AwaitWithTimeout(absl::Condition(&expected), std::min(timeout, absl::Seconds(5)));
@@ -101,7 +115,8 @@ absl::Status Chief::RegisterAfterRollbackLocked(const RegisterWorkerRequest& req
   auto settled = [this, previous]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return (incarnation_ != previous && initialized_ && !rolling_back_) ||
            !rollback_failed_.ok() || stop_requested_ ||
-           (incarnation_ == previous && !rolling_back_ && servers_down_ == 0);
+           (incarnation_ == previous && !rolling_back_ && servers_down_ == 0 &&
+            !server_restarted_);
   };
   if (!mu_.AwaitWithTimeout(absl::Condition(&settled),
                             std::max(absl::ZeroDuration(), timeout - (absl::Now() - start)))) {
@@ -250,6 +265,10 @@ void Chief::FinishRollback(uint64_t incarnation, int64_t step,
   cursors_ = cursors;
   ++rollbacks_;
   rolled_back_to_ = step;
+  servers_down_ = 0;
+  server_restarted_ = false;
+  // Every worker trains again from `step`, one that had finished too.
+  for (WorkerState& ws : workers_) ws.done = false;
 }
 
 void Chief::FailRollback(const absl::Status& status) {
@@ -258,11 +277,38 @@ void Chief::FailRollback(const absl::Status& status) {
   rolling_back_ = false;
   stop_requested_ = true;
   state_ = "failed";
+  AnswerRestoreLocked(rollback_failed_, 0);
 }
 
 void Chief::SetServersDown(int n) {
   absl::MutexLock lock(&mu_);
   servers_down_ = n;
+}
+
+int64_t Chief::health_generation() {
+  absl::MutexLock lock(&mu_);
+  return rolling_back_ ? -1 : rollbacks_;
+}
+
+void Chief::SetServerHealth(int64_t generation, int down, bool restarted) {
+  absl::MutexLock lock(&mu_);
+  // A probe that straddled a rollback saw servers between incarnations.
+  if (generation != rollbacks_ || rolling_back_) return;
+  servers_down_ = down;
+  server_restarted_ = restarted;
+}
+
+bool Chief::server_restarted() {
+  absl::MutexLock lock(&mu_);
+  return server_restarted_;
+}
+
+void Chief::AnswerRestoreLocked(const absl::Status& status, int64_t step) {
+  if (restore_ == nullptr) return;
+  restore_->answered = true;
+  restore_->status = status;
+  restore_->step = step;
+  restore_.reset();
 }
 
 uint64_t Chief::incarnation() {
@@ -278,9 +324,10 @@ int Chief::rollbacks() {
 absl::Status Chief::RequestRestore(const std::string& checkpoint, absl::Duration timeout,
                                    int64_t* step) {
   absl::MutexLock lock(&mu_);
-  if (state_ != "training" || rolling_back_) {
-    return absl::UnavailableError(
-        absl::StrCat("the chief is ", state_, ": a restore is taken only while it trains"));
+  if (state_ != "training" || rolling_back_ || stop_requested_) {
+    return absl::UnavailableError(absl::StrCat(
+        "the chief is ", stop_requested_ && state_ == "training" ? "stopping" : state_,
+        ": a restore is taken only while it trains"));
   }
   if (restore_ != nullptr) return absl::UnavailableError("another restore is under way");
   auto request = std::make_shared<RestoreRequestState>();
@@ -307,16 +354,14 @@ bool Chief::TakeRestoreRequest(std::string* checkpoint) {
 
 void Chief::FinishRestoreRequest(const absl::Status& status, int64_t step) {
   absl::MutexLock lock(&mu_);
-  if (restore_ == nullptr) return;
-  restore_->answered = true;
-  restore_->status = status;
-  restore_->step = step;
-  restore_.reset();
+  AnswerRestoreLocked(status, step);
 }
 
 void Chief::RequestStop() {
   absl::MutexLock lock(&mu_);
   stop_requested_ = true;
+  // A restore queued or under way is not carried out any more.
+  AnswerRestoreLocked(absl::UnavailableError("the run is ending: no restore"), 0);
 }
 
 bool Chief::AllDoneLocked() const {
@@ -330,7 +375,7 @@ int64_t Chief::WaitForStep(int64_t step, absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
   auto reached = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return (claimed_step_ >= step && claimed_step_ > claim_checked_) || AllDoneLocked() ||
-           stop_requested_ || (restore_ != nullptr && !restore_->taken);
+           stop_requested_ || (restore_ != nullptr && !restore_->taken) || server_restarted_;
   };
   mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
   return claimed_step_;

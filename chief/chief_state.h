@@ -68,9 +68,16 @@ class Chief {
   void FinishRollback(uint64_t incarnation, int64_t step, const std::vector<WorkerCursor>& cursors);
   // The rollback failed: the run ends; workers waiting for it are refused.
   void FailRollback(const absl::Status& status);
-  // How many servers the driver's heartbeat finds unreachable now: a worker
-  // that lost one waits for the rollback its restart brings.
+  // How many servers the driver finds unreachable now: a worker that lost
+  // one waits for the rollback its restart brings.
   void SetServersDown(int n);
+  // The heartbeat thread's findings: servers unreachable, and whether one
+  // answered restarted (uninitialised, or for another incarnation), from a
+  // probe begun at health_generation() (-1 during a rollback: not probed).
+  // A restarted server wakes the driver, and workers wait for the rollback.
+  int64_t health_generation();
+  void SetServerHealth(int64_t generation, int down, bool restarted);
+  bool server_restarted();
   uint64_t incarnation();
   int rollbacks();
 
@@ -116,6 +123,9 @@ class Chief {
   absl::Status RegisterAfterRollbackLocked(const RegisterWorkerRequest& request,
                                            RegisterWorkerResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Answers the Restore request waiting (if any) with `status`.
+  void AnswerRestoreLocked(const absl::Status& status, int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   const int num_workers_;
@@ -129,6 +139,7 @@ class Chief {
   bool rolling_back_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status rollback_failed_ ABSL_GUARDED_BY(mu_);
   int servers_down_ ABSL_GUARDED_BY(mu_) = 0;
+  bool server_restarted_ ABSL_GUARDED_BY(mu_) = false;
   int rollbacks_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t rolled_back_to_ ABSL_GUARDED_BY(mu_) = -1;
   // The Restore RPC's request, from queued to answered.

@@ -308,6 +308,50 @@ TEST_CASE("an operator's restore is handed to the driver and answered with its s
   chief.FinishRestoreRequest(absl::FailedPreconditionError("another model?"), 0);
   op2.join();
   CHECK(absl::IsFailedPrecondition(answered));
+  // A run that stops answers a restore still waiting, taken or not.
+  std::thread op3([&] { answered = chief.RequestRestore("/x/ckpt-100", absl::Seconds(30), &step); });
+  while (!chief.TakeRestoreRequest(&taken)) absl::SleepFor(absl::Milliseconds(5));
+  chief.RequestStop();
+  op3.join();
+  CHECK(absl::IsUnavailable(answered));
+  CHECK(absl::IsUnavailable(chief.RequestRestore("/x/ckpt-100", absl::Seconds(1), &step)));
+}
+
+TEST_CASE("an earlier process of a restarted worker cannot follow a rollback; a restarted "
+          "server seen by the heartbeat makes workers wait",
+          "[chief][rollback]") {
+  Chief chief(1, 1000, 9, 5, 0);
+  chief.MarkInitialized();
+  RegisterWorkerRequest req;
+  req.set_worker(0);
+  req.set_config_fingerprint(5);
+  RegisterWorkerResponse resp;
+  REQUIRE(chief.RegisterWorker(req, &resp).ok());
+  REQUIRE(chief.RegisterWorker(req, &resp).ok());  // restarted: session 1
+  REQUIRE(resp.session() == 1);
+  req.set_previous_incarnation(9);
+  req.set_timeout_ms(10000);
+  req.set_session(0);
+  CHECK(absl::IsFailedPrecondition(chief.RegisterWorker(req, &resp)));
+  // The heartbeat's probe from before a rollback is ignored after it.
+  const int64_t generation = chief.health_generation();
+  REQUIRE(generation == 0);
+  req.set_session(1);
+  absl::Status registered;
+  std::thread worker([&] { registered = chief.RegisterWorker(req, &resp); });
+  chief.SetServerHealth(generation, 0, /*restarted=*/true);
+  CHECK(chief.server_restarted());
+  CHECK(chief.WaitForStep(1000, absl::Seconds(5)) == 0);  // woken at once
+  chief.BeginRollback();
+  CHECK(chief.health_generation() == -1);
+  chief.FinishRollback(12, 0, {});
+  worker.join();
+  REQUIRE(registered.ok());
+  CHECK(resp.incarnation() == 12);
+  CHECK(resp.session() == 1);
+  CHECK_FALSE(chief.server_restarted());
+  chief.SetServerHealth(generation, 0, true);  // straddled the rollback
+  CHECK_FALSE(chief.server_restarted());
 }
 
 }  // namespace

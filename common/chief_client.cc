@@ -14,15 +14,18 @@ ChiefClient::ChiefClient(const std::string& address, absl::Duration rpc_timeout)
 
 absl::Status ChiefClient::RegisterWorker(int worker, uint64_t fingerprint, absl::Duration timeout,
                                          RegisterWorkerResponse* response,
-                                         uint64_t previous_incarnation) {
+                                         uint64_t previous_incarnation, int32_t session) {
   RegisterWorkerRequest req;
   req.set_worker(worker);
   req.set_previous_incarnation(previous_incarnation);
+  req.set_session(session);
   req.set_config_fingerprint(fingerprint);
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   grpc::ClientContext ctx;
   SetDeadline(&ctx, timeout + rpc_timeout_);
-  ctx.set_wait_for_ready(true);  // the chief may still be starting
+  // The chief may still be starting; one gone while its workers train
+  // (previous_incarnation set) fails the call at once, as it failed the run.
+  ctx.set_wait_for_ready(previous_incarnation == 0);
   return FromGrpcStatus(stub_->RegisterWorker(&ctx, req, response),
                         absl::StrCat("RegisterWorker with chief ", address_));
 }

@@ -18,9 +18,11 @@ class ChiefClient {
 
   // Blocks until the chief is up and has initialised the variables, at most `timeout`.
   // `previous_incarnation` (non-zero): registering again after this
-  // worker's servers went over to another incarnation (a rollback).
+  // worker's servers went over to another incarnation (a rollback), as the
+  // process of `session`.
   absl::Status RegisterWorker(int worker, uint64_t fingerprint, absl::Duration timeout,
-                              RegisterWorkerResponse* response, uint64_t previous_incarnation = 0);
+                              RegisterWorkerResponse* response, uint64_t previous_incarnation = 0,
+                              int32_t session = 0);
   // Rolls the running job back to `checkpoint` (a path the chief reads);
   // waits up to `timeout`. *step gets the step it went back to.
   absl::Status Restore(const std::string& checkpoint, absl::Duration timeout, int64_t* step);

@@ -18,6 +18,7 @@
 #include "common/tensor.h"
 #include "common/wire_frame.h"
 #include "nlohmann/json.hpp"
+#include "proto/chief_service.grpc.pb.h"
 #include "proto/ps_service.grpc.pb.h"
 #include "tests/cluster_testlib.h"
 
@@ -175,6 +176,42 @@ TEST_CASE("with a cluster secret only the right task in the right role changes a
   CHECK(*code == 0);
   const std::string log = Env::Default()->ReadFile(so.output_file).value_or("");
   CHECK(log.find("Shutdown refused for worker:0: only chief may call it") != std::string::npos);
+}
+
+TEST_CASE("only the operator may roll a job back (the chief's Restore)", "[security][cluster]") {
+  const std::string dir = testing::FreshTempDir("auth_restore");
+  const std::string spec = WriteSecuredSpec(dir, 1, 1);
+  auto cluster = ClusterSpec::FromFile(spec);
+  REQUIRE(cluster.ok());
+  ConfigOptions o;
+  o.output_dir = JoinPath(dir, "out");
+  const std::string config = testing::WriteFile(JoinPath(dir, "train.pbtxt"), testing::ConfigText(o));
+  // The chief alone: it serves while it waits for its servers.
+  SpawnOptions so;
+  so.argv = {Binary("chief/chief"), "--cluster_spec=" + spec, "--config=" + config};
+  so.output_file = JoinPath(dir, "chief.log");
+  auto chief = Subprocess::Spawn(so);
+  REQUIRE(chief.ok());
+  auto stub = ChiefService::NewStub(CreateChannel(cluster->address(kChiefJob, 0)));
+  auto restore = [&](const std::string& identity, const std::string& token) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(10));
+    ctx.set_wait_for_ready(true);
+    if (!identity.empty()) ctx.AddMetadata(kIdentityHeader, identity);
+    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    RestoreRequest req;
+    req.set_checkpoint(JoinPath(dir, "ckpt-100"));
+    RestoreResponse resp;
+    return stub->Restore(&ctx, req, &resp).error_code();
+  };
+  CHECK(restore("", "") == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(restore("worker:0", Token(dir, "worker-0.token")) == grpc::StatusCode::PERMISSION_DENIED);
+  CHECK(restore("chief:0", Token(dir, "chief-0.token")) == grpc::StatusCode::PERMISSION_DENIED);
+  // The operator is let through; a chief still starting takes no restore.
+  CHECK(restore("operator", Token(dir, "operator.token")) == grpc::StatusCode::UNAVAILABLE);
+  (*chief)->Stop(absl::Seconds(5));
+  const std::string log = Env::Default()->ReadFile(so.output_file).value_or("");
+  CHECK(log.find("Restore refused for worker:0") != std::string::npos);
 }
 
 TEST_CASE("a cluster with a secret trains end to end; plaintext beyond loopback is refused",

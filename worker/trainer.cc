@@ -391,9 +391,12 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     }
     ps->AbandonPush();  // nothing more of the failed step is sent
     RegisterWorkerResponse again;
-    absl::Status st = chief.RegisterWorker(
-        options.worker, ConfigFingerprint(config),
-        absl::Milliseconds(config.rpc().startup_timeout_ms()), &again, reg.incarnation());
+    // The chief may wait up to the startup timeout for a lost server to come
+    // back, and as long again to put the checkpoint on every server.
+    const absl::Duration wait =
+        2 * absl::Milliseconds(config.rpc().startup_timeout_ms()) + step_timeout;
+    absl::Status st = chief.RegisterWorker(options.worker, ConfigFingerprint(config), wait,
+                                           &again, reg.incarnation(), reg.session());
     if (!st.ok()) {
       LOG_WARN("no rollback to follow ({}): the step's failure stands", st);
       return cause;
@@ -421,7 +424,10 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   for (bool end = false; !end;) {
     if (stop->stopped()) return absl::CancelledError(stop->reason());
     absl::Status st = train_step(&end);
-    if (!st.ok()) RETURN_IF_ERROR(follow_rollback(st));
+    if (!st.ok()) {
+      RETURN_IF_ERROR(follow_rollback(st));
+      end = false;  // (a report refused after the servers finished: they start over)
+    }
   }
   bool ignored;
   absl::Status st = report(true, &ignored);

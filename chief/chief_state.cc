@@ -63,6 +63,12 @@ absl::Status Chief::RegisterWorker(const RegisterWorkerRequest& request,
     LOG_INFO("worker {} registered again (restart {}): it rejoins the run at step {}", w,
              ws.restarts, global_step_);
   }
+  AnswerRegistrationLocked(w, response);
+  return absl::OkStatus();
+}
+
+void Chief::AnswerRegistrationLocked(int w, RegisterWorkerResponse* response) {
+  WorkerState& ws = workers_[w];
   ws.registered = true;
   ws.done = false;
   last_progress_ = absl::Now();
@@ -75,7 +81,6 @@ absl::Status Chief::RegisterWorker(const RegisterWorkerRequest& request,
     response->set_cursor_epoch(c.epoch());
     response->set_cursor_position(c.position());
   }
-  return absl::OkStatus();
 }
 
 absl::Status Chief::RegisterAfterRollbackLocked(const RegisterWorkerRequest& request,
@@ -129,20 +134,8 @@ absl::Status Chief::RegisterAfterRollbackLocked(const RegisterWorkerRequest& req
         stop_requested_ ? "the run is ending"
                         : "no rollback: the parameter servers are back on the run's incarnation");
   }
-  WorkerState& ws = workers_[w];
-  ws.registered = true;
-  ws.done = false;
-  last_progress_ = absl::Now();
-  response->set_incarnation(incarnation_);
-  response->set_session(ws.restarts);
-  response->set_start_step(global_step_);
+  AnswerRegistrationLocked(w, response);
   response->set_rolled_back(true);
-  for (const WorkerCursor& c : cursors_) {
-    if (c.worker() != w) continue;
-    response->set_has_cursor(true);
-    response->set_cursor_epoch(c.epoch());
-    response->set_cursor_position(c.position());
-  }
   LOG_INFO("worker {} follows the rollback: it goes on from step {}", w, global_step_);
   return absl::OkStatus();
 }

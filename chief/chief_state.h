@@ -123,6 +123,10 @@ class Chief {
   absl::Status RegisterAfterRollbackLocked(const RegisterWorkerRequest& request,
                                            RegisterWorkerResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks worker `w` registered and answers it: incarnation, session, step
+  // and its cursor.
+  void AnswerRegistrationLocked(int w, RegisterWorkerResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Answers the Restore request waiting (if any) with `status`.
   void AnswerRestoreLocked(const absl::Status& status, int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

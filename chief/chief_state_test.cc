@@ -175,6 +175,17 @@ TEST_CASE("the chief sums the workers' step-time split; a bad split is ignored, 
   CHECK(s.push_seconds() == 0.5);
 }
 
+// Worker `w` registering again after its servers moved on from incarnation
+// `previous` (config fingerprint 5, as the cases' chiefs have).
+RegisterWorkerRequest AfterRollback(int w, uint64_t previous, int64_t timeout_ms) {
+  RegisterWorkerRequest req;
+  req.set_worker(w);
+  req.set_config_fingerprint(5);
+  req.set_previous_incarnation(previous);
+  req.set_timeout_ms(timeout_ms);
+  return req;
+}
+
 TEST_CASE("a worker whose servers moved on waits for the rollback and goes on from its step "
           "and cursor; an earlier incarnation's reports are refused",
           "[chief][rollback]") {
@@ -185,11 +196,7 @@ TEST_CASE("a worker whose servers moved on waits for the rollback and goes on fr
   REQUIRE(chief.ReportProgress(r, &pr).ok());
   REQUIRE(chief.ConfirmStep(300) == 300);
 
-  RegisterWorkerRequest req;
-  req.set_worker(1);
-  req.set_config_fingerprint(5);
-  req.set_previous_incarnation(9);
-  req.set_timeout_ms(200);
+  RegisterWorkerRequest req = AfterRollback(1, 9, 200);
   RegisterWorkerResponse resp;
   // No rollback under way and every server answering: refused after the
   // grace, so the worker's own error stands.
@@ -247,11 +254,7 @@ TEST_CASE("a worker that lost a server waits while it is down; a failed rollback
           "[chief][rollback]") {
   Chief chief(1, 1000, 9, 5, 0);
   chief.MarkInitialized();
-  RegisterWorkerRequest req;
-  req.set_worker(0);
-  req.set_config_fingerprint(5);
-  req.set_previous_incarnation(9);
-  req.set_timeout_ms(10000);
+  const RegisterWorkerRequest req = AfterRollback(0, 9, 10000);
   RegisterWorkerResponse resp;
   chief.SetServersDown(1);
   absl::Status registered;
@@ -322,15 +325,12 @@ TEST_CASE("an earlier process of a restarted worker cannot follow a rollback; a 
           "[chief][rollback]") {
   Chief chief(1, 1000, 9, 5, 0);
   chief.MarkInitialized();
-  RegisterWorkerRequest req;
-  req.set_worker(0);
-  req.set_config_fingerprint(5);
+  RegisterWorkerRequest req = AfterRollback(0, 0, 10000);  // a first registration
   RegisterWorkerResponse resp;
   REQUIRE(chief.RegisterWorker(req, &resp).ok());
   REQUIRE(chief.RegisterWorker(req, &resp).ok());  // restarted: session 1
   REQUIRE(resp.session() == 1);
   req.set_previous_incarnation(9);
-  req.set_timeout_ms(10000);
   req.set_session(0);
   CHECK(absl::IsFailedPrecondition(chief.RegisterWorker(req, &resp)));
   // The heartbeat's probe from before a rollback is ignored after it.

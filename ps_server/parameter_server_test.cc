@@ -452,18 +452,21 @@ TEST_CASE("frames: a payload that disagrees with its header is refused", "[ps][f
   CHECK(r.outcome() == APPLIED);
 }
 
+// Two workers, SGD at rate 1, two partitions: w [2, 2] and b [2], zeros.
+InitializeRequest TwoPartitionInit(bool sync) {
+  InitializeRequest req = InitRequest(BaseConfig(sync, 0, 0, 1.0f), 2, {0, 0, 0, 0});
+  NamedTensor* v = req.add_variables();
+  v->mutable_ref()->set_variable("b");
+  ToProto({2}, {0, 0}, v->mutable_tensor());
+  return req;
+}
+
 TEST_CASE("sync per partition: a step split over several pushes per worker, in any order",
           "[ps][sync]") {
   // Two partitions; each worker sends them as separate pushes. The step
   // completes, and the version moves, only once both partitions have both
   // workers' gradients; the result equals one push per worker.
-  auto init = [] {
-    InitializeRequest req = InitRequest(BaseConfig(true, 0, 0, 1.0f), 2, {0, 0, 0, 0});
-    NamedTensor* v = req.add_variables();
-    v->mutable_ref()->set_variable("b");
-    ToProto({2}, {0, 0}, v->mutable_tensor());
-    return req;
-  };
+  auto init = [] { return TwoPartitionInit(true); };
   auto both = [](int w, std::vector<float> gw, std::vector<float> gb) {
     PushRequest req = Grad(w, 0, gw);
     NamedTensor* nt = req.add_gradients();
@@ -513,13 +516,7 @@ TEST_CASE("async: a push in parts is held until its last part, then applied as o
           "[ps][async]") {
   // Two partitions (w and b), SGD at rate 1; worker 0 sends each push as
   // two parts.
-  auto init = [] {
-    InitializeRequest req = InitRequest(BaseConfig(false, 0, 0, 1.0f), 2, {0, 0, 0, 0});
-    NamedTensor* v = req.add_variables();
-    v->mutable_ref()->set_variable("b");
-    ToProto({2}, {0, 0}, v->mutable_tensor());
-    return req;
-  };
+  auto init = [] { return TwoPartitionInit(false); };
   auto part = [](int w, int64_t step, int k, int n, const std::string& var,
                  std::vector<float> g) {
     PushRequest req = Grad(w, step, std::move(g), var,

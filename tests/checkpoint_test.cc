@@ -587,6 +587,42 @@ TEST_CASE("embedding rows and their Adam slots resume bitwise after kill -9, and
                       JoinPath(ref_ckpt, CheckpointDirName(steps)));
 }
 
+// Under a running `launch`: once the pointer of `ckpt` names step `min_step`
+// or later (or 120 s pass), kills the one task matching `victim` ("--job=ps
+// --task=1") with SIGKILL; then times (up to 60 s) until the chief's log
+// holds `line`. *at_kill gets the pointer's step at the kill.
+absl::Duration KillAndTime(const Job& job, const std::string& ckpt, Subprocess* launch,
+                           int64_t min_step, const std::string& victim, const std::string& line,
+                           int64_t* at_kill) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (ReadPointer(Env::Default(), ckpt).value_or(0) < min_step && absl::Now() < deadline &&
+         launch->running()) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const std::vector<int> pids =
+      testing::ProcessesMatching(absl::StrCat("--cluster_spec=", job.spec, " ", victim));
+  REQUIRE(pids.size() == 1);
+  REQUIRE(::kill(pids[0], SIGKILL) == 0);
+  const absl::Time killed = absl::Now();
+  auto pointer = ReadPointer(Env::Default(), ckpt);
+  REQUIRE(pointer.ok());
+  *at_kill = *pointer;
+  while (absl::Now() < killed + absl::Seconds(60) && launch->running()) {
+    if (ChiefLog(job).find(line) != std::string::npos) return absl::Now() - killed;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return absl::InfiniteDuration();
+}
+
+// Waits (up to 180 s) for the launch to end; returns its exit code (none:
+// it was stopped) and its output, DIR/launch.out.
+std::pair<std::optional<int>, std::string> FinishLaunch(Subprocess* launch,
+                                                        const std::string& dir) {
+  std::optional<int> code = launch->Wait(absl::Seconds(180));
+  if (!code.has_value()) launch->Stop(absl::Seconds(5));
+  return {code, Env::Default()->ReadFile(JoinPath(dir, "launch.out")).value_or("")};
+}
+
 TEST_CASE("--restart=on-failure: kill -9 of the chief mid-run restarts the job from its latest "
           "checkpoint, and it finishes",
           "[checkpoint][recovery]") {
@@ -597,33 +633,14 @@ TEST_CASE("--restart=on-failure: kill -9 of the chief mid-run restarts the job f
     const std::string ckpt = JoinPath(dir, "ckpt");
     const Job job = WriteJob(dir, CheckpointOptions(ckpt, steps), 2);
     std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir, {"--restart=on-failure"});
-    const absl::Time deadline = absl::Now() + absl::Seconds(120);
-    while (!Env::Default()->FileExists(JoinPath(JoinPath(ckpt, "ckpt-200"), kManifestFile)) &&
-           absl::Now() < deadline && launch->running()) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    const std::vector<int> pids =
-        testing::ProcessesMatching(absl::StrCat("--cluster_spec=", job.spec, " ", victim));
-    REQUIRE(pids.size() == 1);
-    REQUIRE(::kill(pids[0], SIGKILL) == 0);
-    const absl::Time killed = absl::Now();
     // The run goes back to the newest checkpoint complete at the kill (or
-    // one the chief committed in the instant after), never further.
-    auto at_kill = ReadPointer(Env::Default(), ckpt);
-    REQUIRE(at_kill.ok());
-    // Time until the restarted chief has put a checkpoint back on the servers.
+    // one the chief committed in the instant after), never further. Timed
+    // until the restarted chief has put a checkpoint back on the servers.
     const std::string resumed_line = "from the checkpoint of step ";
-    absl::Duration to_resumed = absl::InfiniteDuration();
-    while (absl::Now() < killed + absl::Seconds(60) && launch->running()) {
-      if (ChiefLog(job).find(resumed_line) != std::string::npos) {
-        to_resumed = absl::Now() - killed;
-        break;
-      }
-      absl::SleepFor(absl::Milliseconds(5));
-    }
-    std::optional<int> code = launch->Wait(absl::Seconds(180));
-    if (!code.has_value()) launch->Stop(absl::Seconds(5));
-    const std::string out = Env::Default()->ReadFile(JoinPath(dir, "launch.out")).value_or("");
+    int64_t at_kill = -1;
+    const absl::Duration to_resumed =
+        KillAndTime(job, ckpt, launch.get(), 200, victim, resumed_line, &at_kill);
+    const auto [code, out] = FinishLaunch(launch.get(), dir);
     INFO(out);
     REQUIRE(code.has_value());
     CHECK(*code == 0);
@@ -632,14 +649,14 @@ TEST_CASE("--restart=on-failure: kill -9 of the chief mid-run restarts the job f
     const std::string log = ChiefLog(job);  // both starts: logs are appended on a restart
     const int64_t resumed_from = NumberAfter(log, resumed_line);
     REQUIRE(resumed_from >= 0);
-    CHECK(resumed_from >= *at_kill);
+    CHECK(resumed_from >= at_kill);
     CHECK(resumed_from < steps);
     auto summary = Env::Default()->ReadFile(JoinPath(job.out, "summary.json"));
     REQUIRE(summary.ok());
     const nlohmann::json j = nlohmann::json::parse(*summary);
     CHECK(j["global_step"].get<int64_t>() == steps);
     CHECK(j["eval_accuracy"].get<double>() >= 0.85);
-    WARN("killed " << victim << " after ckpt-" << *at_kill << ": resumed from step "
+    WARN("killed " << victim << " after ckpt-" << at_kill << ": resumed from step "
                    << resumed_from << ", " << absl::FormatDuration(to_resumed)
                    << " from the kill to the variables restored");
     CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
@@ -658,30 +675,11 @@ TEST_CASE("--restart=on-failure: a server killed with kill -9 is restarted alone
   const std::string ckpt = JoinPath(dir, "ckpt");
   const Job job = WriteJob(dir, CheckpointOptions(ckpt, steps), 2);
   std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir, {"--restart=on-failure"});
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (ReadPointer(Env::Default(), ckpt).value_or(0) < 300 && absl::Now() < deadline &&
-         launch->running()) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  const std::vector<int> pids =
-      testing::ProcessesMatching(absl::StrCat("--cluster_spec=", job.spec, " --job=ps --task=1"));
-  REQUIRE(pids.size() == 1);
-  REQUIRE(::kill(pids[0], SIGKILL) == 0);
-  const absl::Time killed = absl::Now();
-  auto at_kill = ReadPointer(Env::Default(), ckpt);
-  REQUIRE(at_kill.ok());
-  // Time until the chief has put the checkpoint back on every server.
-  absl::Duration to_rolled_back = absl::InfiniteDuration();
-  while (absl::Now() < killed + absl::Seconds(60) && launch->running()) {
-    if (ChiefLog(job).find(kRolledBack) != std::string::npos) {
-      to_rolled_back = absl::Now() - killed;
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  std::optional<int> code = launch->Wait(absl::Seconds(180));
-  if (!code.has_value()) launch->Stop(absl::Seconds(5));
-  const std::string out = Env::Default()->ReadFile(JoinPath(dir, "launch.out")).value_or("");
+  // Timed until the chief has put the checkpoint back on every server.
+  int64_t at_kill = -1;
+  const absl::Duration to_rolled_back =
+      KillAndTime(job, ckpt, launch.get(), 300, "--job=ps --task=1", kRolledBack, &at_kill);
+  const auto [code, out] = FinishLaunch(launch.get(), dir);
   INFO(out);
   const std::string log = ChiefLog(job);
   INFO(log);
@@ -696,7 +694,7 @@ TEST_CASE("--restart=on-failure: a server killed with kill -9 is restarted alone
   REQUIRE(rolled_back_to >= 0);
   // Back to the newest checkpoint complete at the kill (or one committed in
   // the instant after), never further.
-  CHECK(rolled_back_to >= *at_kill);
+  CHECK(rolled_back_to >= at_kill);
   CHECK(rolled_back_to < steps);
   CHECK(log.find("initialised variables on 2 parameter server(s) from seed") !=
         std::string::npos);  // the chief's one start
@@ -719,7 +717,7 @@ TEST_CASE("--restart=on-failure: a server killed with kill -9 is restarted alone
   const Job ref = WriteJob(ref_dir, CheckpointOptions(JoinPath(ref_dir, "ckpt"), steps), 2);
   RunJobOk(ref, false);
   CheckSameModel(FinalModel(job), FinalModel(ref));
-  WARN("killed ps:1 after ckpt-" << *at_kill << ": every server rolled back to step "
+  WARN("killed ps:1 after ckpt-" << at_kill << ": every server rolled back to step "
                                  << rolled_back_to << ", " << absl::FormatDuration(to_rolled_back)
                                  << " from the kill to the variables restored");
   CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
@@ -775,9 +773,7 @@ TEST_CASE("pstrain checkpoint restore rolls a running job back to a checkpoint; 
   INFO(restored.output);
   REQUIRE(restored.exit_code == 0);
   CHECK(restored.output.find("rolled the job back to step 200 from") != std::string::npos);
-  std::optional<int> code = launch->Wait(absl::Seconds(180));
-  if (!code.has_value()) launch->Stop(absl::Seconds(5));
-  const std::string out = Env::Default()->ReadFile(JoinPath(dir, "launch.out")).value_or("");
+  const auto [code, out] = FinishLaunch(launch.get(), dir);
   INFO(out);
   const std::string log = ChiefLog(job);
   INFO(log);
@@ -839,9 +835,7 @@ TEST_CASE("--restart=on-failure: a worker killed mid-run is restarted alone and 
       REQUIRE(second.size() == 1);
       REQUIRE(::kill(second[0], SIGKILL) == 0);
     }
-    std::optional<int> code = launch->Wait(absl::Seconds(180));
-    if (!code.has_value()) launch->Stop(absl::Seconds(5));
-    const std::string out = Env::Default()->ReadFile(JoinPath(dir, "launch.out")).value_or("");
+    const auto [code, out] = FinishLaunch(launch.get(), dir);
     INFO(out);
     REQUIRE(code.has_value());
     CHECK(*code == 0);

@@ -96,6 +96,7 @@ std::string ChiefNotReady(Chief* chief, int num_workers) {
   ChiefStatusResponse s;
   chief->GetStatus(&s);
   if (s.state() == "starting") return "initialising the parameter servers";
+  if (s.state() == "taking over") return "taking the running job over from its latest checkpoint";
   if (s.workers_registered() < num_workers) {
     return absl::StrCat(s.workers_registered(), " of ", num_workers, " workers registered");
   }

@@ -397,6 +397,25 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   // values (--init_from), or the seed.
   std::optional<ResumePoint> from;
   if (start_from.resume) {
+    // Servers that answer initialised serve the run an earlier process of
+    // this chief started (it died; they and the workers went on): this one
+    // takes the run over from its latest checkpoint, under a new
+    // incarnation, as a rollback does, and the workers follow.
+    std::vector<uint64_t> serving;
+    int64_t furthest = -1;
+    for (int s = 0; s < ps.num_servers(); ++s) {
+      PsStatusResponse status;
+      if (ps.GetStatus(s, &status).ok() && status.initialized()) {
+        serving.push_back(status.incarnation());
+        furthest = std::max(furthest, status.version());
+      }
+    }
+    if (!serving.empty()) {
+      chief->TakeOver(serving);
+      LOG_WARN("{} of {} parameter server(s) still serve the run (incarnation {:x}, step {}): "
+               "taking it over from its latest checkpoint",
+               serving.size(), ps.num_servers(), serving.front(), furthest);
+    }
     ASSIGN_OR_RETURN(from, FindResumePoint(config, placement));
   }
   if (!from.has_value() && !start_from.init_from.empty()) {

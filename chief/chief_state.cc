@@ -87,6 +87,17 @@ absl::Status Chief::RegisterAfterRollbackLocked(const RegisterWorkerRequest& req
                                                 RegisterWorkerResponse* response) {
   const int w = request.worker();
   const uint64_t previous = request.previous_incarnation();
+  const absl::Time start = absl::Now();
+  const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
+  // A chief still starting may be a restarted one about to take its run
+  // over: which incarnations that run had, it knows once it has started.
+  auto started = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !starting_ || stop_requested_ || !rollback_failed_.ok();
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&started), timeout)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the chief did not start within ", absl::FormatDuration(timeout)));
+  }
   if (previous != incarnation_ &&
       std::find(earlier_incarnations_.begin(), earlier_incarnations_.end(), previous) ==
           earlier_incarnations_.end()) {
@@ -101,8 +112,6 @@ absl::Status Chief::RegisterAfterRollbackLocked(const RegisterWorkerRequest& req
         "worker ", w, " session ", request.session(), "; its current session is ",
         workers_[w].restarts, " (it was restarted: this is an earlier process of it)"));
   }
-  const absl::Time start = absl::Now();
-  const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
   // A worker can lose a server before the chief's heartbeat (every 250 ms,
   // on a thread of its own) does: a few seconds for a rollback, or a server
   // found down or restarted, to show.
@@ -134,6 +143,9 @@ absl::Status Chief::RegisterAfterRollbackLocked(const RegisterWorkerRequest& req
         stop_requested_ ? "the run is ending"
                         : "no rollback: the parameter servers are back on the run's incarnation");
   }
+  // A chief that took its run over learns the worker's session from it: a
+  // process of an earlier session registering after it is refused above.
+  workers_[w].restarts = std::max(workers_[w].restarts, request.session());
   AnswerRegistrationLocked(w, response);
   response->set_rolled_back(true);
   LOG_INFO("worker {} follows the rollback: it goes on from step {}", w, global_step_);
@@ -225,12 +237,24 @@ void Chief::MarkInitialized() { MarkInitialized(0, {}); }
 void Chief::MarkInitialized(int64_t start_step, const std::vector<WorkerCursor>& cursors) {
   absl::MutexLock lock(&mu_);
   initialized_ = true;
+  starting_ = false;
   state_ = "training";
   last_progress_ = absl::Now();
   global_step_ = std::max(global_step_, start_step);
   claimed_step_ = std::max(claimed_step_, global_step_);
   claim_checked_ = std::max(claim_checked_, global_step_);
   cursors_ = cursors;
+}
+
+void Chief::TakeOver(const std::vector<uint64_t>& incarnations) {
+  absl::MutexLock lock(&mu_);
+  for (uint64_t i : incarnations) {
+    if (i != incarnation_ && std::find(earlier_incarnations_.begin(), earlier_incarnations_.end(),
+                                       i) == earlier_incarnations_.end()) {
+      earlier_incarnations_.push_back(i);
+    }
+  }
+  state_ = "taking over";
 }
 
 void Chief::BeginRollback() {

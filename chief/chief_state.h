@@ -80,6 +80,11 @@ class Chief {
   bool server_restarted();
   uint64_t incarnation();
   int rollbacks();
+  // A restarted chief (--resume) that found the servers still serving the
+  // run its earlier process started, on `incarnations`: it takes that run
+  // over, rolling it back to the latest checkpoint as a rollback does, and
+  // its workers, naming one of these, follow. Called before MarkInitialized.
+  void TakeOver(const std::vector<uint64_t>& incarnations);
 
   // An operator's rollback (the Restore RPC): queued for the driver, which
   // carries it out between its rounds; waits up to `timeout` for the outcome.
@@ -156,6 +161,7 @@ class Chief {
   };
   std::shared_ptr<RestoreRequestState> restore_ ABSL_GUARDED_BY(mu_);
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;
+  bool starting_ ABSL_GUARDED_BY(mu_) = true;  // until the first MarkInitialized
   bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
   std::string state_ ABSL_GUARDED_BY(mu_) = "starting";
   int64_t global_step_ ABSL_GUARDED_BY(mu_);    // confirmed by the servers

@@ -354,5 +354,50 @@ TEST_CASE("an earlier process of a restarted worker cannot follow a rollback; a 
   CHECK_FALSE(chief.server_restarted());
 }
 
+TEST_CASE("a restarted chief takes its run over: the workers of the incarnation its servers "
+          "served wait for it to start, keep their sessions, and go on from its checkpoint",
+          "[chief][rollback]") {
+  // The earlier process ran incarnation 9; this one, 21, is still starting.
+  Chief chief(2, 1000, 21, 5, 0);
+  RegisterWorkerRequest req = AfterRollback(1, 9, 10000);
+  req.set_session(2);  // the worker had been restarted twice before
+  RegisterWorkerResponse resp;
+  absl::Status registered;
+  std::thread worker([&] { registered = chief.RegisterWorker(req, &resp); });
+  absl::SleepFor(absl::Milliseconds(50));
+  chief.TakeOver({9, 9});
+  ChiefStatusResponse st;
+  chief.GetStatus(&st);
+  CHECK(st.state() == "taking over");
+  WorkerCursor c;
+  c.set_worker(1);
+  c.set_epoch(1);
+  c.set_position(128);
+  chief.MarkInitialized(300, {c});
+  worker.join();
+  REQUIRE(registered.ok());
+  CHECK(resp.rolled_back());
+  CHECK(resp.incarnation() == 21);
+  CHECK(resp.start_step() == 300);
+  CHECK(resp.cursor_epoch() == 1);
+  CHECK(resp.cursor_position() == 128);
+  CHECK(resp.session() == 2);
+  // An earlier process of that worker (session 1) cannot follow now.
+  req.set_session(1);
+  CHECK(absl::IsFailedPrecondition(chief.RegisterWorker(req, &resp)));
+  // Nor can a worker of an incarnation none of the servers served.
+  RegisterWorkerRequest other = AfterRollback(0, 77, 1000);
+  CHECK(absl::IsFailedPrecondition(chief.RegisterWorker(other, &resp)));
+  // A chief that never takes over (a fresh run) refuses such workers once
+  // it has started, and a start that never comes ends their wait.
+  Chief fresh(1, 1000, 22, 5, 0);
+  fresh.MarkInitialized();
+  CHECK(absl::IsFailedPrecondition(fresh.RegisterWorker(AfterRollback(0, 9, 1000), &resp)));
+  Chief stuck(1, 1000, 23, 5, 0);
+  const absl::Time t0 = absl::Now();
+  CHECK(absl::IsDeadlineExceeded(stuck.RegisterWorker(AfterRollback(0, 9, 100), &resp)));
+  CHECK(absl::Now() - t0 >= absl::Milliseconds(90));
+}
+
 }  // namespace
 }  // namespace pstrain

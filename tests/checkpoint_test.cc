@@ -623,48 +623,112 @@ std::pair<std::optional<int>, std::string> FinishLaunch(Subprocess* launch,
   return {code, Env::Default()->ReadFile(JoinPath(dir, "launch.out")).value_or("")};
 }
 
-TEST_CASE("--restart=on-failure: kill -9 of the chief mid-run restarts the job from its latest "
-          "checkpoint, and it finishes",
-          "[checkpoint][recovery]") {
-  const int steps = 1500;
-  for (const char* victim : {"--job=chief --task=0"}) {
-    INFO("killed: " << victim);
-    const std::string dir = testing::FreshTempDir("ckpt_restart");
-    const std::string ckpt = JoinPath(dir, "ckpt");
-    const Job job = WriteJob(dir, CheckpointOptions(ckpt, steps), 2);
-    std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir, {"--restart=on-failure"});
-    // The run goes back to the newest checkpoint complete at the kill (or
-    // one the chief committed in the instant after), never further. Timed
-    // until the restarted chief has put a checkpoint back on the servers.
-    const std::string resumed_line = "from the checkpoint of step ";
-    int64_t at_kill = -1;
-    const absl::Duration to_resumed =
-        KillAndTime(job, ckpt, launch.get(), 200, victim, resumed_line, &at_kill);
-    const auto [code, out] = FinishLaunch(launch.get(), dir);
-    INFO(out);
-    REQUIRE(code.has_value());
-    CHECK(*code == 0);
-    CHECK(out.find("restarting the job from its latest checkpoint in 1s (restart 1 of 3)") !=
-          std::string::npos);
-    const std::string log = ChiefLog(job);  // both starts: logs are appended on a restart
-    const int64_t resumed_from = NumberAfter(log, resumed_line);
-    REQUIRE(resumed_from >= 0);
-    CHECK(resumed_from >= at_kill);
-    CHECK(resumed_from < steps);
-    auto summary = Env::Default()->ReadFile(JoinPath(job.out, "summary.json"));
-    REQUIRE(summary.ok());
-    const nlohmann::json j = nlohmann::json::parse(*summary);
-    CHECK(j["global_step"].get<int64_t>() == steps);
-    CHECK(j["eval_accuracy"].get<double>() >= 0.85);
-    WARN("killed " << victim << " after ckpt-" << at_kill << ": resumed from step "
-                   << resumed_from << ", " << absl::FormatDuration(to_resumed)
-                   << " from the kill to the variables restored");
-    CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
+// The chief's log line of a rollback: "rolled back to step N in S s (why)".
+const char kRolledBack[] = "rolled back to step ";
+
+// Checks that both workers of `job` followed one rollback to `step`.
+void CheckWorkersFollowed(const Job& job, int64_t step) {
+  for (int w = 0; w < 2; ++w) {
+    const std::string wl = Env::Default()
+                               ->ReadFile(JoinPath(job.out, absl::StrCat("logs/worker-", w, ".log")))
+                               .value_or("");
+    INFO("worker " << w << ": " << wl);
+    CHECK(wl.find(absl::StrCat("the job was rolled back to step ", step)) != std::string::npos);
+    CHECK(wl.find("1 rollback(s) followed") != std::string::npos);
   }
 }
 
-// The chief's log line of a rollback: "rolled back to step N in S s (why)".
-const char kRolledBack[] = "rolled back to step ";
+TEST_CASE("--restart=on-failure: a chief killed with kill -9 is restarted alone and takes the "
+          "job over from its latest checkpoint; the others wait for it, and a sync run ends "
+          "bitwise as if never killed",
+          "[checkpoint][recovery]") {
+  const int steps = 1500;
+  const std::string dir = testing::FreshTempDir("chief_takeover");
+  const std::string ckpt = JoinPath(dir, "ckpt");
+  const Job job = WriteJob(dir, CheckpointOptions(ckpt, steps), 2);
+  std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir, {"--restart=on-failure"});
+  // Timed until the restarted chief has put the checkpoint back on every
+  // server. The run goes back to the newest checkpoint complete at the kill
+  // (or one the chief committed in the instant after), never further.
+  const std::string resumed_line = "from the checkpoint of step ";
+  int64_t at_kill = -1;
+  const absl::Duration to_resumed = KillAndTime(job, ckpt, launch.get(), 200,
+                                                "--job=chief --task=0", resumed_line, &at_kill);
+  const auto [code, out] = FinishLaunch(launch.get(), dir);
+  INFO(out);
+  const std::string log = ChiefLog(job);  // both starts: logs are appended on a restart
+  INFO(log);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  CHECK(out.find("chief:0 exited with code 137") != std::string::npos);
+  CHECK(out.find("restarting it alone, the others wait for it to take the job over from the "
+                 "latest checkpoint (restart 1 of 3)") != std::string::npos);
+  CHECK(out.find("restarting the job") == std::string::npos);  // nothing else restarted
+  CHECK(log.find("parameter server(s) still serve the run") != std::string::npos);
+  const int64_t resumed_from = NumberAfter(log, resumed_line);
+  REQUIRE(resumed_from >= 0);
+  CHECK(resumed_from >= at_kill);
+  CHECK(resumed_from < steps);
+  CheckWorkersFollowed(job, resumed_from);
+  auto summary = Env::Default()->ReadFile(JoinPath(job.out, "summary.json"));
+  REQUIRE(summary.ok());
+  const nlohmann::json j = nlohmann::json::parse(*summary);
+  CHECK(j["global_step"].get<int64_t>() == steps);
+  // Back from the checkpoint's values, slots, step and cursors: the run
+  // ends where one never interrupted does.
+  const std::string ref_dir = testing::FreshTempDir("chief_takeover_ref");
+  const Job ref = WriteJob(ref_dir, CheckpointOptions(JoinPath(ref_dir, "ckpt"), steps), 2);
+  RunJobOk(ref, false);
+  CheckSameModel(FinalModel(job), FinalModel(ref));
+  WARN("killed the chief after ckpt-" << at_kill << ": the restarted one took the job over from "
+                                      << "step " << resumed_from << ", "
+                                      << absl::FormatDuration(to_resumed)
+                                      << " from the kill to the variables restored");
+  CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
+}
+
+TEST_CASE("--restart=on-failure: a hung server fails the chief, which restarts the whole job "
+          "from its latest checkpoint, and it finishes",
+          "[checkpoint][recovery]") {
+  const int steps = 1500;
+  const std::string dir = testing::FreshTempDir("hung_server");
+  const std::string ckpt = JoinPath(dir, "ckpt");
+  ConfigOptions o = CheckpointOptions(ckpt, steps);
+  o.rpc_timeout_ms = 1000;
+  o.startup_timeout_ms = 4000;
+  const Job job = WriteJob(dir, o, 2);
+  std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir, {"--restart=on-failure"});
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (ReadPointer(Env::Default(), ckpt).value_or(0) < 200 && absl::Now() < deadline &&
+         launch->running()) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  // Stopped, not dead: it holds its port and answers nothing. Restarting
+  // the chief alone could not help; the job's restart replaces the server.
+  const std::vector<int> pids =
+      testing::ProcessesMatching(absl::StrCat("--cluster_spec=", job.spec, " --job=ps --task=1"));
+  REQUIRE(pids.size() == 1);
+  REQUIRE(::kill(pids[0], SIGSTOP) == 0);
+  const auto [code, out] = FinishLaunch(launch.get(), dir);
+  INFO(out);
+  const std::string log = ChiefLog(job);
+  INFO(log);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  CHECK(log.find("ps:1 has not answered for 4s (rpc.startup_timeout_ms): it is gone") !=
+        std::string::npos);
+  CHECK(out.find("chief:0 exited with code 1") != std::string::npos);
+  CHECK(out.find("restarting the job from its latest checkpoint in 1s (restart 1 of 3)") !=
+        std::string::npos);
+  CHECK(out.find("restarting it alone") == std::string::npos);
+  CHECK(NumberAfter(log, "from the checkpoint of step ") >= 200);
+  auto summary = Env::Default()->ReadFile(JoinPath(job.out, "summary.json"));
+  REQUIRE(summary.ok());
+  const nlohmann::json j = nlohmann::json::parse(*summary);
+  CHECK(j["global_step"].get<int64_t>() == steps);
+  CHECK(j["eval_accuracy"].get<double>() >= 0.85);
+  CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
+}
 
 TEST_CASE("--restart=on-failure: a server killed with kill -9 is restarted alone, every server "
           "rolls back to the latest checkpoint, the workers follow, and a sync run ends bitwise "
@@ -698,15 +762,7 @@ TEST_CASE("--restart=on-failure: a server killed with kill -9 is restarted alone
   CHECK(rolled_back_to < steps);
   CHECK(log.find("initialised variables on 2 parameter server(s) from seed") !=
         std::string::npos);  // the chief's one start
-  for (int w = 0; w < 2; ++w) {
-    const std::string wl = Env::Default()
-                               ->ReadFile(JoinPath(job.out, absl::StrCat("logs/worker-", w, ".log")))
-                               .value_or("");
-    INFO("worker " << w << ": " << wl);
-    CHECK(wl.find(absl::StrCat("the job was rolled back to step ", rolled_back_to)) !=
-          std::string::npos);
-    CHECK(wl.find("1 rollback(s) followed") != std::string::npos);
-  }
+  CheckWorkersFollowed(job, rolled_back_to);
   auto summary = Env::Default()->ReadFile(JoinPath(job.out, "summary.json"));
   REQUIRE(summary.ok());
   const nlohmann::json j = nlohmann::json::parse(*summary);

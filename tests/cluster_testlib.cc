@@ -108,7 +108,7 @@ std::string ConfigText(const ConfigOptions& o) {
       "optimizer { learning_rate: ", o.learning_rate, " ", o.optimizer, " }\n", mode, "\n",
       "max_steps: ", o.max_steps, "\nseed: 11\neval_every_steps: ", o.eval_every_steps,
       "\noutput_dir: \"", o.output_dir, "\"\n", "placement { partition_min_bytes: 65536 }\n",
-      "rpc { step_timeout_ms: ", o.step_timeout_ms, " startup_timeout_ms: 30000",
+      "rpc { step_timeout_ms: ", o.step_timeout_ms, " startup_timeout_ms: ", o.startup_timeout_ms,
       o.rpc_timeout_ms > 0 ? absl::StrCat(" rpc_timeout_ms: ", o.rpc_timeout_ms) : "", " }\n",
       o.extra,
       "\n");

@@ -49,6 +49,7 @@ struct ConfigOptions {
   int eval_every_steps = 50;
   int step_timeout_ms = 30000;
   int rpc_timeout_ms = 0;  // 0: the default
+  int startup_timeout_ms = 30000;
   std::string output_dir;
 };
 std::string ConfigText(const ConfigOptions& o);

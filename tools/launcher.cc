@@ -145,12 +145,14 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
                 bool append_logs, int* restarts, StopSignal* stop) {
   std::vector<std::unique_ptr<Task>> tasks;
   // Starts task `id` (on `host`, from the spec) with its output captured.
-  auto spawn = [&](const TaskId& id, const std::string& host) {
+  // A chief restarted alone takes the running job over from its latest
+  // checkpoint (--resume).
+  auto spawn = [&](const TaskId& id, const std::string& host, bool restarted_alone) {
     SpawnOptions so;
     so.argv = {bin_for_job.at(id.job), "--cluster_spec=" + options.cluster_spec,
                "--job=" + id.job, absl::StrCat("--task=", id.index),
                "--config=" + options.config};
-    if (options.resume && id.job == kChiefJob) so.argv.push_back("--resume");
+    if ((options.resume || restarted_alone) && id.job == kChiefJob) so.argv.push_back("--resume");
     if (!options.init_from.empty() && id.job == kChiefJob) {
       so.argv.push_back("--init_from=" + options.init_from);
     }
@@ -183,7 +185,7 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
     t->log_path = JoinPath(log_dir, absl::StrCat(id.job, "-", id.index, ".log"));
     t->log.open(t->log_path, append_logs ? std::ios::app : std::ios::trunc);
     t->host = hp->host;
-    auto proc = spawn(id, t->host);
+    auto proc = spawn(id, t->host, /*restarted_alone=*/false);
     if (!proc.ok()) {
       for (auto& other : tasks) other->proc->Stop(absl::Seconds(5));
       Attempt a;
@@ -216,11 +218,11 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
       exit_code = stop->exit_code() != 0 ? stop->exit_code() : 130;
       break;
     }
-    // Workers due for a restart alone.
+    // Tasks due for a restart alone.
     for (auto& t : tasks) {
       if (t->restart_at > absl::Now()) continue;
       t->restart_at = absl::InfiniteFuture();
-      auto proc = spawn(t->id, t->host);
+      auto proc = spawn(t->id, t->host, /*restarted_alone=*/true);
       if (!proc.ok()) {
         failure = absl::StrCat("restarting ", t->name, ": ", proc.status().message());
         exit_code = 1;
@@ -266,8 +268,14 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
       // come back empty and rolls every server back to the latest
       // checkpoint, and the workers follow. Not while a server's early exit
       // is pending judgement (the failure is likely the server's: the job
-      // restarts instead). A task failing again waits 1, 2, 4 ... 30 s first.
-      const bool alone = t->id.job == kWorkerJob || t->id.job == kPsJob;
+      // restarts instead). A chief that died (killed, or crashed: a signal)
+      // likewise: the restarted one takes the job over from the latest
+      // checkpoint while the servers and workers wait for it; one that
+      // failed the run with an error of its own restarts the job. A task
+      // failing again waits 1, 2, 4 ... 30 s first.
+      const bool died = *code > 128;
+      const bool alone =
+          t->id.job == kWorkerJob || t->id.job == kPsJob || (t->id.job == kChiefJob && died);
       if (*code != 0 && failure.empty() && alone &&
           *restarts < options.max_restarts && !chief_finished && early_exits.empty() &&
           !stop->stopped()) {
@@ -281,8 +289,9 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
                   << (backoff > absl::ZeroDuration()
                           ? absl::StrCat(" in ", absl::FormatDuration(backoff))
                           : std::string())
-                  << ", the others go on"
-                  << (t->id.job == kPsJob ? " from the latest checkpoint" : "") << " (restart "
+                  << (t->id.job == kChiefJob ? ", the others wait for it to take the job over"
+                                             : ", the others go on")
+                  << (t->id.job == kWorkerJob ? "" : " from the latest checkpoint") << " (restart "
                   << *restarts << " of " << options.max_restarts << ")\n";
         continue;
       }
@@ -306,8 +315,9 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
     if (!early_exits.empty() && failure.empty()) {
       ChiefStatusResponse s;
       // Also a chief that failed or was stopped: its own exit tells why.
-      const bool ending = chief_finished || (chief.GetStatus(&s).ok() && s.state() != "starting" &&
-                                             s.state() != "training");
+      const bool ending =
+          chief_finished || (chief.GetStatus(&s).ok() && s.state() != "starting" &&
+                             s.state() != "taking over" && s.state() != "training");
       if (ending) {
         early_exits.clear();
       } else if (absl::Now() >= early_exits.front().second) {

@@ -94,6 +94,31 @@ absl::Status Rejoin(PsClient* ps, int worker, int32_t session, bool sync,
   return absl::OkStatus();
 }
 
+// Waits until the chief answers, up to `timeout`; a stop ends the wait.
+absl::Status WaitForChief(ChiefClient* chief, absl::Duration timeout, StopSignal* stop) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (bool told = false;;) {
+    ChiefStatusResponse status;
+    absl::Status st = chief->GetStatus(&status);
+    if (st.ok()) {
+      if (told) LOG_INFO("the chief answers again (state: {})", status.state());
+      return absl::OkStatus();
+    }
+    if (!absl::IsUnavailable(st) && !absl::IsDeadlineExceeded(st)) return st;
+    if (!told) {
+      LOG_WARN("the chief does not answer ({}); waiting up to {} for it to come back", st,
+               absl::FormatDuration(timeout));
+      told = true;
+    }
+    if (absl::Now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat("the chief has not answered for ",
+                                                 absl::FormatDuration(timeout),
+                                                 " (rpc.startup_timeout_ms): ", st.message()));
+    }
+    if (stop->WaitFor(absl::Milliseconds(100))) return absl::CancelledError(stop->reason());
+  }
+}
+
 }  // namespace
 
 absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
@@ -390,11 +415,15 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
       return cause;
     }
     ps->AbandonPush();  // nothing more of the failed step is sent
+    const absl::Duration startup_timeout = absl::Milliseconds(config.rpc().startup_timeout_ms());
+    // The chief itself may be gone (the report failed): a restarted one
+    // takes the run over from its latest checkpoint. Up to the startup
+    // timeout for one to answer, asking in short calls (a stop is seen).
+    RETURN_IF_ERROR(WaitForChief(&chief, startup_timeout, stop));
     RegisterWorkerResponse again;
     // The chief may wait up to the startup timeout for a lost server to come
     // back, and as long again to put the checkpoint on every server.
-    const absl::Duration wait =
-        2 * absl::Milliseconds(config.rpc().startup_timeout_ms()) + step_timeout;
+    const absl::Duration wait = 2 * startup_timeout + step_timeout;
     absl::Status st = chief.RegisterWorker(options.worker, ConfigFingerprint(config), wait,
                                            &again, reg.incarnation(), reg.session());
     if (!st.ok()) {

@@ -64,7 +64,9 @@ int main(int argc, char** argv) {
     LOG_ERROR("{}", server.status().message());
     return 1;
   }
-  LOG_INFO("parameter server listening on {}", address);
+  LOG_INFO("parameter server listening on {} (at most {} data calls at once, {} RPC threads, "
+           "{} MiB of messages in flight)",
+           address, max_calls, setup->limits.threads, setup->limits.inflight_bytes >> 20);
   std::unique_ptr<pstrain::MonitoringServer> monitoring;
   if (const std::string& m = setup->metrics_address; !m.empty()) {
     auto started = pstrain::MonitoringServer::Start(

@@ -206,6 +206,17 @@ TEST_CASE("a sync run killed with kill -9 on every process resumes to bitwise th
   CheckSameModel(FinalModel(job), FinalModel(ref));
   CheckSameCheckpoint(JoinPath(ckpt, CheckpointDirName(steps)),
                       JoinPath(JoinPath(ref_dir, "ckpt"), CheckpointDirName(steps)));
+  // The last checkpoint is the final model: model_final.pst holds its
+  // values, bit for bit.
+  auto last = LoadCheckpoint(Env::Default(), JoinPath(ckpt, CheckpointDirName(steps)));
+  REQUIRE(last.ok());
+  const TensorMap final_model = FinalModel(job);
+  REQUIRE(last->variables.size() == final_model.size());
+  for (const auto& [name, t] : final_model) {
+    INFO(name);
+    REQUIRE(last->variables.count(name) == 1);
+    CHECK(BitwiseEqual(last->variables.at(name).values, t.values()));
+  }
 }
 
 TEST_CASE("a checkpoint of 2 servers resumes onto 3, and one of 3 onto 1, values and slots "

@@ -566,6 +566,31 @@ TEST_CASE("malformed cluster specs and configs: one-line error, non-zero exit", 
     CHECK(r.output.find(flag.substr(0, flag.find('='))) != std::string::npos);
     CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
   }
+  // The same limits given to `pstrain launch`: checked before any task
+  // starts; good ones reach the servers (and the chief), which say so.
+  for (const auto& [flag, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"--max_inflight_mib=100", "--max_inflight_mib: expected 512.."},
+           {"--max_rpc_threads=2", "--max_rpc_threads: expected 4..65536"},
+           {"--max_concurrent_calls=zero", "--max_concurrent_calls: expected 1.."}}) {
+    r = testing::RunCommand({Binary("tools/pstrain"), "launch", "--cluster_spec", good_spec,
+                             "--config", config, "--bin_dir", BinDir(), flag},
+                            absl::Seconds(30));
+    INFO(flag << ": " << r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(expect) != std::string::npos);
+    CHECK(std::count(r.output.begin(), r.output.end(), '\n') == 1);
+  }
+  r = testing::RunCommand({Binary("tools/pstrain"), "launch", "--cluster_spec", good_spec,
+                           "--config", config, "--bin_dir", BinDir(), "--progress=false",
+                           "--max_inflight_mib=600", "--max_rpc_threads=32",
+                           "--max_concurrent_calls=1000"},
+                          absl::Seconds(120));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  const std::string ps_log =
+      Env::Default()->ReadFile(JoinPath(o.output_dir, "logs/ps-0.log")).value_or("");
+  CHECK(ps_log.find("(at most 1000 data calls at once, 32 RPC threads, 600 MiB of messages in "
+                    "flight)") != std::string::npos);
   // A malformed training config names line and column.
   const std::string bad_config =
       testing::WriteFile(JoinPath(dir, "bad.pbtxt"), "max_steps: 10\nseed: [\n");

@@ -153,6 +153,12 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
                "--job=" + id.job, absl::StrCat("--task=", id.index),
                "--config=" + options.config};
     if ((options.resume || restarted_alone) && id.job == kChiefJob) so.argv.push_back("--resume");
+    if (id.job == kPsJob || id.job == kChiefJob) {
+      so.argv.insert(so.argv.end(), options.server_flags.begin(), options.server_flags.end());
+    }
+    if (id.job == kPsJob) {
+      so.argv.insert(so.argv.end(), options.ps_flags.begin(), options.ps_flags.end());
+    }
     if (!options.init_from.empty() && id.job == kChiefJob) {
       so.argv.push_back("--init_from=" + options.init_from);
     }

@@ -8,6 +8,7 @@
 #define PSTRAIN_TOOLS_LAUNCHER_H_
 
 #include <string>
+#include <vector>
 
 #include "common/shutdown.h"
 
@@ -31,6 +32,11 @@ struct LaunchOptions {
   // Each local task serves /metrics, /healthz and /readyz on a free port of
   // its host (printed as each task reports it).
   bool metrics = true;
+  // Passed on as they are: to the parameter servers and the chief (their
+  // RPC limits, --max_inflight_mib and --max_rpc_threads), and to the
+  // parameter servers alone (--max_concurrent_calls).
+  std::vector<std::string> server_flags;
+  std::vector<std::string> ps_flags;
 };
 
 // Returns the process exit code: 0 when every task succeeded.

@@ -226,6 +226,12 @@ int LaunchCommand(const std::vector<std::string>& argv) {
                              "4, ... 30 s)"}},
       {"metrics", {"true", "each local task serves /metrics, /healthz and /readyz on a free "
                            "port (printed as each task reports it)"}},
+      {"max_inflight_mib", {"", "passed to the servers and the chief: memory for RPC messages "
+                                "in flight, MiB (at least 512; default: theirs)"}},
+      {"max_rpc_threads", {"", "passed to the servers and the chief: threads for synchronous "
+                               "RPC handlers, 4..65536 (default: theirs)"}},
+      {"max_concurrent_calls", {"", "passed to the servers: data calls served at once, at "
+                                    "least 1 (default: theirs)"}},
       {"slurm", {"false", "run as one task of a Slurm job step (srun ... pstrain launch "
                           "--slurm): derive the cluster from Slurm's environment and become "
                           "this rank's chief, ps or worker; no --cluster_spec"}},
@@ -265,6 +271,23 @@ int LaunchCommand(const std::vector<std::string>& argv) {
   }
   o.max_restarts = restart == "on-failure" ? static_cast<int>(*max_restarts) : 0;
   o.metrics = args->GetBool("metrics");
+  // The daemons' RPC limits, checked here so that a bad one stops the
+  // launch before any task starts.
+  struct LimitFlag {
+    const char* name;
+    int64_t min, max;
+    std::vector<std::string>* to;
+  };
+  for (const LimitFlag& f : {LimitFlag{"max_inflight_mib", 512, int64_t{1} << 30, &o.server_flags},
+                             LimitFlag{"max_rpc_threads", 4, 65536, &o.server_flags},
+                             LimitFlag{"max_concurrent_calls", 1, 1 << 30, &o.ps_flags}}) {
+    if (args->Get(f.name).empty()) continue;
+    auto value = args->GetInt(f.name);
+    if (!value.ok() || *value < f.min || *value > f.max) {
+      return Fail("launch", absl::StrCat("--", f.name, ": expected ", f.min, "..", f.max));
+    }
+    f.to->push_back(absl::StrCat("--", f.name, "=", *value));
+  }
   {
     // Sized before any task starts (each task checks its own share again).
     auto cluster = ClusterSpec::FromFile(o.cluster_spec);

@@ -251,6 +251,35 @@ absl::StatusOr<std::optional<ResumePoint>> FindResumePoint(const TrainingConfig&
   return std::optional<ResumePoint>(std::move(r));
 }
 
+// Where a rollback of the running run goes back to: the latest good
+// checkpoint of the run, or none (its start). Checkpoints that exist but none
+// of which verifies are a sick disk, not a reason to throw the run away.
+absl::StatusOr<std::optional<ResumePoint>> FindRollbackPoint(const TrainingConfig& config,
+                                                             const Placement& placement) {
+  const std::string& dir = config.checkpoint().dir();
+  if (dir.empty()) return std::optional<ResumePoint>();
+  ASSIGN_OR_RETURN(std::optional<ResumePoint> point, FindResumePoint(config, placement));
+  if (!point.has_value() && Env::Default()->IsDirectory(dir) &&
+      !ListCheckpoints(Env::Default(), dir).value_or(std::vector<CheckpointInfo>()).empty()) {
+    return absl::DataLossError(
+        absl::StrCat("no checkpoint in ", dir, " verifies: nothing to roll back to"));
+  }
+  return point;
+}
+
+// After a rollback to `step`: the checkpoints past it belong to the
+// abandoned timeline, and a later --resume must not take them.
+void SetAsideAbandonedCheckpoints(const TrainingConfig& config, int64_t step) {
+  if (config.checkpoint().dir().empty()) return;
+  std::vector<std::string> moved;
+  absl::Status st =
+      SetAsideCheckpointsAfter(Env::Default(), config.checkpoint().dir(), step, &moved);
+  if (!st.ok()) LOG_WARN("setting aside the checkpoints past step {}: {}", step, st);
+  for (const std::string& m : moved) {
+    LOG_INFO("set aside {}: it is past the step rolled back to", m);
+  }
+}
+
 // Commits the checkpoint of `step`: waits for every server's shard, writes
 // the manifest (the commit marker) and the pointer, and prunes old ones.
 // `total_bytes` gets the shards' size.
@@ -396,6 +425,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   // Where the run starts: its own latest checkpoint (--resume), another's
   // values (--init_from), or the seed.
   std::optional<ResumePoint> from;
+  bool taking_over = false;
   if (start_from.resume) {
     // Servers that answer initialised serve the run an earlier process of
     // this chief started (it died; they and the workers went on): this one
@@ -410,13 +440,16 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
         furthest = std::max(furthest, status.version());
       }
     }
-    if (!serving.empty()) {
+    if (serving.empty()) {
+      ASSIGN_OR_RETURN(from, FindResumePoint(config, placement));
+    } else {
       chief->TakeOver(serving);
       LOG_WARN("{} of {} parameter server(s) still serve the run (incarnation {:x}, step {}): "
                "taking it over from its latest checkpoint",
                serving.size(), ps.num_servers(), serving.front(), furthest);
+      ASSIGN_OR_RETURN(from, FindRollbackPoint(config, placement));
+      taking_over = true;
     }
-    ASSIGN_OR_RETURN(from, FindResumePoint(config, placement));
   }
   if (!from.has_value() && !start_from.init_from.empty()) {
     ASSIGN_OR_RETURN(RestoredCheckpoint ckpt, LoadCheckpoint(Env::Default(), start_from.init_from,
@@ -450,6 +483,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     LOG_INFO("initialised variables on {} parameter server(s) from seed {}", cluster.num_ps(),
              config.seed());
   }
+  if (taking_over) SetAsideAbandonedCheckpoints(config, start_step);
   chief->MarkInitialized(start_step, from.has_value() ? from->cursors : std::vector<WorkerCursor>());
 
   const int64_t max_steps = config.max_steps();
@@ -638,21 +672,13 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   auto load_point = [&](const std::string& checkpoint)
       -> absl::StatusOr<std::optional<ResumePoint>> {
     std::optional<ResumePoint> point;
-    const std::string& dir = config.checkpoint().dir();
     if (!checkpoint.empty()) {
       ASSIGN_OR_RETURN(RestoredCheckpoint ckpt,
                        LoadCheckpoint(Env::Default(), checkpoint, RestoreProgressLog()));
       ASSIGN_OR_RETURN(point, LoadStartPoint(config, placement, checkpoint, std::move(ckpt),
                                              /*with_state=*/true));
-    } else if (!dir.empty()) {
-      ASSIGN_OR_RETURN(point, FindResumePoint(config, placement));
-      // Checkpoints that exist but none of which verifies: the disk is
-      // sick, and the seed would throw the run away.
-      if (!point.has_value() && Env::Default()->IsDirectory(dir) &&
-          !ListCheckpoints(Env::Default(), dir).value_or(std::vector<CheckpointInfo>()).empty()) {
-        return absl::DataLossError(
-            absl::StrCat("no checkpoint in ", dir, " verifies: nothing to roll back to"));
-      }
+    } else {
+      ASSIGN_OR_RETURN(point, FindRollbackPoint(config, placement));
     }
     if (!point.has_value() && !start_from.init_from.empty()) {
       // No checkpoint of the run yet: back to where it started.
@@ -682,16 +708,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
                                      values, startup_timeout,
                                      point.has_value() ? &point->optimizer : nullptr));
     if (point.has_value()) RETURN_IF_ERROR(LoadTables(config, &*point, &ps));
-    if (!config.checkpoint().dir().empty()) {
-      // A later --resume must not take the abandoned timeline's checkpoints.
-      std::vector<std::string> moved;
-      absl::Status st =
-          SetAsideCheckpointsAfter(Env::Default(), config.checkpoint().dir(), step, &moved);
-      if (!st.ok()) LOG_WARN("setting aside the checkpoints past step {}: {}", step, st);
-      for (const std::string& m : moved) {
-        LOG_INFO("set aside {}: it is past the step rolled back to", m);
-      }
-    }
+    SetAsideAbandonedCheckpoints(config, step);
     chief->FinishRollback(fresh, step,
                           point.has_value() ? point->cursors : std::vector<WorkerCursor>());
     // The driver's schedule from there.

@@ -119,7 +119,9 @@ absl::Status Chief::RegisterAfterRollbackLocked(const RegisterWorkerRequest& req
     return incarnation_ != previous || rolling_back_ || servers_down_ > 0 || server_restarted_ ||
            !rollback_failed_.ok() || stop_requested_;
   };
-  mu_.AwaitWithTimeout(absl::Condition(&expected), std::min(timeout, absl::Seconds(5)));
+  mu_.AwaitWithTimeout(
+      absl::Condition(&expected),
+      std::clamp(timeout - (absl::Now() - start), absl::ZeroDuration(), absl::Seconds(5)));
   if (!expected()) {
     return absl::FailedPreconditionError(
         "no rollback under way: every parameter server answers, on the run's incarnation");
@@ -142,6 +144,11 @@ absl::Status Chief::RegisterAfterRollbackLocked(const RegisterWorkerRequest& req
     return absl::FailedPreconditionError(
         stop_requested_ ? "the run is ending"
                         : "no rollback: the parameter servers are back on the run's incarnation");
+  }
+  if (!initialized_ || rolling_back_) {
+    // Stopped before the new incarnation reached the servers (a takeover or
+    // a rollback cut short): there is nothing to follow.
+    return absl::FailedPreconditionError("the run is ending");
   }
   // A chief that took its run over learns the worker's session from it: a
   // process of an earlier session registering after it is refused above.

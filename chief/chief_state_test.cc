@@ -393,6 +393,12 @@ TEST_CASE("a restarted chief takes its run over: the workers of the incarnation 
   Chief fresh(1, 1000, 22, 5, 0);
   fresh.MarkInitialized();
   CHECK(absl::IsFailedPrecondition(fresh.RegisterWorker(AfterRollback(0, 9, 1000), &resp)));
+  // A restarted chief stopped before its takeover reached the servers:
+  // nothing to follow, and no answer that there is.
+  Chief stopped(1, 1000, 24, 5, 0);
+  stopped.TakeOver({9});
+  stopped.RequestStop();
+  CHECK(absl::IsFailedPrecondition(stopped.RegisterWorker(AfterRollback(0, 9, 1000), &resp)));
   Chief stuck(1, 1000, 23, 5, 0);
   const absl::Time t0 = absl::Now();
   CHECK(absl::IsDeadlineExceeded(stuck.RegisterWorker(AfterRollback(0, 9, 100), &resp)));

@@ -1,5 +1,6 @@
 #include "common/ps_client.h"
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -242,17 +243,37 @@ absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::
       if (chunk_bytes_ > 0) SetRef(vars[v].spec, *part, req.add_refs());
     }
   }
-  // In sync mode a server's version cannot move while this worker has not
-  // pushed, unless backup workers complete a step without it; then the parts
-  // of one pull may straddle a step, and the pull is made again.
-  for (int attempt = 0;; ++attempt) {
-    bool straddled = false;
-    absl::Status st = PullCalls(servers, requests, wait, destinations, result, &straddled);
-    if (!straddled) return st;
-    if (attempt == 4) {
-      return absl::AbortedError(
-          "pull: a server's version moved between the parts of one pull 5 times in a row");
+  return RetryRefusedPull(wait, [&](absl::Duration left) {
+    // In sync mode a server's version cannot move while this worker has not
+    // pushed, unless backup workers complete a step without it; then the
+    // parts of one pull may straddle a step, and the pull is made again.
+    for (int attempt = 0;; ++attempt) {
+      bool straddled = false;
+      absl::Status st = PullCalls(servers, requests, left, destinations, result, &straddled);
+      if (!straddled) return st;
+      if (attempt == 4) {
+        return absl::AbortedError(
+            "pull: a server's version moved between the parts of one pull 5 times in a row");
+      }
     }
+  });
+}
+
+absl::Status PsClient::RetryRefusedPull(
+    absl::Duration wait, const std::function<absl::Status(absl::Duration)>& attempt) const {
+  const absl::Time deadline = absl::Now() + wait + rpc_timeout_;
+  absl::Duration backoff = absl::Milliseconds(5);
+  for (int refused = 0;; ++refused) {
+    absl::Status st =
+        attempt(std::clamp(deadline - rpc_timeout_ - absl::Now(), absl::ZeroDuration(), wait));
+    if (!absl::IsResourceExhausted(st)) return st;
+    if (absl::Now() + backoff >= deadline) {
+      return refused == 0 ? st
+                          : absl::ResourceExhaustedError(absl::StrCat(
+                                st.message(), " (refused ", refused + 1, " times until its deadline)"));
+    }
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, absl::Milliseconds(200));
   }
 }
 
@@ -632,14 +653,16 @@ absl::Status PsClient::PullRows(const std::string& table, int dim, absl::Span<co
     r.set_min_version(min_version);
     r.set_timeout_ms(absl::ToInt64Milliseconds(wait));
   }
-  RETURN_IF_ERROR(CallAll(
-      static_cast<int>(servers.size()), wait + rpc_timeout_, /*wait_for_ready=*/false,
-      [this, &servers, &table](int c) {
-        return absl::StrCat("PullRows ", table, " from ", ServerName(servers[c]));
-      },
-      [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-        stubs_[servers[c]]->async()->PullRows(ctx, &requests[c], &responses[c], std::move(done));
-      }));
+  RETURN_IF_ERROR(RetryRefusedPull(wait, [&](absl::Duration left) {
+    return CallAll(
+        static_cast<int>(servers.size()), left + rpc_timeout_, /*wait_for_ready=*/false,
+        [this, &servers, &table](int c) {
+          return absl::StrCat("PullRows ", table, " from ", ServerName(servers[c]));
+        },
+        [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+          stubs_[servers[c]]->async()->PullRows(ctx, &requests[c], &responses[c], std::move(done));
+        });
+  }));
   int64_t oldest = -1;
   for (size_t c = 0; c < servers.size(); ++c) {
     const std::vector<uint32_t>& positions = by[servers[c]];

@@ -10,6 +10,7 @@
 #define PSTRAIN_COMMON_PS_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -168,6 +169,14 @@ class PsClient {
   // Waits for the calls of push_ to end and gRPC to release their slices.
   absl::Status WaitForPushCalls();
   void StartPushCall(int server, const PushRequest& header, std::vector<OutgoingPayload> payload);
+  // A server at its limits (--max_concurrent_calls, its in-flight memory)
+  // refuses a call with RESOURCE_EXHAUSTED before reading it. A pull only
+  // reads, so `attempt` is made again, backing off 5 ms doubling to 200 ms,
+  // until the pull's deadline (`wait` plus the rpc timeout); each attempt
+  // gets what is left of `wait` for the servers to wait. Pushes are not
+  // made again: the caller decides.
+  absl::Status RetryRefusedPull(absl::Duration wait,
+                                const std::function<absl::Status(absl::Duration)>& attempt) const;
   // Sends the pull calls and assembles the replies; sets *straddled (and
   // returns OK) when one server's parts came from different versions.
   absl::Status PullCalls(const std::vector<int>& servers,

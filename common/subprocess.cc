@@ -115,6 +115,7 @@ std::optional<int> Subprocess::Wait(absl::Duration timeout) {
     exit_code_ = WEXITSTATUS(status);
   } else if (WIFSIGNALED(status)) {
     exit_code_ = 128 + WTERMSIG(status);
+    killed_by_signal_ = true;
   } else {
     exit_code_ = 255;
   }

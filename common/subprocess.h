@@ -42,6 +42,10 @@ class Subprocess {
   // Waits up to `timeout` for the child to exit. Returns its exit code
   // (128 + signal number when killed by a signal) or nullopt if still running.
   std::optional<int> Wait(absl::Duration timeout);
+  // Whether the child, reaped, was ended by a signal it did not handle (a
+  // kill, a crash), not an exit of its own (which may also be 128 + n, as a
+  // daemon's clean stop on SIGTERM is).
+  bool killed_by_signal() const { return killed_by_signal_; }
   // SIGTERM, then SIGKILL after `grace`; always reaps. Returns the exit code.
   int Stop(absl::Duration grace);
   void CloseOutput();
@@ -52,6 +56,7 @@ class Subprocess {
   int pidfd_ = -1;
   int output_fd_ = -1;
   std::optional<int> exit_code_;
+  bool killed_by_signal_ = false;
 };
 
 }  // namespace pstrain

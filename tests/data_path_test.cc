@@ -715,18 +715,29 @@ TEST_CASE("a server serves at most --max_concurrent_calls data calls; one more i
                   });
   }
   absl::SleepFor(absl::Seconds(1));  // all four parked by now
-  // A fifth call, pull or push, is refused at once and names the limit.
+  // A fifth call, pull or push, is refused at once and names the limit. A
+  // push fails with it; a pull, which only reads, is made again until its
+  // deadline (its wait plus the rpc timeout: 1 + 1 s for this client).
   auto w0 = s.Worker(0), w1 = s.Worker(1);
+  PsClient hurried(*s.cluster, &*s.placement, 0, absl::Seconds(1));
+  hurried.set_incarnation(4242);
   Buffers b0(s.vars, 0.5f), b1(s.vars, 0.5f);
   const absl::Time t0 = absl::Now();
-  PsClient::PullResult r;
-  absl::Status pull = w0->PullInto({0}, absl::Seconds(20), b0.dst(), &r);
   std::vector<PushOutcome> out;
   absl::Status push = w1->PushFrom({0}, b1.src(), &out);
   CHECK(absl::Now() - t0 < absl::Seconds(3));
-  CHECK(absl::IsResourceExhausted(pull));
   CHECK(absl::IsResourceExhausted(push));
+  CHECK(push.message().find("--max_concurrent_calls") != std::string::npos);
+  const absl::Time t1 = absl::Now();
+  PsClient::PullResult r;
+  absl::Status pull = hurried.PullInto({0}, absl::Seconds(1), b0.dst(), &r);
+  const absl::Duration pulled_for = absl::Now() - t1;
+  INFO(pull.ToString());
+  CHECK(absl::IsResourceExhausted(pull));
   CHECK(pull.message().find("--max_concurrent_calls") != std::string::npos);
+  CHECK(pull.message().find("times until its deadline") != std::string::npos);
+  CHECK(pulled_for >= absl::Milliseconds(1500));
+  CHECK(pulled_for < absl::Seconds(6));
   PsStatusResponse st;
   REQUIRE(s.chief->GetStatus(0, &st).ok());  // GetStatus is not a data call
   CHECK(st.version() == 0);
@@ -742,13 +753,9 @@ TEST_CASE("a server serves at most --max_concurrent_calls data calls; one more i
     REQUIRE(mu.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(20)));
   }
   // Their places are free again once the server has ended them too (a
-  // moment after their callers gave up).
-  absl::Status again;
-  for (const absl::Time until = absl::Now() + absl::Seconds(5);;) {
-    again = w0->PullInto({0}, absl::Seconds(20), b0.dst(), &r);
-    if (!absl::IsResourceExhausted(again) || absl::Now() > until) break;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  // moment after their callers gave up): a pull made now gets through,
+  // made again by the client while they are still taken.
+  absl::Status again = w0->PullInto({0}, absl::Seconds(20), b0.dst(), &r);
   INFO(again.ToString());
   CHECK(again.ok());
   SyncStep(s, *w0, *w1, b0, b1, 0);

@@ -274,14 +274,19 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
       // come back empty and rolls every server back to the latest
       // checkpoint, and the workers follow. Not while a server's early exit
       // is pending judgement (the failure is likely the server's: the job
-      // restarts instead). A chief that died (killed, or crashed: a signal)
-      // likewise: the restarted one takes the job over from the latest
-      // checkpoint while the servers and workers wait for it; one that
-      // failed the run with an error of its own restarts the job. A task
-      // failing again waits 1, 2, 4 ... 30 s first.
-      const bool died = *code > 128;
-      const bool alone =
-          t->id.job == kWorkerJob || t->id.job == kPsJob || (t->id.job == kChiefJob && died);
+      // restarts instead). A chief that died (killed, or crashed: ended by
+      // a signal) likewise: the restarted one takes the job over from the
+      // latest checkpoint while the servers and workers wait for it. One
+      // that failed the run with an error of its own, or was stopped (its
+      // workers were told to stop too), or that died once a worker had
+      // finished (no worker would come back to its rollback), restarts the
+      // job. A task failing again waits 1, 2, 4 ... 30 s first.
+      bool worker_finished = false;
+      for (const auto& other : tasks) {
+        worker_finished |= other->id.job == kWorkerJob && other->exited && other->exit_code == 0;
+      }
+      const bool alone = t->id.job == kWorkerJob || t->id.job == kPsJob ||
+                         (t->id.job == kChiefJob && t->proc->killed_by_signal() && !worker_finished);
       if (*code != 0 && failure.empty() && alone &&
           *restarts < options.max_restarts && !chief_finished && early_exits.empty() &&
           !stop->stopped()) {

@@ -419,7 +419,11 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     // The chief itself may be gone (the report failed): a restarted one
     // takes the run over from its latest checkpoint. Up to the startup
     // timeout for one to answer, asking in short calls (a stop is seen).
-    RETURN_IF_ERROR(WaitForChief(&chief, startup_timeout, stop));
+    if (absl::Status up = WaitForChief(&chief, startup_timeout, stop); !up.ok()) {
+      if (absl::IsCancelled(up)) return up;
+      LOG_WARN("no chief to follow ({}): the step's failure stands", up);
+      return cause;
+    }
     RegisterWorkerResponse again;
     // The chief may wait up to the startup timeout for a lost server to come
     // back, and as long again to put the checkpoint on every server.

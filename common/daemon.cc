@@ -43,7 +43,7 @@ ABSL_FLAG(int64_t, max_inflight_mib, pstrain::ServerLimits().inflight_bytes >> 2
 ABSL_FLAG(int, max_rpc_threads, 0,
           "ps and chief: threads for synchronous RPC handlers; a call finding none free fails "
           "with RESOURCE_EXHAUSTED; 0: 256, or 2 per task of the cluster and 64 more where "
-          "that is more (a waiting RegisterWorker or PullRows holds one)");
+          "that is more (a waiting RegisterWorker or GetShard holds one)");
 
 namespace pstrain {
 

@@ -18,6 +18,7 @@ namespace {
 
 const char kPullMethod[] = "/pstrain.PsService/Pull";
 const char kPushMethod[] = "/pstrain.PsService/Push";
+const char kPullRowsMethod[] = "/pstrain.PsService/PullRows";
 
 // Starts one call per server with `start(s, ctx, done)` and waits for all of
 // them. Each context carries `timeout` as its deadline; the wait itself is
@@ -642,16 +643,18 @@ absl::Status PsClient::PullRows(const std::string& table, int dim, absl::Span<co
                                 int64_t* version) {
   const std::vector<std::vector<uint32_t>> by = RowsByServer(ids, num_servers());
   const std::vector<int> servers = ServersWithRows(by);
-  std::vector<PullRowsRequest> requests(servers.size());
-  std::vector<PullRowsResponse> responses(servers.size());
+  // Requests as plain messages; replies as frames whose rows are copied
+  // from gRPC's slices straight to their places in `out`.
+  std::vector<grpc::ByteBuffer> requests(servers.size()), responses(servers.size());
   for (size_t c = 0; c < servers.size(); ++c) {
-    PullRowsRequest& r = requests[c];
+    PullRowsRequest r;
     r.set_incarnation(incarnation_);
     r.set_worker(worker_);
     r.set_table(table);
     r.set_ids(IdBytes(ids, by[servers[c]]));
     r.set_min_version(min_version);
     r.set_timeout_ms(absl::ToInt64Milliseconds(wait));
+    requests[c] = SerializeMessage(r);
   }
   RETURN_IF_ERROR(RetryRefusedPull(wait, [&](absl::Duration left) {
     return CallAll(
@@ -660,24 +663,35 @@ absl::Status PsClient::PullRows(const std::string& table, int dim, absl::Span<co
           return absl::StrCat("PullRows ", table, " from ", ServerName(servers[c]));
         },
         [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-          stubs_[servers[c]]->async()->PullRows(ctx, &requests[c], &responses[c], std::move(done));
+          raw_stubs_[servers[c]]->UnaryCall(ctx, kPullRowsMethod, grpc::StubOptions(),
+                                            &requests[c], &responses[c], std::move(done));
         });
   }));
   int64_t oldest = -1;
+  const int64_t row_bytes = int64_t{dim} * 4;
   for (size_t c = 0; c < servers.size(); ++c) {
     const std::vector<uint32_t>& positions = by[servers[c]];
-    const PullRowsResponse& r = responses[c];
-    if (r.dim() != dim || r.rows().size() != positions.size() * dim * sizeof(float)) {
-      return absl::InternalError(absl::StrCat(
-          "PullRows ", table, " from ", ServerName(servers[c]), ": ", r.rows().size(),
-          " bytes of rows of width ", r.dim(), " for ", positions.size(), " ids of width ", dim));
+    PullRowsResponse header;
+    IncomingFrame frame;
+    absl::Status decoded = DecodeFrame(responses[c], &header, &frame);
+    if (!decoded.ok()) {
+      return absl::DataLossError(absl::StrCat("PullRows ", table, " from ",
+                                              ServerName(servers[c]), ": a bad reply: ",
+                                              decoded.message()));
     }
-    const char* src = r.rows().data();
+    if (header.dim() != dim ||
+        frame.payload.size() != static_cast<int64_t>(positions.size()) * row_bytes) {
+      return absl::DataLossError(absl::StrCat(
+          "PullRows ", table, " from ", ServerName(servers[c]), ": ", frame.payload.size(),
+          " bytes of rows of width ", header.dim(), " for ", positions.size(), " ids of width ",
+          dim));
+    }
+    int64_t offset = 0;
     for (uint32_t i : positions) {
-      std::memcpy(out + static_cast<size_t>(i) * dim, src, dim * sizeof(float));
-      src += dim * sizeof(float);
+      frame.payload.CopyTo(offset, row_bytes, out + static_cast<size_t>(i) * dim);
+      offset += row_bytes;
     }
-    if (oldest < 0 || r.version() < oldest) oldest = r.version();
+    if (oldest < 0 || header.version() < oldest) oldest = header.version();
   }
   counters_.pull_payload_bytes += static_cast<int64_t>(ids.size()) * dim * 4;
   counters_.pull_copied_bytes += static_cast<int64_t>(ids.size()) * dim * 4;

@@ -67,8 +67,8 @@ using grpc::experimental::InterceptorBatchMethods;
 
 // What a method's request arrives as in the server's handler.
 enum class Request {
-  kFrame,     // a raw grpc::ByteBuffer: the wire-frame methods (common/wire_frame.h),
-              // which ps_server/ps_service.h serves raw (a service serving them as
+  kFrame,     // a raw grpc::ByteBuffer: the methods ps_server/ps_service.h serves raw
+              // (frames, common/wire_frame.h) (a service serving them as
               // protos must not be started through StartServer)
   kProto,     // a generated protobuf message
   kUnknown,   // not a method of a compiled-in service (gRPC answers UNIMPLEMENTED)
@@ -77,7 +77,8 @@ enum class Request {
 Request RequestKind(const char* method) {
   if (method == nullptr) return Request::kUnknown;
   if (std::strcmp(method, "/pstrain.PsService/Push") == 0 ||
-      std::strcmp(method, "/pstrain.PsService/Pull") == 0) {
+      std::strcmp(method, "/pstrain.PsService/Pull") == 0 ||
+      std::strcmp(method, "/pstrain.PsService/PullRows") == 0) {
     return Request::kFrame;
   }
   // "/package.Service/Method" is a proto method when the generated

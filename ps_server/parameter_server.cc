@@ -367,11 +367,13 @@ bool ParameterServer::ReadyLocked(const PullRequest& request) const {
   return !bounded || worker_clock_[worker] - MinWorkerClockLocked() <= model_->staleness_bound;
 }
 
-absl::Status ParameterServer::SnapshotLocked(const PullRequest& request, PullReply* reply) {
+absl::Status ParameterServer::SnapshotLocked(const PullRequest& request, PullReply* reply,
+                                             bool rows) {
   if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
   if (version_ < request.min_version() && !sync_failure_.ok()) return sync_failure_;
   reply->version = version_;
   reply->finished = FinishedLocked();
+  if (rows) return absl::OkStatus();
   reply->bfloat16 = request.wire_dtype() == DT_BFLOAT16;
   reply->tensors.clear();
   int64_t bytes = 0;
@@ -410,7 +412,7 @@ void ParameterServer::CollectReadyLocked(std::vector<Completion>* out) {
       continue;
     }
     PullReply reply;
-    absl::Status st = SnapshotLocked(w.request, &reply);
+    absl::Status st = SnapshotLocked(w.request, &reply, w.rows);
     out->push_back({std::move(w.done), {std::move(st), std::move(reply)}});
     it = waiters_.erase(it);
   }
@@ -455,22 +457,31 @@ void ParameterServer::RunCompletions(std::vector<Completion>* completions) {
   completions->clear();
 }
 
+uint64_t ParameterServer::ServeOrParkLocked(const PullRequest& request, PullCallback done,
+                                            bool rows, std::vector<Completion>* completions) {
+  if (!ReadyLocked(request)) {
+    const uint64_t id = next_waiter_id_++;
+    const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
+    waiters_.emplace(id, Waiter{request, absl::Now() + timeout, std::move(done), rows});
+    timer_cv_.Signal();
+    return id;
+  }
+  PullReply reply;
+  absl::Status st = SnapshotLocked(request, &reply, rows);
+  completions->push_back({std::move(done), {std::move(st), std::move(reply)}});
+  return 0;
+}
+
 uint64_t ParameterServer::StartPull(const PullRequest& request, PullCallback done) {
   std::vector<Completion> completions;
   uint64_t id = 0;
   {
     absl::MutexLock lock(&mu_);
     absl::Status st = CheckPullLocked(request);
-    if (st.ok() && !ReadyLocked(request)) {
-      id = next_waiter_id_++;
-      const absl::Duration timeout =
-          std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
-      waiters_.emplace(id, Waiter{request, absl::Now() + timeout, std::move(done)});
-      timer_cv_.Signal();
+    if (st.ok()) {
+      id = ServeOrParkLocked(request, std::move(done), /*rows=*/false, &completions);
     } else {
-      PullReply reply;
-      if (st.ok()) st = SnapshotLocked(request, &reply);
-      completions.push_back({std::move(done), {std::move(st), std::move(reply)}});
+      completions.push_back({std::move(done), {std::move(st), PullReply()}});
     }
   }
   RunCompletions(&completions);
@@ -508,7 +519,8 @@ void ParameterServer::TimerLoop() {
       const PullRequest& r = it->second.request;
       const absl::Duration timeout = std::min(absl::Milliseconds(r.timeout_ms()), max_wait_);
       absl::Status st = absl::DeadlineExceededError(absl::StrCat(
-          "Pull by worker ", r.worker(), " waited ", absl::FormatDuration(timeout),
+          it->second.rows ? "PullRows" : "Pull", " by worker ", r.worker(), " waited ",
+          absl::FormatDuration(timeout),
           " for version >= ", r.min_version(), "; server at version ", version_, ": ",
           WaitingOnLocked()));
       expired.push_back({std::move(it->second.done), {std::move(st), PullReply()}});
@@ -522,6 +534,18 @@ void ParameterServer::TimerLoop() {
   }
 }
 
+void ParameterServer::AwaitParked(uint64_t id, int64_t timeout_ms, absl::Notification* done) {
+  // The timer ends the call at its deadline; past that (and a margin) it is
+  // cancelled, which ends it at once.
+  const absl::Duration bound =
+      std::min(absl::Milliseconds(std::max<int64_t>(timeout_ms, 0)), max_wait_) +
+      absl::Seconds(5);
+  if (!done->WaitForNotificationWithTimeout(bound)) {
+    CancelPull(id);
+    done->WaitForNotification();
+  }
+}
+
 absl::Status ParameterServer::Pull(const PullRequest& request, PullResponse* response) {
   absl::Notification done;
   absl::Status status;
@@ -531,15 +555,7 @@ absl::Status ParameterServer::Pull(const PullRequest& request, PullResponse* res
     reply = std::move(r);
     done.Notify();
   });
-  // The timer ends the pull at its deadline; past that (and a margin) it is
-  // cancelled, which ends it at once.
-  const absl::Duration bound =
-      std::min(absl::Milliseconds(std::max<int64_t>(request.timeout_ms(), 0)), max_wait_) +
-      absl::Seconds(5);
-  if (!done.WaitForNotificationWithTimeout(bound)) {
-    CancelPull(id);
-    done.WaitForNotification();
-  }
+  AwaitParked(id, request.timeout_ms(), &done);
   if (!status.ok()) return status;
   response->set_version(reply.version);
   response->set_finished(reply.finished);
@@ -1494,56 +1510,78 @@ absl::Status ParameterServer::CheckRowsRequestLocked(uint64_t incarnation, int w
   return absl::OkStatus();
 }
 
-absl::Status ParameterServer::PullRows(const PullRowsRequest& request,
-                                       PullRowsResponse* response) {
-  std::vector<uint64_t> ids;
-  RETURN_IF_ERROR(DecodeIds(request.ids(), &ids));
-  std::shared_ptr<Model> model;
-  Model::Table* table = nullptr;
-  int64_t version = 0;
+uint64_t ParameterServer::StartPullRows(const PullRowsRequest& request, PullRowsCallback done) {
+  auto ids = std::make_shared<std::vector<uint64_t>>();
+  absl::Status st = DecodeIds(request.ids(), ids.get());
+  std::vector<Completion> completions;
+  uint64_t id = 0;
   {
     absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(CheckRowsRequestLocked(request.incarnation(), request.worker(),
-                                           request.table(), &table));
-    if (request.timeout_ms() < 0) {
-      return absl::InvalidArgumentError("PullRows: negative timeout_ms");
+    Model::Table* table = nullptr;
+    if (st.ok()) st = CheckRowsRequestLocked(request.incarnation(), request.worker(),
+                                             request.table(), &table);
+    if (st.ok() && request.timeout_ms() < 0) {
+      st = absl::InvalidArgumentError("PullRows: negative timeout_ms");
     }
-    if (static_cast<int64_t>(ids.size()) * table->rows->dim() * 4 > kMaxRowsBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "PullRows: ", ids.size(), " rows of ", table->rows->dim(), " floats exceed ",
+    if (st.ok() && static_cast<int64_t>(ids->size()) * table->rows->dim() * 4 > kMaxRowsBytes) {
+      st = absl::InvalidArgumentError(absl::StrCat(
+          "PullRows: ", ids->size(), " rows of ", table->rows->dim(), " floats exceed ",
           kMaxRowsBytes, " bytes; pull them in parts"));
     }
-    model = model_;
-    // Rows follow the dense pull, which already waited for the version, so
-    // this wait is short; it holds the handler's thread, with a deadline.
-    const int64_t min_version = request.min_version();
-    auto ready = [this, &model, min_version]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
-      return shut_down_ || model_ != model || FinishedLocked() || version_ >= min_version ||
-             !sync_failure_.ok();
-    };
-    mu_.AwaitWithTimeout(absl::Condition(&ready),
-                         std::min(absl::Milliseconds(request.timeout_ms()), max_wait_));
-    if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
-    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
-    if (version_ < min_version && !FinishedLocked()) {
-      if (!sync_failure_.ok()) return sync_failure_;
-      return absl::DeadlineExceededError(absl::StrCat(
-          "PullRows by worker ", request.worker(), " waited ", request.timeout_ms(),
-          " ms for version >= ", min_version, "; server at version ", version_, ": ",
-          WaitingOnLocked()));
+    if (!st.ok()) {
+      completions.push_back({[done](absl::Status s, PullReply) { done(std::move(s), {}); },
+                             {std::move(st), PullReply()}});
+    } else {
+      // Rows follow the dense pull, which already waited for the version,
+      // so this rarely waits; when it does, it is parked as a pull is. The
+      // rows are looked up once the version is there, outside mu_ (the
+      // model reference keeps the table alive through a re-initialisation).
+      PullRequest wait;
+      wait.set_incarnation(request.incarnation());
+      wait.set_worker(request.worker());
+      wait.set_min_version(request.min_version());
+      wait.set_timeout_ms(request.timeout_ms());
+      PullCallback lookup = [this, model = model_, table, ids, done = std::move(done)](
+                                absl::Status status, PullReply reply) {
+        PulledRows rows;
+        if (status.ok()) {
+          rows.version = reply.version;
+          rows.dim = table->rows->dim();
+          rows.floats = static_cast<int64_t>(ids->size()) * rows.dim;
+          rows.values.reset(new float[rows.floats]);  // left uninitialised: all overwritten
+          status = table->rows->Lookup(*ids, reply.version, rows.values.get());
+        }
+        if (status.ok()) {
+          absl::MutexLock lock(&mu_);
+          ++counters_.pulls;
+          counters_.pull_payload_bytes += rows.floats * 4;
+          counters_.pull_copied_bytes += rows.floats * 4;
+        }
+        done(std::move(status), std::move(rows));
+      };
+      id = ServeOrParkLocked(wait, std::move(lookup), /*rows=*/true, &completions);
     }
-    version = version_;
   }
-  const int dim = table->rows->dim();
-  std::string* rows = response->mutable_rows();
-  rows->resize(ids.size() * dim * sizeof(float));
-  RETURN_IF_ERROR(table->rows->Lookup(ids, version, reinterpret_cast<float*>(rows->data())));
-  response->set_version(version);
-  response->set_dim(dim);
-  absl::MutexLock lock(&mu_);
-  ++counters_.pulls;
-  counters_.pull_payload_bytes += static_cast<int64_t>(rows->size());
-  counters_.pull_copied_bytes += static_cast<int64_t>(rows->size());
+  RunCompletions(&completions);
+  return id;
+}
+
+absl::Status ParameterServer::PullRows(const PullRowsRequest& request,
+                                       PullRowsResponse* response) {
+  absl::Notification done;
+  absl::Status status;
+  PulledRows rows;
+  const uint64_t id = StartPullRows(request, [&](absl::Status st, PulledRows r) {
+    status = std::move(st);
+    rows = std::move(r);
+    done.Notify();
+  });
+  AwaitParked(id, request.timeout_ms(), &done);
+  if (!status.ok()) return status;
+  response->set_version(rows.version);
+  response->set_dim(rows.dim);
+  response->set_rows(reinterpret_cast<const char*>(rows.values.get()),
+                     static_cast<size_t>(rows.floats) * sizeof(float));
   return absl::OkStatus();
 }
 

@@ -61,6 +61,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/histogram.h"
@@ -162,6 +163,20 @@ class ParameterServer {
   // gradients the step aggregated, so rows average over workers as dense
   // variables do. A worker sends its rows before its dense push to the
   // same server; rows for a step already done are dropped as stale.
+  // Rows pulled for a frame: gathered into memory of their own (not zeroed
+  // first), which the frame then sends as it is.
+  struct PulledRows {
+    int64_t version = 0;
+    int dim = 0;
+    int64_t floats = 0;  // ids x dim
+    std::unique_ptr<float[]> values;
+  };
+  using PullRowsCallback = std::function<void(absl::Status, PulledRows)>;
+  // Starts a row pull. `done` runs exactly once, as StartPull's does: a pull
+  // whose version is not there yet waits parked (no thread), ended by its
+  // version, its deadline, CancelPull (the id returned) or a shutdown.
+  uint64_t StartPullRows(const PullRowsRequest& request, PullRowsCallback done);
+  // Blocking row pull into a response with content (tests and tools; copies).
   absl::Status PullRows(const PullRowsRequest& request, PullRowsResponse* response);
   absl::Status PushRows(const PushRowsRequest& request, PushRowsResponse* response);
   // Sets rows of a table from a checkpoint (the chief, before training
@@ -318,6 +333,9 @@ class ParameterServer {
     PullRequest request;
     absl::Time deadline;
     PullCallback done;
+    // A row pull waiting for its version: its reply carries the version,
+    // not the partitions (its rows are looked up once it is ready).
+    bool rows = false;
   };
   using Completion = std::pair<PullCallback, std::pair<absl::Status, PullReply>>;
   // Attaches the bfloat16 rounding of each pulled version (outside mu_).
@@ -386,8 +404,18 @@ class ParameterServer {
   // Checks a pull's arguments; OK means it may wait or be served.
   absl::Status CheckPullLocked(const PullRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes references to the requested partitions' current buffers.
-  absl::Status SnapshotLocked(const PullRequest& request, PullReply* reply)
+  // Takes references to the requested partitions' current buffers (with
+  // `rows`, only the version: a row pull's).
+  absl::Status SnapshotLocked(const PullRequest& request, PullReply* reply, bool rows = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The blocking Pull's and PullRows' wait for the parked call `id` (its
+  // request's timeout_ms) to end `done`.
+  void AwaitParked(uint64_t id, int64_t timeout_ms, absl::Notification* done);
+  // Parks `done` (a pull, or a row pull with `rows`) until `request` is
+  // ready, or runs it now (through `completions`); returns the waiter's id,
+  // 0 when it did not wait.
+  uint64_t ServeOrParkLocked(const PullRequest& request, PullCallback done, bool rows,
+                             std::vector<Completion>* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves every waiter that is now ready (or must end) to `out`.
   void CollectReadyLocked(std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

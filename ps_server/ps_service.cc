@@ -70,27 +70,64 @@ grpc::Status PsServiceImpl::Initialize(grpc::ServerContext* ctx, const Initializ
 
 namespace {
 
-// One Pull call: parked in ParameterServer until it is ready; gRPC's
-// cancellation (client gone, deadline) ends the wait at once.
-class PullReactor final : public grpc::ServerUnaryReactor {
+// A pull's frame: its header, and every tensor sent from the version buffer
+// itself (or its bfloat16 rounding); each reference keeps the buffer from
+// being reused until gRPC releases the slice.
+grpc::ByteBuffer PullFrame(ParameterServer::PullReply reply) {
+  PullResponse header;
+  header.set_version(reply.version);
+  header.set_finished(reply.finished);
+  std::vector<OutgoingPayload> payload;
+  payload.reserve(reply.tensors.size());
+  for (ParameterServer::PulledTensor& t : reply.tensors) {
+    NamedTensor* nt = header.add_tensors();
+    nt->mutable_ref()->set_variable(t.variable);
+    nt->mutable_ref()->set_partition(t.partition);
+    for (int64_t d : t.shape) nt->mutable_tensor()->add_shape(d);
+    if (t.bfloat16 != nullptr) {
+      nt->mutable_tensor()->set_dtype(DT_BFLOAT16);
+      const uint16_t* data = t.bfloat16->data();
+      const int64_t bytes = static_cast<int64_t>(t.bfloat16->size()) * 2;
+      payload.push_back({data, bytes, [keep = std::move(t.bfloat16)]() mutable { keep.reset(); }});
+    } else {
+      nt->mutable_tensor()->set_dtype(DT_FLOAT);
+      const float* data = t.values->data();
+      const int64_t bytes = static_cast<int64_t>(t.values->size()) * 4;
+      payload.push_back({data, bytes, [keep = std::move(t.values)]() mutable { keep.reset(); }});
+    }
+  }
+  return EncodeFrame(header, std::move(payload));
+}
+
+// A row pull's frame: version and width, then the rows, sent from the
+// memory they were gathered into (freed when gRPC releases the slice).
+grpc::ByteBuffer PullRowsFrame(ParameterServer::PulledRows rows) {
+  PullRowsResponse header;
+  header.set_version(rows.version);
+  header.set_dim(rows.dim);
+  const float* data = rows.values.get();
+  std::vector<OutgoingPayload> payload;
+  payload.push_back({data, rows.floats * 4,
+                     [keep = std::shared_ptr<float[]>(std::move(rows.values))]() mutable {
+                       keep.reset();
+                     }});
+  return EncodeFrame(header, std::move(payload));
+}
+
+// One Pull or PullRows call: parked in ParameterServer until it is ready;
+// gRPC's cancellation (client gone, deadline) ends the wait at once.
+class ParkedPullReactor final : public grpc::ServerUnaryReactor {
  public:
-  PullReactor(ParameterServer* ps, grpc::ByteBuffer* response, CallSlot slot)
+  ParkedPullReactor(ParameterServer* ps, grpc::ByteBuffer* response, CallSlot slot)
       : ps_(ps), response_(response), slot_(std::move(slot)) {}
 
-  // `who` checks the request's worker field against the caller.
-  void Start(const grpc::ByteBuffer* request, const std::function<absl::Status(int)>& who) {
-    PullRequest req;
-    absl::Status st = ParseMessage(*request, &req);
-    if (st.ok()) st = who(req.worker());
-    if (!st.ok()) {
-      Finish(ToGrpcStatus(st));
-      Unref();
-      return;
-    }
-    const uint64_t id =
-        ps_->StartPull(req, [this](absl::Status status, ParameterServer::PullReply reply) {
-          Reply(std::move(status), std::move(reply));
-        });
+  // `start` hands `reply` to ParameterServer (StartPull, StartPullRows) and
+  // returns the id of the parked call (0: it ended at once).
+  void Start(const std::function<uint64_t(std::function<void(absl::Status, grpc::ByteBuffer)>)>&
+                 start) {
+    const uint64_t id = start([this](absl::Status status, grpc::ByteBuffer frame) {
+      Reply(std::move(status), std::move(frame));
+    });
     bool cancel_now = false;
     {
       absl::MutexLock lock(&mu_);
@@ -120,37 +157,12 @@ class PullReactor final : public grpc::ServerUnaryReactor {
     if (refs_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
   }
 
-  void Reply(absl::Status status, ParameterServer::PullReply reply) {
+  void Reply(absl::Status status, grpc::ByteBuffer frame) {
     if (!status.ok()) {
       Finish(ToGrpcStatus(status));
       return;
     }
-    PullResponse header;
-    header.set_version(reply.version);
-    header.set_finished(reply.finished);
-    std::vector<OutgoingPayload> payload;
-    payload.reserve(reply.tensors.size());
-    for (ParameterServer::PulledTensor& t : reply.tensors) {
-      NamedTensor* nt = header.add_tensors();
-      nt->mutable_ref()->set_variable(t.variable);
-      nt->mutable_ref()->set_partition(t.partition);
-      for (int64_t d : t.shape) nt->mutable_tensor()->add_shape(d);
-      // Sent from the version buffer itself (or its bfloat16 rounding); the
-      // reference keeps it from being reused until gRPC releases the slice.
-      if (t.bfloat16 != nullptr) {
-        nt->mutable_tensor()->set_dtype(DT_BFLOAT16);
-        const uint16_t* data = t.bfloat16->data();
-        const int64_t bytes = static_cast<int64_t>(t.bfloat16->size()) * 2;
-        payload.push_back(
-            {data, bytes, [keep = std::move(t.bfloat16)]() mutable { keep.reset(); }});
-      } else {
-        nt->mutable_tensor()->set_dtype(DT_FLOAT);
-        const float* data = t.values->data();
-        const int64_t bytes = static_cast<int64_t>(t.values->size()) * 4;
-        payload.push_back({data, bytes, [keep = std::move(t.values)]() mutable { keep.reset(); }});
-      }
-    }
-    *response_ = EncodeFrame(header, std::move(payload));
+    *response_ = std::move(frame);
     Finish(grpc::Status::OK);
   }
 
@@ -163,20 +175,56 @@ class PullReactor final : public grpc::ServerUnaryReactor {
   std::atomic<int> refs_{2};
 };
 
+// A pull's request, parsed and checked against the caller; an error ends the
+// call at once (through `ctx`'s default reactor), else null.
+template <typename Request>
+grpc::ServerUnaryReactor* RefusePull(grpc::CallbackServerContext* ctx, const CallSlot& slot,
+                                     Authorizer* auth, const char* method,
+                                     const grpc::ByteBuffer* req, Request* request) {
+  absl::Status st;
+  if (slot.ok()) {
+    absl::StatusOr<Caller> caller = auth->Check(*ctx, {Role::kWorker, Role::kChief}, method);
+    st = caller.status();
+    if (st.ok()) st = ParseMessage(*req, request);
+    if (st.ok()) st = auth->CheckWorkerField(*caller, request->worker(), method);
+  }
+  if (slot.ok() && st.ok()) return nullptr;
+  grpc::ServerUnaryReactor* refused = ctx->DefaultReactor();
+  refused->Finish(slot.ok() ? ToGrpcStatus(st) : slot.refused());
+  return refused;
+}
+
 }  // namespace
 
 grpc::ServerUnaryReactor* PsServiceImpl::Pull(grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* req,
                                               grpc::ByteBuffer* resp) {
   CallSlot slot(this);
-  absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker, Role::kChief}, "Pull");
-  if (!slot.ok() || !caller.ok()) {
-    grpc::ServerUnaryReactor* refused = ctx->DefaultReactor();
-    refused->Finish(slot.ok() ? ToGrpcStatus(caller.status()) : slot.refused());
-    return refused;
-  }
-  auto* reactor = new PullReactor(ps_, resp, std::move(slot));
-  reactor->Start(req, [&](int worker) { return auth_->CheckWorkerField(*caller, worker, "Pull"); });
+  PullRequest request;
+  if (auto* refused = RefusePull(ctx, slot, auth_, "Pull", req, &request)) return refused;
+  auto* reactor = new ParkedPullReactor(ps_, resp, std::move(slot));
+  reactor->Start([&](std::function<void(absl::Status, grpc::ByteBuffer)> reply) {
+    return ps_->StartPull(request, [reply](absl::Status st, ParameterServer::PullReply r) {
+      reply(st, st.ok() ? PullFrame(std::move(r)) : grpc::ByteBuffer());
+    });
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* PsServiceImpl::PullRows(grpc::CallbackServerContext* ctx,
+                                                  const grpc::ByteBuffer* req,
+                                                  grpc::ByteBuffer* resp) {
+  CallSlot slot(this);
+  PullRowsRequest request;
+  if (auto* refused = RefusePull(ctx, slot, auth_, "PullRows", req, &request)) return refused;
+  auto* reactor = new ParkedPullReactor(ps_, resp, std::move(slot));
+  reactor->Start([&](std::function<void(absl::Status, grpc::ByteBuffer)> reply) {
+    return ps_->StartPullRows(request,
+                              [reply](absl::Status st, ParameterServer::PulledRows rows) {
+                                reply(st, st.ok() ? PullRowsFrame(std::move(rows))
+                                                  : grpc::ByteBuffer());
+                              });
+  });
   return reactor;
 }
 
@@ -208,17 +256,6 @@ grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
   if (st.ok()) *resp = SerializeMessage(response);
   reactor->Finish(ToGrpcStatus(st));
   return reactor;
-}
-
-grpc::Status PsServiceImpl::PullRows(grpc::ServerContext* ctx, const PullRowsRequest* req,
-                                     PullRowsResponse* resp) {
-  const CallSlot slot(this);
-  if (!slot.ok()) return slot.refused();
-  absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker, Role::kChief}, "PullRows");
-  absl::Status st = caller.ok() ? auth_->CheckWorkerField(*caller, req->worker(), "PullRows")
-                                : caller.status();
-  if (st.ok()) st = ps_->PullRows(*req, resp);
-  return ToGrpcStatus(st);
 }
 
 grpc::Status PsServiceImpl::PushRows(grpc::ServerContext* ctx, const PushRowsRequest* req,

@@ -3,11 +3,12 @@
 // stop signal raised by the Shutdown RPC. Thread-safe (gRPC calls handlers
 // concurrently; ParameterServer is thread-safe).
 //
-// Pull and Push are raw callback methods: their tensors travel as frames
-// (common/wire_frame.h), decoded in place on the way in and sent from the
-// server's version buffers on the way out, and a waiting Pull parks in
-// ParameterServer without a thread; a client that cancels releases it at once.
-// Initialize, GetStatus and Shutdown are plain protobuf methods.
+// Pull, Push and PullRows are raw callback methods: their tensors travel as
+// frames (common/wire_frame.h), decoded in place on the way in and sent from
+// the server's version buffers (rows: the memory they were gathered into)
+// on the way out, and a waiting Pull or PullRows parks in ParameterServer
+// without a thread; a client that cancels releases it at once. The other
+// methods are plain protobuf ones.
 //
 // Every call is authenticated and authorized first (common/auth.h): only the
 // chief may Initialize, Shutdown, Snapshot, GetShard and LoadRows; only
@@ -31,8 +32,8 @@
 namespace pstrain {
 
 class PsServiceImpl final
-    : public PsService::WithRawCallbackMethod_Pull<
-          PsService::WithRawCallbackMethod_Push<PsService::Service>> {
+    : public PsService::WithRawCallbackMethod_Pull<PsService::WithRawCallbackMethod_Push<
+          PsService::WithRawCallbackMethod_PullRows<PsService::Service>>> {
  public:
   // A worker's pull or push is up to share / rpc.call_bytes calls per server
   // in flight together (a 1 GiB share in 4 MiB calls: 256), so the default
@@ -49,8 +50,9 @@ class PsServiceImpl final
                                  grpc::ByteBuffer* resp) override;
   grpc::ServerUnaryReactor* Push(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* req,
                                  grpc::ByteBuffer* resp) override;
-  grpc::Status PullRows(grpc::ServerContext* ctx, const PullRowsRequest* req,
-                        PullRowsResponse* resp) override;
+  grpc::ServerUnaryReactor* PullRows(grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* req,
+                                     grpc::ByteBuffer* resp) override;
   grpc::Status PushRows(grpc::ServerContext* ctx, const PushRowsRequest* req,
                         PushRowsResponse* resp) override;
   grpc::Status GetStatus(grpc::ServerContext* ctx, const PsStatusRequest* req,

@@ -765,20 +765,19 @@ TEST_CASE("a server serves at most --max_concurrent_calls data calls; one more i
 
 TEST_CASE("synchronous handlers take at most --max_rpc_threads threads; a call past them is "
           "refused", "[data_path][limits]") {
-  Servers s(1, "threadcap", {}, 0, absl::StrCat("optimizer { learning_rate: 0.5 } ", kTables), 2,
-            {"--max_rpc_threads=8"});
+  const std::string ckpt = JoinPath(testing::FreshTempDir("threadcap_ckpt"), "ckpt");
+  Servers s(1, "threadcap", {}, 0,
+            absl::StrCat("optimizer { learning_rate: 0.5 } ", kTables, " checkpoint { dir: \"",
+                         ckpt, "\" every_steps: 1000 }"),
+            2, {"--max_rpc_threads=8"});
   const int pid = s.procs[0]->pid();
   const int threads_before = Threads(pid);
-  // 32 row pulls that each wait (a synchronous handler holds its thread) for
-  // a version never reached.
-  PullRowsRequest req;
+  // 32 shard requests that each wait (a synchronous handler holds its
+  // thread) for a checkpoint never cut.
+  GetShardRequest req;
   req.set_incarnation(4242);
-  req.set_worker(0);
-  req.set_table("ads");
-  req.set_min_version(1000);
+  req.set_step(1000);
   req.set_timeout_ms(3000);
-  const uint64_t id = 7;
-  req.set_ids(std::string(reinterpret_cast<const char*>(&id), sizeof(id)));
   auto stub = PsService::NewStub(CreateChannel(s.cluster->address(kPsJob, 0)));
   constexpr int kCalls = 32;
   std::vector<grpc::StatusCode> codes(kCalls, grpc::StatusCode::OK);
@@ -795,8 +794,8 @@ TEST_CASE("synchronous handlers take at most --max_rpc_threads threads; a call p
     calls.emplace_back([&, i] {
       grpc::ClientContext ctx;
       SetDeadline(&ctx, absl::Seconds(20));
-      PullRowsResponse resp;
-      codes[i] = stub->PullRows(&ctx, req, &resp).error_code();
+      GetShardResponse resp;
+      codes[i] = stub->GetShard(&ctx, req, &resp).error_code();
     });
   }
   for (auto& t : calls) t.join();
@@ -807,13 +806,51 @@ TEST_CASE("synchronous handlers take at most --max_rpc_threads threads; a call p
     exhausted += c == grpc::StatusCode::RESOURCE_EXHAUSTED;
     waited += c == grpc::StatusCode::DEADLINE_EXCEEDED;
   }
-  WARN("32 waiting row pulls, --max_rpc_threads=8: " << waited << " waited, " << exhausted
+  WARN("32 waiting shard requests, --max_rpc_threads=8: " << waited << " waited, " << exhausted
                                                     << " refused; threads " << threads_before
                                                     << " before, at most " << threads_max);
   CHECK(exhausted + waited == kCalls);
   CHECK(exhausted > 0);
   CHECK(waited <= 8);  // each held one of the 8 threads while it waited
   CHECK(threads_max - threads_before <= 16);  // those, and a few of gRPC's own
+
+  // Row pulls waiting for a version never reached park as pulls do: none
+  // holds a thread, so none is refused for the 8, and all end at their
+  // deadline.
+  const int threads_rows = Threads(pid);
+  std::vector<absl::Status> rows(kCalls);
+  std::atomic<int> rows_max{0};
+  std::atomic<bool> rows_done{false};
+  std::thread rows_sampler([&] {
+    while (!rows_done.load()) {
+      rows_max = std::max(rows_max.load(), Threads(pid));
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  });
+  std::vector<std::thread> pulls;
+  for (int i = 0; i < kCalls; ++i) {
+    pulls.emplace_back([&, i] {
+      PsClient client(*s.cluster, &*s.placement, 0, absl::Seconds(1));
+      client.set_incarnation(4242);
+      const std::vector<uint64_t> ids = {7, 8};
+      std::vector<float> out(ids.size() * 4);
+      rows[i] = client.PullRows("ads", 4, ids, /*min_version=*/1000, absl::Seconds(2), out.data());
+    });
+  }
+  for (auto& t : pulls) t.join();
+  rows_done = true;
+  rows_sampler.join();
+  int rows_waited = 0;
+  for (const absl::Status& st : rows) {
+    INFO(st.ToString());
+    rows_waited += absl::IsDeadlineExceeded(st);
+  }
+  WARN("32 waiting row pulls, --max_rpc_threads=8: " << rows_waited << " waited; threads "
+                                                     << threads_rows << " before, at most "
+                                                     << rows_max.load());
+  INFO(rows[0].ToString());
+  CHECK(rows_waited == kCalls);
+  CHECK(rows_max.load() - threads_rows <= 16);
 }
 
 TEST_CASE("load: 32 sync workers for 20 steps against 2 servers: every step is the exact mean",

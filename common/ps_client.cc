@@ -245,6 +245,7 @@ absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::
     }
   }
   return RetryRefusedPull(wait, [&](absl::Duration left) {
+    for (PullRequest& req : requests) req.set_timeout_ms(absl::ToInt64Milliseconds(left));
     // In sync mode a server's version cannot move while this worker has not
     // pushed, unless backup workers complete a step without it; then the
     // parts of one pull may straddle a step, and the pull is made again.
@@ -262,6 +263,7 @@ absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::
 
 absl::Status PsClient::RetryRefusedPull(
     absl::Duration wait, const std::function<absl::Status(absl::Duration)>& attempt) const {
+  wait = std::max(wait, absl::ZeroDuration());
   const absl::Time deadline = absl::Now() + wait + rpc_timeout_;
   absl::Duration backoff = absl::Milliseconds(5);
   for (int refused = 0;; ++refused) {
@@ -656,17 +658,17 @@ absl::Status PsClient::PullRows(const std::string& table, int dim, absl::Span<co
     r.set_timeout_ms(absl::ToInt64Milliseconds(wait));
     requests[c] = SerializeMessage(r);
   }
-  RETURN_IF_ERROR(RetryRefusedPull(wait, [&](absl::Duration left) {
-    return CallAll(
-        static_cast<int>(servers.size()), left + rpc_timeout_, /*wait_for_ready=*/false,
-        [this, &servers, &table](int c) {
-          return absl::StrCat("PullRows ", table, " from ", ServerName(servers[c]));
-        },
-        [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-          raw_stubs_[servers[c]]->UnaryCall(ctx, kPullRowsMethod, grpc::StubOptions(),
-                                            &requests[c], &responses[c], std::move(done));
-        });
-  }));
+  // Not made again when refused: a row lookup counts toward a row's
+  // admission and creates rows, so it is not a pure read.
+  RETURN_IF_ERROR(CallAll(
+      static_cast<int>(servers.size()), wait + rpc_timeout_, /*wait_for_ready=*/false,
+      [this, &servers, &table](int c) {
+        return absl::StrCat("PullRows ", table, " from ", ServerName(servers[c]));
+      },
+      [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
+        raw_stubs_[servers[c]]->UnaryCall(ctx, kPullRowsMethod, grpc::StubOptions(),
+                                          &requests[c], &responses[c], std::move(done));
+      }));
   int64_t oldest = -1;
   const int64_t row_bytes = int64_t{dim} * 4;
   for (size_t c = 0; c < servers.size(); ++c) {

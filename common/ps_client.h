@@ -170,11 +170,11 @@ class PsClient {
   absl::Status WaitForPushCalls();
   void StartPushCall(int server, const PushRequest& header, std::vector<OutgoingPayload> payload);
   // A server at its limits (--max_concurrent_calls, its in-flight memory)
-  // refuses a call with RESOURCE_EXHAUSTED before reading it. A pull only
-  // reads, so `attempt` is made again, backing off 5 ms doubling to 200 ms,
-  // until the pull's deadline (`wait` plus the rpc timeout); each attempt
-  // gets what is left of `wait` for the servers to wait. Pushes are not
-  // made again: the caller decides.
+  // refuses a call with RESOURCE_EXHAUSTED before reading it. A dense pull
+  // only reads, so `attempt` is made again, backing off 5 ms doubling to
+  // 200 ms, until the pull's deadline (`wait` plus the rpc timeout); each
+  // attempt gets what is left of `wait` for the servers to wait. Pushes and
+  // row pulls (a lookup counts toward a row's admission) are not made again.
   absl::Status RetryRefusedPull(absl::Duration wait,
                                 const std::function<absl::Status(absl::Duration)>& attempt) const;
   // Sends the pull calls and assembles the replies; sets *straddled (and

@@ -359,11 +359,11 @@ absl::Status ParameterServer::CheckPullLocked(const PullRequest& request) const 
   return absl::OkStatus();
 }
 
-bool ParameterServer::ReadyLocked(const PullRequest& request) const {
+bool ParameterServer::ReadyLocked(const PullRequest& request, bool rows) const {
   if (shut_down_ || FinishedLocked()) return true;
   if (version_ < request.min_version()) return !sync_failure_.ok();
   const int worker = request.worker();
-  const bool bounded = !model_->sync && model_->staleness_bound > 0 && worker >= 0;
+  const bool bounded = !model_->sync && model_->staleness_bound > 0 && worker >= 0 && !rows;
   return !bounded || worker_clock_[worker] - MinWorkerClockLocked() <= model_->staleness_bound;
 }
 
@@ -407,7 +407,7 @@ absl::Status ParameterServer::SnapshotLocked(const PullRequest& request, PullRep
 void ParameterServer::CollectReadyLocked(std::vector<Completion>* out) {
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     Waiter& w = it->second;
-    if (!shut_down_ && !ReadyLocked(w.request)) {
+    if (!shut_down_ && !ReadyLocked(w.request, w.rows)) {
       ++it;
       continue;
     }
@@ -459,7 +459,7 @@ void ParameterServer::RunCompletions(std::vector<Completion>* completions) {
 
 uint64_t ParameterServer::ServeOrParkLocked(const PullRequest& request, PullCallback done,
                                             bool rows, std::vector<Completion>* completions) {
-  if (!ReadyLocked(request)) {
+  if (!ReadyLocked(request, rows)) {
     const uint64_t id = next_waiter_id_++;
     const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
     waiters_.emplace(id, Waiter{request, absl::Now() + timeout, std::move(done), rows});
@@ -1510,6 +1510,33 @@ absl::Status ParameterServer::CheckRowsRequestLocked(uint64_t incarnation, int w
   return absl::OkStatus();
 }
 
+std::shared_ptr<std::vector<float>> ParameterServer::RowBufferPool::Take(int64_t floats) {
+  std::unique_ptr<std::vector<float>> buffer;
+  {
+    absl::MutexLock lock(&mu_);
+    // The smallest kept buffer that holds `floats` (no growth, no fill),
+    // else the largest (grown once).
+    for (auto& b : free_) {
+      if (b->capacity() >= static_cast<size_t>(floats) &&
+          (buffer == nullptr || b->capacity() < buffer->capacity())) {
+        std::swap(buffer, b);
+      }
+    }
+    if (buffer == nullptr && !free_.empty()) std::swap(buffer, free_.back());
+    free_.erase(std::remove(free_.begin(), free_.end(), nullptr), free_.end());
+  }
+  if (buffer == nullptr) buffer = std::make_unique<std::vector<float>>();
+  buffer->resize(static_cast<size_t>(floats));
+  std::weak_ptr<RowBufferPool> pool = weak_from_this();
+  return std::shared_ptr<std::vector<float>>(buffer.release(), [pool](std::vector<float>* b) {
+    std::unique_ptr<std::vector<float>> owned(b);
+    if (std::shared_ptr<RowBufferPool> p = pool.lock()) {
+      absl::MutexLock lock(&p->mu_);
+      if (p->free_.size() < kKeep) p->free_.push_back(std::move(owned));
+    }
+  });
+}
+
 uint64_t ParameterServer::StartPullRows(const PullRowsRequest& request, PullRowsCallback done) {
   auto ids = std::make_shared<std::vector<uint64_t>>();
   absl::Status st = DecodeIds(request.ids(), ids.get());
@@ -1535,7 +1562,8 @@ uint64_t ParameterServer::StartPullRows(const PullRowsRequest& request, PullRows
       // Rows follow the dense pull, which already waited for the version,
       // so this rarely waits; when it does, it is parked as a pull is. The
       // rows are looked up once the version is there, outside mu_ (the
-      // model reference keeps the table alive through a re-initialisation).
+      // model reference keeps the table alive through a re-initialisation),
+      // on the thread that made it ready (a push completing the step).
       PullRequest wait;
       wait.set_incarnation(request.incarnation());
       wait.set_worker(request.worker());
@@ -1548,8 +1576,8 @@ uint64_t ParameterServer::StartPullRows(const PullRowsRequest& request, PullRows
           rows.version = reply.version;
           rows.dim = table->rows->dim();
           rows.floats = static_cast<int64_t>(ids->size()) * rows.dim;
-          rows.values.reset(new float[rows.floats]);  // left uninitialised: all overwritten
-          status = table->rows->Lookup(*ids, reply.version, rows.values.get());
+          rows.values = row_buffers_->Take(rows.floats);
+          status = table->rows->Lookup(*ids, reply.version, rows.values->data());
         }
         if (status.ok()) {
           absl::MutexLock lock(&mu_);
@@ -1580,7 +1608,7 @@ absl::Status ParameterServer::PullRows(const PullRowsRequest& request,
   if (!status.ok()) return status;
   response->set_version(rows.version);
   response->set_dim(rows.dim);
-  response->set_rows(reinterpret_cast<const char*>(rows.values.get()),
+  response->set_rows(reinterpret_cast<const char*>(rows.values->data()),
                      static_cast<size_t>(rows.floats) * sizeof(float));
   return absl::OkStatus();
 }

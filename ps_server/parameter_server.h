@@ -163,22 +163,24 @@ class ParameterServer {
   // gradients the step aggregated, so rows average over workers as dense
   // variables do. A worker sends its rows before its dense push to the
   // same server; rows for a step already done are dropped as stale.
-  // Rows pulled for a frame: gathered into memory of their own (not zeroed
-  // first), which the frame then sends as it is.
+  absl::Status PushRows(const PushRowsRequest& request, PushRowsResponse* response);
+  // Blocking row pull into a response with content (tests and tools; copies).
+  absl::Status PullRows(const PullRowsRequest& request, PullRowsResponse* response);
+  // Rows pulled for a frame: gathered into a buffer of the server's pool of
+  // row buffers, which the frame then sends as it is; dropping the last
+  // reference (gRPC releasing the slice) returns it to the pool, so steady
+  // pulls neither allocate nor fault in fresh pages.
   struct PulledRows {
     int64_t version = 0;
     int dim = 0;
     int64_t floats = 0;  // ids x dim
-    std::unique_ptr<float[]> values;
+    std::shared_ptr<std::vector<float>> values;
   };
   using PullRowsCallback = std::function<void(absl::Status, PulledRows)>;
   // Starts a row pull. `done` runs exactly once, as StartPull's does: a pull
   // whose version is not there yet waits parked (no thread), ended by its
   // version, its deadline, CancelPull (the id returned) or a shutdown.
   uint64_t StartPullRows(const PullRowsRequest& request, PullRowsCallback done);
-  // Blocking row pull into a response with content (tests and tools; copies).
-  absl::Status PullRows(const PullRowsRequest& request, PullRowsResponse* response);
-  absl::Status PushRows(const PushRowsRequest& request, PushRowsResponse* response);
   // Sets rows of a table from a checkpoint (the chief, before training
   // starts): every id must be this server's under the current placement;
   // no slots means fresh optimizer state. Nothing changes on a refusal.
@@ -329,6 +331,20 @@ class ParameterServer {
     bool bfloat16;  // the wire's reduced precision; float32 otherwise
   };
 
+  // Row buffers for PullRows replies, kept for reuse (at most kKeep); shared
+  // with the buffers it hands out, which may outlive the server in gRPC.
+  class RowBufferPool : public std::enable_shared_from_this<RowBufferPool> {
+   public:
+    // A buffer of `floats` elements, contents unspecified.
+    std::shared_ptr<std::vector<float>> Take(int64_t floats);
+
+   private:
+    static constexpr size_t kKeep = 16;
+    absl::Mutex mu_;
+    std::vector<std::unique_ptr<std::vector<float>>> free_ ABSL_GUARDED_BY(mu_);
+  };
+  const std::shared_ptr<RowBufferPool> row_buffers_ = std::make_shared<RowBufferPool>();
+
   struct Waiter {
     PullRequest request;
     absl::Time deadline;
@@ -400,7 +416,11 @@ class ParameterServer {
   bool FinishedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t MinWorkerClockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string WaitingOnLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  bool ReadyLocked(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether a pull may be served now: its version is there (or it must end
+  // anyway), and an async worker is within the staleness bound (`rows`: a
+  // row pull, not held back by the bound; its dense pull was).
+  bool ReadyLocked(const PullRequest& request, bool rows = false) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Checks a pull's arguments; OK means it may wait or be served.
   absl::Status CheckPullLocked(const PullRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -100,17 +100,15 @@ grpc::ByteBuffer PullFrame(ParameterServer::PullReply reply) {
 }
 
 // A row pull's frame: version and width, then the rows, sent from the
-// memory they were gathered into (freed when gRPC releases the slice).
+// buffer they were gathered into (back to its pool when gRPC releases it).
 grpc::ByteBuffer PullRowsFrame(ParameterServer::PulledRows rows) {
   PullRowsResponse header;
   header.set_version(rows.version);
   header.set_dim(rows.dim);
-  const float* data = rows.values.get();
+  const float* data = rows.values->data();
   std::vector<OutgoingPayload> payload;
-  payload.push_back({data, rows.floats * 4,
-                     [keep = std::shared_ptr<float[]>(std::move(rows.values))]() mutable {
-                       keep.reset();
-                     }});
+  payload.push_back(
+      {data, rows.floats * 4, [keep = std::move(rows.values)]() mutable { keep.reset(); }});
   return EncodeFrame(header, std::move(payload));
 }
 

@@ -888,9 +888,20 @@ TEST_CASE("--restart=on-failure: a worker killed mid-run is restarted alone and 
         absl::StrCat("--cluster_spec=", job.spec, " --job=worker --task=1"));
     REQUIRE(pids.size() == 1);
     REQUIRE(::kill(pids[0], SIGKILL) == 0);
+    const absl::Time killed = absl::Now();
+    const std::string w1_log = JoinPath(job.out, "logs/worker-1.log");
+    if (sync) {
+      // Timed until the restarted worker has rejoined (its cursor restored).
+      while (Env::Default()->ReadFile(w1_log).value_or("").find("rejoined the running job") ==
+                 std::string::npos &&
+             absl::Now() < killed + absl::Seconds(60) && launch->running()) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      WARN("sync: worker 1 killed; " << absl::FormatDuration(absl::Now() - killed)
+                                     << " from the kill to its restarted process rejoining");
+    }
     if (!sync) {
       // Once it has rejoined, kill it again: the second restart waits 1 s.
-      const std::string w1_log = JoinPath(job.out, "logs/worker-1.log");
       const absl::Time again = absl::Now() + absl::Seconds(30);
       while (Env::Default()->ReadFile(w1_log).value_or("").find("rejoined the running job") ==
                  std::string::npos &&

@@ -23,11 +23,12 @@ struct LaunchOptions {
   bool progress = true;
   bool resume = false;  // the chief starts from the latest good checkpoint
   std::string init_from;  // the chief starts a new run from this checkpoint's values
-  // --restart=on-failure: when a task fails, every task is stopped and the
-  // job starts again from its latest checkpoint, up to this many times, with
-  // a backoff of 1, 2, 4, ... 30 s. A failed worker is restarted alone
-  // instead (from the same budget) and rejoins the running job. 0: a failed
-  // task ends the run.
+  // --restart=on-failure: up to this many restarts, with a backoff of 1, 2,
+  // 4, ... 30 s (a task's first restart alone is immediate). A failed worker
+  // or server, or a chief ended by a signal, is restarted alone and the job
+  // goes on (servers and chief: from the latest checkpoint, every server
+  // rolled back to it); any other failure stops every task and starts the
+  // job again from its latest checkpoint. 0: a failed task ends the run.
   int max_restarts = 0;
   // Each local task serves /metrics, /healthz and /readyz on a free port of
   // its host (printed as each task reports it).

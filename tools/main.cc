@@ -220,8 +220,11 @@ int LaunchCommand(const std::vector<std::string>& argv) {
                            "checkpoint.dir (from the seed when there is none)"}},
       {"init_from", {"", "a checkpoint (ckpt-<step> directory) whose values start a new run "
                          "at step 0 with fresh optimizer state"}},
-      {"restart", {"never", "never, or on-failure: when a task fails, stop every task and start "
-                            "the job again from its latest checkpoint (needs checkpoint.dir)"}},
+      {"restart", {"never", "never, or on-failure (needs checkpoint.dir): a failed worker or "
+                            "server, or a chief that died, is restarted alone while the others "
+                            "go on or wait (a server's or chief's restart rolls every server "
+                            "back to the latest checkpoint); any other failure stops every task "
+                            "and starts the job again from its latest checkpoint"}},
       {"max_restarts", {"3", "on-failure: restarts allowed before the run fails (backoff 1, 2, "
                              "4, ... 30 s)"}},
       {"metrics", {"true", "each local task serves /metrics, /healthz and /readyz on a free "

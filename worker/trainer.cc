@@ -259,6 +259,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   int loss_count = 0;
   int late_reports = 0;
   int rollbacks = 0;
+  bool chief_lost = false;  // the step failed on its report to the chief
   // Where the worker's time goes, for the closing log line.
   absl::Duration pull_time, data_wait, compute_time, push_time;
 
@@ -396,6 +397,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
         LOG_WARN("progress report to the chief timed out ({} in a row); training on: {}",
                  late_reports, st);
       } else {
+        chief_lost = !st.ok();
         RETURN_IF_ERROR(st);
         late_reports = 0;
       }
@@ -416,13 +418,17 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     }
     ps->AbandonPush();  // nothing more of the failed step is sent
     const absl::Duration startup_timeout = absl::Milliseconds(config.rpc().startup_timeout_ms());
-    // The chief itself may be gone (the report failed): a restarted one
-    // takes the run over from its latest checkpoint. Up to the startup
-    // timeout for one to answer, asking in short calls (a stop is seen).
-    if (absl::Status up = WaitForChief(&chief, startup_timeout, stop); !up.ok()) {
-      if (absl::IsCancelled(up)) return up;
-      LOG_WARN("no chief to follow ({}): the step's failure stands", up);
-      return cause;
+    // The chief itself may be gone (the step failed on its report): a
+    // restarted one takes the run over from its latest checkpoint. Up to
+    // the startup timeout for one to answer, asking in short calls (a stop
+    // is seen). A step that failed on the servers asks the chief at once.
+    if (chief_lost) {
+      chief_lost = false;
+      if (absl::Status up = WaitForChief(&chief, startup_timeout, stop); !up.ok()) {
+        if (absl::IsCancelled(up)) return up;
+        LOG_WARN("no chief to follow ({}): the step's failure stands", up);
+        return cause;
+      }
     }
     RegisterWorkerResponse again;
     // The chief may wait up to the startup timeout for a lost server to come

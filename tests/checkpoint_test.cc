@@ -649,53 +649,94 @@ void CheckWorkersFollowed(const Job& job, int64_t step) {
   }
 }
 
-TEST_CASE("--restart=on-failure: a chief killed with kill -9 is restarted alone and takes the "
-          "job over from its latest checkpoint; the others wait for it, and a sync run ends "
-          "bitwise as if never killed",
-          "[checkpoint][recovery]") {
+// Task `task` ("ps:1") killed with kill -9 under `launch
+// --restart=on-failure` once the checkpoint of `min_step` exists (a sync
+// 1,500-step run with Adam, 2 ps + 2 workers): the launcher restarts it
+// alone (its output has `restarted`, the chief's log `chief_says` and
+// `chief_starts` starts), every server goes back to the newest checkpoint
+// complete at the kill (or one committed in the instant after; the step
+// after `resumed_line` in the chief's log), the workers follow, nothing else
+// restarts, and the run ends bitwise as one never interrupted. Returns the
+// step gone back to; *at_kill and *elapsed (the kill to `resumed_line`) are
+// for the figures.
+int64_t KillAloneAndCheck(const std::string& name, const std::string& task, int64_t min_step,
+                          const std::string& restarted, const std::string& chief_says,
+                          int chief_starts, const std::string& resumed_line, int64_t* at_kill,
+                          absl::Duration* elapsed) {
+  const std::string victim = absl::StrCat("--job=", task.substr(0, task.find(':')),
+                                          " --task=", task.substr(task.find(':') + 1));
   const int steps = 1500;
-  const std::string dir = testing::FreshTempDir("chief_takeover");
+  const std::string dir = testing::FreshTempDir(name);
   const std::string ckpt = JoinPath(dir, "ckpt");
   const Job job = WriteJob(dir, CheckpointOptions(ckpt, steps), 2);
   std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir, {"--restart=on-failure"});
-  // Timed until the restarted chief has put the checkpoint back on every
-  // server. The run goes back to the newest checkpoint complete at the kill
-  // (or one the chief committed in the instant after), never further.
-  const std::string resumed_line = "from the checkpoint of step ";
-  int64_t at_kill = -1;
-  const absl::Duration to_resumed = KillAndTime(job, ckpt, launch.get(), 200,
-                                                "--job=chief --task=0", resumed_line, &at_kill);
+  *elapsed = KillAndTime(job, ckpt, launch.get(), min_step, victim, resumed_line, at_kill);
   const auto [code, out] = FinishLaunch(launch.get(), dir);
   INFO(out);
-  const std::string log = ChiefLog(job);  // both starts: logs are appended on a restart
+  const std::string log = ChiefLog(job);  // every start: logs are appended on a restart
   INFO(log);
   REQUIRE(code.has_value());
   CHECK(*code == 0);
-  CHECK(out.find("chief:0 exited with code 137") != std::string::npos);
-  CHECK(out.find("restarting it alone, the others wait for it to take the job over from the "
-                 "latest checkpoint (restart 1 of 3)") != std::string::npos);
+  CHECK(out.find(task + " exited with code 137") != std::string::npos);
+  CHECK(out.find(restarted) != std::string::npos);
   CHECK(out.find("restarting the job") == std::string::npos);  // nothing else restarted
-  CHECK(log.find("parameter server(s) still serve the run") != std::string::npos);
-  const int64_t resumed_from = NumberAfter(log, resumed_line);
-  REQUIRE(resumed_from >= 0);
-  CHECK(resumed_from >= at_kill);
-  CHECK(resumed_from < steps);
-  CheckWorkersFollowed(job, resumed_from);
+  CHECK(log.find(chief_says) != std::string::npos);
+  int starts = 0;
+  for (size_t at = log.find("chief listening on"); at != std::string::npos;
+       at = log.find("chief listening on", at + 1)) {
+    ++starts;
+  }
+  CHECK(starts == chief_starts);
+  const int64_t back_to = NumberAfter(log, resumed_line);
+  REQUIRE(back_to >= 0);
+  CHECK(back_to >= *at_kill);
+  CHECK(back_to < steps);
+  CheckWorkersFollowed(job, back_to);
   auto summary = Env::Default()->ReadFile(JoinPath(job.out, "summary.json"));
   REQUIRE(summary.ok());
   const nlohmann::json j = nlohmann::json::parse(*summary);
   CHECK(j["global_step"].get<int64_t>() == steps);
   // Back from the checkpoint's values, slots, step and cursors: the run
   // ends where one never interrupted does.
-  const std::string ref_dir = testing::FreshTempDir("chief_takeover_ref");
+  const std::string ref_dir = testing::FreshTempDir(name + "_ref");
   const Job ref = WriteJob(ref_dir, CheckpointOptions(JoinPath(ref_dir, "ckpt"), steps), 2);
   RunJobOk(ref, false);
   CheckSameModel(FinalModel(job), FinalModel(ref));
-  WARN("killed the chief after ckpt-" << at_kill << ": the restarted one took the job over from "
-                                      << "step " << resumed_from << ", "
-                                      << absl::FormatDuration(to_resumed)
-                                      << " from the kill to the variables restored");
   CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
+  return back_to;
+}
+
+TEST_CASE("--restart=on-failure: a chief killed with kill -9 is restarted alone and takes the "
+          "job over from its latest checkpoint; the others wait for it, and a sync run ends "
+          "bitwise as if never killed",
+          "[checkpoint][recovery]") {
+  int64_t at_kill = -1;
+  absl::Duration elapsed;
+  const int64_t back_to = KillAloneAndCheck(
+      "chief_takeover", "chief:0", 200,
+      "restarting it alone, the others wait for it to take the job over from the latest "
+      "checkpoint (restart 1 of 3)",
+      "parameter server(s) still serve the run", 2, "from the checkpoint of step ", &at_kill,
+      &elapsed);
+  WARN("killed the chief after ckpt-" << at_kill << ": the restarted one took the job over from "
+                                      << "step " << back_to << ", "
+                                      << absl::FormatDuration(elapsed)
+                                      << " from the kill to the variables restored");
+}
+
+TEST_CASE("--restart=on-failure: a server killed with kill -9 is restarted alone, every server "
+          "rolls back to the latest checkpoint, the workers follow, and a sync run ends bitwise "
+          "as if never killed",
+          "[checkpoint][recovery]") {
+  int64_t at_kill = -1;
+  absl::Duration elapsed;
+  const int64_t back_to = KillAloneAndCheck(
+      "ps_rollback", "ps:1", 300,
+      "restarting it alone, the others go on from the latest checkpoint (restart 1 of 3)",
+      "ps:1 restarted and lost its partitions", 1, kRolledBack, &at_kill, &elapsed);
+  WARN("killed ps:1 after ckpt-" << at_kill << ": every server rolled back to step " << back_to
+                                 << ", " << absl::FormatDuration(elapsed)
+                                 << " from the kill to the variables restored");
 }
 
 TEST_CASE("--restart=on-failure: a hung server fails the chief, which restarts the whole job "
@@ -738,55 +779,6 @@ TEST_CASE("--restart=on-failure: a hung server fails the chief, which restarts t
   const nlohmann::json j = nlohmann::json::parse(*summary);
   CHECK(j["global_step"].get<int64_t>() == steps);
   CHECK(j["eval_accuracy"].get<double>() >= 0.85);
-  CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
-}
-
-TEST_CASE("--restart=on-failure: a server killed with kill -9 is restarted alone, every server "
-          "rolls back to the latest checkpoint, the workers follow, and a sync run ends bitwise "
-          "as if never killed",
-          "[checkpoint][recovery]") {
-  const int steps = 1500;
-  const std::string dir = testing::FreshTempDir("ps_rollback");
-  const std::string ckpt = JoinPath(dir, "ckpt");
-  const Job job = WriteJob(dir, CheckpointOptions(ckpt, steps), 2);
-  std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir, {"--restart=on-failure"});
-  // Timed until the chief has put the checkpoint back on every server.
-  int64_t at_kill = -1;
-  const absl::Duration to_rolled_back =
-      KillAndTime(job, ckpt, launch.get(), 300, "--job=ps --task=1", kRolledBack, &at_kill);
-  const auto [code, out] = FinishLaunch(launch.get(), dir);
-  INFO(out);
-  const std::string log = ChiefLog(job);
-  INFO(log);
-  REQUIRE(code.has_value());
-  CHECK(*code == 0);
-  CHECK(out.find("ps:1 exited with code 137") != std::string::npos);
-  CHECK(out.find("restarting it alone, the others go on from the latest checkpoint (restart 1 "
-                 "of 3)") != std::string::npos);
-  CHECK(out.find("restarting the job") == std::string::npos);  // nothing else restarted
-  CHECK(log.find("ps:1 restarted and lost its partitions") != std::string::npos);
-  const int64_t rolled_back_to = NumberAfter(log, kRolledBack);
-  REQUIRE(rolled_back_to >= 0);
-  // Back to the newest checkpoint complete at the kill (or one committed in
-  // the instant after), never further.
-  CHECK(rolled_back_to >= at_kill);
-  CHECK(rolled_back_to < steps);
-  CHECK(log.find("initialised variables on 2 parameter server(s) from seed") !=
-        std::string::npos);  // the chief's one start
-  CheckWorkersFollowed(job, rolled_back_to);
-  auto summary = Env::Default()->ReadFile(JoinPath(job.out, "summary.json"));
-  REQUIRE(summary.ok());
-  const nlohmann::json j = nlohmann::json::parse(*summary);
-  CHECK(j["global_step"].get<int64_t>() == steps);
-  // The run went on from the checkpoint's values, slots, step and cursors:
-  // it ends where one never interrupted does.
-  const std::string ref_dir = testing::FreshTempDir("ps_rollback_ref");
-  const Job ref = WriteJob(ref_dir, CheckpointOptions(JoinPath(ref_dir, "ckpt"), steps), 2);
-  RunJobOk(ref, false);
-  CheckSameModel(FinalModel(job), FinalModel(ref));
-  WARN("killed ps:1 after ckpt-" << at_kill << ": every server rolled back to step "
-                                 << rolled_back_to << ", " << absl::FormatDuration(to_rolled_back)
-                                 << " from the kill to the variables restored");
   CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
 }
 

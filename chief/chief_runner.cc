@@ -426,22 +426,39 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   // values (--init_from), or the seed.
   std::optional<ResumePoint> from;
   bool taking_over = false;
+  // Servers that had already finished the run (every one at max_steps, on
+  // one incarnation) when its earlier process died: this chief only ends it
+  // (evaluation, the last checkpoint, the model) on their incarnation; its
+  // workers may be gone.
+  uint64_t adopted = 0;
+  int64_t start_step = 0;
   if (start_from.resume) {
     // Servers that answer initialised serve the run an earlier process of
     // this chief started (it died; they and the workers went on): this one
     // takes the run over from its latest checkpoint, under a new
     // incarnation, as a rollback does, and the workers follow.
     std::vector<uint64_t> serving;
-    int64_t furthest = -1;
+    int64_t furthest = -1, lowest = std::numeric_limits<int64_t>::max();
     for (int s = 0; s < ps.num_servers(); ++s) {
       PsStatusResponse status;
       if (ps.GetStatus(s, &status).ok() && status.initialized()) {
         serving.push_back(status.incarnation());
         furthest = std::max(furthest, status.version());
+        lowest = std::min(lowest, status.version());
       }
     }
+    const bool finished =
+        static_cast<int>(serving.size()) == ps.num_servers() && lowest >= config.max_steps() &&
+        std::all_of(serving.begin(), serving.end(),
+                    [&](uint64_t i) { return i == serving.front(); });
     if (serving.empty()) {
       ASSIGN_OR_RETURN(from, FindResumePoint(config, placement));
+    } else if (finished) {
+      adopted = serving.front();
+      start_step = lowest;
+      LOG_WARN("the parameter servers already finished the run (incarnation {:x}, step {}): "
+               "ending it from there",
+               adopted, lowest);
     } else {
       chief->TakeOver(serving);
       LOG_WARN("{} of {} parameter server(s) still serve the run (incarnation {:x}, step {}): "
@@ -458,8 +475,10 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
                                           std::move(ckpt), /*with_state=*/false));
   }
   std::vector<Tensor> params;
-  int64_t start_step = 0;
-  if (from.has_value()) {
+  if (adopted != 0) {
+    ps.set_incarnation(adopted);
+    chief->Adopt(adopted);
+  } else if (from.has_value()) {
     params = std::move(from->params);
     start_step = from->step;
     RETURN_IF_ERROR(ps.InitializeAll(config, ConfigFingerprint(config), cluster.num_workers(),
@@ -500,7 +519,18 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     if (ckpt_every <= 0) return max_steps;
     return std::min(max_steps, (step / ckpt_every + 1) * ckpt_every);
   };
-  int64_t next_ckpt = next_checkpoint_after(start_step);
+  // Servers adopted at their end: the last step's cut is theirs to commit,
+  // unless the earlier process did.
+  bool last_committed = false;
+  if (adopted != 0 && checkpoints) {
+    for (const CheckpointInfo& c : ListCheckpoints(Env::Default(), config.checkpoint().dir())
+                                       .value_or(std::vector<CheckpointInfo>())) {
+      last_committed |= c.step == max_steps && c.complete;
+    }
+  }
+  int64_t next_ckpt = adopted != 0 && checkpoints && IsSyncMode(config) && !last_committed
+                          ? max_steps
+                          : next_checkpoint_after(start_step);
   const bool sync = IsSyncMode(config);
   // Sync: cut steps the time trigger asked the servers for.
   std::set<int64_t> asked;
@@ -929,7 +959,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
 
   chief->RequestStop();
   chief->SetState("finishing");  // also when the loop ended otherwise
-  if (!chief->WaitForWorkersDone(step_timeout)) {
+  if (adopted == 0 && !chief->WaitForWorkersDone(step_timeout)) {
     LOG_WARN("not every worker reported done within {}", absl::FormatDuration(step_timeout));
   }
   ASSIGN_OR_RETURN(Evaluation final_eval,

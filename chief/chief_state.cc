@@ -264,6 +264,11 @@ void Chief::TakeOver(const std::vector<uint64_t>& incarnations) {
   state_ = "taking over";
 }
 
+void Chief::Adopt(uint64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  incarnation_ = incarnation;
+}
+
 void Chief::BeginRollback() {
   absl::MutexLock lock(&mu_);
   rolling_back_ = true;

@@ -85,6 +85,9 @@ class Chief {
   // over, rolling it back to the latest checkpoint as a rollback does, and
   // its workers, naming one of these, follow. Called before MarkInitialized.
   void TakeOver(const std::vector<uint64_t>& incarnations);
+  // A restarted chief whose servers had already finished the run: it goes
+  // on under their incarnation (it only ends the run). Before MarkInitialized.
+  void Adopt(uint64_t incarnation);
 
   // An operator's rollback (the Restore RPC): queued for the driver, which
   // carries it out between its rounds; waits up to `timeout` for the outcome.

@@ -739,6 +739,69 @@ TEST_CASE("--restart=on-failure: a server killed with kill -9 is restarted alone
                                  << " from the kill to the variables restored");
 }
 
+TEST_CASE("a chief restarted once its servers finished the run ends it from there, without "
+          "waiting for workers that are gone",
+          "[checkpoint][recovery]") {
+  // A finished run, and its checkpoint of the last step.
+  const int steps = 200;
+  const std::string dir = testing::FreshTempDir("adopt_finished");
+  const Job job = WriteJob(dir, CheckpointOptions(JoinPath(dir, "ckpt"), steps), 2);
+  RunJobOk(job, false);
+  const TensorMap want = FinalModel(job);
+  REQUIRE(Env::Default()->DeleteFile(JoinPath(job.out, "model_final.pst")).ok());
+  // Its servers again, and a chief that resumes them at the last step and
+  // then waits for its workers (step_timeout, 30 s), which never come:
+  // killed there, it leaves servers that serve a finished run.
+  std::vector<std::unique_ptr<Subprocess>> servers;
+  for (int s = 0; s < 2; ++s) {
+    SpawnOptions so;
+    so.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + job.spec, "--job=ps",
+               absl::StrCat("--task=", s), "--config=" + job.config};
+    so.output_file = JoinPath(dir, absl::StrCat("ps", s, ".log"));
+    auto p = Subprocess::Spawn(so);
+    REQUIRE(p.ok());
+    servers.push_back(std::move(*p));
+  }
+  auto start_chief = [&](const std::string& log) {
+    SpawnOptions so;
+    so.argv = {Binary("chief/chief"), "--cluster_spec=" + job.spec, "--config=" + job.config,
+               "--resume"};
+    so.output_file = JoinPath(dir, log);
+    auto p = Subprocess::Spawn(so);
+    REQUIRE(p.ok());
+    return std::move(*p);
+  };
+  std::unique_ptr<Subprocess> first = start_chief("chief-a.log");
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (Env::Default()->ReadFile(JoinPath(dir, "chief-a.log")).value_or("").find(
+             "from the checkpoint of step 200") == std::string::npos &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  first->Signal(SIGKILL);
+  REQUIRE(first->Wait(absl::Seconds(10)).has_value());
+  // The restarted chief finds every server at the last step: it evaluates,
+  // writes the model and ends the servers, with no worker and no wait.
+  const absl::Time t0 = absl::Now();
+  std::unique_ptr<Subprocess> second = start_chief("chief-b.log");
+  const std::optional<int> code = second->Wait(absl::Seconds(60));
+  const absl::Duration took = absl::Now() - t0;
+  const std::string log = Env::Default()->ReadFile(JoinPath(dir, "chief-b.log")).value_or("");
+  INFO(log);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  CHECK(took < absl::Seconds(20));
+  CHECK(log.find("the parameter servers already finished the run") != std::string::npos);
+  CHECK(log.find("training finished at step 200") != std::string::npos);
+  CheckSameModel(FinalModel(job), want);
+  for (auto& p : servers) {
+    const std::optional<int> ended = p->Wait(absl::Seconds(20));
+    CHECK(ended.has_value());
+    if (!ended.has_value()) p->Stop(absl::Seconds(5));
+  }
+  WARN("a chief restarted over finished servers ended the run in " << absl::FormatDuration(took));
+}
+
 TEST_CASE("--restart=on-failure: a hung server fails the chief, which restarts the whole job "
           "from its latest checkpoint, and it finishes",
           "[checkpoint][recovery]") {

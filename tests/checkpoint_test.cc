@@ -1009,15 +1009,16 @@ TEST_CASE("--restart=on-failure: a worker killed mid-run is restarted alone and 
     CHECK(j["eval_accuracy"].get<double>() >= 0.85);
     if (!sync) {
       // Every step is one push, applied once: worker 0's steps, worker 1's
-      // before the kill (the servers' count) and after it add up to the run
-      // (a push the kill cut off between the two servers counts on one only).
+      // before the kill (the servers' count) and after it add up to the run,
+      // within one push per kill (a push a kill cut off between the two
+      // servers counts on one only; the worker was killed twice).
       // (Its second restart's count: the servers count all of its pushes.)
       const int64_t before = NumberAfter(
           w1, "rejoined the running job after a restart (session 2): ", /*last=*/true);
       REQUIRE(before > 0);
-      CHECK(std::abs(w0 + before + w1_after - steps) <= 1);
+      CHECK(std::abs(w0 + before + w1_after - steps) <= 2);
       // The chief counts the first process's steps too.
-      CHECK(std::abs(j["worker_steps"].get<int64_t>() - steps) <= 1);
+      CHECK(std::abs(j["worker_steps"].get<int64_t>() - steps) <= 2);
       WARN("async: worker 1 killed twice, after " << before << " pushes in all; rejoined first "
            << "at epoch " << epoch << ", position " << position << "; then " << w1_after
            << " steps, worker 0 " << w0);

@@ -1514,18 +1514,13 @@ std::shared_ptr<std::vector<float>> ParameterServer::RowBufferPool::Take(int64_t
   std::unique_ptr<std::vector<float>> buffer;
   {
     absl::MutexLock lock(&mu_);
-    // The smallest kept buffer that holds `floats` (no growth, no fill),
-    // else the largest (grown once).
-    for (auto& b : free_) {
-      if (b->capacity() >= static_cast<size_t>(floats) &&
-          (buffer == nullptr || b->capacity() < buffer->capacity())) {
-        std::swap(buffer, b);
-      }
+    if (!free_.empty()) {
+      buffer = std::move(free_.back());
+      free_.pop_back();
     }
-    if (buffer == nullptr && !free_.empty()) std::swap(buffer, free_.back());
-    free_.erase(std::remove(free_.begin(), free_.end(), nullptr), free_.end());
   }
   if (buffer == nullptr) buffer = std::make_unique<std::vector<float>>();
+  // Pulls of one batch size reuse a buffer as it is (a larger one grows it once).
   buffer->resize(static_cast<size_t>(floats));
   std::weak_ptr<RowBufferPool> pool = weak_from_this();
   return std::shared_ptr<std::vector<float>>(buffer.release(), [pool](std::vector<float>* b) {
@@ -1555,10 +1550,7 @@ uint64_t ParameterServer::StartPullRows(const PullRowsRequest& request, PullRows
           "PullRows: ", ids->size(), " rows of ", table->rows->dim(), " floats exceed ",
           kMaxRowsBytes, " bytes; pull them in parts"));
     }
-    if (!st.ok()) {
-      completions.push_back({[done](absl::Status s, PullReply) { done(std::move(s), {}); },
-                             {std::move(st), PullReply()}});
-    } else {
+    if (st.ok()) {
       // Rows follow the dense pull, which already waited for the version,
       // so this rarely waits; when it does, it is parked as a pull is. The
       // rows are looked up once the version is there, outside mu_ (the
@@ -1589,6 +1581,10 @@ uint64_t ParameterServer::StartPullRows(const PullRowsRequest& request, PullRows
       };
       id = ServeOrParkLocked(wait, std::move(lookup), /*rows=*/true, &completions);
     }
+  }
+  if (!st.ok()) {
+    done(std::move(st), {});  // refused: `done` was not handed on
+    return 0;
   }
   RunCompletions(&completions);
   return id;

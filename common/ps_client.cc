@@ -19,6 +19,7 @@ namespace {
 const char kPullMethod[] = "/pstrain.PsService/Pull";
 const char kPushMethod[] = "/pstrain.PsService/Push";
 const char kPullRowsMethod[] = "/pstrain.PsService/PullRows";
+const char kPushRowsMethod[] = "/pstrain.PsService/PushRows";
 
 // Starts one call per server with `start(s, ctx, done)` and waits for all of
 // them. Each context carries `timeout` as its deadline; the wait itself is
@@ -709,24 +710,34 @@ absl::Status PsClient::PushRows(const std::string& table, int dim, absl::Span<co
   }
   const std::vector<std::vector<uint32_t>> by = RowsByServer(ids, num_servers());
   const std::vector<int> servers = ServersWithRows(by);
-  std::vector<PushRowsRequest> requests(servers.size());
-  std::vector<PushRowsResponse> responses(servers.size());
+  // Each server's ids and gradients gathered once into one buffer, which the
+  // frame sends as it is (the buffer lives until gRPC releases it).
+  std::vector<grpc::ByteBuffer> requests(servers.size()), responses(servers.size());
+  const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
   for (size_t c = 0; c < servers.size(); ++c) {
     const std::vector<uint32_t>& positions = by[servers[c]];
-    PushRowsRequest& r = requests[c];
-    r.set_incarnation(incarnation_);
-    r.set_worker(worker_);
-    r.set_step(steps[servers[c]]);
-    r.set_session(session_);
-    r.set_table(table);
-    r.set_ids(IdBytes(ids, positions));
-    std::string* g = r.mutable_gradients();
-    g->resize(positions.size() * dim * sizeof(float));
-    char* dst = g->data();
+    PushRowsRequest header;
+    header.set_incarnation(incarnation_);
+    header.set_worker(worker_);
+    header.set_step(steps[servers[c]]);
+    header.set_session(session_);
+    header.set_table(table);
+    header.set_num_ids(static_cast<int64_t>(positions.size()));
+    auto bytes = std::make_shared<std::vector<char>>(positions.size() *
+                                                     (sizeof(uint64_t) + row_bytes));
+    char* id_dst = bytes->data();
+    char* grad_dst = id_dst + positions.size() * sizeof(uint64_t);
     for (uint32_t i : positions) {
-      std::memcpy(dst, grads + static_cast<size_t>(i) * dim, dim * sizeof(float));
-      dst += dim * sizeof(float);
+      std::memcpy(id_dst, &ids[i], sizeof(uint64_t));  // little-endian hosts
+      std::memcpy(grad_dst, grads + static_cast<size_t>(i) * dim, row_bytes);
+      id_dst += sizeof(uint64_t);
+      grad_dst += row_bytes;
     }
+    std::vector<OutgoingPayload> payload;
+    const char* data = bytes->data();
+    const int64_t size = static_cast<int64_t>(bytes->size());
+    payload.push_back({data, size, [keep = std::move(bytes)]() mutable { keep.reset(); }});
+    requests[c] = EncodeFrame(header, std::move(payload));
   }
   RETURN_IF_ERROR(CallAll(
       static_cast<int>(servers.size()), push_timeout_, /*wait_for_ready=*/false,
@@ -734,10 +745,19 @@ absl::Status PsClient::PushRows(const std::string& table, int dim, absl::Span<co
         return absl::StrCat("PushRows ", table, " to ", ServerName(servers[c]));
       },
       [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-        stubs_[servers[c]]->async()->PushRows(ctx, &requests[c], &responses[c], std::move(done));
+        raw_stubs_[servers[c]]->UnaryCall(ctx, kPushRowsMethod, grpc::StubOptions(),
+                                          &requests[c], &responses[c], std::move(done));
       }));
+  std::vector<PushRowsResponse> replies(servers.size());
+  for (size_t c = 0; c < servers.size(); ++c) {
+    if (absl::Status st = ParseMessage(responses[c], &replies[c]); !st.ok()) {
+      return absl::DataLossError(absl::StrCat("PushRows ", table, " to ",
+                                              ServerName(servers[c]), ": a bad reply: ",
+                                              st.message()));
+    }
+  }
   outcomes->assign(num_servers(), PUSH_OUTCOME_UNSPECIFIED);
-  for (size_t c = 0; c < servers.size(); ++c) (*outcomes)[servers[c]] = responses[c].outcome();
+  for (size_t c = 0; c < servers.size(); ++c) (*outcomes)[servers[c]] = replies[c].outcome();
   counters_.push_payload_bytes += static_cast<int64_t>(ids.size()) * dim * 4;
   counters_.push_copied_bytes += static_cast<int64_t>(ids.size()) * dim * 4;
   return absl::OkStatus();

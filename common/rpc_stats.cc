@@ -78,7 +78,8 @@ Request RequestKind(const char* method) {
   if (method == nullptr) return Request::kUnknown;
   if (std::strcmp(method, "/pstrain.PsService/Push") == 0 ||
       std::strcmp(method, "/pstrain.PsService/Pull") == 0 ||
-      std::strcmp(method, "/pstrain.PsService/PullRows") == 0) {
+      std::strcmp(method, "/pstrain.PsService/PullRows") == 0 ||
+      std::strcmp(method, "/pstrain.PsService/PushRows") == 0) {
     return Request::kFrame;
   }
   // "/package.Service/Method" is a proto method when the generated

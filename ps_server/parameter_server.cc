@@ -1611,9 +1611,46 @@ absl::Status ParameterServer::PullRows(const PullRowsRequest& request,
 
 absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
                                        PushRowsResponse* response) {
+  if (request.ids().size() % 8 != 0) {
+    absl::MutexLock lock(&mu_);
+    RejectLocked(Rejection::kMalformed);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PushRows: ", request.ids().size(), " bytes of ids is not a whole number of uint64"));
+  }
+  PushRowsRequest header;
+  header.set_incarnation(request.incarnation());
+  header.set_worker(request.worker());
+  header.set_step(request.step());
+  header.set_table(request.table());
+  header.set_session(request.session());
+  header.set_num_ids(static_cast<int64_t>(request.ids().size() / 8));
+  SegmentedBytes payload(request.ids());
+  payload.Append(request.gradients());
+  return PushRows(header, payload, response);
+}
+
+absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
+                                       const SegmentedBytes& payload,
+                                       PushRowsResponse* response) {
   std::vector<uint64_t> ids;
   std::vector<float> grads;
-  absl::Status st = DecodeIds(request.ids(), &ids);
+  absl::Status st;
+  if (request.num_ids() < 0 || !request.ids().empty() || !request.gradients().empty()) {
+    st = absl::InvalidArgumentError(
+        absl::StrCat("PushRows: ", request.num_ids(), " ids, or ids and gradients in the header"));
+  } else if (static_cast<uint64_t>(request.num_ids()) > kMaxRowsPerRequest) {
+    st = absl::InvalidArgumentError(absl::StrCat("PushRows: ", request.num_ids(),
+                                                 " ids in one request; at most ",
+                                                 kMaxRowsPerRequest));
+  } else if (payload.size() < request.num_ids() * 8) {
+    st = absl::InvalidArgumentError(absl::StrCat("PushRows: ", payload.size(),
+                                                 " bytes of payload for ", request.num_ids(),
+                                                 " ids"));
+  } else {
+    ids.resize(static_cast<size_t>(request.num_ids()));
+    if (!ids.empty()) payload.CopyTo(0, request.num_ids() * 8, ids.data());  // little-endian hosts
+  }
+  const int64_t grad_bytes = payload.size() - static_cast<int64_t>(ids.size()) * 8;
   std::shared_ptr<Model> model;
   Model::Table* table = nullptr;
   auto reject = [this](absl::Status status, Rejection reason) {
@@ -1627,7 +1664,10 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
     return absl::IsOutOfRange(status) ? Rejection::kOutOfRange : Rejection::kNonFinite;
   };
   if (!st.ok()) {
-    return reject(st, request.ids().size() % 8 != 0 ? Rejection::kMalformed : Rejection::kSize);
+    return reject(st, request.num_ids() > 0 &&
+                              static_cast<uint64_t>(request.num_ids()) > kMaxRowsPerRequest
+                          ? Rejection::kSize
+                          : Rejection::kMalformed);
   }
   {
     absl::MutexLock lock(&mu_);
@@ -1650,16 +1690,14 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
     model = model_;
   }
   const int dim = table->rows->dim();
-  if (request.gradients().size() != ids.size() * dim * sizeof(float)) {
+  if (grad_bytes != static_cast<int64_t>(ids.size() * dim * sizeof(float))) {
     return reject(absl::InvalidArgumentError(absl::StrCat(
-                      "PushRows: ", request.gradients().size(), " bytes of gradients for ",
-                      ids.size(), " ids of table ", request.table(), " (", dim, " floats each)")),
+                      "PushRows: ", grad_bytes, " bytes of gradients for ", ids.size(),
+                      " ids of table ", request.table(), " (", dim, " floats each)")),
                   Rejection::kShape);
   }
   grads.resize(ids.size() * dim);
-  if (!grads.empty()) {
-    std::memcpy(grads.data(), request.gradients().data(), request.gradients().size());
-  }
+  if (!grads.empty()) payload.CopyTo(static_cast<int64_t>(ids.size()) * 8, grad_bytes, grads.data());
   // Sync stages the rows for later, so they are checked now; async's apply
   // checks them itself, changing nothing when they are refused.
   if (model->sync) {
@@ -1684,8 +1722,8 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
       response->set_outcome(FINISHED);
       return absl::OkStatus();
     }
-    counters_.push_payload_bytes += static_cast<int64_t>(request.gradients().size());
-    counters_.push_copied_bytes += static_cast<int64_t>(request.gradients().size());
+    counters_.push_payload_bytes += grad_bytes;
+    counters_.push_copied_bytes += grad_bytes;
     if (model->sync) {
       if (!sync_failure_.ok()) return sync_failure_;
       if (request.step() < version_) {

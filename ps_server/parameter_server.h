@@ -163,6 +163,12 @@ class ParameterServer {
   // gradients the step aggregated, so rows average over workers as dense
   // variables do. A worker sends its rows before its dense push to the
   // same server; rows for a step already done are dropped as stale.
+  // `payload` holds request.num_ids() ids and then their gradients (a
+  // frame's payload, common/wire_frame.h); both are copied out once, the
+  // ids to be checked and the gradients to be checked and applied or staged.
+  absl::Status PushRows(const PushRowsRequest& request, const SegmentedBytes& payload,
+                        PushRowsResponse* response);
+  // A row push with its ids and gradients inside the proto (tests and tools).
   absl::Status PushRows(const PushRowsRequest& request, PushRowsResponse* response);
   // Blocking row pull into a response with content (tests and tools; copies).
   absl::Status PullRows(const PullRowsRequest& request, PullRowsResponse* response);

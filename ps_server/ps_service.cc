@@ -256,21 +256,34 @@ grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
   return reactor;
 }
 
-grpc::Status PsServiceImpl::PushRows(grpc::ServerContext* ctx, const PushRowsRequest* req,
-                                     PushRowsResponse* resp) {
+grpc::ServerUnaryReactor* PsServiceImpl::PushRows(grpc::CallbackServerContext* ctx,
+                                                  const grpc::ByteBuffer* req,
+                                                  grpc::ByteBuffer* resp) {
+  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const CallSlot slot(this);
-  if (!slot.ok()) return slot.refused();
-  absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker}, "PushRows");
-  if (!caller.ok()) return ToGrpcStatus(caller.status());
-  if (absl::Status st = auth_->CheckWorkerField(*caller, req->worker(), "PushRows"); !st.ok()) {
-    return ToGrpcStatus(st);
+  if (!slot.ok()) {
+    reactor->Finish(slot.refused());
+    return reactor;
   }
-  absl::Status st = ps_->PushRows(*req, resp);
-  if (!st.ok() && !absl::IsUnavailable(st)) {
-    LOG_WARN("row push from worker {} step {} refused: {}", req->worker(), req->step(),
+  PushRowsRequest header;
+  IncomingFrame frame;
+  absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker}, "PushRows");
+  absl::Status st = caller.status();
+  if (st.ok()) {
+    st = DecodeFrame(*req, &header, &frame);
+    if (!st.ok()) ps_->RecordRejection(ParameterServer::Rejection::kMalformed);
+  }
+  if (st.ok()) st = auth_->CheckWorkerField(*caller, header.worker(), "PushRows");
+  PushRowsResponse response;
+  if (st.ok()) st = ps_->PushRows(header, frame.payload, &response);
+  if (!st.ok() && !absl::IsUnavailable(st) && !absl::IsUnauthenticated(st) &&
+      !absl::IsPermissionDenied(st)) {
+    LOG_WARN("row push from worker {} step {} refused: {}", header.worker(), header.step(),
              st.ToString());
   }
-  return ToGrpcStatus(st);
+  if (st.ok()) *resp = SerializeMessage(response);
+  reactor->Finish(ToGrpcStatus(st));
+  return reactor;
 }
 
 grpc::Status PsServiceImpl::GetStatus(grpc::ServerContext* ctx, const PsStatusRequest* req,

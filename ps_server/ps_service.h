@@ -3,10 +3,10 @@
 // stop signal raised by the Shutdown RPC. Thread-safe (gRPC calls handlers
 // concurrently; ParameterServer is thread-safe).
 //
-// Pull, Push and PullRows are raw callback methods: their tensors travel as
-// frames (common/wire_frame.h), decoded in place on the way in and sent from
-// the server's version buffers (rows: the memory they were gathered into)
-// on the way out, and a waiting Pull or PullRows parks in ParameterServer
+// Pull, Push, PullRows and PushRows are raw callback methods: their tensors
+// travel as frames (common/wire_frame.h), decoded in place on the way in
+// (row pushes: copied out once) and sent from the server's version buffers
+// (rows: the memory they were gathered into) on the way out, and a waiting Pull or PullRows parks in ParameterServer
 // without a thread; a client that cancels releases it at once. The other
 // methods are plain protobuf ones.
 //
@@ -33,7 +33,8 @@ namespace pstrain {
 
 class PsServiceImpl final
     : public PsService::WithRawCallbackMethod_Pull<PsService::WithRawCallbackMethod_Push<
-          PsService::WithRawCallbackMethod_PullRows<PsService::Service>>> {
+          PsService::WithRawCallbackMethod_PullRows<
+              PsService::WithRawCallbackMethod_PushRows<PsService::Service>>>> {
  public:
   // A worker's pull or push is up to share / rpc.call_bytes calls per server
   // in flight together (a 1 GiB share in 4 MiB calls: 256), so the default
@@ -53,8 +54,9 @@ class PsServiceImpl final
   grpc::ServerUnaryReactor* PullRows(grpc::CallbackServerContext* ctx,
                                      const grpc::ByteBuffer* req,
                                      grpc::ByteBuffer* resp) override;
-  grpc::Status PushRows(grpc::ServerContext* ctx, const PushRowsRequest* req,
-                        PushRowsResponse* resp) override;
+  grpc::ServerUnaryReactor* PushRows(grpc::CallbackServerContext* ctx,
+                                     const grpc::ByteBuffer* req,
+                                     grpc::ByteBuffer* resp) override;
   grpc::Status GetStatus(grpc::ServerContext* ctx, const PsStatusRequest* req,
                          PsStatusResponse* resp) override;
   // Holds a server thread while it waits (the chief's one call per save).

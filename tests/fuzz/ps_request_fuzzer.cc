@@ -72,18 +72,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (!ps->Push(header, frame.payload, &resp).ok() && Snapshot(ps) != before) std::abort();
       break;
     }
-    case 1: {
-      pstrain::PushRowsRequest req;
-      if (!req.ParseFromArray(body, static_cast<int>(n))) return 0;
+    case 1: {  // PushRows, as a frame
+      grpc::Slice slice(body, n);
+      grpc::ByteBuffer buffer(&slice, 1);
+      pstrain::PushRowsRequest header;
+      pstrain::IncomingFrame frame;
+      if (!pstrain::DecodeFrame(buffer, &header, &frame).ok()) return 0;
       pstrain::PullRowsRequest probe;  // the rows it names, before and after
       probe.set_incarnation(kIncarnation);
       probe.set_worker(-1);
-      probe.set_table(req.table());
-      probe.set_ids(req.ids());
+      probe.set_table(header.table());
+      if (header.num_ids() > 0 && header.num_ids() <= frame.payload.size() / 8) {
+        std::string ids(static_cast<size_t>(header.num_ids()) * 8, '\0');
+        frame.payload.CopyTo(0, static_cast<int64_t>(ids.size()), ids.data());
+        probe.set_ids(ids);
+      }
       pstrain::PullRowsResponse before, after;
       const bool readable = ps->PullRows(probe, &before).ok();
       pstrain::PushRowsResponse resp;
-      if (!ps->PushRows(req, &resp).ok() && readable &&
+      if (!ps->PushRows(header, frame.payload, &resp).ok() && readable &&
           (!ps->PullRows(probe, &after).ok() || after.rows() != before.rows())) {
         std::abort();
       }

@@ -86,9 +86,11 @@ int Main(const std::string& corpus) {
   rows.set_table("t");
   const uint64_t ids[2] = {5, 5};
   const float grads[4] = {1, 2, 3, 4};
+  rows.set_num_ids(2);
+  Write(JoinPath(corpus, "ps_request_fuzzer/push_rows"),
+        std::string(1, 1) + Flatten(EncodeFrame(rows, {{ids, sizeof(ids), nullptr},
+                                                        {grads, sizeof(grads), nullptr}})));
   rows.set_ids(std::string(reinterpret_cast<const char*>(ids), sizeof(ids)));
-  rows.set_gradients(std::string(reinterpret_cast<const char*>(grads), sizeof(grads)));
-  Write(JoinPath(corpus, "ps_request_fuzzer/push_rows"), std::string(1, 1) + rows.SerializeAsString());
   PullRequest pull;
   pull.set_incarnation(7);
   pull.set_worker(0);

@@ -782,10 +782,15 @@ ParameterServer::Buffer ParameterServer::TakeSpare(PartitionState* p) {
     if (p->spares[i].use_count() == 1) {
       Buffer b = std::move(p->spares[i]);
       p->spares.erase(p->spares.begin() + static_cast<std::ptrdiff_t>(i));
+      // It is about to be overwritten: a bfloat16 rounding cached for its
+      // earlier contents no longer describes it.
+      if (p->bf16_of == b.get()) p->bf16_of = nullptr;
       return b;
     }
   }
-  return std::make_shared<std::vector<float>>(p->size);
+  Buffer b = std::make_shared<std::vector<float>>(p->size);
+  if (p->bf16_of == b.get()) p->bf16_of = nullptr;  // the address of a freed one
+  return b;
 }
 
 absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,

@@ -710,6 +710,36 @@ TEST_CASE("a pull's buffers never change under it; spare buffers are reused", "[
   CHECK(first != nullptr);
 }
 
+TEST_CASE("bfloat16 pulls never get the rounding of a recycled buffer's earlier contents",
+          "[ps][bfloat16]") {
+  // Async, two workers' worth of pushes between this caller's pulls: the
+  // buffer pulled at version 0 is current again at version 2, rewritten.
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(InitRequest(BaseConfig(false, 0, 0, 1.0f), 2, {0, 0, 0, 0})).ok());
+  PullRequest req;
+  req.set_incarnation(kIncarnation);
+  req.set_worker(-1);
+  req.set_wire_dtype(DT_BFLOAT16);
+  auto pull_bf16 = [&ps, &req]() {
+    std::vector<float> out;
+    ps.StartPull(req, [&out](absl::Status st, ParameterServer::PullReply r) {
+      REQUIRE(st.ok());
+      REQUIRE(r.tensors.size() == 1);
+      REQUIRE(r.tensors[0].bfloat16 != nullptr);
+      for (uint16_t b : *r.tensors[0].bfloat16) out.push_back(Bfloat16ToFloat(b));
+    });
+    return out;
+  };
+  CHECK(pull_bf16() == std::vector<float>{0, 0, 0, 0});
+  PushResponse r;
+  REQUIRE(ps.Push(Grad(0, 0, {1, 1, 1, 1}), &r).ok());
+  REQUIRE(ps.Push(Grad(1, 0, {1, 1, 1, 1}), &r).ok());
+  CHECK(PullW(ps) == std::vector<float>{-2, -2, -2, -2});
+  CHECK(pull_bf16() == std::vector<float>{-2, -2, -2, -2});
+  for (int i = 0; i < 3; ++i) REQUIRE(ps.Push(Grad(0, 0, {1, 1, 1, 1}), &r).ok());
+  CHECK(pull_bf16() == std::vector<float>{-5, -5, -5, -5});
+}
+
 TEST_CASE("a parked pull ends at once on cancel, at its deadline, or on shutdown", "[ps][pull]") {
   ParameterServer ps;
   REQUIRE(ps.Initialize(InitRequest(BaseConfig(true), 2)).ok());

@@ -219,22 +219,20 @@ absl::Status PsClient::PullAll(const std::vector<int64_t>& min_versions, absl::D
   return PullInto(min_versions, wait, destinations, result);
 }
 
-absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::Duration wait,
-                                const std::vector<float*>& destinations, PullResult* result) {
+std::vector<PullRequest> PsClient::PullRequests(const std::vector<int64_t>& min_versions,
+                                                absl::Duration wait,
+                                                std::vector<int>* servers) const {
   const auto& vars = placement_->variables();
-  if (destinations.size() != vars.size()) {
-    return absl::InvalidArgumentError("PullInto: destinations do not match the placement");
-  }
   // One call per server for all its partitions (no refs: everything), or,
   // with chunk_bytes_, per group of whole partitions up to that size, in
   // flight together. A server without partitions still reports its version.
   const std::vector<PartitionGroup> groups = GroupPartitions(
       *placement_, AllVariables(*placement_), chunk_bytes_, 4, /*every_server=*/true);
-  std::vector<int> servers;
+  servers->clear();
   std::vector<PullRequest> requests(groups.size());
   for (size_t c = 0; c < groups.size(); ++c) {
     const int s = groups[c].server;
-    servers.push_back(s);
+    servers->push_back(s);
     PullRequest& req = requests[c];
     req.set_incarnation(incarnation_);
     req.set_worker(worker_);
@@ -245,6 +243,131 @@ absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::
       if (chunk_bytes_ > 0) SetRef(vars[v].spec, *part, req.add_refs());
     }
   }
+  return requests;
+}
+
+// A pull started ahead of its PullInto: its calls and their replies.
+struct PsClient::PullPrefetch {
+  struct Call {
+    grpc::ClientContext context;
+    grpc::ByteBuffer request, response;
+    grpc::Status status;  // written by gRPC's callback under mu
+  };
+  std::vector<int64_t> min_versions;
+  DataType wire_dtype = DT_FLOAT;
+  absl::Time deadline;  // of its calls
+  std::vector<int> servers;
+  std::deque<Call> calls;  // stable addresses while gRPC holds them
+  absl::Mutex mu;
+  int pending ABSL_GUARDED_BY(mu) = 0;
+};
+
+void PsClient::PrefetchPull(const std::vector<int64_t>& min_versions, absl::Duration wait) {
+  DropPrefetch();
+  auto prefetch = std::make_unique<PullPrefetch>();
+  PullPrefetch* p = prefetch.get();
+  p->min_versions = min_versions;
+  p->wire_dtype = wire_dtype_;
+  p->deadline = absl::Now() + wait + rpc_timeout_;
+  // The same calls as PullInto's (a call per variable instead, so that none
+  // waits for a later layer's gradient, measured slower: more calls).
+  const std::vector<PullRequest> requests = PullRequests(min_versions, wait, &p->servers);
+  {
+    absl::MutexLock lock(&p->mu);
+    p->pending = static_cast<int>(requests.size());
+  }
+  for (size_t c = 0; c < requests.size(); ++c) {
+    PullPrefetch::Call& call = p->calls.emplace_back();
+    call.context.set_deadline(absl::ToChronoTime(p->deadline));
+    call.request = SerializeMessage(requests[c]);
+    raw_stubs_[p->servers[c]]->UnaryCall(&call.context, kPullMethod, grpc::StubOptions(),
+                                         &call.request, &call.response,
+                                         [p, &call](grpc::Status st) {
+                                           absl::MutexLock lock(&p->mu);
+                                           call.status = std::move(st);
+                                           --p->pending;
+                                         });
+  }
+  prefetch_ = std::move(prefetch);
+}
+
+void PsClient::DropPrefetch() {
+  if (prefetch_ == nullptr) return;
+  PullPrefetch* p = prefetch_.get();
+  for (PullPrefetch::Call& call : p->calls) call.context.TryCancel();
+  {
+    // After TryCancel gRPC runs every callback promptly; they refer to p.
+    absl::MutexLock lock(&p->mu);
+    p->mu.Await(absl::Condition(
+        +[](int* pending) { return *pending == 0; }, &p->pending));
+  }
+  prefetch_.reset();
+}
+
+bool PsClient::TakePrefetch(const std::vector<int64_t>& min_versions, absl::Time deadline,
+                            const std::vector<float*>& destinations, PullResult* result,
+                            absl::Status* status) {
+  if (prefetch_ == nullptr) return false;
+  PullPrefetch* p = prefetch_.get();
+  if (p->min_versions != min_versions || p->wire_dtype != wire_dtype_) {
+    DropPrefetch();
+    return false;
+  }
+  bool ok = true;
+  {
+    absl::MutexLock lock(&p->mu);
+    auto done = [p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) { return p->pending == 0; };
+    // gRPC enforces the calls' own deadline; this bounds the wait by the
+    // caller's, and guards against a stuck library.
+    ok = p->mu.AwaitWithDeadline(absl::Condition(&done),
+                                 std::min(deadline, p->deadline + absl::Seconds(5)));
+    for (size_t c = 0; ok && c < p->calls.size(); ++c) {
+      if (!p->calls[c].status.ok()) {
+        ok = false;
+        *status = FromGrpcStatus(p->calls[c].status,
+                                 absl::StrCat("Pull from ", ServerName(p->servers[c])));
+      }
+    }
+  }
+  if (!ok) {
+    DropPrefetch();
+    return false;
+  }
+  std::vector<grpc::ByteBuffer> responses;
+  responses.reserve(p->calls.size());
+  for (PullPrefetch::Call& call : p->calls) responses.push_back(std::move(call.response));
+  bool straddled = false;
+  *status = AssemblePull(p->servers, responses, destinations, result, &straddled);
+  prefetch_.reset();
+  if (status->ok() && !straddled) {
+    // A server already past what it answered when this worker's push came
+    // back (backup workers completed a step without it): pull again, for
+    // the newer version, as a pull made after the push would have.
+    for (size_t s = 0; s < pushed_versions_.size() && s < result->versions.size(); ++s) {
+      if (result->versions[s] < pushed_versions_[s]) straddled = true;
+    }
+  }
+  if (straddled) *status = absl::OkStatus();
+  return !straddled;
+}
+
+absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::Duration wait,
+                                const std::vector<float*>& destinations, PullResult* result) {
+  const auto& vars = placement_->variables();
+  if (destinations.size() != vars.size()) {
+    return absl::InvalidArgumentError("PullInto: destinations do not match the placement");
+  }
+  const absl::Time start = absl::Now();
+  absl::Status taken;
+  if (TakePrefetch(min_versions, start + wait + rpc_timeout_, destinations, result, &taken)) {
+    return taken;
+  }
+  // What is left of the wait after the prefetched pull's; none left: the
+  // prefetched pull's failure, which names what the servers waited for.
+  wait = std::max(absl::ZeroDuration(), start + wait - absl::Now());
+  if (wait == absl::ZeroDuration() && !taken.ok()) return taken;
+  std::vector<int> servers;
+  std::vector<PullRequest> requests = PullRequests(min_versions, wait, &servers);
   return RetryRefusedPull(wait, [&](absl::Duration left) {
     for (PullRequest& req : requests) req.set_timeout_ms(absl::ToInt64Milliseconds(left));
     // In sync mode a server's version cannot move while this worker has not
@@ -285,7 +408,6 @@ absl::Status PsClient::PullCalls(const std::vector<int>& servers,
                                  const std::vector<PullRequest>& pull_requests,
                                  absl::Duration wait, const std::vector<float*>& destinations,
                                  PullResult* result, bool* straddled) {
-  const auto& vars = placement_->variables();
   const size_t n = servers.size();
   std::vector<grpc::ByteBuffer> requests(n), responses(n);
   for (size_t c = 0; c < n; ++c) requests[c] = SerializeMessage(pull_requests[c]);
@@ -297,6 +419,15 @@ absl::Status PsClient::PullCalls(const std::vector<int>& servers,
                                           &responses[c], std::move(done));
       });
   if (!st.ok()) return st;
+  return AssemblePull(servers, responses, destinations, result, straddled);
+}
+
+absl::Status PsClient::AssemblePull(const std::vector<int>& servers,
+                                    const std::vector<grpc::ByteBuffer>& responses,
+                                    const std::vector<float*>& destinations, PullResult* result,
+                                    bool* straddled) {
+  const auto& vars = placement_->variables();
+  const size_t n = servers.size();
 
   // Assemble, checking that every partition arrives once, with its shape,
   // that the payload holds exactly those bytes, and that a server's parts
@@ -398,7 +529,10 @@ struct PsClient::PushBatch {
   int slices ABSL_GUARDED_BY(mu) = 0;   // payload slices gRPC still holds
 };
 
-PsClient::~PsClient() { AbandonPush(); }
+PsClient::~PsClient() {
+  AbandonPush();
+  DropPrefetch();
+}
 
 void PsClient::AbandonPush() {
   if (push_ == nullptr) return;
@@ -587,6 +721,7 @@ absl::Status PsClient::PushEnd(std::vector<PushOutcome>* outcomes) {
   };
   outcomes->assign(num_servers(), DROPPED_STALE);
   std::vector<bool> seen(num_servers(), false);
+  pushed_versions_.assign(num_servers(), -1);
   for (PushBatch::Call& call : finished->calls) {
     PushResponse response;
     absl::Status parsed = ParseMessage(call.response, &response);
@@ -594,6 +729,7 @@ absl::Status PsClient::PushEnd(std::vector<PushOutcome>* outcomes) {
       return absl::DataLossError(
           absl::StrCat(ServerName(call.server), " sent a bad push reply: ", parsed.message()));
     }
+    pushed_versions_[call.server] = std::max(pushed_versions_[call.server], response.version());
     PushOutcome& o = (*outcomes)[call.server];
     if (!seen[call.server] || rank(response.outcome()) > rank(o)) o = response.outcome();
     seen[call.server] = true;

@@ -97,6 +97,17 @@ class PsClient {
   // tensor (e.g. the model's pinned host block), written in place.
   absl::Status PullInto(const std::vector<int64_t>& min_versions, absl::Duration wait,
                         const std::vector<float*>& destinations, PullResult* result);
+  // Sync workers: starts the next step's pull now (min_versions: the step
+  // being pushed, plus one), while this step still computes and pushes. A
+  // sync server parks each call and answers it as soon as the partitions it
+  // names are applied (with set_chunk_bytes, float32; otherwise when the
+  // step completes); the replies wait in gRPC's buffers, and the next
+  // PullInto with the same min_versions copies them into its destinations
+  // instead of calling again. A prefetched call that failed, a pull that
+  // straddled a step, or one older than the server's version in the push's
+  // replies (backup workers went on without this one) is made again by that
+  // PullInto within what is left of its wait.
+  void PrefetchPull(const std::vector<int64_t>& min_versions, absl::Duration wait);
 
   // Sends each server its slices of `grads`, stamped with steps[s] (the
   // version pulled from that server). outcomes[s] says what each server did.
@@ -183,6 +194,26 @@ class PsClient {
                          const std::vector<PullRequest>& requests, absl::Duration wait,
                          const std::vector<float*>& destinations, PullResult* result,
                          bool* straddled);
+  // The calls of a full pull (chunked as set_chunk_bytes says), and the
+  // server each goes to.
+  std::vector<PullRequest> PullRequests(const std::vector<int64_t>& min_versions,
+                                        absl::Duration wait, std::vector<int>* servers) const;
+  // Checks and copies the replies of a full pull into `destinations`.
+  absl::Status AssemblePull(const std::vector<int>& servers,
+                            const std::vector<grpc::ByteBuffer>& responses,
+                            const std::vector<float*>& destinations, PullResult* result,
+                            bool* straddled);
+  struct PullPrefetch;
+  // Takes the prefetched pull's replies when it matches (waiting for them
+  // until `deadline` at most); false when there is none, it does not match,
+  // a call failed (*status: the failure), its parts straddled a step, or a
+  // server answered older than the version its last push reply showed (the
+  // caller pulls again).
+  bool TakePrefetch(const std::vector<int64_t>& min_versions, absl::Time deadline,
+                    const std::vector<float*>& destinations, PullResult* result,
+                    absl::Status* status);
+  // Cancels the prefetched pull's calls and waits for their callbacks.
+  void DropPrefetch();
 
   const Placement* const placement_;
   const int worker_;
@@ -201,6 +232,8 @@ class PsClient {
   int64_t cursor_position_ = 0;
   std::vector<uint16_t> bf16_grads_;  // bfloat16 pushes are sent from here
   std::unique_ptr<PushBatch> push_;   // the push under way, if any
+  std::unique_ptr<PullPrefetch> prefetch_;  // the next step's pull, started early
+  std::vector<int64_t> pushed_versions_;     // per server, in the last PushEnd's replies
   Counters counters_;
 };
 

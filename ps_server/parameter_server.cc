@@ -367,20 +367,40 @@ bool ParameterServer::ReadyLocked(const PullRequest& request, bool rows) const {
   return !bounded || worker_clock_[worker] - MinWorkerClockLocked() <= model_->staleness_bound;
 }
 
+bool ParameterServer::EarlyReadyLocked(const PullRequest& request) const {
+  // bfloat16 pulls wait for the step: their rounding is cached for the
+  // current buffers only, and each early one would convert (and allocate)
+  // again for every worker.
+  if (shut_down_ || !model_->sync || !sync_failure_.ok() || open_partitions_ == 0 ||
+      request.min_version() != version_ + 1 || request.refs_size() == 0 ||
+      request.wire_dtype() == DT_BFLOAT16 ||
+      (model_->max_steps > 0 && version_ + 1 >= model_->max_steps)) {
+    return false;
+  }
+  for (const PartitionRef& ref : request.refs()) {
+    auto it = model_->partitions.find(Key{ref.variable(), ref.partition()});
+    if (it == model_->partitions.end() || it->second->next == nullptr) return false;
+  }
+  return true;
+}
+
 absl::Status ParameterServer::SnapshotLocked(const PullRequest& request, PullReply* reply,
-                                             bool rows) {
+                                             bool rows, bool early) {
   if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
   if (version_ < request.min_version() && !sync_failure_.ok()) return sync_failure_;
-  reply->version = version_;
-  reply->finished = FinishedLocked();
+  reply->version = early ? version_ + 1 : version_;
+  reply->finished = !early && FinishedLocked();
   if (rows) return absl::OkStatus();
   reply->bfloat16 = request.wire_dtype() == DT_BFLOAT16;
   reply->tensors.clear();
   int64_t bytes = 0;
   const int element_bytes = reply->bfloat16 ? 2 : 4;
-  auto add = [reply, &bytes, element_bytes](PartitionState* p) {
+  auto add = [reply, &bytes, element_bytes, early](PartitionState* p) {
     absl::MutexLock lock(&p->mu);
-    reply->tensors.push_back({p->key.first, p->key.second, p->shape, p->current, nullptr, p});
+    // `next` (guarded by mu_, held) is final once applied: nothing writes it
+    // again, and it becomes `current` when the step is published.
+    reply->tensors.push_back(
+        {p->key.first, p->key.second, p->shape, early ? p->next : p->current, nullptr, p});
     bytes += p->size * element_bytes;
     p->pulls.fetch_add(1, std::memory_order_relaxed);
     p->pull_bytes.fetch_add(p->size * element_bytes, std::memory_order_relaxed);
@@ -407,12 +427,14 @@ absl::Status ParameterServer::SnapshotLocked(const PullRequest& request, PullRep
 void ParameterServer::CollectReadyLocked(std::vector<Completion>* out) {
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     Waiter& w = it->second;
-    if (!shut_down_ && !ReadyLocked(w.request, w.rows)) {
+    const bool ready = shut_down_ || ReadyLocked(w.request, w.rows);
+    const bool early = !ready && !w.rows && EarlyReadyLocked(w.request);
+    if (!ready && !early) {
       ++it;
       continue;
     }
     PullReply reply;
-    absl::Status st = SnapshotLocked(w.request, &reply, w.rows);
+    absl::Status st = SnapshotLocked(w.request, &reply, w.rows, early);
     out->push_back({std::move(w.done), {std::move(st), std::move(reply)}});
     it = waiters_.erase(it);
   }
@@ -459,7 +481,8 @@ void ParameterServer::RunCompletions(std::vector<Completion>* completions) {
 
 uint64_t ParameterServer::ServeOrParkLocked(const PullRequest& request, PullCallback done,
                                             bool rows, std::vector<Completion>* completions) {
-  if (!ReadyLocked(request, rows)) {
+  const bool early = !rows && !ReadyLocked(request, rows) && EarlyReadyLocked(request);
+  if (!early && !ReadyLocked(request, rows)) {
     const uint64_t id = next_waiter_id_++;
     const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
     waiters_.emplace(id, Waiter{request, absl::Now() + timeout, std::move(done), rows});
@@ -467,7 +490,7 @@ uint64_t ParameterServer::ServeOrParkLocked(const PullRequest& request, PullCall
     return id;
   }
   PullReply reply;
-  absl::Status st = SnapshotLocked(request, &reply, rows);
+  absl::Status st = SnapshotLocked(request, &reply, rows, early);
   completions->push_back({std::move(done), {std::move(st), std::move(reply)}});
   return 0;
 }
@@ -939,8 +962,9 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
     }
   }
   // Apply the closed partitions outside the lock; publish when the step's
-  // last partition is done, all together, so a pull sees all of a step or
-  // none of it.
+  // last partition is done, all together, so a pull of the current version
+  // sees all of a step or none of it. A pull of the next version may take a
+  // partition as soon as it is applied (EarlyReadyLocked).
   std::vector<std::pair<PartitionState*, Buffer>> applied;
   for (auto& [p, workers] : to_apply) {
     applied.emplace_back(p, ApplyPartition(*model, p, workers, step));
@@ -972,7 +996,11 @@ bool ParameterServer::FinishPartitionsLocked(
     std::vector<Completion>* completions) {
   for (auto& [p, buffer] : *applied) p->next = std::move(buffer);
   open_partitions_ -= static_cast<int>(applied->size());
-  if (open_partitions_ != 0) return false;
+  if (open_partitions_ != 0) {
+    // Pulls of the next version whose partitions are all applied go now.
+    CollectReadyLocked(completions);
+    return false;
+  }
   // Every partition is applied: publish them together.
   int contributors = model.replicas_to_aggregate;
   for (auto& [key, p] : model.partitions) {

@@ -29,8 +29,9 @@
 // gradient once, into that worker's staging buffer, async applies straight
 // from the view in cache-sized chunks. A partition's values live in
 // reference-counted version buffers: a pull takes references to the current
-// buffers (no copy, the service sends from them) and an update writes the
-// next version into a spare buffer beside them, so no pull ever waits for an
+// buffers (no copy, the service sends from them; a sync pull of the next
+// version, to partitions already applied for it: EarlyReadyLocked) and an
+// update writes the next version into a spare buffer beside them, so no pull ever waits for an
 // apply or reads a half-applied tensor, and buffers are recycled, not
 // allocated, in steady state. A waiting Pull holds no thread: it is parked
 // with a callback that runs when it is ready, cancelled or out of time.
@@ -285,7 +286,8 @@ class ParameterServer {
     std::vector<std::vector<float>> staging;
     // Sync bookkeeping for the open step, guarded by the server's mu_:
     // whose gradients are staged or being staged, and whether the quorum was
-    // reached (closed), and the applied values waiting to be published.
+    // reached (closed), and the applied values waiting to be published
+    // (served early to pulls of the next version: EarlyReadyLocked).
     std::vector<char> arrived;
     std::vector<char> in_flight;
     int arrived_count = 0;
@@ -430,10 +432,18 @@ class ParameterServer {
   // Checks a pull's arguments; OK means it may wait or be served.
   absl::Status CheckPullLocked(const PullRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sync: whether a float32 pull of the open step's outcome (min_version
+  // == version_ + 1) names only partitions already applied for it: they are
+  // final, so it is served from their `next` buffers at version_ + 1 before
+  // the rest of the step is in (never the run's last step, whose pulls say
+  // it finished). A worker's forward pass needs every partition, so no
+  // gradient for version_ + 1 can come before the step is published.
+  bool EarlyReadyLocked(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes references to the requested partitions' current buffers (with
-  // `rows`, only the version: a row pull's).
-  absl::Status SnapshotLocked(const PullRequest& request, PullReply* reply, bool rows = false)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `rows`, only the version: a row pull's; with `early`, their applied
+  // `next` buffers, at version_ + 1).
+  absl::Status SnapshotLocked(const PullRequest& request, PullReply* reply, bool rows = false,
+                              bool early = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The blocking Pull's and PullRows' wait for the parked call `id` (its
   // request's timeout_ms) to end `done`.
   void AwaitParked(uint64_t id, int64_t timeout_ms, absl::Notification* done);

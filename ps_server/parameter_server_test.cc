@@ -740,6 +740,95 @@ TEST_CASE("bfloat16 pulls never get the rounding of a recycled buffer's earlier 
   CHECK(pull_bf16() == std::vector<float>{-5, -5, -5, -5});
 }
 
+TEST_CASE("sync: a pull of the next version gets its partitions as soon as they are applied",
+          "[ps][sync][pull]") {
+  // Two partitions ("w" and "v"), one worker: "w"'s gradient closes "w"
+  // while "v" still waits for its own.
+  auto init = [](int64_t max_steps) {
+    TrainingConfig config = BaseConfig(true, 1, 0, 1.0f);
+    config.set_max_steps(max_steps);
+    InitializeRequest req = InitRequest(config, 1, {0, 0, 0, 0});
+    NamedTensor* v = req.add_variables();
+    v->mutable_ref()->set_variable("v");
+    ToProto({2}, std::vector<float>{10, 10}, v->mutable_tensor());
+    return req;
+  };
+  auto pull = [](const std::string& variable, int64_t min_version) {
+    PullRequest req;
+    req.set_incarnation(kIncarnation);
+    req.set_worker(0);
+    req.set_min_version(min_version);
+    req.set_timeout_ms(60000);
+    if (!variable.empty()) req.add_refs()->set_variable(variable);
+    return req;
+  };
+  struct Got {
+    bool done = false;
+    absl::Status status;
+    ParameterServer::PullReply reply;
+  };
+  auto start = [](ParameterServer& ps, const PullRequest& req, Got* got) {
+    ps.StartPull(req, [got](absl::Status st, ParameterServer::PullReply r) {
+      got->done = true;
+      got->status = std::move(st);
+      got->reply = std::move(r);
+    });
+  };
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(init(1000)).ok());
+  Got w_next, v_next, all_next, w_now;
+  start(ps, pull("w", 1), &w_next);  // parked before the gradient comes
+  start(ps, pull("v", 1), &v_next);
+  start(ps, pull("", 1), &all_next);
+  CHECK(!w_next.done);
+  PushResponse r;
+  REQUIRE(ps.Push(Grad(0, 0, {1, 1, 1, 1}, "w"), &r).ok());
+  CHECK(r.outcome() == ACCUMULATED);  // the step waits for "v"
+  // "w" is final for version 1: its parked pull is answered now.
+  REQUIRE(w_next.done);
+  REQUIRE(w_next.status.ok());
+  CHECK(w_next.reply.version == 1);
+  CHECK(!w_next.reply.finished);
+  REQUIRE(w_next.reply.tensors.size() == 1);
+  CHECK(*w_next.reply.tensors[0].values == std::vector<float>{-1, -1, -1, -1});
+  CHECK(!v_next.done);
+  CHECK(!all_next.done);  // names "v" too
+  // A pull arriving now gets it at once; one of the current version still
+  // reads version 0.
+  Got w_again;
+  start(ps, pull("w", 1), &w_again);
+  CHECK(w_again.done);
+  CHECK(w_again.reply.version == 1);
+  start(ps, pull("w", 0), &w_now);
+  REQUIRE(w_now.done);
+  CHECK(w_now.reply.version == 0);
+  CHECK(*w_now.reply.tensors[0].values == std::vector<float>{0, 0, 0, 0});
+  REQUIRE(ps.Push(Grad(0, 0, {1, 1}, "v", {2}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  REQUIRE(v_next.done);
+  CHECK(v_next.reply.version == 1);
+  CHECK(*v_next.reply.tensors[0].values == std::vector<float>{9, 9});
+  REQUIRE(all_next.done);
+  CHECK(all_next.reply.tensors.size() == 2);
+  // The buffer served early is the one published.
+  Got w_after;
+  start(ps, pull("w", 1), &w_after);
+  REQUIRE(w_after.done);
+  CHECK(w_after.reply.tensors[0].values == w_next.reply.tensors[0].values);
+
+  // The run's last step is never served early: its pulls say it finished.
+  ParameterServer last;
+  REQUIRE(last.Initialize(init(1)).ok());
+  Got w_last;
+  start(last, pull("w", 1), &w_last);
+  REQUIRE(last.Push(Grad(0, 0, {1, 1, 1, 1}, "w"), &r).ok());
+  CHECK(!w_last.done);
+  REQUIRE(last.Push(Grad(0, 0, {1, 1}, "v", {2}), &r).ok());
+  REQUIRE(w_last.done);
+  CHECK(w_last.reply.finished);
+  CHECK(w_last.reply.version == 1);
+}
+
 TEST_CASE("a parked pull ends at once on cancel, at its deadline, or on shutdown", "[ps][pull]") {
   ParameterServer ps;
   REQUIRE(ps.Initialize(InitRequest(BaseConfig(true), 2)).ok());

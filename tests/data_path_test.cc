@@ -194,6 +194,88 @@ TEST_CASE("a sync step copies each tensor once into the server, never out; pushe
   }
 }
 
+TEST_CASE("sync: the next step's pull goes out with the push; each partition comes back once "
+          "applied, before the step completes, and the pull is not made again",
+          "[data_path][sync]") {
+  // One server, one worker, "w" and "b" each in a call of its own.
+  Servers s(1, "prefetch", {}, 0, "", /*workers=*/1);
+  auto w0 = s.Worker(0);
+  w0->set_chunk_bytes(64 << 10);
+  const auto& vars = s.placement->variables();
+  REQUIRE(vars.size() == 2);
+  const size_t w_index = vars[0].spec.name == "w" ? 0 : 1;
+  const int64_t w_bytes = 512 * 256 * 4;
+  int64_t model_bytes = 0;
+  for (const VariableSpec& v : s.vars) model_bytes += v.num_elements() * 4;
+  auto status = [&s]() {
+    PsStatusResponse st;
+    REQUIRE(s.chief->GetStatus(0, &st).ok());
+    return st;
+  };
+  Buffers b(s.vars, 0.5f);
+  PsClient::PullResult r;
+  REQUIRE(w0->PullInto({0}, absl::Seconds(20), b.dst(), &r).ok());
+  const int64_t pulled_before = status().pull_payload_bytes();
+  REQUIRE(w0->PushBegin({0}, b.src()).ok());
+  w0->PrefetchPull({1}, absl::Seconds(20));
+  REQUIRE(w0->PushReady(w_index, w_index + 1).ok());
+  // "w" is applied; the step waits for "b". The server sends "w" now.
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  PsStatusResponse st = status();
+  while (st.pull_payload_bytes() < pulled_before + w_bytes && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+    st = status();
+  }
+  CHECK(st.pull_payload_bytes() == pulled_before + w_bytes);
+  CHECK(st.version() == 0);
+  std::vector<PushOutcome> out;
+  REQUIRE(w0->PushEnd(&out).ok());
+  CHECK(out[0] == APPLIED);
+  // The next pull takes the prefetched replies: no call is made again.
+  REQUIRE(w0->PullInto({1}, absl::Seconds(20), b.dst(), &r).ok());
+  CHECK(r.versions == std::vector<int64_t>{1});
+  for (const auto& v : b.params) {
+    for (float x : v) REQUIRE(x == 0.75f);  // 1 - 0.5 * 0.5
+  }
+  CHECK(status().pull_payload_bytes() == pulled_before + model_bytes);
+  // A prefetch for another version is dropped (its parked calls cancelled),
+  // and the pull is made as asked.
+  w0->PrefetchPull({5}, absl::Seconds(20));
+  REQUIRE(w0->PullInto({1}, absl::Seconds(20), b.dst(), &r).ok());
+  CHECK(r.versions == std::vector<int64_t>{1});
+  CHECK(status().pull_payload_bytes() == pulled_before + 2 * model_bytes);
+  // A client destroyed with a prefetch parked ends it at once.
+  w0->PrefetchPull({9}, absl::Seconds(60));
+  const absl::Time t0 = absl::Now();
+  w0.reset();
+  CHECK(absl::Now() - t0 < absl::Seconds(5));
+}
+
+TEST_CASE("sync with a backup worker: a late worker's prefetched pull is made again when the "
+          "servers went on without it", "[data_path][sync]") {
+  Servers s(1, "prefetch_late", {}, 0,
+            "optimizer { learning_rate: 0.5 } sync { replicas_to_aggregate: 1 }", 2);
+  auto fast = s.Worker(0), late = s.Worker(1);
+  Buffers bf(s.vars, 0.5f), bl(s.vars, 0.5f);
+  PsClient::PullResult r;
+  REQUIRE(late->PullInto({0}, absl::Seconds(20), bl.dst(), &r).ok());
+  REQUIRE(late->PushBegin({0}, bl.src()).ok());
+  late->PrefetchPull({1}, absl::Seconds(20));
+  // Meanwhile the fast worker alone completes steps 0 and 1.
+  std::vector<PushOutcome> out;
+  for (int64_t step : {0, 1}) {
+    REQUIRE(fast->PullInto({step}, absl::Seconds(20), bf.dst(), &r).ok());
+    REQUIRE(fast->PushFrom({step}, bf.src(), &out).ok());
+    REQUIRE(out[0] == APPLIED);
+  }
+  REQUIRE(late->PushEnd(&out).ok());
+  CHECK(out[0] == DROPPED_STALE);
+  // Its prefetched pull was answered at version 1; the server is at 2.
+  REQUIRE(late->PullInto({1}, absl::Seconds(20), bl.dst(), &r).ok());
+  CHECK(r.versions == std::vector<int64_t>{2});
+  CHECK(bl.params[1][0] == bf.params[1][0] - 0.25f);  // the fast worker's step 1 applied
+}
+
 TEST_CASE("bfloat16 on the wire: half the bytes each way, float32 on the server",
           "[data_path][bfloat16]") {
   Servers s(2, "bf16");

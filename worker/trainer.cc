@@ -319,6 +319,12 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
                    *std::min_element(pulled.versions.begin(), pulled.versions.end()));
       // Each layer's gradients leave as soon as the backward pass has them.
       RETURN_IF_ERROR(ps->PushBegin(steps, grad_src));
+      // And the next step's pull goes out now: each server answers each of
+      // its calls once the partitions it names are applied, while this step
+      // still computes and pushes; the next PullInto takes the replies.
+      std::vector<int64_t> next(steps.size());
+      for (size_t s = 0; s < steps.size(); ++s) next[s] = steps[s] + 1;
+      ps->PrefetchPull(next, step_timeout);
     }
     float loss = 0;
     const float* x = batch.x;

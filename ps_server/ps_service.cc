@@ -226,29 +226,35 @@ grpc::ServerUnaryReactor* PsServiceImpl::PullRows(grpc::CallbackServerContext* c
   return reactor;
 }
 
-grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
-                                              const grpc::ByteBuffer* req,
-                                              grpc::ByteBuffer* resp) {
+namespace {
+
+// A push frame's call (Push, PushRows): checked against the caller, decoded
+// in place, handed to `push`, answered with its response.
+template <typename Header, typename Response>
+grpc::ServerUnaryReactor* ServePush(
+    grpc::CallbackServerContext* ctx, const CallSlot& slot, Authorizer* auth,
+    ParameterServer* ps, const char* method, const char* what, const grpc::ByteBuffer* req,
+    grpc::ByteBuffer* resp,
+    const std::function<absl::Status(const Header&, const SegmentedBytes&, Response*)>& push) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-  const CallSlot slot(this);
   if (!slot.ok()) {
     reactor->Finish(slot.refused());
     return reactor;
   }
-  PushRequest header;
+  Header header;
   IncomingFrame frame;
-  absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker}, "Push");
+  absl::StatusOr<Caller> caller = auth->Check(*ctx, {Role::kWorker}, method);
   absl::Status st = caller.status();
   if (st.ok()) {
     st = DecodeFrame(*req, &header, &frame);
-    if (!st.ok()) ps_->RecordRejection(ParameterServer::Rejection::kMalformed);
+    if (!st.ok()) ps->RecordRejection(ParameterServer::Rejection::kMalformed);
   }
-  if (st.ok()) st = auth_->CheckWorkerField(*caller, header.worker(), "Push");
-  PushResponse response;
-  if (st.ok()) st = ps_->Push(header, frame.payload, &response);
+  if (st.ok()) st = auth->CheckWorkerField(*caller, header.worker(), method);
+  Response response;
+  if (st.ok()) st = push(header, frame.payload, &response);
   if (!st.ok() && !absl::IsUnavailable(st) && !absl::IsUnauthenticated(st) &&
       !absl::IsPermissionDenied(st)) {
-    LOG_WARN("push from worker {} step {} refused: {}", header.worker(), header.step(),
+    LOG_WARN("{} from worker {} step {} refused: {}", what, header.worker(), header.step(),
              st.ToString());
   }
   if (st.ok()) *resp = SerializeMessage(response);
@@ -256,34 +262,28 @@ grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
   return reactor;
 }
 
+}  // namespace
+
+grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
+                                              const grpc::ByteBuffer* req,
+                                              grpc::ByteBuffer* resp) {
+  const CallSlot slot(this);
+  return ServePush<PushRequest, PushResponse>(
+      ctx, slot, auth_, ps_, "Push", "push", req, resp,
+      [this](const PushRequest& h, const SegmentedBytes& p, PushResponse* r) {
+        return ps_->Push(h, p, r);
+      });
+}
+
 grpc::ServerUnaryReactor* PsServiceImpl::PushRows(grpc::CallbackServerContext* ctx,
                                                   const grpc::ByteBuffer* req,
                                                   grpc::ByteBuffer* resp) {
-  grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   const CallSlot slot(this);
-  if (!slot.ok()) {
-    reactor->Finish(slot.refused());
-    return reactor;
-  }
-  PushRowsRequest header;
-  IncomingFrame frame;
-  absl::StatusOr<Caller> caller = auth_->Check(*ctx, {Role::kWorker}, "PushRows");
-  absl::Status st = caller.status();
-  if (st.ok()) {
-    st = DecodeFrame(*req, &header, &frame);
-    if (!st.ok()) ps_->RecordRejection(ParameterServer::Rejection::kMalformed);
-  }
-  if (st.ok()) st = auth_->CheckWorkerField(*caller, header.worker(), "PushRows");
-  PushRowsResponse response;
-  if (st.ok()) st = ps_->PushRows(header, frame.payload, &response);
-  if (!st.ok() && !absl::IsUnavailable(st) && !absl::IsUnauthenticated(st) &&
-      !absl::IsPermissionDenied(st)) {
-    LOG_WARN("row push from worker {} step {} refused: {}", header.worker(), header.step(),
-             st.ToString());
-  }
-  if (st.ok()) *resp = SerializeMessage(response);
-  reactor->Finish(ToGrpcStatus(st));
-  return reactor;
+  return ServePush<PushRowsRequest, PushRowsResponse>(
+      ctx, slot, auth_, ps_, "PushRows", "row push", req, resp,
+      [this](const PushRowsRequest& h, const SegmentedBytes& p, PushRowsResponse* r) {
+        return ps_->PushRows(h, p, r);
+      });
 }
 
 grpc::Status PsServiceImpl::GetStatus(grpc::ServerContext* ctx, const PsStatusRequest* req,

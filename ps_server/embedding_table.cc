@@ -1,13 +1,42 @@
 #include "ps_server/embedding_table.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/embedding_ids.h"
 
 namespace pstrain {
+namespace {
+
+// Rows are read at random: with 4 KiB pages a lookup in a table of hundreds
+// of megabytes also misses the TLB. Grows `v` to `n` elements, and when that
+// takes a new buffer, asks for transparent huge pages over it before the
+// old rows are copied in (so they are faulted in as 2 MiB pages; the kernel
+// decides, and ignores the advice where THP is off).
+template <typename T>
+void GrowRows(std::vector<T>* v, size_t n) {
+  constexpr size_t kHuge = size_t{2} << 20;
+  if (n > v->capacity() && std::max(n, 2 * v->capacity()) * sizeof(T) >= 2 * kHuge) {
+    std::vector<T> bigger;
+    bigger.reserve(std::max(n, 2 * v->capacity()));
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(bigger.data());
+    const uintptr_t end = begin + bigger.capacity() * sizeof(T);
+    const uintptr_t first = (begin + kHuge - 1) & ~(kHuge - 1), last = end & ~(kHuge - 1);
+    if (last > first) {
+      ::madvise(reinterpret_cast<void*>(first), last - first, MADV_HUGEPAGE);  // advice only
+    }
+    bigger.assign(v->begin(), v->end());
+    v->swap(bigger);
+  }
+  v->resize(n);
+}
+
+}  // namespace
 
 EmbeddingTable::EmbeddingTable(Options options, const Optimizer* optimizer)
     : options_(std::move(options)), optimizer_(optimizer) {
@@ -95,8 +124,8 @@ int64_t EmbeddingTable::FindOrCreate(Shard* s, uint64_t id, bool create) {
     s->free_rows.pop_back();
   } else {
     row = static_cast<uint32_t>(s->row_ids.size());
-    s->values.resize(s->values.size() + dim);
-    for (auto& slot : s->slots) slot.resize(slot.size() + dim);
+    GrowRows(&s->values, s->values.size() + dim);
+    for (auto& slot : s->slots) GrowRows(&slot, slot.size() + dim);
     s->updates.push_back(0);
     s->touched.push_back(0);
     s->row_ids.push_back(0);

@@ -44,6 +44,38 @@ std::vector<float> Row(EmbeddingTable& t, uint64_t id, int64_t step = 0) {
   return out;
 }
 
+TEST_CASE("a table grown far past its first buffers (into huge-page ones) keeps every row and "
+          "slot", "[embedding]") {
+  // 400,000 rows of 64 floats with Adagrad: 102 MB of values and as much of
+  // slots over the table's 16 shards (6.4 MB each, past the 4 MiB from
+  // which a shard's new buffers are advised huge pages), each regrown many
+  // times; rows updated early must keep their values and slots.
+  auto adagrad = MakeOptimizer("learning_rate: 1 adagrad { initial_accumulator_value: 0.5 }");
+  EmbeddingTable t(Table(64), adagrad.get());
+  std::vector<uint64_t> early = {1, 2, 3};
+  std::vector<float> grads(early.size() * 64, 1.0f);
+  REQUIRE(t.ApplyGradients(early, grads.data(), 1.0f, 1.0f, 0.0f, 0).ok());
+  std::vector<std::vector<float>> before_values(early.size());
+  std::vector<OptimizerSlots> before_slots(early.size());
+  for (size_t i = 0; i < early.size(); ++i) {
+    REQUIRE(t.ReadRow(early[i], &before_values[i], &before_slots[i]));
+  }
+  std::vector<uint64_t> ids(400000);
+  std::iota(ids.begin(), ids.end(), uint64_t{100});
+  std::vector<float> out(ids.size() * 64);
+  REQUIRE(t.Lookup(ids, 0, out.data()).ok());
+  for (size_t i = 0; i < early.size(); ++i) {
+    std::vector<float> values;
+    OptimizerSlots slots;
+    REQUIRE(t.ReadRow(early[i], &values, &slots));
+    CHECK(values == before_values[i]);
+    CHECK(slots == before_slots[i]);
+  }
+  // A late row is its initial value, as in a fresh table.
+  EmbeddingTable fresh(Table(64), adagrad.get());
+  CHECK(Row(fresh, 100 + 399999) == std::vector<float>(out.end() - 64, out.end()));
+}
+
 TEST_CASE("a row's first value depends on the id alone, not the server or the order",
           "[embedding]") {
   auto sgd = MakeOptimizer("learning_rate: 1 sgd {}");

@@ -859,9 +859,9 @@ absl::Status PsClient::PushRows(const std::string& table, int dim, absl::Span<co
     header.set_session(session_);
     header.set_table(table);
     header.set_num_ids(static_cast<int64_t>(positions.size()));
-    auto bytes = std::make_shared<std::vector<char>>(positions.size() *
-                                                     (sizeof(uint64_t) + row_bytes));
-    char* id_dst = bytes->data();
+    const size_t size = positions.size() * (sizeof(uint64_t) + row_bytes);
+    std::shared_ptr<char[]> bytes(new char[size]);  // written whole below, not zeroed first
+    char* id_dst = bytes.get();
     char* grad_dst = id_dst + positions.size() * sizeof(uint64_t);
     for (uint32_t i : positions) {
       std::memcpy(id_dst, &ids[i], sizeof(uint64_t));  // little-endian hosts
@@ -870,9 +870,9 @@ absl::Status PsClient::PushRows(const std::string& table, int dim, absl::Span<co
       grad_dst += row_bytes;
     }
     std::vector<OutgoingPayload> payload;
-    const char* data = bytes->data();
-    const int64_t size = static_cast<int64_t>(bytes->size());
-    payload.push_back({data, size, [keep = std::move(bytes)]() mutable { keep.reset(); }});
+    const char* data = bytes.get();
+    payload.push_back({data, static_cast<int64_t>(size),
+                       [keep = std::move(bytes)]() mutable { keep.reset(); }});
     requests[c] = EncodeFrame(header, std::move(payload));
   }
   RETURN_IF_ERROR(CallAll(

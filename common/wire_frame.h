@@ -2,13 +2,15 @@
 //
 // A frame is a fixed32 little-endian header length, a protobuf header (a
 // PushRequest or PullResponse whose TensorProtos carry dtype and shape but no
-// content), then every tensor's content in header order. Sending, the payload
-// slices point at the tensors' own memory (no user-space copy; a keepalive is
-// released when gRPC lets go of the slice). Receiving, the payload is a view
-// of the slices gRPC received (no copy either); the header, a few hundred
-// bytes, is the only thing parsed. Everything read is validated: header
-// length, protobuf parse, and that the payload is exactly the bytes the
-// header's shapes call for.
+// content; a PushRowsRequest or PullRowsResponse naming its rows), then the
+// payload: every tensor's content in header order, or the ids and rows.
+// Sending, the payload slices point at the tensors' own memory (no
+// user-space copy; a keepalive is released when gRPC lets go of the slice).
+// Receiving, the payload is a view of the slices gRPC received (no copy
+// either); the header, a few hundred bytes, is the only thing parsed.
+// DecodeFrame validates the header length and the protobuf parse; each
+// caller then checks that the payload is exactly the bytes its header calls
+// for.
 #ifndef PSTRAIN_COMMON_WIRE_FRAME_H_
 #define PSTRAIN_COMMON_WIRE_FRAME_H_
 

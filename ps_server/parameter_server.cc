@@ -1668,10 +1668,12 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
   std::vector<uint64_t> ids;
   std::vector<float> grads;
   absl::Status st;
+  Rejection refused = Rejection::kMalformed;
   if (request.num_ids() < 0 || !request.ids().empty() || !request.gradients().empty()) {
     st = absl::InvalidArgumentError(
         absl::StrCat("PushRows: ", request.num_ids(), " ids, or ids and gradients in the header"));
   } else if (static_cast<uint64_t>(request.num_ids()) > kMaxRowsPerRequest) {
+    refused = Rejection::kSize;
     st = absl::InvalidArgumentError(absl::StrCat("PushRows: ", request.num_ids(),
                                                  " ids in one request; at most ",
                                                  kMaxRowsPerRequest));
@@ -1696,12 +1698,7 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
   auto values_reason = [](const absl::Status& status) {
     return absl::IsOutOfRange(status) ? Rejection::kOutOfRange : Rejection::kNonFinite;
   };
-  if (!st.ok()) {
-    return reject(st, request.num_ids() > 0 &&
-                              static_cast<uint64_t>(request.num_ids()) > kMaxRowsPerRequest
-                          ? Rejection::kSize
-                          : Rejection::kMalformed);
-  }
+  if (!st.ok()) return reject(st, refused);
   {
     absl::MutexLock lock(&mu_);
     st = CheckRowsRequestLocked(request.incarnation(), request.worker(), request.table(), &table);

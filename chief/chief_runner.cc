@@ -519,6 +519,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     if (ckpt_every <= 0) return max_steps;
     return std::min(max_steps, (step / ckpt_every + 1) * ckpt_every);
   };
+  const bool sync = IsSyncMode(config);
   // Servers adopted at their end: the last step's cut is theirs to commit,
   // unless the earlier process did.
   bool last_committed = false;
@@ -528,10 +529,9 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       last_committed |= c.step == max_steps && c.complete;
     }
   }
-  int64_t next_ckpt = adopted != 0 && checkpoints && IsSyncMode(config) && !last_committed
+  int64_t next_ckpt = adopted != 0 && checkpoints && sync && !last_committed
                           ? max_steps
                           : next_checkpoint_after(start_step);
-  const bool sync = IsSyncMode(config);
   // Sync: cut steps the time trigger asked the servers for.
   std::set<int64_t> asked;
   auto next_sync_cut = [&]() {

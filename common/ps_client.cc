@@ -336,19 +336,17 @@ bool PsClient::TakePrefetch(const std::vector<int64_t>& min_versions, absl::Time
   std::vector<grpc::ByteBuffer> responses;
   responses.reserve(p->calls.size());
   for (PullPrefetch::Call& call : p->calls) responses.push_back(std::move(call.response));
-  bool straddled = false;
-  *status = AssemblePull(p->servers, responses, destinations, result, &straddled);
+  bool again = false;  // the parts straddled a step
+  *status = AssemblePull(p->servers, responses, destinations, result, &again);
   prefetch_.reset();
-  if (status->ok() && !straddled) {
-    // A server already past what it answered when this worker's push came
-    // back (backup workers completed a step without it): pull again, for
-    // the newer version, as a pull made after the push would have.
-    for (size_t s = 0; s < pushed_versions_.size() && s < result->versions.size(); ++s) {
-      if (result->versions[s] < pushed_versions_[s]) straddled = true;
-    }
+  if (!status->ok()) return true;
+  // A server already past what it answered when this worker's push came
+  // back (backup workers completed a step without it): pull again, for the
+  // newer version, as a pull made after the push would have.
+  for (size_t s = 0; s < pushed_versions_.size() && s < result->versions.size(); ++s) {
+    again |= result->versions[s] < pushed_versions_[s];
   }
-  if (straddled) *status = absl::OkStatus();
-  return !straddled;
+  return !again;
 }
 
 absl::Status PsClient::PullInto(const std::vector<int64_t>& min_versions, absl::Duration wait,

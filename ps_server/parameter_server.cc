@@ -424,17 +424,21 @@ absl::Status ParameterServer::SnapshotLocked(const PullRequest& request, PullRep
   return absl::OkStatus();
 }
 
+ParameterServer::Serve ParameterServer::ServeLocked(const PullRequest& request, bool rows) const {
+  if (ReadyLocked(request, rows)) return Serve::kNow;
+  return !rows && EarlyReadyLocked(request) ? Serve::kEarly : Serve::kWait;
+}
+
 void ParameterServer::CollectReadyLocked(std::vector<Completion>* out) {
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     Waiter& w = it->second;
-    const bool ready = shut_down_ || ReadyLocked(w.request, w.rows);
-    const bool early = !ready && !w.rows && EarlyReadyLocked(w.request);
-    if (!ready && !early) {
+    const Serve serve = ServeLocked(w.request, w.rows);
+    if (serve == Serve::kWait) {
       ++it;
       continue;
     }
     PullReply reply;
-    absl::Status st = SnapshotLocked(w.request, &reply, w.rows, early);
+    absl::Status st = SnapshotLocked(w.request, &reply, w.rows, serve == Serve::kEarly);
     out->push_back({std::move(w.done), {std::move(st), std::move(reply)}});
     it = waiters_.erase(it);
   }
@@ -481,8 +485,8 @@ void ParameterServer::RunCompletions(std::vector<Completion>* completions) {
 
 uint64_t ParameterServer::ServeOrParkLocked(const PullRequest& request, PullCallback done,
                                             bool rows, std::vector<Completion>* completions) {
-  const bool early = !rows && !ReadyLocked(request, rows) && EarlyReadyLocked(request);
-  if (!early && !ReadyLocked(request, rows)) {
+  const Serve serve = ServeLocked(request, rows);
+  if (serve == Serve::kWait) {
     const uint64_t id = next_waiter_id_++;
     const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
     waiters_.emplace(id, Waiter{request, absl::Now() + timeout, std::move(done), rows});
@@ -490,7 +494,7 @@ uint64_t ParameterServer::ServeOrParkLocked(const PullRequest& request, PullCall
     return id;
   }
   PullReply reply;
-  absl::Status st = SnapshotLocked(request, &reply, rows, early);
+  absl::Status st = SnapshotLocked(request, &reply, rows, serve == Serve::kEarly);
   completions->push_back({std::move(done), {std::move(st), std::move(reply)}});
   return 0;
 }
@@ -800,19 +804,18 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
 }
 
 ParameterServer::Buffer ParameterServer::TakeSpare(PartitionState* p) {
-  for (size_t i = 0; i < p->spares.size(); ++i) {
+  Buffer b;
+  for (size_t i = 0; i < p->spares.size() && b == nullptr; ++i) {
     // Only pulls hold other references, and they take them under p->mu.
     if (p->spares[i].use_count() == 1) {
-      Buffer b = std::move(p->spares[i]);
+      b = std::move(p->spares[i]);
       p->spares.erase(p->spares.begin() + static_cast<std::ptrdiff_t>(i));
-      // It is about to be overwritten: a bfloat16 rounding cached for its
-      // earlier contents no longer describes it.
-      if (p->bf16_of == b.get()) p->bf16_of = nullptr;
-      return b;
     }
   }
-  Buffer b = std::make_shared<std::vector<float>>(p->size);
-  if (p->bf16_of == b.get()) p->bf16_of = nullptr;  // the address of a freed one
+  if (b == nullptr) b = std::make_shared<std::vector<float>>(p->size);
+  // It is about to be overwritten (or has a freed one's address): a
+  // bfloat16 rounding cached for that address no longer describes it.
+  if (p->bf16_of == b.get()) p->bf16_of = nullptr;
   return b;
 }
 

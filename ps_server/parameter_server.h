@@ -31,8 +31,8 @@
 // reference-counted version buffers: a pull takes references to the current
 // buffers (no copy, the service sends from them; a sync pull of the next
 // version, to partitions already applied for it: EarlyReadyLocked) and an
-// update writes the next version into a spare buffer beside them, so no pull ever waits for an
-// apply or reads a half-applied tensor, and buffers are recycled, not
+// update writes the next version into a spare buffer beside them, so no
+// pull ever waits for an apply or reads a half-applied tensor, and buffers are recycled, not
 // allocated, in steady state. A waiting Pull holds no thread: it is parked
 // with a callback that runs when it is ready, cancelled or out of time.
 //
@@ -439,6 +439,10 @@ class ParameterServer {
   // it finished). A worker's forward pass needs every partition, so no
   // gradient for version_ + 1 can come before the step is published.
   bool EarlyReadyLocked(const PullRequest& request) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How a pull (`rows`: a row pull's wait for its version) is served now.
+  enum class Serve { kWait, kNow, kEarly };
+  Serve ServeLocked(const PullRequest& request, bool rows) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes references to the requested partitions' current buffers (with
   // `rows`, only the version: a row pull's; with `early`, their applied
   // `next` buffers, at version_ + 1).

@@ -1287,13 +1287,19 @@ TEST_CASE("sync: the server says which workers the open step waits for", "[ps][s
 namespace pstrain {
 namespace {
 
-TEST_CASE("row requests naming no ids are answered, changing nothing", "[ps][embedding]") {
-  // ps_request_fuzzer found memcpy from an empty request (null) under UBSan.
-  TrainingConfig config = BaseConfig(/*sync=*/false);
+// An async config with an embedding table "t" of width 2.
+TrainingConfig TableConfig(float lr = 0.5f) {
+  TrainingConfig config = BaseConfig(/*sync=*/false, 0, 0, lr);
   EmbeddingTableConfig* t = config.add_embedding_tables();
   t->set_name("t");
   t->set_dim(2);
   REQUIRE(ValidateAndFillDefaults(&config, "test").ok());
+  return config;
+}
+
+TEST_CASE("row requests naming no ids are answered, changing nothing", "[ps][embedding]") {
+  // ps_request_fuzzer found memcpy from an empty request (null) under UBSan.
+  const TrainingConfig config = TableConfig();
   ParameterServer ps;
   REQUIRE(ps.Initialize(InitRequest(config, 1)).ok());
   PullRowsRequest pull;
@@ -1317,11 +1323,7 @@ TEST_CASE("row requests naming no ids are answered, changing nothing", "[ps][emb
 
 TEST_CASE("a row push frame that disagrees with its header is refused, changing nothing",
           "[ps][embedding][frame]") {
-  TrainingConfig config = BaseConfig(/*sync=*/false, 0, 0, 1.0f);
-  EmbeddingTableConfig* t = config.add_embedding_tables();
-  t->set_name("t");
-  t->set_dim(2);
-  REQUIRE(ValidateAndFillDefaults(&config, "test").ok());
+  const TrainingConfig config = TableConfig(1.0f);
   ParameterServer ps;
   REQUIRE(ps.Initialize(InitRequest(config, 1)).ok());
   const uint64_t ids[2] = {5, 6};

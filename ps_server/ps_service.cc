@@ -230,12 +230,12 @@ namespace {
 
 // A push frame's call (Push, PushRows): checked against the caller, decoded
 // in place, handed to `push`, answered with its response.
-template <typename Header, typename Response>
-grpc::ServerUnaryReactor* ServePush(
-    grpc::CallbackServerContext* ctx, const CallSlot& slot, Authorizer* auth,
-    ParameterServer* ps, const char* method, const char* what, const grpc::ByteBuffer* req,
-    grpc::ByteBuffer* resp,
-    const std::function<absl::Status(const Header&, const SegmentedBytes&, Response*)>& push) {
+// `push(header, payload, &response)` is ParameterServer's method.
+template <typename Header, typename Response, typename PushFn>
+grpc::ServerUnaryReactor* ServePush(grpc::CallbackServerContext* ctx, const CallSlot& slot,
+                                    Authorizer* auth, ParameterServer* ps, const char* method,
+                                    const char* what, const grpc::ByteBuffer* req,
+                                    grpc::ByteBuffer* resp, const PushFn& push) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
   if (!slot.ok()) {
     reactor->Finish(slot.refused());

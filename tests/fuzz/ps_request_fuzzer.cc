@@ -43,6 +43,14 @@ embedding_tables { name: "t" dim: 2 }
   return ps;
 }
 
+// The fuzzer's bytes as a received frame (`frame` keeps its own copy).
+bool DecodeBody(const char* body, size_t n, google::protobuf::MessageLite* header,
+                pstrain::IncomingFrame* frame) {
+  grpc::Slice slice(body, n);
+  grpc::ByteBuffer buffer(&slice, 1);
+  return pstrain::DecodeFrame(buffer, header, frame).ok();
+}
+
 // The dense values and the version, as a chief's pull sees them.
 std::string Snapshot(pstrain::ParameterServer* ps) {
   pstrain::PullRequest req;
@@ -62,22 +70,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t n = size - 1;
   switch (data[0] % 4) {
     case 0: {  // Push, as a frame
-      grpc::Slice slice(body, n);
-      grpc::ByteBuffer buffer(&slice, 1);
       pstrain::PushRequest header;
       pstrain::IncomingFrame frame;
-      if (!pstrain::DecodeFrame(buffer, &header, &frame).ok()) return 0;
+      if (!DecodeBody(body, n, &header, &frame)) return 0;
       const std::string before = Snapshot(ps);
       pstrain::PushResponse resp;
       if (!ps->Push(header, frame.payload, &resp).ok() && Snapshot(ps) != before) std::abort();
       break;
     }
     case 1: {  // PushRows, as a frame
-      grpc::Slice slice(body, n);
-      grpc::ByteBuffer buffer(&slice, 1);
       pstrain::PushRowsRequest header;
       pstrain::IncomingFrame frame;
-      if (!pstrain::DecodeFrame(buffer, &header, &frame).ok()) return 0;
+      if (!DecodeBody(body, n, &header, &frame)) return 0;
       pstrain::PullRowsRequest probe;  // the rows it names, before and after
       probe.set_incarnation(kIncarnation);
       probe.set_worker(-1);

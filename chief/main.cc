@@ -79,13 +79,14 @@ int main(int argc, char** argv) {
         {pstrain::ChiefMetrics(&chief), pstrain::ProcessMetrics(), pstrain::RpcMetrics(),
          pstrain::RefusalMetrics(&auth)},
         [&chief, workers] { return pstrain::ChiefNotReady(&chief, workers); },
-        {{"job", pstrain::kChiefJob}, {"task", "0"}});
+        {{"job", pstrain::kChiefJob}, {"task", "0"}},
+        setup->auth.tls);
     if (!started.ok()) {
       LOG_ERROR("{}", started.status().message());
       return 1;
     }
     monitoring = std::move(*started);
-    LOG_INFO("metrics on http://{}:{}/metrics", m.substr(0, m.rfind(':')), monitoring->port());
+    LOG_INFO("metrics on {}", monitoring->url());
   }
   // A termination signal wakes the driver's waits at once.
   std::thread stop_watcher([&stop, &chief] {

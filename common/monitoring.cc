@@ -19,7 +19,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
+#include "openssl/err.h"
+#include "openssl/ssl.h"
 #include "prometheus/text_serializer.h"
 
 namespace pstrain {
@@ -31,6 +34,7 @@ const char* Reason(int status) {
   switch (status) {
     case 200: return "OK";
     case 400: return "Bad Request";
+    case 403: return "Forbidden";
     case 404: return "Not Found";
     case 405: return "Method Not Allowed";
     case 503: return "Service Unavailable";
@@ -50,15 +54,63 @@ bool WaitFor(int fd, short events, absl::Time deadline) {
   }
 }
 
-void WriteAll(int fd, const std::string& data, absl::Time deadline) {
-  size_t at = 0;
-  while (at < data.size() && WaitFor(fd, POLLOUT, deadline)) {
-    ssize_t n = ::send(fd, data.data() + at, data.size() - at, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n <= 0) return;  // the client went away
-    at += static_cast<size_t>(n);
+// One accepted connection, plain or TLS (`ssl` set, its handshake done),
+// read and written without blocking past a deadline.
+class Connection {
+ public:
+  Connection(int fd, SSL* ssl) : fd_(fd), ssl_(ssl) {}
+
+  // Bytes read into `buf`; 0 at the end, on an error or at `deadline`.
+  size_t Read(char* buf, size_t size, absl::Time deadline) {
+    for (;;) {
+      if (ssl_ != nullptr) {
+        const int n = SSL_read(ssl_, buf, static_cast<int>(size));
+        if (n > 0) return static_cast<size_t>(n);
+        if (!WaitForSsl(n, deadline)) return 0;
+        continue;
+      }
+      if (!WaitFor(fd_, POLLIN, deadline)) return 0;
+      const ssize_t n = ::recv(fd_, buf, size, MSG_DONTWAIT);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      return n > 0 ? static_cast<size_t>(n) : 0;
+    }
   }
-}
+
+  void WriteAll(const std::string& data, absl::Time deadline) {
+    size_t at = 0;
+    while (at < data.size()) {
+      if (ssl_ != nullptr) {
+        const int n = SSL_write(ssl_, data.data() + at, static_cast<int>(data.size() - at));
+        if (n > 0) {
+          at += static_cast<size_t>(n);
+        } else if (!WaitForSsl(n, deadline)) {
+          return;
+        }
+        continue;
+      }
+      if (!WaitFor(fd_, POLLOUT, deadline)) return;
+      const ssize_t n =
+          ::send(fd_, data.data() + at, data.size() - at, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n <= 0) return;  // the client went away
+      at += static_cast<size_t>(n);
+    }
+  }
+
+  // Whether an SSL call that returned `result` should be tried again: it
+  // wanted to read or write, and the socket became ready before `deadline`.
+  bool WaitForSsl(int result, absl::Time deadline) {
+    switch (SSL_get_error(ssl_, result)) {
+      case SSL_ERROR_WANT_READ: return WaitFor(fd_, POLLIN, deadline);
+      case SSL_ERROR_WANT_WRITE: return WaitFor(fd_, POLLOUT, deadline);
+      default: ERR_clear_error(); return false;  // closed, or a TLS error
+    }
+  }
+
+ private:
+  const int fd_;
+  SSL* const ssl_;
+};
 
 class ProcessCollector : public prometheus::Collectable {
  public:
@@ -246,7 +298,7 @@ std::shared_ptr<prometheus::Collectable> RefusalMetrics(const Authorizer* auth) 
 
 absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(
     const std::string& address, std::vector<std::shared_ptr<prometheus::Collectable>> collectables,
-    ReadyFn ready, Labels labels) {
+    ReadyFn ready, Labels labels, std::shared_ptr<const TlsConfig> tls) {
   const size_t colon = address.rfind(':');
   int port = -1;
   if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
@@ -276,6 +328,21 @@ absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(
   socklen_t len = sizeof(sa);
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
   std::unique_ptr<MonitoringServer> s(new MonitoringServer());
+  if (tls != nullptr) {
+    absl::StatusOr<std::shared_ptr<ssl_ctx_st>> https = HttpsServerContext(*tls);
+    if (!https.ok()) {
+      ::close(fd);
+      return https.status();
+    }
+    s->https_ = *std::move(https);
+    if (!CertificateNames(*tls, kMetricsAltName)) {
+      LOG_WARN("the certificate of {} does not name {}: a scraper that checks it (pstrain "
+               "prometheus-config's) refuses this endpoint; write the certificates again with "
+               "pstrain certs",
+               tls->identity, kMetricsAltName);
+    }
+  }
+  s->host_ = host;
   s->collectables_ = std::move(collectables);
   s->ready_ = std::move(ready);
   s->labels_ = std::move(labels);
@@ -295,7 +362,7 @@ void MonitoringServer::Serve() {
   while (!stopping_) {
     pollfd p{listen_fd_, POLLIN, 0};
     if (::poll(&p, 1, 200) <= 0) continue;  // wakes to notice stopping_
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       // Out of descriptors, say: back off rather than spin on the ready socket.
       if (errno != EINTR && errno != EAGAIN) absl::SleepFor(absl::Milliseconds(50));
@@ -314,19 +381,39 @@ void MonitoringServer::Serve() {
   }
 }
 
-void MonitoringServer::ServeOne(int fd) const {
-  // A client gets 2 s in all to send its request, and 2 s more to take the
-  // response: a slow or silent one costs the server no more than that.
+void MonitoringServer::ServeOne(int fd) {
+  // A client gets 2 s in all for the handshake and its request, and 2 s
+  // more to take the response: a slow or silent one costs the server no
+  // more than that.
   const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  std::unique_ptr<SSL, decltype(&SSL_free)> ssl(nullptr, SSL_free);
+  bool certified = true;
+  if (https_ != nullptr) {
+    ssl.reset(SSL_new(https_.get()));
+    if (!ssl || SSL_set_fd(ssl.get(), fd) != 1) {
+      ERR_clear_error();
+      return;
+    }
+    Connection handshake(fd, ssl.get());
+    int r;
+    while ((r = SSL_accept(ssl.get())) != 1 && handshake.WaitForSsl(r, deadline)) {
+    }
+    if (r != 1) {
+      failed_handshakes_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    // Verified in the handshake when offered (a failed check ends it above).
+    X509* peer = SSL_get0_peer_certificate(ssl.get());
+    certified = peer != nullptr && SSL_get_verify_result(ssl.get()) == X509_V_OK;
+  }
+  Connection conn(fd, ssl.get());
   std::string request;
   char buf[2048];
   while (request.find("\r\n\r\n") == std::string::npos &&
-         request.find("\n\n") == std::string::npos && request.size() < kMaxRequest &&
-         WaitFor(fd, POLLIN, deadline)) {
-    ssize_t n = ::recv(fd, buf, std::min(sizeof(buf), kMaxRequest - request.size()), MSG_DONTWAIT);
-    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-    if (n <= 0) break;
-    request.append(buf, static_cast<size_t>(n));
+         request.find("\n\n") == std::string::npos && request.size() < kMaxRequest) {
+    const size_t n = conn.Read(buf, std::min(sizeof(buf), kMaxRequest - request.size()), deadline);
+    if (n == 0) break;
+    request.append(buf, n);
   }
   Response r;
   const size_t eol = request.find_first_of("\r\n");
@@ -336,17 +423,23 @@ void MonitoringServer::ServeOne(int fd) const {
   } else if (parts[0] != "GET" && parts[0] != "HEAD") {
     r = {405, "text/plain", "only GET\n"};
   } else {
-    r = Handle(parts[1]);
+    r = Handle(parts[1], certified);
   }
   const bool head = parts.size() == 3 && parts[0] == "HEAD";
-  WriteAll(fd,
-           absl::StrCat("HTTP/1.0 ", r.status, " ", Reason(r.status), "\r\nContent-Type: ",
-                        r.content_type, "\r\nContent-Length: ", r.body.size(),
-                        "\r\nConnection: close\r\n\r\n", head ? "" : r.body),
-           absl::Now() + absl::Seconds(2));
+  conn.WriteAll(absl::StrCat("HTTP/1.0 ", r.status, " ", Reason(r.status), "\r\nContent-Type: ",
+                             r.content_type, "\r\nContent-Length: ", r.body.size(),
+                             "\r\nConnection: close\r\n\r\n", head ? "" : r.body),
+                absl::Now() + absl::Seconds(2));
+  if (ssl) SSL_shutdown(ssl.get());  // one try: the close_notify, not waiting for the client's
+  ERR_clear_error();
 }
 
-MonitoringServer::Response MonitoringServer::Handle(const std::string& target) const {
+std::string MonitoringServer::url() const {
+  return absl::StrCat(https_ ? "https" : "http", "://", host_, ":", port_, "/metrics");
+}
+
+MonitoringServer::Response MonitoringServer::Handle(const std::string& target,
+                                                    bool certified) const {
   const std::string path = target.substr(0, target.find('?'));
   if (path == "/healthz") return {200, "text/plain", "ok\n"};
   if (path == "/readyz") {
@@ -355,10 +448,29 @@ MonitoringServer::Response MonitoringServer::Handle(const std::string& target) c
     return {503, "text/plain", why + "\n"};
   }
   if (path == "/metrics") {
+    if (!certified) {
+      uncertified_.fetch_add(1, std::memory_order_relaxed);
+      return {403, "text/plain",
+              "/metrics needs a client certificate of the cluster's CA (monitor.crt from "
+              "pstrain certs)\n"};
+    }
     std::vector<prometheus::MetricFamily> families;
     for (const auto& c : collectables_) {
       std::vector<prometheus::MetricFamily> f = c->Collect();
       for (auto& m : f) families.push_back(std::move(m));
+    }
+    if (https_ != nullptr) {
+      prometheus::MetricFamily refused =
+          Family("pstrain_monitoring_refused_total",
+                 "Requests this HTTPS endpoint refused: failed TLS handshakes (plaintext, a "
+                 "certificate of another CA, too slow) and /metrics without a client "
+                 "certificate.",
+                 prometheus::MetricType::Counter);
+      AddMetric(&refused, {{"reason", "tls_handshake"}},
+                static_cast<double>(failed_handshakes_.load(std::memory_order_relaxed)));
+      AddMetric(&refused, {{"reason", "no_client_certificate"}},
+                static_cast<double>(uncertified_.load(std::memory_order_relaxed)));
+      families.push_back(std::move(refused));
     }
     for (prometheus::MetricFamily& f : families) {
       for (prometheus::ClientMetric& m : f.metric) {

@@ -2,9 +2,14 @@
 //   GET /metrics   Prometheus text exposition (format 0.0.4) of a registry
 //   GET /healthz   200 "ok" while the process runs
 //   GET /readyz    200 "ready", or 503 with the reason it is not ready yet
-// A small HTTP/1.0 server on one thread: one request per connection, headers
-// bounded (8 KiB) and read with a deadline (2 s), so a slow or hostile client
-// costs at most that and never touches the training path. Metrics are
+// A small HTTP/1.0 server on one thread: one request per connection, the
+// TLS handshake and the headers bounded (8 KiB) and read with a deadline
+// (2 s), so a slow or hostile client costs at most that and never touches
+// the training path. In a cluster with mutual TLS it serves HTTPS with the
+// task's certificate, and /metrics only to a client that shows a
+// certificate of the cluster CA (Prometheus with monitor.crt); the probes
+// (/healthz, /readyz) answer without one, as Kubernetes' HTTPS probes send
+// none. Metrics are
 // gathered at scrape time by the collectables (prometheus::Collectable: a
 // prometheus::Registry, or a daemon's own that reads its counters), so
 // nothing on the training path pays for them.
@@ -23,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "common/auth.h"
 #include "common/rpc_stats.h"
+#include "common/tls.h"
 #include "prometheus/collectable.h"
 #include "prometheus/metric_family.h"
 
@@ -36,33 +42,44 @@ class MonitoringServer {
   using Labels = std::vector<std::pair<std::string, std::string>>;
 
   // Listens on `address` ("host:port"; port 0 picks a free one) and serves
-  // until destroyed. `labels` (e.g. job and task) go on every metric.
+  // until destroyed. `labels` (e.g. job and task) go on every metric. With
+  // `tls` it serves HTTPS (see above).
   static absl::StatusOr<std::unique_ptr<MonitoringServer>> Start(
       const std::string& address,
       std::vector<std::shared_ptr<prometheus::Collectable>> collectables, ReadyFn ready,
-      Labels labels = {});
+      Labels labels = {}, std::shared_ptr<const TlsConfig> tls = nullptr);
   ~MonitoringServer();
 
   int port() const { return port_; }
+  // "http://host:port/metrics", or https.
+  std::string url() const;
 
-  // The response to one request line's path (for tests): status code and body.
+  // The response to one request line's path (for tests): status code and
+  // body. `certified`: the client showed a certificate of the cluster CA
+  // (or the endpoint is plain HTTP).
   struct Response {
     int status = 200;
     std::string content_type;
     std::string body;
   };
-  Response Handle(const std::string& path) const;
+  Response Handle(const std::string& path, bool certified = true) const;
 
  private:
   MonitoringServer() = default;
   void Serve();
-  void ServeOne(int fd) const;
+  void ServeOne(int fd);
 
   std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
   ReadyFn ready_;
   Labels labels_;
+  std::shared_ptr<ssl_ctx_st> https_;  // null: plain HTTP
+  std::string host_;
   int listen_fd_ = -1;
   int port_ = 0;
+  // Refused over HTTPS: handshakes that failed (plaintext, a certificate of
+  // another CA, too slow) and /metrics asked without a client certificate.
+  std::atomic<int64_t> failed_handshakes_{0};
+  mutable std::atomic<int64_t> uncertified_{0};
   std::atomic<bool> stopping_{false};
   std::thread thread_;
 };

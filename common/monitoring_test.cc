@@ -6,11 +6,16 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
+#include "common/cluster_spec.h"
+#include "common/env.h"
+#include "common/testing/https_get.h"
+#include "common/tls.h"
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
 
@@ -118,6 +123,99 @@ TEST_CASE("the monitoring endpoint refuses bad addresses and taken ports", "[mon
   REQUIRE(first.ok());
   auto second = MonitoringServer::Start(absl::StrCat("127.0.0.1:", (*first)->port()), {}, nullptr);
   CHECK_FALSE(second.ok());
+}
+
+TEST_CASE("with mutual TLS the endpoint serves HTTPS, and /metrics only to a certified client",
+          "[monitoring][tls]") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = JoinPath(tmp ? tmp : "/tmp", absl::StrCat("monitoring_tls_", ::getpid()));
+  const std::string other = dir + "_other";
+  absl::StatusOr<ClusterSpec> spec = ClusterSpec::Parse(
+      R"({"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"], "worker": ["127.0.0.1:3"]})", "test");
+  REQUIRE(spec.ok());
+  std::vector<std::string> written;
+  for (const std::string& d : {dir, other}) {
+    REQUIRE(Env::Default()->CreateDirs(d).ok());
+    REQUIRE(WriteClusterCertificates(&*spec, d, absl::Hours(48), &written).ok());
+  }
+  // A worker serves its metrics with its own certificate, which names only
+  // the metrics endpoint's name.
+  absl::StatusOr<TlsConfig> worker = LoadTls(TlsFilesIn(dir, "worker:0"));
+  REQUIRE(worker.ok());
+  CHECK(CertificateNames(*worker, kMetricsAltName));
+  CHECK_FALSE(CertificateNames(*worker, TaskAltName("worker:0")));
+  auto registry = std::make_shared<prometheus::Registry>();
+  prometheus::BuildCounter().Name("pstrain_test_events_total").Help("Events.").Register(*registry)
+      .Add({}).Increment(5);
+  auto server = MonitoringServer::Start(
+      "127.0.0.1:0", {registry}, [] { return std::string(); }, {{"job", "worker"}},
+      std::make_shared<const TlsConfig>(*worker));
+  REQUIRE(server.ok());
+  const int port = (*server)->port();
+  CHECK((*server)->url() == absl::StrCat("https://127.0.0.1:", port, "/metrics"));
+
+  std::string error;
+  const TlsFiles monitor = TlsFilesIn(dir, kMonitorIdentity);
+  const std::string metrics = testing::HttpsGet(port, "/metrics", monitor, kMetricsAltName, &error);
+  INFO(error);
+  CHECK(metrics.rfind("HTTP/1.0 200 OK\r\n", 0) == 0);
+  CHECK(metrics.find("pstrain_test_events_total{job=\"worker\"} 5") != std::string::npos);
+  // Any certificate of the cluster CA may read them: a task's too.
+  CHECK(testing::HttpsGet(port, "/metrics", TlsFilesIn(dir, "ps:0"), kMetricsAltName, &error)
+            .rfind("HTTP/1.0 200 OK", 0) == 0);
+
+  // Without a client certificate: the probes answer, /metrics does not.
+  const TlsFiles anonymous{monitor.ca_file, "", ""};
+  CHECK(testing::HttpsGet(port, "/healthz", anonymous, kMetricsAltName, &error)
+            .rfind("HTTP/1.0 200 OK", 0) == 0);
+  CHECK(testing::HttpsGet(port, "/readyz", anonymous, kMetricsAltName, &error)
+            .rfind("HTTP/1.0 200 OK", 0) == 0);
+  const std::string refused = testing::HttpsGet(port, "/metrics", anonymous, kMetricsAltName, &error);
+  CHECK(refused.rfind("HTTP/1.0 403 Forbidden", 0) == 0);
+  CHECK(refused.find("client certificate") != std::string::npos);
+  CHECK(refused.find("pstrain_test_events_total") == std::string::npos);
+
+  // A client certificate of another CA ends the handshake; a client that
+  // trusts another CA, or checks another name, refuses the server; plain
+  // HTTP gets no answer. None of it stops the endpoint.
+  error.clear();
+  CHECK(testing::HttpsGet(port, "/metrics", TlsFilesIn(other, kMonitorIdentity), kMetricsAltName,
+                          &error)
+            .empty());
+  CHECK_FALSE(error.empty());
+  error.clear();
+  CHECK(testing::HttpsGet(port, "/healthz", TlsFiles{JoinPath(other, "ca.crt"), "", ""},
+                          kMetricsAltName, &error)
+            .empty());
+  CHECK(error.find("certificate verify failed") != std::string::npos);
+  error.clear();
+  CHECK(testing::HttpsGet(port, "/healthz", anonymous, TaskAltName("worker:0"), &error).empty());
+  CHECK(error.find("certificate verify failed") != std::string::npos);
+  CHECK(Get(port, "/metrics").find("pstrain_test_events_total") == std::string::npos);
+  // A client that connects and says nothing holds the handshake 2 s at most.
+  {
+    const int silent = Connect(port);
+    absl::SleepFor(absl::Milliseconds(50));
+    const absl::Time start = absl::Now();
+    CHECK(testing::HttpsGet(port, "/healthz", anonymous, kMetricsAltName, &error)
+              .rfind("HTTP/1.0 200 OK", 0) == 0);
+    CHECK(absl::Now() - start < absl::Seconds(5));
+    ::close(silent);
+  }
+  // Each refusal is counted, by reason.
+  const std::string after = testing::HttpsGet(port, "/metrics", monitor, kMetricsAltName, &error);
+  INFO(after);
+  CHECK(after.find("pstrain_monitoring_refused_total{reason=\"no_client_certificate\",job=\"worker\"} 1") !=
+        std::string::npos);
+  // The foreign client certificate, the plain request and the silent client
+  // (clients that refused the server may end before the server notices).
+  const size_t at = after.find("pstrain_monitoring_refused_total{reason=\"tls_handshake\"");
+  REQUIRE(at != std::string::npos);
+  const double handshakes = std::stod(after.substr(after.find("} ", at) + 2));
+  CHECK(handshakes >= 3);
+  CHECK(handshakes <= 5);
+  REQUIRE(DeleteRecursively(Env::Default(), dir).ok());
+  REQUIRE(DeleteRecursively(Env::Default(), other).ok());
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "openssl/err.h"
 #include "openssl/evp.h"
 #include "openssl/pem.h"
+#include "openssl/ssl.h"
 #include "openssl/x509.h"
 #include "openssl/x509v3.h"
 
@@ -125,9 +126,9 @@ absl::Status AddExtension(X509* cert, X509* issuer, int nid, const std::string& 
 
 // A certificate for `cn` and `key`, signed by `issuer`/`issuer_key` (or by
 // itself when `issuer` is null, as the CA is).
-// A task that serves RPCs (`serves`) gets serverAuth and its host as a
-// subject alternative name; a worker or the operator only clientAuth, so
-// its certificate cannot pose as a server.
+// A certificate that serves (`serves`: a task's) gets serverAuth and `san`,
+// its subject alternative names; the operator's and the scraper's only
+// clientAuth, so they cannot pose as a server.
 absl::StatusOr<Cert> MakeCertificate(const std::string& cn, EVP_PKEY* key, X509* issuer,
                                      EVP_PKEY* issuer_key, bool is_ca, bool serves,
                                      const std::string& san, absl::Duration validity) {
@@ -299,6 +300,47 @@ std::shared_ptr<grpc::ChannelCredentials> TlsChannelCredentials(const TlsConfig&
   return grpc::SslCredentials(options);
 }
 
+absl::StatusOr<std::shared_ptr<ssl_ctx_st>> HttpsServerContext(const TlsConfig& tls) {
+  std::shared_ptr<SSL_CTX> ctx(SSL_CTX_new(TLS_server_method()), SSL_CTX_free);
+  if (!ctx) return absl::InternalError(absl::StrCat("SSL_CTX_new: ", OpensslErrors()));
+  std::vector<Cert> chain = ParseCerts(tls.cert_pem);
+  std::vector<Cert> cas = ParseCerts(tls.ca_pem);
+  Bio key_bio = MemoryBio(tls.key_pem);
+  Key key(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, NoPassword, nullptr));
+  if (chain.empty() || cas.empty() || !key) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError("HTTPS: the TLS material does not parse");
+  }
+  bool ok = SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION) == 1 &&
+            SSL_CTX_use_certificate(ctx.get(), chain.front().get()) == 1 &&
+            SSL_CTX_use_PrivateKey(ctx.get(), key.get()) == 1 &&
+            SSL_CTX_check_private_key(ctx.get()) == 1;
+  for (size_t i = 1; ok && i < chain.size(); ++i) {
+    ok = SSL_CTX_add1_chain_cert(ctx.get(), chain[i].get()) == 1;
+  }
+  X509_STORE* store = SSL_CTX_get_cert_store(ctx.get());
+  for (const Cert& ca : cas) {
+    // The store verifies client certificates; the list tells clients which
+    // CA's certificate to offer.
+    ok = ok && X509_STORE_add_cert(store, ca.get()) == 1 &&
+         SSL_CTX_add_client_CA(ctx.get(), ca.get()) == 1;
+  }
+  // Sessions may be resumed; OpenSSL needs a context name for that when it
+  // verifies peers.
+  static const unsigned char kContext[] = "pstrain-monitoring";
+  ok = ok && SSL_CTX_set_session_id_context(ctx.get(), kContext, sizeof(kContext) - 1) == 1;
+  if (!ok) return absl::InternalError(absl::StrCat("HTTPS context: ", OpensslErrors()));
+  // Asked for, and verified when offered; not required (probes come without).
+  SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+  return ctx;
+}
+
+bool CertificateNames(const TlsConfig& tls, const std::string& dns_name) {
+  std::vector<Cert> chain = ParseCerts(tls.cert_pem);
+  return !chain.empty() && X509_check_host(chain.front().get(), dns_name.data(), dns_name.size(),
+                                           X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS, nullptr) == 1;
+}
+
 std::string PeerCommonName(const grpc::ServerContextBase& ctx) {
   std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
   if (auth == nullptr || !auth->IsPeerAuthenticated()) return "";
@@ -354,22 +396,31 @@ absl::Status WriteClusterCertificates(const ClusterSpec* cluster, const std::str
   }
   const absl::Duration leaf_validity = std::min(validity, ca_expires - absl::Now());
   if (expires != nullptr) *expires = absl::Now() + leaf_validity;
-  std::vector<std::pair<std::string, std::string>> subjects;  // identity, host (servers only)
+  // Identity and subject alternative names; none: a client's certificate.
+  // Every task may serve its monitoring endpoint, known there by the one
+  // name kMetricsAltName; the tasks that serve RPCs are also known by their
+  // host and by their own name (TaskAltName). So a worker's certificate
+  // passes for no RPC server, and the operator's and the scraper's for no
+  // server at all.
+  std::vector<std::pair<std::string, std::string>> subjects;
+  const std::string metrics_name = absl::StrCat("DNS:", kMetricsAltName);
   if (cluster != nullptr) {
     for (const TaskId& t : cluster->AllTasks()) {
       ASSIGN_OR_RETURN(HostPort hp, ParseHostPort(cluster->address(t.job, t.index)));
-      subjects.emplace_back(t.ToString(), t.job == kWorkerJob ? "" : hp.host);
+      const std::string id = t.ToString();
+      subjects.emplace_back(id, t.job == kWorkerJob
+                                    ? metrics_name
+                                    : absl::StrCat(AltName(hp.host), ",DNS:", TaskAltName(id),
+                                                   ",", metrics_name));
     }
   }
   subjects.emplace_back("operator", "");
-  for (const auto& [identity, host] : subjects) {
+  subjects.emplace_back(kMonitorIdentity, "");
+  for (const auto& [identity, names] : subjects) {
     ASSIGN_OR_RETURN(Key key, NewKey());
     ASSIGN_OR_RETURN(Cert cert, MakeCertificate(identity, key.get(), ca.get(), ca_key.get(),
-                                                /*is_ca=*/false, /*serves=*/!host.empty(),
-                                                host.empty() ? ""
-                                                             : absl::StrCat(AltName(host), ",DNS:",
-                                                                            TaskAltName(identity)),
-                                                leaf_validity));
+                                                /*is_ca=*/false, /*serves=*/!names.empty(),
+                                                names, leaf_validity));
     const TlsFiles files = TlsFilesIn(dir, identity);
     ASSIGN_OR_RETURN(std::string key_pem, KeyPem(key.get()));
     RETURN_IF_ERROR(WritePrivateFile(files.key_file, key_pem));

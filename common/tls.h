@@ -11,8 +11,8 @@
 // which takes the caller's identity from the verified certificate.
 //
 // Files are PEM, as openssl writes and reads them: ca.crt, ca.key (the
-// CA's key: keep it off the cluster), and <job>-<index>.crt/.key and
-// operator.crt/.key, keys mode 0600.
+// CA's key: keep it off the cluster), and <job>-<index>.crt/.key,
+// operator.crt/.key and monitor.crt/.key (the scraper's), keys mode 0600.
 #ifndef PSTRAIN_COMMON_TLS_H_
 #define PSTRAIN_COMMON_TLS_H_
 
@@ -24,6 +24,8 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+
+struct ssl_ctx_st;  // OpenSSL's SSL_CTX
 
 namespace pstrain {
 
@@ -55,6 +57,16 @@ struct TlsConfig {
 // so no other task's certificate passes for ps:1's.
 std::string TaskAltName(const std::string& identity);
 
+// The DNS name every task's certificate carries for its monitoring endpoint
+// (/metrics over HTTPS): a scraper checks it (Prometheus: tls_config's
+// server_name). A worker's certificate carries only this name, so it passes
+// for no RPC server.
+inline constexpr char kMetricsAltName[] = "metrics.pstrain";
+
+// The identity of the scraper's client certificate (`pstrain certs` writes
+// monitor.crt and .key): it may read /metrics, and no RPC accepts it.
+inline constexpr char kMonitorIdentity[] = "monitor";
+
 // Reads and checks the three files: PEM that parses, a certificate signed by
 // the CA and valid now, a key that is the certificate's and is private (mode
 // 0600). Each failure names the file and what is wrong with it.
@@ -66,17 +78,28 @@ absl::StatusOr<TlsConfig> LoadTls(const TlsFiles& files);
 std::shared_ptr<grpc::ServerCredentials> TlsServerCredentials(const TlsConfig& tls);
 std::shared_ptr<grpc::ChannelCredentials> TlsChannelCredentials(const TlsConfig& tls);
 
+// An OpenSSL server context for HTTPS (the monitoring endpoint) from `tls`:
+// TLS 1.2 or later, the certificate chain and key, and the cluster CA, with
+// which it verifies a client certificate when one is offered (it asks for
+// one; a handshake without one succeeds: the caller looks for the peer's).
+absl::StatusOr<std::shared_ptr<ssl_ctx_st>> HttpsServerContext(const TlsConfig& tls);
+
+// Whether the certificate of `tls` names `dns_name` (a subject alternative name).
+bool CertificateNames(const TlsConfig& tls, const std::string& dns_name);
+
 // The verified common name of the client certificate of the call `ctx`
 // serves; empty when the call came without one (or without TLS).
 std::string PeerCommonName(const grpc::ServerContextBase& ctx);
 
 // Writes a CA (unless `dir` already has ca.crt and ca.key, which are reused)
 // and a certificate and key for every task of `cluster` (may be null: then
-// only the operator's) and for the operator, valid for `validity` (at most
-// until a reused CA expires). Serving tasks' certificates (ps, chief) name
-// their host and may serve; workers' and the operator's are for clients
-// only. `written` receives the paths written, `expires` (may be null) when
-// the new certificates expire.
+// only the operator's and the scraper's), for the operator and for the
+// scraper (kMonitorIdentity), valid for `validity` (at most until a reused
+// CA expires). Tasks that serve RPCs (ps, chief) name their host and
+// themselves (TaskAltName); every task's certificate names kMetricsAltName;
+// the operator's and the scraper's are for clients only. `written`
+// receives the paths written, `expires` (may be null) when the new
+// certificates expire.
 absl::Status WriteClusterCertificates(const ClusterSpec* cluster, const std::string& dir,
                                       absl::Duration validity, std::vector<std::string>* written,
                                       absl::Time* expires = nullptr);

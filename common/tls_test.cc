@@ -65,8 +65,8 @@ TEST_CASE("pstrain's certificates are a CA and one per task that openssl accepts
       R"({"chief": ["[::1]:2220"], "ps": ["ps-0.example.org:2221"], "worker": ["127.0.0.1:2222"]})");
   std::vector<std::string> written;
   REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(24 * 30), &written).ok());
-  CHECK(written.size() == 2 + 2 * 4);  // the CA, and chief, ps, worker and operator
-  for (const char* id : {"chief:0", "ps:0", "worker:0", "operator"}) {
+  CHECK(written.size() == 2 + 2 * 5);  // the CA, and chief, ps, worker, operator and monitor
+  for (const char* id : {"chief:0", "ps:0", "worker:0", "operator", "monitor"}) {
     const TlsConfig tls = Load(dir, id);
     CHECK(tls.identity == id);
     CHECK(tls.not_after > absl::Now() + absl::Hours(24 * 29));
@@ -84,7 +84,7 @@ TEST_CASE("pstrain's certificates are a CA and one per task that openssl accepts
   const std::string old_ps = *Env::Default()->ReadFile(JoinPath(dir, "ps-0.crt"));
   written.clear();
   REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(24 * 30), &written).ok());
-  CHECK(written.size() == 2 * 4);
+  CHECK(written.size() == 2 * 5);
   CHECK(*Env::Default()->ReadFile(JoinPath(dir, "ca.crt")) == ca);
   // Asked for longer than the CA lives (30 days and one): capped at the CA.
   absl::Time expires;
@@ -101,7 +101,8 @@ TEST_CASE("pstrain's certificates are a CA and one per task that openssl accepts
   }
   auto [verify, code] = Run(absl::StrCat("openssl verify -CAfile ", dir, "/ca.crt ", dir,
                                          "/chief-0.crt ", dir, "/ps-0.crt ", dir,
-                                         "/worker-0.crt ", dir, "/operator.crt"));
+                                         "/worker-0.crt ", dir, "/operator.crt ", dir,
+                                         "/monitor.crt"));
   INFO(verify);
   CHECK(code == 0);
   CHECK(verify.find("ps-0.crt: OK") != std::string::npos);
@@ -110,20 +111,36 @@ TEST_CASE("pstrain's certificates are a CA and one per task that openssl accepts
   INFO(text);
   REQUIRE(code2 == 0);
   CHECK(text.find("CN = ps:0") != std::string::npos);
-  CHECK(text.find("DNS:ps-0.example.org, DNS:ps-0.task.pstrain") != std::string::npos);
+  CHECK(text.find("DNS:ps-0.example.org, DNS:ps-0.task.pstrain, DNS:metrics.pstrain") !=
+        std::string::npos);
   CHECK(text.find("DNS:chief-0.task.pstrain") != std::string::npos);
   CHECK(text.find("IP Address:0:0:0:0:0:0:0:1") != std::string::npos);
   CHECK(text.find("TLS Web Server Authentication, TLS Web Client Authentication") !=
         std::string::npos);
   CHECK(text.find("CA:FALSE") != std::string::npos);
-  // A worker serves no RPCs: its certificate is for a client only.
+  // A worker serves no RPCs: its certificate names only its metrics
+  // endpoint (no host, no task name), so it passes for no RPC server.
   auto [worker, code4] = Run(absl::StrCat("openssl x509 -noout -text -in ", dir, "/worker-0.crt"));
   INFO(worker);
   REQUIRE(code4 == 0);
   CHECK(worker.find("CN = worker:0") != std::string::npos);
-  CHECK(worker.find("TLS Web Client Authentication") != std::string::npos);
-  CHECK(worker.find("Server Authentication") == std::string::npos);
-  CHECK(worker.find("Subject Alternative Name") == std::string::npos);
+  CHECK(worker.find("TLS Web Server Authentication, TLS Web Client Authentication") !=
+        std::string::npos);
+  const size_t san = worker.find("X509v3 Subject Alternative Name:");
+  REQUIRE(san != std::string::npos);
+  const size_t names = worker.find_first_not_of(" \n", worker.find('\n', san));
+  CHECK(worker.substr(names, worker.find('\n', names) - names) == "DNS:metrics.pstrain");
+  // The operator's and the scraper's are for clients only.
+  for (const char* client : {"operator", "monitor"}) {
+    auto [text, code5] =
+        Run(absl::StrCat("openssl x509 -noout -text -in ", dir, "/", client, ".crt"));
+    INFO(text);
+    REQUIRE(code5 == 0);
+    CHECK(text.find(absl::StrCat("CN = ", client)) != std::string::npos);
+    CHECK(text.find("TLS Web Client Authentication") != std::string::npos);
+    CHECK(text.find("Server Authentication") == std::string::npos);
+    CHECK(text.find("Subject Alternative Name") == std::string::npos);
+  }
   // And openssl's own key reads back as the key of the certificate.
   auto [key, code3] =
       Run(absl::StrCat("openssl pkey -in ", dir, "/ps-0.key -pubout; openssl x509 -in ", dir,
@@ -304,6 +321,12 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
   CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
   CHECK(st.error_message().find("no client certificate") != std::string::npos);
   CHECK(auth.unauthenticated() == 1);
+  // The scraper's certificate reads /metrics and nothing else.
+  auto monitor = channel_as(tls(dir, kMonitorIdentity), "127.0.0.1");
+  st = status_of(monitor.get(), &resp);
+  CHECK(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(st.error_message().find("a certificate for no task of this cluster") != std::string::npos);
+  CHECK(auth.unauthenticated() == 2);
 
   // A certificate of another CA, plaintext, and a server not named by its
   // certificate (127.0.0.1 reached as localhost) never get a call through.
@@ -324,7 +347,7 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
   distrust.ca_pem = *Env::Default()->ReadFile(JoinPath(other_ca, "ca.crt"));
   auto distrusting = channel_as(std::make_shared<const TlsConfig>(distrust), "127.0.0.1");
   CHECK(status_of(distrusting.get(), &resp).error_code() == grpc::StatusCode::UNAVAILABLE);
-  CHECK(auth.unauthenticated() == 1);  // none of those reached the service
+  CHECK(auth.unauthenticated() == 2);  // none of those reached the service
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
 
   // A worker's certificate cannot serve: clients refuse a server showing it.

@@ -78,13 +78,14 @@ int main(int argc, char** argv) {
           ps.GetStatus(&s);
           return s.initialized() ? "" : "waiting for the chief to install the model";
         },
-        {{"job", pstrain::kPsJob}, {"task", std::to_string(task.task.index)}});
+        {{"job", pstrain::kPsJob}, {"task", std::to_string(task.task.index)}},
+        setup->auth.tls);
     if (!started.ok()) {
       LOG_ERROR("{}", started.status().message());
       return 1;
     }
     monitoring = std::move(*started);
-    LOG_INFO("metrics on http://{}:{}/metrics", m.substr(0, m.rfind(':')), monitoring->port());
+    LOG_INFO("metrics on {}", monitoring->url());
   }
   // A server outlives its chief only by --chief_timeout_s: the chief asks
   // for the servers' version every second, and this asks for its status.

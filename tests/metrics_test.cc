@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <string>
@@ -24,6 +25,8 @@
 #include "common/env.h"
 #include "common/local_ports.h"
 #include "common/subprocess.h"
+#include "common/testing/https_get.h"
+#include "common/tls.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster_testlib.h"
 
@@ -285,28 +288,30 @@ int PromSeries(int port, const std::string& query) {
 }
 
 
-TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes the cluster "
-          "through pstrain prometheus-config",
-          "[metrics][cluster][prometheus]") {
-  const std::string prometheus = "/usr/bin/prometheus", promtool = "/usr/bin/promtool";
-  if (::access(prometheus.c_str(), X_OK) != 0 || ::access(promtool.c_str(), X_OK) != 0) {
-    const char* required = std::getenv("PSTRAIN_REQUIRE_PYTHON_READERS");
-    const std::string why =
-        "no /usr/bin/prometheus or /usr/bin/promtool (tools/test.sh installs Debian's prometheus)";
-    if (required != nullptr && std::string(required) == "1") FAIL(why);
-    WARN("SKIPPED: " << why);
-    return;
-  }
-  const std::string dir = testing::FreshTempDir("prometheus_run");
-  const std::string spec_path = testing::WriteClusterSpec(dir, 2, 2, /*metrics=*/true);
-  absl::StatusOr<ClusterSpec> spec = ClusterSpec::FromFile(spec_path);
-  REQUIRE(spec.ok());
-  std::map<std::string, int> ports;  // task -> metrics port, from the spec
-  for (const TaskId& id : spec->AllTasks()) {
-    ports[id.ToString()] = ParseHostPort(spec->metrics_address(id.job, id.index))->port;
-  }
+constexpr char kPrometheus[] = "/usr/bin/prometheus";
+constexpr char kPromtool[] = "/usr/bin/promtool";
 
-  // The generated configuration, as promtool sees it.
+// Whether Prometheus and promtool are installed. Where they are not, the
+// test fails where tools/test.sh requires them, and otherwise skips, saying so.
+bool HavePrometheus() {
+  if (::access(kPrometheus, X_OK) == 0 && ::access(kPromtool, X_OK) == 0) return true;
+  const char* required = std::getenv("PSTRAIN_REQUIRE_PYTHON_READERS");
+  const std::string why =
+      "no /usr/bin/prometheus or /usr/bin/promtool (tools/test.sh installs Debian's prometheus)";
+  if (required != nullptr && std::string(required) == "1") FAIL(why);
+  WARN("SKIPPED: " << why);
+  return false;
+}
+
+struct Prometheus {
+  std::unique_ptr<Subprocess> process;
+  int port = 0;         // its HTTP API
+  std::string log;      // its output
+};
+
+// `pstrain prometheus-config` for the spec, checked by promtool, and a real
+// Prometheus scraping by it every 500 ms, on a free port none of the spec's.
+Prometheus StartPrometheus(const std::string& dir, const std::string& spec_path) {
   CommandResult generated = testing::RunCommand(
       {Binary("tools/pstrain"), "prometheus-config", "--cluster_spec", spec_path,
        "--scrape_interval=500ms"},
@@ -315,26 +320,40 @@ TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes
   REQUIRE(generated.exit_code == 0);
   const std::string yml = testing::WriteFile(JoinPath(dir, "prometheus.yml"), generated.output);
   CommandResult checked =
-      testing::RunCommand({promtool, "check", "config", yml}, absl::Seconds(60));
+      testing::RunCommand({kPromtool, "check", "config", yml}, absl::Seconds(60));
   INFO(checked.output);
   REQUIRE(checked.exit_code == 0);
-
-  SpawnOptions prom;
-  // A free port that is none of the spec's (those are free until the launch).
-  int prom_port = 0;
-  for (int tries = 0; tries < 10 && prom_port == 0; ++tries) {
+  Prometheus prom;
+  const std::string spec_text = Env::Default()->ReadFile(spec_path).value_or("");
+  for (int tries = 0; tries < 10 && prom.port == 0; ++tries) {
     const int p = PickFreePorts(1)[0];
-    if (spec_path.empty() || Env::Default()->ReadFile(spec_path).value_or("").find(
-                                 absl::StrCat(":", p, "\"")) == std::string::npos) {
-      prom_port = p;
-    }
+    if (spec_text.find(absl::StrCat(":", p, "\"")) == std::string::npos) prom.port = p;
   }
-  REQUIRE(prom_port != 0);
-  prom.argv = {prometheus, "--config.file=" + yml, "--storage.tsdb.path=" + JoinPath(dir, "tsdb"),
-               absl::StrCat("--web.listen-address=127.0.0.1:", prom_port), "--log.level=warn"};
-  prom.output_file = JoinPath(dir, "prometheus.log");
-  auto prom_proc = Subprocess::Spawn(prom);
-  REQUIRE(prom_proc.ok());
+  REQUIRE(prom.port != 0);
+  SpawnOptions so;
+  so.argv = {kPrometheus, "--config.file=" + yml, "--storage.tsdb.path=" + JoinPath(dir, "tsdb"),
+             absl::StrCat("--web.listen-address=127.0.0.1:", prom.port), "--log.level=warn"};
+  so.output_file = prom.log = JoinPath(dir, "prometheus.log");
+  auto process = Subprocess::Spawn(so);
+  REQUIRE(process.ok());
+  prom.process = std::move(*process);
+  return prom;
+}
+
+TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes the cluster "
+          "through pstrain prometheus-config",
+          "[metrics][cluster][prometheus]") {
+  if (!HavePrometheus()) return;
+  const std::string dir = testing::FreshTempDir("prometheus_run");
+  const std::string spec_path = testing::WriteClusterSpec(dir, 2, 2, /*metrics=*/true);
+  absl::StatusOr<ClusterSpec> spec = ClusterSpec::FromFile(spec_path);
+  REQUIRE(spec.ok());
+  std::map<std::string, int> ports;  // task -> metrics port, from the spec
+  for (const TaskId& id : spec->AllTasks()) {
+    ports[id.ToString()] = ParseHostPort(spec->metrics_address(id.job, id.index))->port;
+  }
+  Prometheus prometheus = StartPrometheus(dir, spec_path);
+  const int prom_port = prometheus.port;
 
   ConfigOptions o;
   o.max_steps = 1000000;  // ended by the test
@@ -355,7 +374,7 @@ TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes
     const std::string file = testing::WriteFile(JoinPath(dir, task + ".prom"),
                                                 Body(testing::HttpGet(port, "/metrics")));
     CommandResult lint = testing::RunCommand(
-        {"/bin/sh", "-c", absl::StrCat(promtool, " check metrics < '", file, "'")},
+        {"/bin/sh", "-c", absl::StrCat(kPromtool, " check metrics < '", file, "'")},
         absl::Seconds(60));
     INFO(task << ": " << lint.output);
     CHECK(lint.exit_code == 0);
@@ -432,8 +451,8 @@ TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes
            (absl::SleepFor(absl::Milliseconds(500)), true));
   ::kill(pids[0], SIGCONT);
   launch->Stop(absl::Seconds(20));
-  (*prom_proc)->Stop(absl::Seconds(20));
-  INFO(Env::Default()->ReadFile(prom.output_file).value_or(""));
+  prometheus.process->Stop(absl::Seconds(20));
+  INFO(Env::Default()->ReadFile(prometheus.log).value_or(""));
   REQUIRE(held > 0);
   CHECK(seen == held);        // Prometheus has the endpoint's value
   CHECK(waiting_seen == 1);   // and names the worker held back
@@ -442,6 +461,70 @@ TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes
   INFO(absl::StrJoin(dashboard_problems, "\n"));
   CHECK(dashboard_queries >= 20);
   CHECK(dashboard_problems.empty());
+  CHECK(testing::NoProcessesMatching(spec_path, absl::Seconds(20)));
+}
+
+TEST_CASE("with mutual TLS every daemon serves its metrics over HTTPS, and a real Prometheus "
+          "scrapes them with the scraper's certificate",
+          "[metrics][cluster][prometheus][tls]") {
+  if (!HavePrometheus()) return;
+  const std::string dir = testing::FreshTempDir("prometheus_tls");
+  const std::string spec_path = testing::WriteClusterSpec(dir, 1, 1, /*metrics=*/true);
+  CommandResult certs = testing::RunCommand(
+      {Binary("tools/pstrain"), "certs", "--cluster_spec", spec_path, "--out",
+       JoinPath(dir, "tls"), "--days", "2"},
+      absl::Seconds(30));
+  INFO(certs.output);
+  REQUIRE(certs.exit_code == 0);
+  nlohmann::json j = nlohmann::json::parse(*Env::Default()->ReadFile(spec_path));
+  j["pstrain"]["tls"] = {{"dir", "tls"}};  // relative to the spec
+  testing::WriteFile(spec_path, j.dump());
+  absl::StatusOr<ClusterSpec> spec = ClusterSpec::FromFile(spec_path);
+  REQUIRE(spec.ok());
+  Prometheus prometheus = StartPrometheus(dir, spec_path);
+  ConfigOptions o;
+  o.max_steps = 1000000;  // ended by the test
+  o.eval_every_steps = 1000;
+  std::unique_ptr<Subprocess> launch = StartLaunch(dir, spec_path, o);
+
+  // Prometheus scrapes every task over HTTPS, checking its certificate.
+  const std::vector<TaskId> tasks = spec->AllTasks();
+  double version = -1;
+  int up = 0;
+  const absl::Time deadline = absl::Now() + absl::Seconds(90);
+  while (absl::Now() < deadline && launch->running()) {
+    up = 0;
+    for (const TaskId& id : tasks) {
+      up += PromQuery(prometheus.port,
+                      absl::StrCat("up{pstrain_task=\"", id.ToString(), "\"}")) == 1;
+    }
+    version = PromQuery(prometheus.port, "pstrain_ps_version{job=\"ps\",task=\"0\"}");
+    if (up == static_cast<int>(tasks.size()) && version > 0) break;
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  const std::string launch_out = JoinPath(dir, "launch.out");
+  // Each task's endpoint, as the launcher prints it: HTTPS. Without a client
+  // certificate /metrics is refused (the probes answer); plain HTTP gets nothing.
+  const std::string printed = Env::Default()->ReadFile(launch_out).value_or("");
+  const int ps_port = ParseHostPort(spec->metrics_address(kPsJob, 0))->port;
+  std::string error;
+  const TlsFiles anonymous{JoinPath(dir, "tls/ca.crt"), "", ""};
+  const std::string refused =
+      testing::HttpsGet(ps_port, "/metrics", anonymous, kMetricsAltName, &error);
+  const std::string ready =
+      testing::HttpsGet(ps_port, "/readyz", anonymous, kMetricsAltName, &error);
+  const std::string plain = testing::HttpGet(ps_port, "/metrics");
+  launch->Stop(absl::Seconds(20));
+  prometheus.process->Stop(absl::Seconds(20));
+  INFO(Env::Default()->ReadFile(prometheus.log).value_or(""));
+  INFO(printed);
+  CHECK(up == static_cast<int>(tasks.size()));
+  CHECK(version > 0);
+  CHECK(printed.find(absl::StrCat("metrics: ps:0 https://127.0.0.1:", ps_port, "/metrics")) !=
+        std::string::npos);
+  CHECK(refused.rfind("HTTP/1.0 403", 0) == 0);
+  CHECK(ready.rfind("HTTP/1.0 200", 0) == 0);
+  CHECK(plain.find("pstrain_ps_version") == std::string::npos);
   CHECK(testing::NoProcessesMatching(spec_path, absl::Seconds(20)));
 }
 

@@ -25,6 +25,7 @@ _LIBS = {
     "prometheus": (["prometheus-cpp-pull", "prometheus-cpp-core"], []),
     "openblas": (["openblas"], []),
     "libcrypto": (["libcrypto"], []),
+    "libssl": (["libssl"], []),
 }
 
 def _pkg_config(ctx, flag, modules):

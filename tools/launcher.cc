@@ -66,8 +66,8 @@ bool IsWarningOrError(const std::string& line) {
 void EmitLine(Task* t, const std::string& line, bool verbose, bool* progress_shown) {
   t->log << line << "\n";
   t->log.flush();
-  // "... metrics on http://host:port/metrics": where this task serves them.
-  if (const size_t at = line.find(" metrics on http://"); at != std::string::npos) {
+  // "... metrics on http(s)://host:port/metrics": where this task serves them.
+  if (const size_t at = line.find(" metrics on http"); at != std::string::npos) {
     if (*progress_shown) {
       std::cerr << "\r\033[K";
       *progress_shown = false;

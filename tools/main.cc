@@ -399,11 +399,11 @@ absl::Status CreatePrivateDir(const std::string& dir) {
 }
 
 // pstrain certs: a cluster CA (kept if it exists) and a certificate and key
-// per task and for the operator, for mutual TLS (common/tls.h).
+// per task, for the operator and for the scraper, for mutual TLS (common/tls.h).
 int CertsCommand(const std::vector<std::string>& argv) {
   const Args::FlagSpec flags = {
       {"cluster_spec", {"", "cluster spec JSON (without one: only the CA and the operator's "
-                            "certificate)"}},
+                            "and the scraper's certificates)"}},
       {"out", {"", "directory for ca.crt, ca.key and JOB-INDEX.crt/.key (created, mode 0700)"}},
       {"days", {"365", "how long the certificates are valid"}},
   };
@@ -440,7 +440,8 @@ int CertsCommand(const std::vector<std::string>& argv) {
             << absl::FormatTime("%Y-%m-%d %H:%M UTC", expires, absl::UTCTimeZone())
             << (capped ? " (when the CA expires: move ca.crt and ca.key away for a new CA)" : "")
             << "\nevery task needs ca.crt and its own JOB-INDEX.crt and .key; keep ca.key "
-               "off the cluster.\nname the directory in the cluster spec:\n  \"pstrain\": "
+               "off the cluster.\nPrometheus scrapes /metrics with monitor.crt and .key "
+               "(pstrain prometheus-config).\nname the directory in the cluster spec:\n  \"pstrain\": "
                "{\"tls\": {\"dir\": \""
             << out << "\"}}\n";
   return 0;
@@ -551,6 +552,8 @@ int PrometheusConfigCommand(const std::vector<std::string>& argv) {
                             "where each task serves /metrics"}},
       {"scrape_interval", {"5s", "how often Prometheus scrapes each task"}},
       {"job_name", {"pstrain", "the scrape job's name (the `job` label of `up`)"}},
+      {"tls_dir", {"", "with mutual TLS: where Prometheus reads ca.crt, monitor.crt and "
+                       "monitor.key (default: the spec's TLS directory)"}},
   };
   if (WantsHelp(argv)) {
     std::cout << "pstrain prometheus-config flags (the YAML goes to standard output):\n"
@@ -567,6 +570,15 @@ int PrometheusConfigCommand(const std::vector<std::string>& argv) {
   PrometheusConfigOptions o;
   o.scrape_interval = args->Get("scrape_interval");
   o.job_name = args->Get("job_name");
+  // Prometheus reads relative paths from its configuration file's directory.
+  o.tls_dir = args->Get("tls_dir").empty() ? spec->tls_dir() : args->Get("tls_dir");
+  if (!o.tls_dir.empty() && o.tls_dir[0] != '/') {
+    char cwd[4096];
+    if (::getcwd(cwd, sizeof(cwd)) == nullptr) {
+      return Fail("prometheus-config", "cannot name the working directory");
+    }
+    o.tls_dir = JoinPath(cwd, o.tls_dir);
+  }
   auto yaml = RenderPrometheusConfig(*spec, o);
   if (!yaml.ok()) return Fail("prometheus-config", std::string(yaml.status().message()));
   std::cout << *yaml;

@@ -5,6 +5,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/tls.h"
 
 namespace pstrain {
 namespace {
@@ -95,7 +96,17 @@ absl::StatusOr<std::string> RenderPrometheusConfig(const ClusterSpec& spec,
   absl::StrAppend(&out, "global:\n  scrape_interval: ", options.scrape_interval,
                   "\n  evaluation_interval: ", options.scrape_interval,
                   "\nscrape_configs:\n  - job_name: ", options.job_name,
-                  "\n    honor_labels: true\n    metrics_path: /metrics\n    static_configs:\n");
+                  "\n    honor_labels: true\n    metrics_path: /metrics\n");
+  const std::string& tls_dir = options.tls_dir.empty() ? spec.tls_dir() : options.tls_dir;
+  if (!spec.tls_dir().empty()) {
+    // Every task's certificate names kMetricsAltName (pstrain certs), so one
+    // server_name checks them all, whatever their hosts.
+    const TlsFiles files = TlsFilesIn(tls_dir, kMonitorIdentity);
+    absl::StrAppend(&out, "    scheme: https\n    tls_config:\n      ca_file: \"", files.ca_file,
+                    "\"\n      cert_file: \"", files.cert_file, "\"\n      key_file: \"",
+                    files.key_file, "\"\n      server_name: ", kMetricsAltName, "\n");
+  }
+  absl::StrAppend(&out, "    static_configs:\n");
   for (const std::string& t : targets) out += t;
   return out;
 }

@@ -41,6 +41,36 @@ TEST_CASE("one scrape job lists every task the spec gives a metrics address", "[
   CHECK(yaml->find("10.0.0.3") == std::string::npos);
 }
 
+TEST_CASE("with mutual TLS the scrape job uses HTTPS and the scraper's certificate",
+          "[prometheus][tls]") {
+  auto spec = ClusterSpec::Parse(
+      R"({"chief": ["10.0.0.1:2220"], "ps": ["10.0.0.2:2221"], "worker": ["10.0.0.3:2222"],
+          "pstrain": {"tls": {"dir": "/etc/pstrain/tls"},
+                      "metrics": {"chief": ["10.0.0.1:9100"]}}})",
+      "spec.json");
+  REQUIRE(spec.ok());
+  PrometheusConfigOptions o;
+  auto yaml = RenderPrometheusConfig(*spec, o);
+  REQUIRE(yaml.ok());
+  CHECK(yaml->find("    metrics_path: /metrics\n"
+                   "    scheme: https\n"
+                   "    tls_config:\n"
+                   "      ca_file: \"/etc/pstrain/tls/ca.crt\"\n"
+                   "      cert_file: \"/etc/pstrain/tls/monitor.crt\"\n"
+                   "      key_file: \"/etc/pstrain/tls/monitor.key\"\n"
+                   "      server_name: metrics.pstrain\n"
+                   "    static_configs:\n") != std::string::npos);
+  o.tls_dir = "/srv/prometheus/pstrain";  // where the scraper keeps them
+  yaml = RenderPrometheusConfig(*spec, o);
+  REQUIRE(yaml.ok());
+  CHECK(yaml->find("cert_file: \"/srv/prometheus/pstrain/monitor.crt\"") != std::string::npos);
+  // Without TLS: plain HTTP, as before.
+  yaml = RenderPrometheusConfig(Spec(R"({"chief": ["10.0.0.1:9100"]})"), o);
+  REQUIRE(yaml.ok());
+  CHECK(yaml->find("scheme") == std::string::npos);
+  CHECK(yaml->find("tls_config") == std::string::npos);
+}
+
 TEST_CASE("prometheus-config refuses what Prometheus could not use", "[prometheus]") {
   PrometheusConfigOptions o;
   auto no_metrics = ClusterSpec::Parse(

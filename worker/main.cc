@@ -58,13 +58,14 @@ int main(int argc, char** argv) {
         [&stats]() -> std::string {
           return stats.registered ? "" : "registering with the chief";
         },
-        {{"job", pstrain::kWorkerJob}, {"task", std::to_string(options.worker)}});
+        {{"job", pstrain::kWorkerJob}, {"task", std::to_string(options.worker)}},
+        setup->auth.tls);
     if (!started.ok()) {
       LOG_ERROR("{}", started.status().message());
       return 1;
     }
     monitoring = std::move(*started);
-    LOG_INFO("metrics on http://{}:{}/metrics", m.substr(0, m.rfind(':')), monitoring->port());
+    LOG_INFO("metrics on {}", monitoring->url());
   }
   absl::Status st = pstrain::RunWorker(config, setup->task.cluster, options, &stop);
   if (!st.ok()) {

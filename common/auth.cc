@@ -204,7 +204,8 @@ absl::Status Authorizer::CheckWorkerField(const Caller& caller, int worker,
 absl::StatusOr<AuthSetup> ResolveAuth(const ClusterSpec& cluster, const std::string& identity,
                                       bool serves, const std::string& secret_file,
                                       const std::string& token_file, bool insecure,
-                                      const std::string& bind_host, const TlsFiles& tls_flags) {
+                                      const std::string& bind_host, const TlsFiles& tls_flags,
+                                      absl::Duration tls_reload) {
   AuthSetup setup;
   TlsFiles tls_files =
       cluster.tls_dir().empty() ? TlsFiles() : TlsFilesIn(cluster.tls_dir(), identity);
@@ -220,6 +221,12 @@ absl::StatusOr<AuthSetup> ResolveAuth(const ClusterSpec& cluster, const std::str
       return absl::InvalidArgumentError(absl::StrCat(
           "TLS: ", tls_files.cert_file, " is the certificate of \"", tls->identity,
           "\", not of this task, ", identity));
+    }
+    if (tls_reload > absl::ZeroDuration()) {
+      absl::StatusOr<std::shared_ptr<TlsWatcher>> watcher =
+          TlsWatcher::Start(tls_files, *tls, tls_reload);
+      if (!watcher.ok()) return watcher.status();
+      tls->watcher = *std::move(watcher);
     }
     setup.tls = std::make_shared<const TlsConfig>(*std::move(tls));
   }

@@ -117,14 +117,16 @@ struct AuthSetup {
 // spec's), or only its own token from `token_file`. A task that serves RPCs
 // (`serves`) needs the secret. Mutual TLS: the files in the spec's TLS dir
 // for `identity`, each replaced by the one `tls_flags` names; the
-// certificate must be `identity`'s own. With neither a secret nor TLS, a
+// certificate must be `identity`'s own; with `tls_reload` above zero its
+// files are watched for renewal that often (TlsWatcher). With neither a secret nor TLS, a
 // spec naming a non-loopback host, or a `bind_host` (--bind) that is not
 // loopback, is refused unless `insecure` (or the spec's "insecure": true).
 absl::StatusOr<AuthSetup> ResolveAuth(const ClusterSpec& cluster, const std::string& identity,
                                       bool serves, const std::string& secret_file,
                                       const std::string& token_file, bool insecure,
                                       const std::string& bind_host = "",
-                                      const TlsFiles& tls_flags = TlsFiles());
+                                      const TlsFiles& tls_flags = TlsFiles(),
+                                      absl::Duration tls_reload = absl::ZeroDuration());
 
 }  // namespace pstrain
 

@@ -35,6 +35,10 @@ ABSL_FLAG(std::string, tls_cert_file, "",
 ABSL_FLAG(std::string, tls_key_file, "",
           "mutual TLS: this task's private key (mode 0600); default: JOB-INDEX.key in the "
           "spec's TLS dir");
+ABSL_FLAG(int, tls_reload_s, 60,
+          "mutual TLS: look at the CA, certificate and key files this often, in seconds, and "
+          "take renewed ones that pass the start's checks (new connections use them); 0: read "
+          "them at start only");
 ABSL_FLAG(bool, insecure, false,
           "allow a cluster spec with non-loopback hosts to run without authentication");
 ABSL_FLAG(int64_t, max_inflight_mib, pstrain::ServerLimits().inflight_bytes >> 20,
@@ -86,7 +90,8 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
                                absl::GetFlag(FLAGS_bind),
                                TlsFiles{absl::GetFlag(FLAGS_tls_ca_file),
                                         absl::GetFlag(FLAGS_tls_cert_file),
-                                        absl::GetFlag(FLAGS_tls_key_file)}));
+                                        absl::GetFlag(FLAGS_tls_key_file)},
+                               absl::Seconds(std::max(0, absl::GetFlag(FLAGS_tls_reload_s)))));
   ASSIGN_OR_RETURN(setup.metrics_address,
                    ResolveMetricsAddress(setup.task, absl::GetFlag(FLAGS_metrics_address),
                                          absl::GetFlag(FLAGS_bind)));
@@ -111,9 +116,14 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
   InitLogging(setup.task.task.ToString(), absl::GetFlag(FLAGS_log_level));
   if (setup.auth.tls) {
     const absl::Duration left = setup.auth.tls->not_after - absl::Now();
-    LOG_INFO("mutual TLS on: this task's certificate is {}'s, valid until {}",
+    LOG_INFO("mutual TLS on: this task's certificate is {}'s, valid until {}{}",
              setup.auth.tls->identity,
-             absl::FormatTime("%Y-%m-%d %H:%M UTC", setup.auth.tls->not_after, absl::UTCTimeZone()));
+             absl::FormatTime("%Y-%m-%d %H:%M UTC", setup.auth.tls->not_after, absl::UTCTimeZone()),
+             setup.auth.tls->watcher == nullptr
+                 ? "; renewed files are not read (--tls_reload_s=0)"
+                 : absl::StrCat("; renewed files are taken within ",
+                                2 * absl::GetFlag(FLAGS_tls_reload_s), " s (staged in ",
+                                setup.auth.tls->watcher->staging_dir(), ")"));
     if (left < absl::Hours(24 * 7)) {
       LOG_WARN("this task's certificate or its CA expires in {}: renew with pstrain certs",
                absl::FormatDuration(absl::Floor(left, absl::Minutes(1))));

@@ -335,6 +335,8 @@ absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(
       return https.status();
     }
     s->https_ = *std::move(https);
+    s->https_source_ = tls->watcher ? tls->watcher->current() : tls;
+    s->tls_ = tls;
     if (!CertificateNames(*tls, kMetricsAltName)) {
       LOG_WARN("the certificate of {} does not name {}: a scraper that checks it (pstrain "
                "prometheus-config's) refuses this endpoint; write the certificates again with "
@@ -389,6 +391,15 @@ void MonitoringServer::ServeOne(int fd) {
   std::unique_ptr<SSL, decltype(&SSL_free)> ssl(nullptr, SSL_free);
   bool certified = true;
   if (https_ != nullptr) {
+    if (tls_->watcher != nullptr) {
+      // A renewed certificate, taken by the watcher: used from this connection on.
+      std::shared_ptr<const TlsConfig> now = tls_->watcher->current();
+      if (now != https_source_) {
+        absl::StatusOr<std::shared_ptr<ssl_ctx_st>> https = HttpsServerContext(*now);
+        if (https.ok()) https_ = *std::move(https);
+        https_source_ = std::move(now);  // a failure is not tried again for each connection
+      }
+    }
     ssl.reset(SSL_new(https_.get()));
     if (!ssl || SSL_set_fd(ssl.get(), fd) != 1) {
       ERR_clear_error();
@@ -435,7 +446,7 @@ void MonitoringServer::ServeOne(int fd) {
 }
 
 std::string MonitoringServer::url() const {
-  return absl::StrCat(https_ ? "https" : "http", "://", host_, ":", port_, "/metrics");
+  return absl::StrCat(tls_ ? "https" : "http", "://", host_, ":", port_, "/metrics");
 }
 
 MonitoringServer::Response MonitoringServer::Handle(const std::string& target,
@@ -459,7 +470,26 @@ MonitoringServer::Response MonitoringServer::Handle(const std::string& target,
       std::vector<prometheus::MetricFamily> f = c->Collect();
       for (auto& m : f) families.push_back(std::move(m));
     }
-    if (https_ != nullptr) {
+    if (tls_ != nullptr) {
+      const std::shared_ptr<const TlsConfig> now =
+          tls_->watcher ? tls_->watcher->current() : tls_;
+      prometheus::MetricFamily expiry = Family(
+          "pstrain_tls_certificate_expiry_timestamp_seconds",
+          "When this task's certificate, or the CA, expires (the sooner), since the Unix epoch.",
+          prometheus::MetricType::Gauge);
+      AddMetric(&expiry, {}, absl::ToDoubleSeconds(now->not_after - absl::UnixEpoch()));
+      families.push_back(std::move(expiry));
+      if (tls_->watcher != nullptr) {
+        prometheus::MetricFamily reloads = Family(
+            "pstrain_tls_reloads_total",
+            "Changed certificate files this task took (ok) or refused, keeping the ones in use "
+            "(refused: they failed the start's checks).",
+            prometheus::MetricType::Counter);
+        AddMetric(&reloads, {{"outcome", "ok"}}, static_cast<double>(tls_->watcher->reloads()));
+        AddMetric(&reloads, {{"outcome", "refused"}},
+                  static_cast<double>(tls_->watcher->refusals()));
+        families.push_back(std::move(reloads));
+      }
       prometheus::MetricFamily refused =
           Family("pstrain_monitoring_refused_total",
                  "Requests this HTTPS endpoint refused: failed TLS handshakes (plaintext, a "

@@ -43,7 +43,8 @@ class MonitoringServer {
 
   // Listens on `address` ("host:port"; port 0 picks a free one) and serves
   // until destroyed. `labels` (e.g. job and task) go on every metric. With
-  // `tls` it serves HTTPS (see above).
+  // `tls` it serves HTTPS (see above), with renewed certificates as its
+  // watcher takes them.
   static absl::StatusOr<std::unique_ptr<MonitoringServer>> Start(
       const std::string& address,
       std::vector<std::shared_ptr<prometheus::Collectable>> collectables, ReadyFn ready,
@@ -72,7 +73,11 @@ class MonitoringServer {
   std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
   ReadyFn ready_;
   Labels labels_;
-  std::shared_ptr<ssl_ctx_st> https_;  // null: plain HTTP
+  std::shared_ptr<const TlsConfig> tls_;  // null: plain HTTP
+  // The serving thread's HTTPS context, made from https_source_ (tls_, or
+  // what its watcher took last).
+  std::shared_ptr<ssl_ctx_st> https_;
+  std::shared_ptr<const TlsConfig> https_source_;
   std::string host_;
   int listen_fd_ = -1;
   int port_ = 0;

@@ -1,18 +1,25 @@
 #include "common/tls.h"
 
 #include <arpa/inet.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
 #include "common/cluster_spec.h"
 #include "common/env.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
+#include "grpcpp/security/tls_credentials_options.h"
 #include "openssl/bio.h"
 #include "openssl/bn.h"
 #include "openssl/crypto.h"
@@ -286,6 +293,13 @@ std::shared_ptr<grpc::ServerCredentials> TlsServerCredentials(const TlsConfig& t
   // Asked for and verified when offered, not required in the handshake: a
   // call without a certificate then reaches the Authorizer, which refuses
   // it with UNAUTHENTICATED and counts it.
+  if (tls.watcher != nullptr) {
+    grpc::experimental::TlsServerCredentialsOptions options(tls.watcher->provider());
+    options.watch_root_certs();
+    options.watch_identity_key_cert_pairs();
+    options.set_cert_request_type(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
+    return grpc::experimental::TlsServerCredentials(options);
+  }
   grpc::SslServerCredentialsOptions options(GRPC_SSL_REQUEST_CLIENT_CERTIFICATE_AND_VERIFY);
   options.pem_root_certs = tls.ca_pem;
   options.pem_key_cert_pairs.push_back({tls.key_pem, tls.cert_pem});
@@ -293,6 +307,16 @@ std::shared_ptr<grpc::ServerCredentials> TlsServerCredentials(const TlsConfig& t
 }
 
 std::shared_ptr<grpc::ChannelCredentials> TlsChannelCredentials(const TlsConfig& tls) {
+  if (tls.watcher != nullptr) {
+    // The server's certificate is verified against the CA and checked for
+    // the channel's target name (or its SslTargetNameOverride), as below.
+    grpc::experimental::TlsChannelCredentialsOptions options;
+    options.set_certificate_provider(tls.watcher->provider());
+    options.watch_root_certs();
+    options.watch_identity_key_cert_pairs();
+    options.set_verify_server_certs(true);
+    return grpc::experimental::TlsCredentials(options);
+  }
   grpc::SslCredentialsOptions options;
   options.pem_root_certs = tls.ca_pem;
   options.pem_private_key = tls.key_pem;
@@ -339,6 +363,152 @@ bool CertificateNames(const TlsConfig& tls, const std::string& dns_name) {
   std::vector<Cert> chain = ParseCerts(tls.cert_pem);
   return !chain.empty() && X509_check_host(chain.front().get(), dns_name.data(), dns_name.size(),
                                            X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS, nullptr) == 1;
+}
+
+namespace {
+
+TlsWatcher::Stamp StampOf(const std::string& path) {
+  TlsWatcher::Stamp stamp;
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0) {
+    stamp.size = st.st_size;
+    stamp.mtime_ns = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+    stamp.inode = static_cast<int64_t>(st.st_ino);
+    stamp.device = static_cast<int64_t>(st.st_dev);
+  }
+  return stamp;
+}
+
+std::string Expiry(absl::Time t) {
+  return absl::FormatTime("%Y-%m-%d %H:%M UTC", t, absl::UTCTimeZone());
+}
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<TlsWatcher>> TlsWatcher::Start(const TlsFiles& files,
+                                                              const TlsConfig& initial,
+                                                              absl::Duration interval) {
+  if (interval < absl::Seconds(1)) {
+    return absl::InvalidArgumentError("certificates are looked at once a second at most");
+  }
+  // In memory where the machine has it: the key copy never reaches a disk.
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string base = ::access("/dev/shm", W_OK | X_OK) == 0 ? "/dev/shm"
+                           : tmp != nullptr && *tmp != '\0'    ? tmp
+                                                                : "/tmp";
+  std::string dir = JoinPath(base, "pstrain-tls-XXXXXX");
+  if (::mkdtemp(dir.data()) == nullptr) {  // mode 0700
+    return absl::FailedPreconditionError(
+        absl::StrCat("TLS: cannot make a staging directory in ", base, ": ", std::strerror(errno)));
+  }
+  std::shared_ptr<TlsWatcher> w(new TlsWatcher());
+  w->files_ = files;
+  w->identity_ = initial.identity;
+  w->staging_ = dir;
+  w->interval_ = interval;
+  TlsConfig plain = initial;
+  plain.watcher = nullptr;
+  {
+    absl::MutexLock lock(&w->mu_);
+    w->stamps_ = w->Stamps();
+    RETURN_IF_ERROR(w->Stage(plain));
+    w->current_ = std::make_shared<const TlsConfig>(std::move(plain));
+  }
+  const std::string current = JoinPath(dir, "current");
+  w->provider_ = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      JoinPath(current, "key.pem"), JoinPath(current, "cert.pem"), JoinPath(current, "ca.crt"),
+      static_cast<unsigned int>(absl::ToInt64Seconds(interval)));
+  w->thread_ = std::thread([raw = w.get()] {
+    for (;;) {
+      {
+        absl::MutexLock lock(&raw->mu_);
+        if (raw->mu_.AwaitWithTimeout(absl::Condition(&raw->stopping_), raw->interval_)) return;
+      }
+      raw->CheckNow();
+    }
+  });
+  return w;
+}
+
+TlsWatcher::~TlsWatcher() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  provider_.reset();
+  ::unlink(JoinPath(staging_, "current").c_str());  // a link: not to be walked into
+  (void)DeleteRecursively(Env::Default(), staging_);
+}
+
+std::shared_ptr<const TlsConfig> TlsWatcher::current() const {
+  absl::MutexLock lock(&mu_);
+  return current_;
+}
+
+std::vector<TlsWatcher::Stamp> TlsWatcher::Stamps() const {
+  return {StampOf(files_.ca_file), StampOf(files_.cert_file), StampOf(files_.key_file)};
+}
+
+absl::Status TlsWatcher::Stage(const TlsConfig& tls) {
+  // A new generation directory, then the `current` link swapped onto it in
+  // one rename: gRPC reads a whole generation or the one before. The one
+  // before stays until the next swap, for a read still under way.
+  const std::string gen = absl::StrCat("g", ++generation_);
+  const std::string dir = JoinPath(staging_, gen);
+  if (::mkdir(dir.c_str(), 0700) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("TLS: cannot make ", dir, ": ", std::strerror(errno)));
+  }
+  RETURN_IF_ERROR(WritePrivateFile(JoinPath(dir, "ca.crt"), tls.ca_pem));
+  RETURN_IF_ERROR(WritePrivateFile(JoinPath(dir, "cert.pem"), tls.cert_pem));
+  RETURN_IF_ERROR(WritePrivateFile(JoinPath(dir, "key.pem"), tls.key_pem));
+  const std::string link = JoinPath(staging_, "current.tmp");
+  ::unlink(link.c_str());
+  if (::symlink(gen.c_str(), link.c_str()) != 0 ||
+      ::rename(link.c_str(), JoinPath(staging_, "current").c_str()) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("TLS: cannot switch ", staging_, " to ", gen, ": ", std::strerror(errno)));
+  }
+  if (generation_ > 2) {
+    (void)DeleteRecursively(Env::Default(),
+                            JoinPath(staging_, absl::StrCat("g", generation_ - 2)));
+  }
+  return absl::OkStatus();
+}
+
+bool TlsWatcher::CheckNow() {
+  const std::vector<Stamp> stamps = Stamps();
+  {
+    absl::MutexLock lock(&mu_);
+    if (stamps == stamps_) return false;
+    stamps_ = stamps;  // refused material is not read again until it changes
+  }
+  absl::StatusOr<TlsConfig> tls = LoadTls(files_);
+  if (tls.ok() && tls->identity != identity_) {
+    tls = absl::InvalidArgumentError(absl::StrCat(files_.cert_file, " is now the certificate of \"",
+                                                  tls->identity, "\", not of ", identity_));
+  }
+  absl::Status st = tls.status();
+  if (st.ok()) {
+    absl::MutexLock lock(&mu_);
+    st = Stage(*tls);
+    if (st.ok()) current_ = std::make_shared<const TlsConfig>(*tls);
+  }
+  if (!st.ok()) {
+    refusals_.fetch_add(1, std::memory_order_relaxed);
+    LOG_WARN("TLS: the changed certificate files are refused, the current ones stay in use: {}",
+             st.message());
+    return false;
+  }
+  reloads_.fetch_add(1, std::memory_order_relaxed);
+  LOG_INFO("TLS: took the renewed certificate of {} from {}, valid until {}", identity_,
+           files_.cert_file, Expiry(tls->not_after));
+  if (tls->not_after - absl::Now() < absl::Hours(24 * 7)) {
+    LOG_WARN("the renewed certificate or its CA expires within a week, {}",
+             Expiry(tls->not_after));
+  }
+  return true;
 }
 
 std::string PeerCommonName(const grpc::ServerContextBase& ctx) {

@@ -16,14 +16,19 @@
 #ifndef PSTRAIN_COMMON_TLS_H_
 #define PSTRAIN_COMMON_TLS_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/security/tls_certificate_provider.h"
 
 struct ssl_ctx_st;  // OpenSSL's SSL_CTX
 
@@ -43,6 +48,8 @@ struct TlsFiles {
 // dir/ca.crt, dir/ps-1.crt, dir/ps-1.key).
 TlsFiles TlsFilesIn(const std::string& dir, const std::string& identity);
 
+class TlsWatcher;
+
 // A process's loaded, checked TLS material.
 struct TlsConfig {
   std::string ca_pem;
@@ -50,6 +57,10 @@ struct TlsConfig {
   std::string key_pem;
   std::string identity;   // the certificate's common name
   absl::Time not_after;   // when the certificate, or the CA, expires: the sooner
+  // Set where the files are watched for renewal: credentials made from this
+  // config then follow the watcher's current material, not the PEMs above
+  // (which are what was read at start).
+  std::shared_ptr<TlsWatcher> watcher;
 };
 
 // The DNS name a serving task's certificate carries besides its host
@@ -86,6 +97,66 @@ absl::StatusOr<std::shared_ptr<ssl_ctx_st>> HttpsServerContext(const TlsConfig& 
 
 // Whether the certificate of `tls` names `dns_name` (a subject alternative name).
 bool CertificateNames(const TlsConfig& tls, const std::string& dns_name);
+
+// Certificates renewed in place, without restarting the task. Every
+// `interval` it looks at the task's three files (size, time, inode: a
+// Kubernetes secret's symlink swap counts); when one changed it reads them
+// with LoadTls, and takes them only when they pass and are still the
+// certificate of the same identity. Taken material goes to gRPC through a
+// private staging directory (mode 0700, in /dev/shm where there is one, so
+// the key stays off disk) whose `current` link is swapped atomically, the
+// way gRPC's FileWatcherCertificateProvider asks for, so gRPC never reads
+// a key and a certificate that do not match; and to the monitoring endpoint
+// through current(). Refused material is logged once (its files' stamps
+// are kept) and the current material stays. New connections use the new
+// certificate within two intervals (gRPC rereads the staging directory on
+// the same interval); connections already open keep theirs.
+class TlsWatcher {
+ public:
+  // `initial` is what LoadTls read from `files` at start.
+  static absl::StatusOr<std::shared_ptr<TlsWatcher>> Start(const TlsFiles& files,
+                                                           const TlsConfig& initial,
+                                                           absl::Duration interval);
+  ~TlsWatcher();  // stops watching and removes the staging directory
+
+  // The material in use now (its `watcher` is null).
+  std::shared_ptr<const TlsConfig> current() const ABSL_LOCKS_EXCLUDED(mu_);
+  // What gRPC credentials read the material from.
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider() const {
+    return provider_;
+  }
+  // Looks at the files now; true when it took new material.
+  bool CheckNow() ABSL_LOCKS_EXCLUDED(mu_);
+  int64_t reloads() const { return reloads_.load(std::memory_order_relaxed); }
+  int64_t refusals() const { return refusals_.load(std::memory_order_relaxed); }
+  const std::string& staging_dir() const { return staging_; }
+
+  // Stat results of a file: what tells that it changed.
+  struct Stamp {
+    int64_t size = -1, mtime_ns = -1, inode = -1, device = -1;
+    bool operator==(const Stamp& o) const {
+      return size == o.size && mtime_ns == o.mtime_ns && inode == o.inode && device == o.device;
+    }
+  };
+
+ private:
+  TlsWatcher() = default;
+  absl::Status Stage(const TlsConfig& tls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<Stamp> Stamps() const;
+
+  TlsFiles files_;
+  std::string identity_;
+  std::string staging_;
+  absl::Duration interval_;
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<const TlsConfig> current_ ABSL_GUARDED_BY(mu_);
+  std::vector<Stamp> stamps_ ABSL_GUARDED_BY(mu_);
+  int generation_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int64_t> reloads_{0}, refusals_{0};
+  std::thread thread_;
+};
 
 // The verified common name of the client certificate of the call `ctx`
 // serves; empty when the call came without one (or without TLS).

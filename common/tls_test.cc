@@ -261,8 +261,19 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
   std::vector<std::string> written;
   REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(48), &written).ok());
   REQUIRE(WriteClusterCertificates(&spec, other_ca, absl::Hours(48), &written).ok());
-  auto tls = [](const std::string& d, const std::string& id) {
-    return std::make_shared<const TlsConfig>(Load(d, id));
+  // Static material (gRPC's SSL credentials), or watched files (its TLS
+  // credentials over the watcher's staging directory): the same checks.
+  const bool watched = GENERATE(false, true);
+  INFO((watched ? "watched files" : "static material"));
+  auto tls = [watched](const std::string& d, const std::string& id) {
+    TlsConfig t = Load(d, id);
+    if (watched) {
+      absl::StatusOr<std::shared_ptr<TlsWatcher>> w =
+          TlsWatcher::Start(TlsFilesIn(d, id), t, absl::Seconds(1));
+      REQUIRE(w.ok());
+      t.watcher = *w;
+    }
+    return std::make_shared<const TlsConfig>(t);
   };
 
   Authorizer auth("", spec, /*tls=*/true);
@@ -357,6 +368,100 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
   auto fooled = channel_as(tls(dir, "chief:0"), "127.0.0.1");
   CHECK(status_of(fooled.get(), &resp).error_code() == grpc::StatusCode::UNAVAILABLE);
   impostor->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+}
+
+// The PEM of the certificate the server showed on the call `ctx` made.
+std::string ServerCertificate(const grpc::ClientContext& ctx) {
+  std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();
+  if (auth == nullptr) return "";
+  std::vector<grpc::string_ref> pem = auth->FindPropertyValues("x509_pem_cert");
+  return pem.empty() ? "" : std::string(pem.front().data(), pem.front().size());
+}
+
+TEST_CASE("a renewed certificate is taken without a restart; a broken or foreign one is refused",
+          "[tls][rpc]") {
+  const std::string dir = TempDir("renew");
+  ClusterSpec spec = Spec(R"({"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"],
+                              "worker": ["127.0.0.1:3"]})");
+  std::vector<std::string> written;
+  REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(48), &written).ok());
+  const TlsFiles ps_files = TlsFilesIn(dir, "ps:0");
+  TlsConfig ps = Load(dir, "ps:0");
+  absl::StatusOr<std::shared_ptr<TlsWatcher>> watcher =
+      TlsWatcher::Start(ps_files, ps, absl::Seconds(1));
+  REQUIRE(watcher.ok());
+  std::shared_ptr<TlsWatcher> w = *std::move(watcher);
+  ps.watcher = w;
+  const std::string staging = w->staging_dir();
+  struct stat st;
+  REQUIRE(::stat(staging.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0700);
+  CHECK_FALSE(w->CheckNow());  // nothing changed
+
+  Authorizer auth("", spec, /*tls=*/true);
+  WhoService service(&auth);
+  SetTransportSecurity(std::make_shared<const TlsConfig>(ps));
+  int port = 0;
+  std::unique_ptr<grpc::Server> server =
+      StartOnSomePort(&service, 29000 + (::getpid() % 20000), &port);
+  SetTransportSecurity(nullptr);
+  REQUIRE(server != nullptr);
+  // The server's certificate as a new connection of the chief sees it.
+  auto shown = [&] {
+    SetTransportSecurity(std::make_shared<const TlsConfig>(Load(dir, "chief:0")));
+    auto stub = PsService::NewStub(CreateChannel(absl::StrCat("127.0.0.1:", port), "ps:0"));
+    SetTransportSecurity(nullptr);
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(5));
+    PsStatusResponse resp;
+    grpc::Status status = stub->GetStatus(&ctx, PsStatusRequest(), &resp);
+    return status.ok() ? ServerCertificate(ctx) : "failed: " + status.error_message();
+  };
+  const std::string first = *Env::Default()->ReadFile(ps_files.cert_file);
+  CHECK(shown() == first);
+
+  // Renewed in place (the same CA): taken, and shown to new connections
+  // once gRPC has read the staging directory again (1 s here).
+  written.clear();
+  REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(48), &written).ok());
+  const std::string second = *Env::Default()->ReadFile(ps_files.cert_file);
+  REQUIRE(second != first);
+  CHECK(w->CheckNow());
+  CHECK(w->reloads() == 1);
+  CHECK(w->current()->cert_pem == second);
+  std::string now = shown();
+  for (absl::Time end = absl::Now() + absl::Seconds(10); now != second && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(200));
+    now = shown();
+  }
+  CHECK(now == second);
+
+  // A torn renewal (a certificate that does not parse), then another task's
+  // pair: refused, and the server goes on with the second certificate.
+  const std::string key = *Env::Default()->ReadFile(ps_files.key_file);
+  REQUIRE(Env::Default()->WriteFile(ps_files.cert_file, "-----BEGIN CERT", false).ok());
+  CHECK_FALSE(w->CheckNow());
+  CHECK(w->refusals() == 1);
+  const TlsFiles worker = TlsFilesIn(dir, "worker:0");
+  REQUIRE(Env::Default()->WriteFile(ps_files.cert_file,
+                                    *Env::Default()->ReadFile(worker.cert_file), false).ok());
+  REQUIRE(WritePrivateFile(ps_files.key_file, *Env::Default()->ReadFile(worker.key_file)).ok());
+  CHECK_FALSE(w->CheckNow());
+  CHECK(w->refusals() == 2);
+  CHECK(w->current()->cert_pem == second);
+  absl::SleepFor(absl::Milliseconds(2500));  // gRPC reads the staging directory again
+  CHECK(shown() == second);
+  // Put back: taken again.
+  REQUIRE(Env::Default()->WriteFile(ps_files.cert_file, second, false).ok());
+  REQUIRE(WritePrivateFile(ps_files.key_file, key).ok());
+  CHECK(w->CheckNow());
+  CHECK(w->reloads() == 2);
+
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  server.reset();
+  ps.watcher = nullptr;
+  w.reset();  // the last holder: the staging directory goes with it
+  CHECK(::stat(staging.c_str(), &st) != 0);
 }
 
 }  // namespace

@@ -15,6 +15,8 @@
 #include "common/env.h"
 #include "common/rpc.h"
 #include "common/subprocess.h"
+#include "common/testing/https_get.h"
+#include "common/tls.h"
 #include "common/tensor.h"
 #include "common/wire_frame.h"
 #include "nlohmann/json.hpp"
@@ -51,16 +53,18 @@ std::string Token(const std::string& dir, const std::string& file) {
   return *t;
 }
 
-// The port in a daemon's "metrics on http://127.0.0.1:PORT/metrics" line.
+// The port in a daemon's "metrics on http(s)://127.0.0.1:PORT/metrics" line.
 int MetricsPort(const std::string& log_path) {
   int port = 0;
   absl::Status st = RetryWithBackoff(
       "metrics line", absl::Seconds(20),
       [&]() {
         std::string log = Env::Default()->ReadFile(log_path).value_or("");
-        const size_t at = log.find("metrics on http://127.0.0.1:");
+        const size_t line = log.find("metrics on http");
+        const std::string host = "://127.0.0.1:";
+        const size_t at = line == std::string::npos ? line : log.find(host, line);
         if (at == std::string::npos) return absl::UnavailableError("not yet");
-        const size_t begin = at + std::string("metrics on http://127.0.0.1:").size();
+        const size_t begin = at + host.size();
         if (!absl::SimpleAtoi(log.substr(begin, log.find('/', begin) - begin), &port)) {
           return absl::InternalError("bad line");
         }
@@ -310,6 +314,88 @@ TEST_CASE("a cluster with mutual TLS, and with TLS and tokens, trains end to end
   CHECK(wrong.exit_code == 2);
   CHECK(wrong.output.find("is the certificate of \"ps:1\", not of this task, ps:0") !=
         std::string::npos);
+}
+
+TEST_CASE("a running daemon takes renewed certificates without a restart", "[security][tls]") {
+  const std::string dir = testing::FreshTempDir("tls_renew");
+  const std::string spec = testing::WriteClusterSpec(dir, 1, 1);
+  auto certs = [&] {
+    CommandResult r = testing::RunCommand(
+        {Binary("tools/pstrain"), "certs", "--cluster_spec", spec, "--out", JoinPath(dir, "tls"),
+         "--days", "2"},
+        absl::Seconds(30));
+    INFO(r.output);
+    REQUIRE(r.exit_code == 0);
+    return *Env::Default()->ReadFile(JoinPath(dir, "tls/ps-0.crt"));
+  };
+  const std::string first = certs();
+  nlohmann::json j = nlohmann::json::parse(*Env::Default()->ReadFile(spec));
+  j["pstrain"] = {{"tls", {{"dir", "tls"}}}};
+  testing::WriteFile(spec, j.dump());
+  SpawnOptions so;
+  so.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=0",
+             "--metrics_address=127.0.0.1:0", "--tls_reload_s=1", "--chief_timeout_s=0"};
+  so.output_file = JoinPath(dir, "ps.log");
+  auto ps = Subprocess::Spawn(so);
+  REQUIRE(ps.ok());
+  const int port = MetricsPort(so.output_file);
+  const TlsFiles monitor = TlsFilesIn(JoinPath(dir, "tls"), kMonitorIdentity);
+  auto shown = [&](std::string* metrics = nullptr) {
+    std::string error, cert;
+    const std::string r =
+        testing::HttpsGet(port, "/metrics", monitor, kMetricsAltName, &error, &cert);
+    if (metrics != nullptr) *metrics = r;
+    return cert;
+  };
+  CHECK(shown() == first);
+
+  // Renewed with the same CA while it runs: served within about 2 s.
+  const std::string second = certs();
+  REQUIRE(second != first);
+  std::string now = shown(), metrics;
+  for (absl::Time end = absl::Now() + absl::Seconds(15); now != second && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(200));
+    now = shown(&metrics);
+  }
+  CHECK(now == second);
+  INFO(metrics);
+  CHECK(metrics.find("pstrain_tls_reloads_total{outcome=\"ok\",job=\"ps\",task=\"0\"} 1") !=
+        std::string::npos);
+  CHECK(metrics.find("pstrain_tls_certificate_expiry_timestamp_seconds{") != std::string::npos);
+  // And over gRPC, which reads the staged files on the same interval: a new
+  // connection of the operator sees the new certificate.
+  const std::string address = ClusterSpec::FromFile(spec)->address(kPsJob, 0);
+  auto grpc_shown = [&] {
+    SetTransportSecurity(std::make_shared<const TlsConfig>(
+        *LoadTls(TlsFilesIn(JoinPath(dir, "tls"), "operator"))));
+    auto stub = PsService::NewStub(CreateChannel(address, "ps:0"));
+    SetTransportSecurity(nullptr);
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(10));
+    PsStatusResponse status;
+    if (!stub->GetStatus(&ctx, PsStatusRequest(), &status).ok()) return std::string("failed");
+    const std::vector<grpc::string_ref> pem =
+        ctx.auth_context()->FindPropertyValues("x509_pem_cert");
+    return pem.empty() ? std::string() : std::string(pem[0].data(), pem[0].size());
+  };
+  now = grpc_shown();
+  for (absl::Time end = absl::Now() + absl::Seconds(15); now != second && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(200));
+    now = grpc_shown();
+  }
+  CHECK(now == second);
+
+  // The key copy it staged goes when it stops.
+  (*ps)->Stop(absl::Seconds(20));
+  const std::string log = Env::Default()->ReadFile(so.output_file).value_or("");
+  INFO(log);
+  CHECK(log.find("TLS: took the renewed certificate of ps:0") != std::string::npos);
+  const size_t at = log.find("(staged in ");
+  REQUIRE(at != std::string::npos);
+  const size_t begin = at + std::string("(staged in ").size();
+  const std::string staging = log.substr(begin, log.find(')', begin) - begin);
+  CHECK(staging.find("pstrain-tls-") != std::string::npos);
+  CHECK_FALSE(Env::Default()->FileExists(staging));
 }
 
 }  // namespace

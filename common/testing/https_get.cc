@@ -8,7 +8,9 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "openssl/bio.h"
 #include "openssl/err.h"
+#include "openssl/pem.h"
 #include "openssl/ssl.h"
 #include "openssl/x509v3.h"
 
@@ -28,7 +30,8 @@ std::string Errors() {
 }  // namespace
 
 std::string HttpsGet(int port, const std::string& path, const TlsFiles& files,
-                     const std::string& server_name, std::string* error) {
+                     const std::string& server_name, std::string* error,
+                     std::string* server_cert) {
   std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx(SSL_CTX_new(TLS_client_method()),
                                                           SSL_CTX_free);
   if (!ctx || SSL_CTX_load_verify_locations(ctx.get(), files.ca_file.c_str(), nullptr) != 1) {
@@ -67,6 +70,15 @@ std::string HttpsGet(int port, const std::string& path, const TlsFiles& files,
     *error = absl::StrCat("handshake: ", Errors(),
                           verify == X509_V_OK ? "" : X509_verify_cert_error_string(verify));
   } else {
+    if (server_cert != nullptr) {
+      std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new(BIO_s_mem()), BIO_free);
+      X509* peer = SSL_get0_peer_certificate(ssl.get());
+      char* data = nullptr;
+      if (bio && peer != nullptr && PEM_write_bio_X509(bio.get(), peer) == 1) {
+        const long n = BIO_get_mem_data(bio.get(), &data);
+        server_cert->assign(data, static_cast<size_t>(n));
+      }
+    }
     const std::string req =
         absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", server_name, "\r\nConnection: close\r\n\r\n");
     if (SSL_write(ssl.get(), req.data(), static_cast<int>(req.size())) <= 0) {

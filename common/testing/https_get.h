@@ -15,9 +15,11 @@ namespace pstrain::testing {
 // certificate must verify against, for `server_name` (a DNS name);
 // `files.cert_file` and `.key_file`, when set, the client's certificate.
 // The whole response, or "" with `*error` saying what failed (the
-// connection, the handshake, the server's certificate).
+// connection, the handshake, the server's certificate). `server_cert`, when
+// given, receives the PEM of the certificate the server showed.
 std::string HttpsGet(int port, const std::string& path, const TlsFiles& files,
-                     const std::string& server_name, std::string* error);
+                     const std::string& server_name, std::string* error,
+                     std::string* server_cert = nullptr);
 
 }  // namespace pstrain::testing
 

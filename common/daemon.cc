@@ -27,6 +27,10 @@ ABSL_FLAG(std::string, metrics_address, "",
           "serve /metrics, /healthz and /readyz on host:port (port 0: any free one); default: "
           "the cluster spec's \"pstrain\": {\"metrics\": ...} address for this task, on the "
           "--bind host where set; off when neither names one");
+ABSL_FLAG(std::string, tls_dir, "",
+          "mutual TLS: the directory pstrain certs wrote (ca.crt and this task's JOB-INDEX.crt "
+          "and .key), instead of the cluster spec's \"pstrain\": {\"tls\": {\"dir\": ...}}; "
+          "the three file flags below win over it");
 ABSL_FLAG(std::string, tls_ca_file, "",
           "mutual TLS: the cluster CA's certificate; default: ca.crt in the cluster spec's "
           "\"pstrain\": {\"tls\": {\"dir\": ...}} (pstrain certs writes it)");
@@ -50,6 +54,22 @@ ABSL_FLAG(int, max_rpc_threads, 0,
           "that is more (a waiting RegisterWorker or GetShard holds one)");
 
 namespace pstrain {
+namespace {
+
+// The TLS files the flags name for `identity`: --tls_dir's, each replaced by
+// its own flag where set.
+TlsFiles TlsFlags(const std::string& identity) {
+  const std::string dir = absl::GetFlag(FLAGS_tls_dir);
+  TlsFiles files = dir.empty() ? TlsFiles() : TlsFilesIn(dir, identity);
+  for (auto [flag, file] : {std::pair{&FLAGS_tls_ca_file, &files.ca_file},
+                            std::pair{&FLAGS_tls_cert_file, &files.cert_file},
+                            std::pair{&FLAGS_tls_key_file, &files.key_file}}) {
+    if (std::string v = absl::GetFlag(*flag); !v.empty()) *file = v;
+  }
+  return files;
+}
+
+}  // namespace
 
 absl::StatusOr<std::string> ResolveMetricsAddress(const TaskConfig& task, const std::string& flag,
                                                   const std::string& bind) {
@@ -88,9 +108,7 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
                                absl::GetFlag(FLAGS_auth_secret_file),
                                absl::GetFlag(FLAGS_auth_token_file), absl::GetFlag(FLAGS_insecure),
                                absl::GetFlag(FLAGS_bind),
-                               TlsFiles{absl::GetFlag(FLAGS_tls_ca_file),
-                                        absl::GetFlag(FLAGS_tls_cert_file),
-                                        absl::GetFlag(FLAGS_tls_key_file)},
+                               TlsFlags(setup.task.task.ToString()),
                                absl::Seconds(std::max(0, absl::GetFlag(FLAGS_tls_reload_s)))));
   ASSIGN_OR_RETURN(setup.metrics_address,
                    ResolveMetricsAddress(setup.task, absl::GetFlag(FLAGS_metrics_address),
@@ -128,7 +146,8 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
       LOG_WARN("this task's certificate or its CA expires in {}: renew with pstrain certs",
                absl::FormatDuration(absl::Floor(left, absl::Minutes(1))));
     }
-    const std::string& dir = setup.task.cluster.tls_dir();
+    const std::string dir = absl::GetFlag(FLAGS_tls_dir).empty() ? setup.task.cluster.tls_dir()
+                                                                 : absl::GetFlag(FLAGS_tls_dir);
     if (!dir.empty() && Env::Default()->FileExists(JoinPath(dir, "ca.key"))) {
       LOG_WARN("{} is readable here: whoever reads it can make a certificate for any task; "
                "keep the CA's key off the cluster",

@@ -521,7 +521,15 @@ std::string PeerCommonName(const grpc::ServerContextBase& ctx) {
 
 absl::Status WriteClusterCertificates(const ClusterSpec* cluster, const std::string& dir,
                                       absl::Duration validity, std::vector<std::string>* written,
-                                      absl::Time* expires) {
+                                      absl::Time* expires, const UnplacedTasks& unplaced) {
+  if (cluster != nullptr && (unplaced.num_ps > 0 || unplaced.num_workers > 0)) {
+    return absl::InvalidArgumentError("tasks come from the cluster spec or from counts, not both");
+  }
+  if (unplaced.num_ps < 0 || unplaced.num_workers < 0 || unplaced.num_ps > 4096 ||
+      unplaced.num_workers > 65536 || ((unplaced.num_ps > 0) != (unplaced.num_workers > 0))) {
+    return absl::InvalidArgumentError(
+        "certificates for unplaced tasks need 1..4096 parameter servers and 1..65536 workers");
+  }
   if (validity < absl::Hours(1)) {
     return absl::InvalidArgumentError("certificates valid for less than an hour");
   }
@@ -582,6 +590,16 @@ absl::Status WriteClusterCertificates(const ClusterSpec* cluster, const std::str
                                     ? metrics_name
                                     : absl::StrCat(AltName(hp.host), ",DNS:", TaskAltName(id),
                                                    ",", metrics_name));
+    }
+  }
+  if (unplaced.num_ps > 0) {
+    std::vector<std::string> serving = {TaskId{kChiefJob, 0}.ToString()};
+    for (int i = 0; i < unplaced.num_ps; ++i) serving.push_back(TaskId{kPsJob, i}.ToString());
+    for (const std::string& id : serving) {
+      subjects.emplace_back(id, absl::StrCat("DNS:", TaskAltName(id), ",", metrics_name));
+    }
+    for (int i = 0; i < unplaced.num_workers; ++i) {
+      subjects.emplace_back(TaskId{kWorkerJob, i}.ToString(), metrics_name);
     }
   }
   subjects.emplace_back("operator", "");

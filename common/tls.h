@@ -171,9 +171,20 @@ std::string PeerCommonName(const grpc::ServerContextBase& ctx);
 // the operator's and the scraper's are for clients only. `written`
 // receives the paths written, `expires` (may be null) when the new
 // certificates expire.
+//
+// Without a cluster, `unplaced` may ask for the tasks of a cluster whose
+// hosts are known only when it starts (Slurm, a Kubeflow TFJob): chief:0,
+// ps:0..num_ps-1 and worker:0..num_workers-1, named by task only (no host):
+// a client that dials a task checks its task name, one given only an address
+// cannot check them.
+struct UnplacedTasks {
+  int num_ps = 0;
+  int num_workers = 0;
+};
 absl::Status WriteClusterCertificates(const ClusterSpec* cluster, const std::string& dir,
                                       absl::Duration validity, std::vector<std::string>* written,
-                                      absl::Time* expires = nullptr);
+                                      absl::Time* expires = nullptr,
+                                      const UnplacedTasks& unplaced = UnplacedTasks());
 
 }  // namespace pstrain
 

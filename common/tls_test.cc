@@ -151,6 +151,35 @@ TEST_CASE("pstrain's certificates are a CA and one per task that openssl accepts
   CHECK(key.substr(0, half) == key.substr(half));
 }
 
+TEST_CASE("certificates for tasks whose hosts are known only at start name the task only",
+          "[tls]") {
+  const std::string dir = TempDir("unplaced");
+  std::vector<std::string> written;
+  REQUIRE(WriteClusterCertificates(nullptr, dir, absl::Hours(48), &written, nullptr,
+                                   UnplacedTasks{2, 3})
+              .ok());
+  CHECK(written.size() == 2 + 2 * (1 + 2 + 3 + 2));  // CA; chief, 2 ps, 3 workers, operator, monitor
+  for (const char* id : {"chief:0", "ps:1"}) {
+    const TlsConfig tls = Load(dir, id);
+    CHECK(CertificateNames(tls, TaskAltName(id)));
+    CHECK(CertificateNames(tls, kMetricsAltName));
+    CHECK_FALSE(CertificateNames(tls, TaskAltName("ps:0")));
+  }
+  const TlsConfig worker = Load(dir, "worker:2");
+  CHECK(CertificateNames(worker, kMetricsAltName));
+  CHECK_FALSE(CertificateNames(worker, TaskAltName("worker:2")));
+  CHECK_FALSE(Env::Default()->FileExists(JoinPath(dir, "worker-3.crt")));
+  // Counts for both roles, or none; never beside a spec.
+  CHECK(absl::IsInvalidArgument(
+      WriteClusterCertificates(nullptr, dir, absl::Hours(48), &written, nullptr, {2, 0})));
+  CHECK(absl::IsInvalidArgument(
+      WriteClusterCertificates(nullptr, dir, absl::Hours(48), &written, nullptr, {-1, 2})));
+  const ClusterSpec spec =
+      Spec(R"({"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"], "worker": ["127.0.0.1:3"]})");
+  CHECK(absl::IsInvalidArgument(
+      WriteClusterCertificates(&spec, dir, absl::Hours(48), &written, nullptr, {1, 1})));
+}
+
 TEST_CASE("LoadTls refuses wrong, foreign, open and missing files, naming them", "[tls]") {
   const std::string a = TempDir("refuse_a"), b = TempDir("refuse_b");
   const ClusterSpec spec = Spec(
@@ -353,6 +382,34 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
   CHECK(status_of(to_ps0.get(), &resp).ok());
   auto to_chief = channel_as(tls(dir, "worker:0"), "127.0.0.1", "chief:0");
   CHECK(status_of(to_chief.get(), &resp).error_code() == grpc::StatusCode::UNAVAILABLE);
+  // A server whose certificate names its task only (pstrain certs --ps
+  // --workers) passes for that task, whatever its host.
+  {
+    const std::string unplaced = TempDir(watched ? "rpc_unplaced_w" : "rpc_unplaced");
+    REQUIRE(WriteClusterCertificates(nullptr, unplaced, absl::Hours(48), &written, nullptr,
+                                     UnplacedTasks{1, 1})
+                .ok());
+    SetTransportSecurity(tls(unplaced, "ps:0"));
+    int unplaced_port = 0;
+    std::unique_ptr<grpc::Server> named =
+        StartOnSomePort(&service, port + 7, &unplaced_port);
+    SetTransportSecurity(nullptr);
+    REQUIRE(named != nullptr);
+    auto dial = [&](const std::string& peer) {
+      SetTransportSecurity(tls(unplaced, "worker:0"));
+      auto stub = PsService::NewStub(
+          CreateChannel(absl::StrCat("127.0.0.1:", unplaced_port), peer));
+      SetTransportSecurity(nullptr);
+      return stub;
+    };
+    auto as_ps0 = dial("ps:0");
+    CHECK(status_of(as_ps0.get(), &resp).ok());
+    auto as_chief = dial("chief:0");
+    CHECK(status_of(as_chief.get(), &resp).error_code() == grpc::StatusCode::UNAVAILABLE);
+    auto by_address = dial("");
+    CHECK(status_of(by_address.get(), &resp).error_code() == grpc::StatusCode::UNAVAILABLE);
+    named->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  }
   // A client trusting another CA refuses this server.
   TlsConfig distrust = Load(dir, "worker:0");
   distrust.ca_pem = *Env::Default()->ReadFile(JoinPath(other_ca, "ca.crt"));

@@ -18,6 +18,8 @@
 #include "common/env.h"
 #include "common/local_ports.h"
 #include "common/subprocess.h"
+#include "common/testing/https_get.h"
+#include "common/tls.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster_testlib.h"
 
@@ -148,6 +150,54 @@ TEST_CASE("the container entry point starts the pod's daemon with its probes", "
   CHECK(log.find(absl::StrCat("listening on 127.0.0.1:", ports[1])) != std::string::npos);
 }
 
+TEST_CASE("with PSTRAIN_TLS_DIR the entry point's daemon uses mutual TLS, probes over HTTPS",
+          "[k8s][tls]") {
+  const std::string dir = testing::FreshTempDir("k8s_entry_tls");
+  const std::string bin = JoinPath(dir, "bin");
+  REQUIRE(Env::Default()->CreateDirs(bin).ok());
+  REQUIRE(::symlink(Binary("ps_server/ps_server").c_str(), JoinPath(bin, "ps_server").c_str()) ==
+          0);
+  // As the manifests' header says: certificates named by task, the CA's key
+  // moved away.
+  testing::CommandResult certs =
+      RunCommand({Binary("tools/pstrain"), "certs", "--ps=1", "--workers=1", "--out",
+                  JoinPath(dir, "tls"), "--days=2"},
+                 absl::Seconds(30));
+  INFO(certs.output);
+  REQUIRE(certs.exit_code == 0);
+  REQUIRE(::rename(JoinPath(dir, "tls/ca.key").c_str(), JoinPath(dir, "ca.key.keep").c_str()) ==
+          0);
+  const std::vector<int> ports = PickFreePorts(4);
+  const std::string tf_config = absl::StrCat(
+      R"({"cluster": {"chief": ["127.0.0.1:)", ports[0], R"("], "ps": ["127.0.0.1:)", ports[1],
+      R"("], "worker": ["127.0.0.1:)", ports[2], R"("]}, "task": {"type": "ps", "index": 0}})");
+  SpawnOptions so;
+  so.argv = {"/bin/sh", JoinPath(K8sDir(), "entrypoint.sh")};
+  so.extra_env = {"PSTRAIN_JOB=ps", "TF_CONFIG=" + tf_config, "PSTRAIN_BIN_DIR=" + bin,
+                  "PSTRAIN_CONFIG=" + JoinPath(K8sDir(), "train.pbtxt"),
+                  absl::StrCat("PSTRAIN_METRICS_PORT=", ports[3]),
+                  "PSTRAIN_TLS_DIR=" + JoinPath(dir, "tls")};
+  so.output_file = JoinPath(dir, "ps.log");
+  auto ps = Subprocess::Spawn(so);
+  REQUIRE(ps.ok());
+  // A kubelet's probe: HTTPS, no client certificate (this client does check
+  // the server's, which a kubelet does not).
+  const TlsFiles probe{JoinPath(dir, "tls/ca.crt"), "", ""};
+  std::string healthz, error;
+  for (int i = 0; i < 100 && healthz.find(" 200 ") == std::string::npos; ++i) {
+    healthz = testing::HttpsGet(ports[3], "/healthz", probe, kMetricsAltName, &error);
+    if (healthz.find(" 200 ") == std::string::npos) ::usleep(100000);
+  }
+  const std::string readyz = testing::HttpsGet(ports[3], "/readyz", probe, kMetricsAltName, &error);
+  (*ps)->Stop(absl::Seconds(5));
+  const std::string log = Env::Default()->ReadFile(JoinPath(dir, "ps.log")).value_or("");
+  INFO(log << error);
+  CHECK(healthz.find(" 200 ") != std::string::npos);
+  CHECK(readyz.find(" 503 ") != std::string::npos);
+  CHECK(log.find("mutual TLS on: this task's certificate is ps:0's") != std::string::npos);
+  CHECK(log.find("ca.key is readable here") == std::string::npos);
+}
+
 TEST_CASE("the image's runtime stage installs every library the daemons load", "[k8s]") {
   // Checked without a container runtime: ldd of the real binaries against the
   // Debian packages the Containerfile's last stage installs.
@@ -180,12 +230,21 @@ TEST_CASE("pstrain k8s-manifest writes manifests that validate, for either kind"
       testing::WriteFile(JoinPath(out, f),
                          Env::Default()->ReadFile(JoinPath(K8sDir(), f)).value_or(""));
     }
+    // The TFJob with mutual TLS, the StatefulSets without.
+    const bool tls = kind == "tfjob";
     testing::CommandResult gen = RunCommand(
         {Binary("tools/pstrain"), "k8s-manifest", "--config=" + config, "--kind=" + kind,
          "--image=registry.example.com/pstrain:1.0", "--name=trainer", "--ps=3", "--workers=4",
-         "--gpus_per_worker=1"},
+         "--gpus_per_worker=1", tls ? "--tls" : "--tls=false"},
         absl::Seconds(30));
     REQUIRE(gen.exit_code == 0);
+    CHECK((gen.output.find("httpGet: {path: /readyz, port: metrics, scheme: HTTPS}") !=
+           std::string::npos) == tls);
+    CHECK((gen.output.find("secret: {secretName: trainer-tls, defaultMode: 0400}") !=
+           std::string::npos) == tls);
+    CHECK((gen.output.find("{name: PSTRAIN_TLS_DIR, value: /var/run/pstrain/tls}") !=
+           std::string::npos) == tls);
+    CHECK((gen.output.find("pstrain certs --ps=3 --workers=4") != std::string::npos) == tls);
     testing::WriteFile(JoinPath(out, "job.yaml"), gen.output);
     testing::CommandResult r =
         RunCommand({python, JoinPath(BinDir(), "tests/k8s/validate.py"), out, kKubernetesVersion,

@@ -234,7 +234,8 @@ struct SlurmGuard {
   }
 };
 
-TEST_CASE("the demo submitted with sbatch to a real Slurm cluster trains", "[multihost][slurm]") {
+TEST_CASE("the demo submitted with sbatch to a real Slurm cluster trains, with mutual TLS",
+          "[multihost][slurm]") {
   const std::string why = WhyNoSlurm();
   if (!why.empty()) {
     Skip("no Slurm cluster can be started here: " + why);
@@ -262,7 +263,7 @@ TEST_CASE("the demo submitted with sbatch to a real Slurm cluster trains", "[mul
   CommandResult job = RunCommand(
       {"/usr/bin/env", slurm_conf, "PSTRAIN_BIN=" + Binary("tools/pstrain"),
        absl::StrCat("PSTRAIN_BASE_PORT=", base_port), "PSTRAIN_AUTH_DIR=" + JoinPath(dir, "auth"),
-       "sbatch", "--wait", "--overcommit", "--ntasks=5", "--chdir=" + dir, "--output=" + job_out,
+       "PSTRAIN_TLS=1", "sbatch", "--wait", "--overcommit", "--ntasks=5", "--chdir=" + dir, "--output=" + job_out,
        Script("configs/slurm/train.sbatch"), config},
       absl::Seconds(240));
   if (job.timed_out) {
@@ -276,6 +277,9 @@ TEST_CASE("the demo submitted with sbatch to a real Slurm cluster trains", "[mul
   CHECK(output->find("is ps:1 at ") != std::string::npos);
   CHECK(output->find("is worker:1 at ") != std::string::npos);
   CHECK(output->find("authentication on") != std::string::npos);
+  // With mutual TLS from the job's own CA, whose key it deleted at once.
+  CHECK(output->find("mutual TLS on: this task's certificate is worker:1's") != std::string::npos);
+  CHECK(output->find("ca.key is readable here") == std::string::npos);
   CHECK(output->find("training finished at step 300") != std::string::npos);
   nlohmann::json summary = ReadJson(JoinPath(dir, "out/summary.json"));
   REQUIRE(summary.is_object());

@@ -52,6 +52,12 @@ std::string Container(const K8sManifestOptions& o, const Role& r, bool tfjob,
   }
   absl::StrAppend(&env, indent,
                   "    - {name: PSTRAIN_SECRET_FILE, value: /var/run/pstrain/auth/cluster.secret}\n");
+  if (o.tls) {
+    absl::StrAppend(&env, indent, "    - {name: PSTRAIN_TLS_DIR, value: /var/run/pstrain/tls}\n");
+  }
+  // Kubernetes' HTTPS probes neither check the certificate nor show one:
+  // the daemons answer /healthz and /readyz without a client certificate.
+  const std::string probe_scheme = o.tls ? ", scheme: HTTPS" : "";
   if (r.job == "chief") {
     absl::StrAppend(&env, indent, "    - {name: PSTRAIN_RESUME, value: \"1\"}\n");
   }
@@ -66,23 +72,30 @@ std::string Container(const K8sManifestOptions& o, const Role& r, bool tfjob,
       indent, "    requests: ", r.requests, "\n",                  //
       indent, "    limits: ", r.limits, "\n",                      //
       indent, "  livenessProbe:\n",                                //
-      indent, "    httpGet: {path: /healthz, port: metrics}\n",    //
+      indent, "    httpGet: {path: /healthz, port: metrics", probe_scheme, "}\n",  //
       indent, "    periodSeconds: 10\n",                           //
       indent, "  readinessProbe:\n",                               //
-      indent, "    httpGet: {path: /readyz, port: metrics}\n",     //
+      indent, "    httpGet: {path: /readyz, port: metrics", probe_scheme, "}\n",  //
       indent, "    periodSeconds: 5\n",                            //
       indent, "  volumeMounts:\n",                                 //
       indent, "    - {name: data, mountPath: /data, readOnly: ", r.data_read_only ? "true" : "false",
       "}\n",                                                                      //
       indent, "    - {name: config, mountPath: /etc/pstrain, readOnly: true}\n",  //
-      indent, "    - {name: auth, mountPath: /var/run/pstrain/auth, readOnly: true}\n");
+      indent, "    - {name: auth, mountPath: /var/run/pstrain/auth, readOnly: true}\n",
+      o.tls ? absl::StrCat(indent,
+                           "    - {name: tls, mountPath: /var/run/pstrain/tls, readOnly: true}\n")
+            : "");
 }
 
 std::string Volumes(const K8sManifestOptions& o, const std::string& indent) {
   return absl::StrCat(indent, "- name: data\n", indent, "  persistentVolumeClaim: {claimName: ",
                       o.name, "-data}\n", indent, "- name: config\n", indent,
                       "  configMap: {name: ", o.name, "-config}\n", indent, "- name: auth\n",
-                      indent, "  secret: {secretName: ", o.name, "-auth, defaultMode: 0400}\n");
+                      indent, "  secret: {secretName: ", o.name, "-auth, defaultMode: 0400}\n",
+                      o.tls ? absl::StrCat(indent, "- name: tls\n", indent,
+                                           "  secret: {secretName: ", o.name,
+                                           "-tls, defaultMode: 0400}\n")
+                            : "");
 }
 
 }  // namespace
@@ -135,6 +148,19 @@ absl::StatusOr<std::string> RenderK8sManifest(const K8sManifestOptions& o) {
       "#   kubectl create secret generic ", o.name,
       "-auth --from-file=cluster.secret=auth/cluster.secret\n"
       "# Size each server's memory from `pstrain plan`. configs/k8s documents every object.\n");
+  if (o.tls) {
+    absl::StrAppend(
+        &out,
+        "# Mutual TLS: certificates named by task (pods' hosts are known only at start), the\n"
+        "# CA's key kept off the cluster:\n"
+        "#   pstrain certs --ps=", o.num_ps, " --workers=", o.num_workers,
+        " --out=tls && mv tls/ca.key ca.key.keep\n"
+        "#   kubectl create secret generic ", o.name, "-tls --from-file=tls/\n"
+        "# Every pod mounts the whole directory and uses its own task's pair; renewing is\n"
+        "#   pstrain certs ... again (with ca.key back) and kubectl apply of the secret: the\n"
+        "#   daemons take the new files without a restart (--tls_reload_s).\n"
+        "# Prometheus scrapes with monitor.crt and .key, tls_config server_name metrics.pstrain.\n");
+  }
   // The config, verbatim, as a block scalar.
   absl::StrAppend(&out, "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: ", o.name,
                   "-config\n  labels:\n    app.kubernetes.io/name: ", o.name,

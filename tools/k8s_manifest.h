@@ -2,8 +2,9 @@
 // shape as configs/k8s (which documents them): the training config as a
 // ConfigMap, a shared volume claim, and either a headless Service with one
 // StatefulSet per role (the image's entry point builds TF_CONFIG from each
-// pod's ordinal) or a Kubeflow TFJob. The cluster secret is not in them: it is
-// created with kubectl from `pstrain tokens` (the output's header says how).
+// pod's ordinal) or a Kubeflow TFJob. The cluster secret (and with `tls` the
+// certificates) are not in them: they are created with kubectl from `pstrain
+// tokens` (and `pstrain certs`); the output's header says how.
 #ifndef PSTRAIN_TOOLS_K8S_MANIFEST_H_
 #define PSTRAIN_TOOLS_K8S_MANIFEST_H_
 
@@ -22,6 +23,9 @@ struct K8sManifestOptions {
   int gpus_per_worker = 0;
   std::string storage = "20Gi";  // the shared volume's size
   std::string config_text;       // the training config, as its file holds it
+  // Mutual TLS from a secret <name>-tls holding what `pstrain certs` wrote
+  // (but ca.key): every daemon gets --tls_dir, the probes use HTTPS.
+  bool tls = false;
 };
 
 // The manifests as one YAML stream; INVALID_ARGUMENT naming the flag for a

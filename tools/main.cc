@@ -164,6 +164,13 @@ int SlurmTask(const Args& args) {
     }
     extras["auth"] = {{"secret_file", secret}};
   }
+  if (std::string tls = args.Get("tls_dir"); !tls.empty()) {
+    if (tls[0] != '/') {
+      char cwd[4096];
+      if (::getcwd(cwd, sizeof(cwd)) != nullptr) tls = JoinPath(cwd, tls);
+    }
+    extras["tls"] = {{"dir", tls}};
+  }
   if (args.GetBool("insecure")) extras["insecure"] = true;
   auto task = ResolveSlurmTask(
       [](const char* name) -> std::optional<std::string> {
@@ -244,6 +251,8 @@ int LaunchCommand(const std::vector<std::string>& argv) {
       {"auth_secret_file", {"", "--slurm: the cluster secret (pstrain tokens --out DIR writes "
                                 "one), on a file system every node reads"}},
       {"insecure", {"false", "--slurm: run without authentication (a trusted network only)"}},
+      {"tls_dir", {"", "--slurm: mutual TLS from this directory of pstrain certs (written with "
+                       "--ps and --workers for a Slurm job: hosts are known only at start)"}},
   };
   if (WantsHelp(argv)) {
     std::cout << "pstrain launch flags:\n" << Args::Usage(flags);
@@ -406,6 +415,10 @@ int CertsCommand(const std::vector<std::string>& argv) {
                             "and the scraper's certificates)"}},
       {"out", {"", "directory for ca.crt, ca.key and JOB-INDEX.crt/.key (created, mode 0700)"}},
       {"days", {"365", "how long the certificates are valid"}},
+      {"ps", {"0", "without a cluster spec: certificates for chief:0, ps:0..N-1 and the "
+                   "--workers, named by task only, for hosts known only at start (Slurm, a "
+                   "Kubeflow TFJob)"}},
+      {"workers", {"0", "with --ps: how many workers"}},
   };
   if (WantsHelp(argv)) {
     std::cout << "pstrain certs flags:\n" << Args::Usage(flags);
@@ -428,8 +441,19 @@ int CertsCommand(const std::vector<std::string>& argv) {
   std::vector<std::string> written;
   absl::Time expires;
   const ClusterSpec* spec = cluster->has_value() ? &cluster->value() : nullptr;
-  if (absl::Status st =
-          WriteClusterCertificates(spec, out, absl::Hours(24) * *days, &written, &expires);
+  auto num_ps = args->GetInt("ps");
+  auto num_workers = args->GetInt("workers");
+  if (!num_ps.ok() || !num_workers.ok() || *num_ps < 0 || *num_ps > 4096 || *num_workers < 0 ||
+      *num_workers > 65536 || (*num_ps > 0) != (*num_workers > 0)) {
+    return Fail("certs", "--ps and --workers: both or neither, 1..4096 and 1..65536");
+  }
+  if (spec != nullptr && *num_ps > 0) {
+    return Fail("certs", "--ps and --workers are for a cluster without a spec: drop them or "
+                         "--cluster_spec");
+  }
+  const UnplacedTasks unplaced{static_cast<int>(*num_ps), static_cast<int>(*num_workers)};
+  if (absl::Status st = WriteClusterCertificates(spec, out, absl::Hours(24) * *days, &written,
+                                                 &expires, unplaced);
       !st.ok()) {
     return Fail("certs", std::string(st.message()));
   }
@@ -510,6 +534,8 @@ int K8sManifestCommand(const std::vector<std::string>& argv) {
       {"workers", {"2", "workers"}},
       {"gpus_per_worker", {"0", "nvidia.com/gpu limit of each worker"}},
       {"storage", {"20Gi", "size of the shared volume for data, output and checkpoints"}},
+      {"tls", {"false", "mutual TLS from a secret NAME-tls of pstrain certs --ps=N --workers=M "
+                        "(the header says how); probes over HTTPS"}},
   };
   if (WantsHelp(argv)) {
     std::cout << "pstrain k8s-manifest flags (the YAML goes to standard output):\n"
@@ -532,6 +558,7 @@ int K8sManifestCommand(const std::vector<std::string>& argv) {
   o.image = args->Get("image");
   o.storage = args->Get("storage");
   o.config_text = *text;
+  o.tls = args->GetBool("tls");
   for (const auto& [flag, field] : {std::pair{"ps", &o.num_ps}, std::pair{"workers", &o.num_workers},
                                     std::pair{"gpus_per_worker", &o.gpus_per_worker}}) {
     auto v = args->GetInt(flag);

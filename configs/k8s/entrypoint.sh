@@ -7,7 +7,8 @@
 #     pstrain-ps-1 -> ps:1) and the replica counts, each task at
 #     <statefulset>-<i>.<service>:<port>.
 # Every daemon listens on all of the pod's addresses (--bind=0.0.0.0) and
-# serves /metrics, /healthz and /readyz on PSTRAIN_METRICS_PORT.
+# serves /metrics, /healthz and /readyz on PSTRAIN_METRICS_PORT (HTTPS with
+# PSTRAIN_TLS_DIR).
 #   pstrain-k8s-entry --print-tf-config   print the TF_CONFIG it would use, and exit
 set -eu
 
@@ -61,6 +62,12 @@ set -- "$bin_dir/$binary" --config="${PSTRAIN_CONFIG:-/etc/pstrain/train.pbtxt}"
 # Under TFJob the secret comes as a file too: name it unless TF_CONFIG does.
 if [ -n "${PSTRAIN_SECRET_FILE:-}" ]; then
   set -- "$@" --auth_secret_file="$PSTRAIN_SECRET_FILE"
+fi
+# Mutual TLS: the directory of `pstrain certs` (a mounted secret); the daemon
+# takes its own JOB-INDEX.crt and .key from it, and renewed ones as the
+# secret is updated.
+if [ -n "${PSTRAIN_TLS_DIR:-}" ]; then
+  set -- "$@" --tls_dir="$PSTRAIN_TLS_DIR"
 fi
 if [ "$job" = chief ] && [ "${PSTRAIN_RESUME:-0}" = 1 ]; then
   set -- "$@" --resume

@@ -223,9 +223,13 @@ absl::StatusOr<AuthSetup> ResolveAuth(const ClusterSpec& cluster, const std::str
           "\", not of this task, ", identity));
     }
     if (tls_reload > absl::ZeroDuration()) {
+      // It reads the files again, after noting their stamps.
       absl::StatusOr<std::shared_ptr<TlsWatcher>> watcher =
-          TlsWatcher::Start(tls_files, *tls, tls_reload);
-      if (!watcher.ok()) return watcher.status();
+          TlsWatcher::Start(tls_files, identity, tls_reload);
+      if (!watcher.ok()) {
+        return absl::Status(watcher.status().code(),
+                            absl::StrCat("TLS: ", watcher.status().message()));
+      }
       tls->watcher = *std::move(watcher);
     }
     setup.tls = std::make_shared<const TlsConfig>(*std::move(tls));

@@ -131,6 +131,8 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
   }
   SetCallCredentials(setup.task.task.ToString(), setup.auth.own_token);
   SetTransportSecurity(setup.auth.tls);
+  setup.transport_scope =
+      std::shared_ptr<void>(nullptr, [](void*) { SetTransportSecurity(nullptr); });
   InitLogging(setup.task.task.ToString(), absl::GetFlag(FLAGS_log_level));
   if (setup.auth.tls) {
     const absl::Duration left = setup.auth.tls->not_after - absl::Now();

@@ -13,6 +13,7 @@
 #ifndef PSTRAIN_COMMON_DAEMON_H_
 #define PSTRAIN_COMMON_DAEMON_H_
 
+#include <memory>
 #include <optional>
 #include <string>
 
@@ -41,6 +42,11 @@ struct DaemonSetup {
   std::string metrics_address;
   // For StartServer: --max_inflight_mib and --max_rpc_threads.
   ServerLimits limits;
+  // Last, so destroyed first: takes the process's transport security back
+  // when main's setup goes, so that a certificate watcher (and its staging
+  // directory) ends with main, not during the static destructors, when the
+  // logger it may still use is gone.
+  std::shared_ptr<void> transport_scope;
 };
 
 // --metrics_address when set; else the spec's address for the task (on

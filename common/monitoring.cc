@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -329,14 +330,22 @@ absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
   std::unique_ptr<MonitoringServer> s(new MonitoringServer());
   if (tls != nullptr) {
-    absl::StatusOr<std::shared_ptr<ssl_ctx_st>> https = HttpsServerContext(*tls);
+    // What the watcher holds now, which may be newer than `tls`.
+    s->https_source_ = tls->watcher ? tls->watcher->current() : tls;
+    absl::StatusOr<std::shared_ptr<ssl_ctx_st>> https = HttpsServerContext(*s->https_source_);
     if (!https.ok()) {
       ::close(fd);
       return https.status();
     }
     s->https_ = *std::move(https);
-    s->https_source_ = tls->watcher ? tls->watcher->current() : tls;
     s->tls_ = tls;
+    // OpenSSL writes with write(2), not send(MSG_NOSIGNAL): a client that
+    // resets the connection before the answer would end the process with
+    // SIGPIPE. EPIPE is then an error like any other.
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      ::signal(SIGPIPE, SIG_IGN);
+    }
     if (!CertificateNames(*tls, kMetricsAltName)) {
       LOG_WARN("the certificate of {} does not name {}: a scraper that checks it (pstrain "
                "prometheus-config's) refuses this endpoint; write the certificates again with "

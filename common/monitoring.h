@@ -56,14 +56,14 @@ class MonitoringServer {
   std::string url() const;
 
   // The response to one request line's path (for tests): status code and
-  // body. `certified`: the client showed a certificate of the cluster CA
-  // (or the endpoint is plain HTTP).
+  // body. `certified`: the client showed a certificate of the cluster CA, or
+  // the endpoint is plain HTTP (where /metrics needs none).
   struct Response {
     int status = 200;
     std::string content_type;
     std::string body;
   };
-  Response Handle(const std::string& path, bool certified = true) const;
+  Response Handle(const std::string& path, bool certified) const;
 
  private:
   MonitoringServer() = default;

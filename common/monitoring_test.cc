@@ -16,6 +16,7 @@
 #include "common/env.h"
 #include "common/testing/https_get.h"
 #include "common/tls.h"
+#include "openssl/ssl.h"
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"
 
@@ -202,6 +203,27 @@ TEST_CASE("with mutual TLS the endpoint serves HTTPS, and /metrics only to a cer
     CHECK(absl::Now() - start < absl::Seconds(5));
     ::close(silent);
   }
+  // A client that resets the connection while the server answers it (the
+  // request line sent, no blank line, then a reset) costs the server an
+  // EPIPE, not the process a SIGPIPE.
+  {
+    std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx(SSL_CTX_new(TLS_client_method()),
+                                                            SSL_CTX_free);
+    REQUIRE(SSL_CTX_load_verify_locations(ctx.get(), monitor.ca_file.c_str(), nullptr) == 1);
+    const int fd = Connect(port);
+    std::unique_ptr<SSL, decltype(&SSL_free)> ssl(SSL_new(ctx.get()), SSL_free);
+    REQUIRE(SSL_set_fd(ssl.get(), fd) == 1);
+    REQUIRE(SSL_connect(ssl.get()) == 1);
+    const std::string line = "GET /healthz HTTP/1.0\r\n";
+    REQUIRE(SSL_write(ssl.get(), line.data(), static_cast<int>(line.size())) > 0);
+    absl::SleepFor(absl::Milliseconds(100));  // read by the server, which waits for more
+    linger reset{1, 0};
+    REQUIRE(::setsockopt(fd, SOL_SOCKET, SO_LINGER, &reset, sizeof(reset)) == 0);
+    ::close(fd);
+  }
+  absl::SleepFor(absl::Milliseconds(200));
+  CHECK(testing::HttpsGet(port, "/healthz", anonymous, kMetricsAltName, &error)
+            .rfind("HTTP/1.0 200 OK", 0) == 0);
   // Each refusal is counted, by reason.
   const std::string after = testing::HttpsGet(port, "/metrics", monitor, kMetricsAltName, &error);
   INFO(after);

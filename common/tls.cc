@@ -1,6 +1,8 @@
 #include "common/tls.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -11,8 +13,10 @@
 #include <cstring>
 #include <memory>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_replace.h"
+#include "absl/strings/strip.h"
 #include "common/cluster_spec.h"
 #include "common/env.h"
 #include "common/logging.h"
@@ -349,11 +353,11 @@ absl::StatusOr<std::shared_ptr<ssl_ctx_st>> HttpsServerContext(const TlsConfig& 
     ok = ok && X509_STORE_add_cert(store, ca.get()) == 1 &&
          SSL_CTX_add_client_CA(ctx.get(), ca.get()) == 1;
   }
-  // Sessions may be resumed; OpenSSL needs a context name for that when it
-  // verifies peers.
-  static const unsigned char kContext[] = "pstrain-monitoring";
-  ok = ok && SSL_CTX_set_session_id_context(ctx.get(), kContext, sizeof(kContext) - 1) == 1;
   if (!ok) return absl::InternalError(absl::StrCat("HTTPS context: ", OpensslErrors()));
+  // One request per connection: nothing to resume, and no session cache or
+  // tickets for clients to fill; no renegotiation to hold the thread with.
+  SSL_CTX_set_session_cache_mode(ctx.get(), SSL_SESS_CACHE_OFF);
+  SSL_CTX_set_options(ctx.get(), SSL_OP_NO_TICKET | SSL_OP_NO_RENEGOTIATION);
   // Asked for, and verified when offered; not required (probes come without).
   SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
   return ctx;
@@ -383,11 +387,54 @@ std::string Expiry(absl::Time t) {
   return absl::FormatTime("%Y-%m-%d %H:%M UTC", t, absl::UTCTimeZone());
 }
 
+// Removes a staging directory without following links: `current` and
+// `current.tmp` are links into it, the generations hold plain files.
+void RemoveStaging(const std::string& dir) {
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return;
+  while (dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    const std::string path = JoinPath(dir, name);
+    struct stat st;
+    if (::lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+      RemoveStaging(path);
+    } else {
+      ::unlink(path.c_str());
+    }
+  }
+  ::closedir(d);
+  ::rmdir(dir.c_str());
+}
+
+// Staging directories of this user's processes that are gone (killed before
+// they could remove theirs): pstrain-tls-<pid>-XXXXXX in `base`.
+void RemoveStaleStaging(const std::string& base) {
+  DIR* d = ::opendir(base.c_str());
+  if (d == nullptr) return;
+  std::vector<std::string> stale;
+  while (dirent* e = ::readdir(d)) {
+    absl::string_view name = e->d_name;
+    if (!absl::ConsumePrefix(&name, "pstrain-tls-")) continue;
+    int pid = 0;
+    if (!absl::SimpleAtoi(name.substr(0, name.find('-')), &pid) || pid <= 0) continue;
+    struct stat st;
+    const std::string path = JoinPath(base, e->d_name);
+    if (::lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::getuid() &&
+        ::kill(pid, 0) != 0 && errno == ESRCH) {
+      stale.push_back(path);
+    }
+  }
+  ::closedir(d);
+  for (const std::string& path : stale) RemoveStaging(path);
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<TlsWatcher>> TlsWatcher::Start(const TlsFiles& files,
-                                                              const TlsConfig& initial,
-                                                              absl::Duration interval) {
+                                                              const std::string& identity,
+                                                              absl::Duration interval,
+                                                              bool background) {
   if (interval < absl::Seconds(1)) {
     return absl::InvalidArgumentError("certificates are looked at once a second at most");
   }
@@ -396,49 +443,60 @@ absl::StatusOr<std::shared_ptr<TlsWatcher>> TlsWatcher::Start(const TlsFiles& fi
   const std::string base = ::access("/dev/shm", W_OK | X_OK) == 0 ? "/dev/shm"
                            : tmp != nullptr && *tmp != '\0'    ? tmp
                                                                 : "/tmp";
-  std::string dir = JoinPath(base, "pstrain-tls-XXXXXX");
+  RemoveStaleStaging(base);
+  std::shared_ptr<TlsWatcher> w(new TlsWatcher());
+  w->files_ = files;
+  w->identity_ = identity;
+  w->interval_ = interval;
+  // Stamped before it is read: a change in between is seen at the first look.
+  std::vector<Stamp> stamps = w->Stamps();
+  ASSIGN_OR_RETURN(TlsConfig tls, LoadTls(files));
+  if (tls.identity != identity) {
+    return absl::InvalidArgumentError(absl::StrCat(files.cert_file, " is the certificate of \"",
+                                                   tls.identity, "\", not of ", identity));
+  }
+  std::string dir = JoinPath(base, absl::StrCat("pstrain-tls-", ::getpid(), "-XXXXXX"));
   if (::mkdtemp(dir.data()) == nullptr) {  // mode 0700
     return absl::FailedPreconditionError(
         absl::StrCat("TLS: cannot make a staging directory in ", base, ": ", std::strerror(errno)));
   }
-  std::shared_ptr<TlsWatcher> w(new TlsWatcher());
-  w->files_ = files;
-  w->identity_ = initial.identity;
   w->staging_ = dir;
-  w->interval_ = interval;
-  TlsConfig plain = initial;
-  plain.watcher = nullptr;
   {
     absl::MutexLock lock(&w->mu_);
-    w->stamps_ = w->Stamps();
-    RETURN_IF_ERROR(w->Stage(plain));
-    w->current_ = std::make_shared<const TlsConfig>(std::move(plain));
+    w->stamps_ = std::move(stamps);
+    RETURN_IF_ERROR(w->Stage(tls));
+    w->current_ = std::make_shared<const TlsConfig>(std::move(tls));
   }
   const std::string current = JoinPath(dir, "current");
   w->provider_ = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
       JoinPath(current, "key.pem"), JoinPath(current, "cert.pem"), JoinPath(current, "ca.crt"),
       static_cast<unsigned int>(absl::ToInt64Seconds(interval)));
-  w->thread_ = std::thread([raw = w.get()] {
-    for (;;) {
-      {
-        absl::MutexLock lock(&raw->mu_);
-        if (raw->mu_.AwaitWithTimeout(absl::Condition(&raw->stopping_), raw->interval_)) return;
+  if (background) {
+    w->thread_ = std::thread([raw = w.get()] {
+      for (;;) {
+        {
+          absl::MutexLock lock(&raw->mu_);
+          if (raw->mu_.AwaitWithTimeout(absl::Condition(&raw->stopping_), raw->interval_)) return;
+        }
+        raw->CheckNow();
       }
-      raw->CheckNow();
-    }
-  });
+    });
+  }
   return w;
 }
 
-TlsWatcher::~TlsWatcher() {
+void TlsWatcher::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
   if (thread_.joinable()) thread_.join();
+}
+
+TlsWatcher::~TlsWatcher() {
+  Stop();
   provider_.reset();
-  ::unlink(JoinPath(staging_, "current").c_str());  // a link: not to be walked into
-  (void)DeleteRecursively(Env::Default(), staging_);
+  if (!staging_.empty()) RemoveStaging(staging_);
 }
 
 std::shared_ptr<const TlsConfig> TlsWatcher::current() const {
@@ -454,26 +512,33 @@ absl::Status TlsWatcher::Stage(const TlsConfig& tls) {
   // A new generation directory, then the `current` link swapped onto it in
   // one rename: gRPC reads a whole generation or the one before. The one
   // before stays until the next swap, for a read still under way.
-  const std::string gen = absl::StrCat("g", ++generation_);
-  const std::string dir = JoinPath(staging_, gen);
+  const int gen = ++generation_;
+  const std::string name = absl::StrCat("g", gen);
+  const std::string dir = JoinPath(staging_, name);
   if (::mkdir(dir.c_str(), 0700) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("TLS: cannot make ", dir, ": ", std::strerror(errno)));
   }
-  RETURN_IF_ERROR(WritePrivateFile(JoinPath(dir, "ca.crt"), tls.ca_pem));
-  RETURN_IF_ERROR(WritePrivateFile(JoinPath(dir, "cert.pem"), tls.cert_pem));
-  RETURN_IF_ERROR(WritePrivateFile(JoinPath(dir, "key.pem"), tls.key_pem));
   const std::string link = JoinPath(staging_, "current.tmp");
+  absl::Status st = WritePrivateFile(JoinPath(dir, "ca.crt"), tls.ca_pem);
+  if (st.ok()) st = WritePrivateFile(JoinPath(dir, "cert.pem"), tls.cert_pem);
+  if (st.ok()) st = WritePrivateFile(JoinPath(dir, "key.pem"), tls.key_pem);
   ::unlink(link.c_str());
-  if (::symlink(gen.c_str(), link.c_str()) != 0 ||
-      ::rename(link.c_str(), JoinPath(staging_, "current").c_str()) != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("TLS: cannot switch ", staging_, " to ", gen, ": ", std::strerror(errno)));
+  if (st.ok() && (::symlink(name.c_str(), link.c_str()) != 0 ||
+                  ::rename(link.c_str(), JoinPath(staging_, "current").c_str()) != 0)) {
+    st = absl::FailedPreconditionError(
+        absl::StrCat("TLS: cannot switch ", staging_, " to ", name, ": ", std::strerror(errno)));
   }
-  if (generation_ > 2) {
-    (void)DeleteRecursively(Env::Default(),
-                            JoinPath(staging_, absl::StrCat("g", generation_ - 2)));
+  if (!st.ok()) {
+    ::unlink(link.c_str());
+    RemoveStaging(dir);
+    return st;
   }
+  if (previous_generation_ > 0) {
+    RemoveStaging(JoinPath(staging_, absl::StrCat("g", previous_generation_)));
+  }
+  previous_generation_ = current_generation_;
+  current_generation_ = gen;
   return absl::OkStatus();
 }
 

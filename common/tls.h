@@ -99,12 +99,15 @@ absl::StatusOr<std::shared_ptr<ssl_ctx_st>> HttpsServerContext(const TlsConfig& 
 bool CertificateNames(const TlsConfig& tls, const std::string& dns_name);
 
 // Certificates renewed in place, without restarting the task. Every
-// `interval` it looks at the task's three files (size, time, inode: a
+// `interval` (on a thread of its own, unless `background` is false: then
+// only CheckNow does) it looks at the task's three files (size, time, inode: a
 // Kubernetes secret's symlink swap counts); when one changed it reads them
 // with LoadTls, and takes them only when they pass and are still the
 // certificate of the same identity. Taken material goes to gRPC through a
 // private staging directory (mode 0700, in /dev/shm where there is one, so
-// the key stays off disk) whose `current` link is swapped atomically, the
+// the key stays off disk; named with the process id, and removed by the
+// next watcher on the machine once that process is gone, should it die
+// without removing it) whose `current` link is swapped atomically, the
 // way gRPC's FileWatcherCertificateProvider asks for, so gRPC never reads
 // a key and a certificate that do not match; and to the monitoring endpoint
 // through current(). Refused material is logged once (its files' stamps
@@ -113,10 +116,11 @@ bool CertificateNames(const TlsConfig& tls, const std::string& dns_name);
 // the same interval); connections already open keep theirs.
 class TlsWatcher {
  public:
-  // `initial` is what LoadTls read from `files` at start.
+  // Reads `files` (LoadTls), which must be the certificate of `identity`.
   static absl::StatusOr<std::shared_ptr<TlsWatcher>> Start(const TlsFiles& files,
-                                                           const TlsConfig& initial,
-                                                           absl::Duration interval);
+                                                           const std::string& identity,
+                                                           absl::Duration interval,
+                                                           bool background = true);
   ~TlsWatcher();  // stops watching and removes the staging directory
 
   // The material in use now (its `watcher` is null).
@@ -142,6 +146,7 @@ class TlsWatcher {
  private:
   TlsWatcher() = default;
   absl::Status Stage(const TlsConfig& tls) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<Stamp> Stamps() const;
 
   TlsFiles files_;
@@ -152,7 +157,9 @@ class TlsWatcher {
   mutable absl::Mutex mu_;
   std::shared_ptr<const TlsConfig> current_ ABSL_GUARDED_BY(mu_);
   std::vector<Stamp> stamps_ ABSL_GUARDED_BY(mu_);
-  int generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int generation_ ABSL_GUARDED_BY(mu_) = 0;  // the last one made
+  int current_generation_ ABSL_GUARDED_BY(mu_) = 0;
+  int previous_generation_ ABSL_GUARDED_BY(mu_) = 0;  // kept for a read under way
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int64_t> reloads_{0}, refusals_{0};
   std::thread thread_;

@@ -5,6 +5,7 @@
 
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -298,7 +299,7 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
     TlsConfig t = Load(d, id);
     if (watched) {
       absl::StatusOr<std::shared_ptr<TlsWatcher>> w =
-          TlsWatcher::Start(TlsFilesIn(d, id), t, absl::Seconds(1));
+          TlsWatcher::Start(TlsFilesIn(d, id), id, absl::Seconds(1));
       REQUIRE(w.ok());
       t.watcher = *w;
     }
@@ -444,12 +445,20 @@ TEST_CASE("a renewed certificate is taken without a restart; a broken or foreign
   REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(48), &written).ok());
   const TlsFiles ps_files = TlsFilesIn(dir, "ps:0");
   TlsConfig ps = Load(dir, "ps:0");
+  // Looked at only when the test says (CheckNow), not on a thread of its
+  // own that could take a file half written; gRPC rereads every second.
   absl::StatusOr<std::shared_ptr<TlsWatcher>> watcher =
-      TlsWatcher::Start(ps_files, ps, absl::Seconds(1));
+      TlsWatcher::Start(ps_files, "ps:0", absl::Seconds(1), /*background=*/false);
   REQUIRE(watcher.ok());
   std::shared_ptr<TlsWatcher> w = *std::move(watcher);
+  absl::StatusOr<std::shared_ptr<TlsWatcher>> foreign =
+      TlsWatcher::Start(ps_files, "ps:1", absl::Seconds(1), false);
+  REQUIRE_FALSE(foreign.ok());
+  CHECK(foreign.status().message().find("is the certificate of \"ps:0\", not of ps:1") !=
+        std::string::npos);
   ps.watcher = w;
   const std::string staging = w->staging_dir();
+  CHECK(staging.find(absl::StrCat("/pstrain-tls-", ::getpid(), "-")) != std::string::npos);
   struct stat st;
   REQUIRE(::stat(staging.c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0700);
@@ -519,6 +528,28 @@ TEST_CASE("a renewed certificate is taken without a restart; a broken or foreign
   ps.watcher = nullptr;
   w.reset();  // the last holder: the staging directory goes with it
   CHECK(::stat(staging.c_str(), &st) != 0);
+
+  // A staging directory left by a process that is gone (killed) is removed
+  // by the next watcher; one of a live process is not.
+  const std::string base = staging.substr(0, staging.rfind('/'));
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  REQUIRE(::waitpid(gone, nullptr, 0) == gone);
+  const std::string stale = JoinPath(base, absl::StrCat("pstrain-tls-", gone, "-abcdef"));
+  const std::string live = JoinPath(base, absl::StrCat("pstrain-tls-", ::getppid(), "-abcdef"));
+  for (const std::string& d : {stale, live}) {
+    REQUIRE(::mkdir(d.c_str(), 0700) == 0);
+    REQUIRE(::mkdir(JoinPath(d, "g1").c_str(), 0700) == 0);
+    REQUIRE(Env::Default()->WriteFile(JoinPath(d, "g1/key.pem"), "x", false).ok());
+    REQUIRE(::symlink("g1", JoinPath(d, "current").c_str()) == 0);
+  }
+  auto next = TlsWatcher::Start(ps_files, "ps:0", absl::Seconds(1), false);
+  REQUIRE(next.ok());
+  CHECK(::lstat(stale.c_str(), &st) != 0);
+  CHECK(::lstat(live.c_str(), &st) == 0);
+  next->reset();
+  REQUIRE(::unlink(JoinPath(live, "current").c_str()) == 0);
+  REQUIRE(DeleteRecursively(Env::Default(), live).ok());
 }
 
 }  // namespace

@@ -352,10 +352,10 @@ TEST_CASE("a running daemon takes renewed certificates without a restart", "[sec
   // Renewed with the same CA while it runs: served within about 2 s.
   const std::string second = certs();
   REQUIRE(second != first);
-  std::string now = shown(), metrics;
-  for (absl::Time end = absl::Now() + absl::Seconds(15); now != second && absl::Now() < end;) {
+  std::string now, metrics;
+  for (absl::Time end = absl::Now() + absl::Seconds(15);
+       (now = shown(&metrics)) != second && absl::Now() < end;) {
     absl::SleepFor(absl::Milliseconds(200));
-    now = shown(&metrics);
   }
   CHECK(now == second);
   INFO(metrics);
@@ -378,10 +378,9 @@ TEST_CASE("a running daemon takes renewed certificates without a restart", "[sec
         ctx.auth_context()->FindPropertyValues("x509_pem_cert");
     return pem.empty() ? std::string() : std::string(pem[0].data(), pem[0].size());
   };
-  now = grpc_shown();
-  for (absl::Time end = absl::Now() + absl::Seconds(15); now != second && absl::Now() < end;) {
+  for (absl::Time end = absl::Now() + absl::Seconds(15);
+       (now = grpc_shown()) != second && absl::Now() < end;) {
     absl::SleepFor(absl::Milliseconds(200));
-    now = grpc_shown();
   }
   CHECK(now == second);
 

@@ -1,8 +1,10 @@
 #include "tools/prometheus_config.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/tls.h"
@@ -99,6 +101,13 @@ absl::StatusOr<std::string> RenderPrometheusConfig(const ClusterSpec& spec,
                   "\n    honor_labels: true\n    metrics_path: /metrics\n");
   const std::string& tls_dir = options.tls_dir.empty() ? spec.tls_dir() : options.tls_dir;
   if (!spec.tls_dir().empty()) {
+    if (tls_dir.find_first_of("\"\\") != std::string::npos ||
+        std::any_of(tls_dir.begin(), tls_dir.end(),
+                    [](char c) { return static_cast<unsigned char>(c) < 0x20; })) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TLS directory \"", absl::CHexEscape(tls_dir),
+          "\": quotes, backslashes and control characters cannot go into the YAML as they are"));
+    }
     // Every task's certificate names kMetricsAltName (pstrain certs), so one
     // server_name checks them all, whatever their hosts.
     const TlsFiles files = TlsFilesIn(tls_dir, kMonitorIdentity);

@@ -64,6 +64,9 @@ TEST_CASE("with mutual TLS the scrape job uses HTTPS and the scraper's certifica
   yaml = RenderPrometheusConfig(*spec, o);
   REQUIRE(yaml.ok());
   CHECK(yaml->find("cert_file: \"/srv/prometheus/pstrain/monitor.crt\"") != std::string::npos);
+  // A path that would break out of its YAML string is refused.
+  o.tls_dir = "/srv/a\"b";
+  CHECK(ErrorOf(RenderPrometheusConfig(*spec, o)).find("quotes") != std::string::npos);
   // Without TLS: plain HTTP, as before.
   yaml = RenderPrometheusConfig(Spec(R"({"chief": ["10.0.0.1:9100"]})"), o);
   REQUIRE(yaml.ok());

@@ -236,6 +236,16 @@ TEST_CASE("with mutual TLS the endpoint serves HTTPS, and /metrics only to a cer
   const double handshakes = std::stod(after.substr(after.find("} ", at) + 2));
   CHECK(handshakes >= 3);
   CHECK(handshakes <= 5);
+  // Once the scraper's certificate is revoked, the endpoint (started
+  // before any list was made) refuses it at the next handshake; other
+  // certificates of the CA still read /metrics.
+  std::string crl;
+  REQUIRE(RevokeCertificate(dir, kMonitorIdentity, &crl).ok());
+  error.clear();
+  CHECK(testing::HttpsGet(port, "/metrics", monitor, kMetricsAltName, &error).empty());
+  CHECK_FALSE(error.empty());
+  CHECK(testing::HttpsGet(port, "/metrics", TlsFilesIn(dir, "ps:0"), kMetricsAltName, &error)
+            .rfind("HTTP/1.0 200 OK", 0) == 0);
   REQUIRE(DeleteRecursively(Env::Default(), dir).ok());
   REQUIRE(DeleteRecursively(Env::Default(), other).ok());
 }

@@ -57,6 +57,11 @@ struct TlsConfig {
   std::string key_pem;
   std::string identity;   // the certificate's common name
   absl::Time not_after;   // when the certificate, or the CA, expires: the sooner
+  // Revocation lists (RevokeCertificate writes them): the directory `crl`
+  // beside the CA's certificate, which need not exist until the first is
+  // made; empty: none. Every handshake checks the peer's certificate against
+  // the CA's newest list, read from the directory as it stands then.
+  std::string crl_dir;
   // Set where the files are watched for renewal: credentials made from this
   // config then follow the watcher's current material, not the PEMs above
   // (which are what was read at start).
@@ -79,13 +84,14 @@ inline constexpr char kMetricsAltName[] = "metrics.pstrain";
 inline constexpr char kMonitorIdentity[] = "monitor";
 
 // Reads and checks the three files: PEM that parses, a certificate signed by
-// the CA and valid now, a key that is the certificate's and is private (mode
-// 0600). Each failure names the file and what is wrong with it.
+// the CA, valid now and not revoked, a key that is the certificate's and is
+// private (mode 0600). Each failure names the file and what is wrong with it.
 absl::StatusOr<TlsConfig> LoadTls(const TlsFiles& files);
 
-// gRPC credentials from `tls`. The server asks every client for a
-// certificate and verifies one that is offered; the Authorizer refuses calls
-// that came without.
+// gRPC credentials from `tls` (its watcher's current material where it has
+// one). The server asks every client for a certificate and verifies one
+// that is offered; the Authorizer refuses calls that came without. Both
+// ends check the peer's certificate against the revocation lists.
 std::shared_ptr<grpc::ServerCredentials> TlsServerCredentials(const TlsConfig& tls);
 std::shared_ptr<grpc::ChannelCredentials> TlsChannelCredentials(const TlsConfig& tls);
 
@@ -168,6 +174,17 @@ class TlsWatcher {
 // The verified common name of the client certificate of the call `ctx`
 // serves; empty when the call came without one (or without TLS).
 std::string PeerCommonName(const grpc::ServerContextBase& ctx);
+
+// Revokes the certificate `pstrain certs` wrote in `dir` for `identity`: a
+// new revocation list signed by the CA (ca.key must be there), holding
+// every serial the newest list in dir/crl held and this certificate's,
+// written as the next dir/crl/<issuer hash>.rN, the name OpenSSL's
+// directory lookup reads (openssl crl -in ... -noout -text shows it).
+// `crl_path` receives its path, `revoked` (may be null) how many serials it
+// holds. Renewed certificates of the task (pstrain certs again) have new
+// serials and are not revoked.
+absl::Status RevokeCertificate(const std::string& dir, const std::string& identity,
+                               std::string* crl_path, int* revoked = nullptr);
 
 // Writes a CA (unless `dir` already has ca.crt and ca.key, which are reused)
 // and a certificate and key for every task of `cluster` (may be null: then

@@ -428,6 +428,92 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
   impostor->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
 }
 
+TEST_CASE("a revoked certificate is refused at the next handshake, client or server",
+          "[tls][rpc]") {
+  const bool watched = GENERATE(false, true);
+  INFO((watched ? "watched files" : "static material"));
+  const std::string dir = TempDir(watched ? "revoke_w" : "revoke");
+  ClusterSpec spec = Spec(R"({"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"],
+                              "worker": ["127.0.0.1:3", "127.0.0.1:4"]})");
+  std::vector<std::string> written;
+  REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(48), &written).ok());
+  auto tls = [&](const std::string& id) {
+    TlsConfig t = Load(dir, id);
+    if (watched) {
+      absl::StatusOr<std::shared_ptr<TlsWatcher>> w =
+          TlsWatcher::Start(TlsFilesIn(dir, id), id, absl::Seconds(1));
+      REQUIRE(w.ok());
+      t.watcher = *w;
+    }
+    return std::make_shared<const TlsConfig>(t);
+  };
+  // A server started before anything was revoked: the lists' directory is
+  // not there yet.
+  Authorizer auth("", spec, /*tls=*/true);
+  WhoService service(&auth);
+  const std::shared_ptr<const TlsConfig> ps = tls("ps:0");
+  CHECK(ps->crl_dir == JoinPath(dir, "crl"));
+  CHECK_FALSE(Env::Default()->IsDirectory(ps->crl_dir));
+  SetTransportSecurity(ps);
+  int port = 0;
+  std::unique_ptr<grpc::Server> server =
+      StartOnSomePort(&service, 31000 + (::getpid() % 20000), &port);
+  SetTransportSecurity(nullptr);
+  REQUIRE(server != nullptr);
+  auto call_as = [&](std::shared_ptr<const TlsConfig> t) {
+    SetTransportSecurity(std::move(t));
+    auto stub = PsService::NewStub(CreateChannel(absl::StrCat("127.0.0.1:", port), "ps:0"));
+    SetTransportSecurity(nullptr);
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(5));
+    PsStatusResponse resp;
+    return stub->GetStatus(&ctx, PsStatusRequest(), &resp).error_code();
+  };
+  // worker:1's material, read before it is revoked.
+  const std::shared_ptr<const TlsConfig> worker1 = tls("worker:1");
+  CHECK(call_as(worker1) == grpc::StatusCode::OK);
+  std::string crl;
+  int revoked = 0;
+  REQUIRE(RevokeCertificate(dir, "worker:1", &crl, &revoked).ok());
+  CHECK(revoked == 1);
+  CHECK(crl.find("/crl/") != std::string::npos);
+  CHECK(crl.substr(crl.size() - 3) == ".r0");
+  CHECK(absl::IsAlreadyExists(RevokeCertificate(dir, "worker:1", &crl)));
+  // Read now, worker:1's files are refused, naming why.
+  absl::StatusOr<TlsConfig> again = LoadTls(TlsFilesIn(dir, "worker:1"));
+  REQUIRE_FALSE(again.ok());
+  CHECK(again.status().message().find("certificate revoked") != std::string::npos);
+  const std::shared_ptr<const TlsConfig> worker0 = tls("worker:0");
+  CHECK(call_as(worker0) == grpc::StatusCode::OK);
+  CHECK(call_as(worker1) == grpc::StatusCode::UNAVAILABLE);  // the server refuses it
+  // Revoked while the server runs: the next handshake refuses it (a new
+  // list, crl/<hash>.r1, holding both).
+  REQUIRE(RevokeCertificate(dir, "worker:0", &crl, &revoked).ok());
+  CHECK(revoked == 2);
+  CHECK(crl.substr(crl.size() - 3) == ".r1");
+  CHECK(call_as(worker0) == grpc::StatusCode::UNAVAILABLE);
+  CHECK(call_as(tls("chief:0")) == grpc::StatusCode::OK);
+  // A revoked server: its clients refuse it.
+  REQUIRE(RevokeCertificate(dir, "ps:0", &crl, &revoked).ok());
+  CHECK(call_as(tls("chief:0")) == grpc::StatusCode::UNAVAILABLE);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  if (HaveOpenssl()) {
+    auto [text, code] = Run(absl::StrCat("openssl crl -noout -text -in ", crl));
+    INFO(text);
+    CHECK(code == 0);
+    CHECK(text.find("Revoked Certificates:") != std::string::npos);
+    auto [verify, code2] = Run(absl::StrCat("openssl verify -crl_check -CAfile ", dir,
+                                            "/ca.crt -CRLfile ", crl, " ", dir, "/ps-0.crt"));
+    INFO(verify);
+    CHECK(code2 != 0);
+    CHECK(verify.find("certificate revoked") != std::string::npos);
+  }
+  // Without the CA's key nothing can be revoked.
+  REQUIRE(::rename(JoinPath(dir, "ca.key").c_str(), JoinPath(dir, "ca.key.away").c_str()) == 0);
+  absl::Status no_key = RevokeCertificate(dir, "chief:0", &crl);
+  CHECK(no_key.message().find("revoking needs the CA's key") != std::string::npos);
+}
+
 // The PEM of the certificate the server showed on the call `ctx` made.
 std::string ServerCertificate(const grpc::ClientContext& ctx) {
   std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();

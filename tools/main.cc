@@ -419,6 +419,9 @@ int CertsCommand(const std::vector<std::string>& argv) {
                    "--workers, named by task only, for hosts known only at start (Slurm, a "
                    "Kubeflow TFJob)"}},
       {"workers", {"0", "with --ps: how many workers"}},
+      {"revoke", {"", "revoke the certificate in --out of this task (ps:1, worker:3, operator, "
+                      "monitor): a new revocation list in --out/crl, which every task reads at "
+                      "each handshake"}},
   };
   if (WantsHelp(argv)) {
     std::cout << "pstrain certs flags:\n" << Args::Usage(flags);
@@ -426,6 +429,19 @@ int CertsCommand(const std::vector<std::string>& argv) {
   }
   auto args = Args::Parse(argv, flags);
   if (!args.ok()) return Fail("certs", std::string(args.status().message()));
+  if (const std::string id = args->Get("revoke"); !id.empty()) {
+    if (args->Get("out").empty()) return Fail("certs", "--revoke needs --out=DIR, the CA's");
+    std::string crl;
+    int revoked = 0;
+    if (absl::Status st = RevokeCertificate(args->Get("out"), id, &crl, &revoked); !st.ok()) {
+      return Fail("certs", std::string(st.message()));
+    }
+    std::cout << "revoked " << id << "'s certificate: " << crl << " lists " << revoked
+              << " revoked certificate(s)\ncopy " << Dirname(crl)
+              << " beside ca.crt on every task: each checks it at its next handshake "
+                 "(connections already open stay)\n";
+    return 0;
+  }
   auto cluster = OptionalClusterSpec(args->Get("cluster_spec"));
   if (!cluster.ok()) return Fail("certs", std::string(cluster.status().message()));
   auto days = args->GetInt("days");

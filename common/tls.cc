@@ -2,8 +2,9 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
-#include <signal.h>
+#include <fcntl.h>
 #include <stdlib.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -13,12 +14,12 @@
 #include <cstring>
 #include <memory>
 
-#include "absl/strings/numbers.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
 #include "absl/strings/str_replace.h"
-#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 #include "common/cluster_spec.h"
 #include "common/env.h"
 #include "common/logging.h"
@@ -32,6 +33,7 @@
 #include "openssl/err.h"
 #include "openssl/evp.h"
 #include "openssl/pem.h"
+#include "openssl/rand.h"
 #include "openssl/ssl.h"
 #include "openssl/x509.h"
 #include "openssl/x509v3.h"
@@ -97,6 +99,40 @@ bool CheckRevocations(X509_STORE* store, const std::string& crl_dir) {
 
 Bio MemoryBio(const std::string& pem) {
   return Bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
+}
+
+// The CA's revocation lists as OpenSSL's directory lookup names them,
+// crl/<hash of the CA's name>.r0, .r1, ...
+std::string CrlHash(X509* ca) {
+  int ok = 0;
+  const unsigned long h = X509_NAME_hash_ex(X509_get_subject_name(ca), nullptr, nullptr, &ok);
+  return ok == 1 ? absl::StrFormat("%08lx", h) : "";
+}
+
+// A list that does not parse or is not the CA's would be skipped by every
+// handshake without a word (a missing list is no error): refused here, as
+// is a path OpenSSL would split (it takes ':' as a list separator).
+absl::Status CheckRevocationLists(const std::string& crl_dir, X509* ca) {
+  if (crl_dir.find(':') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        crl_dir, ": OpenSSL reads ':' as a separator of directories; move the TLS files"));
+  }
+  const std::string hash = CrlHash(ca);
+  for (int n = 0; !hash.empty(); ++n) {
+    const std::string path = JoinPath(crl_dir, absl::StrCat(hash, ".r", n));
+    if (!Env::Default()->FileExists(path)) break;
+    absl::StatusOr<std::string> pem = Env::Default()->ReadFile(path);
+    if (!pem.ok()) return pem.status();
+    Bio bio = MemoryBio(*pem);
+    std::unique_ptr<X509_CRL, OpensslFree<X509_CRL_free>> crl(
+        PEM_read_bio_X509_CRL(bio.get(), nullptr, nullptr, nullptr));
+    if (!crl || X509_CRL_verify(crl.get(), X509_get0_pubkey(ca)) != 1) {
+      ERR_clear_error();
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": not a PEM revocation list signed by the CA (handshakes would skip it)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // Refuses encrypted keys rather than prompting on a terminal.
@@ -295,6 +331,7 @@ absl::StatusOr<TlsConfig> LoadTls(const TlsFiles& files) {
   // (the directory need not be there yet): a revoked certificate is refused
   // here too, naming why.
   tls.crl_dir = JoinPath(Dirname(files.ca_file), "crl");
+  RETURN_IF_ERROR(CheckRevocationLists(tls.crl_dir, cas.front().get()));
   if (!CheckRevocations(store.get(), tls.crl_dir)) {
     return absl::InvalidArgumentError(absl::StrCat(
         tls.crl_dir, ": revocation lists that do not load (", OpensslErrors(), ")"));
@@ -397,6 +434,7 @@ absl::StatusOr<std::shared_ptr<ssl_ctx_st>> HttpsServerContext(const TlsConfig& 
   // tickets for clients to fill; no renegotiation to hold the thread with.
   SSL_CTX_set_session_cache_mode(ctx.get(), SSL_SESS_CACHE_OFF);
   SSL_CTX_set_options(ctx.get(), SSL_OP_NO_TICKET | SSL_OP_NO_RENEGOTIATION);
+  SSL_CTX_set_num_tickets(ctx.get(), 0);  // TLS 1.3's, sent after the handshake
   // Asked for, and verified when offered; not required (probes come without).
   SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, AllowMissingCrl);
   return ctx;
@@ -446,23 +484,27 @@ void RemoveStaging(const std::string& dir) {
   ::rmdir(dir.c_str());
 }
 
-// Staging directories of this user's processes that are gone (killed before
-// they could remove theirs): pstrain-tls-<pid>-XXXXXX in `base`.
+// Staging directories whose process is gone (killed before it could remove
+// its own): pstrain-tls-* in `base` whose `lock` file no process holds. A
+// lock, not a process id: processes in other PID namespaces (containers
+// sharing /dev/shm) cannot see each other's ids, but the kernel's locks
+// are the same for all. A directory without a lock file (one being made)
+// is left alone.
 void RemoveStaleStaging(const std::string& base) {
   DIR* d = ::opendir(base.c_str());
   if (d == nullptr) return;
   std::vector<std::string> stale;
   while (dirent* e = ::readdir(d)) {
-    absl::string_view name = e->d_name;
-    if (!absl::ConsumePrefix(&name, "pstrain-tls-")) continue;
-    int pid = 0;
-    if (!absl::SimpleAtoi(name.substr(0, name.find('-')), &pid) || pid <= 0) continue;
-    struct stat st;
+    if (!absl::StartsWith(e->d_name, "pstrain-tls-")) continue;
     const std::string path = JoinPath(base, e->d_name);
-    if (::lstat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::getuid() &&
-        ::kill(pid, 0) != 0 && errno == ESRCH) {
-      stale.push_back(path);
+    struct stat st;
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != ::getuid()) {
+      continue;
     }
+    const int fd = ::open(JoinPath(path, "lock").c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) stale.push_back(path);
+    ::close(fd);  // (and with it the lock just taken)
   }
   ::closedir(d);
   for (const std::string& path : stale) RemoveStaging(path);
@@ -500,6 +542,12 @@ absl::StatusOr<std::shared_ptr<TlsWatcher>> TlsWatcher::Start(const TlsFiles& fi
         absl::StrCat("TLS: cannot make a staging directory in ", base, ": ", std::strerror(errno)));
   }
   w->staging_ = dir;
+  // Held while this process lives: the sign that the directory is in use.
+  w->lock_fd_ = ::open(JoinPath(dir, "lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (w->lock_fd_ < 0 || ::flock(w->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("TLS: cannot lock ", dir, "/lock: ", std::strerror(errno)));
+  }
   {
     absl::MutexLock lock(&w->mu_);
     w->stamps_ = std::move(stamps);
@@ -536,6 +584,7 @@ TlsWatcher::~TlsWatcher() {
   Stop();
   provider_.reset();
   if (!staging_.empty()) RemoveStaging(staging_);
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 std::shared_ptr<const TlsConfig> TlsWatcher::current() const {
@@ -659,7 +708,26 @@ absl::Status WriteClusterCertificates(const ClusterSpec* cluster, const std::str
     ASSIGN_OR_RETURN(ca_key, NewKey());
     // The CA outlives the certificates written with it by a day; once
     // reused, it caps the new ones at its own expiry (below).
-    ASSIGN_OR_RETURN(ca, MakeCertificate("pstrain cluster CA", ca_key.get(), nullptr, nullptr,
+    // A name of its own: revocation lists are filed by the CA's name hash,
+    // so a new CA must not read an earlier CA's lists as its own.
+    unsigned char tag[6];
+    if (RAND_bytes(tag, sizeof(tag)) != 1) {
+      return absl::InternalError(absl::StrCat("random bytes: ", OpensslErrors()));
+    }
+    const std::string ca_name =
+        absl::StrCat("pstrain cluster CA ", absl::BytesToHexString(absl::string_view(
+                                                reinterpret_cast<const char*>(tag), sizeof(tag))));
+    // The earlier CA's lists, if any, are set aside with it.
+    const std::string crl_dir = JoinPath(dir, "crl");
+    if (env->IsDirectory(crl_dir)) {
+      const std::string aside = absl::StrCat(crl_dir, "-of-an-earlier-ca-", ::time(nullptr));
+      if (::rename(crl_dir.c_str(), aside.c_str()) != 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "cannot move the earlier CA's revocation lists ", crl_dir, " aside: ",
+            std::strerror(errno)));
+      }
+    }
+    ASSIGN_OR_RETURN(ca, MakeCertificate(ca_name, ca_key.get(), nullptr, nullptr,
                                          /*is_ca=*/true, /*serves=*/false, "",
                                          validity + absl::Hours(24)));
     ASSIGN_OR_RETURN(std::string key_pem, KeyPem(ca_key.get()));
@@ -742,7 +810,11 @@ absl::Status RevokeCertificate(const std::string& dir, const std::string& identi
         absl::StrCat(ca_crt, " and ", ca_key_path, " are not a CA certificate and its key"));
   }
   X509* ca = cas.front().get();
-  const std::string cert_file = TlsFilesIn(dir, identity).cert_file;
+  // A certificate file (one renewed since, kept or leaked), or a task's
+  // current one in `dir`.
+  const bool is_file = identity.find('/') != std::string::npos ||
+                       absl::EndsWith(identity, ".crt") || absl::EndsWith(identity, ".pem");
+  const std::string cert_file = is_file ? identity : TlsFilesIn(dir, identity).cert_file;
   ASSIGN_OR_RETURN(std::string cert_pem, ReadPem(cert_file));
   std::vector<Cert> certs = ParseCerts(cert_pem);
   if (certs.empty() || X509_check_issued(ca, certs.front().get()) != X509_V_OK) {
@@ -758,10 +830,8 @@ absl::Status RevokeCertificate(const std::string& dir, const std::string& identi
     return absl::FailedPreconditionError(
         absl::StrCat("cannot make ", crl_dir, ": ", std::strerror(errno)));
   }
-  int ok = 0;
-  const std::string hash = absl::StrFormat(
-      "%08lx", X509_NAME_hash_ex(X509_get_subject_name(ca), nullptr, nullptr, &ok));
-  if (ok != 1) return absl::InternalError(absl::StrCat("the CA's name hash: ", OpensslErrors()));
+  const std::string hash = CrlHash(ca);
+  if (hash.empty()) return absl::InternalError(absl::StrCat("the CA's name hash: ", OpensslErrors()));
   int next = 0;
   std::unique_ptr<X509_CRL, OpensslFree<X509_CRL_free>> newest;
   for (;; ++next) {
@@ -787,29 +857,37 @@ absl::Status RevokeCertificate(const std::string& dir, const std::string& identi
         return absl::AlreadyExistsError(absl::StrCat(cert_file, " (", identity,
                                                      ") is revoked already"));
       }
-      X509_CRL_add0_revoked(crl.get(), X509_REVOKED_dup(r));
+      X509_REVOKED* copy = X509_REVOKED_dup(r);
+      if (copy == nullptr || X509_CRL_add0_revoked(crl.get(), copy) != 1) {
+        X509_REVOKED_free(copy);
+        return absl::ResourceExhaustedError("OpenSSL: no memory for a revocation list");
+      }
       ++count;
     }
   }
   // Dated after the list it replaces, to the second (OpenSSL picks the
-  // newest of a CA's lists by that date), and not in the future (where
-  // OpenSSL would rank it below the lists already in force): a second
-  // revocation within the same second waits for the next one.
+  // newest of a CA's lists by that date), and not in the future, not even
+  // on a task whose clock is a little behind (OpenSSL ranks a list dated
+  // ahead below the ones in force): five minutes back, or a second after
+  // the list before, whichever is later; should that be ahead of now, it
+  // waits.
   time_t now = ::time(nullptr);
+  time_t dated = now - 300;
   if (newest) {
     struct tm tm = {};
     if (ASN1_TIME_to_tm(X509_CRL_get0_lastUpdate(newest.get()), &tm) == 1) {
-      const time_t last = timegm(&tm);
-      for (int i = 0; i < 30 && now <= last; ++i) {
-        absl::SleepFor(absl::Milliseconds(100));
-        now = ::time(nullptr);
-      }
-      if (now <= last) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "the newest revocation list in ", crl_dir, " is dated in the future: is the clock right?"));
-      }
+      dated = std::max(dated, timegm(&tm) + 1);
     }
   }
+  for (int i = 0; i < 30 && dated > now; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    now = ::time(nullptr);
+  }
+  if (dated > now) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the newest revocation list in ", crl_dir, " is dated in the future: is the clock right?"));
+  }
+  now = dated;
   std::unique_ptr<ASN1_TIME, OpensslFree<ASN1_TIME_free>> at(ASN1_TIME_set(nullptr, now));
   std::unique_ptr<X509_REVOKED, OpensslFree<X509_REVOKED_free>> entry(X509_REVOKED_new());
   const bool made =
@@ -831,8 +909,19 @@ absl::Status RevokeCertificate(const std::string& dir, const std::string& identi
   if (!out || PEM_write_bio_X509_CRL(out.get(), crl.get()) != 1) {
     return absl::InternalError(absl::StrCat("PEM of the revocation list: ", OpensslErrors()));
   }
+  // Written whole under a temporary name, then linked to its own: a
+  // revocation running beside this one cannot overwrite it (link fails).
   *crl_path = JoinPath(crl_dir, absl::StrCat(hash, ".r", next));
-  RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), *crl_path, BioText(out.get())));
+  const std::string tmp = absl::StrCat(*crl_path, ".tmp", ::getpid());
+  RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), tmp, BioText(out.get())));
+  const int linked = ::link(tmp.c_str(), crl_path->c_str());
+  const int link_errno = errno;
+  ::unlink(tmp.c_str());
+  if (linked != 0) {
+    return absl::AbortedError(absl::StrCat(
+        "cannot write ", *crl_path, ": ", std::strerror(link_errno),
+        link_errno == EEXIST ? " (another revocation wrote it meanwhile: run again)" : ""));
+  }
   if (revoked != nullptr) *revoked = count + 1;
   return absl::OkStatus();
 }

@@ -111,9 +111,9 @@ bool CertificateNames(const TlsConfig& tls, const std::string& dns_name);
 // with LoadTls, and takes them only when they pass and are still the
 // certificate of the same identity. Taken material goes to gRPC through a
 // private staging directory (mode 0700, in /dev/shm where there is one, so
-// the key stays off disk; named with the process id, and removed by the
-// next watcher on the machine once that process is gone, should it die
-// without removing it) whose `current` link is swapped atomically, the
+// the key stays off disk; should the process die without removing it, the
+// next watcher on the machine does, once no process holds its lock file)
+// whose `current` link is swapped atomically, the
 // way gRPC's FileWatcherCertificateProvider asks for, so gRPC never reads
 // a key and a certificate that do not match; and to the monitoring endpoint
 // through current(). Refused material is logged once (its files' stamps
@@ -158,6 +158,7 @@ class TlsWatcher {
   TlsFiles files_;
   std::string identity_;
   std::string staging_;
+  int lock_fd_ = -1;  // holds staging_/lock while this process lives
   absl::Duration interval_;
   std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider_;
   mutable absl::Mutex mu_;

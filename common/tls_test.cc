@@ -5,7 +5,8 @@
 
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -508,10 +509,39 @@ TEST_CASE("a revoked certificate is refused at the next handshake, client or ser
     CHECK(code2 != 0);
     CHECK(verify.find("certificate revoked") != std::string::npos);
   }
+  // A certificate renewed since (pstrain certs again) is not revoked; the
+  // earlier one can still be, named by its file.
+  const std::string earlier = JoinPath(dir, "chief-0.earlier.crt");
+  REQUIRE(Env::Default()->WriteFile(earlier, *Env::Default()->ReadFile(
+                                                 TlsFilesIn(dir, "chief:0").cert_file),
+                                    false)
+              .ok());
+  REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(48), &written).ok());
+  REQUIRE(RevokeCertificate(dir, earlier, &crl, &revoked).ok());
+  CHECK(revoked == 4);
+  CHECK(LoadTls(TlsFilesIn(dir, "chief:0")).ok());
+  // A list that does not parse would be skipped by every handshake: refused.
+  const std::string next_list = crl.substr(0, crl.size() - 1) + "4";
+  REQUIRE(Env::Default()->WriteFile(next_list, "-----BEGIN X509 CRL-----\n", false).ok());
+  absl::StatusOr<TlsConfig> refused = LoadTls(TlsFilesIn(dir, "chief:0"));
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().message().find("not a PEM revocation list signed by the CA") !=
+        std::string::npos);
+  REQUIRE(::unlink(next_list.c_str()) == 0);
   // Without the CA's key nothing can be revoked.
   REQUIRE(::rename(JoinPath(dir, "ca.key").c_str(), JoinPath(dir, "ca.key.away").c_str()) == 0);
   absl::Status no_key = RevokeCertificate(dir, "chief:0", &crl);
   CHECK(no_key.message().find("revoking needs the CA's key") != std::string::npos);
+  // A new CA (the old one moved away) sets the earlier CA's lists aside,
+  // and its own lists go under another name.
+  REQUIRE(::rename(JoinPath(dir, "ca.crt").c_str(), JoinPath(dir, "ca.crt.away").c_str()) == 0);
+  REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(48), &written).ok());
+  CHECK_FALSE(Env::Default()->IsDirectory(JoinPath(dir, "crl")));
+  CHECK(LoadTls(TlsFilesIn(dir, "worker:1")).ok());
+  std::string fresh;
+  REQUIRE(RevokeCertificate(dir, "worker:1", &fresh, &revoked).ok());
+  CHECK(revoked == 1);
+  CHECK(fresh.substr(fresh.rfind('/')) != crl.substr(crl.rfind('/')));
 }
 
 // The PEM of the certificate the server showed on the call `ctx` made.
@@ -615,25 +645,33 @@ TEST_CASE("a renewed certificate is taken without a restart; a broken or foreign
   w.reset();  // the last holder: the staging directory goes with it
   CHECK(::stat(staging.c_str(), &st) != 0);
 
-  // A staging directory left by a process that is gone (killed) is removed
-  // by the next watcher; one of a live process is not.
+  // A staging directory whose process is gone (killed: nobody holds its
+  // lock) is removed by the next watcher; one whose lock is held is not.
   const std::string base = staging.substr(0, staging.rfind('/'));
-  const pid_t gone = ::fork();
-  if (gone == 0) ::_exit(0);
-  REQUIRE(::waitpid(gone, nullptr, 0) == gone);
-  const std::string stale = JoinPath(base, absl::StrCat("pstrain-tls-", gone, "-abcdef"));
-  const std::string live = JoinPath(base, absl::StrCat("pstrain-tls-", ::getppid(), "-abcdef"));
+  std::string stale = JoinPath(base, "pstrain-tls-test-XXXXXX");
+  std::string live = stale;
+  REQUIRE(::mkdtemp(stale.data()) != nullptr);
+  REQUIRE(::mkdtemp(live.data()) != nullptr);
+  int held = -1;
   for (const std::string& d : {stale, live}) {
-    REQUIRE(::mkdir(d.c_str(), 0700) == 0);
     REQUIRE(::mkdir(JoinPath(d, "g1").c_str(), 0700) == 0);
     REQUIRE(Env::Default()->WriteFile(JoinPath(d, "g1/key.pem"), "x", false).ok());
     REQUIRE(::symlink("g1", JoinPath(d, "current").c_str()) == 0);
+    const int fd = ::open(JoinPath(d, "lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    REQUIRE(fd >= 0);
+    if (d == live) {
+      REQUIRE(::flock(fd, LOCK_EX | LOCK_NB) == 0);
+      held = fd;
+    } else {
+      ::close(fd);
+    }
   }
   auto next = TlsWatcher::Start(ps_files, "ps:0", absl::Seconds(1), false);
   REQUIRE(next.ok());
   CHECK(::lstat(stale.c_str(), &st) != 0);
   CHECK(::lstat(live.c_str(), &st) == 0);
   next->reset();
+  ::close(held);
   REQUIRE(::unlink(JoinPath(live, "current").c_str()) == 0);
   REQUIRE(DeleteRecursively(Env::Default(), live).ok());
 }

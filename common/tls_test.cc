@@ -61,6 +61,21 @@ TlsConfig Load(const std::string& dir, const std::string& identity) {
   return *tls;
 }
 
+// A task's material as a daemon holds it: static (gRPC's credentials over
+// the PEMs), or `watched` (over a watcher's staging directory, its files
+// looked at every second).
+std::shared_ptr<const TlsConfig> Material(const std::string& dir, const std::string& id,
+                                          bool watched) {
+  TlsConfig t = Load(dir, id);
+  if (watched) {
+    absl::StatusOr<std::shared_ptr<TlsWatcher>> w =
+        TlsWatcher::Start(TlsFilesIn(dir, id), id, absl::Seconds(1));
+    REQUIRE(w.ok());
+    t.watcher = *w;
+  }
+  return std::make_shared<const TlsConfig>(t);
+}
+
 TEST_CASE("pstrain's certificates are a CA and one per task that openssl accepts", "[tls]") {
   const std::string dir = TempDir("write");
   const ClusterSpec spec = Spec(
@@ -297,14 +312,7 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
   const bool watched = GENERATE(false, true);
   INFO((watched ? "watched files" : "static material"));
   auto tls = [watched](const std::string& d, const std::string& id) {
-    TlsConfig t = Load(d, id);
-    if (watched) {
-      absl::StatusOr<std::shared_ptr<TlsWatcher>> w =
-          TlsWatcher::Start(TlsFilesIn(d, id), id, absl::Seconds(1));
-      REQUIRE(w.ok());
-      t.watcher = *w;
-    }
-    return std::make_shared<const TlsConfig>(t);
+    return Material(d, id, watched);
   };
 
   Authorizer auth("", spec, /*tls=*/true);
@@ -438,16 +446,7 @@ TEST_CASE("a revoked certificate is refused at the next handshake, client or ser
                               "worker": ["127.0.0.1:3", "127.0.0.1:4"]})");
   std::vector<std::string> written;
   REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(48), &written).ok());
-  auto tls = [&](const std::string& id) {
-    TlsConfig t = Load(dir, id);
-    if (watched) {
-      absl::StatusOr<std::shared_ptr<TlsWatcher>> w =
-          TlsWatcher::Start(TlsFilesIn(dir, id), id, absl::Seconds(1));
-      REQUIRE(w.ok());
-      t.watcher = *w;
-    }
-    return std::make_shared<const TlsConfig>(t);
-  };
+  auto tls = [&](const std::string& id) { return Material(dir, id, watched); };
   // A server started before anything was revoked: the lists' directory is
   // not there yet.
   Authorizer auth("", spec, /*tls=*/true);

@@ -109,30 +109,42 @@ TEST_CASE("the pods' training config loads", "[k8s]") {
   CHECK(config->checkpoint().dir() == "/data/output/checkpoints");
 }
 
-TEST_CASE("the container entry point starts the pod's daemon with its probes", "[k8s]") {
-  const std::string dir = testing::FreshTempDir("k8s_entry");
-  // The image's layout: the daemons side by side in one directory.
+// ps:0 started as the image starts it: the entry point with PSTRAIN_JOB=ps,
+// the daemons side by side in dir/bin, TF_CONFIG as the TFJob operator
+// would set it (loopback here), and `env`; its output in dir/ps.log.
+// `ports`: the chief's, ps:0's, the worker's and ps:0's probes' (metrics).
+std::unique_ptr<Subprocess> StartEntryPointPs(const std::string& dir,
+                                              const std::vector<std::string>& env,
+                                              std::vector<int>* ports) {
   const std::string bin = JoinPath(dir, "bin");
   REQUIRE(Env::Default()->CreateDirs(bin).ok());
   REQUIRE(::symlink(Binary("ps_server/ps_server").c_str(), JoinPath(bin, "ps_server").c_str()) ==
           0);
-  testing::CommandResult tokens = RunCommand(
-      {Binary("tools/pstrain"), "tokens", "--out", JoinPath(dir, "auth")}, absl::Seconds(30));
-  REQUIRE(tokens.exit_code == 0);
-  const std::vector<int> ports = PickFreePorts(4);
-  // As the TFJob operator would set it (loopback here).
+  *ports = PickFreePorts(4);
+  const std::vector<int>& p = *ports;
   const std::string tf_config = absl::StrCat(
-      R"({"cluster": {"chief": ["127.0.0.1:)", ports[0], R"("], "ps": ["127.0.0.1:)", ports[1],
-      R"("], "worker": ["127.0.0.1:)", ports[2], R"("]}, "task": {"type": "ps", "index": 0}})");
+      R"({"cluster": {"chief": ["127.0.0.1:)", p[0], R"("], "ps": ["127.0.0.1:)", p[1],
+      R"("], "worker": ["127.0.0.1:)", p[2], R"("]}, "task": {"type": "ps", "index": 0}})");
   SpawnOptions so;
   so.argv = {"/bin/sh", JoinPath(K8sDir(), "entrypoint.sh")};
   so.extra_env = {"PSTRAIN_JOB=ps", "TF_CONFIG=" + tf_config, "PSTRAIN_BIN_DIR=" + bin,
                   "PSTRAIN_CONFIG=" + JoinPath(K8sDir(), "train.pbtxt"),
-                  absl::StrCat("PSTRAIN_METRICS_PORT=", ports[3]),
-                  "PSTRAIN_SECRET_FILE=" + JoinPath(dir, "auth/cluster.secret")};
+                  absl::StrCat("PSTRAIN_METRICS_PORT=", p[3])};
+  so.extra_env.insert(so.extra_env.end(), env.begin(), env.end());
   so.output_file = JoinPath(dir, "ps.log");
   auto ps = Subprocess::Spawn(so);
   REQUIRE(ps.ok());
+  return std::move(*ps);
+}
+
+TEST_CASE("the container entry point starts the pod's daemon with its probes", "[k8s]") {
+  const std::string dir = testing::FreshTempDir("k8s_entry");
+  testing::CommandResult tokens = RunCommand(
+      {Binary("tools/pstrain"), "tokens", "--out", JoinPath(dir, "auth")}, absl::Seconds(30));
+  REQUIRE(tokens.exit_code == 0);
+  std::vector<int> ports;
+  auto ps = StartEntryPointPs(dir, {"PSTRAIN_SECRET_FILE=" + JoinPath(dir, "auth/cluster.secret")},
+                              &ports);
   std::string healthz;
   for (int i = 0; i < 100 && healthz.find(" 200 ") == std::string::npos; ++i) {
     healthz = testing::HttpGet(ports[3], "/healthz");
@@ -143,8 +155,8 @@ TEST_CASE("the container entry point starts the pod's daemon with its probes", "
   // Not ready until a chief installs the model: Kubernetes keeps it out of
   // the Service's ready endpoints meanwhile.
   CHECK(testing::HttpGet(ports[3], "/readyz").find(" 503 ") != std::string::npos);
-  CHECK((*ps)->running());
-  (*ps)->Stop(absl::Seconds(5));
+  CHECK(ps->running());
+  ps->Stop(absl::Seconds(5));
   const std::string log = Env::Default()->ReadFile(JoinPath(dir, "ps.log")).value_or("");
   CHECK(log.find("authentication on") != std::string::npos);
   CHECK(log.find(absl::StrCat("listening on 127.0.0.1:", ports[1])) != std::string::npos);
@@ -153,10 +165,6 @@ TEST_CASE("the container entry point starts the pod's daemon with its probes", "
 TEST_CASE("with PSTRAIN_TLS_DIR the entry point's daemon uses mutual TLS, probes over HTTPS",
           "[k8s][tls]") {
   const std::string dir = testing::FreshTempDir("k8s_entry_tls");
-  const std::string bin = JoinPath(dir, "bin");
-  REQUIRE(Env::Default()->CreateDirs(bin).ok());
-  REQUIRE(::symlink(Binary("ps_server/ps_server").c_str(), JoinPath(bin, "ps_server").c_str()) ==
-          0);
   // As the manifests' header says: certificates named by task, the CA's key
   // moved away.
   testing::CommandResult certs =
@@ -167,19 +175,8 @@ TEST_CASE("with PSTRAIN_TLS_DIR the entry point's daemon uses mutual TLS, probes
   REQUIRE(certs.exit_code == 0);
   REQUIRE(::rename(JoinPath(dir, "tls/ca.key").c_str(), JoinPath(dir, "ca.key.keep").c_str()) ==
           0);
-  const std::vector<int> ports = PickFreePorts(4);
-  const std::string tf_config = absl::StrCat(
-      R"({"cluster": {"chief": ["127.0.0.1:)", ports[0], R"("], "ps": ["127.0.0.1:)", ports[1],
-      R"("], "worker": ["127.0.0.1:)", ports[2], R"("]}, "task": {"type": "ps", "index": 0}})");
-  SpawnOptions so;
-  so.argv = {"/bin/sh", JoinPath(K8sDir(), "entrypoint.sh")};
-  so.extra_env = {"PSTRAIN_JOB=ps", "TF_CONFIG=" + tf_config, "PSTRAIN_BIN_DIR=" + bin,
-                  "PSTRAIN_CONFIG=" + JoinPath(K8sDir(), "train.pbtxt"),
-                  absl::StrCat("PSTRAIN_METRICS_PORT=", ports[3]),
-                  "PSTRAIN_TLS_DIR=" + JoinPath(dir, "tls")};
-  so.output_file = JoinPath(dir, "ps.log");
-  auto ps = Subprocess::Spawn(so);
-  REQUIRE(ps.ok());
+  std::vector<int> ports;
+  auto ps = StartEntryPointPs(dir, {"PSTRAIN_TLS_DIR=" + JoinPath(dir, "tls")}, &ports);
   // A kubelet's probe: HTTPS, no client certificate (this client does check
   // the server's, which a kubelet does not).
   const TlsFiles probe{JoinPath(dir, "tls/ca.crt"), "", ""};
@@ -189,7 +186,7 @@ TEST_CASE("with PSTRAIN_TLS_DIR the entry point's daemon uses mutual TLS, probes
     if (healthz.find(" 200 ") == std::string::npos) ::usleep(100000);
   }
   const std::string readyz = testing::HttpsGet(ports[3], "/readyz", probe, kMetricsAltName, &error);
-  (*ps)->Stop(absl::Seconds(5));
+  ps->Stop(absl::Seconds(5));
   const std::string log = Env::Default()->ReadFile(JoinPath(dir, "ps.log")).value_or("");
   INFO(log << error);
   CHECK(healthz.find(" 200 ") != std::string::npos);

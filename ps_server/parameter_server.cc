@@ -109,6 +109,8 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     }
     model->step_deadline = absl::Milliseconds(config.sync().step_deadline_ms());
   }
+  model->held_push_ttl = absl::Milliseconds(config.rpc().step_timeout_ms()) +
+                         absl::Milliseconds(config.rpc().rpc_timeout_ms());
   model->staleness_bound = config.has_async() ? config.async().staleness_bound() : 0;
   model->staleness_scaled_lr =
       config.has_async() && config.async().staleness_scaled_learning_rate();
@@ -749,6 +751,7 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
       // Refused at once, not held (AdmitSessionLocked counts it).
       return AdmitSessionLocked(w, header.session(), "Push");
     }
+    ExpireHeldPushesLocked(*model, absl::Now());
     HeldPush& h = held_pushes_[w];
     if (h.num_parts > 0 && (header.session() < h.session ||
                             (header.session() == h.session && header.step() < h.step))) {
@@ -769,6 +772,7 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
       h = HeldPush();
       h.session = header.session();
       h.step = header.step();
+      h.started = absl::Now();
       h.num_parts = header.num_parts();
       h.got.assign(static_cast<size_t>(h.num_parts), 0);
     }
@@ -801,6 +805,21 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
     h = HeldPush();
   }
   return PushAsync(model, header, all, response);
+}
+
+void ParameterServer::ExpireHeldPushesLocked(const Model& model, absl::Time now) {
+  if (now - held_pushes_checked_ < std::min(model.held_push_ttl, absl::Seconds(1))) return;
+  held_pushes_checked_ = now;
+  for (size_t w = 0; w < held_pushes_.size(); ++w) {
+    HeldPush& h = held_pushes_[w];
+    if (h.num_parts == 0 || now - h.started <= model.held_push_ttl) continue;
+    LOG_WARN("worker {}'s push for step {} (session {}) dropped with {} of its {} parts in, "
+             "held {}: past its deadline no part can still come",
+             w, h.step, h.session, h.parts.size(), h.num_parts,
+             absl::FormatDuration(absl::Trunc(now - h.started, absl::Milliseconds(1))));
+    ++counters_.held_pushes_expired;
+    h = HeldPush();
+  }
 }
 
 ParameterServer::Buffer ParameterServer::TakeSpare(PartitionState* p) {
@@ -1954,6 +1973,7 @@ void ParameterServer::GetStatus(PsStatusResponse* response) {
   response->set_push_copied_bytes(counters_.push_copied_bytes);
   response->set_pull_payload_bytes(counters_.pull_payload_bytes);
   response->set_pull_copied_bytes(counters_.pull_copied_bytes);
+  response->set_held_pushes_expired(counters_.held_pushes_expired);
   const Histogram::Snapshot staleness = staleness_.Read();
   response->set_staleness_count(static_cast<int64_t>(staleness.cumulative.back()));
   response->set_staleness_sum(staleness.sum);

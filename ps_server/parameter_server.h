@@ -109,6 +109,7 @@ class ParameterServer {
     int64_t push_copied_bytes = 0;
     int64_t pull_payload_bytes = 0;
     int64_t pull_copied_bytes = 0;
+    int64_t held_pushes_expired = 0;  // async pushes dropped with parts missing
   };
 
   // A pulled partition: `values` is the version buffer itself, kept alive by
@@ -307,6 +308,10 @@ class ParameterServer {
     // Sync with a step deadline: the fewest gradients a step may go on with.
     int min_replicas = 0;
     absl::Duration step_deadline = absl::ZeroDuration();  // zero: none
+    // Async: how long a push's parts are held for its missing ones: a
+    // worker's push deadline (rpc.step_timeout_ms + rpc.rpc_timeout_ms),
+    // past which no part of it can still come.
+    absl::Duration held_push_ttl = absl::InfiniteDuration();
     int staleness_bound = 0;
     bool staleness_scaled_lr = false;
     int64_t max_steps = 0;
@@ -553,6 +558,7 @@ class ParameterServer {
   struct HeldPush {
     int32_t session = 0;
     int64_t step = 0;
+    absl::Time started;  // its first part's arrival
     int num_parts = 0;  // 0: none
     std::vector<char> got;  // per part
     std::set<const PartitionState*> partitions;
@@ -560,6 +566,13 @@ class ParameterServer {
     std::vector<HeldPart> parts;
   };
   std::vector<HeldPush> held_pushes_ ABSL_GUARDED_BY(mu_);
+  // Drops held pushes older than the model's held_push_ttl (a worker that
+  // died or gave up mid-push; else its parts, up to this server's share,
+  // stay until that worker pushes again). Looks at most once per
+  // min(ttl, 1 s), so a part costs no walk over every worker.
+  void ExpireHeldPushesLocked(const Model& model, absl::Time now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Time held_pushes_checked_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Async: each worker's data cursor as of its latest admitted push, and
   // whether a checkpoint's cut is holding new pushes.
   std::vector<StepCursor> async_cursors_ ABSL_GUARDED_BY(mu_);

@@ -585,6 +585,52 @@ TEST_CASE("async: a push in parts is held until its last part, then applied as o
   CHECK(version == 3);
 }
 
+TEST_CASE("async: a push whose parts stop coming is dropped at the worker's push deadline",
+          "[ps][async]") {
+  // The deadline: rpc.step_timeout_ms + rpc.rpc_timeout_ms, 150 ms here.
+  InitializeRequest init = TwoPartitionInit(false);
+  init.mutable_config()->mutable_rpc()->set_step_timeout_ms(100);
+  init.mutable_config()->mutable_rpc()->set_rpc_timeout_ms(50);
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(init).ok());
+  auto part = [](int w, int64_t step, int k, const std::string& var, std::vector<float> g) {
+    PushRequest req = Grad(w, step, std::move(g), var,
+                           var == "w" ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{2});
+    req.set_part(k);
+    req.set_num_parts(2);
+    return req;
+  };
+  PushResponse r;
+  // Held within the deadline: the push completes as usual.
+  REQUIRE(ps.Push(part(0, 0, 0, "w", {1, 1, 1, 1}), &r).ok());
+  CHECK(r.outcome() == HELD);
+  REQUIRE(ps.Push(part(0, 0, 1, "b", {1, 1}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  // Worker 0 dies with one part in: at the next part the server takes
+  // after the deadline (here another worker's), the held part goes.
+  REQUIRE(ps.Push(part(0, 1, 0, "w", {100, 100, 100, 100}), &r).ok());
+  CHECK(r.outcome() == HELD);
+  absl::SleepFor(absl::Milliseconds(400));
+  REQUIRE(ps.Push(part(1, 0, 0, "w", {1, 1, 1, 1}), &r).ok());
+  CHECK(r.outcome() == HELD);
+  PsStatusResponse st;
+  ps.GetStatus(&st);
+  CHECK(st.held_pushes_expired() == 1);
+  // A part of the dropped push arriving after all is held alone, and never
+  // completes it: the worker's client sees only HELD replies, an error.
+  REQUIRE(ps.Push(part(0, 1, 1, "b", {100, 100}), &r).ok());
+  CHECK(r.outcome() == HELD);
+  ps.GetStatus(&st);
+  CHECK(st.pushes_applied() == 1);
+  CHECK(st.version() == 1);
+  // Worker 1's push, within its deadline, completes.
+  REQUIRE(ps.Push(part(1, 0, 1, "b", {1, 1}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  ps.GetStatus(&st);
+  CHECK(st.version() == 2);
+  CHECK(st.held_pushes_expired() == 1);
+}
+
 TEST_CASE("sync: a server holding no partition completes each step on the quorum",
           "[ps][sync]") {
   ParameterServer ps;

@@ -62,6 +62,10 @@ class PsCollector : public prometheus::Collectable {
     AddMetric(&copied, {{"direction", "push"}}, static_cast<double>(s.push_copied_bytes()));
     AddMetric(&copied, {{"direction", "pull"}}, static_cast<double>(s.pull_copied_bytes()));
     out.push_back(std::move(copied));
+    AddSingle(&out, "pstrain_ps_held_pushes_expired_total",
+              "Async pushes sent in parts dropped with parts missing at the worker's push "
+              "deadline (a worker that died or gave up mid-push).",
+              MetricType::Counter, static_cast<double>(s.held_pushes_expired()));
     if (s.tables_size() > 0) {
       prometheus::MetricFamily rows =
           Family("pstrain_embedding_rows", "Embedding rows held on this server.", MetricType::Gauge);

@@ -237,8 +237,13 @@ TEST_CASE("pstrain k8s-manifest writes manifests that validate, for either kind"
     REQUIRE(gen.exit_code == 0);
     CHECK((gen.output.find("httpGet: {path: /readyz, port: metrics, scheme: HTTPS}") !=
            std::string::npos) == tls);
-    CHECK((gen.output.find("secret: {secretName: trainer-tls, defaultMode: 0400}") !=
-           std::string::npos) == tls);
+    // One Secret per role: each role's pods mount only their role's keys.
+    for (const char* job : {"chief", "ps", "worker"}) {
+      CHECK((gen.output.find(absl::StrCat("secret: {secretName: trainer-tls-", job,
+                                          ", defaultMode: 0400}")) != std::string::npos) == tls);
+    }
+    CHECK((gen.output.find("for job in chief ps worker; do kubectl create secret generic "
+                           "trainer-tls-$job") != std::string::npos) == tls);
     CHECK((gen.output.find("{name: PSTRAIN_TLS_DIR, value: /var/run/pstrain/tls}") !=
            std::string::npos) == tls);
     CHECK((gen.output.find("pstrain certs --ps=3 --workers=4") != std::string::npos) == tls);

@@ -87,14 +87,17 @@ std::string Container(const K8sManifestOptions& o, const Role& r, bool tfjob,
             : "");
 }
 
-std::string Volumes(const K8sManifestOptions& o, const std::string& indent) {
+// The pod volumes of role `job`: with TLS, the Secret of that role's
+// certificates and keys only (<name>-tls-<job>).
+std::string Volumes(const K8sManifestOptions& o, const std::string& job,
+                    const std::string& indent) {
   return absl::StrCat(indent, "- name: data\n", indent, "  persistentVolumeClaim: {claimName: ",
                       o.name, "-data}\n", indent, "- name: config\n", indent,
                       "  configMap: {name: ", o.name, "-config}\n", indent, "- name: auth\n",
                       indent, "  secret: {secretName: ", o.name, "-auth, defaultMode: 0400}\n",
                       o.tls ? absl::StrCat(indent, "- name: tls\n", indent,
-                                           "  secret: {secretName: ", o.name,
-                                           "-tls, defaultMode: 0400}\n")
+                                           "  secret: {secretName: ", o.name, "-tls-", job,
+                                           ", defaultMode: 0400}\n")
                             : "");
 }
 
@@ -152,13 +155,16 @@ absl::StatusOr<std::string> RenderK8sManifest(const K8sManifestOptions& o) {
     absl::StrAppend(
         &out,
         "# Mutual TLS: certificates named by task (pods' hosts are known only at start), the\n"
-        "# CA's key kept off the cluster:\n"
+        "# CA's key kept off the cluster, one Secret per role (a pod reads its own role's keys\n"
+        "# only: a worker's cannot pass for a server or the chief):\n"
         "#   pstrain certs --ps=", o.num_ps, " --workers=", o.num_workers,
         " --out=tls && mv tls/ca.key ca.key.keep\n"
-        "#   kubectl create secret generic ", o.name, "-tls --from-file=tls/\n"
-        "# Every pod mounts the whole directory and uses its own task's pair; renewing is\n"
-        "#   pstrain certs ... again (with ca.key back) and kubectl apply of the secret: the\n"
-        "#   daemons take the new files without a restart (--tls_reload_s).\n"
+        "#   for job in chief ps worker; do kubectl create secret generic ", o.name,
+        "-tls-$job \\\n"
+        "#     --from-file=tls/ca.crt $(printf -- ' --from-file=%s' tls/$job-*.crt tls/$job-*.key); done\n"
+        "# Renewing is pstrain certs ... again (with ca.key back) and the Secrets updated\n"
+        "#   (kubectl create ... --dry-run=client -o yaml | kubectl apply -f -): the daemons\n"
+        "#   take the new files without a restart (--tls_reload_s).\n"
         "# Prometheus scrapes with monitor.crt and .key, tls_config server_name metrics.pstrain.\n");
   }
   // The config, verbatim, as a block scalar.
@@ -184,7 +190,7 @@ absl::StatusOr<std::string> RenderK8sManifest(const K8sManifestOptions& o) {
                       "\n      restartPolicy: OnFailure\n      template:\n        spec:\n"
                       "          containers:\n",
                       Container(o, r, true, "            "), "          volumes:\n",
-                      Volumes(o, "            "));
+                      Volumes(o, r.job, "            "));
     }
     return out;
   }
@@ -204,7 +210,7 @@ absl::StatusOr<std::string> RenderK8sManifest(const K8sManifestOptions& o) {
         "    matchLabels:\n      ", labels, "\n  template:\n    metadata:\n      labels:\n"
         "        ", absl::StrReplaceAll(labels, {{"\n      ", "\n        "}}),
         "\n    spec:\n      containers:\n", Container(o, r, false, "        "),
-        "      volumes:\n", Volumes(o, "        "));
+        "      volumes:\n", Volumes(o, r.job, "        "));
   }
   return out;
 }

@@ -101,40 +101,6 @@ Bio MemoryBio(const std::string& pem) {
   return Bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
 }
 
-// The CA's revocation lists as OpenSSL's directory lookup names them,
-// crl/<hash of the CA's name>.r0, .r1, ...
-std::string CrlHash(X509* ca) {
-  int ok = 0;
-  const unsigned long h = X509_NAME_hash_ex(X509_get_subject_name(ca), nullptr, nullptr, &ok);
-  return ok == 1 ? absl::StrFormat("%08lx", h) : "";
-}
-
-// A list that does not parse or is not the CA's would be skipped by every
-// handshake without a word (a missing list is no error): refused here, as
-// is a path OpenSSL would split (it takes ':' as a list separator).
-absl::Status CheckRevocationLists(const std::string& crl_dir, X509* ca) {
-  if (crl_dir.find(':') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        crl_dir, ": OpenSSL reads ':' as a separator of directories; move the TLS files"));
-  }
-  const std::string hash = CrlHash(ca);
-  for (int n = 0; !hash.empty(); ++n) {
-    const std::string path = JoinPath(crl_dir, absl::StrCat(hash, ".r", n));
-    if (!Env::Default()->FileExists(path)) break;
-    absl::StatusOr<std::string> pem = Env::Default()->ReadFile(path);
-    if (!pem.ok()) return pem.status();
-    Bio bio = MemoryBio(*pem);
-    std::unique_ptr<X509_CRL, OpensslFree<X509_CRL_free>> crl(
-        PEM_read_bio_X509_CRL(bio.get(), nullptr, nullptr, nullptr));
-    if (!crl || X509_CRL_verify(crl.get(), X509_get0_pubkey(ca)) != 1) {
-      ERR_clear_error();
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": not a PEM revocation list signed by the CA (handshakes would skip it)"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // Refuses encrypted keys rather than prompting on a terminal.
 int NoPassword(char*, int, int, void*) { return 0; }
 
@@ -173,6 +139,48 @@ absl::StatusOr<std::string> ReadPem(const std::string& path) {
                                                    "has at most ", kMaxPemBytes));
   }
   return Env::Default()->ReadFile(path);
+}
+
+// The CA's revocation lists as OpenSSL's directory lookup names them,
+// crl/<hash of the CA's name>.r0, .r1, ...
+std::string CrlHash(X509* ca) {
+  int ok = 0;
+  const unsigned long h = X509_NAME_hash_ex(X509_get_subject_name(ca), nullptr, nullptr, &ok);
+  return ok == 1 ? absl::StrFormat("%08lx", h) : "";
+}
+
+using Crl = std::unique_ptr<X509_CRL, OpensslFree<X509_CRL_free>>;
+
+// The CA's lists in `crl_dir`, oldest first (the next one is .r<size>),
+// each checked: a list that does not parse or is not the CA's would be
+// skipped by every handshake without a word (a missing list is no error).
+absl::StatusOr<std::vector<Crl>> ReadRevocationLists(const std::string& crl_dir, X509* ca) {
+  const std::string hash = CrlHash(ca);
+  if (hash.empty()) return absl::InternalError(absl::StrCat("the CA's name hash: ", OpensslErrors()));
+  std::vector<Crl> lists;
+  for (;;) {
+    const std::string path = JoinPath(crl_dir, absl::StrCat(hash, ".r", lists.size()));
+    if (!Env::Default()->FileExists(path)) return lists;
+    ASSIGN_OR_RETURN(std::string pem, ReadPem(path));
+    Bio bio = MemoryBio(pem);
+    Crl crl(PEM_read_bio_X509_CRL(bio.get(), nullptr, NoPassword, nullptr));
+    if (!crl || X509_CRL_verify(crl.get(), X509_get0_pubkey(ca)) != 1) {
+      ERR_clear_error();
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": not a PEM revocation list signed by the CA (handshakes would skip it)"));
+    }
+    lists.push_back(std::move(crl));
+  }
+}
+
+// Refused as well: a path OpenSSL would split (it takes ':' as a list
+// separator).
+absl::Status CheckRevocationLists(const std::string& crl_dir, X509* ca) {
+  if (crl_dir.find(':') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        crl_dir, ": OpenSSL reads ':' as a separator of directories; move the TLS files"));
+  }
+  return ReadRevocationLists(crl_dir, ca).status();
 }
 
 // --- writing ---
@@ -830,27 +838,13 @@ absl::Status RevokeCertificate(const std::string& dir, const std::string& identi
     return absl::FailedPreconditionError(
         absl::StrCat("cannot make ", crl_dir, ": ", std::strerror(errno)));
   }
-  const std::string hash = CrlHash(ca);
-  if (hash.empty()) return absl::InternalError(absl::StrCat("the CA's name hash: ", OpensslErrors()));
-  int next = 0;
-  std::unique_ptr<X509_CRL, OpensslFree<X509_CRL_free>> newest;
-  for (;; ++next) {
-    const std::string path = JoinPath(crl_dir, absl::StrCat(hash, ".r", next));
-    if (!Env::Default()->FileExists(path)) break;
-    ASSIGN_OR_RETURN(std::string pem, ReadPem(path));
-    Bio bio = MemoryBio(pem);
-    newest.reset(PEM_read_bio_X509_CRL(bio.get(), nullptr, NoPassword, nullptr));
-    if (!newest || X509_CRL_verify(newest.get(), X509_get0_pubkey(ca)) != 1) {
-      ERR_clear_error();
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": not a revocation list signed by the CA in ", ca_crt));
-    }
-  }
-  std::unique_ptr<X509_CRL, OpensslFree<X509_CRL_free>> crl(X509_CRL_new());
+  ASSIGN_OR_RETURN(std::vector<Crl> lists, ReadRevocationLists(crl_dir, ca));
+  X509_CRL* newest = lists.empty() ? nullptr : lists.back().get();
+  Crl crl(X509_CRL_new());
   if (!crl) return absl::ResourceExhaustedError("OpenSSL: no memory for a revocation list");
   int count = 0;
   if (newest) {
-    STACK_OF(X509_REVOKED)* old = X509_CRL_get_REVOKED(newest.get());
+    STACK_OF(X509_REVOKED)* old = X509_CRL_get_REVOKED(newest);
     for (int i = 0; i < sk_X509_REVOKED_num(old); ++i) {
       X509_REVOKED* r = sk_X509_REVOKED_value(old, i);
       if (ASN1_INTEGER_cmp(X509_REVOKED_get0_serialNumber(r), serial) == 0) {
@@ -871,24 +865,19 @@ absl::Status RevokeCertificate(const std::string& dir, const std::string& identi
   // ahead below the ones in force): five minutes back, or a second after
   // the list before, whichever is later; should that be ahead of now, it
   // waits.
-  time_t now = ::time(nullptr);
-  time_t dated = now - 300;
+  time_t dated = ::time(nullptr) - 300;
   if (newest) {
     struct tm tm = {};
-    if (ASN1_TIME_to_tm(X509_CRL_get0_lastUpdate(newest.get()), &tm) == 1) {
+    if (ASN1_TIME_to_tm(X509_CRL_get0_lastUpdate(newest), &tm) == 1) {
       dated = std::max(dated, timegm(&tm) + 1);
     }
   }
-  for (int i = 0; i < 30 && dated > now; ++i) {
-    absl::SleepFor(absl::Milliseconds(100));
-    now = ::time(nullptr);
-  }
-  if (dated > now) {
+  for (int i = 0; i < 30 && dated > ::time(nullptr); ++i) absl::SleepFor(absl::Milliseconds(100));
+  if (dated > ::time(nullptr)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the newest revocation list in ", crl_dir, " is dated in the future: is the clock right?"));
   }
-  now = dated;
-  std::unique_ptr<ASN1_TIME, OpensslFree<ASN1_TIME_free>> at(ASN1_TIME_set(nullptr, now));
+  std::unique_ptr<ASN1_TIME, OpensslFree<ASN1_TIME_free>> at(ASN1_TIME_set(nullptr, dated));
   std::unique_ptr<X509_REVOKED, OpensslFree<X509_REVOKED_free>> entry(X509_REVOKED_new());
   const bool made =
       at && entry &&
@@ -911,7 +900,7 @@ absl::Status RevokeCertificate(const std::string& dir, const std::string& identi
   }
   // Written whole under a temporary name, then linked to its own: a
   // revocation running beside this one cannot overwrite it (link fails).
-  *crl_path = JoinPath(crl_dir, absl::StrCat(hash, ".r", next));
+  *crl_path = JoinPath(crl_dir, absl::StrCat(CrlHash(ca), ".r", lists.size()));
   const std::string tmp = absl::StrCat(*crl_path, ".tmp", ::getpid());
   RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), tmp, BioText(out.get())));
   const int linked = ::link(tmp.c_str(), crl_path->c_str());

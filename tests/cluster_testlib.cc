@@ -15,11 +15,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "catch2/catch.hpp"
 #include "common/config.h"
 #include "common/env.h"
 #include "common/local_ports.h"
 #include "common/subprocess.h"
 #include "common/tensor.h"
+#include "nlohmann/json.hpp"
 #include "tools/datagen.h"
 
 namespace pstrain::testing {
@@ -225,6 +227,19 @@ ConfigOptions ClickThroughOptions(const std::string& data_dir) {
   o.extra = "embedding_tables { name: \"features\" dim: 16 }";
   o.optimizer = "adam {}";
   return o;
+}
+
+std::string UseMutualTls(const std::string& dir, const std::string& spec_path) {
+  CommandResult certs =
+      RunCommand({Binary("tools/pstrain"), "certs", "--cluster_spec", spec_path, "--out",
+                  JoinPath(dir, "tls"), "--days", "2"},
+                 absl::Seconds(30));
+  INFO(certs.output);
+  REQUIRE(certs.exit_code == 0);
+  nlohmann::json j = nlohmann::json::parse(*Env::Default()->ReadFile(spec_path));
+  j["pstrain"]["tls"] = {{"dir", "tls"}};
+  WriteFile(spec_path, j.dump());
+  return certs.output;
 }
 
 std::string HttpGet(int port, const std::string& path) {

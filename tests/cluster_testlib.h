@@ -92,6 +92,12 @@ ConfigOptions ClickThroughOptions(const std::string& data_dir);
 // incarnation 42 and 2 workers, sync, writing under `output_dir`.
 InitializeRequest TinyModelInit(const std::string& output_dir);
 
+// Mutual TLS for the cluster of `spec_path`: `pstrain certs` writes its
+// certificates (valid 2 days) into dir/tls, and the spec names that
+// directory ("pstrain": {"tls": {"dir": "tls"}}, relative to the spec; its
+// other extras kept). Returns what pstrain certs printed (it must succeed).
+std::string UseMutualTls(const std::string& dir, const std::string& spec_path);
+
 // GET http://127.0.0.1:port/path: the whole response, "" when it failed.
 std::string HttpGet(int port, const std::string& path);
 

@@ -470,15 +470,7 @@ TEST_CASE("with mutual TLS every daemon serves its metrics over HTTPS, and a rea
   if (!HavePrometheus()) return;
   const std::string dir = testing::FreshTempDir("prometheus_tls");
   const std::string spec_path = testing::WriteClusterSpec(dir, 1, 1, /*metrics=*/true);
-  CommandResult certs = testing::RunCommand(
-      {Binary("tools/pstrain"), "certs", "--cluster_spec", spec_path, "--out",
-       JoinPath(dir, "tls"), "--days", "2"},
-      absl::Seconds(30));
-  INFO(certs.output);
-  REQUIRE(certs.exit_code == 0);
-  nlohmann::json j = nlohmann::json::parse(*Env::Default()->ReadFile(spec_path));
-  j["pstrain"]["tls"] = {{"dir", "tls"}};  // relative to the spec
-  testing::WriteFile(spec_path, j.dump());
+  testing::UseMutualTls(dir, spec_path);
   absl::StatusOr<ClusterSpec> spec = ClusterSpec::FromFile(spec_path);
   REQUIRE(spec.ok());
   Prometheus prometheus = StartPrometheus(dir, spec_path);

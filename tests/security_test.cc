@@ -260,18 +260,12 @@ TEST_CASE("a cluster with mutual TLS, and with TLS and tokens, trains end to end
           "[security][cluster][tls]") {
   const std::string dir = testing::FreshTempDir("tls_launch");
   const std::string spec = testing::WriteClusterSpec(dir, 2, 2);
-  CommandResult certs = testing::RunCommand(
-      {Binary("tools/pstrain"), "certs", "--cluster_spec", spec, "--out", JoinPath(dir, "tls"),
-       "--days", "2"},
-      absl::Seconds(30));
-  INFO(certs.output);
-  REQUIRE(certs.exit_code == 0);
-  CHECK(certs.output.find("wrote a new CA") != std::string::npos);
-  CHECK(certs.output.find("valid until ") != std::string::npos);
-  CHECK(certs.output.find("when the CA expires") == std::string::npos);
+  const std::string certs = testing::UseMutualTls(dir, spec);
+  INFO(certs);
+  CHECK(certs.find("wrote a new CA") != std::string::npos);
+  CHECK(certs.find("valid until ") != std::string::npos);
+  CHECK(certs.find("when the CA expires") == std::string::npos);
   nlohmann::json j = nlohmann::json::parse(*Env::Default()->ReadFile(spec));
-  j["pstrain"] = {{"tls", {{"dir", "tls"}}}};  // relative to the spec
-  testing::WriteFile(spec, j.dump());
   for (bool with_tokens : {false, true}) {
     if (with_tokens) {
       j["pstrain"]["auth"] = {{"secret_file", "auth/cluster.secret"}};
@@ -319,19 +313,13 @@ TEST_CASE("a cluster with mutual TLS, and with TLS and tokens, trains end to end
 TEST_CASE("a running daemon takes renewed certificates without a restart", "[security][tls]") {
   const std::string dir = testing::FreshTempDir("tls_renew");
   const std::string spec = testing::WriteClusterSpec(dir, 1, 1);
+  // Written, then written again with the same CA (the spec names the same
+  // directory both times): ps:0's certificate each time.
   auto certs = [&] {
-    CommandResult r = testing::RunCommand(
-        {Binary("tools/pstrain"), "certs", "--cluster_spec", spec, "--out", JoinPath(dir, "tls"),
-         "--days", "2"},
-        absl::Seconds(30));
-    INFO(r.output);
-    REQUIRE(r.exit_code == 0);
+    testing::UseMutualTls(dir, spec);
     return *Env::Default()->ReadFile(JoinPath(dir, "tls/ps-0.crt"));
   };
   const std::string first = certs();
-  nlohmann::json j = nlohmann::json::parse(*Env::Default()->ReadFile(spec));
-  j["pstrain"] = {{"tls", {{"dir", "tls"}}}};
-  testing::WriteFile(spec, j.dump());
   SpawnOptions so;
   so.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=0",
              "--metrics_address=127.0.0.1:0", "--tls_reload_s=1", "--chief_timeout_s=0"};
@@ -365,18 +353,29 @@ TEST_CASE("a running daemon takes renewed certificates without a restart", "[sec
   // And over gRPC, which reads the staged files on the same interval: a new
   // connection of the operator sees the new certificate.
   const std::string address = ClusterSpec::FromFile(spec)->address(kPsJob, 0);
-  auto grpc_shown = [&] {
-    SetTransportSecurity(std::make_shared<const TlsConfig>(
-        *LoadTls(TlsFilesIn(JoinPath(dir, "tls"), "operator"))));
+  // A GetStatus of ps:0 over a new connection with `material`: its code,
+  // and the certificate the server showed.
+  auto call_with = [&](const TlsConfig& material, std::string* server_cert = nullptr) {
+    SetTransportSecurity(std::make_shared<const TlsConfig>(material));
     auto stub = PsService::NewStub(CreateChannel(address, "ps:0"));
     SetTransportSecurity(nullptr);
     grpc::ClientContext ctx;
     SetDeadline(&ctx, absl::Seconds(10));
     PsStatusResponse status;
-    if (!stub->GetStatus(&ctx, PsStatusRequest(), &status).ok()) return std::string("failed");
-    const std::vector<grpc::string_ref> pem =
-        ctx.auth_context()->FindPropertyValues("x509_pem_cert");
-    return pem.empty() ? std::string() : std::string(pem[0].data(), pem[0].size());
+    const grpc::Status st = stub->GetStatus(&ctx, PsStatusRequest(), &status);
+    if (st.ok() && server_cert != nullptr) {
+      const std::vector<grpc::string_ref> pem =
+          ctx.auth_context()->FindPropertyValues("x509_pem_cert");
+      *server_cert = pem.empty() ? std::string() : std::string(pem[0].data(), pem[0].size());
+    }
+    return st.error_code();
+  };
+  auto material = [&](const std::string& identity) {
+    return *LoadTls(TlsFilesIn(JoinPath(dir, "tls"), identity));
+  };
+  auto grpc_shown = [&] {
+    std::string cert;
+    return call_with(material("operator"), &cert) == grpc::StatusCode::OK ? cert : "failed";
   };
   for (absl::Time end = absl::Now() + absl::Seconds(15);
        (now = grpc_shown()) != second && absl::Now() < end;) {
@@ -387,36 +386,16 @@ TEST_CASE("a running daemon takes renewed certificates without a restart", "[sec
   // Revoked with the CLI while it runs (it started before any list was
   // made): the operator's next connection is refused, the chief's is not.
   // The operator's material, read while it was good, and a call with it.
-  TlsConfig op = *LoadTls(TlsFilesIn(JoinPath(dir, "tls"), "operator"));
-  auto operator_call = [&] {
-    SetTransportSecurity(std::make_shared<const TlsConfig>(op));
-    auto stub = PsService::NewStub(CreateChannel(address, "ps:0"));
-    SetTransportSecurity(nullptr);
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, absl::Seconds(10));
-    PsStatusResponse status;
-    return stub->GetStatus(&ctx, PsStatusRequest(), &status).error_code();
-  };
-  CHECK(operator_call() == grpc::StatusCode::OK);
+  const TlsConfig op = material("operator");
+  CHECK(call_with(op) == grpc::StatusCode::OK);
   CommandResult revoke = testing::RunCommand(
       {Binary("tools/pstrain"), "certs", "--out", JoinPath(dir, "tls"), "--revoke=operator"},
       absl::Seconds(30));
   INFO(revoke.output);
   REQUIRE(revoke.exit_code == 0);
   CHECK(revoke.output.find("lists 1 revoked certificate(s)") != std::string::npos);
-  auto call_as = [&](const std::string& identity) {
-    SetTransportSecurity(std::make_shared<const TlsConfig>(*LoadTls(TlsFiles{
-        JoinPath(dir, "tls/ca.crt"), JoinPath(dir, "tls/" + identity + ".crt"),
-        JoinPath(dir, "tls/" + identity + ".key")})));
-    auto stub = PsService::NewStub(CreateChannel(address, "ps:0"));
-    SetTransportSecurity(nullptr);
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, absl::Seconds(10));
-    PsStatusResponse status;
-    return stub->GetStatus(&ctx, PsStatusRequest(), &status).error_code();
-  };
-  CHECK(call_as("chief-0") == grpc::StatusCode::OK);
-  CHECK(operator_call() == grpc::StatusCode::UNAVAILABLE);
+  CHECK(call_with(material("chief:0")) == grpc::StatusCode::OK);
+  CHECK(call_with(op) == grpc::StatusCode::UNAVAILABLE);
   CHECK_FALSE(LoadTls(TlsFilesIn(JoinPath(dir, "tls"), "operator")).ok());  // revoked
 
   // The key copy it staged goes when it stops.

@@ -23,8 +23,9 @@ struct K8sManifestOptions {
   int gpus_per_worker = 0;
   std::string storage = "20Gi";  // the shared volume's size
   std::string config_text;       // the training config, as its file holds it
-  // Mutual TLS from a secret <name>-tls holding what `pstrain certs` wrote
-  // (but ca.key): every daemon gets --tls_dir, the probes use HTTPS.
+  // Mutual TLS from a Secret per role, <name>-tls-<job>, holding ca.crt and
+  // that role's certificates and keys (`pstrain certs`): every daemon gets
+  // --tls_dir, the probes use HTTPS.
   bool tls = false;
 };
 

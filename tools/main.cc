@@ -70,6 +70,16 @@ const char kUsage[] =
     "  checkpoint  list, verify or inspect checkpoints (list DIR | verify CKPT | inspect CKPT)\n"
     "run 'pstrain <command> --help' for its flags\n";
 
+// Makes a relative `path` absolute from the working directory; false (the
+// path unchanged) when the working directory cannot be named.
+bool MakeAbsolute(std::string* path) {
+  if (path->empty() || (*path)[0] == '/') return true;
+  char cwd[4096];
+  if (::getcwd(cwd, sizeof(cwd)) == nullptr) return false;
+  *path = JoinPath(cwd, *path);
+  return true;
+}
+
 int Fail(const std::string& command, const std::string& message) {
   std::cerr << "pstrain " << command << ": " << message << "\n";
   return 2;
@@ -157,18 +167,13 @@ int SlurmTask(const Args& args) {
   roles.num_workers = static_cast<int>(*workers);
   roles.base_port = static_cast<int>(*base_port);
   nlohmann::json extras = nlohmann::json::object();
+  // Absolute: every task reads them, each from its own working directory.
   if (std::string secret = args.Get("auth_secret_file"); !secret.empty()) {
-    if (secret[0] != '/') {
-      char cwd[4096];
-      if (::getcwd(cwd, sizeof(cwd)) != nullptr) secret = JoinPath(cwd, secret);
-    }
+    MakeAbsolute(&secret);
     extras["auth"] = {{"secret_file", secret}};
   }
   if (std::string tls = args.Get("tls_dir"); !tls.empty()) {
-    if (tls[0] != '/') {
-      char cwd[4096];
-      if (::getcwd(cwd, sizeof(cwd)) != nullptr) tls = JoinPath(cwd, tls);
-    }
+    MakeAbsolute(&tls);
     extras["tls"] = {{"dir", tls}};
   }
   if (args.GetBool("insecure")) extras["insecure"] = true;
@@ -420,8 +425,8 @@ int CertsCommand(const std::vector<std::string>& argv) {
                    "Kubeflow TFJob)"}},
       {"workers", {"0", "with --ps: how many workers"}},
       {"revoke", {"", "revoke the certificate in --out of this task (ps:1, worker:3, operator, "
-                      "monitor): a new revocation list in --out/crl, which every task reads at "
-                      "each handshake"}},
+                      "monitor), or the one in this file (old/ps-1.crt): a new revocation list "
+                      "in --out/crl, which every task reads at each handshake"}},
   };
   if (WantsHelp(argv)) {
     std::cout << "pstrain certs flags:\n" << Args::Usage(flags);
@@ -550,8 +555,9 @@ int K8sManifestCommand(const std::vector<std::string>& argv) {
       {"workers", {"2", "workers"}},
       {"gpus_per_worker", {"0", "nvidia.com/gpu limit of each worker"}},
       {"storage", {"20Gi", "size of the shared volume for data, output and checkpoints"}},
-      {"tls", {"false", "mutual TLS from a secret NAME-tls of pstrain certs --ps=N --workers=M "
-                        "(the header says how); probes over HTTPS"}},
+      {"tls", {"false", "mutual TLS from a Secret per role, NAME-tls-chief, -ps and -worker, of "
+                        "pstrain certs --ps=N --workers=M (the header says how); probes over "
+                        "HTTPS"}},
   };
   if (WantsHelp(argv)) {
     std::cout << "pstrain k8s-manifest flags (the YAML goes to standard output):\n"
@@ -615,12 +621,8 @@ int PrometheusConfigCommand(const std::vector<std::string>& argv) {
   o.job_name = args->Get("job_name");
   // Prometheus reads relative paths from its configuration file's directory.
   o.tls_dir = args->Get("tls_dir").empty() ? spec->tls_dir() : args->Get("tls_dir");
-  if (!o.tls_dir.empty() && o.tls_dir[0] != '/') {
-    char cwd[4096];
-    if (::getcwd(cwd, sizeof(cwd)) == nullptr) {
-      return Fail("prometheus-config", "cannot name the working directory");
-    }
-    o.tls_dir = JoinPath(cwd, o.tls_dir);
+  if (!MakeAbsolute(&o.tls_dir)) {
+    return Fail("prometheus-config", "cannot name the working directory");
   }
   auto yaml = RenderPrometheusConfig(*spec, o);
   if (!yaml.ok()) return Fail("prometheus-config", std::string(yaml.status().message()));

@@ -102,6 +102,11 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
   } else if (config_required) {
     return absl::InvalidArgumentError("--config=FILE (the training config) is required");
   }
+  const int tls_reload_s = absl::GetFlag(FLAGS_tls_reload_s);
+  if (tls_reload_s < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls_reload_s=", tls_reload_s, ": expected seconds between looks, or 0 for none"));
+  }
   ASSIGN_OR_RETURN(setup.auth,
                    ResolveAuth(setup.task.cluster, setup.task.task.ToString(),
                                /*serves=*/expected_job != kWorkerJob,
@@ -109,7 +114,7 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
                                absl::GetFlag(FLAGS_auth_token_file), absl::GetFlag(FLAGS_insecure),
                                absl::GetFlag(FLAGS_bind),
                                TlsFlags(setup.task.task.ToString()),
-                               absl::Seconds(std::max(0, absl::GetFlag(FLAGS_tls_reload_s)))));
+                               absl::Seconds(tls_reload_s)));
   ASSIGN_OR_RETURN(setup.metrics_address,
                    ResolveMetricsAddress(setup.task, absl::GetFlag(FLAGS_metrics_address),
                                          absl::GetFlag(FLAGS_bind)));
@@ -142,7 +147,7 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
              setup.auth.tls->watcher == nullptr
                  ? "; renewed files are not read (--tls_reload_s=0)"
                  : absl::StrCat("; renewed files are taken within ",
-                                2 * absl::GetFlag(FLAGS_tls_reload_s), " s (staged in ",
+                                2 * tls_reload_s, " s (staged in ",
                                 setup.auth.tls->watcher->staging_dir(), ")"));
     if (left < absl::Hours(24 * 7)) {
       LOG_WARN("this task's certificate or its CA expires in {}: renew with pstrain certs",

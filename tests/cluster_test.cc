@@ -556,7 +556,8 @@ TEST_CASE("malformed cluster specs and configs: one-line error, non-zero exit", 
   for (const auto& [flag, expect] : std::vector<std::pair<std::string, std::string>>{
            {"--max_inflight_mib=100", "minimum of 512 MiB"},
            {"--max_rpc_threads=1", "outside [4, 65536]"},
-           {"--max_concurrent_calls=0", "at least 1"}}) {
+           {"--max_concurrent_calls=0", "at least 1"},
+           {"--tls_reload_s=-5", "expected seconds between looks, or 0"}}) {
     r = testing::RunCommand(
         {Binary("ps_server/ps_server"), "--cluster_spec=" + good_spec, "--task=0", flag},
         absl::Seconds(30));

@@ -242,6 +242,10 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
     return FieldError(source, "rpc.call_bytes", "expected 0..67108864 (64 MiB; 0 means 4 MiB)");
   }
   if (rpc->call_bytes() == 0) rpc->set_call_bytes(4 << 20);
+  if (rpc->calls_in_flight() < 0 || rpc->calls_in_flight() > 4096) {
+    return FieldError(source, "rpc.calls_in_flight", "expected 0..4096 (0 means 16)");
+  }
+  if (rpc->calls_in_flight() == 0) rpc->set_calls_in_flight(16);
   if (rpc->rpc_timeout_ms() == 0) rpc->set_rpc_timeout_ms(10000);
   if (rpc->step_timeout_ms() == 0) rpc->set_step_timeout_ms(60000);
   if (rpc->startup_timeout_ms() == 0) rpc->set_startup_timeout_ms(60000);

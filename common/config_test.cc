@@ -28,6 +28,7 @@ TEST_CASE("a training config parses and gets defaults", "[config]") {
   CHECK(c->compute_threads() == 1);
   CHECK(c->placement().partition_min_bytes() > 0);
   CHECK(c->rpc().call_bytes() == (4 << 20));
+  CHECK(c->rpc().calls_in_flight() == 16);
 }
 
 TEST_CASE("a config or spec path that is a directory says so", "[config]") {
@@ -85,6 +86,17 @@ TEST_CASE("semantic errors name the field", "[config]") {
   c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { call_bytes: 65536 }\n"), "x.pbtxt");
   REQUIRE(c.ok());
   CHECK(c->rpc().call_bytes() == 65536);
+  // The window on calls in flight per server.
+  for (const char* calls : {"-1", "4097"}) {
+    INFO(calls);
+    c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { calls_in_flight: ", calls, " }\n"),
+                            "x.pbtxt");
+    REQUIRE_FALSE(c.ok());
+    CHECK(std::string(c.status().message()).find("rpc.calls_in_flight") != std::string::npos);
+  }
+  c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { calls_in_flight: 1 }\n"), "x.pbtxt");
+  REQUIRE(c.ok());
+  CHECK(c->rpc().calls_in_flight() == 1);
 }
 
 TEST_CASE("consistency settings are checked: no configuration can wait forever", "[config]") {

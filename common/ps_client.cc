@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/bfloat16.h"
+#include "common/call_window.h"
 #include "common/embedding_ids.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
@@ -21,35 +22,50 @@ const char kPushMethod[] = "/pstrain.PsService/Push";
 const char kPullRowsMethod[] = "/pstrain.PsService/PullRows";
 const char kPushRowsMethod[] = "/pstrain.PsService/PushRows";
 
-// Starts one call per server with `start(s, ctx, done)` and waits for all of
-// them. Each context carries `timeout` as its deadline; the wait itself is
-// bounded a little beyond it. Returns the first failure, naming the server.
+// Starts n calls with `start(c, ctx, done)` and waits for all of them.
+// Each context carries `timeout` as its deadline, counted from now also for
+// a call that waits in its window (`window(c)`: the window of call c's
+// server; none: every call starts at once); the wait itself is bounded a
+// little beyond it. Returns the first failure, naming the server.
 absl::Status CallAll(int n, absl::Duration timeout, bool wait_for_ready,
                      const std::function<std::string(int)>& name,
                      const std::function<void(int, grpc::ClientContext*,
-                                              std::function<void(grpc::Status)>)>& start) {
+                                              std::function<void(grpc::Status)>)>& start,
+                     const std::function<CallWindow*(int)>& window = nullptr) {
   absl::Mutex mu;
   int pending = n;
   std::vector<grpc::Status> statuses(n);
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  for (int s = 0; s < n; ++s) {
+  for (int c = 0; c < n; ++c) {
     contexts.push_back(std::make_unique<grpc::ClientContext>());
     SetDeadline(contexts.back().get(), timeout);
     contexts.back()->set_wait_for_ready(wait_for_ready);
   }
-  for (int s = 0; s < n; ++s) {
-    start(s, contexts[s].get(), [&mu, &pending, &statuses, s](grpc::Status st) {
+  for (int c = 0; c < n; ++c) {
+    CallWindow* w = window ? window(c) : nullptr;
+    std::function<void(grpc::Status)> done = [&mu, &pending, &statuses, c, w](grpc::Status st) {
+      // The window's next call may begin here; this frame waits for it.
+      if (w != nullptr) w->Release();
       absl::MutexLock lock(&mu);
-      statuses[s] = std::move(st);
+      statuses[c] = std::move(st);
       --pending;
-    });
+    };
+    auto begin = [&start, &contexts, c, done = std::move(done)]() mutable {
+      start(c, contexts[c].get(), std::move(done));
+    };
+    if (w != nullptr) {
+      w->Start(std::move(begin));
+    } else {
+      begin();
+    }
   }
   {
     absl::MutexLock lock(&mu);
     auto done = [&pending]() { return pending == 0; };
     if (!mu.AwaitWithTimeout(absl::Condition(&done), timeout + absl::Seconds(5))) {
       // gRPC enforces the deadlines; this is a guard against a stuck library.
-      // After TryCancel gRPC runs every callback promptly, and they refer to
+      // After TryCancel gRPC runs every callback promptly (a call still
+      // waiting in its window ends as soon as it starts), and they refer to
       // this frame, so waiting for them is both bounded and required.
       for (auto& ctx : contexts) ctx->TryCancel();
       mu.Await(absl::Condition(&done));
@@ -135,6 +151,24 @@ PsClient::PsClient(const ClusterSpec& cluster, const Placement* placement, int w
     stubs_.push_back(PsService::NewStub(channel));
     raw_stubs_.push_back(std::make_unique<grpc::GenericStub>(channel));
   }
+  set_calls_in_flight(kDefaultCallsInFlight);
+}
+
+void PsClient::set_calls_in_flight(int calls) {
+  pull_windows_.clear();
+  push_windows_.clear();
+  for (int s = 0; s < num_servers(); ++s) {
+    pull_windows_.push_back(std::make_unique<CallWindow>(calls));
+    push_windows_.push_back(std::make_unique<CallWindow>(calls));
+  }
+}
+
+int64_t PsClient::calls_waited() const {
+  int64_t waited = 0;
+  for (const auto* windows : {&pull_windows_, &push_windows_}) {
+    for (const auto& w : *windows) waited += w->stats().waited;
+  }
+  return waited;
 }
 
 std::string PsClient::ServerName(int s) const {
@@ -204,7 +238,8 @@ absl::Status PsClient::InitializeAll(const TrainingConfig& config, uint64_t fing
           if (g.error_code() == grpc::StatusCode::ALREADY_EXISTS) g = grpc::Status::OK;
           done(g);
         });
-      });
+      },
+      [this, &server_of](int r) { return push_windows_[server_of[r]].get(); });
 }
 
 absl::Status PsClient::PullAll(const std::vector<int64_t>& min_versions, absl::Duration wait,
@@ -280,13 +315,19 @@ void PsClient::PrefetchPull(const std::vector<int64_t>& min_versions, absl::Dura
     PullPrefetch::Call& call = p->calls.emplace_back();
     call.context.set_deadline(absl::ToChronoTime(p->deadline));
     call.request = SerializeMessage(requests[c]);
-    raw_stubs_[p->servers[c]]->UnaryCall(&call.context, kPullMethod, grpc::StubOptions(),
-                                         &call.request, &call.response,
-                                         [p, &call](grpc::Status st) {
-                                           absl::MutexLock lock(&p->mu);
-                                           call.status = std::move(st);
-                                           --p->pending;
-                                         });
+    CallWindow* window = pull_windows_[p->servers[c]].get();
+    grpc::GenericStub* stub = raw_stubs_[p->servers[c]].get();
+    // A call cancelled (DropPrefetch) while it waits in the window ends as
+    // soon as it starts.
+    window->Start([p, &call, window, stub] {
+      stub->UnaryCall(&call.context, kPullMethod, grpc::StubOptions(), &call.request,
+                      &call.response, [p, &call, window](grpc::Status st) {
+                        window->Release();  // before p may be freed
+                        absl::MutexLock lock(&p->mu);
+                        call.status = std::move(st);
+                        --p->pending;
+                      });
+    });
   }
   prefetch_ = std::move(prefetch);
 }
@@ -296,7 +337,8 @@ void PsClient::DropPrefetch() {
   PullPrefetch* p = prefetch_.get();
   for (PullPrefetch::Call& call : p->calls) call.context.TryCancel();
   {
-    // After TryCancel gRPC runs every callback promptly; they refer to p.
+    // After TryCancel gRPC runs every callback promptly (a call still
+    // waiting in its window ends as soon as it starts); they refer to p.
     absl::MutexLock lock(&p->mu);
     p->mu.Await(absl::Condition(
         +[](int* pending) { return *pending == 0; }, &p->pending));
@@ -415,7 +457,8 @@ absl::Status PsClient::PullCalls(const std::vector<int>& servers,
       [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
         raw_stubs_[servers[c]]->UnaryCall(ctx, kPullMethod, grpc::StubOptions(), &requests[c],
                                           &responses[c], std::move(done));
-      });
+      },
+      [this, &servers](int c) { return pull_windows_[servers[c]].get(); });
   if (!st.ok()) return st;
   return AssemblePull(servers, responses, destinations, result, straddled);
 }
@@ -607,12 +650,17 @@ void PsClient::StartPushCall(int server, const PushRequest& header,
     ++batch->pending;
   }
   batch->server_used[server] = 1;
-  raw_stubs_[server]->UnaryCall(&call.context, kPushMethod, grpc::StubOptions(), &call.request,
-                                &call.response, [batch, &call](grpc::Status st) {
-                                  absl::MutexLock lock(&batch->mu);
-                                  call.status = std::move(st);
-                                  --batch->pending;
-                                });
+  CallWindow* window = push_windows_[server].get();
+  grpc::GenericStub* stub = raw_stubs_[server].get();
+  window->Start([batch, &call, window, stub] {
+    stub->UnaryCall(&call.context, kPushMethod, grpc::StubOptions(), &call.request,
+                    &call.response, [batch, &call, window](grpc::Status st) {
+                      window->Release();  // before the batch may be freed
+                      absl::MutexLock lock(&batch->mu);
+                      call.status = std::move(st);
+                      --batch->pending;
+                    });
+  });
 }
 
 absl::Status PsClient::PushReady(size_t first, size_t end) {

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/call_window.h"
 #include "common/cluster_spec.h"
 #include "common/placement.h"
 #include "common/tensor.h"
@@ -49,6 +50,15 @@ class PsClient {
   // an async server applies it whole, as one update, when its last part is
   // in. Pushes started piecemeal (PushReady) are for sync servers only.
   void set_chunk_bytes(int64_t bytes) { chunk_bytes_ = bytes; }
+  // At most this many calls in flight to one server in each direction
+  // (pulls; pushes and Initialize), the rest starting as earlier ones end
+  // (rpc.calls_in_flight; 0: no limit). Pulls and pushes have windows of
+  // their own, so a push never waits behind this client's parked pulls.
+  // Call it while no call is under way.
+  static constexpr int kDefaultCallsInFlight = 16;
+  void set_calls_in_flight(int calls);
+  // Calls that waited for room in a window so far.
+  int64_t calls_waited() const;
   // How a pull in several calls treats a server whose calls answered at
   // different versions (its version moved between them): false (sync
   // workers) makes the pull again; true (async, the chief's evaluation)
@@ -223,6 +233,8 @@ class PsClient {
   std::vector<std::unique_ptr<PsService::Stub>> stubs_;
   // Pull and Push are raw methods: ByteBuffers in and out.
   std::vector<std::unique_ptr<grpc::GenericStub>> raw_stubs_;
+  // Per server: the windows on its pull calls and on its push calls.
+  std::vector<std::unique_ptr<CallWindow>> pull_windows_, push_windows_;
   uint64_t incarnation_ = 0;
   int32_t session_ = 0;
   DataType wire_dtype_ = DT_FLOAT;

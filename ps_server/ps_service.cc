@@ -11,7 +11,10 @@
 
 namespace pstrain {
 
-// One of the service's max_calls_ places, held for a data call's life.
+// One of the service's max_calls_ places, held for a data call's life:
+// released just before the call is answered (Release), so that a client
+// that starts its next call when one ends (a window of calls in flight)
+// never finds the place still taken.
 class CallSlot {
  public:
   explicit CallSlot(PsServiceImpl* service) : service_(service) {
@@ -25,8 +28,10 @@ class CallSlot {
                        " data calls, its limit (--max_concurrent_calls); try again later"));
     }
   }
-  ~CallSlot() {
+  ~CallSlot() { Release(); }
+  void Release() {
     if (service_ != nullptr) service_->calls_.fetch_sub(1, std::memory_order_acq_rel);
+    service_ = nullptr;
   }
   CallSlot(CallSlot&& other) noexcept
       : service_(std::exchange(other.service_, nullptr)), refused_(other.refused_) {}
@@ -34,7 +39,8 @@ class CallSlot {
   CallSlot& operator=(const CallSlot&) = delete;
   CallSlot& operator=(CallSlot&&) = delete;
 
-  bool ok() const { return service_ != nullptr; }
+  // Whether the call got a place (also after Release).
+  bool ok() const { return refused_.ok(); }
   const grpc::Status& refused() const { return refused_; }
 
  private:
@@ -156,6 +162,7 @@ class ParkedPullReactor final : public grpc::ServerUnaryReactor {
   }
 
   void Reply(absl::Status status, grpc::ByteBuffer frame) {
+    slot_.Release();  // runs once, before the call is answered
     if (!status.ok()) {
       Finish(ToGrpcStatus(status));
       return;
@@ -166,7 +173,7 @@ class ParkedPullReactor final : public grpc::ServerUnaryReactor {
 
   ParameterServer* const ps_;
   grpc::ByteBuffer* const response_;
-  const CallSlot slot_;  // released with the reactor, when gRPC is done with the call
+  CallSlot slot_;  // released by Reply
   absl::Mutex mu_;
   uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
@@ -176,7 +183,7 @@ class ParkedPullReactor final : public grpc::ServerUnaryReactor {
 // A pull's request, parsed and checked against the caller; an error ends the
 // call at once (through `ctx`'s default reactor), else null.
 template <typename Request>
-grpc::ServerUnaryReactor* RefusePull(grpc::CallbackServerContext* ctx, const CallSlot& slot,
+grpc::ServerUnaryReactor* RefusePull(grpc::CallbackServerContext* ctx, CallSlot& slot,
                                      Authorizer* auth, const char* method,
                                      const grpc::ByteBuffer* req, Request* request) {
   absl::Status st;
@@ -188,7 +195,9 @@ grpc::ServerUnaryReactor* RefusePull(grpc::CallbackServerContext* ctx, const Cal
   }
   if (slot.ok() && st.ok()) return nullptr;
   grpc::ServerUnaryReactor* refused = ctx->DefaultReactor();
-  refused->Finish(slot.ok() ? ToGrpcStatus(st) : slot.refused());
+  const grpc::Status answer = slot.ok() ? ToGrpcStatus(st) : slot.refused();
+  slot.Release();
+  refused->Finish(answer);
   return refused;
 }
 
@@ -232,7 +241,7 @@ namespace {
 // in place, handed to `push`, answered with its response.
 // `push(header, payload, &response)` is ParameterServer's method.
 template <typename Header, typename Response, typename PushFn>
-grpc::ServerUnaryReactor* ServePush(grpc::CallbackServerContext* ctx, const CallSlot& slot,
+grpc::ServerUnaryReactor* ServePush(grpc::CallbackServerContext* ctx, CallSlot& slot,
                                     Authorizer* auth, ParameterServer* ps, const char* method,
                                     const char* what, const grpc::ByteBuffer* req,
                                     grpc::ByteBuffer* resp, const PushFn& push) {
@@ -258,6 +267,7 @@ grpc::ServerUnaryReactor* ServePush(grpc::CallbackServerContext* ctx, const Call
              st.ToString());
   }
   if (st.ok()) *resp = SerializeMessage(response);
+  slot.Release();
   reactor->Finish(ToGrpcStatus(st));
   return reactor;
 }
@@ -267,7 +277,7 @@ grpc::ServerUnaryReactor* ServePush(grpc::CallbackServerContext* ctx, const Call
 grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* req,
                                               grpc::ByteBuffer* resp) {
-  const CallSlot slot(this);
+  CallSlot slot(this);
   return ServePush<PushRequest, PushResponse>(
       ctx, slot, auth_, ps_, "Push", "push", req, resp,
       [this](const PushRequest& h, const SegmentedBytes& p, PushResponse* r) {
@@ -278,7 +288,7 @@ grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
 grpc::ServerUnaryReactor* PsServiceImpl::PushRows(grpc::CallbackServerContext* ctx,
                                                   const grpc::ByteBuffer* req,
                                                   grpc::ByteBuffer* resp) {
-  const CallSlot slot(this);
+  CallSlot slot(this);
   return ServePush<PushRowsRequest, PushRowsResponse>(
       ctx, slot, auth_, ps_, "PushRows", "row push", req, resp,
       [this](const PushRowsRequest& h, const SegmentedBytes& p, PushRowsResponse* r) {

@@ -36,9 +36,9 @@ class PsServiceImpl final
           PsService::WithRawCallbackMethod_PullRows<
               PsService::WithRawCallbackMethod_PushRows<PsService::Service>>>> {
  public:
-  // A worker's pull or push is up to share / rpc.call_bytes calls per server
-  // in flight together (a 1 GiB share in 4 MiB calls: 256), so the default
-  // leaves room for large jobs; each waiting pull holds about a kilobyte.
+  // A worker keeps up to rpc.calls_in_flight (16) pull calls and as many
+  // push calls in flight to a server, so the default leaves room for 2048
+  // workers per server; each waiting pull holds about a kilobyte.
   static constexpr int kDefaultMaxCalls = 65536;
   // `auth` (authentication off when default-constructed) outlives this.
   PsServiceImpl(ParameterServer* ps, StopSignal* stop, Authorizer* auth,

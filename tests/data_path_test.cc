@@ -845,6 +845,70 @@ TEST_CASE("a server serves at most --max_concurrent_calls data calls; one more i
   CHECK(st.version() == 1);
 }
 
+TEST_CASE("a worker keeps at most rpc.calls_in_flight calls per server each way: a parked pull "
+          "of 9 calls beside a push of 9 fits --max_concurrent_calls=4",
+          "[data_path][limits]") {
+  // One server, one sync worker, "w" in 8 partitions of 64 KiB and "b":
+  // a pull or a push is 9 calls of 64 KiB.
+  Servers s(1, "window", {}, 64 << 10, "", /*workers=*/1, {"--max_concurrent_calls=4"});
+  auto w0 = s.Worker(0);
+  w0->set_chunk_bytes(64 << 10);
+  w0->set_calls_in_flight(2);
+  Buffers b(s.vars, 0.5f);
+  PsClient::PullResult r;
+  REQUIRE(w0->PullInto({0}, absl::Seconds(20), b.dst(), &r).ok());
+  float expected = 1.0f;
+  for (int64_t step = 0; step < 3; ++step) {
+    // The next pull parks 2 calls (the rest wait in the client) while the
+    // push goes out 2 calls at a time; each partition's pull is answered
+    // as soon as it is applied, which lets the next one in.
+    REQUIRE(w0->PushBegin({step}, b.src()).ok());
+    w0->PrefetchPull({step + 1}, absl::Seconds(20));
+    std::vector<PushOutcome> out;
+    absl::Status pushed = w0->PushEnd(&out);
+    INFO(pushed.ToString());
+    REQUIRE(pushed.ok());
+    CHECK(out[0] == APPLIED);
+    REQUIRE(w0->PullInto({step + 1}, absl::Seconds(20), b.dst(), &r).ok());
+    CHECK(r.versions == std::vector<int64_t>{step + 1});
+    expected -= 0.25f;  // lr 0.5 x gradient 0.5
+    for (const auto& v : b.params) {
+      for (float x : v) REQUIRE(x == expected);
+    }
+  }
+  // 7 of every 9 pulls and pushes waited in the client.
+  CHECK(w0->calls_waited() >= 7 * 7);
+
+  // The same step without the window: the parked pull takes the server's
+  // 4 places and the push is refused.
+  auto unbounded = s.Worker(0);
+  unbounded->set_chunk_bytes(64 << 10);
+  unbounded->set_calls_in_flight(0);
+  REQUIRE(unbounded->PushBegin({3}, b.src()).ok());
+  unbounded->PrefetchPull({4}, absl::Seconds(20));
+  absl::SleepFor(absl::Milliseconds(500));  // the parked pulls are in
+  std::vector<PushOutcome> out;
+  absl::Status refused = unbounded->PushEnd(&out);
+  CHECK(absl::IsResourceExhausted(refused));
+  CHECK(refused.message().find("--max_concurrent_calls") != std::string::npos);
+  CHECK(unbounded->calls_waited() == 0);
+  unbounded.reset();  // cancels its parked pulls
+
+  // A client destroyed with its pull parked and 8 calls waiting behind it
+  // ends them all at once: each is cancelled as soon as it starts.
+  auto one = s.Worker(0);
+  one->set_chunk_bytes(64 << 10);
+  one->set_calls_in_flight(1);
+  one->PrefetchPull({99}, absl::Seconds(60));
+  absl::SleepFor(absl::Milliseconds(200));
+  const absl::Time t0 = absl::Now();
+  one.reset();
+  CHECK(absl::Now() - t0 < absl::Seconds(5));
+  PsStatusResponse st;
+  REQUIRE(s.chief->GetStatus(0, &st).ok());
+  CHECK(st.version() == 3);
+}
+
 TEST_CASE("synchronous handlers take at most --max_rpc_threads threads; a call past them is "
           "refused", "[data_path][limits]") {
   const std::string ckpt = JoinPath(testing::FreshTempDir("threadcap_ckpt"), "ckpt");

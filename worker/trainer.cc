@@ -181,8 +181,9 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
                                       config.placement().partition_max_bytes()));
 
 
-  // Pulls and pushes travel as calls of up to rpc.call_bytes (4 MiB) in
-  // flight together, so no message nears gRPC's cap: sync servers aggregate
+  // Pulls and pushes travel as calls of up to rpc.call_bytes (4 MiB), up
+  // to rpc.calls_in_flight (16) per server in flight together, so no
+  // message nears gRPC's cap: sync servers aggregate
   // per partition and apply each as it lands; async servers hold a push's
   // parts until the last is in and apply it as one update, and this worker
   // takes an async pull's parts at whatever version each answered (the
@@ -193,6 +194,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     // The chief's pulls (evaluation, the saved model) stay float32.
     if (config.rpc().wire_dtype() == "bfloat16") client->set_wire_dtype(DT_BFLOAT16);
     client->set_chunk_bytes(config.rpc().call_bytes());
+    client->set_calls_in_flight(config.rpc().calls_in_flight());
     client->set_mixed_versions(!sync);
     client->set_push_timeout(step_timeout + rpc_timeout);
     client->set_session(r.session());

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "common/logging.h"
+
 namespace pstrain {
 
 void CallWindow::Start(absl::AnyInvocable<void() &&> begin) {
@@ -19,19 +21,47 @@ void CallWindow::Start(absl::AnyInvocable<void() &&> begin) {
   std::move(begin)();
 }
 
+namespace {
+// The window whose Release runs a waiting call's begin on this thread, and
+// the Releases that begin made meanwhile (a call that ended at once): they
+// are taken in Release's loop, not by recursing, so a long queue of calls
+// that end at once cannot exhaust the stack.
+thread_local const CallWindow* releasing = nullptr;
+thread_local int deferred = 0;
+}  // namespace
+
 void CallWindow::Release() {
-  absl::AnyInvocable<void() &&> next;
-  {
-    absl::MutexLock lock(&mu_);
-    if (waiting_.empty()) {
-      --in_flight_;
-      return;
-    }
-    // The ended call's place passes to the next waiting one.
-    next = std::move(waiting_.front());
-    waiting_.pop_front();
+  if (releasing == this) {
+    ++deferred;
+    return;
   }
-  std::move(next)();
+  const CallWindow* outer = releasing;
+  const int outer_deferred = deferred;
+  releasing = this;
+  deferred = 0;
+  for (int releases = 1; releases > 0;) {
+    --releases;
+    absl::AnyInvocable<void() &&> next;
+    {
+      absl::MutexLock lock(&mu_);
+      if (waiting_.empty()) {
+        if (in_flight_ <= 0) {
+          LOG_ERROR("CallWindow::Release without a call in flight");
+          continue;
+        }
+        --in_flight_;
+        continue;
+      }
+      // The ended call's place passes to the next waiting one.
+      next = std::move(waiting_.front());
+      waiting_.pop_front();
+    }
+    std::move(next)();
+    releases += deferred;
+    deferred = 0;
+  }
+  releasing = outer;
+  deferred = outer_deferred;
 }
 
 CallWindow::Stats CallWindow::stats() const {

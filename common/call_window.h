@@ -28,7 +28,8 @@ class CallWindow {
   // flight; else later, on the thread whose Release makes room. `begin`
   // starts one call (or gives up on it), and Release must be called exactly
   // once when that call has ended, before anything it refers to is freed:
-  // Release may run the next waiting `begin`.
+  // Release may run the next waiting `begin` (and those after it, when they
+  // end at once), on its own thread, in a loop.
   void Start(absl::AnyInvocable<void() &&> begin) ABSL_LOCKS_EXCLUDED(mu_);
   void Release() ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -1,6 +1,7 @@
 #include "common/ps_client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -34,6 +35,7 @@ absl::Status CallAll(int n, absl::Duration timeout, bool wait_for_ready,
                      const std::function<CallWindow*(int)>& window = nullptr) {
   absl::Mutex mu;
   int pending = n;
+  std::atomic<bool> cancelled{false};  // calls still waiting in a window end unstarted
   std::vector<grpc::Status> statuses(n);
   std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
   for (int c = 0; c < n; ++c) {
@@ -50,7 +52,11 @@ absl::Status CallAll(int n, absl::Duration timeout, bool wait_for_ready,
       statuses[c] = std::move(st);
       --pending;
     };
-    auto begin = [&start, &contexts, c, done = std::move(done)]() mutable {
+    auto begin = [&start, &contexts, &cancelled, c, done = std::move(done)]() mutable {
+      if (cancelled.load(std::memory_order_acquire)) {
+        done(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before it started"));
+        return;
+      }
       start(c, contexts[c].get(), std::move(done));
     };
     if (w != nullptr) {
@@ -65,8 +71,9 @@ absl::Status CallAll(int n, absl::Duration timeout, bool wait_for_ready,
     if (!mu.AwaitWithTimeout(absl::Condition(&done), timeout + absl::Seconds(5))) {
       // gRPC enforces the deadlines; this is a guard against a stuck library.
       // After TryCancel gRPC runs every callback promptly (a call still
-      // waiting in its window ends as soon as it starts), and they refer to
+      // waiting in its window ends without starting), and they refer to
       // this frame, so waiting for them is both bounded and required.
+      cancelled.store(true, std::memory_order_release);
       for (auto& ctx : contexts) ctx->TryCancel();
       mu.Await(absl::Condition(&done));
     }
@@ -155,6 +162,9 @@ PsClient::PsClient(const ClusterSpec& cluster, const Placement* placement, int w
 }
 
 void PsClient::set_calls_in_flight(int calls) {
+  // Their calls refer to the windows.
+  AbandonPush();
+  DropPrefetch();
   pull_windows_.clear();
   push_windows_.clear();
   for (int s = 0; s < num_servers(); ++s) {
@@ -295,6 +305,8 @@ struct PsClient::PullPrefetch {
   std::deque<Call> calls;  // stable addresses while gRPC holds them
   absl::Mutex mu;
   int pending ABSL_GUARDED_BY(mu) = 0;
+  std::vector<size_t> ended ABSL_GUARDED_BY(mu);  // calls, in the order they ended
+  std::atomic<bool> dropped{false};  // calls still waiting in a window end unstarted
 };
 
 void PsClient::PrefetchPull(const std::vector<int64_t>& min_versions, absl::Duration wait) {
@@ -311,22 +323,32 @@ void PsClient::PrefetchPull(const std::vector<int64_t>& min_versions, absl::Dura
     absl::MutexLock lock(&p->mu);
     p->pending = static_cast<int>(requests.size());
   }
-  for (size_t c = 0; c < requests.size(); ++c) {
+  for (const PullRequest& request : requests) {
     PullPrefetch::Call& call = p->calls.emplace_back();
     call.context.set_deadline(absl::ToChronoTime(p->deadline));
-    call.request = SerializeMessage(requests[c]);
+    call.request = SerializeMessage(request);
+  }
+  // Started last variable first: the backward pass pushes the last layer
+  // first, so its partitions are applied (and answered) first, and a full
+  // window is not held by calls that wait for the end of the step.
+  for (size_t c = requests.size(); c-- > 0;) {
+    PullPrefetch::Call& call = p->calls[c];
     CallWindow* window = pull_windows_[p->servers[c]].get();
     grpc::GenericStub* stub = raw_stubs_[p->servers[c]].get();
-    // A call cancelled (DropPrefetch) while it waits in the window ends as
-    // soon as it starts.
-    window->Start([p, &call, window, stub] {
+    auto ended = [p, &call, c, window](grpc::Status st) {
+      window->Release();  // before p may be freed
+      absl::MutexLock lock(&p->mu);
+      call.status = std::move(st);
+      p->ended.push_back(c);
+      --p->pending;
+    };
+    window->Start([p, &call, stub, ended] {
+      if (p->dropped.load(std::memory_order_acquire)) {
+        ended(grpc::Status(grpc::StatusCode::CANCELLED, "dropped before it started"));
+        return;
+      }
       stub->UnaryCall(&call.context, kPullMethod, grpc::StubOptions(), &call.request,
-                      &call.response, [p, &call, window](grpc::Status st) {
-                        window->Release();  // before p may be freed
-                        absl::MutexLock lock(&p->mu);
-                        call.status = std::move(st);
-                        --p->pending;
-                      });
+                      &call.response, ended);
     });
   }
   prefetch_ = std::move(prefetch);
@@ -335,10 +357,11 @@ void PsClient::PrefetchPull(const std::vector<int64_t>& min_versions, absl::Dura
 void PsClient::DropPrefetch() {
   if (prefetch_ == nullptr) return;
   PullPrefetch* p = prefetch_.get();
+  p->dropped.store(true, std::memory_order_release);
   for (PullPrefetch::Call& call : p->calls) call.context.TryCancel();
   {
     // After TryCancel gRPC runs every callback promptly (a call still
-    // waiting in its window ends as soon as it starts); they refer to p.
+    // waiting in its window ends without starting); they refer to p.
     absl::MutexLock lock(&p->mu);
     p->mu.Await(absl::Condition(
         +[](int* pending) { return *pending == 0; }, &p->pending));
@@ -355,31 +378,43 @@ bool PsClient::TakePrefetch(const std::vector<int64_t>& min_versions, absl::Time
     DropPrefetch();
     return false;
   }
-  bool ok = true;
-  {
-    absl::MutexLock lock(&p->mu);
-    auto done = [p]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) { return p->pending == 0; };
-    // gRPC enforces the calls' own deadline; this bounds the wait by the
-    // caller's, and guards against a stuck library.
-    ok = p->mu.AwaitWithDeadline(absl::Condition(&done),
-                                 std::min(deadline, p->deadline + absl::Seconds(5)));
-    for (size_t c = 0; ok && c < p->calls.size(); ++c) {
-      if (!p->calls[c].status.ok()) {
-        ok = false;
-        *status = FromGrpcStatus(p->calls[c].status,
-                                 absl::StrCat("Pull from ", ServerName(p->servers[c])));
+  // Each reply is checked and copied as soon as it is in, while the later
+  // ones still travel (the copy overlaps the wait for the last partitions).
+  PullAssembly assembly(*placement_, num_servers(), result);
+  bool again = false;  // the parts straddled a step
+  for (size_t k = 0; k < p->calls.size(); ++k) {
+    size_t c = 0;
+    {
+      absl::MutexLock lock(&p->mu);
+      auto in = [p, k]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu) { return p->ended.size() > k; };
+      // gRPC enforces the calls' own deadline; this bounds the wait by the
+      // caller's, and guards against a stuck library.
+      if (!p->mu.AwaitWithDeadline(absl::Condition(&in),
+                                   std::min(deadline, p->deadline + absl::Seconds(5)))) {
+        again = true;
+      } else {
+        c = p->ended[k];
+        if (!p->calls[c].status.ok()) {
+          *status = FromGrpcStatus(p->calls[c].status,
+                                   absl::StrCat("Pull from ", ServerName(p->servers[c])));
+          again = true;
+        }
       }
     }
+    if (again) break;
+    // Ended calls are not written by gRPC any more.
+    *status = AssembleReply(p->servers[c], p->calls[c].response, destinations, &assembly, &again);
+    if (!status->ok()) {
+      DropPrefetch();
+      return true;
+    }
+    if (again) break;
   }
-  if (!ok) {
+  if (again) {
     DropPrefetch();
     return false;
   }
-  std::vector<grpc::ByteBuffer> responses;
-  responses.reserve(p->calls.size());
-  for (PullPrefetch::Call& call : p->calls) responses.push_back(std::move(call.response));
-  bool again = false;  // the parts straddled a step
-  *status = AssemblePull(p->servers, responses, destinations, result, &again);
+  *status = assembly.Complete();
   prefetch_.reset();
   if (!status->ok()) return true;
   // A server already past what it answered when this worker's push came
@@ -460,82 +495,92 @@ absl::Status PsClient::PullCalls(const std::vector<int>& servers,
       },
       [this, &servers](int c) { return pull_windows_[servers[c]].get(); });
   if (!st.ok()) return st;
-  return AssemblePull(servers, responses, destinations, result, straddled);
+  PullAssembly assembly(*placement_, num_servers(), result);
+  for (size_t c = 0; c < n; ++c) {
+    RETURN_IF_ERROR(AssembleReply(servers[c], responses[c], destinations, &assembly, straddled));
+    if (*straddled) return absl::OkStatus();
+  }
+  return assembly.Complete();
 }
 
-absl::Status PsClient::AssemblePull(const std::vector<int>& servers,
-                                    const std::vector<grpc::ByteBuffer>& responses,
-                                    const std::vector<float*>& destinations, PullResult* result,
-                                    bool* straddled) {
-  const auto& vars = placement_->variables();
-  const size_t n = servers.size();
-
-  // Assemble, checking that every partition arrives once, with its shape,
-  // that the payload holds exactly those bytes, and that a server's parts
-  // all come from one version.
-  result->versions.assign(num_servers(), -1);
+PsClient::PullAssembly::PullAssembly(const Placement& placement, int num_servers,
+                                     PullResult* result)
+    : result(result) {
+  const auto& vars = placement.variables();
+  result->versions.assign(num_servers, -1);
   result->finished = true;
-  std::vector<std::vector<char>> seen(vars.size());
-  for (size_t v = 0; v < vars.size(); ++v) seen[v].assign(vars[v].partitions.size(), 0);
-  int64_t expected = 0, received = 0;
-  for (const VariablePlacement& vp : vars) expected += vp.partitions.size();
-  for (size_t c = 0; c < n; ++c) {
-    const int s = servers[c];
-    PullResponse header;
-    IncomingFrame frame;
-    absl::Status decoded = DecodeFrame(responses[c], &header, &frame);
-    if (!decoded.ok()) {
-      return absl::DataLossError(absl::StrCat(ServerName(s), " sent a bad pull reply: ",
-                                              decoded.message()));
-    }
-    if (result->versions[s] >= 0 && result->versions[s] != header.version()) {
-      if (!mixed_versions_) {
-        *straddled = true;
-        return absl::OkStatus();
-      }
-      result->versions[s] = std::min(result->versions[s], header.version());
-    } else {
-      result->versions[s] = header.version();
-    }
-    result->finished &= header.finished();
-    int64_t offset = 0;
-    for (const NamedTensor& nt : header.tensors()) {
-      const VariablePlacement* vp = placement_->Find(nt.ref().variable());
-      const int p = nt.ref().partition();
-      if (vp == nullptr || p < 0 || p >= static_cast<int>(vp->partitions.size()) ||
-          vp->partitions[p].server != s || seen[vp - vars.data()][p]) {
-        return absl::DataLossError(absl::StrCat(ServerName(s), " sent unexpected partition ",
-                                                nt.ref().variable(), "/", p));
-      }
-      seen[vp - vars.data()][p] = 1;
-      const Partition& part = vp->partitions[p];
-      const int64_t row = vp->spec.row_elements();
-      const int64_t elements = part.num_rows() * row;
-      const TensorProto& t = nt.tensor();
-      if (t.dtype() != wire_dtype_ ||
-          DenseFloatBytes(absl::MakeConstSpan(t.shape().data(), t.shape_size())) !=
-              elements * 4) {
-        return absl::DataLossError(absl::StrCat(ServerName(s), " sent ", nt.ref().variable(), "/",
-                                                p, " with the wrong dtype or shape"));
-      }
-      const int64_t bytes = elements * (wire_dtype_ == DT_BFLOAT16 ? 2 : 4);
-      if (frame.payload.size() - offset < bytes) {
-        return absl::DataLossError(absl::StrCat(ServerName(s), " sent ", nt.ref().variable(), "/",
-                                                p, " short of its bytes"));
-      }
-      frame.payload.CopyFloatsTo(offset, elements, wire_dtype_ == DT_BFLOAT16,
-                                 destinations[vp - vars.data()] + part.row_begin * row);
-      offset += bytes;
-      counters_.pull_payload_bytes += bytes;
-      counters_.pull_copied_bytes += bytes;
-      ++received;
-    }
-    if (offset != frame.payload.size()) {
-      return absl::DataLossError(absl::StrCat(ServerName(s), " sent ",
-                                              frame.payload.size() - offset,
-                                              " payload bytes beyond its tensors"));
-    }
+  seen.resize(vars.size());
+  for (size_t v = 0; v < vars.size(); ++v) {
+    seen[v].assign(vars[v].partitions.size(), 0);
+    expected += static_cast<int64_t>(vars[v].partitions.size());
   }
+}
+
+absl::Status PsClient::AssembleReply(int s, const grpc::ByteBuffer& response,
+                                     const std::vector<float*>& destinations,
+                                     PullAssembly* assembly, bool* straddled) {
+  const auto& vars = placement_->variables();
+  PullResult* result = assembly->result;
+  // Checks that every partition arrives once, with its shape, that the
+  // payload holds exactly those bytes, and that a server's parts all come
+  // from one version.
+  PullResponse header;
+  IncomingFrame frame;
+  absl::Status decoded = DecodeFrame(response, &header, &frame);
+  if (!decoded.ok()) {
+    return absl::DataLossError(absl::StrCat(ServerName(s), " sent a bad pull reply: ",
+                                            decoded.message()));
+  }
+  if (result->versions[s] >= 0 && result->versions[s] != header.version()) {
+    if (!mixed_versions_) {
+      *straddled = true;
+      return absl::OkStatus();
+    }
+    result->versions[s] = std::min(result->versions[s], header.version());
+  } else {
+    result->versions[s] = header.version();
+  }
+  result->finished &= header.finished();
+  int64_t offset = 0;
+  for (const NamedTensor& nt : header.tensors()) {
+    const VariablePlacement* vp = placement_->Find(nt.ref().variable());
+    const int p = nt.ref().partition();
+    if (vp == nullptr || p < 0 || p >= static_cast<int>(vp->partitions.size()) ||
+        vp->partitions[p].server != s || assembly->seen[vp - vars.data()][p]) {
+      return absl::DataLossError(absl::StrCat(ServerName(s), " sent unexpected partition ",
+                                              nt.ref().variable(), "/", p));
+    }
+    assembly->seen[vp - vars.data()][p] = 1;
+    const Partition& part = vp->partitions[p];
+    const int64_t row = vp->spec.row_elements();
+    const int64_t elements = part.num_rows() * row;
+    const TensorProto& t = nt.tensor();
+    if (t.dtype() != wire_dtype_ ||
+        DenseFloatBytes(absl::MakeConstSpan(t.shape().data(), t.shape_size())) != elements * 4) {
+      return absl::DataLossError(absl::StrCat(ServerName(s), " sent ", nt.ref().variable(), "/",
+                                              p, " with the wrong dtype or shape"));
+    }
+    const int64_t bytes = elements * (wire_dtype_ == DT_BFLOAT16 ? 2 : 4);
+    if (frame.payload.size() - offset < bytes) {
+      return absl::DataLossError(absl::StrCat(ServerName(s), " sent ", nt.ref().variable(), "/",
+                                              p, " short of its bytes"));
+    }
+    frame.payload.CopyFloatsTo(offset, elements, wire_dtype_ == DT_BFLOAT16,
+                               destinations[vp - vars.data()] + part.row_begin * row);
+    offset += bytes;
+    counters_.pull_payload_bytes += bytes;
+    counters_.pull_copied_bytes += bytes;
+    ++assembly->received;
+  }
+  if (offset != frame.payload.size()) {
+    return absl::DataLossError(absl::StrCat(ServerName(s), " sent ",
+                                            frame.payload.size() - offset,
+                                            " payload bytes beyond its tensors"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::PullAssembly::Complete() const {
   if (received != expected) {
     return absl::DataLossError(
         absl::StrCat("pull assembled ", received, " of ", expected, " partitions"));
@@ -568,6 +613,7 @@ struct PsClient::PushBatch {
   absl::Mutex mu;
   int pending ABSL_GUARDED_BY(mu) = 0;  // calls not yet completed
   int slices ABSL_GUARDED_BY(mu) = 0;   // payload slices gRPC still holds
+  std::atomic<bool> abandoned{false};   // calls still waiting in a window end unsent
 };
 
 PsClient::~PsClient() {
@@ -577,6 +623,7 @@ PsClient::~PsClient() {
 
 void PsClient::AbandonPush() {
   if (push_ == nullptr) return;
+  push_->abandoned.store(true, std::memory_order_release);
   WaitForPushCalls().IgnoreError();
   push_.reset();
 }
@@ -588,6 +635,7 @@ absl::Status PsClient::WaitForPushCalls() {
     auto done = [batch]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(batch->mu) { return batch->pending == 0; };
     if (!batch->mu.AwaitWithTimeout(absl::Condition(&done), push_timeout_ + absl::Seconds(5))) {
       // gRPC enforces the deadlines; this guards against a stuck library.
+      batch->abandoned.store(true, std::memory_order_release);
       for (PushBatch::Call& call : batch->calls) call.context.TryCancel();
       batch->mu.Await(absl::Condition(&done));
     }
@@ -652,14 +700,19 @@ void PsClient::StartPushCall(int server, const PushRequest& header,
   batch->server_used[server] = 1;
   CallWindow* window = push_windows_[server].get();
   grpc::GenericStub* stub = raw_stubs_[server].get();
-  window->Start([batch, &call, window, stub] {
+  auto ended = [batch, &call, window](grpc::Status st) {
+    window->Release();  // before the batch may be freed
+    absl::MutexLock lock(&batch->mu);
+    call.status = std::move(st);
+    --batch->pending;
+  };
+  window->Start([batch, &call, stub, ended] {
+    if (batch->abandoned.load(std::memory_order_acquire)) {
+      ended(grpc::Status(grpc::StatusCode::CANCELLED, "abandoned before it was sent"));
+      return;
+    }
     stub->UnaryCall(&call.context, kPushMethod, grpc::StubOptions(), &call.request,
-                    &call.response, [batch, &call, window](grpc::Status st) {
-                      window->Release();  // before the batch may be freed
-                      absl::MutexLock lock(&batch->mu);
-                      call.status = std::move(st);
-                      --batch->pending;
-                    });
+                    &call.response, ended);
   });
 }
 

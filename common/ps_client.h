@@ -52,9 +52,9 @@ class PsClient {
   void set_chunk_bytes(int64_t bytes) { chunk_bytes_ = bytes; }
   // At most this many calls in flight to one server in each direction
   // (pulls; pushes and Initialize), the rest starting as earlier ones end
-  // (rpc.calls_in_flight; 0: no limit). Pulls and pushes have windows of
-  // their own, so a push never waits behind this client's parked pulls.
-  // Call it while no call is under way.
+  // (rpc.calls_in_flight, whose 0 means 16; here 0 means no limit). Pulls
+  // and pushes have windows of their own, so a push never waits behind this
+  // client's parked pulls. A push or prefetched pull under way is abandoned.
   static constexpr int kDefaultCallsInFlight = 16;
   void set_calls_in_flight(int calls);
   // Calls that waited for room in a window so far.
@@ -208,11 +208,21 @@ class PsClient {
   // server each goes to.
   std::vector<PullRequest> PullRequests(const std::vector<int64_t>& min_versions,
                                         absl::Duration wait, std::vector<int>* servers) const;
-  // Checks and copies the replies of a full pull into `destinations`.
-  absl::Status AssemblePull(const std::vector<int>& servers,
-                            const std::vector<grpc::ByteBuffer>& responses,
-                            const std::vector<float*>& destinations, PullResult* result,
-                            bool* straddled);
+  // A full pull's replies, taken one by one into `result`.
+  struct PullAssembly {
+    PullAssembly(const Placement& placement, int num_servers, PullResult* result);
+    // Every partition arrived.
+    absl::Status Complete() const;
+    PullResult* result;
+    std::vector<std::vector<char>> seen;  // per variable, per partition
+    int64_t expected = 0, received = 0;
+  };
+  // Checks server s's reply and copies its partitions into `destinations`;
+  // sets *straddled (and returns OK) when it came from another version than
+  // the server's earlier parts.
+  absl::Status AssembleReply(int s, const grpc::ByteBuffer& response,
+                             const std::vector<float*>& destinations, PullAssembly* assembly,
+                             bool* straddled);
   struct PullPrefetch;
   // Takes the prefetched pull's replies when it matches (waiting for them
   // until `deadline` at most); false when there is none, it does not match,

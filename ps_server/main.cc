@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   if (const std::string& m = setup->metrics_address; !m.empty()) {
     auto started = pstrain::MonitoringServer::Start(
         m,
-        {pstrain::PsMetrics(&ps), pstrain::ProcessMetrics(), pstrain::RpcMetrics(),
+        {pstrain::PsMetrics(&ps, &service), pstrain::ProcessMetrics(), pstrain::RpcMetrics(),
          pstrain::RefusalMetrics(&auth)},
         [&ps]() -> std::string {
           pstrain::PsStatusResponse s;

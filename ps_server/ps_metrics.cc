@@ -13,7 +13,7 @@ using prometheus::MetricType;
 
 class PsCollector : public prometheus::Collectable {
  public:
-  explicit PsCollector(ParameterServer* ps) : ps_(ps) {}
+  PsCollector(ParameterServer* ps, const PsServiceImpl* service) : ps_(ps), service_(service) {}
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     PsStatusResponse s;
@@ -50,6 +50,13 @@ class PsCollector : public prometheus::Collectable {
     out.push_back(std::move(rejected));
     one("pstrain_ps_pulls_total", "Pulls served.", MetricType::Counter,
         static_cast<double>(s.pulls()));
+    if (service_ != nullptr) {
+      one("pstrain_ps_data_calls",
+          "Data calls (Pull, Push, PullRows, PushRows) being served now, waiting pulls included.",
+          MetricType::Gauge, service_->data_calls());
+      one("pstrain_ps_max_data_calls", "The most data calls served at once "
+          "(--max_concurrent_calls); more are refused.", MetricType::Gauge, service_->max_calls());
+    }
     prometheus::MetricFamily payload =
         Family("pstrain_ps_payload_bytes_total",
                "Tensor payload bytes received in pushes and sent in pulls.", MetricType::Counter);
@@ -158,12 +165,14 @@ class PsCollector : public prometheus::Collectable {
 
  private:
   ParameterServer* const ps_;
+  const PsServiceImpl* const service_;
 };
 
 }  // namespace
 
-std::shared_ptr<prometheus::Collectable> PsMetrics(ParameterServer* ps) {
-  return std::make_shared<PsCollector>(ps);
+std::shared_ptr<prometheus::Collectable> PsMetrics(ParameterServer* ps,
+                                                   const PsServiceImpl* service) {
+  return std::make_shared<PsCollector>(ps, service);
 }
 
 }  // namespace pstrain

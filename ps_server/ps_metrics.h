@@ -7,11 +7,13 @@
 
 #include "prometheus/collectable.h"
 #include "ps_server/parameter_server.h"
+#include "ps_server/ps_service.h"
 
 namespace pstrain {
 
-// `ps` must outlive the collectable.
-std::shared_ptr<prometheus::Collectable> PsMetrics(ParameterServer* ps);
+// `ps` and `service` (optional: its data calls) must outlive the collectable.
+std::shared_ptr<prometheus::Collectable> PsMetrics(ParameterServer* ps,
+                                                   const PsServiceImpl* service = nullptr);
 
 }  // namespace pstrain
 

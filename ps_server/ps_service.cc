@@ -312,6 +312,7 @@ grpc::Status PsServiceImpl::GetStatus(grpc::ServerContext* ctx, const PsStatusRe
     return ToGrpcStatus(ps_->GetStatus(req->worker(), req->claim_session(), resp));
   }
   ps_->GetStatus(resp);
+  resp->set_data_calls(data_calls());
   return grpc::Status::OK;
 }
 

@@ -57,6 +57,10 @@ class PsServiceImpl final
   grpc::ServerUnaryReactor* PushRows(grpc::CallbackServerContext* ctx,
                                      const grpc::ByteBuffer* req,
                                      grpc::ByteBuffer* resp) override;
+  // Data calls being served now (what max_calls bounds), and the bound.
+  int data_calls() const { return calls_.load(std::memory_order_acquire); }
+  int max_calls() const { return max_calls_; }
+
   grpc::Status GetStatus(grpc::ServerContext* ctx, const PsStatusRequest* req,
                          PsStatusResponse* resp) override;
   // Holds a server thread while it waits (the chief's one call per save).

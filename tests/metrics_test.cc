@@ -117,7 +117,7 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
   for (const std::string& r : ready) CHECK(r.find("200 OK") != std::string::npos);
   for (const char* name :
        {"pstrain_ps_version", "pstrain_ps_pushes_applied_total", "pstrain_ps_pulls_total",
-        "pstrain_ps_payload_bytes_total", "pstrain_checkpoint_shards_written_total",
+        "pstrain_ps_data_calls", "pstrain_ps_max_data_calls", "pstrain_ps_payload_bytes_total", "pstrain_checkpoint_shards_written_total",
         "pstrain_checkpoint_last_shard_success_timestamp_seconds", "pstrain_sync_waiting_on",
         "pstrain_ps_pushes_rejected_total", "pstrain_ps_partition_pushes_total",
         "pstrain_ps_partition_pulls_total", "pstrain_ps_partition_bytes_total",
@@ -131,6 +131,8 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
     CHECK(metrics.find(absl::StrCat("# TYPE ", name, " ")) != std::string::npos);
   }
   CHECK(metrics.find("pstrain_ps_initialized{job=\"ps\",task=\"0\"} 1") != std::string::npos);
+  CHECK(metrics.find("pstrain_ps_max_data_calls{job=\"ps\",task=\"0\"} 65536") !=
+        std::string::npos);
   CHECK(metrics.find("pstrain_sync_waiting_on{worker=\"1\",job=\"ps\",task=\"0\"} ") !=
         std::string::npos);
   CHECK(metrics.find("pstrain_rpc_server_handled_total{service=\"pstrain.PsService\","

@@ -1144,6 +1144,19 @@ TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV"
                                           absl::Seconds(30));
   CHECK(bad.exit_code == 2);
   CHECK(bad.output.find("--sizes") != std::string::npos);
+  bad = testing::RunCommand({Binary("tools/pstrain"), "bench", "--train_mode=both"},
+                            absl::Seconds(30));
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("--train_mode") != std::string::npos);
+  // The train suite in async mode.
+  CommandResult async = testing::RunCommand(
+      {Binary("tools/pstrain"), "bench", "--suites=train", "--train_mode=async", "--models=16",
+       "--reps=1", "--bin_dir", BinDir()},
+      absl::Seconds(120));
+  INFO(async.output);
+  REQUIRE(async.exit_code == 0);
+  CHECK(async.output.find("== train: async examples/s") != std::string::npos);
+  CHECK(async.output.find("784-16-10") != std::string::npos);
 }
 
 }  // namespace

@@ -246,7 +246,7 @@ if train:
     ax.set_xticklabels(models, fontsize=8)
     ax.set_yscale("log")
     ax.set_ylabel("examples/s (median)")
-    ax.set_title("sync training, batch 64 per worker")
+    ax.set_title("training, batch 64 per worker")
     ax.legend(fontsize=7)
 fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=110)
@@ -904,7 +904,7 @@ class Bench {
     return static_cast<double>(steps) * batch / absl::ToDoubleSeconds(absl::Now() - start);
   }
 
-  // One sync run through `pstrain launch` on free ports: the chief's
+  // One run through `pstrain launch` on free ports: the chief's
   // examples/s (first report to the end, so start-up is not counted).
   absl::StatusOr<double> ClusterRun(const std::string& dir, const std::string& hidden, int ps,
                                     int workers, int64_t steps) {
@@ -952,7 +952,8 @@ class Bench {
         "data { train_images: \"", JoinPath(data_dir, "train-images-idx3-ubyte"),
         "\" train_labels: \"", JoinPath(data_dir, "train-labels-idx1-ubyte"),
         "\" batch_size: 64 shuffle: true normalize: true }\n",
-        "optimizer { learning_rate: 0.05 sgd {} }\nsync {}\nmax_steps: ", steps,
+        "optimizer { learning_rate: 0.05 sgd {} }\n", o_.async_training ? "async" : "sync",
+        " {}\nmax_steps: ", steps,
         "\nseed: 1\neval_every_steps: 0\ncompute_threads: 1\ndevice: \"", o_.device,
         "\"\noutput_dir: \"", out, "\"\n",
         "rpc { wire_dtype: \"", o_.bfloat16 ? "bfloat16" : "float32", "\" }\n");
@@ -965,7 +966,8 @@ class Bench {
     digits.train_examples = 8192;
     digits.test_examples = 64;
     RETURN_IF_ERROR(WriteDigitsDataset(Env::Default(), dir, digits));
-    std::cout << "\n== train: sync examples/s, batch 64 per worker, workers on " << o_.device
+    std::cout << "\n== train: " << (o_.async_training ? "async" : "sync")
+              << " examples/s, batch 64 per worker, workers on " << o_.device
               << (o_.device == "cpu" ? " (1 BLAS thread each)" : "") << " (median [min-max] of "
               << o_.reps << ") ==\n";
     std::cout << absl::StrFormat("%-18s %-24s %-24s %-24s %10s %10s\n", "model", "compute-only",

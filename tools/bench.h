@@ -34,6 +34,7 @@ struct BenchOptions {
   std::string checkpoint_dir;         // checkpoint: where to write ("" = out_dir or /tmp)
   std::vector<std::string> models;    // train: hidden layer widths, "512-512"
   bool bfloat16 = false;              // wire and train: bfloat16 on the wire
+  bool async_training = false;        // train: async instead of sync
   std::string device = "cpu";         // train: the workers' device, "cpu", "cuda:N" or "auto"
   int reps = 5;
   double rep_seconds = 0.15;          // each repetition runs at least this long

@@ -698,6 +698,7 @@ int BenchCommand(const std::vector<std::string>& argv) {
                  "bytes per pull and per push (wire suite)"}},
       {"reps", {"5", "repetitions per figure (median, min, max)"}},
       {"wire_dtype", {"float32", "wire and train suites: float32 or bfloat16 on the wire"}},
+      {"train_mode", {"sync", "train suite: sync or async training"}},
       {"device", {"cpu", "train suite: the workers' device (cpu, cuda:N or auto), compute-only "
                          "included"}},
       {"rep_seconds", {"0.15", "minimum length of one repetition"}},
@@ -747,6 +748,10 @@ int BenchCommand(const std::vector<std::string>& argv) {
     return Fail("bench", "--wire_dtype: expected float32 or bfloat16");
   }
   o.bfloat16 = args->Get("wire_dtype") == "bfloat16";
+  if (args->Get("train_mode") != "sync" && args->Get("train_mode") != "async") {
+    return Fail("bench", "--train_mode: expected sync or async");
+  }
+  o.async_training = args->Get("train_mode") == "async";
   if (absl::StatusOr<DeviceSpec> device = ParseDeviceSpec(args->Get("device")); !device.ok()) {
     return Fail("bench", absl::StrCat("--device: ", device.status().message()));
   }

@@ -35,8 +35,16 @@ void CallWindow::Release() {
     ++deferred;
     return;
   }
-  const CallWindow* outer = releasing;
-  const int outer_deferred = deferred;
+  // Restores the outer window's state however this returns (a begin that
+  // throws included).
+  struct Scope {
+    const CallWindow* outer = releasing;
+    int outer_deferred = deferred;
+    ~Scope() {
+      releasing = outer;
+      deferred = outer_deferred;
+    }
+  } scope;
   releasing = this;
   deferred = 0;
   for (int releases = 1; releases > 0;) {
@@ -60,8 +68,6 @@ void CallWindow::Release() {
     releases += deferred;
     deferred = 0;
   }
-  releasing = outer;
-  deferred = outer_deferred;
 }
 
 CallWindow::Stats CallWindow::stats() const {

@@ -104,7 +104,8 @@ class PsClient {
   absl::Status PullAll(const std::vector<int64_t>& min_versions, absl::Duration wait,
                        std::vector<Tensor>* params, PullResult* result);
   // The same into caller memory: destinations[v] holds variable v's full
-  // tensor (e.g. the model's pinned host block), written in place.
+  // tensor (e.g. the model's pinned host block), written in place. On a
+  // failure, some partitions may have been written.
   absl::Status PullInto(const std::vector<int64_t>& min_versions, absl::Duration wait,
                         const std::vector<float*>& destinations, PullResult* result);
   // Sync workers: starts the next step's pull now (min_versions: the step

@@ -18,9 +18,14 @@ namespace pstrain {
 class CallSlot {
  public:
   explicit CallSlot(PsServiceImpl* service) : service_(service) {
-    const int before = service_->calls_.fetch_add(1, std::memory_order_acq_rel);
+    // Taken only while below the limit: a call about to be refused never
+    // holds a place, even for a moment, that a call beside it could get.
+    int before = service_->calls_.load(std::memory_order_acquire);
+    while (before < service_->max_calls_ &&
+           !service_->calls_.compare_exchange_weak(before, before + 1,
+                                                   std::memory_order_acq_rel)) {
+    }
     if (before >= service_->max_calls_) {
-      service_->calls_.fetch_sub(1, std::memory_order_acq_rel);
       service_ = nullptr;
       refused_ = grpc::Status(
           grpc::StatusCode::RESOURCE_EXHAUSTED,

@@ -212,6 +212,12 @@ absl::StatusOr<AuthSetup> ResolveAuth(const ClusterSpec& cluster, const std::str
   if (!tls_flags.ca_file.empty()) tls_files.ca_file = tls_flags.ca_file;
   if (!tls_flags.cert_file.empty()) tls_files.cert_file = tls_flags.cert_file;
   if (!tls_flags.key_file.empty()) tls_files.key_file = tls_flags.key_file;
+  tls_files.crl_dir = tls_flags.crl_dir;
+  if (!tls_files.any() && !tls_files.crl_dir.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TLS: revocation lists in ", tls_files.crl_dir,
+        " but no TLS files (--tls_dir, or the cluster spec's \"pstrain\": {\"tls\": ...})"));
+  }
   if (tls_files.any()) {
     absl::StatusOr<TlsConfig> tls = LoadTls(tls_files);
     if (!tls.ok()) {

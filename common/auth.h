@@ -116,7 +116,8 @@ struct AuthSetup {
 // Resolves a task's credentials: the secret from `secret_file` (else the
 // spec's), or only its own token from `token_file`. A task that serves RPCs
 // (`serves`) needs the secret. Mutual TLS: the files in the spec's TLS dir
-// for `identity`, each replaced by the one `tls_flags` names; the
+// for `identity`, each replaced by the one `tls_flags` names (and its
+// crl_dir, the revocation lists' directory, which needs TLS files); the
 // certificate must be `identity`'s own; with `tls_reload` above zero its
 // files are watched for renewal that often (TlsWatcher). With neither a secret nor TLS, a
 // spec naming a non-loopback host, or a `bind_host` (--bind) that is not

@@ -123,6 +123,13 @@ TEST_CASE("a spec beyond loopback needs a secret or --insecure", "[auth]") {
   CHECK(absl::IsFailedPrecondition(bound.status()));
   CHECK(std::string(bound.status().message()).find("--bind=0.0.0.0") != std::string::npos);
   CHECK(ResolveAuth(TwoWorkers(), "ps:0", true, "", "", true, "0.0.0.0").ok());
+  // Revocation lists without any TLS files: refused, not ignored.
+  TlsFiles lists_only;
+  lists_only.crl_dir = "/var/run/pstrain/crl";
+  absl::StatusOr<AuthSetup> no_tls =
+      ResolveAuth(TwoWorkers(), "ps:0", true, "", "", false, "", lists_only);
+  REQUIRE_FALSE(no_tls.ok());
+  CHECK(no_tls.status().message().find("no TLS files") != std::string::npos);
   CHECK(ResolveAuth(TwoWorkers(), "ps:0", true, "", "", false, "127.0.0.1").ok());
 
   const std::string path = TempPath("resolve-secret");

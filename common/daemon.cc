@@ -39,6 +39,9 @@ ABSL_FLAG(std::string, tls_cert_file, "",
 ABSL_FLAG(std::string, tls_key_file, "",
           "mutual TLS: this task's private key (mode 0600); default: JOB-INDEX.key in the "
           "spec's TLS dir");
+ABSL_FLAG(std::string, tls_crl_dir, "",
+          "mutual TLS: the directory of revocation lists (pstrain certs --revoke writes them), "
+          "read at every handshake; default: crl beside the CA's certificate");
 ABSL_FLAG(int, tls_reload_s, 60,
           "mutual TLS: look at the CA, certificate and key files this often, in seconds, and "
           "take renewed ones that pass the start's checks (new connections use them); 0: read "
@@ -66,6 +69,7 @@ TlsFiles TlsFlags(const std::string& identity) {
                             std::pair{&FLAGS_tls_key_file, &files.key_file}}) {
     if (std::string v = absl::GetFlag(*flag); !v.empty()) *file = v;
   }
+  files.crl_dir = absl::GetFlag(FLAGS_tls_crl_dir);
   return files;
 }
 

@@ -335,10 +335,10 @@ absl::StatusOr<TlsConfig> LoadTls(const TlsFiles& files) {
   StoreCtx ctx(X509_STORE_CTX_new());
   if (!store || !ctx) return absl::ResourceExhaustedError("OpenSSL: no memory for a store");
   for (const Cert& ca : cas) X509_STORE_add_cert(store.get(), ca.get());
-  // Revocation lists beside the CA's certificate, from the first one made
-  // (the directory need not be there yet): a revoked certificate is refused
-  // here too, naming why.
-  tls.crl_dir = JoinPath(Dirname(files.ca_file), "crl");
+  // Revocation lists (beside the CA's certificate unless named), from the
+  // first one made (the directory need not be there yet): a revoked
+  // certificate is refused here too, naming why.
+  tls.crl_dir = files.crl_dir.empty() ? JoinPath(Dirname(files.ca_file), "crl") : files.crl_dir;
   RETURN_IF_ERROR(CheckRevocationLists(tls.crl_dir, cas.front().get()));
   if (!CheckRevocations(store.get(), tls.crl_dir)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -41,6 +41,10 @@ struct TlsFiles {
   std::string ca_file;
   std::string cert_file;
   std::string key_file;
+  // The revocation lists' directory; empty: `crl` beside ca_file (where
+  // pstrain certs --revoke writes them). Set where the lists are delivered
+  // apart from the certificates (a Kubernetes Secret of their own).
+  std::string crl_dir;
   bool any() const { return !ca_file.empty() || !cert_file.empty() || !key_file.empty(); }
 };
 
@@ -57,9 +61,9 @@ struct TlsConfig {
   std::string key_pem;
   std::string identity;   // the certificate's common name
   absl::Time not_after;   // when the certificate, or the CA, expires: the sooner
-  // Revocation lists (RevokeCertificate writes them): the directory `crl`
-  // beside the CA's certificate, which need not exist until the first is
-  // made; empty: none. Every handshake checks the peer's certificate against
+  // Revocation lists (RevokeCertificate writes them): TlsFiles.crl_dir, by
+  // default the directory `crl` beside the CA's certificate, which need not
+  // exist until the first is made; empty: none. Every handshake checks the peer's certificate against
   // the CA's newest list, read from the directory as it stands then.
   std::string crl_dir;
   // Set where the files are watched for renewal: credentials made from this

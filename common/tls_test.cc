@@ -543,6 +543,73 @@ TEST_CASE("a revoked certificate is refused at the next handshake, client or ser
   CHECK(fresh.substr(fresh.rfind('/')) != crl.substr(crl.rfind('/')));
 }
 
+TEST_CASE("revocation lists delivered apart (--tls_crl_dir), in a Kubernetes Secret's layout, "
+          "are read at every handshake", "[tls][rpc]") {
+  const std::string dir = TempDir("revoke_apart");
+  ClusterSpec spec = Spec(R"({"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"],
+                              "worker": ["127.0.0.1:3", "127.0.0.1:4"]})");
+  std::vector<std::string> written;
+  REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(48), &written).ok());
+  // The Secret's volume, not there yet (an optional Secret not made yet).
+  const std::string lists = JoinPath(dir, "mounted-crl");
+  auto with_lists = [&](const std::string& id) {
+    TlsFiles files = TlsFilesIn(dir, id);
+    files.crl_dir = lists;
+    absl::StatusOr<TlsConfig> t = LoadTls(files);
+    INFO(t.status().ToString());
+    REQUIRE(t.ok());
+    return std::make_shared<const TlsConfig>(*std::move(t));
+  };
+  const std::shared_ptr<const TlsConfig> ps = with_lists("ps:0");
+  CHECK(ps->crl_dir == lists);
+  Authorizer auth("", spec, /*tls=*/true);
+  WhoService service(&auth);
+  SetTransportSecurity(ps);
+  int port = 0;
+  std::unique_ptr<grpc::Server> server =
+      StartOnSomePort(&service, 31000 + ((::getpid() + 7) % 20000), &port);
+  SetTransportSecurity(nullptr);
+  REQUIRE(server != nullptr);
+  auto call_as = [&](std::shared_ptr<const TlsConfig> t) {
+    SetTransportSecurity(std::move(t));
+    auto stub = PsService::NewStub(CreateChannel(absl::StrCat("127.0.0.1:", port), "ps:0"));
+    SetTransportSecurity(nullptr);
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(5));
+    PsStatusResponse resp;
+    return stub->GetStatus(&ctx, PsStatusRequest(), &resp).error_code();
+  };
+  const std::shared_ptr<const TlsConfig> worker1 = with_lists("worker:1");
+  // Revoked where pstrain certs keeps its lists: this server reads the
+  // other directory, so worker:1 still gets through.
+  std::string crl;
+  REQUIRE(RevokeCertificate(dir, "worker:1", &crl).ok());
+  CHECK(call_as(worker1) == grpc::StatusCode::OK);
+  // The lists arrive as kubelet writes a Secret's files: a dated directory,
+  // ..data linked to it, and each name linked through ..data.
+  const std::string name = crl.substr(crl.rfind('/') + 1);
+  const std::string dated = JoinPath(lists, "..2026_11_24_10_00_00.1");
+  REQUIRE(Env::Default()->CreateDirs(dated).ok());
+  REQUIRE(Env::Default()->WriteFile(JoinPath(dated, name), *Env::Default()->ReadFile(crl),
+                                    false)
+              .ok());
+  REQUIRE(::symlink("..2026_11_24_10_00_00.1", JoinPath(lists, "..data").c_str()) == 0);
+  REQUIRE(::symlink(JoinPath("..data", name).c_str(), JoinPath(lists, name).c_str()) == 0);
+  CHECK(call_as(worker1) == grpc::StatusCode::UNAVAILABLE);  // the next handshake refuses it
+  CHECK(call_as(with_lists("worker:0")) == grpc::StatusCode::OK);
+  // Read now with those lists, worker:1's files are refused, naming why;
+  // with an empty directory of lists they pass.
+  TlsFiles files = TlsFilesIn(dir, "worker:1");
+  files.crl_dir = lists;
+  absl::StatusOr<TlsConfig> refused = LoadTls(files);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().message().find("certificate revoked") != std::string::npos);
+  files.crl_dir = JoinPath(dir, "no-lists");
+  REQUIRE(Env::Default()->CreateDirs(files.crl_dir).ok());
+  CHECK(LoadTls(files).ok());
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+}
+
 // The PEM of the certificate the server showed on the call `ctx` made.
 std::string ServerCertificate(const grpc::ClientContext& ctx) {
   std::shared_ptr<const grpc::AuthContext> auth = ctx.auth_context();

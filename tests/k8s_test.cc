@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -195,6 +196,38 @@ TEST_CASE("with PSTRAIN_TLS_DIR the entry point's daemon uses mutual TLS, probes
   CHECK(log.find("ca.key is readable here") == std::string::npos);
 }
 
+TEST_CASE("with PSTRAIN_TLS_CRL_DIR the entry point's daemon reads revocation lists from there",
+          "[k8s][tls]") {
+  const std::string dir = testing::FreshTempDir("k8s_entry_crl");
+  testing::CommandResult certs =
+      RunCommand({Binary("tools/pstrain"), "certs", "--ps=1", "--workers=1", "--out",
+                  JoinPath(dir, "tls"), "--days=2"},
+                 absl::Seconds(30));
+  REQUIRE(certs.exit_code == 0);
+  // ps:0 revoked, and the lists moved apart, as their own Secret would be.
+  testing::CommandResult revoke =
+      RunCommand({Binary("tools/pstrain"), "certs", "--out", JoinPath(dir, "tls"),
+                  "--revoke=ps:0"},
+                 absl::Seconds(30));
+  INFO(revoke.output);
+  REQUIRE(revoke.exit_code == 0);
+  REQUIRE(::rename(JoinPath(dir, "tls/crl").c_str(), JoinPath(dir, "crl-secret").c_str()) == 0);
+  REQUIRE(::rename(JoinPath(dir, "tls/ca.key").c_str(), JoinPath(dir, "ca.key.keep").c_str()) ==
+          0);
+  std::vector<int> ports;
+  auto ps = StartEntryPointPs(dir,
+                              {"PSTRAIN_TLS_DIR=" + JoinPath(dir, "tls"),
+                               "PSTRAIN_TLS_CRL_DIR=" + JoinPath(dir, "crl-secret")},
+                              &ports);
+  // Its own certificate is on the lists: it refuses to start, saying so.
+  const std::optional<int> code = ps->Wait(absl::Seconds(20));
+  const std::string log = Env::Default()->ReadFile(JoinPath(dir, "ps.log")).value_or("");
+  INFO(log);
+  REQUIRE(code.has_value());
+  CHECK(*code != 0);
+  CHECK(log.find("certificate revoked") != std::string::npos);
+}
+
 TEST_CASE("the image's runtime stage installs every library the daemons load", "[k8s]") {
   // Checked without a container runtime: ldd of the real binaries against the
   // Debian packages the Containerfile's last stage installs.
@@ -245,6 +278,14 @@ TEST_CASE("pstrain k8s-manifest writes manifests that validate, for either kind"
     CHECK((gen.output.find("for job in chief ps worker; do kubectl create secret generic "
                            "trainer-tls-$job") != std::string::npos) == tls);
     CHECK((gen.output.find("{name: PSTRAIN_TLS_DIR, value: /var/run/pstrain/tls}") !=
+           std::string::npos) == tls);
+    // The revocation lists: a Secret of their own in every pod, optional
+    // until the first certificate is revoked.
+    CHECK((gen.output.find("{name: PSTRAIN_TLS_CRL_DIR, value: /var/run/pstrain/crl}") !=
+           std::string::npos) == tls);
+    CHECK((gen.output.find("secret: {secretName: trainer-tls-crl, optional: true}") !=
+           std::string::npos) == tls);
+    CHECK((gen.output.find("kubectl create secret generic trainer-tls-crl") !=
            std::string::npos) == tls);
     CHECK((gen.output.find("pstrain certs --ps=3 --workers=4") != std::string::npos) == tls);
     testing::WriteFile(JoinPath(out, "job.yaml"), gen.output);

@@ -53,7 +53,8 @@ std::string Container(const K8sManifestOptions& o, const Role& r, bool tfjob,
   absl::StrAppend(&env, indent,
                   "    - {name: PSTRAIN_SECRET_FILE, value: /var/run/pstrain/auth/cluster.secret}\n");
   if (o.tls) {
-    absl::StrAppend(&env, indent, "    - {name: PSTRAIN_TLS_DIR, value: /var/run/pstrain/tls}\n");
+    absl::StrAppend(&env, indent, "    - {name: PSTRAIN_TLS_DIR, value: /var/run/pstrain/tls}\n",
+                    indent, "    - {name: PSTRAIN_TLS_CRL_DIR, value: /var/run/pstrain/crl}\n");
   }
   // Kubernetes' HTTPS probes neither check the certificate nor show one:
   // the daemons answer /healthz and /readyz without a client certificate.
@@ -83,12 +84,15 @@ std::string Container(const K8sManifestOptions& o, const Role& r, bool tfjob,
       indent, "    - {name: config, mountPath: /etc/pstrain, readOnly: true}\n",  //
       indent, "    - {name: auth, mountPath: /var/run/pstrain/auth, readOnly: true}\n",
       o.tls ? absl::StrCat(indent,
-                           "    - {name: tls, mountPath: /var/run/pstrain/tls, readOnly: true}\n")
+                           "    - {name: tls, mountPath: /var/run/pstrain/tls, readOnly: true}\n",
+                           indent,
+                           "    - {name: crl, mountPath: /var/run/pstrain/crl, readOnly: true}\n")
             : "");
 }
 
 // The pod volumes of role `job`: with TLS, the Secret of that role's
-// certificates and keys only (<name>-tls-<job>).
+// certificates and keys only (<name>-tls-<job>), and the revocation lists'
+// Secret (<name>-tls-crl, optional: there is none until one is revoked).
 std::string Volumes(const K8sManifestOptions& o, const std::string& job,
                     const std::string& indent) {
   return absl::StrCat(indent, "- name: data\n", indent, "  persistentVolumeClaim: {claimName: ",
@@ -97,7 +101,9 @@ std::string Volumes(const K8sManifestOptions& o, const std::string& job,
                       indent, "  secret: {secretName: ", o.name, "-auth, defaultMode: 0400}\n",
                       o.tls ? absl::StrCat(indent, "- name: tls\n", indent,
                                            "  secret: {secretName: ", o.name, "-tls-", job,
-                                           ", defaultMode: 0400}\n")
+                                           ", defaultMode: 0400}\n", indent, "- name: crl\n",
+                                           indent, "  secret: {secretName: ", o.name,
+                                           "-tls-crl, optional: true}\n")
                             : "");
 }
 
@@ -165,6 +171,11 @@ absl::StatusOr<std::string> RenderK8sManifest(const K8sManifestOptions& o) {
         "# Renewing is pstrain certs ... again (with ca.key back) and the Secrets updated\n"
         "#   (kubectl create ... --dry-run=client -o yaml | kubectl apply -f -): the daemons\n"
         "#   take the new files without a restart (--tls_reload_s).\n"
+        "# Revoking (with ca.key back) writes tls/crl/; its Secret, mounted in every pod, is read\n"
+        "#   at each handshake once kubelet has updated it (within a minute or so):\n"
+        "#   pstrain certs --out=tls --revoke=worker:3 && kubectl create secret generic ", o.name,
+        "-tls-crl \\\n"
+        "#     --from-file=tls/crl/ --dry-run=client -o yaml | kubectl apply -f -\n"
         "# Prometheus scrapes with monitor.crt and .key, tls_config server_name metrics.pstrain.\n");
   }
   // The config, verbatim, as a block scalar.

@@ -69,6 +69,11 @@ fi
 if [ -n "${PSTRAIN_TLS_DIR:-}" ]; then
   set -- "$@" --tls_dir="$PSTRAIN_TLS_DIR"
 fi
+# Revocation lists from a Secret of their own (pstrain certs --revoke writes
+# them), read at every handshake.
+if [ -n "${PSTRAIN_TLS_CRL_DIR:-}" ]; then
+  set -- "$@" --tls_crl_dir="$PSTRAIN_TLS_CRL_DIR"
+fi
 if [ "$job" = chief ] && [ "${PSTRAIN_RESUME:-0}" = 1 ]; then
   set -- "$@" --resume
 fi

@@ -84,6 +84,29 @@ absl::Status CallAll(int n, absl::Duration timeout, bool wait_for_ready,
   return absl::OkStatus();
 }
 
+// Starts `call`'s unary call of `method` (its context, request and
+// response) through `window`. `ended` runs once with its status, after the
+// call's place in the window is released (so the call's owner may be freed
+// once it has run); a call whose `cancelled` is set before its turn comes
+// ends there without being started.
+template <typename Call>
+void StartInWindow(CallWindow* window, grpc::GenericStub* stub, const char* method, Call* call,
+                   const std::atomic<bool>* cancelled,
+                   std::function<void(grpc::Status)> ended) {
+  auto finish = [window, ended = std::move(ended)](grpc::Status st) {
+    window->Release();
+    ended(std::move(st));
+  };
+  window->Start([stub, method, call, cancelled, finish]() mutable {
+    if (cancelled->load(std::memory_order_acquire)) {
+      finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before it started"));
+      return;
+    }
+    stub->UnaryCall(&call->context, method, grpc::StubOptions(), &call->request, &call->response,
+                    std::move(finish));
+  });
+}
+
 // One call's worth of a server's partitions: (variable, partition) pairs.
 struct PartitionGroup {
   int server = 0;
@@ -333,23 +356,13 @@ void PsClient::PrefetchPull(const std::vector<int64_t>& min_versions, absl::Dura
   // window is not held by calls that wait for the end of the step.
   for (size_t c = requests.size(); c-- > 0;) {
     PullPrefetch::Call& call = p->calls[c];
-    CallWindow* window = pull_windows_[p->servers[c]].get();
-    grpc::GenericStub* stub = raw_stubs_[p->servers[c]].get();
-    auto ended = [p, &call, c, window](grpc::Status st) {
-      window->Release();  // before p may be freed
-      absl::MutexLock lock(&p->mu);
-      call.status = std::move(st);
-      p->ended.push_back(c);
-      --p->pending;
-    };
-    window->Start([p, &call, stub, ended] {
-      if (p->dropped.load(std::memory_order_acquire)) {
-        ended(grpc::Status(grpc::StatusCode::CANCELLED, "dropped before it started"));
-        return;
-      }
-      stub->UnaryCall(&call.context, kPullMethod, grpc::StubOptions(), &call.request,
-                      &call.response, ended);
-    });
+    StartInWindow(pull_windows_[p->servers[c]].get(), raw_stubs_[p->servers[c]].get(),
+                  kPullMethod, &call, &p->dropped, [p, &call, c](grpc::Status st) {
+                    absl::MutexLock lock(&p->mu);
+                    call.status = std::move(st);
+                    p->ended.push_back(c);
+                    --p->pending;
+                  });
   }
   prefetch_ = std::move(prefetch);
 }
@@ -698,22 +711,12 @@ void PsClient::StartPushCall(int server, const PushRequest& header,
     ++batch->pending;
   }
   batch->server_used[server] = 1;
-  CallWindow* window = push_windows_[server].get();
-  grpc::GenericStub* stub = raw_stubs_[server].get();
-  auto ended = [batch, &call, window](grpc::Status st) {
-    window->Release();  // before the batch may be freed
-    absl::MutexLock lock(&batch->mu);
-    call.status = std::move(st);
-    --batch->pending;
-  };
-  window->Start([batch, &call, stub, ended] {
-    if (batch->abandoned.load(std::memory_order_acquire)) {
-      ended(grpc::Status(grpc::StatusCode::CANCELLED, "abandoned before it was sent"));
-      return;
-    }
-    stub->UnaryCall(&call.context, kPushMethod, grpc::StubOptions(), &call.request,
-                    &call.response, ended);
-  });
+  StartInWindow(push_windows_[server].get(), raw_stubs_[server].get(), kPushMethod, &call,
+                &batch->abandoned, [batch, &call](grpc::Status st) {
+                  absl::MutexLock lock(&batch->mu);
+                  call.status = std::move(st);
+                  --batch->pending;
+                });
 }
 
 absl::Status PsClient::PushReady(size_t first, size_t end) {

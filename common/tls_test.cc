@@ -437,6 +437,17 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
   impostor->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
 }
 
+// A GetStatus call to ps:0 on `port` with `tls`'s certificate: its code.
+grpc::StatusCode GetStatusAs(int port, std::shared_ptr<const TlsConfig> tls) {
+  SetTransportSecurity(std::move(tls));
+  auto stub = PsService::NewStub(CreateChannel(absl::StrCat("127.0.0.1:", port), "ps:0"));
+  SetTransportSecurity(nullptr);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(5));
+  PsStatusResponse resp;
+  return stub->GetStatus(&ctx, PsStatusRequest(), &resp).error_code();
+}
+
 TEST_CASE("a revoked certificate is refused at the next handshake, client or server",
           "[tls][rpc]") {
   const bool watched = GENERATE(false, true);
@@ -460,14 +471,8 @@ TEST_CASE("a revoked certificate is refused at the next handshake, client or ser
       StartOnSomePort(&service, 31000 + (::getpid() % 20000), &port);
   SetTransportSecurity(nullptr);
   REQUIRE(server != nullptr);
-  auto call_as = [&](std::shared_ptr<const TlsConfig> t) {
-    SetTransportSecurity(std::move(t));
-    auto stub = PsService::NewStub(CreateChannel(absl::StrCat("127.0.0.1:", port), "ps:0"));
-    SetTransportSecurity(nullptr);
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, absl::Seconds(5));
-    PsStatusResponse resp;
-    return stub->GetStatus(&ctx, PsStatusRequest(), &resp).error_code();
+  auto call_as = [&port](std::shared_ptr<const TlsConfig> t) {
+    return GetStatusAs(port, std::move(t));
   };
   // worker:1's material, read before it is revoked.
   const std::shared_ptr<const TlsConfig> worker1 = tls("worker:1");
@@ -570,14 +575,8 @@ TEST_CASE("revocation lists delivered apart (--tls_crl_dir), in a Kubernetes Sec
       StartOnSomePort(&service, 31000 + ((::getpid() + 7) % 20000), &port);
   SetTransportSecurity(nullptr);
   REQUIRE(server != nullptr);
-  auto call_as = [&](std::shared_ptr<const TlsConfig> t) {
-    SetTransportSecurity(std::move(t));
-    auto stub = PsService::NewStub(CreateChannel(absl::StrCat("127.0.0.1:", port), "ps:0"));
-    SetTransportSecurity(nullptr);
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, absl::Seconds(5));
-    PsStatusResponse resp;
-    return stub->GetStatus(&ctx, PsStatusRequest(), &resp).error_code();
+  auto call_as = [&port](std::shared_ptr<const TlsConfig> t) {
+    return GetStatusAs(port, std::move(t));
   };
   const std::shared_ptr<const TlsConfig> worker1 = with_lists("worker:1");
   // Revoked where pstrain certs keeps its lists: this server reads the

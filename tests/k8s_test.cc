@@ -163,17 +163,22 @@ TEST_CASE("the container entry point starts the pod's daemon with its probes", "
   CHECK(log.find(absl::StrCat("listening on 127.0.0.1:", ports[1])) != std::string::npos);
 }
 
-TEST_CASE("with PSTRAIN_TLS_DIR the entry point's daemon uses mutual TLS, probes over HTTPS",
-          "[k8s][tls]") {
-  const std::string dir = testing::FreshTempDir("k8s_entry_tls");
-  // As the manifests' header says: certificates named by task, the CA's key
-  // moved away.
+// pstrain certs for 1 ps and 1 worker, named by task, in dir/tls.
+void WriteTaskCertificates(const std::string& dir) {
   testing::CommandResult certs =
       RunCommand({Binary("tools/pstrain"), "certs", "--ps=1", "--workers=1", "--out",
                   JoinPath(dir, "tls"), "--days=2"},
                  absl::Seconds(30));
   INFO(certs.output);
   REQUIRE(certs.exit_code == 0);
+}
+
+TEST_CASE("with PSTRAIN_TLS_DIR the entry point's daemon uses mutual TLS, probes over HTTPS",
+          "[k8s][tls]") {
+  const std::string dir = testing::FreshTempDir("k8s_entry_tls");
+  // As the manifests' header says: certificates named by task, the CA's key
+  // moved away.
+  WriteTaskCertificates(dir);
   REQUIRE(::rename(JoinPath(dir, "tls/ca.key").c_str(), JoinPath(dir, "ca.key.keep").c_str()) ==
           0);
   std::vector<int> ports;
@@ -199,11 +204,7 @@ TEST_CASE("with PSTRAIN_TLS_DIR the entry point's daemon uses mutual TLS, probes
 TEST_CASE("with PSTRAIN_TLS_CRL_DIR the entry point's daemon reads revocation lists from there",
           "[k8s][tls]") {
   const std::string dir = testing::FreshTempDir("k8s_entry_crl");
-  testing::CommandResult certs =
-      RunCommand({Binary("tools/pstrain"), "certs", "--ps=1", "--workers=1", "--out",
-                  JoinPath(dir, "tls"), "--days=2"},
-                 absl::Seconds(30));
-  REQUIRE(certs.exit_code == 0);
+  WriteTaskCertificates(dir);
   // ps:0 revoked, and the lists moved apart, as their own Secret would be.
   testing::CommandResult revoke =
       RunCommand({Binary("tools/pstrain"), "certs", "--out", JoinPath(dir, "tls"),

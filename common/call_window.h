@@ -35,7 +35,6 @@ class CallWindow {
   void Start(absl::AnyInvocable<void() &&> begin) ABSL_LOCKS_EXCLUDED(mu_);
   void Release() ABSL_LOCKS_EXCLUDED(mu_);
 
-  int limit() const { return limit_; }
   struct Stats {
     int in_flight = 0;
     int waiting = 0;

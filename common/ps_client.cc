@@ -23,6 +23,43 @@ const char kPushMethod[] = "/pstrain.PsService/Push";
 const char kPullRowsMethod[] = "/pstrain.PsService/PullRows";
 const char kPushRowsMethod[] = "/pstrain.PsService/PushRows";
 
+// Runs `start(done)`, which starts one call that runs `done` with its
+// status, through `window` (null: at once). `done` frees the call's place
+// in the window and then runs `ended` (after which the call's owner may be
+// freed); a call whose `cancelled` is set before its turn comes ends there
+// with CANCELLED, without being started.
+void StartInWindow(CallWindow* window, const std::atomic<bool>* cancelled,
+                   std::function<void(std::function<void(grpc::Status)>)> start,
+                   std::function<void(grpc::Status)> ended) {
+  std::function<void(grpc::Status)> done = [window, ended = std::move(ended)](grpc::Status st) {
+    if (window != nullptr) window->Release();
+    ended(std::move(st));
+  };
+  auto begin = [cancelled, start = std::move(start), done = std::move(done)]() mutable {
+    if (cancelled->load(std::memory_order_acquire)) {
+      done(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before it started"));
+      return;
+    }
+    start(std::move(done));
+  };
+  if (window != nullptr) {
+    window->Start(std::move(begin));
+  } else {
+    begin();
+  }
+}
+
+// A unary call of `method` on `stub` with `call`'s context, request and
+// response, for StartInWindow.
+template <typename Call>
+std::function<void(std::function<void(grpc::Status)>)> RawCall(grpc::GenericStub* stub,
+                                                               const char* method, Call* call) {
+  return [stub, method, call](std::function<void(grpc::Status)> done) {
+    stub->UnaryCall(&call->context, method, grpc::StubOptions(), &call->request, &call->response,
+                    std::move(done));
+  };
+}
+
 // Starts n calls with `start(c, ctx, done)` and waits for all of them.
 // Each context carries `timeout` as its deadline, counted from now also for
 // a call that waits in its window (`window(c)`: the window of call c's
@@ -44,26 +81,17 @@ absl::Status CallAll(int n, absl::Duration timeout, bool wait_for_ready,
     contexts.back()->set_wait_for_ready(wait_for_ready);
   }
   for (int c = 0; c < n; ++c) {
-    CallWindow* w = window ? window(c) : nullptr;
-    std::function<void(grpc::Status)> done = [&mu, &pending, &statuses, c, w](grpc::Status st) {
-      // The window's next call may begin here; this frame waits for it.
-      if (w != nullptr) w->Release();
-      absl::MutexLock lock(&mu);
-      statuses[c] = std::move(st);
-      --pending;
-    };
-    auto begin = [&start, &contexts, &cancelled, c, done = std::move(done)]() mutable {
-      if (cancelled.load(std::memory_order_acquire)) {
-        done(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before it started"));
-        return;
-      }
-      start(c, contexts[c].get(), std::move(done));
-    };
-    if (w != nullptr) {
-      w->Start(std::move(begin));
-    } else {
-      begin();
-    }
+    // The window's next call may begin in `done`; this frame waits for it.
+    StartInWindow(
+        window ? window(c) : nullptr, &cancelled,
+        [&start, &contexts, c](std::function<void(grpc::Status)> done) {
+          start(c, contexts[c].get(), std::move(done));
+        },
+        [&mu, &pending, &statuses, c](grpc::Status st) {
+          absl::MutexLock lock(&mu);
+          statuses[c] = std::move(st);
+          --pending;
+        });
   }
   {
     absl::MutexLock lock(&mu);
@@ -82,29 +110,6 @@ absl::Status CallAll(int n, absl::Duration timeout, bool wait_for_ready,
     if (!statuses[s].ok()) return FromGrpcStatus(statuses[s], name(s));
   }
   return absl::OkStatus();
-}
-
-// Starts `call`'s unary call of `method` (its context, request and
-// response) through `window`. `ended` runs once with its status, after the
-// call's place in the window is released (so the call's owner may be freed
-// once it has run); a call whose `cancelled` is set before its turn comes
-// ends there without being started.
-template <typename Call>
-void StartInWindow(CallWindow* window, grpc::GenericStub* stub, const char* method, Call* call,
-                   const std::atomic<bool>* cancelled,
-                   std::function<void(grpc::Status)> ended) {
-  auto finish = [window, ended = std::move(ended)](grpc::Status st) {
-    window->Release();
-    ended(std::move(st));
-  };
-  window->Start([stub, method, call, cancelled, finish]() mutable {
-    if (cancelled->load(std::memory_order_acquire)) {
-      finish(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before it started"));
-      return;
-    }
-    stub->UnaryCall(&call->context, method, grpc::StubOptions(), &call->request, &call->response,
-                    std::move(finish));
-  });
 }
 
 // One call's worth of a server's partitions: (variable, partition) pairs.
@@ -356,8 +361,9 @@ void PsClient::PrefetchPull(const std::vector<int64_t>& min_versions, absl::Dura
   // window is not held by calls that wait for the end of the step.
   for (size_t c = requests.size(); c-- > 0;) {
     PullPrefetch::Call& call = p->calls[c];
-    StartInWindow(pull_windows_[p->servers[c]].get(), raw_stubs_[p->servers[c]].get(),
-                  kPullMethod, &call, &p->dropped, [p, &call, c](grpc::Status st) {
+    StartInWindow(pull_windows_[p->servers[c]].get(), &p->dropped,
+                  RawCall(raw_stubs_[p->servers[c]].get(), kPullMethod, &call),
+                  [p, &call, c](grpc::Status st) {
                     absl::MutexLock lock(&p->mu);
                     call.status = std::move(st);
                     p->ended.push_back(c);
@@ -711,8 +717,9 @@ void PsClient::StartPushCall(int server, const PushRequest& header,
     ++batch->pending;
   }
   batch->server_used[server] = 1;
-  StartInWindow(push_windows_[server].get(), raw_stubs_[server].get(), kPushMethod, &call,
-                &batch->abandoned, [batch, &call](grpc::Status st) {
+  StartInWindow(push_windows_[server].get(), &batch->abandoned,
+                RawCall(raw_stubs_[server].get(), kPushMethod, &call),
+                [batch, &call](grpc::Status st) {
                   absl::MutexLock lock(&batch->mu);
                   call.status = std::move(st);
                   --batch->pending;

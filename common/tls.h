@@ -63,8 +63,9 @@ struct TlsConfig {
   absl::Time not_after;   // when the certificate, or the CA, expires: the sooner
   // Revocation lists (RevokeCertificate writes them): TlsFiles.crl_dir, by
   // default the directory `crl` beside the CA's certificate, which need not
-  // exist until the first is made; empty: none. Every handshake checks the peer's certificate against
-  // the CA's newest list, read from the directory as it stands then.
+  // exist until the first is made; empty: none. Every handshake checks the
+  // peer's certificate against the CA's newest list, read from the
+  // directory as it stands then.
   std::string crl_dir;
   // Set where the files are watched for renewal: credentials made from this
   // config then follow the watcher's current material, not the PEMs above

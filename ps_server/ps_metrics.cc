@@ -50,13 +50,12 @@ class PsCollector : public prometheus::Collectable {
     out.push_back(std::move(rejected));
     one("pstrain_ps_pulls_total", "Pulls served.", MetricType::Counter,
         static_cast<double>(s.pulls()));
-    if (service_ != nullptr) {
-      one("pstrain_ps_data_calls",
-          "Data calls (Pull, Push, PullRows, PushRows) being served now, waiting pulls included.",
-          MetricType::Gauge, service_->data_calls());
-      one("pstrain_ps_max_data_calls", "The most data calls served at once "
-          "(--max_concurrent_calls); more are refused.", MetricType::Gauge, service_->max_calls());
-    }
+    one("pstrain_ps_data_calls",
+        "Data calls (Pull, Push, PullRows, PushRows) being served now, waiting pulls included.",
+        MetricType::Gauge, service_->data_calls());
+    one("pstrain_ps_max_data_calls",
+        "The most data calls served at once (--max_concurrent_calls); more are refused.",
+        MetricType::Gauge, service_->max_calls());
     prometheus::MetricFamily payload =
         Family("pstrain_ps_payload_bytes_total",
                "Tensor payload bytes received in pushes and sent in pulls.", MetricType::Counter);

@@ -11,9 +11,9 @@
 
 namespace pstrain {
 
-// `ps` and `service` (optional: its data calls) must outlive the collectable.
+// `ps` and `service` (its data calls) must outlive the collectable.
 std::shared_ptr<prometheus::Collectable> PsMetrics(ParameterServer* ps,
-                                                   const PsServiceImpl* service = nullptr);
+                                                   const PsServiceImpl* service);
 
 }  // namespace pstrain
 

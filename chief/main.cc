@@ -39,8 +39,7 @@ int main(int argc, char** argv) {
   pstrain::cpu::ReexecWithFittingBlasCore("chief", argv);
   absl::SetProgramUsageMessage("pstrain chief: --cluster_spec=FILE --config=FILE");
   absl::ParseCommandLine(argc, argv);
-  pstrain::StopSignal stop;
-  pstrain::StopOnTerminationSignals(&stop);
+  pstrain::StopSignal& stop = pstrain::StopOnTerminationSignals();
 
   auto setup = pstrain::SetUpDaemon(pstrain::kChiefJob, /*config_required=*/true,
                                     std::getenv("TF_CONFIG"));

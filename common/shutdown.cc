@@ -60,26 +60,30 @@ void OnTerminationSignal(int sig) {
 
 }  // namespace
 
-void StopOnTerminationSignals(StopSignal* stop) {
-  if (g_signal_pipe[0] >= 0) return;  // installed already
-  if (::pipe2(g_signal_pipe, O_CLOEXEC) != 0) return;
-  struct sigaction action;
-  std::memset(&action, 0, sizeof(action));
-  action.sa_handler = OnTerminationSignal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  ::sigaction(SIGINT, &action, nullptr);
-  ::sigaction(SIGTERM, &action, nullptr);
-  std::thread([stop]() {
-    for (;;) {
-      unsigned char byte = 0;
-      ssize_t n = ::read(g_signal_pipe[0], &byte, 1);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return;
-      // 128 + signal, as a shell reports a process killed by it.
-      stop->Stop(absl::StrCat("received ", strsignal(byte)), 128 + byte);
-    }
-  }).detach();
+StopSignal& StopOnTerminationSignals() {
+  static StopSignal* const stop = [] {
+    auto* s = new StopSignal;  // never deleted (see the header)
+    if (::pipe2(g_signal_pipe, O_CLOEXEC) != 0) return s;
+    struct sigaction action;
+    std::memset(&action, 0, sizeof(action));
+    action.sa_handler = OnTerminationSignal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    ::sigaction(SIGINT, &action, nullptr);
+    ::sigaction(SIGTERM, &action, nullptr);
+    std::thread([s]() {
+      for (;;) {
+        unsigned char byte = 0;
+        ssize_t n = ::read(g_signal_pipe[0], &byte, 1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return;
+        // 128 + signal, as a shell reports a process killed by it.
+        s->Stop(absl::StrCat("received ", strsignal(byte)), 128 + byte);
+      }
+    }).detach();
+    return s;
+  }();
+  return *stop;
 }
 
 }  // namespace pstrain

@@ -33,9 +33,12 @@ class StopSignal {
   int exit_code_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Call once, early in main(): SIGINT and SIGTERM become
-// stop->Stop("received ...", 128 + signal). `stop` must outlive the process.
-void StopOnTerminationSignals(StopSignal* stop);
+// Call early in main(): the process's stop signal, which SIGINT and SIGTERM
+// raise as Stop("received ...", 128 + signal). It is never destroyed: the
+// thread that raises it may still be inside Stop() while main() returns (a
+// stop signal on main's stack was, found by ThreadSanitizer). Later calls
+// return the same one.
+StopSignal& StopOnTerminationSignals();
 
 }  // namespace pstrain
 

@@ -27,14 +27,13 @@ TEST_CASE("SIGTERM on any thread becomes a stop, even one that never blocked it"
           "[shutdown]") {
   // Threads started before the handler (as OpenBLAS starts its own) must not
   // let the default action kill the process.
-  StopSignal stop;
   absl::Notification started, release;
   std::thread early([&] {
     started.Notify();
     release.WaitForNotificationWithTimeout(absl::Seconds(30));
   });
   started.WaitForNotification();
-  StopOnTerminationSignals(&stop);
+  StopSignal& stop = StopOnTerminationSignals();
   ::kill(::getpid(), SIGTERM);
   CHECK(stop.WaitFor(absl::Seconds(10)));
   CHECK(stop.exit_code() == 128 + SIGTERM);

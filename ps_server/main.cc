@@ -37,8 +37,7 @@ ABSL_FLAG(int, chief_timeout_s, 60,
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("pstrain parameter server: --cluster_spec=FILE --task=N");
   absl::ParseCommandLine(argc, argv);
-  pstrain::StopSignal stop;
-  pstrain::StopOnTerminationSignals(&stop);
+  pstrain::StopSignal& stop = pstrain::StopOnTerminationSignals();
 
   auto setup = pstrain::SetUpDaemon(pstrain::kPsJob, /*config_required=*/false,
                                     std::getenv("TF_CONFIG"));

@@ -315,8 +315,7 @@ int LaunchCommand(const std::vector<std::string>& argv) {
       if (!st.ok()) return Fail("launch", std::string(st.message()));
     }  // else Launch names the error
   }
-  StopSignal stop;
-  StopOnTerminationSignals(&stop);
+  StopSignal& stop = StopOnTerminationSignals();
   return Launch(o, &stop);
 }
 
@@ -712,8 +711,7 @@ int BenchCommand(const std::vector<std::string>& argv) {
   }
   auto args = Args::Parse(argv, flags);
   if (!args.ok()) return Fail("bench", std::string(args.status().message()));
-  StopSignal stop;
-  StopOnTerminationSignals(&stop);
+  StopSignal& stop = StopOnTerminationSignals();
   if (!args->Get("serve_echo").empty()) return ServeEcho(args->Get("serve_echo"), &stop);
   BenchOptions o;
   o.bin_dir = args->Get("bin_dir");

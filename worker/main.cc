@@ -30,8 +30,7 @@ int main(int argc, char** argv) {
   pstrain::cpu::ReexecWithFittingBlasCore("worker", argv);
   absl::SetProgramUsageMessage("pstrain worker: --cluster_spec=FILE --task=N --config=FILE");
   absl::ParseCommandLine(argc, argv);
-  pstrain::StopSignal stop;
-  pstrain::StopOnTerminationSignals(&stop);
+  pstrain::StopSignal& stop = pstrain::StopOnTerminationSignals();
 
   auto setup =
       pstrain::SetUpDaemon(pstrain::kWorkerJob, /*config_required=*/true, std::getenv("TF_CONFIG"));

@@ -20,6 +20,24 @@
 namespace pstrain {
 namespace {
 
+// Whether `buffer` holds the only reference to its contents, so that they
+// may be overwritten. use_count() alone is a relaxed load: a pull answered,
+// or a checkpoint shard written, on another thread drops its reference with
+// a release, and seeing the count fall without an acquire leaves that
+// thread's last reads of the buffer unordered with the writes that follow
+// (ThreadSanitizer found a checkpoint writer's CRC racing with an async push
+// into a reused buffer). The acquire fence after the load orders them, as
+// the standard defines it; TSan does not model fences, so the copy, whose
+// increment is an acquire-release operation on the count (libstdc++), does
+// the same where TSan sees it.
+template <typename T>
+bool OnlyReference(const std::shared_ptr<T>& buffer) {
+  if (buffer.use_count() != 1) return false;
+  std::atomic_thread_fence(std::memory_order_acquire);
+  std::shared_ptr<T> probe = buffer;
+  return probe.use_count() == 2;
+}
+
 // Times one partition's apply into its total and the server's histogram.
 class ApplyTimer {
  public:
@@ -457,7 +475,7 @@ void ParameterServer::AttachBfloat16(PullReply* reply) {
         continue;
       }
       for (size_t i = 0; i < p->bf16_spares.size() && out == nullptr; ++i) {
-        if (p->bf16_spares[i].use_count() == 1) {
+        if (OnlyReference(p->bf16_spares[i])) {
           out = std::move(p->bf16_spares[i]);
           p->bf16_spares.erase(p->bf16_spares.begin() + static_cast<std::ptrdiff_t>(i));
         }
@@ -825,8 +843,9 @@ void ParameterServer::ExpireHeldPushesLocked(const Model& model, absl::Time now)
 ParameterServer::Buffer ParameterServer::TakeSpare(PartitionState* p) {
   Buffer b;
   for (size_t i = 0; i < p->spares.size() && b == nullptr; ++i) {
-    // Only pulls hold other references, and they take them under p->mu.
-    if (p->spares[i].use_count() == 1) {
+    // Pulls and checkpoint snapshots hold the other references; they take
+    // them under p->mu.
+    if (OnlyReference(p->spares[i])) {
       b = std::move(p->spares[i]);
       p->spares.erase(p->spares.begin() + static_cast<std::ptrdiff_t>(i));
     }

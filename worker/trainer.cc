@@ -463,8 +463,11 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     pulled = PsClient::PullResult();
     early_push = absl::OkStatus();
     ++rollbacks;
-    LOG_INFO("data cursor after the rollback: epoch {}, position {}", partition.cursor().epoch,
-             partition.cursor().position);
+    // The prefetcher's thread moves the partition's cursor on from here: the
+    // cursor it started at is its consumed one (read under its lock; reading
+    // the partition's raced with that thread, found by ThreadSanitizer).
+    const DataCursor at = batches->consumed_cursor();
+    LOG_INFO("data cursor after the rollback: epoch {}, position {}", at.epoch, at.position);
     return absl::OkStatus();
   };
 

@@ -13,6 +13,7 @@
 #include "common/embedding_ids.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "common/tsan_handoff.h"
 #include "common/wire_frame.h"
 
 namespace pstrain {
@@ -31,15 +32,19 @@ const char kPushRowsMethod[] = "/pstrain.PsService/PushRows";
 void StartInWindow(CallWindow* window, const std::atomic<bool>* cancelled,
                    std::function<void(std::function<void(grpc::Status)>)> start,
                    std::function<void(grpc::Status)> ended) {
-  std::function<void(grpc::Status)> done = [window, ended = std::move(ended)](grpc::Status st) {
+  const HandoffToken handoff;  // the start, through gRPC's core, before `done`
+  std::function<void(grpc::Status)> done = [window, handoff,
+                                            ended = std::move(ended)](grpc::Status st) {
+    handoff.Acquire();
     if (window != nullptr) window->Release();
     ended(std::move(st));
   };
-  auto begin = [cancelled, start = std::move(start), done = std::move(done)]() mutable {
+  auto begin = [cancelled, handoff, start = std::move(start), done = std::move(done)]() mutable {
     if (cancelled->load(std::memory_order_acquire)) {
       done(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before it started"));
       return;
     }
+    handoff.Release();
     start(std::move(done));
   };
   if (window != nullptr) {

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "common/tensor.h"
+#include "common/tsan_handoff.h"
 
 namespace pstrain {
 namespace {
@@ -124,8 +125,11 @@ grpc::Status RawCall(grpc::GenericStub* stub, grpc::ClientContext* context,
                      grpc::ByteBuffer* response) {
   absl::Notification done;
   grpc::Status status;
+  const HandoffToken handoff;  // the start, through gRPC's core, before the callback
+  handoff.Release();
   stub->UnaryCall(context, method, grpc::StubOptions(), &request, response,
                   [&](grpc::Status st) {
+                    handoff.Acquire();
                     status = std::move(st);
                     done.Notify();
                   });

@@ -28,6 +28,27 @@ _LIBS = {
     "libssl": (["libssl"], []),
 }
 
+# The Abseil targets of the source build that cover _LIBS["absl"] and the
+# headers the project includes.
+_ABSL_SOURCE_TARGETS = [
+    "@com_google_absl//absl/base",
+    "@com_google_absl//absl/base:core_headers",
+    "@com_google_absl//absl/container:flat_hash_map",
+    "@com_google_absl//absl/flags:flag",
+    "@com_google_absl//absl/flags:parse",
+    "@com_google_absl//absl/flags:usage",
+    "@com_google_absl//absl/functional:any_invocable",
+    "@com_google_absl//absl/hash",
+    "@com_google_absl//absl/random",
+    "@com_google_absl//absl/status",
+    "@com_google_absl//absl/status:statusor",
+    "@com_google_absl//absl/strings",
+    "@com_google_absl//absl/strings:str_format",
+    "@com_google_absl//absl/synchronization",
+    "@com_google_absl//absl/time",
+    "@com_google_absl//absl/types:span",
+]
+
 def _pkg_config(ctx, flag, modules):
     res = ctx.execute(["pkg-config", flag] + modules)
     if res.return_code != 0:
@@ -45,6 +66,20 @@ def _system_libs_impl(ctx):
         libs = _pkg_config(ctx, "--libs", modules) + extra
         cflags = _pkg_config(ctx, "--cflags", modules)
         defines = [f[2:] for f in cflags if f.startswith("-D")]
+        if name == "absl":
+            # Under --config=tsan, Abseil built from source with
+            # ThreadSanitizer (//third_party:absl_source.bzl) stands in for
+            # Debian's; elsewhere Debian's shared libraries.
+            lines.append("cc_library(")
+            lines.append('    name = "absl",')
+            lines.append("    deps = select({")
+            lines.append('        "@//third_party:tsan": %s,' % repr(_ABSL_SOURCE_TARGETS + ["@//third_party:tsan_defaults"]))
+            lines.append('        "//conditions:default": [":absl_system"],')
+            lines.append("    }),")
+            lines.append("    defines = %s," % repr(defines))
+            lines.append(")")
+            lines.append("")
+            name = "absl_system"
         lines.append("cc_library(")
         lines.append('    name = "%s",' % name)
         lines.append("    linkopts = %s," % repr(libs))

@@ -21,8 +21,10 @@ pstrain_install_deps() {
 # What only the tests use (without recommends: Slurm's recommended plugins
 # pull in 35 more packages): a real one-node Slurm cluster
 # (tests/multihost_test), Prometheus with promtool (tests/metrics_test), and
-# openssl, which checks the certificates pstrain certs writes (common/tls_test).
-PSTRAIN_TEST_PACKAGES=(slurmctld slurmd slurm-client munge prometheus openssl)
+# openssl, which checks the certificates pstrain certs writes (common/tls_test);
+# bazel-skylib, libtsan2 and patch are for the ThreadSanitizer stage (--config=tsan;
+# patch applies Debian's patches to the Abseil it builds: third_party/absl_source.bzl).
+PSTRAIN_TEST_PACKAGES=(slurmctld slurmd slurm-client munge prometheus openssl bazel-skylib libtsan2 patch)
 pstrain_install_test_deps() {
   PSTRAIN_APT_FLAGS=--no-install-recommends pstrain_apt_install "${PSTRAIN_TEST_PACKAGES[@]}"
 }

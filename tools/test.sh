@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The README's second command: set up, then build and test every target three
-# times, with CUDA (where nvcc exists), CPU-only, and under ASan + UBSan, then
-# fuzz (tools/fuzz.sh), then run clang's thread-safety analysis
+# The README's second command: set up, then build and test every target four
+# times, with CUDA (where nvcc exists), CPU-only, under ASan + UBSan and under
+# TSan, then fuzz (tools/fuzz.sh), then run clang's thread-safety analysis
 # (tools/thread_safety.sh). Ends with the line "N passed, N failed", counting
 # Catch2 test cases from Bazel's per-test XML, each fuzz target and each
 # analysis check.
@@ -43,6 +43,11 @@ run_config() {  # name, bazel flags...
     overall=1
   fi
   for label in "${test_targets[@]}"; do
+    # Only what this configuration ran (an old XML of a target it leaves
+    # out may still lie in its output base).
+    if [ "${patterns[*]}" != //... ] && [[ " ${patterns[*]} " != *" $label "* ]]; then
+      continue
+    fi
     dir=${label#//}
     dir=${dir/://}
     if [ -f "$testlogs/$dir/test.xml" ]; then
@@ -63,6 +68,34 @@ if [ "${PSTRAIN_ASAN:-1}" != 0 ]; then
   # into the main one's convenience symlinks (bazel-<dir>/external/...).
   patterns=("${test_targets[@]}")
   run_config asan --config=asan --symlink_prefix=/
+  startup=()
+  patterns=(//...)
+fi
+
+# Every test again under ThreadSanitizer (gcc, --config=tsan, with Abseil
+# built from Debian's source: third_party/absl_source.bzl), in an output base
+# of its own. The processes a test starts report into the test's own outputs,
+# and each report fails a case of the test (common/testing/catch_main.cc).
+# PSTRAIN_TSAN=0 skips it.
+#
+# Not yet the suites below, which start ps_server daemons by the dozen: in
+# them TSan still reports handoffs inside gRPC's server callback machinery
+# whose other stack it cannot restore (so no suppression can name it), and a
+# daemon whose every thread waits inside uninstrumented gRPC does not act on
+# SIGTERM (TSan defers a signal to the thread's next intercepted call).
+# PSTRAIN_TSAN=all runs them too; the README's sanitizer section has the
+# details.
+tsan_not_yet=(//tests:checkpoint_test //tests:cluster_test //tests:data_path_test
+  //tests:metrics_test //tests:multihost_test //tests:security_test)
+if [ "${PSTRAIN_TSAN:-1}" != 0 ]; then
+  startup=(--output_base="${PSTRAIN_TSAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-tsan}")
+  patterns=()
+  for label in "${test_targets[@]}"; do
+    if [ "${PSTRAIN_TSAN:-1}" = all ] || [[ " ${tsan_not_yet[*]} " != *" $label "* ]]; then
+      patterns+=("$label")
+    fi
+  done
+  run_config tsan --config=tsan --symlink_prefix=/
   startup=()
   patterns=(//...)
 fi

@@ -1,13 +1,14 @@
 #include "common/shutdown.h"
 
 #include <errno.h>
-#include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <string.h>
 #include <unistd.h>
 
 #include <cstring>
 
+#include <atomic>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -49,12 +50,17 @@ int StopSignal::exit_code() {
 
 namespace {
 
-int g_signal_pipe[2] = {-1, -1};
+pthread_t g_signal_thread;
+std::atomic<bool> g_signal_thread_started{false};
 
-void OnTerminationSignal(int sig) {
+// Runs only in a thread that does not block the signals, one started before
+// StopOnTerminationSignals (a library's thread pool, made as it loaded):
+// hands the signal to the signal thread, which takes it with sigwait.
+void ForwardTerminationSignal(int sig) {
   const int saved_errno = errno;
-  const unsigned char byte = static_cast<unsigned char>(sig);
-  (void)!::write(g_signal_pipe[1], &byte, 1);  // async-signal-safe
+  if (g_signal_thread_started.load(std::memory_order_acquire)) {
+    ::pthread_kill(g_signal_thread, sig);  // async-signal-safe
+  }
   errno = saved_errno;
 }
 
@@ -63,24 +69,35 @@ void OnTerminationSignal(int sig) {
 StopSignal& StopOnTerminationSignals() {
   static StopSignal* const stop = [] {
     auto* s = new StopSignal;  // never deleted (see the header)
-    if (::pipe2(g_signal_pipe, O_CLOEXEC) != 0) return s;
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    // Blocked in this thread, so in every thread it starts from here on: the
+    // signals wait, pending, for the thread below to take them synchronously
+    // with sigwait. (A handler that runs wherever the kernel delivers the
+    // signal is not enough under ThreadSanitizer, which defers a handler to
+    // the thread's next intercepted call: an idle daemon, its threads all
+    // waiting inside uninstrumented gRPC, never took SIGTERM.)
+    ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    std::thread waiter([s, signals]() {
+      for (;;) {
+        int sig = 0;
+        if (::sigwait(&signals, &sig) != 0) continue;
+        // 128 + signal, as a shell reports a process killed by it.
+        s->Stop(absl::StrCat("received ", strsignal(sig)), 128 + sig);
+      }
+    });
+    g_signal_thread = waiter.native_handle();
+    g_signal_thread_started.store(true, std::memory_order_release);
+    waiter.detach();
     struct sigaction action;
     std::memset(&action, 0, sizeof(action));
-    action.sa_handler = OnTerminationSignal;
+    action.sa_handler = ForwardTerminationSignal;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
     ::sigaction(SIGINT, &action, nullptr);
     ::sigaction(SIGTERM, &action, nullptr);
-    std::thread([s]() {
-      for (;;) {
-        unsigned char byte = 0;
-        ssize_t n = ::read(g_signal_pipe[0], &byte, 1);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) return;
-        // 128 + signal, as a shell reports a process killed by it.
-        s->Stop(absl::StrCat("received ", strsignal(byte)), 128 + byte);
-      }
-    }).detach();
     return s;
   }();
   return *stop;

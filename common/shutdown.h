@@ -33,8 +33,12 @@ class StopSignal {
   int exit_code_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// Call early in main(): the process's stop signal, which SIGINT and SIGTERM
-// raise as Stop("received ...", 128 + signal). It is never destroyed: the
+// Call early in main(), before starting threads: the process's stop signal,
+// which SIGINT and SIGTERM raise as Stop("received ...", 128 + signal). The
+// calling thread, and so every thread it starts afterwards, blocks both; one
+// thread of its own takes them with sigwait (a process-directed signal, as
+// kill(pid) sends, reaches it; raise() in a blocking thread would not).
+// Subprocess unblocks them in its children. It is never destroyed: the
 // thread that raises it may still be inside Stop() while main() returns (a
 // stop signal on main's stack was, found by ThreadSanitizer). Later calls
 // return the same one.

@@ -80,9 +80,7 @@ fi
 #
 # Not yet the suites below, which start ps_server daemons by the dozen: in
 # them TSan still reports handoffs inside gRPC's server callback machinery
-# whose other stack it cannot restore (so no suppression can name it), and a
-# daemon whose every thread waits inside uninstrumented gRPC does not act on
-# SIGTERM (TSan defers a signal to the thread's next intercepted call).
+# whose other stack it cannot restore (so no suppression can name it).
 # PSTRAIN_TSAN=all runs them too; the README's sanitizer section has the
 # details.
 tsan_not_yet=(//tests:checkpoint_test //tests:cluster_test //tests:data_path_test

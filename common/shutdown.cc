@@ -4,7 +4,6 @@
 #include <pthread.h>
 #include <signal.h>
 #include <string.h>
-#include <unistd.h>
 
 #include <cstring>
 

@@ -31,6 +31,11 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& what)
                       absl::StrCat(what, ": ", status.error_message()));
 }
 
+bool MayHaveLostPeer(const absl::Status& status) {
+  return absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
+         absl::IsUnknown(status) || absl::IsInternal(status);
+}
+
 namespace {
 
 // Transport settings for bulk tensors, shared by channels and servers.

@@ -24,6 +24,15 @@ inline constexpr int kMaxMessageBytes = 256 << 20;
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& what);
 
+// Whether a call that ended with `status` may have lost its peer (a process
+// gone, restarting or unreachable) rather than been answered by it:
+// UNAVAILABLE and DEADLINE_EXCEEDED, and the two codes gRPC's C core can
+// also end a call with when the peer dies under it: UNKNOWN ("Stream
+// removed", grpc/grpc#34076) and INTERNAL (a stream reset mid-message).
+// Callers that act on it (a worker asking the chief whether the job was
+// rolled back) must learn the truth from elsewhere: this only says "maybe".
+bool MayHaveLostPeer(const absl::Status& status);
+
 // The metadata key naming the caller ("worker:3"; common/auth.h).
 inline constexpr char kIdentityHeader[] = "x-pstrain-identity";
 

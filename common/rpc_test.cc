@@ -27,6 +27,43 @@ TEST_CASE("status codes survive the trip through gRPC", "[rpc]") {
   CHECK(ToGrpcStatus(absl::OkStatus()).ok());
 }
 
+TEST_CASE("the codes a call to a dying peer ends with may mean a lost peer; answers do not",
+          "[rpc]") {
+  // What gRPC's C core ends a call with when the peer dies under it or is
+  // not there: UNAVAILABLE (refused, reset), DEADLINE_EXCEEDED, UNKNOWN
+  // ("Stream removed"), INTERNAL (a stream reset mid-message).
+  CHECK(MayHaveLostPeer(absl::UnavailableError("recvmsg:Connection reset by peer")));
+  CHECK(MayHaveLostPeer(absl::DeadlineExceededError("Deadline Exceeded")));
+  CHECK(MayHaveLostPeer(absl::UnknownError("Stream removed")));
+  CHECK(MayHaveLostPeer(absl::InternalError("Received RST_STREAM with error code 2")));
+  // A peer's own answers.
+  CHECK_FALSE(MayHaveLostPeer(absl::OkStatus()));
+  CHECK_FALSE(MayHaveLostPeer(absl::InvalidArgumentError("bad shape")));
+  CHECK_FALSE(MayHaveLostPeer(absl::FailedPreconditionError("stale incarnation")));
+  CHECK_FALSE(MayHaveLostPeer(absl::PermissionDeniedError("not a worker")));
+  CHECK_FALSE(MayHaveLostPeer(absl::ResourceExhaustedError("over the in-flight bound")));
+  CHECK_FALSE(MayHaveLostPeer(absl::CancelledError("stopped")));
+  // And a real call to a port nobody listens on.
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const int port = ntohs(addr.sin_port);
+  ::close(fd);  // bound, never listened on, closed: connections are refused
+  auto stub = PsService::NewStub(CreateChannel(absl::StrCat("127.0.0.1:", port)));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, absl::Seconds(5));
+  PsStatusRequest req;
+  PsStatusResponse resp;
+  const absl::Status st = FromGrpcStatus(stub->GetStatus(&ctx, req, &resp), "GetStatus");
+  INFO(st);
+  CHECK(MayHaveLostPeer(st));
+}
+
 TEST_CASE("retry with backoff retries UNAVAILABLE until it succeeds", "[rpc]") {
   int calls = 0;
   absl::Status st = RetryWithBackoff("connect", absl::Seconds(10), [&calls]() {

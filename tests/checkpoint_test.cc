@@ -15,10 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
 #include "common/checkpoint.h"
@@ -637,12 +639,22 @@ std::pair<std::optional<int>, std::string> FinishLaunch(Subprocess* launch,
 // The chief's log line of a rollback: "rolled back to step N in S s (why)".
 const char kRolledBack[] = "rolled back to step ";
 
-// Checks that both workers of `job` followed one rollback to `step`.
-void CheckWorkersFollowed(const Job& job, int64_t step) {
+// Checks that both workers of `job` followed one rollback to `step`, each
+// in its own process: the launcher (its output `out`) restarted neither.
+void CheckWorkersFollowed(const Job& job, const std::string& out, int64_t step) {
   for (int w = 0; w < 2; ++w) {
     const std::string wl = Env::Default()
                                ->ReadFile(JoinPath(job.out, absl::StrCat("logs/worker-", w, ".log")))
                                .value_or("");
+    // Its warnings and errors first: why it did not follow, if it did not.
+    std::string said;
+    for (absl::string_view line : absl::StrSplit(wl, '\n')) {
+      if (absl::StrContains(line, " W ") || absl::StrContains(line, " E ")) {
+        absl::StrAppend(&said, line, "\n");
+      }
+    }
+    INFO("worker " << w << " warned: " << said);
+    CHECK(out.find(absl::StrCat("worker:", w, " exited")) == std::string::npos);
     INFO("worker " << w << ": " << wl);
     CHECK(wl.find(absl::StrCat("the job was rolled back to step ", step)) != std::string::npos);
     CHECK(wl.find("1 rollback(s) followed") != std::string::npos);
@@ -691,7 +703,7 @@ int64_t KillAloneAndCheck(const std::string& name, const std::string& task, int6
   REQUIRE(back_to >= 0);
   CHECK(back_to >= *at_kill);
   CHECK(back_to < steps);
-  CheckWorkersFollowed(job, back_to);
+  CheckWorkersFollowed(job, out, back_to);
   auto summary = Env::Default()->ReadFile(JoinPath(job.out, "summary.json"));
   REQUIRE(summary.ok());
   const nlohmann::json j = nlohmann::json::parse(*summary);

@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/placement.h"
 #include "common/ps_client.h"
+#include "common/rpc.h"
 #include "common/status_macros.h"
 #include "worker/data/loader.h"
 #include "worker/data/partition.h"
@@ -104,7 +105,7 @@ absl::Status WaitForChief(ChiefClient* chief, absl::Duration timeout, StopSignal
       if (told) LOG_INFO("the chief answers again (state: {})", status.state());
       return absl::OkStatus();
     }
-    if (!absl::IsUnavailable(st) && !absl::IsDeadlineExceeded(st)) return st;
+    if (!MayHaveLostPeer(st)) return st;
     if (!told) {
       LOG_WARN("the chief does not answer ({}); waiting up to {} for it to come back", st,
                absl::FormatDuration(timeout));
@@ -415,13 +416,15 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   };
 
   // A step that failed as a lost server fails it (refused on the old
-  // incarnation, or the server gone): the chief may be rolling the job back
-  // to a checkpoint. Asked, it answers once the rollback is done, and this
-  // worker goes on from the step and data cursor rolled back to, with a new
-  // client on the new incarnation; else the step's own error stands.
+  // incarnation, or the server gone: any code a call to a dying peer can
+  // end with, common/rpc.h MayHaveLostPeer): the chief may be rolling the
+  // job back to a checkpoint. Asked, it answers once the rollback is done,
+  // and this worker goes on from the step and data cursor rolled back to,
+  // with a new client on the new incarnation; else (within 5 s when no
+  // server was lost) the step's own error stands.
   auto follow_rollback = [&](const absl::Status& cause) -> absl::Status {
-    if (!absl::IsUnavailable(cause) && !absl::IsFailedPrecondition(cause) &&
-        !absl::IsAborted(cause) && !absl::IsDeadlineExceeded(cause)) {
+    if (!MayHaveLostPeer(cause) && !absl::IsFailedPrecondition(cause) &&
+        !absl::IsAborted(cause)) {
       return cause;
     }
     ps->AbandonPush();  // nothing more of the failed step is sent

@@ -1,9 +1,11 @@
 #include "common/chief_client.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "common/cluster_spec.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
+#include "common/tsan_handoff.h"
 
 namespace pstrain {
 
@@ -14,7 +16,8 @@ ChiefClient::ChiefClient(const std::string& address, absl::Duration rpc_timeout)
 
 absl::Status ChiefClient::RegisterWorker(int worker, uint64_t fingerprint, absl::Duration timeout,
                                          RegisterWorkerResponse* response,
-                                         uint64_t previous_incarnation, int32_t session) {
+                                         uint64_t previous_incarnation, int32_t session,
+                                         StopSignal* stop) {
   RegisterWorkerRequest req;
   req.set_worker(worker);
   req.set_previous_incarnation(previous_incarnation);
@@ -26,8 +29,27 @@ absl::Status ChiefClient::RegisterWorker(int worker, uint64_t fingerprint, absl:
   // The chief may still be starting; one gone while its workers train
   // (previous_incarnation set) fails the call at once, as it failed the run.
   ctx.set_wait_for_ready(previous_incarnation == 0);
-  return FromGrpcStatus(stub_->RegisterWorker(&ctx, req, response),
-                        absl::StrCat("RegisterWorker with chief ", address_));
+  const std::string what = absl::StrCat("RegisterWorker with chief ", address_);
+  if (stop == nullptr) return FromGrpcStatus(stub_->RegisterWorker(&ctx, req, response), what);
+  // The call in flight while this thread watches `stop`; gRPC's deadline
+  // ends it in any case, so every wait below is bounded.
+  absl::Notification done;
+  grpc::Status status;
+  const HandoffToken handoff;  // the start, through gRPC's core, before the callback
+  handoff.Release();
+  stub_->async()->RegisterWorker(&ctx, &req, response, [&](grpc::Status st) {
+    handoff.Acquire();
+    status = std::move(st);
+    done.Notify();
+  });
+  while (!done.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
+    if (stop->stopped()) {
+      ctx.TryCancel();
+      done.WaitForNotification();
+      return absl::CancelledError(stop->reason());
+    }
+  }
+  return FromGrpcStatus(status, what);
 }
 
 absl::Status ChiefClient::ReportProgress(const ProgressReport& report, ProgressResponse* response) {

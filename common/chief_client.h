@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "common/shutdown.h"
 #include "proto/chief_service.grpc.pb.h"
 
 namespace pstrain {
@@ -19,10 +20,12 @@ class ChiefClient {
   // Blocks until the chief is up and has initialised the variables, at most `timeout`.
   // `previous_incarnation` (non-zero): registering again after this
   // worker's servers went over to another incarnation (a rollback), as the
-  // process of `session`.
+  // process of `session`. A `stop` (not null) raised meanwhile cancels the
+  // call within 50 ms and returns CANCELLED with its reason: the wait can be
+  // long (the chief starting, or rolling the job back).
   absl::Status RegisterWorker(int worker, uint64_t fingerprint, absl::Duration timeout,
                               RegisterWorkerResponse* response, uint64_t previous_incarnation = 0,
-                              int32_t session = 0);
+                              int32_t session = 0, StopSignal* stop = nullptr);
   // Rolls the running job back to `checkpoint` (a path the chief reads);
   // waits up to `timeout`. *step gets the step it went back to.
   absl::Status Restore(const std::string& checkpoint, absl::Duration timeout, int64_t* step);

@@ -757,6 +757,44 @@ TEST_CASE("a parameter server whose chief is gone exits after --chief_timeout_s,
   (*chief)->Wait(absl::Seconds(5));
 }
 
+TEST_CASE("a worker waiting for its chief stops at once on SIGTERM, not at the startup timeout",
+          "[cluster][faults]") {
+  const std::string dir = testing::FreshTempDir("worker_term");
+  const std::string spec = testing::WriteClusterSpec(dir, 1, 1);
+  ConfigOptions o;
+  o.output_dir = JoinPath(dir, "out");
+  o.startup_timeout_ms = 120000;  // the wait SIGTERM must cut short
+  const std::string config =
+      testing::WriteFile(JoinPath(dir, "train.pbtxt"), testing::ConfigText(o));
+  SpawnOptions so;
+  so.argv = {Binary("worker/worker"), "--cluster_spec=" + spec, "--task=0",
+             "--config=" + config};
+  so.output_file = JoinPath(dir, "worker.log");
+  auto worker = Subprocess::Spawn(so);
+  REQUIRE(worker.ok());
+  // No chief ever runs: the worker has read its data and waits to register.
+  absl::Status waiting = RetryWithBackoff("waiting", absl::Seconds(30), [&]() {
+    std::string log = Env::Default()->ReadFile(so.output_file).value_or("");
+    return log.find("training examples in this worker's partition") != std::string::npos
+               ? absl::OkStatus()
+               : absl::UnavailableError("not yet");
+  }, absl::Milliseconds(100));
+  REQUIRE(waiting.ok());
+  CHECK_FALSE((*worker)->Wait(absl::Milliseconds(500)).has_value());
+  const absl::Time sent = absl::Now();
+  (*worker)->Signal(SIGTERM);
+  // Before, it waited out the call to the chief: up to the 120 s above.
+  std::optional<int> code = (*worker)->Wait(absl::Seconds(20));
+  if (!code.has_value()) (*worker)->Stop(absl::Seconds(5));
+  REQUIRE(code.has_value());
+  WARN("the waiting worker exited " << absl::FormatDuration(absl::Now() - sent)
+                                    << " after SIGTERM");
+  CHECK(*code == 128 + SIGTERM);
+  const std::string log = Env::Default()->ReadFile(so.output_file).value_or("");
+  INFO(log);
+  CHECK(log.find("stopped: received Terminated") != std::string::npos);
+}
+
 TEST_CASE("a second launch into a running launch's output_dir is refused, naming it",
           "[cluster][errors]") {
   const std::string dir = testing::FreshTempDir("shared_output");

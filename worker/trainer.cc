@@ -154,7 +154,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   RegisterWorkerResponse reg;
   RETURN_IF_ERROR(chief.RegisterWorker(options.worker, ConfigFingerprint(config),
                                        absl::Milliseconds(config.rpc().startup_timeout_ms()),
-                                       &reg));
+                                       &reg, /*previous_incarnation=*/0, /*session=*/0, stop));
   LOG_INFO("registered with the chief: incarnation {:x}, starting at step {}", reg.incarnation(),
            reg.start_step());
   WorkerStats unused;
@@ -446,7 +446,8 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     // back, and as long again to put the checkpoint on every server.
     const absl::Duration wait = 2 * startup_timeout + step_timeout;
     absl::Status st = chief.RegisterWorker(options.worker, ConfigFingerprint(config), wait,
-                                           &again, reg.incarnation(), reg.session());
+                                           &again, reg.incarnation(), reg.session(), stop);
+    if (absl::IsCancelled(st) && stop->stopped()) return st;
     if (!st.ok()) {
       LOG_WARN("no rollback to follow ({}): the step's failure stands", st);
       return cause;

@@ -77,22 +77,9 @@ fi
 # of its own. The processes a test starts report into the test's own outputs,
 # and each report fails a case of the test (common/testing/catch_main.cc).
 # PSTRAIN_TSAN=0 skips it.
-#
-# Not yet the suites below, which start ps_server daemons by the dozen: in
-# them TSan still reports handoffs inside gRPC's server callback machinery
-# whose other stack it cannot restore (so no suppression can name it).
-# PSTRAIN_TSAN=all runs them too; the README's sanitizer section has the
-# details.
-tsan_not_yet=(//tests:checkpoint_test //tests:cluster_test //tests:data_path_test
-  //tests:metrics_test //tests:multihost_test //tests:security_test)
 if [ "${PSTRAIN_TSAN:-1}" != 0 ]; then
   startup=(--output_base="${PSTRAIN_TSAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-tsan}")
-  patterns=()
-  for label in "${test_targets[@]}"; do
-    if [ "${PSTRAIN_TSAN:-1}" = all ] || [[ " ${tsan_not_yet[*]} " != *" $label "* ]]; then
-      patterns+=("$label")
-    fi
-  done
+  patterns=("${test_targets[@]}")
   run_config tsan --config=tsan --symlink_prefix=/
   startup=()
   patterns=(//...)

@@ -633,6 +633,7 @@ struct PsClient::PushBatch {
   std::vector<char> pushed;       // per variable
   std::vector<char> server_used;  // per server: a call was started
   std::vector<int64_t> bf16_offsets;
+  std::vector<uint16_t> kept_bf16;  // a batch kept for gRPC keeps the bf16 bytes too
   std::deque<Call> calls;         // stable addresses while gRPC holds them
   absl::Mutex mu;
   int pending ABSL_GUARDED_BY(mu) = 0;  // calls not yet completed
@@ -671,10 +672,22 @@ absl::Status PsClient::WaitForPushCalls() {
       return batch->slices == 0;
     };
     if (!batch->mu.AwaitWithTimeout(absl::Condition(&released), absl::Seconds(10))) {
-      // The batch must outlive the slices' release callbacks: keep it.
+      // The batch must outlive the slices' release callbacks, and the bytes
+      // they point at must stay allocated: keep both (the caller's
+      // gradients are its own; the bf16 copy goes with the batch).
+      batch->kept_bf16.swap(bf16_grads_);
       push_.release();
-      return absl::InternalError(
-          "Push: gRPC still references the gradient buffers 10 s after the calls ended");
+      const char held[] = "gRPC still references the gradient buffers 10 s after the calls ended";
+      // A call that failed is the cause (a server killed under it: its
+      // transport may hold the slices until it is torn down), and says so.
+      for (const PushBatch::Call& call : batch->calls) {
+        if (!call.status.ok()) {
+          const absl::Status failed =
+              FromGrpcStatus(call.status, absl::StrCat("Push to ", ServerName(call.server)));
+          return absl::Status(failed.code(), absl::StrCat(failed.message(), "; ", held));
+        }
+      }
+      return absl::InternalError(absl::StrCat("Push: ", held));
     }
   }
   return absl::OkStatus();

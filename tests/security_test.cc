@@ -163,14 +163,33 @@ TEST_CASE("with a cluster secret only the right task in the right role changes a
   REQUIRE(get_status("operator", Token(dir, "operator.token")) == grpc::StatusCode::OK);
   CHECK(status.version() == 1);
 
-  // Refusals are counted: 5 unauthenticated, 4 denied so far.
+  // The model goes only to the run's workers (each as itself) and its chief.
+  auto pull = [&](const std::string& id, const std::string& token, int worker) {
+    PullRequest req;
+    req.set_incarnation(42);
+    req.set_worker(worker);
+    req.set_min_version(1);
+    req.set_timeout_ms(5000);
+    grpc::ByteBuffer resp;
+    return call(id, token, [&](grpc::ClientContext* c) {
+      return RawCall(&raw, c, "/pstrain.PsService/Pull", SerializeMessage(req), &resp);
+    });
+  };
+  CHECK(pull("", "", 0) == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(pull("operator", Token(dir, "operator.token"), 0) ==
+        grpc::StatusCode::PERMISSION_DENIED);
+  CHECK(pull("worker:0", w0, 1) == grpc::StatusCode::PERMISSION_DENIED);  // as worker 1
+  CHECK(pull("worker:1", w1, 1) == grpc::StatusCode::OK);
+  CHECK(pull("chief:0", chief, -1) == grpc::StatusCode::OK);
+
+  // Refusals are counted: 6 unauthenticated, 6 denied so far.
   const std::string metrics = testing::HttpGet(metrics_port, "/metrics");
   INFO(metrics);
   CHECK(metrics.find(
-            "pstrain_rpc_refused_total{reason=\"unauthenticated\",job=\"ps\",task=\"0\"} 5") !=
+            "pstrain_rpc_refused_total{reason=\"unauthenticated\",job=\"ps\",task=\"0\"} 6") !=
         std::string::npos);
   CHECK(metrics.find(
-            "pstrain_rpc_refused_total{reason=\"permission_denied\",job=\"ps\",task=\"0\"} 4") !=
+            "pstrain_rpc_refused_total{reason=\"permission_denied\",job=\"ps\",task=\"0\"} 6") !=
         std::string::npos);
 
   bye.set_incarnation(42);

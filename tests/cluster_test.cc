@@ -757,6 +757,57 @@ TEST_CASE("a parameter server whose chief is gone exits after --chief_timeout_s,
   (*chief)->Wait(absl::Seconds(5));
 }
 
+TEST_CASE("a worker whose chief is gone exits after rpc.startup_timeout_ms, saying why",
+          "[cluster][faults]") {
+  const std::string dir = testing::FreshTempDir("worker_chief_gone");
+  const std::string spec = testing::WriteClusterSpec(dir, 1, 1);
+  ConfigOptions o;
+  o.output_dir = JoinPath(dir, "out");
+  o.max_steps = 1000000;  // it never ends by itself
+  o.startup_timeout_ms = 3000;
+  const std::string config =
+      testing::WriteFile(JoinPath(dir, "train.pbtxt"), testing::ConfigText(o));
+  auto spawn = [&](std::vector<std::string> argv, const std::string& log) {
+    SpawnOptions so;
+    so.argv = std::move(argv);
+    so.output_file = JoinPath(dir, log);
+    auto p = Subprocess::Spawn(so);
+    REQUIRE(p.ok());
+    return std::move(*p);
+  };
+  auto ps = spawn({Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=0"}, "ps.log");
+  auto chief =
+      spawn({Binary("chief/chief"), "--cluster_spec=" + spec, "--config=" + config}, "chief.log");
+  auto worker = spawn({Binary("worker/worker"), "--cluster_spec=" + spec, "--task=0",
+                       "--config=" + config},
+                      "worker.log");
+  const std::string worker_log = JoinPath(dir, "worker.log");
+  absl::Status training = RetryWithBackoff("training", absl::Seconds(60), [&]() {
+    std::string log = Env::Default()->ReadFile(worker_log).value_or("");
+    return log.find("registered with the chief") != std::string::npos
+               ? absl::OkStatus()
+               : absl::UnavailableError("not yet");
+  }, absl::Milliseconds(100));
+  REQUIRE(training.ok());
+  absl::SleepFor(absl::Milliseconds(500));  // some steps, and a report or two
+  chief->Signal(SIGKILL);
+  const absl::Time killed = absl::Now();
+  std::optional<int> code = worker->Wait(absl::Seconds(60));
+  if (!code.has_value()) worker->Stop(absl::Seconds(5));
+  ps->Stop(absl::Seconds(5));
+  chief->Wait(absl::Seconds(5));
+  const std::string log = Env::Default()->ReadFile(worker_log).value_or("");
+  INFO(log);
+  REQUIRE(code.has_value());
+  WARN("the worker exited " << absl::FormatDuration(absl::Now() - killed)
+                            << " after its chief was killed (startup timeout 3 s)");
+  CHECK(*code == 1);
+  CHECK(log.find("waiting up to 3s for it to come back") != std::string::npos);
+  CHECK(log.find("no chief to follow") != std::string::npos);
+  CHECK(log.find("the chief has not answered for 3s (rpc.startup_timeout_ms)") !=
+        std::string::npos);
+}
+
 TEST_CASE("a worker waiting for its chief stops at once on SIGTERM, not at the startup timeout",
           "[cluster][faults]") {
   const std::string dir = testing::FreshTempDir("worker_term");

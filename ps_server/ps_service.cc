@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/rpc.h"
+#include "common/tsan_handoff.h"
 #include "common/wire_frame.h"
 
 namespace pstrain {
@@ -157,7 +158,10 @@ class ParkedPullReactor final : public grpc::ServerUnaryReactor {
     if (id != 0) ps_->CancelPull(id);  // no-op when it already finished
   }
 
-  void OnDone() override { Unref(); }
+  void OnDone() override {
+    handoff_.Acquire();  // Reply's writes (the slot) happened before gRPC completed the call
+    Unref();
+  }
 
  private:
   // Start and gRPC (through OnDone) each hold a reference: the reply can be
@@ -168,12 +172,11 @@ class ParkedPullReactor final : public grpc::ServerUnaryReactor {
 
   void Reply(absl::Status status, grpc::ByteBuffer frame) {
     slot_.Release();  // runs once, before the call is answered
-    if (!status.ok()) {
-      Finish(ToGrpcStatus(status));
-      return;
-    }
-    *response_ = std::move(frame);
-    Finish(grpc::Status::OK);
+    if (status.ok()) *response_ = std::move(frame);
+    // Finish hands the call to gRPC's core, which runs OnDone on one of its
+    // threads; it is ordered after this, but TSan does not see that order.
+    handoff_.Release();
+    Finish(status.ok() ? grpc::Status::OK : ToGrpcStatus(status));
   }
 
   ParameterServer* const ps_;
@@ -183,6 +186,7 @@ class ParkedPullReactor final : public grpc::ServerUnaryReactor {
   uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int> refs_{2};
+  const HandoffToken handoff_;  // Reply, through gRPC's core, before OnDone
 };
 
 // A pull's request, parsed and checked against the caller; an error ends the

@@ -1,11 +1,9 @@
 #include "common/chief_client.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "common/cluster_spec.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
-#include "common/tsan_handoff.h"
 
 namespace pstrain {
 
@@ -30,24 +28,14 @@ absl::Status ChiefClient::RegisterWorker(int worker, uint64_t fingerprint, absl:
   // (previous_incarnation set) fails the call at once, as it failed the run.
   ctx.set_wait_for_ready(previous_incarnation == 0);
   const std::string what = absl::StrCat("RegisterWorker with chief ", address_);
-  if (stop == nullptr) return FromGrpcStatus(stub_->RegisterWorker(&ctx, req, response), what);
-  // The call in flight while this thread watches `stop`; gRPC's deadline
-  // ends it in any case, so every wait below is bounded.
-  absl::Notification done;
-  grpc::Status status;
-  const HandoffToken handoff;  // the start, through gRPC's core, before the callback
-  handoff.Release();
-  stub_->async()->RegisterWorker(&ctx, &req, response, [&](grpc::Status st) {
-    handoff.Acquire();
-    status = std::move(st);
-    done.Notify();
-  });
-  while (!done.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
-    if (stop->stopped()) {
-      ctx.TryCancel();
-      done.WaitForNotification();
-      return absl::CancelledError(stop->reason());
-    }
+  const grpc::Status status = AwaitCall(
+      &ctx,
+      [&](std::function<void(grpc::Status)> done) {
+        stub_->async()->RegisterWorker(&ctx, &req, response, std::move(done));
+      },
+      stop);
+  if (stop != nullptr && stop->stopped() && status.error_code() == grpc::StatusCode::CANCELLED) {
+    return absl::CancelledError(stop->reason());
   }
   return FromGrpcStatus(status, what);
 }

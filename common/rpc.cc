@@ -11,12 +11,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/support/client_interceptor.h"
 #include "common/cluster_spec.h"
 #include "common/rpc_stats.h"
+#include "common/shutdown.h"
 #include "common/tls.h"
+#include "common/tsan_handoff.h"
 
 namespace pstrain {
 
@@ -29,6 +32,31 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& what)
   if (status.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       absl::StrCat(what, ": ", status.error_message()));
+}
+
+grpc::Status AwaitCall(grpc::ClientContext* context,
+                       const std::function<void(std::function<void(grpc::Status)>)>& start,
+                       StopSignal* stop) {
+  absl::Notification done;
+  grpc::Status status;
+  const HandoffToken handoff;  // the start, through gRPC's core, before the callback
+  handoff.Release();
+  start([&](grpc::Status st) {
+    handoff.Acquire();
+    status = std::move(st);
+    done.Notify();
+  });
+  const absl::Time guard = absl::FromChrono(context->deadline()) + absl::Seconds(5);
+  for (;;) {
+    absl::Duration wait = guard - absl::Now();
+    if (stop != nullptr) wait = std::min(wait, absl::Milliseconds(50));
+    if (done.WaitForNotificationWithTimeout(wait)) return status;
+    const bool stopped = stop != nullptr && stop->stopped();
+    if (!stopped && absl::Now() < guard) continue;
+    context->TryCancel();
+    done.WaitForNotification();
+    return stopped ? grpc::Status(grpc::StatusCode::CANCELLED, stop->reason()) : status;
+  }
 }
 
 bool MayHaveLostPeer(const absl::Status& status) {

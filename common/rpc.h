@@ -16,6 +16,7 @@
 
 namespace pstrain {
 
+class StopSignal;
 struct TlsConfig;
 
 // Protobuf messages up to this size cross the wire (both directions).
@@ -56,6 +57,17 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
 
 // Sets a deadline `timeout` from now on `context`.
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout);
+
+// Makes a callback-API call and waits for it: `start(done)` starts it on
+// `context` with `done` as its completion callback. gRPC ends the call by
+// the context's deadline; past it and 5 s more (a stuck library) the call is
+// cancelled, after which gRPC runs the callback promptly. With `stop` (not
+// null), a stop raised meanwhile cancels the call within 50 ms and the
+// result is CANCELLED with the stop's reason. Under TSan the start is
+// ordered before the callback (common/tsan_handoff.h).
+grpc::Status AwaitCall(grpc::ClientContext* context,
+                       const std::function<void(std::function<void(grpc::Status)>)>& start,
+                       StopSignal* stop = nullptr);
 
 // Calls `attempt` until it returns OK, a non-retryable error, or `total` has
 // passed. UNAVAILABLE and DEADLINE_EXCEEDED are retried with exponential

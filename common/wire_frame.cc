@@ -3,9 +3,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "common/tensor.h"
-#include "common/tsan_handoff.h"
+#include "common/rpc.h"
 
 namespace pstrain {
 namespace {
@@ -123,24 +122,9 @@ absl::Status DecodePullFrame(const grpc::ByteBuffer& buffer, PullResponse* respo
 grpc::Status RawCall(grpc::GenericStub* stub, grpc::ClientContext* context,
                      const std::string& method, const grpc::ByteBuffer& request,
                      grpc::ByteBuffer* response) {
-  absl::Notification done;
-  grpc::Status status;
-  const HandoffToken handoff;  // the start, through gRPC's core, before the callback
-  handoff.Release();
-  stub->UnaryCall(context, method, grpc::StubOptions(), &request, response,
-                  [&](grpc::Status st) {
-                    handoff.Acquire();
-                    status = std::move(st);
-                    done.Notify();
-                  });
-  // gRPC ends the call by the context's deadline; past it (and a margin) the
-  // call is cancelled, after which gRPC runs the callback promptly.
-  if (!done.WaitForNotificationWithTimeout(absl::FromChrono(context->deadline()) - absl::Now() +
-                                           absl::Seconds(5))) {
-    context->TryCancel();
-    done.WaitForNotification();
-  }
-  return status;
+  return AwaitCall(context, [&](std::function<void(grpc::Status)> done) {
+    stub->UnaryCall(context, method, grpc::StubOptions(), &request, response, std::move(done));
+  });
 }
 
 grpc::ByteBuffer SerializeMessage(const google::protobuf::MessageLite& message) {

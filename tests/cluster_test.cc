@@ -720,6 +720,25 @@ TEST_CASE("a parameter server that exits with code 0 mid-run fails the launch, n
   CHECK(testing::NoProcessesMatching(spec, absl::Seconds(10)));
 }
 
+// Starts `argv` with its output in `log`.
+std::unique_ptr<Subprocess> SpawnLogged(std::vector<std::string> argv, const std::string& log) {
+  SpawnOptions so;
+  so.argv = std::move(argv);
+  so.output_file = log;
+  auto p = Subprocess::Spawn(so);
+  REQUIRE(p.ok());
+  return std::move(*p);
+}
+
+// Waits up to `timeout` for the file `log` to hold `text`.
+absl::Status WaitForLog(const std::string& log, const std::string& text, absl::Duration timeout) {
+  return RetryWithBackoff(absl::StrCat("\"", text, "\" in ", log), timeout, [&]() {
+    return Env::Default()->ReadFile(log).value_or("").find(text) != std::string::npos
+               ? absl::OkStatus()
+               : absl::UnavailableError("not yet");
+  }, absl::Milliseconds(100));
+}
+
 TEST_CASE("a parameter server whose chief is gone exits after --chief_timeout_s, saying why",
           "[cluster][faults]") {
   const std::string dir = testing::FreshTempDir("chief_gone");
@@ -728,33 +747,24 @@ TEST_CASE("a parameter server whose chief is gone exits after --chief_timeout_s,
   o.output_dir = JoinPath(dir, "out");
   const std::string config =
       testing::WriteFile(JoinPath(dir, "train.pbtxt"), testing::ConfigText(o));
-  SpawnOptions ps_opts;
-  ps_opts.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=0",
-                  "--chief_timeout_s=2"};
-  ps_opts.output_file = JoinPath(dir, "ps.log");
-  auto ps = Subprocess::Spawn(ps_opts);
-  REQUIRE(ps.ok());
-  SpawnOptions chief_opts;
-  chief_opts.argv = {Binary("chief/chief"), "--cluster_spec=" + spec, "--config=" + config};
-  chief_opts.output_file = JoinPath(dir, "chief.log");
-  auto chief = Subprocess::Spawn(chief_opts);
-  REQUIRE(chief.ok());
+  const std::string ps_log = JoinPath(dir, "ps.log");
+  auto ps = SpawnLogged({Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=0",
+                         "--chief_timeout_s=2"},
+                        ps_log);
+  auto chief = SpawnLogged(
+      {Binary("chief/chief"), "--cluster_spec=" + spec, "--config=" + config},
+      JoinPath(dir, "chief.log"));
   // The chief installs the model, then waits for its worker, which never comes.
-  absl::Status initialized = RetryWithBackoff("initialized", absl::Seconds(30), [&]() {
-    std::string log = Env::Default()->ReadFile(ps_opts.output_file).value_or("");
-    return log.find("initialized") != std::string::npos ? absl::OkStatus()
-                                                        : absl::UnavailableError("not yet");
-  }, absl::Milliseconds(100));
-  REQUIRE(initialized.ok());
-  CHECK_FALSE((*ps)->Wait(absl::Seconds(4)).has_value());  // the chief is there: it stays
-  (*chief)->Signal(SIGKILL);
-  std::optional<int> code = (*ps)->Wait(absl::Seconds(20));
+  REQUIRE(WaitForLog(ps_log, "initialized", absl::Seconds(30)).ok());
+  CHECK_FALSE(ps->Wait(absl::Seconds(4)).has_value());  // the chief is there: it stays
+  chief->Signal(SIGKILL);
+  std::optional<int> code = ps->Wait(absl::Seconds(20));
   REQUIRE(code.has_value());
   CHECK(*code == 1);
-  const std::string log = Env::Default()->ReadFile(ps_opts.output_file).value_or("");
+  const std::string log = Env::Default()->ReadFile(ps_log).value_or("");
   INFO(log);
   CHECK(log.find("has been unreachable for") != std::string::npos);
-  (*chief)->Wait(absl::Seconds(5));
+  chief->Wait(absl::Seconds(5));
 }
 
 TEST_CASE("a worker whose chief is gone exits after rpc.startup_timeout_ms, saying why",
@@ -767,28 +777,16 @@ TEST_CASE("a worker whose chief is gone exits after rpc.startup_timeout_ms, sayi
   o.startup_timeout_ms = 3000;
   const std::string config =
       testing::WriteFile(JoinPath(dir, "train.pbtxt"), testing::ConfigText(o));
-  auto spawn = [&](std::vector<std::string> argv, const std::string& log) {
-    SpawnOptions so;
-    so.argv = std::move(argv);
-    so.output_file = JoinPath(dir, log);
-    auto p = Subprocess::Spawn(so);
-    REQUIRE(p.ok());
-    return std::move(*p);
-  };
-  auto ps = spawn({Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=0"}, "ps.log");
-  auto chief =
-      spawn({Binary("chief/chief"), "--cluster_spec=" + spec, "--config=" + config}, "chief.log");
-  auto worker = spawn({Binary("worker/worker"), "--cluster_spec=" + spec, "--task=0",
-                       "--config=" + config},
-                      "worker.log");
+  auto ps = SpawnLogged({Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=0"},
+                        JoinPath(dir, "ps.log"));
+  auto chief = SpawnLogged(
+      {Binary("chief/chief"), "--cluster_spec=" + spec, "--config=" + config},
+      JoinPath(dir, "chief.log"));
   const std::string worker_log = JoinPath(dir, "worker.log");
-  absl::Status training = RetryWithBackoff("training", absl::Seconds(60), [&]() {
-    std::string log = Env::Default()->ReadFile(worker_log).value_or("");
-    return log.find("registered with the chief") != std::string::npos
-               ? absl::OkStatus()
-               : absl::UnavailableError("not yet");
-  }, absl::Milliseconds(100));
-  REQUIRE(training.ok());
+  auto worker = SpawnLogged(
+      {Binary("worker/worker"), "--cluster_spec=" + spec, "--task=0", "--config=" + config},
+      worker_log);
+  REQUIRE(WaitForLog(worker_log, "registered with the chief", absl::Seconds(60)).ok());
   absl::SleepFor(absl::Milliseconds(500));  // some steps, and a report or two
   chief->Signal(SIGKILL);
   const absl::Time killed = absl::Now();
@@ -817,31 +815,25 @@ TEST_CASE("a worker waiting for its chief stops at once on SIGTERM, not at the s
   o.startup_timeout_ms = 120000;  // the wait SIGTERM must cut short
   const std::string config =
       testing::WriteFile(JoinPath(dir, "train.pbtxt"), testing::ConfigText(o));
-  SpawnOptions so;
-  so.argv = {Binary("worker/worker"), "--cluster_spec=" + spec, "--task=0",
-             "--config=" + config};
-  so.output_file = JoinPath(dir, "worker.log");
-  auto worker = Subprocess::Spawn(so);
-  REQUIRE(worker.ok());
+  const std::string worker_log = JoinPath(dir, "worker.log");
+  auto worker = SpawnLogged(
+      {Binary("worker/worker"), "--cluster_spec=" + spec, "--task=0", "--config=" + config},
+      worker_log);
   // No chief ever runs: the worker has read its data and waits to register.
-  absl::Status waiting = RetryWithBackoff("waiting", absl::Seconds(30), [&]() {
-    std::string log = Env::Default()->ReadFile(so.output_file).value_or("");
-    return log.find("training examples in this worker's partition") != std::string::npos
-               ? absl::OkStatus()
-               : absl::UnavailableError("not yet");
-  }, absl::Milliseconds(100));
-  REQUIRE(waiting.ok());
-  CHECK_FALSE((*worker)->Wait(absl::Milliseconds(500)).has_value());
+  REQUIRE(WaitForLog(worker_log, "training examples in this worker's partition",
+                     absl::Seconds(30))
+              .ok());
+  CHECK_FALSE(worker->Wait(absl::Milliseconds(500)).has_value());
   const absl::Time sent = absl::Now();
-  (*worker)->Signal(SIGTERM);
+  worker->Signal(SIGTERM);
   // Before, it waited out the call to the chief: up to the 120 s above.
-  std::optional<int> code = (*worker)->Wait(absl::Seconds(20));
-  if (!code.has_value()) (*worker)->Stop(absl::Seconds(5));
+  std::optional<int> code = worker->Wait(absl::Seconds(20));
+  if (!code.has_value()) worker->Stop(absl::Seconds(5));
   REQUIRE(code.has_value());
   WARN("the waiting worker exited " << absl::FormatDuration(absl::Now() - sent)
                                     << " after SIGTERM");
   CHECK(*code == 128 + SIGTERM);
-  const std::string log = Env::Default()->ReadFile(so.output_file).value_or("");
+  const std::string log = Env::Default()->ReadFile(worker_log).value_or("");
   INFO(log);
   CHECK(log.find("stopped: received Terminated") != std::string::npos);
 }

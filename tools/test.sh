@@ -43,11 +43,6 @@ run_config() {  # name, bazel flags...
     overall=1
   fi
   for label in "${test_targets[@]}"; do
-    # Only what this configuration ran (an old XML of a target it leaves
-    # out may still lie in its output base).
-    if [ "${patterns[*]}" != //... ] && [[ " ${patterns[*]} " != *" $label "* ]]; then
-      continue
-    fi
     dir=${label#//}
     dir=${dir/://}
     if [ -f "$testlogs/$dir/test.xml" ]; then
@@ -56,33 +51,32 @@ run_config() {  # name, bazel flags...
     fi
   done
 }
+# A configuration in an output base of its own (another compiler
+# configuration would rebuild the main one) and without convenience
+# symlinks, over the test targets by name: from another output base, //...
+# would walk into the main one's convenience symlinks (bazel-<dir>/external/...).
+run_in_own_base() {  # name, output base, bazel flags...
+  local name=$1 base=$2
+  shift 2
+  startup=(--output_base="$base")
+  patterns=("${test_targets[@]}")
+  run_config "$name" "$@" --symlink_prefix=/
+  startup=()
+  patterns=(//...)
+}
 run_config default
 run_config cpu_only --config=cpu_only
 # Every test again under AddressSanitizer and UndefinedBehaviorSanitizer
-# (gcc, --config=asan), in an output base of its own (another compiler
-# configuration would rebuild the main one) and without convenience
-# symlinks. PSTRAIN_ASAN=0 skips it.
+# (gcc, --config=asan). PSTRAIN_ASAN=0 skips it.
 if [ "${PSTRAIN_ASAN:-1}" != 0 ]; then
-  startup=(--output_base="${PSTRAIN_ASAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-asan}")
-  # The test targets by name: from another output base, //... would walk
-  # into the main one's convenience symlinks (bazel-<dir>/external/...).
-  patterns=("${test_targets[@]}")
-  run_config asan --config=asan --symlink_prefix=/
-  startup=()
-  patterns=(//...)
+  run_in_own_base asan "${PSTRAIN_ASAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-asan}" --config=asan
 fi
-
 # Every test again under ThreadSanitizer (gcc, --config=tsan, with Abseil
-# built from Debian's source: third_party/absl_source.bzl), in an output base
-# of its own. The processes a test starts report into the test's own outputs,
-# and each report fails a case of the test (common/testing/catch_main.cc).
-# PSTRAIN_TSAN=0 skips it.
+# built from Debian's source: third_party/absl_source.bzl). The processes a
+# test starts report into the test's own outputs, and each report fails a
+# case of the test (common/testing/catch_main.cc). PSTRAIN_TSAN=0 skips it.
 if [ "${PSTRAIN_TSAN:-1}" != 0 ]; then
-  startup=(--output_base="${PSTRAIN_TSAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-tsan}")
-  patterns=("${test_targets[@]}")
-  run_config tsan --config=tsan --symlink_prefix=/
-  startup=()
-  patterns=(//...)
+  run_in_own_base tsan "${PSTRAIN_TSAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-tsan}" --config=tsan
 fi
 
 # The libFuzzer targets, each for PSTRAIN_FUZZ_SECONDS (20; 0 skips them) from

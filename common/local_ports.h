@@ -9,9 +9,10 @@
 
 namespace pstrain {
 
-// `n` distinct free loopback ports: every socket stays bound until all are
-// chosen, so the kernel cannot hand the same port out twice. A port that
-// could not be had is 0.
+// `n` distinct free loopback ports, below the kernel's ephemeral range (so
+// that no daemon's ":0" port or outgoing connection can take one before its
+// daemon binds it): every socket stays bound until all are chosen, so the
+// same port is not handed out twice. A port that could not be had is 0.
 std::vector<int> PickFreePorts(int n);
 
 // A cluster spec (JSON) with 1 chief, `ps` servers and `workers` workers on

@@ -186,7 +186,7 @@ class ParkedPullReactor final : public grpc::ServerUnaryReactor {
   uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int> refs_{2};
-  const HandoffToken handoff_;  // Reply, through gRPC's core, before OnDone
+  const HandoffToken handoff_{};  // Reply, through gRPC's core, before OnDone
 };
 
 // A pull's request, parsed and checked against the caller; an error ends the

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -55,6 +56,13 @@ ABSL_FLAG(int, max_rpc_threads, 0,
           "ps and chief: threads for synchronous RPC handlers; a call finding none free fails "
           "with RESOURCE_EXHAUSTED; 0: 256, or 2 per task of the cluster and 64 more where "
           "that is more (a waiting RegisterWorker or GetShard holds one)");
+ABSL_FLAG(int64_t, handshake_timeout_ms,
+          absl::ToInt64Milliseconds(pstrain::ServerLimits().handshake_timeout),
+          "ps and chief: close a connection whose peer has not finished its handshake (TLS, "
+          "HTTP/2's preface and settings) within this many milliseconds");
+ABSL_FLAG(int64_t, keepalive_ms, absl::ToInt64Milliseconds(pstrain::ServerLimits().keepalive),
+          "ps and chief: ping a peer quiet for this many milliseconds, and close its "
+          "connection when it leaves the ping unanswered as long again");
 
 namespace pstrain {
 namespace {
@@ -131,12 +139,23 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
     setup.limits.threads = static_cast<int>(
         std::clamp<int64_t>(2 * tasks + 64, ServerLimits().threads, 65536));
   }
+  const int64_t handshake_ms = absl::GetFlag(FLAGS_handshake_timeout_ms);
+  const int64_t keepalive_ms = absl::GetFlag(FLAGS_keepalive_ms);
+  setup.limits.handshake_timeout =
+      absl::Milliseconds(std::clamp<int64_t>(handshake_ms, 0, int64_t{1} << 40));
+  setup.limits.keepalive = absl::Milliseconds(std::clamp<int64_t>(keepalive_ms, 0, int64_t{1} << 40));
   if (absl::Status st = ValidateServerLimits(setup.limits); !st.ok()) {
-    const bool memory = setup.limits.inflight_bytes < kMinInflightBytes;
-    return absl::InvalidArgumentError(
-        absl::StrCat(memory ? absl::StrCat("--max_inflight_mib=", inflight_mib)
-                            : absl::StrCat("--max_rpc_threads=", setup.limits.threads),
-                     ": ", st.message()));
+    std::string flag;
+    if (setup.limits.inflight_bytes < kMinInflightBytes) {
+      flag = absl::StrCat("--max_inflight_mib=", inflight_mib);
+    } else if (absl::StrContains(st.message(), "handshake")) {
+      flag = absl::StrCat("--handshake_timeout_ms=", handshake_ms);
+    } else if (absl::StrContains(st.message(), "keepalive")) {
+      flag = absl::StrCat("--keepalive_ms=", keepalive_ms);
+    } else {
+      flag = absl::StrCat("--max_rpc_threads=", setup.limits.threads);
+    }
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", st.message()));
   }
   SetCallCredentials(setup.task.task.ToString(), setup.auth.own_token);
   SetTransportSecurity(setup.auth.tls);

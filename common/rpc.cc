@@ -220,6 +220,13 @@ absl::Status ValidateServerLimits(const ServerLimits& limits) {
     return absl::InvalidArgumentError(
         absl::StrCat("RPC thread limit ", limits.threads, " is outside [4, 65536]"));
   }
+  for (auto [name, value] : {std::pair{"handshake timeout", limits.handshake_timeout},
+                             std::pair{"keepalive", limits.keepalive}}) {
+    if (value < absl::Milliseconds(100) || value > absl::Hours(24)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the ", name, " of ", absl::FormatDuration(value), " is outside [100ms, 24h]"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -249,6 +256,15 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& add
   builder.SetResourceQuota(quota);
   // Two tasks must never share a port silently (gRPC enables SO_REUSEPORT by default).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // A peer that stalls half-way is dropped (gRPC's defaults: 120 s for the
+  // handshake, no keepalive pings from a server, so a stalled connection
+  // would stay open as long as the process).
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(limits.handshake_timeout)));
+  const int keepalive_ms = static_cast<int>(absl::ToInt64Milliseconds(limits.keepalive));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, keepalive_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, keepalive_ms);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   for (const auto& [name, value] : TransportArgs()) builder.AddChannelArgument(name, value);
   builder.RegisterService(service);
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;

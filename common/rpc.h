@@ -83,10 +83,17 @@ absl::Status RetryWithBackoff(const std::string& what, absl::Duration total,
 // cancels calls with RESOURCE_EXHAUSTED ("Buffers full") and closes idle
 // connections. Its thread quota bounds the threads of the synchronous
 // handlers; a call that finds none free is refused with RESOURCE_EXHAUSTED.
+// A connection is closed when its peer has not finished the handshake (TLS,
+// then HTTP/2's preface and SETTINGS) within `handshake_timeout`, or leaves
+// a keepalive ping unanswered for `keepalive` (pinged after as long quiet):
+// a peer that stalls or dies half-way holds nothing for longer.
 struct ServerLimits {
   // At least kMinInflightBytes, so a message of the largest size fits.
   int64_t inflight_bytes = int64_t{2} << 30;
   int threads = 256;
+  absl::Duration handshake_timeout = absl::Seconds(20);
+  // Longer than a worker may be paused (SIGSTOP) without failing its step.
+  absl::Duration keepalive = absl::Seconds(60);
 };
 inline constexpr int64_t kMinInflightBytes = int64_t{2} * kMaxMessageBytes;
 absl::Status ValidateServerLimits(const ServerLimits& limits);

@@ -12,6 +12,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/chief_client.h"
 #include "common/cluster_spec.h"
 #include "common/daemon.h"
@@ -64,8 +65,11 @@ int main(int argc, char** argv) {
     return 1;
   }
   LOG_INFO("parameter server listening on {} (at most {} data calls at once, {} RPC threads, "
-           "{} MiB of messages in flight)",
-           address, max_calls, setup->limits.threads, setup->limits.inflight_bytes >> 20);
+           "{} MiB of messages in flight; peers dropped after a {} handshake or a ping left {} "
+           "unanswered)",
+           address, max_calls, setup->limits.threads, setup->limits.inflight_bytes >> 20,
+           absl::FormatDuration(setup->limits.handshake_timeout),
+           absl::FormatDuration(setup->limits.keepalive));
   std::unique_ptr<pstrain::MonitoringServer> monitoring;
   if (const std::string& m = setup->metrics_address; !m.empty()) {
     auto started = pstrain::MonitoringServer::Start(

@@ -557,6 +557,8 @@ TEST_CASE("malformed cluster specs and configs: one-line error, non-zero exit", 
            {"--max_inflight_mib=100", "minimum of 512 MiB"},
            {"--max_rpc_threads=1", "outside [4, 65536]"},
            {"--max_concurrent_calls=0", "at least 1"},
+           {"--handshake_timeout_ms=5", "the handshake timeout of 5ms is outside [100ms, 24h]"},
+           {"--keepalive_ms=100000000", "the keepalive of 27h46m40s is outside [100ms, 24h]"},
            {"--tls_reload_s=-5", "expected seconds between looks, or 0"}}) {
     r = testing::RunCommand(
         {Binary("ps_server/ps_server"), "--cluster_spec=" + good_spec, "--task=0", flag},
@@ -572,7 +574,9 @@ TEST_CASE("malformed cluster specs and configs: one-line error, non-zero exit", 
   for (const auto& [flag, expect] : std::vector<std::pair<std::string, std::string>>{
            {"--max_inflight_mib=100", "--max_inflight_mib: expected 512.."},
            {"--max_rpc_threads=2", "--max_rpc_threads: expected 4..65536"},
-           {"--max_concurrent_calls=zero", "--max_concurrent_calls: expected 1.."}}) {
+           {"--max_concurrent_calls=zero", "--max_concurrent_calls: expected 1.."},
+           {"--handshake_timeout_ms=50", "--handshake_timeout_ms: expected 100..86400000"},
+           {"--keepalive_ms=-1", "--keepalive_ms: expected 100..86400000"}}) {
     r = testing::RunCommand({Binary("tools/pstrain"), "launch", "--cluster_spec", good_spec,
                              "--config", config, "--bin_dir", BinDir(), flag},
                             absl::Seconds(30));
@@ -584,14 +588,16 @@ TEST_CASE("malformed cluster specs and configs: one-line error, non-zero exit", 
   r = testing::RunCommand({Binary("tools/pstrain"), "launch", "--cluster_spec", good_spec,
                            "--config", config, "--bin_dir", BinDir(), "--progress=false",
                            "--max_inflight_mib=600", "--max_rpc_threads=32",
-                           "--max_concurrent_calls=1000"},
+                           "--max_concurrent_calls=1000", "--handshake_timeout_ms=15000",
+                           "--keepalive_ms=45000"},
                           absl::Seconds(120));
   INFO(r.output);
   CHECK(r.exit_code == 0);
   const std::string ps_log =
       Env::Default()->ReadFile(JoinPath(o.output_dir, "logs/ps-0.log")).value_or("");
   CHECK(ps_log.find("(at most 1000 data calls at once, 32 RPC threads, 600 MiB of messages in "
-                    "flight)") != std::string::npos);
+                    "flight; peers dropped after a 15s handshake or a ping left 45s "
+                    "unanswered)") != std::string::npos);
   // A malformed training config names line and column.
   const std::string bad_config =
       testing::WriteFile(JoinPath(dir, "bad.pbtxt"), "max_steps: 10\nseed: [\n");

@@ -4,10 +4,12 @@
 // end the moment their caller gives up.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -495,6 +497,20 @@ int RawConnect(const std::string& address, const std::string& bytes) {
   return fd;
 }
 
+// How long after `since` the server closed `fd` (everything it sent read and
+// dropped), or a negative duration if it was still open at `deadline`.
+absl::Duration ClosedByServerAfter(int fd, absl::Time since, absl::Time deadline) {
+  char sink[4096];
+  for (;;) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) return absl::Seconds(-1);
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1) <= 0) continue;
+    const ssize_t n = ::recv(fd, sink, sizeof(sink), MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return absl::Now() - since;
+  }
+}
+
 double Percentile(std::vector<double> v, double p) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -510,8 +526,11 @@ TEST_CASE("load: 32 async clients against 2 servers lose no update while malform
   // pushes per client keeps every partial sum an integer below 2^24). Each
   // client pushes while the abuse goes on, and at least 50 times.
   constexpr int kClients = 32, kMinPushes = 50, kMaxPushes = 2000;
+  // Peers that stall are dropped within seconds here (the defaults: 20 s
+  // for the handshake, a minute for a ping).
   Servers s(2, "load_async", {{"w", {128, 64}}, {"b", {64}}}, 0,
-            "optimizer { learning_rate: 1 } async {}", kClients);
+            "optimizer { learning_rate: 1 } async {}", kClients,
+            {"--handshake_timeout_ms=1500", "--keepalive_ms=1000"});
   const int ps0 = s.procs[0]->pid();
   const int threads_before = Threads(ps0);
   std::vector<int> pushes(kClients, 0);
@@ -551,9 +570,14 @@ TEST_CASE("load: 32 async clients against 2 servers lose no update while malform
   const std::string address = s.cluster->address(kPsJob, 0);
   const std::string preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
   std::vector<int> stalled;
+  const absl::Time stalled_at = absl::Now();
   for (int i = 0; i < 8; ++i) {
-    // The preface and the first 5 bytes of a 9-byte frame header, then silence.
+    // The preface and the first 5 bytes of a 9-byte frame header, then
+    // silence: the handshake never ends.
     stalled.push_back(RawConnect(address, preface + std::string("\x00\x00\x10\x04\x00", 5)));
+    // The preface and an empty SETTINGS frame, then silence: the handshake
+    // ends, but neither the server's settings nor its pings are answered.
+    stalled.push_back(RawConnect(address, preface + std::string("\x00\x00\x00\x04\x00\x00\x00\x00\x00", 9)));
   }
   int garbage_refused = 0, garbage_sent = 0, cut_short = 0;
   grpc::StatusCode oversized = grpc::StatusCode::OK;
@@ -596,9 +620,17 @@ TEST_CASE("load: 32 async clients against 2 servers lose no update while malform
   for (auto& t : clients) t.join();
   load_done = true;
   sampler.join();
+  // The server closed every stalled connection on its own, after its
+  // handshake timeout or an unanswered ping.
+  std::vector<double> closed_s;
   for (int fd : stalled) {
-    if (fd >= 0) ::close(fd);
+    if (fd < 0) continue;
+    closed_s.push_back(absl::ToDoubleSeconds(
+        ClosedByServerAfter(fd, stalled_at, stalled_at + absl::Seconds(30))));
+    ::close(fd);
   }
+  std::sort(closed_s.begin(), closed_s.end());
+  if (closed_s.empty()) closed_s.push_back(-1);  // no stalled connection was made
 
   std::vector<double> all;
   int64_t total = 0;
@@ -611,12 +643,16 @@ TEST_CASE("load: 32 async clients against 2 servers lose no update while malform
                 << Percentile(all, 0.99) << ", max " << Percentile(all, 1.0) << "; ps:0 threads "
                 << threads_before << ", at most " << threads_max << " under load, resident at most "
                 << rss_max / (1 << 20) << " MiB; " << garbage_refused << "/" << garbage_sent
-                << " garbage calls refused, " << cut_short << " streams cut short, 8 stalled, "
-                << "257 MiB push: " << static_cast<int>(oversized));
+                << " garbage calls refused, " << cut_short << " streams cut short, "
+                << closed_s.size() << " stalled (closed by the server after " << closed_s.front()
+                << " to " << closed_s.back() << " s), 257 MiB push: "
+                << static_cast<int>(oversized));
   for (const absl::Status& st : failures) CHECK(st.ok());
   for (int k = 0; k < kClients; ++k) CHECK(pushes[k] > 0);  // every client was served
   CHECK(garbage_refused == garbage_sent);
   CHECK(cut_short == 40);
+  CHECK(closed_s.size() == 16);  // every one connected
+  for (double t : closed_s) CHECK(t >= 0);  // closed within 30 s, not held
   CHECK(oversized == grpc::StatusCode::RESOURCE_EXHAUSTED);
   // Every update is there exactly once, on both servers.
   std::vector<int64_t> per_rest(3, 0);

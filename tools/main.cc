@@ -247,6 +247,12 @@ int LaunchCommand(const std::vector<std::string>& argv) {
                                "RPC handlers, 4..65536 (default: theirs)"}},
       {"max_concurrent_calls", {"", "passed to the servers: data calls served at once, at "
                                     "least 1 (default: theirs)"}},
+      {"handshake_timeout_ms", {"", "passed to the servers and the chief: a connection must "
+                                    "finish its handshake within this, 100..86400000 "
+                                    "(default: theirs, 20000)"}},
+      {"keepalive_ms", {"", "passed to the servers and the chief: a peer quiet this long is "
+                            "pinged, and dropped if it leaves the ping unanswered as long, "
+                            "100..86400000 (default: theirs, 60000)"}},
       {"slurm", {"false", "run as one task of a Slurm job step (srun ... pstrain launch "
                           "--slurm): derive the cluster from Slurm's environment and become "
                           "this rank's chief, ps or worker; no --cluster_spec"}},
@@ -297,7 +303,9 @@ int LaunchCommand(const std::vector<std::string>& argv) {
   };
   for (const LimitFlag& f : {LimitFlag{"max_inflight_mib", 512, int64_t{1} << 30, &o.server_flags},
                              LimitFlag{"max_rpc_threads", 4, 65536, &o.server_flags},
-                             LimitFlag{"max_concurrent_calls", 1, 1 << 30, &o.ps_flags}}) {
+                             LimitFlag{"max_concurrent_calls", 1, 1 << 30, &o.ps_flags},
+                             LimitFlag{"handshake_timeout_ms", 100, 86400000, &o.server_flags},
+                             LimitFlag{"keepalive_ms", 100, 86400000, &o.server_flags}}) {
     if (args->Get(f.name).empty()) continue;
     auto value = args->GetInt(f.name);
     if (!value.ok() || *value < f.min || *value > f.max) {

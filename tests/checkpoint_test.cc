@@ -933,6 +933,62 @@ TEST_CASE("pstrain checkpoint restore rolls a running job back to a checkpoint; 
   CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
 }
 
+TEST_CASE("over mutual TLS, pstrain checkpoint restore rolls a running job back as the "
+          "operator; once the operator's certificate is revoked the CLI refuses to call",
+          "[checkpoint][recovery][tls]") {
+  const int steps = 1000;
+  const std::string dir = testing::FreshTempDir("tls_restore");
+  const std::string ckpt = JoinPath(dir, "ckpt");
+  const Job job = WriteJob(dir, CheckpointOptions(ckpt, steps), 2);
+  testing::UseMutualTls(dir, job.spec);
+  std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir);
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (ReadPointer(Env::Default(), ckpt).value_or(0) < 200 && absl::Now() < deadline &&
+         launch->running()) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  // The CLI calls the chief with the operator's certificate from the spec's
+  // TLS directory; the chief lets the operator, and only it, roll back.
+  CommandResult restored = testing::RunCommand(
+      {Binary("tools/pstrain"), "checkpoint", "restore", JoinPath(ckpt, "ckpt-100"),
+       "--cluster_spec=" + job.spec},
+      absl::Seconds(120));
+  INFO(restored.output);
+  REQUIRE(restored.exit_code == 0);
+  CHECK(restored.output.find("rolled the job back to step 100 from") != std::string::npos);
+  const auto [code, out] = FinishLaunch(launch.get(), dir);
+  INFO(out);
+  const std::string log = ChiefLog(job);
+  INFO(log);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  CHECK(log.find("mutual TLS on") != std::string::npos);
+  // One rollback, the operator's: the refused call changed nothing.
+  CHECK(NumberAfter(log, kRolledBack) == 100);
+  CHECK(log.find(kRolledBack, log.find(kRolledBack) + 1) == std::string::npos);
+  CHECK(log.find("an operator's restore of ") != std::string::npos);
+  CheckWorkersFollowed(job, out, 100);
+  const nlohmann::json j =
+      nlohmann::json::parse(Env::Default()->ReadFile(JoinPath(job.out, "summary.json")).value_or("{}"));
+  CHECK(j["global_step"].get<int64_t>() == steps);
+  CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
+  // Revoked (after the run: the launcher too calls the chief as the
+  // operator), the CLI no longer has a certificate to call with, and says so.
+  CommandResult revoke = testing::RunCommand(
+      {Binary("tools/pstrain"), "certs", "--out", JoinPath(dir, "tls"), "--revoke=operator"},
+      absl::Seconds(30));
+  INFO(revoke.output);
+  REQUIRE(revoke.exit_code == 0);
+  CommandResult refused = testing::RunCommand(
+      {Binary("tools/pstrain"), "checkpoint", "restore", JoinPath(ckpt, "ckpt-100"),
+       "--cluster_spec=" + job.spec},
+      absl::Seconds(60));
+  INFO(refused.output);
+  CHECK(refused.exit_code == 2);
+  CHECK(refused.output.find("pstrain checkpoint restore: TLS: ") != std::string::npos);
+  CHECK(refused.output.find("revoked") != std::string::npos);
+}
+
 TEST_CASE("--restart=on-failure: a worker killed mid-run is restarted alone and goes on where "
           "its data stood, in async and in sync mode; sync ends bitwise as if never killed",
           "[checkpoint][recovery]") {

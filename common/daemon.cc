@@ -3,9 +3,9 @@
 #include <arpa/inet.h>
 
 #include <algorithm>
+#include <tuple>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -62,7 +62,8 @@ ABSL_FLAG(int64_t, handshake_timeout_ms,
           "HTTP/2's preface and settings) within this many milliseconds");
 ABSL_FLAG(int64_t, keepalive_ms, absl::ToInt64Milliseconds(pstrain::ServerLimits().keepalive),
           "ps and chief: ping a peer quiet for this many milliseconds, and close its "
-          "connection when it leaves the ping unanswered as long again");
+          "connection when it leaves the ping unanswered as long again; at least "
+          "rpc.step_timeout_ms + rpc.rpc_timeout_ms, the longest a worker may be paused");
 
 namespace pstrain {
 namespace {
@@ -139,23 +140,23 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
     setup.limits.threads = static_cast<int>(
         std::clamp<int64_t>(2 * tasks + 64, ServerLimits().threads, 65536));
   }
-  const int64_t handshake_ms = absl::GetFlag(FLAGS_handshake_timeout_ms);
-  const int64_t keepalive_ms = absl::GetFlag(FLAGS_keepalive_ms);
-  setup.limits.handshake_timeout =
-      absl::Milliseconds(std::clamp<int64_t>(handshake_ms, 0, int64_t{1} << 40));
-  setup.limits.keepalive = absl::Milliseconds(std::clamp<int64_t>(keepalive_ms, 0, int64_t{1} << 40));
-  if (absl::Status st = ValidateServerLimits(setup.limits); !st.ok()) {
-    std::string flag;
-    if (setup.limits.inflight_bytes < kMinInflightBytes) {
-      flag = absl::StrCat("--max_inflight_mib=", inflight_mib);
-    } else if (absl::StrContains(st.message(), "handshake")) {
-      flag = absl::StrCat("--handshake_timeout_ms=", handshake_ms);
-    } else if (absl::StrContains(st.message(), "keepalive")) {
-      flag = absl::StrCat("--keepalive_ms=", keepalive_ms);
-    } else {
-      flag = absl::StrCat("--max_rpc_threads=", setup.limits.threads);
+  for (auto [name, flag, field] :
+       {std::tuple{"handshake_timeout_ms", &FLAGS_handshake_timeout_ms,
+                   &setup.limits.handshake_timeout},
+        std::tuple{"keepalive_ms", &FLAGS_keepalive_ms, &setup.limits.keepalive}}) {
+    const int64_t ms = absl::GetFlag(*flag);
+    if (ms < kMinPeerTimeoutMs || ms > kMaxPeerTimeoutMs) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, "=", ms, ": expected ",
+                                                     kMinPeerTimeoutMs, "..", kMaxPeerTimeoutMs));
     }
-    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", st.message()));
+    *field = absl::Milliseconds(ms);
+  }
+  if (absl::Status st = ValidateServerLimits(setup.limits); !st.ok()) {
+    const bool memory = setup.limits.inflight_bytes < kMinInflightBytes;
+    return absl::InvalidArgumentError(
+        absl::StrCat(memory ? absl::StrCat("--max_inflight_mib=", inflight_mib)
+                            : absl::StrCat("--max_rpc_threads=", setup.limits.threads),
+                     ": ", st.message()));
   }
   SetCallCredentials(setup.task.task.ToString(), setup.auth.own_token);
   SetTransportSecurity(setup.auth.tls);

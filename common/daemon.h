@@ -9,7 +9,8 @@
 // The authentication flags (--auth_secret_file, --auth_token_file,
 // --tls_ca_file, --tls_cert_file, --tls_key_file, --insecure), --bind,
 // --metrics_address and the server limits (--max_inflight_mib,
-// --max_rpc_threads) are the same for every role and are defined in daemon.cc.
+// --max_rpc_threads, --handshake_timeout_ms, --keepalive_ms) are the same
+// for every role and are defined in daemon.cc.
 #ifndef PSTRAIN_COMMON_DAEMON_H_
 #define PSTRAIN_COMMON_DAEMON_H_
 
@@ -40,7 +41,8 @@ struct DaemonSetup {
   AuthSetup auth;  // its token is already on every call this process makes
   // Where to serve /metrics ("host:port"); empty: nowhere.
   std::string metrics_address;
-  // For StartServer: --max_inflight_mib and --max_rpc_threads.
+  // For StartServer: --max_inflight_mib, --max_rpc_threads,
+  // --handshake_timeout_ms and --keepalive_ms.
   ServerLimits limits;
   // Last, so destroyed first: takes the process's transport security back
   // when main's setup goes, so that a certificate watcher (and its staging

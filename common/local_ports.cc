@@ -16,19 +16,16 @@ namespace pstrain {
 
 namespace {
 
-// The kernel's ephemeral range (net.ipv4.ip_local_port_range), from which it
-// hands out ports to bind(:0) and to outgoing connections.
-std::pair<int, int> EphemeralRange() {
-  int low = 32768, high = 60999;  // Linux's default
+// Where the kernel's ephemeral range (net.ipv4.ip_local_port_range) starts:
+// from it the kernel hands out ports to bind(:0) and outgoing connections.
+int EphemeralLow() {
+  int low = 32768;  // Linux's default
   if (FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
     int a = 0, b = 0;
-    if (std::fscanf(f, "%d %d", &a, &b) == 2 && a > 0 && a <= b) {
-      low = a;
-      high = b;
-    }
+    if (std::fscanf(f, "%d %d", &a, &b) == 2 && a > 0 && a <= b) low = a;
     std::fclose(f);
   }
-  return {low, high};
+  return low;
 }
 
 // A socket bound to `port` on loopback (0: the kernel chooses), and the port
@@ -60,8 +57,7 @@ std::vector<int> PickFreePorts(int n) {
   // stays bound until all are chosen, so no port is handed out twice. Where
   // the range leaves no room, the kernel chooses. A port that could not be
   // had is 0.
-  const auto [low, high] = EphemeralRange();
-  (void)high;
+  const int low = EphemeralLow();
   constexpr int kFloor = 10000;
   std::mt19937 rng(std::random_device{}());
   std::vector<int> fds, ports;

@@ -222,9 +222,12 @@ absl::Status ValidateServerLimits(const ServerLimits& limits) {
   }
   for (auto [name, value] : {std::pair{"handshake timeout", limits.handshake_timeout},
                              std::pair{"keepalive", limits.keepalive}}) {
-    if (value < absl::Milliseconds(100) || value > absl::Hours(24)) {
+    if (value < absl::Milliseconds(kMinPeerTimeoutMs) ||
+        value > absl::Milliseconds(kMaxPeerTimeoutMs)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "the ", name, " of ", absl::FormatDuration(value), " is outside [100ms, 24h]"));
+          "the ", name, " of ", absl::FormatDuration(value), " is outside [",
+          absl::FormatDuration(absl::Milliseconds(kMinPeerTimeoutMs)), ", ",
+          absl::FormatDuration(absl::Milliseconds(kMaxPeerTimeoutMs)), "]"));
     }
   }
   return absl::OkStatus();
@@ -256,9 +259,10 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& add
   builder.SetResourceQuota(quota);
   // Two tasks must never share a port silently (gRPC enables SO_REUSEPORT by default).
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  // A peer that stalls half-way is dropped (gRPC's defaults: 120 s for the
-  // handshake, no keepalive pings from a server, so a stalled connection
-  // would stay open as long as the process).
+  // A peer that stalls half-way is dropped. gRPC's defaults: 120 s for the
+  // handshake; a server pings after 2 h, and only connections with a call
+  // open, so one that finished its handshake and then went silent would
+  // stay open as long as the process.
   builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
                              static_cast<int>(absl::ToInt64Milliseconds(limits.handshake_timeout)));
   const int keepalive_ms = static_cast<int>(absl::ToInt64Milliseconds(limits.keepalive));

@@ -92,9 +92,14 @@ struct ServerLimits {
   int64_t inflight_bytes = int64_t{2} << 30;
   int threads = 256;
   absl::Duration handshake_timeout = absl::Seconds(20);
-  // Longer than a worker may be paused (SIGSTOP) without failing its step.
-  absl::Duration keepalive = absl::Seconds(60);
+  // At least the longest a push may wait (rpc.step_timeout_ms +
+  // rpc.rpc_timeout_ms, 70 s by default): a worker paused (SIGSTOP) no
+  // longer than that keeps its connections.
+  absl::Duration keepalive = absl::Seconds(120);
 };
+// The range of both durations above, in milliseconds (the daemons' flags).
+inline constexpr int64_t kMinPeerTimeoutMs = 100;
+inline constexpr int64_t kMaxPeerTimeoutMs = 86400000;
 inline constexpr int64_t kMinInflightBytes = int64_t{2} * kMaxMessageBytes;
 absl::Status ValidateServerLimits(const ServerLimits& limits);
 

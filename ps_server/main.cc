@@ -65,8 +65,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   LOG_INFO("parameter server listening on {} (at most {} data calls at once, {} RPC threads, "
-           "{} MiB of messages in flight; peers dropped after a {} handshake or a ping left {} "
-           "unanswered)",
+           "{} MiB of messages in flight; a handshake may take {}, a ping may go unanswered {})",
            address, max_calls, setup->limits.threads, setup->limits.inflight_bytes >> 20,
            absl::FormatDuration(setup->limits.handshake_timeout),
            absl::FormatDuration(setup->limits.keepalive));

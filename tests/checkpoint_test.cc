@@ -963,13 +963,13 @@ TEST_CASE("over mutual TLS, pstrain checkpoint restore rolls a running job back 
   REQUIRE(code.has_value());
   CHECK(*code == 0);
   CHECK(log.find("mutual TLS on") != std::string::npos);
-  // One rollback, the operator's: the refused call changed nothing.
+  // One rollback, the operator's.
   CHECK(NumberAfter(log, kRolledBack) == 100);
   CHECK(log.find(kRolledBack, log.find(kRolledBack) + 1) == std::string::npos);
   CHECK(log.find("an operator's restore of ") != std::string::npos);
   CheckWorkersFollowed(job, out, 100);
-  const nlohmann::json j =
-      nlohmann::json::parse(Env::Default()->ReadFile(JoinPath(job.out, "summary.json")).value_or("{}"));
+  const nlohmann::json j = nlohmann::json::parse(
+      Env::Default()->ReadFile(JoinPath(job.out, "summary.json")).value_or("{}"));
   CHECK(j["global_step"].get<int64_t>() == steps);
   CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
   // Revoked (after the run: the launcher too calls the chief as the

@@ -34,7 +34,8 @@ struct LaunchOptions {
   // its host (printed as each task reports it).
   bool metrics = true;
   // Passed on as they are: to the parameter servers and the chief (their
-  // RPC limits, --max_inflight_mib and --max_rpc_threads), and to the
+  // RPC limits: --max_inflight_mib, --max_rpc_threads,
+  // --handshake_timeout_ms, --keepalive_ms), and to the
   // parameter servers alone (--max_concurrent_calls).
   std::vector<std::string> server_flags;
   std::vector<std::string> ps_flags;

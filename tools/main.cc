@@ -252,7 +252,8 @@ int LaunchCommand(const std::vector<std::string>& argv) {
                                     "(default: theirs, 20000)"}},
       {"keepalive_ms", {"", "passed to the servers and the chief: a peer quiet this long is "
                             "pinged, and dropped if it leaves the ping unanswered as long, "
-                            "100..86400000 (default: theirs, 60000)"}},
+                            "100..86400000 and at least the config's rpc.step_timeout_ms + "
+                            "rpc.rpc_timeout_ms (default: theirs, 120000)"}},
       {"slurm", {"false", "run as one task of a Slurm job step (srun ... pstrain launch "
                           "--slurm): derive the cluster from Slurm's environment and become "
                           "this rank's chief, ps or worker; no --cluster_spec"}},
@@ -304,8 +305,10 @@ int LaunchCommand(const std::vector<std::string>& argv) {
   for (const LimitFlag& f : {LimitFlag{"max_inflight_mib", 512, int64_t{1} << 30, &o.server_flags},
                              LimitFlag{"max_rpc_threads", 4, 65536, &o.server_flags},
                              LimitFlag{"max_concurrent_calls", 1, 1 << 30, &o.ps_flags},
-                             LimitFlag{"handshake_timeout_ms", 100, 86400000, &o.server_flags},
-                             LimitFlag{"keepalive_ms", 100, 86400000, &o.server_flags}}) {
+                             LimitFlag{"handshake_timeout_ms", kMinPeerTimeoutMs,
+                                       kMaxPeerTimeoutMs, &o.server_flags},
+                             LimitFlag{"keepalive_ms", kMinPeerTimeoutMs, kMaxPeerTimeoutMs,
+                                       &o.server_flags}}) {
     if (args->Get(f.name).empty()) continue;
     auto value = args->GetInt(f.name);
     if (!value.ok() || *value < f.min || *value > f.max) {
@@ -321,6 +324,16 @@ int LaunchCommand(const std::vector<std::string>& argv) {
       absl::StatusOr<ModelPlan> plan = PlanModel(*cluster, *config);
       absl::Status st = plan.ok() ? CheckPlanFits(*cluster, *plan, nullptr) : plan.status();
       if (!st.ok()) return Fail("launch", std::string(st.message()));
+      // A worker may be paused as long as its push may wait; a server that
+      // dropped it sooner would fail a step the deadlines allow.
+      const int64_t longest_wait = config->rpc().step_timeout_ms() + config->rpc().rpc_timeout_ms();
+      auto keepalive = args->GetInt("keepalive_ms");
+      if (!args->Get("keepalive_ms").empty() && keepalive.ok() && *keepalive < longest_wait) {
+        return Fail("launch", absl::StrCat("--keepalive_ms=", *keepalive,
+                                           " is below rpc.step_timeout_ms + rpc.rpc_timeout_ms (",
+                                           longest_wait, "): a worker paused that long would be "
+                                           "dropped mid-step"));
+      }
     }  // else Launch names the error
   }
   StopSignal& stop = StopOnTerminationSignals();

@@ -719,11 +719,12 @@ TEST_CASE("a server closes connections that stall half-way: in the handshake aft
   CHECK(got[0] == std::vector<float>(64, 1.0f));
 }
 
-// 8 calls of `bytes` each at once, each on a connection of its own, to
-// ps:0's Push; returns their codes, and *rss_growth gets how far ps:0's
+// `calls` calls of `bytes` each at once, each on a connection of its own,
+// to ps:0's Push; returns their codes, and *rss_growth gets how far ps:0's
 // resident memory rose above where it stood before while they ran.
-std::vector<grpc::StatusCode> ConcurrentBigPushes(Servers& s, int64_t bytes, int64_t* rss_growth) {
-  constexpr int kCalls = 8;
+std::vector<grpc::StatusCode> ConcurrentBigPushes(Servers& s, int64_t bytes, int64_t* rss_growth,
+                                                  int calls_at_once = 8) {
+  const int kCalls = calls_at_once;
   const int pid = s.procs[0]->pid();
   const int64_t rss_before = ResidentBytes(pid);
   std::atomic<bool> done{false};
@@ -761,8 +762,8 @@ std::vector<grpc::StatusCode> ConcurrentBigPushes(Servers& s, int64_t bytes, int
   return codes;
 }
 
-TEST_CASE("in-flight request memory is bounded: 8 concurrent 200 MiB pushes are refused past "
-          "the quota, not held", "[data_path][limits]") {
+TEST_CASE("in-flight request memory is bounded: 8 concurrent 200 MiB pushes, or one of 1 GiB, "
+          "are refused past the quota, not held", "[data_path][limits]") {
   // The same calls against a quota they fit in show what they would cost.
   int64_t unbounded = 0;
   {
@@ -771,6 +772,26 @@ TEST_CASE("in-flight request memory is bounded: 8 concurrent 200 MiB pushes are 
       CHECK(c == grpc::StatusCode::INVALID_ARGUMENT);  // received whole, then refused
     }
   }
+  // One 1 GiB message, on a server of its own (its resident memory starts
+  // low): cut off once it fills the quota, long before the rest of it
+  // arrives. (Under a quota above it, it would be received whole, +1 GiB,
+  // and then refused by size.)
+  int64_t gib_growth = 0;
+  absl::Duration gib_took;
+  std::vector<grpc::StatusCode> gib;
+  {
+    Servers fresh(1, "inflight_gib", {}, 0, "", 2, {"--max_inflight_mib=512"});
+    const absl::Time start = absl::Now();
+    gib = ConcurrentBigPushes(fresh, int64_t{1} << 30, &gib_growth, 1);
+    gib_took = absl::Now() - start;
+  }
+  WARN("a 1 GiB push against --max_inflight_mib=512: code " << static_cast<int>(gib[0])
+       << " after " << absl::FormatDuration(gib_took) << ", ps:0's resident memory rose "
+       << (gib_growth >> 20) << " MiB");
+  CHECK(gib[0] == grpc::StatusCode::RESOURCE_EXHAUSTED);
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+  CHECK(gib_growth < (int64_t{800} << 20));
+#endif
   Servers s(1, "inflight", {}, 0, "", 2, {"--max_inflight_mib=512"});
   int64_t bounded = 0;
   int exhausted = 0;

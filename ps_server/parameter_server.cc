@@ -281,6 +281,10 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
             PullReply()}});
     }
     waiters_.clear();
+    if (initialized_ && incarnation_ != request.incarnation()) {
+      replaced_incarnation_ = incarnation_;
+      replaced_at_ = absl::Now();
+    }
     initialized_ = true;
     incarnation_ = request.incarnation();
     model_ = std::move(model);
@@ -314,6 +318,13 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
 absl::Status ParameterServer::CheckIncarnationLocked(uint64_t incarnation) const {
   if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
   if (!initialized_) return absl::UnavailableError("parameter server not initialized yet");
+  if (incarnation != incarnation_ && incarnation == replaced_incarnation_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "request from cluster incarnation ", incarnation, ", whose state this server dropped ",
+        absl::ToInt64Seconds(absl::Now() - replaced_at_),
+        " s ago when its chief initialized it again for incarnation ", incarnation_,
+        " (a rollback, or a new run): register with the chief again"));
+  }
   if (incarnation != incarnation_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "request from cluster incarnation ", incarnation, ", this server serves ", incarnation_,

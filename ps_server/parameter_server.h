@@ -493,6 +493,10 @@ class ParameterServer {
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool destroying_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  // The incarnation a new one replaced (0: none), and when (a rollback or a
+  // new run): a task still on it is told so.
+  uint64_t replaced_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Time replaced_at_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<Model> model_ ABSL_GUARDED_BY(mu_);
   // Number of applied updates (sync: steps; async: pushes).
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;

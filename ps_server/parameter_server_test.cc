@@ -8,6 +8,8 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -323,6 +325,48 @@ TEST_CASE("bad pushes are refused and leave the model bit-identical", "[ps][vali
   // And the server still works.
   CHECK(ps.Push(Grad(0, 0, {1, 1, 1, 1}), &r).ok());
   CHECK(r.outcome() == APPLIED);
+}
+
+TEST_CASE("initialized again (a rollback, or a new run): a task still on the replaced "
+          "incarnation is told so, by name", "[ps][validation]") {
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(InitRequest(BaseConfig(true, 1), 2)).ok());
+  PushResponse r;
+  REQUIRE(ps.Push(Grad(0, 0, {1, 1, 1, 1}), &r).ok());
+  // A task of some other run, before any replacement: the old message.
+  PushRequest stranger = Grad(0, 0, {1, 1, 1, 1});
+  stranger.set_incarnation(kIncarnation + 7);
+  absl::Status st = ps.Push(stranger, &r);
+  CHECK(absl::IsFailedPrecondition(st));
+  CHECK(absl::StrContains(st.message(), "(a task from an earlier run?)"));
+  // Its chief initializes it again (as a rollback does, from a checkpoint).
+  InitializeRequest again = InitRequest(BaseConfig(true, 1), 2, {5, 6, 7, 8});
+  again.set_incarnation(kIncarnation + 1);
+  REQUIRE(ps.Initialize(again).ok());
+  // A worker still on the old incarnation learns what happened; nothing
+  // changes.
+  st = ps.Push(Grad(1, 0, {1, 1, 1, 1}), &r);
+  INFO(st.message());
+  CHECK(absl::IsFailedPrecondition(st));
+  CHECK(absl::StrContains(st.message(),
+                          absl::StrCat("request from cluster incarnation ", kIncarnation,
+                                       ", whose state this server dropped 0 s ago when its "
+                                       "chief initialized it again for incarnation ",
+                                       kIncarnation + 1,
+                                       " (a rollback, or a new run): register with the chief "
+                                       "again")));
+  PullRequest pull;
+  pull.set_incarnation(kIncarnation + 1);
+  pull.set_worker(-1);
+  PullResponse pr;
+  REQUIRE(ps.Pull(pull, &pr).ok());
+  CHECK(pr.version() == 0);
+  auto w = FromProto(pr.tensors(0).tensor());
+  REQUIRE(w.ok());
+  CHECK(w->values() == std::vector<float>{5, 6, 7, 8});
+  // A task of a third incarnation still gets the general message.
+  st = ps.Push(stranger, &r);
+  CHECK(absl::StrContains(st.message(), "(a task from an earlier run?)"));
 }
 
 TEST_CASE("requests before Initialize are UNAVAILABLE; bad Initialize is refused", "[ps]") {

@@ -92,18 +92,20 @@ TEST_CASE("sync training on 1 chief, 2 ps, 2 workers learns the digits", "[clust
 TEST_CASE("sync with backup workers: 1 of 2 gradients per step, stragglers dropped and counted",
           "[cluster][sync]") {
   ConfigOptions o;
-  o.max_steps = 300;
+  o.max_steps = 600;
   o.replicas_to_aggregate = 1;
   Run run = Launch("backup_workers", o);
   INFO(run.result.output);
   REQUIRE(run.result.exit_code == 0);
   REQUIRE(run.summary.is_object());
-  CHECK(run.summary["global_step"] == 300);  // the servers stayed in step to the end
-  // Arrival order decides which gradients count: not bitwise reproducible,
-  // measured 0.88-0.91 over repeated runs.
+  CHECK(run.summary["global_step"] == 600);  // the servers stayed in step to the end
+  // Arrival order decides which gradients count: not bitwise reproducible.
+  // At 300 steps the final accuracy measured 0.88-0.91, and once 0.785 in
+  // CI (0.895 at step 256: one worker's batch per step is a noisy step); at
+  // 600 steps, 0.942-0.954 over 8 runs.
   CHECK(run.summary["eval_accuracy"].get<double>() >= 0.8);
   // Each step took the first gradient on each of the 2 servers.
-  CHECK(run.summary["pushes_applied"] == 2 * 300);
+  CHECK(run.summary["pushes_applied"] == 2 * 600);
   CHECK(run.summary["gradients_dropped_stale"].get<int64_t>() > 0);
   CHECK(run.summary["pushes_refused"] == 0);
 }

@@ -600,6 +600,24 @@ TEST_CASE("embedding rows and their Adam slots resume bitwise after kill -9, and
                       JoinPath(ref_ckpt, CheckpointDirName(steps)));
 }
 
+// Under a running `launch`: waits until the pointer of `ckpt` names step
+// `min_step` or later, the launch has ended, or 120 s have passed.
+void WaitForCheckpoint(const std::string& ckpt, int64_t min_step, Subprocess* launch) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (ReadPointer(Env::Default(), ckpt).value_or(0) < min_step && absl::Now() < deadline &&
+         launch->running()) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+// `pstrain checkpoint restore CKPT --cluster_spec=` the job's spec.
+CommandResult RestoreWithCli(const std::string& checkpoint, const Job& job,
+                             absl::Duration timeout) {
+  return testing::RunCommand({Binary("tools/pstrain"), "checkpoint", "restore", checkpoint,
+                              "--cluster_spec=" + job.spec},
+                             timeout);
+}
+
 // Under a running `launch`: once the pointer of `ckpt` names step `min_step`
 // or later (or 120 s pass), kills the one task matching `victim` ("--job=ps
 // --task=1") with SIGKILL; then times (up to 60 s) until the chief's log
@@ -607,11 +625,7 @@ TEST_CASE("embedding rows and their Adam slots resume bitwise after kill -9, and
 absl::Duration KillAndTime(const Job& job, const std::string& ckpt, Subprocess* launch,
                            int64_t min_step, const std::string& victim, const std::string& line,
                            int64_t* at_kill) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (ReadPointer(Env::Default(), ckpt).value_or(0) < min_step && absl::Now() < deadline &&
-         launch->running()) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  WaitForCheckpoint(ckpt, min_step, launch);
   const std::vector<int> pids =
       testing::ProcessesMatching(absl::StrCat("--cluster_spec=", job.spec, " ", victim));
   REQUIRE(pids.size() == 1);
@@ -825,11 +839,7 @@ TEST_CASE("--restart=on-failure: a hung server fails the chief, which restarts t
   o.startup_timeout_ms = 4000;
   const Job job = WriteJob(dir, o, 2);
   std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir, {"--restart=on-failure"});
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (ReadPointer(Env::Default(), ckpt).value_or(0) < 200 && absl::Now() < deadline &&
-         launch->running()) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  WaitForCheckpoint(ckpt, 200, launch.get());
   // Stopped, not dead: it holds its port and answers nothing. Restarting
   // the chief alone could not help; the job's restart replaces the server.
   const std::vector<int> pids =
@@ -865,17 +875,10 @@ TEST_CASE("pstrain checkpoint restore rolls a running job back to a checkpoint; 
   const std::string ckpt = JoinPath(dir, "ckpt");
   const Job job = WriteJob(dir, CheckpointOptions(ckpt, steps), 2);
   // Without a running chief: a clear failure.
-  CommandResult none = testing::RunCommand(
-      {Binary("tools/pstrain"), "checkpoint", "restore", JoinPath(ckpt, "ckpt-200"),
-       "--cluster_spec=" + job.spec},
-      absl::Seconds(60));
+  CommandResult none = RestoreWithCli(JoinPath(ckpt, "ckpt-200"), job, absl::Seconds(60));
   CHECK(none.exit_code != 0);
   std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir);
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (ReadPointer(Env::Default(), ckpt).value_or(0) < 400 && absl::Now() < deadline &&
-         launch->running()) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  WaitForCheckpoint(ckpt, 400, launch.get());
   // A damaged copy of ckpt-100 is refused before the chief is asked.
   const std::string bad_dir = testing::FreshTempDir("cli_restore_bad");
   CopyCheckpoint(ckpt, 100, bad_dir);
@@ -890,9 +893,7 @@ TEST_CASE("pstrain checkpoint restore rolls a running job back to a checkpoint; 
     damaged[damaged.size() / 2] ^= 0x40;
     REQUIRE(Env::Default()->WriteFile(shard, damaged, false).ok());
   }
-  CommandResult refused = testing::RunCommand(
-      {Binary("tools/pstrain"), "checkpoint", "restore", bad, "--cluster_spec=" + job.spec},
-      absl::Seconds(60));
+  CommandResult refused = RestoreWithCli(bad, job, absl::Seconds(60));
   INFO(refused.output);
   CHECK(refused.exit_code == 1);
   CHECK(refused.output.find("is not a good checkpoint; nothing changed") != std::string::npos);
@@ -900,10 +901,8 @@ TEST_CASE("pstrain checkpoint restore rolls a running job back to a checkpoint; 
   // the path it is given).
   const std::string copy_dir = testing::FreshTempDir("cli_restore_copy");
   CopyCheckpoint(ckpt, 200, copy_dir);
-  CommandResult restored = testing::RunCommand(
-      {Binary("tools/pstrain"), "checkpoint", "restore", JoinPath(copy_dir, "ckpt-200"),
-       "--cluster_spec=" + job.spec},
-      absl::Seconds(120));
+  CommandResult restored =
+      RestoreWithCli(JoinPath(copy_dir, "ckpt-200"), job, absl::Seconds(120));
   INFO(restored.output);
   REQUIRE(restored.exit_code == 0);
   CHECK(restored.output.find("rolled the job back to step 200 from") != std::string::npos);
@@ -942,17 +941,10 @@ TEST_CASE("over mutual TLS, pstrain checkpoint restore rolls a running job back 
   const Job job = WriteJob(dir, CheckpointOptions(ckpt, steps), 2);
   testing::UseMutualTls(dir, job.spec);
   std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir);
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  while (ReadPointer(Env::Default(), ckpt).value_or(0) < 200 && absl::Now() < deadline &&
-         launch->running()) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  WaitForCheckpoint(ckpt, 200, launch.get());
   // The CLI calls the chief with the operator's certificate from the spec's
   // TLS directory; the chief lets the operator, and only it, roll back.
-  CommandResult restored = testing::RunCommand(
-      {Binary("tools/pstrain"), "checkpoint", "restore", JoinPath(ckpt, "ckpt-100"),
-       "--cluster_spec=" + job.spec},
-      absl::Seconds(120));
+  CommandResult restored = RestoreWithCli(JoinPath(ckpt, "ckpt-100"), job, absl::Seconds(120));
   INFO(restored.output);
   REQUIRE(restored.exit_code == 0);
   CHECK(restored.output.find("rolled the job back to step 100 from") != std::string::npos);
@@ -979,10 +971,7 @@ TEST_CASE("over mutual TLS, pstrain checkpoint restore rolls a running job back 
       absl::Seconds(30));
   INFO(revoke.output);
   REQUIRE(revoke.exit_code == 0);
-  CommandResult refused = testing::RunCommand(
-      {Binary("tools/pstrain"), "checkpoint", "restore", JoinPath(ckpt, "ckpt-100"),
-       "--cluster_spec=" + job.spec},
-      absl::Seconds(60));
+  CommandResult refused = RestoreWithCli(JoinPath(ckpt, "ckpt-100"), job, absl::Seconds(60));
   INFO(refused.output);
   CHECK(refused.exit_code == 2);
   CHECK(refused.output.find("pstrain checkpoint restore: TLS: ") != std::string::npos);
@@ -1002,11 +991,7 @@ TEST_CASE("--restart=on-failure: a worker killed mid-run is restarted alone and 
     std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir, {"--restart=on-failure"});
     // Kill worker 1 once the run is well under way (a checkpoint of step 600
     // or later: async checkpoints cut at whatever step they are asked at).
-    const absl::Time deadline = absl::Now() + absl::Seconds(120);
-    while (ReadPointer(Env::Default(), JoinPath(dir, "ckpt")).value_or(0) < 600 &&
-           absl::Now() < deadline && launch->running()) {
-      absl::SleepFor(absl::Milliseconds(5));
-    }
+    WaitForCheckpoint(JoinPath(dir, "ckpt"), 600, launch.get());
     const std::vector<int> pids = testing::ProcessesMatching(
         absl::StrCat("--cluster_spec=", job.spec, " --job=worker --task=1"));
     REQUIRE(pids.size() == 1);

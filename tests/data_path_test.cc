@@ -481,6 +481,9 @@ int64_t ResidentBytes(int pid) {
   return -1;
 }
 
+// What an HTTP/2 client sends first on a connection.
+constexpr char kHttp2Preface[] = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
 // A TCP connection to a server's port that sends `bytes` and then nothing.
 int RawConnect(const std::string& address, const std::string& bytes) {
   const HostPort hp = *ParseHostPort(address);
@@ -551,7 +554,7 @@ TEST_CASE("load: 32 async clients against 2 servers lose no update while malform
   // Beside the load, on ps:0: connections that stall half-way, garbage
   // frames and protobufs, a stream cut short, and a message over the cap.
   const std::string address = s.cluster->address(kPsJob, 0);
-  const std::string preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  const std::string preface = kHttp2Preface;
   std::vector<int> stalled;
   for (int i = 0; i < 8; ++i) {
     // The preface and the first 5 bytes of a 9-byte frame header, then
@@ -678,7 +681,7 @@ TEST_CASE("a server closes connections that stall half-way: in the handshake aft
   Servers s(1, "stalled_peers", {{"w", {64}}}, 0, "", 1,
             {"--handshake_timeout_ms=1500", "--keepalive_ms=1000"});
   const std::string address = s.cluster->address(kPsJob, 0);
-  const std::string preface = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+  const std::string preface = kHttp2Preface;
   std::vector<int> in_handshake, after_it;
   const absl::Time start = absl::Now();
   for (int i = 0; i < 8; ++i) {

@@ -156,10 +156,11 @@ class ParkedPullReactor final : public grpc::ServerUnaryReactor {
       id = id_;
     }
     if (id != 0) ps_->CancelPull(id);  // no-op when it already finished
+    handoff_.Release();  // gRPC runs OnCancel before OnDone
   }
 
   void OnDone() override {
-    handoff_.Acquire();  // Reply's writes (the slot) happened before gRPC completed the call
+    handoff_.Acquire();  // after Reply and OnCancel, which touched this reactor
     Unref();
   }
 
@@ -186,7 +187,9 @@ class ParkedPullReactor final : public grpc::ServerUnaryReactor {
   uint64_t id_ ABSL_GUARDED_BY(mu_) = 0;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   std::atomic<int> refs_{2};
-  const HandoffToken handoff_{};  // Reply, through gRPC's core, before OnDone
+  // Reply and OnCancel, each through gRPC's core, before OnDone (which
+  // destroys the reactor): gRPC orders them, but TSan does not see it.
+  const HandoffToken handoff_{};
 };
 
 // A pull's request, parsed and checked against the caller; an error ends the

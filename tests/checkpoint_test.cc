@@ -942,12 +942,30 @@ TEST_CASE("over mutual TLS, pstrain checkpoint restore rolls a running job back 
   testing::UseMutualTls(dir, job.spec);
   std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir);
   WaitForCheckpoint(ckpt, 200, launch.get());
+  // The job still runs, past a committed checkpoint to roll back to: the
+  // first one committed (ckpt-50 unless its commit failed under load).
+  int64_t back = 0;
+  {
+    INFO(Env::Default()->ReadFile(JoinPath(dir, "launch.out")).value_or("") << ChiefLog(job));
+    REQUIRE(launch->running());
+    REQUIRE(ReadPointer(Env::Default(), ckpt).value_or(0) >= 200);
+    auto all = ListCheckpoints(Env::Default(), ckpt);
+    REQUIRE(all.ok());
+    const auto first = std::find_if(all->begin(), all->end(),
+                                    [](const CheckpointInfo& c) { return c.complete; });
+    REQUIRE(first != all->end());
+    back = first->step;
+    REQUIRE(back > 0);
+    REQUIRE(back < 200);
+  }
   // The CLI calls the chief with the operator's certificate from the spec's
   // TLS directory; the chief lets the operator, and only it, roll back.
-  CommandResult restored = RestoreWithCli(JoinPath(ckpt, "ckpt-100"), job, absl::Seconds(120));
+  const std::string back_dir = JoinPath(ckpt, absl::StrCat("ckpt-", back));
+  CommandResult restored = RestoreWithCli(back_dir, job, absl::Seconds(120));
   INFO(restored.output);
   REQUIRE(restored.exit_code == 0);
-  CHECK(restored.output.find("rolled the job back to step 100 from") != std::string::npos);
+  CHECK(restored.output.find(absl::StrCat("rolled the job back to step ", back, " from")) !=
+        std::string::npos);
   const auto [code, out] = FinishLaunch(launch.get(), dir);
   INFO(out);
   const std::string log = ChiefLog(job);
@@ -956,10 +974,10 @@ TEST_CASE("over mutual TLS, pstrain checkpoint restore rolls a running job back 
   CHECK(*code == 0);
   CHECK(log.find("mutual TLS on") != std::string::npos);
   // One rollback, the operator's.
-  CHECK(NumberAfter(log, kRolledBack) == 100);
+  CHECK(NumberAfter(log, kRolledBack) == back);
   CHECK(log.find(kRolledBack, log.find(kRolledBack) + 1) == std::string::npos);
   CHECK(log.find("an operator's restore of ") != std::string::npos);
-  CheckWorkersFollowed(job, out, 100);
+  CheckWorkersFollowed(job, out, back);
   const nlohmann::json j = nlohmann::json::parse(
       Env::Default()->ReadFile(JoinPath(job.out, "summary.json")).value_or("{}"));
   CHECK(j["global_step"].get<int64_t>() == steps);
@@ -971,7 +989,7 @@ TEST_CASE("over mutual TLS, pstrain checkpoint restore rolls a running job back 
       absl::Seconds(30));
   INFO(revoke.output);
   REQUIRE(revoke.exit_code == 0);
-  CommandResult refused = RestoreWithCli(JoinPath(ckpt, "ckpt-100"), job, absl::Seconds(60));
+  CommandResult refused = RestoreWithCli(back_dir, job, absl::Seconds(60));
   INFO(refused.output);
   CHECK(refused.exit_code == 2);
   CHECK(refused.output.find("pstrain checkpoint restore: TLS: ") != std::string::npos);

@@ -488,9 +488,12 @@ TEST_CASE("2 x b == 1 x 2b holds for the click-through model with Adam, rows inc
   CheckAgainstReference(cluster, m, ref.params);
 }
 
-void CheckBitwiseReruns(const std::string& name, const ConfigOptions& o, size_t variables) {
-  Run a = Launch(name + "_a", o);
-  Run b = Launch(name + "_b", o);
+// Runs of options `oa` and `ob` end with bitwise identical parameters.
+// Returns the second run's worker:0 log.
+std::string CheckBitwiseSame(const std::string& name, const ConfigOptions& oa,
+                             const ConfigOptions& ob, size_t variables) {
+  Run a = Launch(name + "_a", oa);
+  Run b = Launch(name + "_b", ob);
   INFO(a.result.output << b.result.output);
   REQUIRE(a.result.exit_code == 0);
   REQUIRE(b.result.exit_code == 0);
@@ -502,12 +505,30 @@ void CheckBitwiseReruns(const std::string& name, const ConfigOptions& o, size_t 
     REQUIRE(t.num_elements() == u.num_elements());
     CHECK(std::memcmp(t.data(), u.data(), t.num_elements() * sizeof(float)) == 0);
   }
+  return Env::Default()->ReadFile(JoinPath(b.dir, "out/logs/worker-0.log")).value_or("");
+}
+
+void CheckBitwiseReruns(const std::string& name, const ConfigOptions& o, size_t variables) {
+  CheckBitwiseSame(name, o, o, variables);
 }
 
 TEST_CASE("two identical sync runs give bitwise identical parameters", "[cluster][determinism]") {
   ConfigOptions o;
   o.max_steps = 60;
   CheckBitwiseReruns("bitwise", o, 4);
+}
+
+TEST_CASE("a sync run without overlap (rpc.sequential) gives bitwise the same parameters",
+          "[cluster][determinism]") {
+  // Pushing layers during the backward pass and sending the next pull with
+  // the push change when bytes travel, never what is summed or in which order.
+  ConfigOptions o;
+  o.max_steps = 60;
+  o.hidden_units = {48, 32};
+  ConfigOptions sequential = o;
+  sequential.rpc_extra = "sequential: true";
+  const std::string log = CheckBitwiseSame("bitwise_sequential", o, sequential, 6);
+  CHECK(log.find("rpc.sequential: no push during the backward pass") != std::string::npos);
 }
 
 TEST_CASE("bitwise reruns with two hidden layers and GELU", "[cluster][determinism]") {
@@ -1213,6 +1234,7 @@ TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV"
   CHECK(r.output.find("== wire") != std::string::npos);
   CHECK(r.output.find("== apply") != std::string::npos);
   CHECK(r.output.find("784-16-10") != std::string::npos);
+  CHECK(r.output.find("== train: what the overlap hides") != std::string::npos);
   // The picture, drawn by Debian's matplotlib (tools/setup.sh installs it).
   CHECK(r.output.find("wrote " + JoinPath(dir, "bench.png")) != std::string::npos);
   auto png = Env::Default()->ReadFile(JoinPath(dir, "bench.png"));
@@ -1222,9 +1244,10 @@ TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV"
   auto csv = Env::Default()->ReadFile(JoinPath(dir, "bench.csv"));
   REQUIRE(csv.ok());
   // Header, then per size x workers: pstrain on 1 and 2 servers, echo, TCP,
-  // memcpy (2 x 2 x 5), apply (a += b and 7 optimizers), train (3).
+  // memcpy (2 x 2 x 5), apply (a += b and 7 optimizers), train (3), and the
+  // overlap's (rpc.sequential's examples/s, both runs' wait per step: 3).
   std::vector<std::string> lines = absl::StrSplit(*csv, '\n', absl::SkipEmpty());
-  CHECK(lines.size() == 1 + 20 + 8 + 3);
+  CHECK(lines.size() == 1 + 20 + 8 + 3 + 3);
   for (size_t i = 1; i < lines.size(); ++i) {
     std::vector<std::string> f = absl::StrSplit(lines[i], ',');
     REQUIRE(f.size() == 8);

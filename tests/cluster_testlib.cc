@@ -9,6 +9,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <mutex>
 #include <sstream>
 
@@ -111,7 +112,8 @@ std::string ConfigText(const ConfigOptions& o) {
       "max_steps: ", o.max_steps, "\nseed: 11\neval_every_steps: ", o.eval_every_steps,
       "\noutput_dir: \"", o.output_dir, "\"\n", "placement { partition_min_bytes: 65536 }\n",
       "rpc { step_timeout_ms: ", o.step_timeout_ms, " startup_timeout_ms: ", o.startup_timeout_ms,
-      o.rpc_timeout_ms > 0 ? absl::StrCat(" rpc_timeout_ms: ", o.rpc_timeout_ms) : "", " }\n",
+      o.rpc_timeout_ms > 0 ? absl::StrCat(" rpc_timeout_ms: ", o.rpc_timeout_ms) : "", " ",
+      o.rpc_extra, " }\n",
       o.extra,
       "\n");
 }
@@ -279,6 +281,12 @@ InitializeRequest TinyModelInit(const std::string& output_dir) {
   v->mutable_ref()->set_variable("w");
   ToProto({2, 2}, {1, 2, 3, 4}, v->mutable_tensor());
   return init;
+}
+
+void Skip(const std::string& why) {
+  std::cerr << "SKIPPED: " << Catch::getResultCapture().getCurrentTestName() << ": " << why
+            << "\n";
+  WARN("skipped: " << why);
 }
 
 }  // namespace pstrain::testing

@@ -45,6 +45,7 @@ struct ConfigOptions {
   bool csv = false;            // read DigitsCsvDir() instead of the IDX files
   std::string data;            // a `data { ... }` body replacing the digits (e.g. CRITEO)
   std::string extra;           // more config lines (e.g. embedding_tables { ... })
+  std::string rpc_extra;       // more fields of the rpc { } block (e.g. "sequential: true")
   int max_malformed_lines = 0;
   int eval_every_steps = 50;
   int step_timeout_ms = 30000;
@@ -100,6 +101,10 @@ std::string UseMutualTls(const std::string& dir, const std::string& spec_path);
 
 // GET http://127.0.0.1:port/path: the whole response, "" when it failed.
 std::string HttpGet(int port, const std::string& path);
+
+// Says why the current case skips, in the test's log as well as Catch2's
+// report (the caller then returns).
+void Skip(const std::string& why);
 
 }  // namespace pstrain::testing
 

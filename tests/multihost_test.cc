@@ -35,12 +35,7 @@ using testing::RunCommand;
 
 std::string Script(const std::string& rel) { return JoinPath(BinDir(), rel); }
 
-// Says why a case skips, in the test's log as well as Catch2's report.
-void Skip(const std::string& why) {
-  std::cerr << "SKIPPED: " << Catch::getResultCapture().getCurrentTestName() << ": " << why
-            << "\n";
-  WARN("skipped: " << why);
-}
+using testing::Skip;
 
 // Bazel runs tests with PATH=/bin:/usr/bin; ip, munged, slurmd and the
 // scripts' tools live in the sbin directories too.

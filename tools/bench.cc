@@ -904,16 +904,25 @@ class Bench {
     return static_cast<double>(steps) * batch / absl::ToDoubleSeconds(absl::Now() - start);
   }
 
-  // One run through `pstrain launch` on free ports: the chief's
-  // examples/s (first report to the end, so start-up is not counted).
-  absl::StatusOr<double> ClusterRun(const std::string& dir, const std::string& hidden, int ps,
-                                    int workers, int64_t steps) {
+  // What one training run measured: the chief's examples/s (first report to
+  // the end, so start-up is not counted), and the workers' mean time per
+  // step waiting on pulls and pushes (summary.json's step_time_ms).
+  struct RunResult {
+    double examples_per_sec = 0;
+    double comm_wait_ms = 0;
+  };
+
+  // One run through `pstrain launch` on free ports; `sequential`:
+  // rpc.sequential (pull, compute and push strictly in turn).
+  absl::StatusOr<RunResult> ClusterRun(const std::string& dir, const std::string& hidden, int ps,
+                                       int workers, int64_t steps, bool sequential = false) {
     const std::string spec = JoinPath(dir, "cluster.json");
     RETURN_IF_ERROR(
         WriteFileAtomically(Env::Default(), spec, LocalClusterSpecJson(ps, workers)));
     const std::string out = JoinPath(dir, "out");
     const std::string config = JoinPath(dir, "train.pbtxt");
-    RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), config, TrainConfigText(dir, hidden, steps, out)));
+    RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), config,
+                                        TrainConfigText(dir, hidden, steps, out, sequential)));
     SpawnOptions so;
     so.argv = {"/proc/self/exe", "launch", "--cluster_spec=" + spec, "--config=" + config,
                "--progress=false"};
@@ -930,11 +939,20 @@ class Bench {
     }
     ASSIGN_OR_RETURN(std::string summary, Env::Default()->ReadFile(JoinPath(out, "summary.json")));
     const nlohmann::json j = nlohmann::json::parse(summary, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || !j.contains("examples_per_sec") || !j["examples_per_sec"].is_number()) {
-      return absl::DataLossError(absl::StrCat("no examples_per_sec in ", out, "/summary.json"));
+    auto number = [&j](const char* a, const char* b) -> const nlohmann::json* {
+      if (!j.is_object() || !j.contains(a)) return nullptr;
+      const nlohmann::json* v = &j[a];
+      if (b != nullptr) v = v->is_object() && v->contains(b) ? &(*v)[b] : nullptr;
+      return v != nullptr && v->is_number() ? v : nullptr;
+    };
+    const nlohmann::json* rate = number("examples_per_sec", nullptr);
+    const nlohmann::json* pull = number("step_time_ms", "pull");
+    const nlohmann::json* push = number("step_time_ms", "push");
+    if (rate == nullptr || pull == nullptr || push == nullptr) {
+      return absl::DataLossError(
+          absl::StrCat("no examples_per_sec or step_time_ms in ", out, "/summary.json"));
     }
-    const double rate = j["examples_per_sec"].get<double>();
-    return rate;
+    return RunResult{rate->get<double>(), pull->get<double>() + push->get<double>()};
   }
 
   static std::string HiddenUnits(const std::string& hidden) {
@@ -946,7 +964,7 @@ class Bench {
   }
 
   std::string TrainConfigText(const std::string& data_dir, const std::string& hidden,
-                              int64_t steps, const std::string& out) {
+                              int64_t steps, const std::string& out, bool sequential = false) {
     return absl::StrCat(
         "model { mlp { input_dim: 784", HiddenUnits(hidden), " num_classes: 10 } }\n",
         "data { train_images: \"", JoinPath(data_dir, "train-images-idx3-ubyte"),
@@ -956,7 +974,8 @@ class Bench {
         " {}\nmax_steps: ", steps,
         "\nseed: 1\neval_every_steps: 0\ncompute_threads: 1\ndevice: \"", o_.device,
         "\"\noutput_dir: \"", out, "\"\n",
-        "rpc { wire_dtype: \"", o_.bfloat16 ? "bfloat16" : "float32", "\" }\n");
+        "rpc { wire_dtype: \"", o_.bfloat16 ? "bfloat16" : "float32", "\"",
+        sequential ? " sequential: true" : "", " }\n");
   }
 
   absl::Status Train() {
@@ -972,20 +991,29 @@ class Bench {
               << o_.reps << ") ==\n";
     std::cout << absl::StrFormat("%-18s %-24s %-24s %-24s %10s %10s\n", "model", "compute-only",
                                  "1 ps + 1 worker", "2 ps + 2 workers", "1+1/comp", "2+2/comp");
+    // Sync: the same 1 + 1 run again with rpc.sequential, to show how much
+    // of the communication the overlap hides (printed after this table).
+    std::vector<std::string> overlap_lines;
     for (const std::string& hidden : o_.models) {
       ASSIGN_OR_RETURN(TrainingConfig config,
                        ParseTrainingConfig(TrainConfigText(dir, hidden, 1, dir), "bench"));
-      std::vector<double> compute, one, two;
+      std::vector<double> compute, one, two, seq, one_wait, seq_wait;
       for (int rep = 0; rep < o_.reps; ++rep) {
         if (stop_->stopped()) return absl::CancelledError(stop_->reason());
         ASSIGN_OR_RETURN(double c, ComputeOnly(config));
         compute.push_back(c);
         // About 2 s of training at the compute-only rate, at least 20 steps.
         const int64_t steps = std::clamp<int64_t>(static_cast<int64_t>(2.0 * c / 64), 20, 3000);
-        ASSIGN_OR_RETURN(double r1, ClusterRun(dir, hidden, 1, 1, steps));
-        one.push_back(r1);
-        ASSIGN_OR_RETURN(double r2, ClusterRun(dir, hidden, 2, 2, steps));
-        two.push_back(r2);
+        ASSIGN_OR_RETURN(RunResult r1, ClusterRun(dir, hidden, 1, 1, steps));
+        one.push_back(r1.examples_per_sec);
+        one_wait.push_back(r1.comm_wait_ms);
+        if (!o_.async_training) {
+          ASSIGN_OR_RETURN(RunResult rs, ClusterRun(dir, hidden, 1, 1, steps, /*sequential=*/true));
+          seq.push_back(rs.examples_per_sec);
+          seq_wait.push_back(rs.comm_wait_ms);
+        }
+        ASSIGN_OR_RETURN(RunResult r2, ClusterRun(dir, hidden, 2, 2, steps));
+        two.push_back(r2.examples_per_sec);
       }
       const Stats sc = Summarize(compute), s1 = Summarize(one), s2 = Summarize(two);
       auto f = [](const Stats& s) {
@@ -1000,6 +1028,29 @@ class Bench {
       Add("train", absl::StrCat(what, " compute_only"), 0, 0, 1, sc);
       Add("train", what, 0, 1, 1, s1);
       Add("train", what, 0, 2, 2, s2);
+      if (!seq.empty()) {
+        // Hidden: the share of the sequential run's wait on the wire that
+        // the overlapped run no longer waits for.
+        const Stats ss = Summarize(seq), w1 = Summarize(one_wait), ws = Summarize(seq_wait);
+        auto ms = [](const Stats& s) {
+          return absl::StrFormat("%.2f [%.2f-%.2f]", s.median, s.min, s.max);
+        };
+        overlap_lines.push_back(absl::StrFormat(
+            "%-18s %-24s %-24s %-22s %-22s %7.0f%% %9.2fx\n", name, f(s1), f(ss), ms(w1), ms(ws),
+            ws.median > 0 ? 100.0 * (1.0 - w1.median / ws.median) : 0.0, s1.median / ss.median));
+        Add("overlap", absl::StrCat(name, " sequential examples/s"), 0, 1, 1, ss);
+        Add("overlap", absl::StrCat(name, " wait ms/step overlapped"), 0, 1, 1, w1);
+        Add("overlap", absl::StrCat(name, " wait ms/step sequential"), 0, 1, 1, ws);
+      }
+    }
+    if (!overlap_lines.empty()) {
+      std::cout << "\n== train: what the overlap hides, sync 1 ps + 1 worker: examples/s, and "
+                   "the worker's wait on pulls + pushes per step (median [min-max]) ==\n"
+                << absl::StrFormat("%-18s %-24s %-24s %-22s %-22s %8s %10s\n", "model",
+                                   "overlapped ex/s", "rpc.sequential ex/s", "wait ms overlapped",
+                                   "wait ms sequential", "hidden", "speed-up");
+      for (const std::string& line : overlap_lines) std::cout << line;
+      std::cout << std::flush;
     }
     std::error_code ignored;
     std::filesystem::remove_all(dir, ignored);  // kept when a run failed, for its logs

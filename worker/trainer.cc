@@ -251,7 +251,13 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   }
   std::vector<float> rows, row_grads, bagged;
   std::vector<PushOutcome> row_outcomes;
-  if (sync && clip_norm == 0 && !click_through) {
+  // rpc.sequential: pull, compute and push strictly in turn (to measure what
+  // the overlap hides).
+  const bool overlap = !config.rpc().sequential();
+  if (sync && !overlap) {
+    LOG_INFO("rpc.sequential: no push during the backward pass, no early pull");
+  }
+  if (sync && overlap && clip_norm == 0 && !click_through) {
     model->set_gradients_ready([&ps, &early_push](size_t first, size_t end) {
       absl::Status st = ps->PushReady(first, end);
       if (early_push.ok()) early_push = st;
@@ -320,14 +326,18 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     if (sync) {
       steps.assign(ps->num_servers(),
                    *std::min_element(pulled.versions.begin(), pulled.versions.end()));
-      // Each layer's gradients leave as soon as the backward pass has them.
+      // Each layer's gradients leave as soon as the backward pass has them
+      // (with the overlap: not with rpc.sequential, clipping or bags).
       RETURN_IF_ERROR(ps->PushBegin(steps, grad_src));
-      // And the next step's pull goes out now: each server answers each of
-      // its calls once the partitions it names are applied, while this step
-      // still computes and pushes; the next PullInto takes the replies.
-      std::vector<int64_t> next(steps.size());
-      for (size_t s = 0; s < steps.size(); ++s) next[s] = steps[s] + 1;
-      ps->PrefetchPull(next, step_timeout);
+      // And the next step's pull goes out now (with the overlap): each
+      // server answers each of its calls once the partitions it names are
+      // applied, while this step still computes and pushes; the next
+      // PullInto takes the replies.
+      if (overlap) {
+        std::vector<int64_t> next(steps.size());
+        for (size_t s = 0; s < steps.size(); ++s) next[s] = steps[s] + 1;
+        ps->PrefetchPull(next, step_timeout);
+      }
     }
     float loss = 0;
     const float* x = batch.x;

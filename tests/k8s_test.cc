@@ -3,15 +3,20 @@
 // from PyPI); the TF_CONFIG the entry point builds for every StatefulSet pod
 // parses into one cluster with that pod's task; the entry point really starts
 // a daemon that answers its probes; the pod config loads; the image's runtime
-// stage has every library the daemons link.
+// stage has every library the daemons link; and, with podman, the image
+// built from that stage runs the StatefulSets' pods, which train the demo and
+// survive their chief's death.
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <map>
 #include <optional>
+#include <regex>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "catch2/catch.hpp"
 #include "common/cluster_spec.h"
@@ -30,6 +35,7 @@ namespace {
 using testing::Binary;
 using testing::BinDir;
 using testing::RunCommand;
+using testing::Skip;
 
 constexpr char kKubernetesVersion[] = "1.30.0";
 
@@ -163,11 +169,12 @@ TEST_CASE("the container entry point starts the pod's daemon with its probes", "
   CHECK(log.find(absl::StrCat("listening on 127.0.0.1:", ports[1])) != std::string::npos);
 }
 
-// pstrain certs for 1 ps and 1 worker, named by task, in dir/tls.
-void WriteTaskCertificates(const std::string& dir) {
+// pstrain certs for `ps` servers and `workers` workers, named by task, in
+// dir/tls.
+void WriteTaskCertificates(const std::string& dir, int ps = 1, int workers = 1) {
   testing::CommandResult certs =
-      RunCommand({Binary("tools/pstrain"), "certs", "--ps=1", "--workers=1", "--out",
-                  JoinPath(dir, "tls"), "--days=2"},
+      RunCommand({Binary("tools/pstrain"), "certs", absl::StrCat("--ps=", ps),
+                  absl::StrCat("--workers=", workers), "--out", JoinPath(dir, "tls"), "--days=2"},
                  absl::Seconds(30));
   INFO(certs.output);
   REQUIRE(certs.exit_code == 0);
@@ -229,14 +236,28 @@ TEST_CASE("with PSTRAIN_TLS_CRL_DIR the entry point's daemon reads revocation li
   CHECK(log.find("certificate revoked") != std::string::npos);
 }
 
+// The four binaries the image carries, by their paths under BinDir().
+constexpr const char* kImageBinaries[] = {"chief/chief", "ps_server/ps_server", "worker/worker",
+                                          "tools/pstrain"};
+
+// tests/k8s/runtime_libs.sh over the image's binaries: ldd of the real
+// binaries against the Debian packages the Containerfile's last stage
+// installs. Run once per test binary (about 6 s of dpkg -S here); every case
+// that asks gets the same answer.
+const testing::CommandResult& RuntimeLibs() {
+  static const testing::CommandResult result = [] {
+    std::vector<std::string> argv = {"/bin/bash",
+                                     JoinPath(BinDir(), "tests/k8s/runtime_libs.sh"),
+                                     JoinPath(K8sDir(), "Containerfile")};
+    for (const char* b : kImageBinaries) argv.push_back(Binary(b));
+    return RunCommand(argv, absl::Seconds(60));
+  }();
+  return result;
+}
+
 TEST_CASE("the image's runtime stage installs every library the daemons load", "[k8s]") {
-  // Checked without a container runtime: ldd of the real binaries against the
-  // Debian packages the Containerfile's last stage installs.
-  testing::CommandResult r = RunCommand(
-      {"/bin/bash", JoinPath(BinDir(), "tests/k8s/runtime_libs.sh"),
-       JoinPath(K8sDir(), "Containerfile"), Binary("chief/chief"), Binary("ps_server/ps_server"),
-       Binary("worker/worker"), Binary("tools/pstrain")},
-      absl::Seconds(60));
+  // Checked without a container runtime.
+  const testing::CommandResult& r = RuntimeLibs();
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("libgrpc++1.51") != std::string::npos);
@@ -326,6 +347,264 @@ TEST_CASE("pstrain k8s-manifest writes manifests that validate, for either kind"
     CHECK(bad.output.find(named) != std::string::npos);
     CHECK(bad.output.find("apiVersion") == std::string::npos);
   }
+}
+
+// --- The image, built and run with podman (tests/k8s/pods.py) ---------------
+
+// Empty when this build's daemons can go into the image as they are: the
+// image is CPU-only and carries no sanitizer runtime, so a CUDA or sanitizer
+// build's binaries cannot run in it (the CPU-only configuration runs these
+// cases). Otherwise why not.
+std::string WhyNotImageBinaries() {
+  const testing::CommandResult& r = RuntimeLibs();
+  if (r.exit_code != 0) return "runtime_libs.sh failed: " + r.output;
+  if (r.output.find("(skipped)") == std::string::npos) return "";
+  return "this build's daemons load libraries the CPU-only image does not carry (the CPU-only "
+         "configuration runs this case): " +
+         r.output.substr(0, r.output.find("runtime stage installs"));
+}
+
+// Empty when containers can be run here: as root (a container network needs
+// it), with podman and the tools pods.py uses installed (tools/test.sh
+// installs them); else why not.
+std::string WhyNoPodman() {
+  if (::geteuid() != 0) return "not root";
+  for (const char* tool : {"/usr/bin/podman", "/usr/bin/mmdebstrap", "/usr/sbin/runc",
+                           "/usr/sbin/iptables", "/usr/lib/podman/netavark",
+                           "/usr/lib/podman/aardvark-dns"}) {
+    if (::access(tool, X_OK) != 0) return absl::StrCat(tool, " is not installed");
+  }
+  return "";
+}
+
+// Removes what pods.py left in `work` (containers, network, images) however
+// the case ends, even after the script was killed at its deadline.
+struct PodsGuard {
+  std::string python, work, name;
+  ~PodsGuard() {
+    RunCommand({python, JoinPath(BinDir(), "tests/k8s/pods.py"), "--work=" + work,
+                "--name=" + name, "--cleanup"},
+               absl::Seconds(300));
+  }
+};
+
+// Runs StatefulSets in containers of the image built from the
+// Containerfile's runtime stage (tests/k8s/pods.py), the demo's digits on the
+// data volume and the cluster secret as the pstrain-auth Secret; `flags` name
+// the manifests (default: configs/k8s's) and the other Secrets and
+// ConfigMaps; `tag` names the run's network (pk8s-<pid>-<tag>). Returns the
+// script's output; the pods' logs are in dir/work/<pod>.log and the run's
+// output under dir/data/output. Empty, after saying why, where it cannot run.
+std::optional<testing::CommandResult> RunPods(const std::string& dir, const std::string& tag,
+                                              const std::vector<std::string>& flags) {
+  const testing::PythonReaders py = testing::PythonWithModules("yaml");
+  if (!py.error.empty()) {
+    if (py.required) FAIL(py.error);
+    Skip(py.error);
+    return std::nullopt;
+  }
+  const std::string& python = py.python;
+  for (const std::string& why : {WhyNoPodman(), WhyNotImageBinaries()}) {
+    if (!why.empty()) {
+      Skip(why);
+      return std::nullopt;
+    }
+  }
+  const std::string bin = JoinPath(dir, "bin"), digits = JoinPath(dir, "data/digits");
+  REQUIRE(Env::Default()->CreateDirs(bin).ok());
+  REQUIRE(Env::Default()->CreateDirs(digits).ok());
+  for (const char* b : kImageBinaries) {
+    const std::string name = std::string(b).substr(std::string(b).find('/') + 1);
+    REQUIRE(::symlink(Binary(b).c_str(), JoinPath(bin, name).c_str()) == 0);
+  }
+  // The data volume holds the data (the pods read it from /data/digits)
+  // and gets the run's output.
+  for (const char* f : {"train-images-idx3-ubyte", "train-labels-idx1-ubyte",
+                        "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
+    auto bytes = Env::Default()->ReadFile(JoinPath(testing::DigitsDir(), f));
+    REQUIRE(bytes.ok());
+    testing::WriteFile(JoinPath(digits, f), *bytes);
+  }
+  // As the manifests' header says: pstrain tokens, then the Secret from
+  // auth/cluster.secret alone.
+  testing::CommandResult tokens = RunCommand(
+      {Binary("tools/pstrain"), "tokens", "--out", JoinPath(dir, "auth")}, absl::Seconds(30));
+  REQUIRE(tokens.exit_code == 0);
+  auto secret = Env::Default()->ReadFile(JoinPath(dir, "auth/cluster.secret"));
+  REQUIRE(secret.ok());
+  REQUIRE(Env::Default()->CreateDirs(JoinPath(dir, "secret-auth")).ok());
+  testing::WriteFile(JoinPath(dir, "secret-auth/cluster.secret"), *secret);
+  PodsGuard guard{python, JoinPath(dir, "work"), absl::StrCat("pk8s-", ::getpid(), "-", tag)};
+  std::vector<std::string> argv = {python,
+                                   JoinPath(BinDir(), "tests/k8s/pods.py"),
+                                   "--work=" + guard.work,
+                                   "--name=" + guard.name,
+                                   "--bin_dir=" + bin,
+                                   "--k8s_dir=" + K8sDir(),
+                                   "--data=" + JoinPath(dir, "data"),
+                                   "--secret=pstrain-auth=" + JoinPath(dir, "secret-auth"),
+                                   "--timeout=300"};  // the image's build included
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  return RunCommand(argv, absl::Seconds(360));
+}
+
+// The pods' config (configs/k8s/train.pbtxt) with `max_steps` steps, in
+// dir/configmap/train.pbtxt: more steps than the demo's 600 keep every pod
+// running (and ready) for several seconds on a busy machine.
+std::string PodsConfig(const std::string& dir, int max_steps) {
+  auto text = Env::Default()->ReadFile(JoinPath(K8sDir(), "train.pbtxt"));
+  REQUIRE(text.ok());
+  REQUIRE(absl::StrContains(*text, "max_steps: 600\n"));
+  REQUIRE(Env::Default()->CreateDirs(JoinPath(dir, "configmap")).ok());
+  const std::string steps = absl::StrCat("max_steps: ", max_steps, "\n");
+  return testing::WriteFile(JoinPath(dir, "configmap/train.pbtxt"),
+                            absl::StrReplaceAll(*text, {{"max_steps: 600\n", steps}}));
+}
+
+// The pstrain-config ConfigMap of configs/k8s/statefulsets.yaml, made as the
+// README makes it (from the config's file): the --configmap flag.
+std::string ConfigMapFlag(const std::string& dir, int max_steps) {
+  PodsConfig(dir, max_steps);
+  return "--configmap=pstrain-config=" + JoinPath(dir, "configmap");
+}
+
+// The exit codes pods.py saw ("EXIT <pod> <code> <seconds>"), by pod.
+std::map<std::string, std::vector<int>> ExitCodes(const std::string& output) {
+  std::map<std::string, std::vector<int>> codes;
+  std::smatch m;
+  const std::regex exit_line(R"((^|\n)EXIT (\S+) (-?[0-9]+) )");
+  for (auto it = output.cbegin();
+       std::regex_search(it, output.cend(), m, exit_line); it = m.suffix().first) {
+    codes[m[2]].push_back(std::stoi(m[3]));
+  }
+  return codes;
+}
+
+// The JSON after "SUMMARY " (the chief's summary.json), or a null json.
+nlohmann::json Summary(const std::string& output) {
+  const size_t at = output.find("\nSUMMARY ");
+  if (at == std::string::npos) return nlohmann::json();
+  const size_t end = output.find('\n', at + 1);
+  return nlohmann::json::parse(output.substr(at + 9, end - at - 9), nullptr, false);
+}
+
+// Every pod of 1 chief, 2 ps and 2 workers became ready, none failed its
+// liveness probe or exited with an error, and the run trained `steps` steps
+// to the demo's accuracy. (A pod that ended its part and exited 0 before the
+// chief logged "training finished" may have been restarted, as Kubernetes
+// would; the manifests' header says to delete the StatefulSets then.)
+void CheckTrainedInPods(const testing::CommandResult& r, int steps) {
+  for (const char* pod : {"chief-0", "ps-0", "ps-1", "worker-0", "worker-1"}) {
+    CHECK(r.output.find(absl::StrCat("\nREADY pstrain-", pod, " ")) != std::string::npos);
+  }
+  for (const auto& [pod, codes] : ExitCodes(r.output)) {
+    INFO(pod);
+    for (int code : codes) CHECK(code == 0);
+  }
+  CHECK(r.output.find("LIVENESS-FAILED") == std::string::npos);
+  const nlohmann::json summary = Summary(r.output);
+  REQUIRE(summary.is_object());
+  CHECK(summary["global_step"] == steps);
+  CHECK(summary["num_ps"] == 2);
+  CHECK(summary["num_workers"] == 2);
+  CHECK(summary["eval_accuracy"].get<double>() >= 0.85);
+}
+
+TEST_CASE("the image built from the Containerfile runs the StatefulSets' pods, which train the "
+          "demo",
+          "[k8s][container]") {
+  const std::string dir = testing::FreshTempDir("k8s_pods");
+  std::optional<testing::CommandResult> r = RunPods(dir, "plain", {ConfigMapFlag(dir, 3000)});
+  if (!r) return;
+  INFO(r->output);
+  REQUIRE(r->exit_code == 0);
+  // The pods found each other by their headless-Service names.
+  CheckTrainedInPods(*r, 3000);
+  const std::string chief_log =
+      Env::Default()->ReadFile(JoinPath(dir, "work/pstrain-chief-0.log")).value_or("");
+  CHECK(chief_log.find("chief listening on pstrain-chief-0.pstrain:7000") != std::string::npos);
+  CHECK(chief_log.find("authentication on") != std::string::npos);
+  // The checkpoints went to the volume every pod shares.
+  CHECK(Env::Default()->FileExists(JoinPath(dir, "data/output/checkpoints/ckpt-3000")));
+}
+
+TEST_CASE("pstrain k8s-manifest --tls writes pods that train over mutual TLS in the image",
+          "[k8s][container][tls]") {
+  const std::string dir = testing::FreshTempDir("k8s_pods_tls");
+  // The ConfigMap is the manifest's own, the config carried in it.
+  testing::CommandResult gen = RunCommand(
+      {Binary("tools/pstrain"), "k8s-manifest", "--config=" + PodsConfig(dir, 3000),
+       "--image=registry.example.com/pstrain:1.0", "--ps=2", "--workers=2", "--tls"},
+      absl::Seconds(30));
+  REQUIRE(gen.exit_code == 0);
+  const std::string manifest = testing::WriteFile(JoinPath(dir, "job.yaml"), gen.output);
+  // The certificates as the output's header says: by task, the CA's key
+  // kept off the cluster, one Secret per role with ca.crt and its tasks' keys.
+  WriteTaskCertificates(dir, 2, 2);
+  std::vector<std::string> flags = {"--manifest=" + manifest};
+  for (const auto& [job, tasks] : {std::pair<std::string, int>{"chief", 1}, {"ps", 2},
+                                   {"worker", 2}}) {
+    const std::string secret = JoinPath(dir, "secret-tls-" + job);
+    REQUIRE(Env::Default()->CreateDirs(secret).ok());
+    std::vector<std::string> files = {"ca.crt"};
+    for (int i = 0; i < tasks; ++i) {
+      files.push_back(absl::StrCat(job, "-", i, ".crt"));
+      files.push_back(absl::StrCat(job, "-", i, ".key"));
+    }
+    for (const std::string& f : files) {
+      auto bytes = Env::Default()->ReadFile(JoinPath(dir, "tls/" + f));
+      REQUIRE(bytes.ok());
+      testing::WriteFile(JoinPath(secret, f), *bytes);
+    }
+    flags.push_back("--secret=pstrain-tls-" + job + "=" + secret);
+  }
+  std::optional<testing::CommandResult> r = RunPods(dir, "tls", flags);
+  if (!r) return;
+  INFO(r->output);
+  REQUIRE(r->exit_code == 0);
+  CheckTrainedInPods(*r, 3000);  // readiness read over HTTPS
+  for (const char* pod : {"chief-0", "ps-1", "worker-1"}) {
+    const std::string log =
+        Env::Default()->ReadFile(JoinPath(dir, absl::StrCat("work/pstrain-", pod, ".log")))
+            .value_or("");
+    INFO(pod << ": " << log);
+    CHECK(log.find("mutual TLS on") != std::string::npos);
+  }
+}
+
+TEST_CASE("a chief killed in its container is restarted as the StatefulSet would and takes the "
+          "run over from its checkpoint",
+          "[k8s][container]") {
+  const std::string dir = testing::FreshTempDir("k8s_pods_restart");
+  // Ten times the demo's steps, so that the run outlasts the kill and the
+  // restart's 10 s back-off.
+  std::optional<testing::CommandResult> r =
+      RunPods(dir, "restart", {ConfigMapFlag(dir, 6000), "--kill_chief_after_checkpoint"});
+  if (!r) return;
+  INFO(r->output);
+  REQUIRE(r->exit_code == 0);
+  CHECK(r->output.find("KILLED pstrain-chief-0") != std::string::npos);
+  CHECK(r->output.find("RESTART pstrain-chief-0") != std::string::npos);
+  // The chief's SIGKILL (137) is the only failure: the servers and workers
+  // waited for it and went on.
+  std::map<std::string, std::vector<int>> codes = ExitCodes(r->output);
+  REQUIRE(!codes["pstrain-chief-0"].empty());
+  CHECK(codes["pstrain-chief-0"][0] == 137);
+  for (const auto& [pod, list] : codes) {
+    INFO(pod);
+    for (size_t i = pod == "pstrain-chief-0" ? 1 : 0; i < list.size(); ++i) CHECK(list[i] == 0);
+  }
+  const nlohmann::json summary = Summary(r->output);
+  REQUIRE(summary.is_object());
+  CHECK(summary["global_step"] == 6000);
+  CHECK(summary["eval_accuracy"].get<double>() >= 0.85);
+  const std::string chief_log =
+      Env::Default()->ReadFile(JoinPath(dir, "work/pstrain-chief-0.log")).value_or("");
+  // The restarted chief (PSTRAIN_RESUME=1) resumed from a committed checkpoint.
+  CHECK(std::regex_search(chief_log, std::regex(R"(resume: from \S*/ckpt-[0-9]+ \(step [0-9]+)")));
+  const std::string worker_log =
+      Env::Default()->ReadFile(JoinPath(dir, "work/pstrain-worker-0.log")).value_or("");
+  CHECK(worker_log.find("the chief answers again") != std::string::npos);
 }
 
 }  // namespace

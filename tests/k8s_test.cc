@@ -591,7 +591,8 @@ TEST_CASE("a chief killed in its container is restarted as the StatefulSet would
   REQUIRE(!codes["pstrain-chief-0"].empty());
   CHECK(codes["pstrain-chief-0"][0] == 137);
   for (const auto& [pod, list] : codes) {
-    INFO(pod);
+    // Its whole log (every run of its container) says why it failed.
+    INFO(pod << ": " << Env::Default()->ReadFile(JoinPath(dir, "work/" + pod + ".log")).value_or(""));
     for (size_t i = pod == "pstrain-chief-0" ? 1 : 0; i < list.size(); ++i) CHECK(list[i] == 0);
   }
   const nlohmann::json summary = Summary(r->output);

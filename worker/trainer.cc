@@ -443,20 +443,43 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     // restarted one takes the run over from its latest checkpoint. Up to
     // the startup timeout for one to answer, asking in short calls (a stop
     // is seen). A step that failed on the servers asks the chief at once.
+    auto wait_for_chief = [&]() -> absl::Status {
+      absl::Status up = WaitForChief(&chief, startup_timeout, stop);
+      if (!up.ok() && !absl::IsCancelled(up)) {
+        LOG_WARN("no chief to follow ({}): the step's failure stands", up);
+      }
+      return up;
+    };
+    bool waited = false;
     if (chief_lost) {
       chief_lost = false;
-      if (absl::Status up = WaitForChief(&chief, startup_timeout, stop); !up.ok()) {
-        if (absl::IsCancelled(up)) return up;
-        LOG_WARN("no chief to follow ({}): the step's failure stands", up);
-        return cause;
+      waited = true;
+      if (absl::Status up = wait_for_chief(); !up.ok()) {
+        return absl::IsCancelled(up) ? up : cause;
       }
     }
     RegisterWorkerResponse again;
     // The chief may wait up to the startup timeout for a lost server to come
     // back, and as long again to put the checkpoint on every server.
     const absl::Duration wait = 2 * startup_timeout + step_timeout;
-    absl::Status st = chief.RegisterWorker(options.worker, ConfigFingerprint(config), wait,
-                                           &again, reg.incarnation(), reg.session(), stop);
+    auto register_again = [&]() {
+      return chief.RegisterWorker(options.worker, ConfigFingerprint(config), wait, &again,
+                                  reg.incarnation(), reg.session(), stop);
+    };
+    absl::Status st = register_again();
+    // A restarted chief may have taken the run over (the servers refused
+    // this step on its new incarnation) before any report of this worker
+    // failed: a report that only timed out, its connection to the dead
+    // chief gone silent, leaves the channel backing off from refused
+    // connects, and the call fails at once (seen with a chief's container
+    // killed, tests/k8s_test). Wait for the chief as above and ask again.
+    if (!waited && absl::IsUnavailable(st)) {
+      LOG_WARN("the chief did not take the registration ({}); waiting for it", st);
+      if (absl::Status up = wait_for_chief(); !up.ok()) {
+        return absl::IsCancelled(up) ? up : cause;
+      }
+      st = register_again();
+    }
     if (absl::IsCancelled(st) && stop->stopped()) return st;
     if (!st.ok()) {
       LOG_WARN("no rollback to follow ({}): the step's failure stands", st);

@@ -298,8 +298,8 @@ absl::Status PsClient::PullAll(const std::vector<int64_t>& min_versions, absl::D
 }
 
 std::vector<PullRequest> PsClient::PullRequests(const std::vector<int64_t>& min_versions,
-                                                absl::Duration wait,
-                                                std::vector<int>* servers) const {
+                                                absl::Duration wait, std::vector<int>* servers,
+                                                const std::vector<int64_t>& min_own_pushes) const {
   const auto& vars = placement_->variables();
   // One call per server for all its partitions (no refs: everything), or,
   // with chunk_bytes_, per group of whole partitions up to that size, in
@@ -315,6 +315,7 @@ std::vector<PullRequest> PsClient::PullRequests(const std::vector<int64_t>& min_
     req.set_incarnation(incarnation_);
     req.set_worker(worker_);
     req.set_min_version(min_versions.empty() ? 0 : min_versions[s]);
+    if (!min_own_pushes.empty()) req.set_min_own_pushes(min_own_pushes[s]);
     req.set_timeout_ms(absl::ToInt64Milliseconds(wait));
     req.set_wire_dtype(wire_dtype_);
     for (const auto& [v, part] : groups[c].parts) {
@@ -342,7 +343,8 @@ struct PsClient::PullPrefetch {
   std::atomic<bool> dropped{false};  // calls still waiting in a window end unstarted
 };
 
-void PsClient::PrefetchPull(const std::vector<int64_t>& min_versions, absl::Duration wait) {
+void PsClient::PrefetchPull(const std::vector<int64_t>& min_versions, absl::Duration wait,
+                            const std::vector<int64_t>& min_own_pushes) {
   DropPrefetch();
   auto prefetch = std::make_unique<PullPrefetch>();
   PullPrefetch* p = prefetch.get();
@@ -351,7 +353,8 @@ void PsClient::PrefetchPull(const std::vector<int64_t>& min_versions, absl::Dura
   p->deadline = absl::Now() + wait + rpc_timeout_;
   // The same calls as PullInto's (a call per variable instead, so that none
   // waits for a later layer's gradient, measured slower: more calls).
-  const std::vector<PullRequest> requests = PullRequests(min_versions, wait, &p->servers);
+  const std::vector<PullRequest> requests =
+      PullRequests(min_versions, wait, &p->servers, min_own_pushes);
   {
     absl::MutexLock lock(&p->mu);
     p->pending = static_cast<int>(requests.size());
@@ -447,6 +450,7 @@ bool PsClient::TakePrefetch(const std::vector<int64_t>& min_versions, absl::Time
   for (size_t s = 0; s < pushed_versions_.size() && s < result->versions.size(); ++s) {
     again |= result->versions[s] < pushed_versions_[s];
   }
+  if (!again) ++counters_.prefetched_pulls;
   return !again;
 }
 
@@ -811,6 +815,7 @@ absl::Status PsClient::PushReady(size_t first, size_t end) {
 
 absl::Status PsClient::PushEnd(std::vector<PushOutcome>* outcomes) {
   if (push_ == nullptr) return absl::FailedPreconditionError("PushEnd without PushBegin");
+  own_pushes_.assign(num_servers(), -1);  // known again from this push's replies
   absl::Status st = PushReady(0, placement_->variables().size());  // whatever is left
   PushBatch* batch = push_.get();
   for (int s = 0; s < num_servers(); ++s) {
@@ -857,6 +862,9 @@ absl::Status PsClient::PushEnd(std::vector<PushOutcome>* outcomes) {
           absl::StrCat(ServerName(call.server), " sent a bad push reply: ", parsed.message()));
     }
     pushed_versions_[call.server] = std::max(pushed_versions_[call.server], response.version());
+    if (response.outcome() == APPLIED && response.own_pushes() > 0) {
+      own_pushes_[call.server] = response.own_pushes();
+    }
     PushOutcome& o = (*outcomes)[call.server];
     if (!seen[call.server] || rank(response.outcome()) > rank(o)) o = response.outcome();
     seen[call.server] = true;

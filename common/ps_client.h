@@ -118,7 +118,17 @@ class PsClient {
   // straddled a step, or one older than the server's version in the push's
   // replies (backup workers went on without this one) is made again by that
   // PullInto within what is left of its wait.
-  void PrefetchPull(const std::vector<int64_t>& min_versions, absl::Duration wait);
+  //
+  // Async workers: the same with empty min_versions and, per server, the
+  // count of this worker's pushes it must have applied first
+  // (min_own_pushes[s]: own_pushes()[s] + 1, sent after the push's calls):
+  // the pull still sees the worker's own push, as one made after it would.
+  void PrefetchPull(const std::vector<int64_t>& min_versions, absl::Duration wait,
+                    const std::vector<int64_t>& min_own_pushes = {});
+  // Async: per server, how many of this worker's pushes it had applied as
+  // of the last PushEnd's replies (PushResponse.own_pushes); -1 where no
+  // reply said (before the first push, or a push that did not apply).
+  const std::vector<int64_t>& own_pushes() const { return own_pushes_; }
 
   // Sends each server its slices of `grads`, stamped with steps[s] (the
   // version pulled from that server). outcomes[s] says what each server did.
@@ -181,6 +191,7 @@ class PsClient {
     int64_t push_copied_bytes = 0;
     int64_t pull_payload_bytes = 0;
     int64_t pull_copied_bytes = 0;
+    int64_t prefetched_pulls = 0;  // pulls whose replies a PrefetchPull had asked for
   };
   const Counters& counters() const { return counters_; }
 
@@ -206,9 +217,10 @@ class PsClient {
                          const std::vector<float*>& destinations, PullResult* result,
                          bool* straddled);
   // The calls of a full pull (chunked as set_chunk_bytes says), and the
-  // server each goes to.
+  // server each goes to; min_own_pushes (empty: none) as PrefetchPull's.
   std::vector<PullRequest> PullRequests(const std::vector<int64_t>& min_versions,
-                                        absl::Duration wait, std::vector<int>* servers) const;
+                                        absl::Duration wait, std::vector<int>* servers,
+                                        const std::vector<int64_t>& min_own_pushes = {}) const;
   // A full pull's replies, taken one by one into `result`.
   struct PullAssembly {
     PullAssembly(const Placement& placement, int num_servers, PullResult* result);
@@ -257,6 +269,7 @@ class PsClient {
   std::unique_ptr<PushBatch> push_;   // the push under way, if any
   std::unique_ptr<PullPrefetch> prefetch_;  // the next step's pull, started early
   std::vector<int64_t> pushed_versions_;     // per server, in the last PushEnd's replies
+  std::vector<int64_t> own_pushes_;          // per server, in the last PushEnd's replies
   Counters counters_;
 };
 

@@ -387,6 +387,20 @@ absl::Status ParameterServer::CheckPullLocked(const PullRequest& request) const 
     return absl::InvalidArgumentError(
         absl::StrCat("Pull: wire_dtype ", request.wire_dtype(), " unsupported"));
   }
+  if (request.min_own_pushes() != 0) {
+    if (model_->sync || worker < 0) {
+      return absl::InvalidArgumentError(
+          "Pull: min_own_pushes is for a worker's pull in async mode");
+    }
+    // A worker has one push in flight at most: its next pull waits for
+    // that one, never for pushes it has not begun (a pull that could only
+    // time out is refused at once).
+    if (request.min_own_pushes() < 0 || request.min_own_pushes() > worker_clock_[worker] + 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Pull: min_own_pushes ", request.min_own_pushes(), " for worker ", worker,
+          ", which has ", worker_clock_[worker], " push(es) applied here; at most one more"));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -394,6 +408,11 @@ bool ParameterServer::ReadyLocked(const PullRequest& request, bool rows) const {
   if (shut_down_ || FinishedLocked()) return true;
   if (version_ < request.min_version()) return !sync_failure_.ok();
   const int worker = request.worker();
+  if (request.min_own_pushes() > 0 && worker >= 0 &&
+      worker < static_cast<int>(worker_clock_.size()) &&
+      worker_clock_[worker] < request.min_own_pushes()) {
+    return false;  // async, a worker's pull (CheckPullLocked)
+  }
   const bool bounded = !model_->sync && model_->staleness_bound > 0 && worker >= 0 && !rows;
   return !bounded || worker_clock_[worker] - MinWorkerClockLocked() <= model_->staleness_bound;
 }
@@ -1544,6 +1563,7 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
     counters_.push_copied_bytes += bytes;
     response->set_outcome(APPLIED);
     response->set_version(version_);
+    response->set_own_pushes(worker_clock_[w]);
     CollectReadyLocked(&completions);
   }
   RunCompletions(&completions);

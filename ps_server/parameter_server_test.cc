@@ -282,6 +282,53 @@ TEST_CASE("async: a staleness bound holds back a worker that runs ahead", "[ps][
   CHECK(ps.Pull(pull, &pr).ok());
 }
 
+TEST_CASE("async: a pull sent with a push is answered once that push is applied",
+          "[ps][async]") {
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(InitRequest(BaseConfig(false), 2)).ok());
+  PushResponse r;
+  REQUIRE(ps.Push(Grad(0, 0, {2, 2, 2, 2}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  CHECK(r.own_pushes() == 1);  // worker 0's pushes applied here
+  REQUIRE(ps.Push(Grad(1, 1, {2, 2, 2, 2}), &r).ok());
+  CHECK(r.own_pushes() == 1);  // worker 1's
+  // Worker 0's next pull, asking for its second push: another worker's push
+  // does not answer it, nor does the deadline pass unnoticed.
+  PullRequest pull;
+  pull.set_incarnation(kIncarnation);
+  pull.set_worker(0);
+  pull.set_min_own_pushes(2);
+  pull.set_timeout_ms(30);
+  PullResponse pr;
+  CHECK(absl::IsDeadlineExceeded(ps.Pull(pull, &pr)));
+  REQUIRE(ps.Push(Grad(1, 2, {2, 2, 2, 2}), &r).ok());
+  CHECK(absl::IsDeadlineExceeded(ps.Pull(pull, &pr)));
+  // Parked, it is answered by worker 0's own push, with that push in it.
+  pull.set_timeout_ms(10000);
+  absl::Status pulled;
+  std::thread waiter([&ps, &pull, &pr, &pulled] { pulled = ps.Pull(pull, &pr); });
+  absl::SleepFor(absl::Milliseconds(50));
+  REQUIRE(ps.Push(Grad(0, 3, {2, 2, 2, 2}), &r).ok());
+  waiter.join();
+  CHECK(r.own_pushes() == 2);
+  CHECK(pulled.ok());
+  CHECK(pr.version() == 4);
+  // Answered at once once applied; never more than the push in flight.
+  CHECK(ps.Pull(pull, &pr).ok());
+  pull.set_min_own_pushes(4);  // two pushes ahead of what worker 0 has sent
+  CHECK(absl::IsInvalidArgument(ps.Pull(pull, &pr)));
+  pull.set_min_own_pushes(-1);
+  CHECK(absl::IsInvalidArgument(ps.Pull(pull, &pr)));
+  pull.set_min_own_pushes(1);
+  pull.set_worker(-1);  // the chief pushes nothing
+  CHECK(absl::IsInvalidArgument(ps.Pull(pull, &pr)));
+  // Sync servers count steps, not a worker's pushes.
+  ParameterServer sync;
+  REQUIRE(sync.Initialize(InitRequest(BaseConfig(true), 2)).ok());
+  pull.set_worker(0);
+  CHECK(absl::IsInvalidArgument(sync.Pull(pull, &pr)));
+}
+
 TEST_CASE("bad pushes are refused and leave the model bit-identical", "[ps][validation]") {
   ParameterServer ps;
   REQUIRE(ps.Initialize(InitRequest(BaseConfig(true, 1), 2)).ok());

@@ -488,12 +488,14 @@ TEST_CASE("2 x b == 1 x 2b holds for the click-through model with Adam, rows inc
   CheckAgainstReference(cluster, m, ref.params);
 }
 
-// Runs of options `oa` and `ob` end with bitwise identical parameters.
-// Returns the second run's worker:0 log.
-std::string CheckBitwiseSame(const std::string& name, const ConfigOptions& oa,
-                             const ConfigOptions& ob, size_t variables) {
-  Run a = Launch(name + "_a", oa);
-  Run b = Launch(name + "_b", ob);
+// Runs of options `oa` and `ob` (2 servers) end with bitwise identical
+// parameters. Returns the first run's worker:0 log, then the second's.
+std::pair<std::string, std::string> CheckBitwiseSame(const std::string& name,
+                                                     const ConfigOptions& oa,
+                                                     const ConfigOptions& ob, size_t variables,
+                                                     int workers = 2) {
+  Run a = Launch(name + "_a", oa, 2, workers);
+  Run b = Launch(name + "_b", ob, 2, workers);
   INFO(a.result.output << b.result.output);
   REQUIRE(a.result.exit_code == 0);
   REQUIRE(b.result.exit_code == 0);
@@ -505,7 +507,10 @@ std::string CheckBitwiseSame(const std::string& name, const ConfigOptions& oa,
     REQUIRE(t.num_elements() == u.num_elements());
     CHECK(std::memcmp(t.data(), u.data(), t.num_elements() * sizeof(float)) == 0);
   }
-  return Env::Default()->ReadFile(JoinPath(b.dir, "out/logs/worker-0.log")).value_or("");
+  auto log = [](const Run& r) {
+    return Env::Default()->ReadFile(JoinPath(r.dir, "out/logs/worker-0.log")).value_or("");
+  };
+  return {log(a), log(b)};
 }
 
 void CheckBitwiseReruns(const std::string& name, const ConfigOptions& o, size_t variables) {
@@ -527,8 +532,31 @@ TEST_CASE("a sync run without overlap (rpc.sequential) gives bitwise the same pa
   o.hidden_units = {48, 32};
   ConfigOptions sequential = o;
   sequential.rpc_extra = "sequential: true";
-  const std::string log = CheckBitwiseSame("bitwise_sequential", o, sequential, 6);
+  const std::string log = CheckBitwiseSame("bitwise_sequential", o, sequential, 6).second;
   CHECK(log.find("rpc.sequential: no push during the backward pass") != std::string::npos);
+}
+
+TEST_CASE("async, one worker: the next pull sent with the push gives bitwise the parameters of "
+          "pulls made after it",
+          "[cluster][determinism]") {
+  // Each server answers the pull sent with a push once it has applied that
+  // push: with one worker nothing else changes the model in between, so the
+  // run is the sequential one, a round trip sooner per step.
+  ConfigOptions o;
+  o.sync = false;
+  o.max_steps = 60;
+  o.hidden_units = {48, 32};
+  ConfigOptions sequential = o;
+  sequential.rpc_extra = "sequential: true";
+  const auto [overlapped, in_turn] =
+      CheckBitwiseSame("async_prefetch", o, sequential, 6, /*workers=*/1);
+  INFO(overlapped);
+  // 60 steps and the pull that finds the run finished. Every pull but the
+  // first two (before the first push, and the one after it, whose push had
+  // no count of earlier pushes to ask after) came with a push.
+  CHECK(overlapped.find("pulls sent with the previous step's push: 59 of 61") !=
+        std::string::npos);
+  CHECK(in_turn.find("pulls sent with the previous step's push: 0 of 61") != std::string::npos);
 }
 
 TEST_CASE("bitwise reruns with two hidden layers and GELU", "[cluster][determinism]") {
@@ -1273,6 +1301,8 @@ TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV"
   REQUIRE(async.exit_code == 0);
   CHECK(async.output.find("== train: async examples/s") != std::string::npos);
   CHECK(async.output.find("784-16-10") != std::string::npos);
+  CHECK(async.output.find("== train: what the overlap hides, async 1 ps + 1 worker") !=
+        std::string::npos);
 }
 
 }  // namespace

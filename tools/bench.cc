@@ -991,8 +991,8 @@ class Bench {
               << o_.reps << ") ==\n";
     std::cout << absl::StrFormat("%-18s %-24s %-24s %-24s %10s %10s\n", "model", "compute-only",
                                  "1 ps + 1 worker", "2 ps + 2 workers", "1+1/comp", "2+2/comp");
-    // Sync: the same 1 + 1 run again with rpc.sequential, to show how much
-    // of the communication the overlap hides (printed after this table).
+    // The same 1 + 1 run again with rpc.sequential, to show how much of the
+    // communication the overlap hides (printed after this table).
     std::vector<std::string> overlap_lines;
     for (const std::string& hidden : o_.models) {
       ASSIGN_OR_RETURN(TrainingConfig config,
@@ -1007,11 +1007,9 @@ class Bench {
         ASSIGN_OR_RETURN(RunResult r1, ClusterRun(dir, hidden, 1, 1, steps));
         one.push_back(r1.examples_per_sec);
         one_wait.push_back(r1.comm_wait_ms);
-        if (!o_.async_training) {
-          ASSIGN_OR_RETURN(RunResult rs, ClusterRun(dir, hidden, 1, 1, steps, /*sequential=*/true));
-          seq.push_back(rs.examples_per_sec);
-          seq_wait.push_back(rs.comm_wait_ms);
-        }
+        ASSIGN_OR_RETURN(RunResult rs, ClusterRun(dir, hidden, 1, 1, steps, /*sequential=*/true));
+        seq.push_back(rs.examples_per_sec);
+        seq_wait.push_back(rs.comm_wait_ms);
         ASSIGN_OR_RETURN(RunResult r2, ClusterRun(dir, hidden, 2, 2, steps));
         two.push_back(r2.examples_per_sec);
       }
@@ -1038,13 +1036,14 @@ class Bench {
         overlap_lines.push_back(absl::StrFormat(
             "%-18s %-24s %-24s %-22s %-22s %7.0f%% %9.2fx\n", name, f(s1), f(ss), ms(w1), ms(ws),
             ws.median > 0 ? 100.0 * (1.0 - w1.median / ws.median) : 0.0, s1.median / ss.median));
-        Add("overlap", absl::StrCat(name, " sequential examples/s"), 0, 1, 1, ss);
-        Add("overlap", absl::StrCat(name, " wait ms/step overlapped"), 0, 1, 1, w1);
-        Add("overlap", absl::StrCat(name, " wait ms/step sequential"), 0, 1, 1, ws);
+        Add("overlap", absl::StrCat(what, " sequential examples/s"), 0, 1, 1, ss);
+        Add("overlap", absl::StrCat(what, " wait ms/step overlapped"), 0, 1, 1, w1);
+        Add("overlap", absl::StrCat(what, " wait ms/step sequential"), 0, 1, 1, ws);
       }
     }
     if (!overlap_lines.empty()) {
-      std::cout << "\n== train: what the overlap hides, sync 1 ps + 1 worker: examples/s, and "
+      std::cout << "\n== train: what the overlap hides, " << (o_.async_training ? "async" : "sync")
+                << " 1 ps + 1 worker: examples/s, and "
                    "the worker's wait on pulls + pushes per step (median [min-max]) ==\n"
                 << absl::StrFormat("%-18s %-24s %-24s %-22s %-22s %8s %10s\n", "model",
                                    "overlapped ex/s", "rpc.sequential ex/s", "wait ms overlapped",

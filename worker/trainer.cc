@@ -254,7 +254,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   // rpc.sequential: pull, compute and push strictly in turn (to measure what
   // the overlap hides).
   const bool overlap = !config.rpc().sequential();
-  if (sync && !overlap) {
+  if (!overlap) {
     LOG_INFO("rpc.sequential: no push during the backward pass, no early pull");
   }
   if (sync && overlap && clip_norm == 0 && !click_through) {
@@ -264,6 +264,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     });
   }
   int64_t local_steps = 0, examples = 0, dropped = 0;
+  int64_t pulls = 0, prefetched = 0;  // prefetched: answered from a pull sent with the last push
   double loss_sum = 0;
   int loss_count = 0;
   int late_reports = 0;
@@ -302,8 +303,11 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   // chief's stop).
   auto train_step = [&](bool* end) -> absl::Status {
     absl::Time t0 = absl::Now();
+    const int64_t prefetched_before = ps->counters().prefetched_pulls;
     RETURN_IF_ERROR(ps->PullInto(sync ? min_versions : std::vector<int64_t>(), step_timeout,
                                  param_dst, &pulled));
+    prefetched += ps->counters().prefetched_pulls - prefetched_before;
+    ++pulls;
     absl::Time t1 = absl::Now();
     pull_time += t1 - t0;
     if (pulled.finished) {
@@ -386,7 +390,22 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     }
     t1 = absl::Now();
     compute_time += t1 - t0;
-    RETURN_IF_ERROR(sync ? ps->PushEnd(&outcomes) : ps->PushFrom(steps, grad_src, &outcomes));
+    if (!sync) {
+      RETURN_IF_ERROR(ps->PushBegin(steps, grad_src));
+      // With the overlap the push's calls leave, and then the next step's
+      // pull: each server answers it once it has applied this push (its
+      // count of this worker's pushes, known from the last push's replies,
+      // plus one), so the pull sees it as one made after the push would,
+      // a round trip sooner. Not before the first push a client made.
+      const std::vector<int64_t>& own = ps->own_pushes();
+      if (overlap && !own.empty() && *std::min_element(own.begin(), own.end()) >= 0) {
+        RETURN_IF_ERROR(ps->PushReady(0, grad_src.size()));
+        std::vector<int64_t> after(own.size());
+        for (size_t s = 0; s < own.size(); ++s) after[s] = own[s] + 1;
+        ps->PrefetchPull({}, step_timeout, after);
+      }
+    }
+    RETURN_IF_ERROR(ps->PushEnd(&outcomes));
     push_time += absl::Now() - t1;
     int servers_finished = 0;
     for (int s = 0; s < ps->num_servers(); ++s) {
@@ -524,6 +543,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
       "done after {} local steps ({} examples, data cursor epoch {} position {}, {} stale "
       "gradients dropped, {} rollback(s) followed)",
       local_steps, examples, cursor.epoch, cursor.position, dropped, rollbacks);
+  LOG_INFO("pulls sent with the previous step's push: {} of {}", prefetched, pulls);
   const double total = absl::ToDoubleSeconds(pull_time + data_wait + compute_time + push_time);
   auto share = [total](absl::Duration d) {
     return total > 0 ? 100.0 * absl::ToDoubleSeconds(d) / total : 0.0;

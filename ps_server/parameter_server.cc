@@ -598,8 +598,15 @@ void ParameterServer::TimerLoop() {
       absl::Status st = absl::DeadlineExceededError(absl::StrCat(
           it->second.rows ? "PullRows" : "Pull", " by worker ", r.worker(), " waited ",
           absl::FormatDuration(timeout),
-          " for version >= ", r.min_version(), "; server at version ", version_, ": ",
-          WaitingOnLocked()));
+          " for version >= ", r.min_version(),
+          r.min_own_pushes() > 0
+              ? absl::StrCat(" after its push ", r.min_own_pushes(), " (",
+                             r.worker() >= 0 && r.worker() < static_cast<int>(worker_clock_.size())
+                                 ? worker_clock_[r.worker()]
+                                 : 0,
+                             " applied)")
+              : "",
+          "; server at version ", version_, ": ", WaitingOnLocked()));
       expired.push_back({std::move(it->second.done), {std::move(st), PullReply()}});
       it = waiters_.erase(it);
     }

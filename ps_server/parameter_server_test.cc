@@ -300,7 +300,9 @@ TEST_CASE("async: a pull sent with a push is answered once that push is applied"
   pull.set_min_own_pushes(2);
   pull.set_timeout_ms(30);
   PullResponse pr;
-  CHECK(absl::IsDeadlineExceeded(ps.Pull(pull, &pr)));
+  const absl::Status late = ps.Pull(pull, &pr);
+  CHECK(absl::IsDeadlineExceeded(late));
+  CHECK(absl::StrContains(late.message(), "after its push 2 (1 applied)"));
   REQUIRE(ps.Push(Grad(1, 2, {2, 2, 2, 2}), &r).ok());
   CHECK(absl::IsDeadlineExceeded(ps.Pull(pull, &pr)));
   // Parked, it is answered by worker 0's own push, with that push in it.

@@ -464,7 +464,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     // is seen). A step that failed on the servers asks the chief at once.
     auto wait_for_chief = [&]() -> absl::Status {
       absl::Status up = WaitForChief(&chief, startup_timeout, stop);
-      if (!up.ok() && !absl::IsCancelled(up)) {
+      if (!up.ok() && !(absl::IsCancelled(up) && stop->stopped())) {
         LOG_WARN("no chief to follow ({}): the step's failure stands", up);
       }
       return up;
@@ -474,7 +474,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
       chief_lost = false;
       waited = true;
       if (absl::Status up = wait_for_chief(); !up.ok()) {
-        return absl::IsCancelled(up) ? up : cause;
+        return absl::IsCancelled(up) && stop->stopped() ? up : cause;
       }
     }
     RegisterWorkerResponse again;
@@ -495,7 +495,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     if (!waited && absl::IsUnavailable(st)) {
       LOG_WARN("the chief did not take the registration ({}); waiting for it", st);
       if (absl::Status up = wait_for_chief(); !up.ok()) {
-        return absl::IsCancelled(up) ? up : cause;
+        return absl::IsCancelled(up) && stop->stopped() ? up : cause;
       }
       st = register_again();
     }

@@ -74,17 +74,21 @@ void SegmentedBytes::ForEachRun(int64_t offset, int64_t count, int element_bytes
 }
 
 bool AllFiniteUnaligned(const char* p, int64_t n) {
-  // Branch-free over blocks so the compiler vectorises the scan.
-  constexpr int64_t kBlock = 256;
+  // Branch-free over blocks, in adds and ors that vectorise with SSE2 (a
+  // per-element compare accumulated as a bool stayed scalar, and took twice
+  // the time of the SGD apply after it: perf, async 2048-2048, 2026-11-25).
+  // An exponent of all ones (Inf or NaN) is the only one that carries into
+  // bit 31 when one is added to the exponent's lowest bit.
+  constexpr int64_t kBlock = 1024;
   for (int64_t i = 0; i < n; i += kBlock) {
     const int64_t end = std::min(n, i + kBlock);
-    bool ok = true;
+    uint32_t carry = 0;
     for (int64_t j = i; j < end; ++j) {
       uint32_t bits;
       std::memcpy(&bits, p + 4 * j, 4);
-      ok &= (bits & 0x7f800000u) != 0x7f800000u;  // exponent all ones: Inf or NaN
+      carry |= (bits & 0x7f800000u) + 0x00800000u;
     }
-    if (!ok) return false;
+    if (carry & 0x80000000u) return false;
   }
   return true;
 }

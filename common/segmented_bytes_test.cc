@@ -1,6 +1,9 @@
 #include "common/segmented_bytes.h"
 
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <iterator>
 #include <limits>
 #include <random>
 #include <string>
@@ -49,23 +52,33 @@ TEST_CASE("float runs over arbitrary pieces give back every float in order") {
 }
 
 TEST_CASE("the finite check finds NaN and Inf at any position, aligned or not") {
-  std::vector<float> values(777, 1.5f);
+  std::vector<float> values(3000, 1.5f);
   std::string buf(1 + values.size() * 4, '\0');
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
-                    -std::numeric_limits<float>::infinity()}) {
-    for (size_t at : {size_t{0}, size_t{255}, size_t{256}, size_t{776}}) {
+  // Every NaN and Inf bit pattern kind: quiet and signalling NaNs of either
+  // sign and payload, and both infinities.
+  for (uint32_t bad : {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xffffffffu, 0x7fbfffffu,
+                       0x7f800000u, 0xff800000u}) {
+    for (size_t at : {size_t{0}, size_t{255}, size_t{256}, size_t{1023}, size_t{1024},
+                      size_t{2047}, size_t{2999}}) {
       std::vector<float> v = values;
-      v[at] = bad;
+      std::memcpy(&v[at], &bad, 4);
       std::memcpy(buf.data() + 1, v.data(), v.size() * 4);
+      INFO(std::hex << bad << std::dec << " at " << at);
       CHECK_FALSE(AllFiniteUnaligned(buf.data() + 1, static_cast<int64_t>(v.size())));
+      CHECK_FALSE(AllFiniteUnaligned(buf.data() + 1 + 4 * at, 1));
     }
   }
   std::memcpy(buf.data() + 1, values.data(), values.size() * 4);
   CHECK(AllFiniteUnaligned(buf.data() + 1, static_cast<int64_t>(values.size())));
-  // The largest finite float is finite.
-  values[3] = std::numeric_limits<float>::max();
+  // Every finite kind is finite: the largest and smallest normals of either
+  // sign, subnormals and both zeros.
+  const float finite[] = {std::numeric_limits<float>::max(), -std::numeric_limits<float>::max(),
+                          std::numeric_limits<float>::min(), -std::numeric_limits<float>::min(),
+                          std::numeric_limits<float>::denorm_min(), 0.0f, -0.0f};
+  for (size_t i = 0; i < std::size(finite); ++i) values[1020 + i] = finite[i];
   std::memcpy(buf.data() + 1, values.data(), values.size() * 4);
   CHECK(AllFiniteUnaligned(buf.data() + 1, static_cast<int64_t>(values.size())));
+  CHECK(AllFiniteUnaligned(buf.data() + 1, 0));
 }
 
 }  // namespace

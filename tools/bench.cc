@@ -1026,20 +1026,18 @@ class Bench {
       Add("train", absl::StrCat(what, " compute_only"), 0, 0, 1, sc);
       Add("train", what, 0, 1, 1, s1);
       Add("train", what, 0, 2, 2, s2);
-      if (!seq.empty()) {
-        // Hidden: the share of the sequential run's wait on the wire that
-        // the overlapped run no longer waits for.
-        const Stats ss = Summarize(seq), w1 = Summarize(one_wait), ws = Summarize(seq_wait);
-        auto ms = [](const Stats& s) {
-          return absl::StrFormat("%.2f [%.2f-%.2f]", s.median, s.min, s.max);
-        };
-        overlap_lines.push_back(absl::StrFormat(
-            "%-18s %-24s %-24s %-22s %-22s %7.0f%% %9.2fx\n", name, f(s1), f(ss), ms(w1), ms(ws),
-            ws.median > 0 ? 100.0 * (1.0 - w1.median / ws.median) : 0.0, s1.median / ss.median));
-        Add("overlap", absl::StrCat(what, " sequential examples/s"), 0, 1, 1, ss);
-        Add("overlap", absl::StrCat(what, " wait ms/step overlapped"), 0, 1, 1, w1);
-        Add("overlap", absl::StrCat(what, " wait ms/step sequential"), 0, 1, 1, ws);
-      }
+      // Hidden: the share of the sequential run's wait on the wire that the
+      // overlapped run no longer waits for.
+      const Stats ss = Summarize(seq), w1 = Summarize(one_wait), ws = Summarize(seq_wait);
+      auto ms = [](const Stats& s) {
+        return absl::StrFormat("%.2f [%.2f-%.2f]", s.median, s.min, s.max);
+      };
+      overlap_lines.push_back(absl::StrFormat(
+          "%-18s %-24s %-24s %-22s %-22s %7.0f%% %9.2fx\n", name, f(s1), f(ss), ms(w1), ms(ws),
+          ws.median > 0 ? 100.0 * (1.0 - w1.median / ws.median) : 0.0, s1.median / ss.median));
+      Add("overlap", absl::StrCat(what, " sequential examples/s"), 0, 1, 1, ss);
+      Add("overlap", absl::StrCat(what, " wait ms/step overlapped"), 0, 1, 1, w1);
+      Add("overlap", absl::StrCat(what, " wait ms/step sequential"), 0, 1, 1, ws);
     }
     if (!overlap_lines.empty()) {
       std::cout << "\n== train: what the overlap hides, " << (o_.async_training ? "async" : "sync")

@@ -44,6 +44,13 @@ class Backend {
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status Synchronize() = 0;
+  // A mark in the stream: RecordEvent(index) (index >= 0, reusable once
+  // waited for) notes how far the operations enqueued so far reach, and
+  // WaitEvent(index) blocks until the device has run them, so a copy to the
+  // host enqueued before the mark is complete while later operations may
+  // still run. The CPU runs everything as it is called: both return at once.
+  virtual absl::Status RecordEvent(int index) = 0;
+  virtual absl::Status WaitEvent(int index) = 0;
 
   virtual absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                             const float* a, int lda, const float* b, int ldb, float beta, float* c,

@@ -65,6 +65,8 @@ class CudaBackend : public Backend {
     return Call(pstrain_cuda_copy_device, dst, src, bytes);
   }
   absl::Status Synchronize() override { return Call(pstrain_cuda_synchronize); }
+  absl::Status RecordEvent(int index) override { return Call(pstrain_cuda_event_record, index); }
+  absl::Status WaitEvent(int index) override { return Call(pstrain_cuda_event_wait, index); }
 
   absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                     int lda, const float* b, int ldb, float beta, float* c, int ldc) override {

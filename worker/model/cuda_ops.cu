@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <stdio.h>
 
+#include <vector>
+
 #include "worker/model/cpu_ops.h"
 #include "worker/model/cuda_ops.h"
 
@@ -14,6 +16,7 @@ struct PstrainCudaContext {
   int device = 0;
   cudaStream_t stream = nullptr;
   cublasHandle_t blas = nullptr;
+  std::vector<cudaEvent_t> events;  // pstrain_cuda_event_*, created on first use
 };
 
 namespace {
@@ -202,6 +205,9 @@ int pstrain_cuda_device_name(int device, char* name, int name_len, PstrainCudaEr
 void pstrain_cuda_destroy(PstrainCudaContext* ctx) {
   if (ctx == nullptr) return;
   cudaSetDevice(ctx->device);
+  for (cudaEvent_t e : ctx->events) {
+    if (e != nullptr) cudaEventDestroy(e);
+  }
   if (ctx->blas != nullptr) cublasDestroy(ctx->blas);
   if (ctx->stream != nullptr) cudaStreamDestroy(ctx->stream);
   delete ctx;
@@ -302,6 +308,30 @@ int pstrain_cuda_copy_device(PstrainCudaContext* ctx, void* dst, const void* src
 
 int pstrain_cuda_synchronize(PstrainCudaContext* ctx, PstrainCudaError* err) {
   return CudaCheck(cudaStreamSynchronize(ctx->stream), err, "cudaStreamSynchronize");
+}
+
+int pstrain_cuda_event_record(PstrainCudaContext* ctx, int index, PstrainCudaError* err) {
+  if (index < 0 || index >= 4096) {
+    return Fail(err, -1, "pstrain_cuda_event_record", "event index out of [0, 4096)");
+  }
+  if (static_cast<size_t>(index) >= ctx->events.size()) ctx->events.resize(index + 1, nullptr);
+  if (ctx->events[index] == nullptr) {
+    // No timing: the lightest event, and cudaEventSynchronize may yield.
+    if (int rc = CudaCheck(cudaEventCreateWithFlags(&ctx->events[index], cudaEventDisableTiming),
+                           err, "cudaEventCreateWithFlags")) {
+      ctx->events[index] = nullptr;
+      return rc;
+    }
+  }
+  return CudaCheck(cudaEventRecord(ctx->events[index], ctx->stream), err, "cudaEventRecord");
+}
+
+int pstrain_cuda_event_wait(PstrainCudaContext* ctx, int index, PstrainCudaError* err) {
+  if (index < 0 || static_cast<size_t>(index) >= ctx->events.size() ||
+      ctx->events[index] == nullptr) {
+    return 0;  // never recorded: nothing to wait for
+  }
+  return CudaCheck(cudaEventSynchronize(ctx->events[index]), err, "cudaEventSynchronize");
 }
 
 // Row-major C[m, n] is column-major C^T[n, m], and C^T = op(B)^T op(A)^T: so

@@ -58,6 +58,12 @@ int pstrain_cuda_copy_device(PstrainCudaContext* ctx, void* dst, const void* src
                              PstrainCudaError* err);
 // Waits for everything enqueued on the stream.
 int pstrain_cuda_synchronize(PstrainCudaContext* ctx, PstrainCudaError* err);
+// Records the context's event `index` (created on first use, 0 <= index <
+// 4096) on the stream; pstrain_cuda_event_wait blocks until the stream has
+// run everything enqueued before that record (at once for an event never
+// recorded).
+int pstrain_cuda_event_record(PstrainCudaContext* ctx, int index, PstrainCudaError* err);
+int pstrain_cuda_event_wait(PstrainCudaContext* ctx, int index, PstrainCudaError* err);
 
 // The operations of cpu_ops.h, on device pointers.
 int pstrain_cuda_gemm(PstrainCudaContext* ctx, int trans_a, int trans_b, int m, int n, int k,

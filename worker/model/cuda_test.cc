@@ -248,6 +248,52 @@ TEST_CASE("CUDA steps are reproducible run to run", "[cuda]") {
   CHECK(runs[0] == runs[1]);  // cuBLAS on one stream and our kernels use no atomics
 }
 
+TEST_CASE("CUDA hands each layer's gradients over, final, as its copy completes", "[cuda]") {
+  std::unique_ptr<Backend> gpu = CudaOrSkip();
+  if (!gpu) return;
+  const char* config =
+      "mlp { input_dim: 512 hidden_units: 1024 hidden_units: 1024 num_classes: 10 "
+      "activation: GELU }";
+  auto mg = Model::Create(ParseModel(config), gpu.get());
+  auto plain = Model::Create(ParseModel(config), gpu.get());
+  REQUIRE(mg.ok());
+  REQUIRE(plain.ok());
+  const std::vector<Tensor> params = (*mg)->Initialize(2);
+  REQUIRE((*mg)->SetParameters(params).ok());
+  REQUIRE((*plain)->SetParameters(params).ok());
+  std::vector<std::pair<size_t, size_t>> order;
+  std::vector<std::vector<float>> handed((*mg)->variables().size());
+  (*mg)->set_gradients_ready([&](size_t first, size_t end) {
+    order.emplace_back(first, end);
+    for (size_t v = first; v < end; ++v) {
+      const float* g = (*mg)->host_gradients(v);
+      handed[v].assign(g, g + (*mg)->variables()[v].num_elements());
+    }
+  });
+  std::vector<int32_t> y(256);
+  for (int r = 0; r < 256; ++r) y[r] = r % 10;
+  for (uint32_t step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    const std::vector<float> x = Random(256 * 512, 10 + step);  // new gradients each step
+    order.clear();
+    float loss = 0, plain_loss = 0;
+    REQUIRE((*mg)->ComputeGradients(x.data(), y.data(), 256, step, &loss).ok());
+    REQUIRE((*plain)->ComputeGradients(x.data(), y.data(), 256, step, &plain_loss).ok());
+    CHECK(loss == plain_loss);
+    REQUIRE(order.size() == 3);
+    CHECK(order[0] == std::make_pair(size_t{4}, size_t{6}));
+    CHECK(order[2] == std::make_pair(size_t{0}, size_t{2}));
+    std::vector<Tensor> final_grads, plain_grads;
+    (*mg)->CopyGradients(&final_grads);
+    (*plain)->CopyGradients(&plain_grads);
+    for (size_t v = 0; v < handed.size(); ++v) {
+      INFO((*mg)->variables()[v].name);
+      CHECK(handed[v] == final_grads[v].values());                // final when handed over
+      CHECK(final_grads[v].values() == plain_grads[v].values());  // the same step, bitwise
+    }
+  }
+}
+
 TEST_CASE("device selection: auto falls back to the CPU with a reason; cpu is the CPU", "[cuda]") {
   auto cpu = OpenDevice(DeviceSpec{DeviceSpec::Kind::kCpu, 0}, 2);
   REQUIRE(cpu.ok());

@@ -129,6 +129,8 @@ absl::Status Model::Allocate() {
     host_grads_ = host_grads_block_.data();
   }
   std::fill(host_params_, host_params_ + param_count_, 0.0f);
+  downloaded_.assign(variables_.size(), 0);
+  early_layers_.reserve(layers_.size());
   for (size_t l = 0; l < layers_.size(); ++l) {
     std::vector<const float*> p;
     std::vector<float*> g;
@@ -313,6 +315,7 @@ absl::Status Model::ComputeGradients(const float* x, const int32_t* labels, int 
 
 absl::Status Model::StageBatch(const float* x, const int32_t* labels, int batch) {
   staged_rows_ = 0;
+  std::fill(downloaded_.begin(), downloaded_.end(), 0);
   if (batch <= 0) return absl::InvalidArgumentError("empty batch");
   RETURN_IF_ERROR(CheckLabels(labels, batch));
   RETURN_IF_ERROR(EnsureRows(batch));
@@ -332,6 +335,13 @@ absl::Status Model::ForwardBackward(uint64_t seed) {
       loss_->Compute(backend_, activations_.back().data(), staged_labels_, batch,
                      static_cast<float>(batch), delta_[cur].data(), row_loss_.data(), nullptr),
       loss_->name(), "forward"));
+  // On a device, a layer whose gradients are wanted early has them copied
+  // to the host right behind its backward pass, with a mark after the copy;
+  // the layers below keep computing while the host waits for each mark in
+  // turn and hands the layer over.
+  const bool early_device = gradients_ready_ && !backend_->host_memory();
+  std::fill(downloaded_.begin(), downloaded_.end(), 0);
+  early_layers_.clear();
   for (size_t l = layers_.size(); l-- > 0;) {
     PassContext ctx{backend_, batch, /*training=*/true, LayerSeed(seed, l)};
     const float* layer_in = l == 0 ? staged_x_ : activations_[l - 1].data();
@@ -347,9 +357,29 @@ absl::Status Model::ForwardBackward(uint64_t seed) {
         InLayer(layers_[l]->Backward(ctx, layer_in, activations_[l].data(), delta_[cur].data(), dx),
                 layers_[l]->name(), "backward"));
     cur = 1 - cur;
-    if (gradients_ready_ && backend_->host_memory() && layer_vars_[l].second > 0) {
-      gradients_ready_(layer_vars_[l].first, layer_vars_[l].first + layer_vars_[l].second);
+    const auto [first, count] = layer_vars_[l];
+    if (!gradients_ready_ || count == 0) continue;
+    if (!early_device) {
+      gradients_ready_(first, first + count);
+      continue;
     }
+    const size_t begin = param_offsets_[first];
+    const size_t end =
+        first + count < param_offsets_.size() ? param_offsets_[first + count] : param_count_;
+    RETURN_IF_ERROR(InLayer(backend_->CopyToHost(host_grads_ + begin, grads_.data() + begin,
+                                                 (end - begin) * sizeof(float)),
+                            layers_[l]->name(), "gradient download"));
+    RETURN_IF_ERROR(InLayer(backend_->RecordEvent(static_cast<int>(early_layers_.size())),
+                            layers_[l]->name(), "gradient download"));
+    early_layers_.push_back(l);
+  }
+  for (size_t k = 0; k < early_layers_.size(); ++k) {
+    const size_t l = early_layers_[k];
+    RETURN_IF_ERROR(
+        InLayer(backend_->WaitEvent(static_cast<int>(k)), layers_[l]->name(), "gradient download"));
+    const auto [first, count] = layer_vars_[l];
+    std::fill(downloaded_.begin() + first, downloaded_.begin() + first + count, 1);
+    gradients_ready_(first, first + count);
   }
   return absl::OkStatus();
 }
@@ -358,9 +388,23 @@ absl::Status Model::FinishStep(float* loss) {
   const int batch = staged_rows_;
   if (batch <= 0) return absl::FailedPreconditionError("FinishStep without a staged batch");
   if (!backend_->host_memory()) {
-    RETURN_IF_ERROR(
-        InLayer(backend_->CopyToHost(host_grads_, grads_.data(), param_count_ * sizeof(float)),
-                "gradients", "download"));
+    // Every variable whose gradients were not handed over early (those are
+    // on the host already, and may be on the wire: not written again).
+    size_t v = 0;
+    while (v < variables_.size()) {
+      if (downloaded_[v]) {
+        ++v;
+        continue;
+      }
+      size_t w = v;
+      while (w < variables_.size() && !downloaded_[w]) ++w;
+      const size_t begin = param_offsets_[v];
+      const size_t end = w < variables_.size() ? param_offsets_[w] : param_count_;
+      RETURN_IF_ERROR(InLayer(backend_->CopyToHost(host_grads_ + begin, grads_.data() + begin,
+                                                   (end - begin) * sizeof(float)),
+                              "gradients", "download"));
+      v = w;
+    }
   }
   if (input_gradient_ && !backend_->host_memory()) {
     const size_t n = static_cast<size_t>(batch) * input_dim_;

@@ -93,10 +93,11 @@ class Model {
   // gradients on the device, FinishStep brings them and the loss back and waits.
   absl::Status StageBatch(const float* x, const int32_t* labels, int batch);
   // Called during ForwardBackward as soon as variables [first, end) have
-  // their final gradients in host_gradients(), layer by layer from the last
-  // (on a host-memory backend; on a device, gradients reach the host only in
-  // FinishStep and this is not called). Lets a worker push a layer while the
-  // layers below it are still computing.
+  // their final gradients in host_gradients(), layer by layer from the last.
+  // On a device each layer's gradients are copied to the host behind its
+  // backward pass and handed over once that copy is done, while the layers
+  // below still compute; FinishStep then copies only the rest. Lets a
+  // worker push a layer while the layers below it are still computing.
   using GradientsReady = std::function<void(size_t first, size_t end)>;
   void set_gradients_ready(GradientsReady ready) { gradients_ready_ = std::move(ready); }
   absl::Status ForwardBackward(uint64_t seed);
@@ -144,6 +145,11 @@ class Model {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<std::pair<size_t, size_t>> layer_vars_;  // per layer: first variable, count
   GradientsReady gradients_ready_;
+  // This step, on a device: per variable, whether its gradients were
+  // handed over early (and so are on the host already); the layers whose
+  // copies were marked, in the order of their marks.
+  std::vector<char> downloaded_;
+  std::vector<size_t> early_layers_;
   bool input_gradient_ = false;
   DeviceArray<float> input_grad_, host_input_grad_;
   std::unique_ptr<LossLayer> loss_;

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/embedding_ids.h"
+#include "common/tensor.h"
 
 namespace pstrain {
 namespace {
@@ -242,6 +243,8 @@ absl::Status EmbeddingTable::CheckGradients(absl::Span<const uint64_t> ids,
                                             const float* grads) const {
   if (absl::Status st = CheckIds(ids); !st.ok()) return st;
   const size_t n = ids.size() * options_.dim;
+  // The vectorised scan first; the element loop only names the bad row.
+  if (AllFinite(absl::MakeConstSpan(grads, n))) return absl::OkStatus();
   for (size_t i = 0; i < n; ++i) {
     if (!std::isfinite(grads[i])) {
       return absl::InvalidArgumentError(

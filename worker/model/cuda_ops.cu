@@ -316,7 +316,11 @@ int pstrain_cuda_event_record(PstrainCudaContext* ctx, int index, PstrainCudaErr
   }
   if (static_cast<size_t>(index) >= ctx->events.size()) ctx->events.resize(index + 1, nullptr);
   if (ctx->events[index] == nullptr) {
-    // No timing: the lightest event, and cudaEventSynchronize may yield.
+    // An event belongs to the device current when it is made: the stream's.
+    if (int rc = CudaCheck(cudaSetDevice(ctx->device), err, "cudaSetDevice")) return rc;
+    // No timing: the lightest kind. Waiting on it spins, as
+    // cudaStreamSynchronize does (no cudaEventBlockingSync: a layer's wait is
+    // short, and waking from a sleep would add to it).
     if (int rc = CudaCheck(cudaEventCreateWithFlags(&ctx->events[index], cudaEventDisableTiming),
                            err, "cudaEventCreateWithFlags")) {
       ctx->events[index] = nullptr;

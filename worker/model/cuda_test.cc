@@ -282,6 +282,7 @@ TEST_CASE("CUDA hands each layer's gradients over, final, as its copy completes"
     CHECK(loss == plain_loss);
     REQUIRE(order.size() == 3);
     CHECK(order[0] == std::make_pair(size_t{4}, size_t{6}));
+    CHECK(order[1] == std::make_pair(size_t{2}, size_t{4}));
     CHECK(order[2] == std::make_pair(size_t{0}, size_t{2}));
     std::vector<Tensor> final_grads, plain_grads;
     (*mg)->CopyGradients(&final_grads);

@@ -89,8 +89,10 @@ class Model {
   // ComputeGradients in its three parts, for benchmarks and for callers that
   // overlap copies with other work: StageBatch copies the batch to the device
   // (x and labels must stay valid until FinishStep: the CPU reads them in
-  // place), ForwardBackward leaves the
-  // gradients on the device, FinishStep brings them and the loss back and waits.
+  // place), ForwardBackward leaves the gradients on the device (with
+  // set_gradients_ready it brings each layer's to the host and so returns
+  // only once the backward pass has run), FinishStep brings the rest and the
+  // loss back and waits.
   absl::Status StageBatch(const float* x, const int32_t* labels, int batch);
   // Called during ForwardBackward as soon as variables [first, end) have
   // their final gradients in host_gradients(), layer by layer from the last.

@@ -466,7 +466,9 @@ TEST_CASE(
     CHECK(seen[0].first == 4);
     CHECK(seen[0].end == 6);
     CHECK(seen[1].first == 2);
+    CHECK(seen[1].end == 4);
     CHECK(seen[2].first == 0);
+    CHECK(seen[2].end == 2);
     CHECK(seen[0].still_queued > 0);
     CHECK(seen[1].still_queued > 0);
     std::vector<Tensor> reference;

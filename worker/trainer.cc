@@ -234,6 +234,8 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   // dense push waits for the backward pass to end.
   const bool click_through = config.model().has_click_through();
   std::optional<EmbeddingBags> bags;
+  // On a device the bags run there: the rows go up, their gradients come down.
+  std::optional<DeviceEmbeddingBags> device_bags;
   std::string table;
   int embedding_dim = 0;
   if (click_through) {
@@ -247,7 +249,13 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
           "click-through data gives ", bags->output_dim(), " inputs, the model takes ",
           model->input_dim()));
     }
-    model->set_input_gradient(true);
+    if (backend->host_memory()) {
+      model->set_input_gradient(true);
+    } else {
+      device_bags.emplace(backend, partition.dim(), partition.id_fields(), embedding_dim,
+                          ct.mean_bags() ? Combiner::kMean : Combiner::kSum);
+      model->set_input_gradient(true, /*to_host=*/false);
+    }
   }
   std::vector<float> rows, row_grads, bagged;
   std::vector<PushOutcome> row_outcomes;
@@ -354,25 +362,36 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
       rows.resize(unique.ids.size() * embedding_dim);
       computed = ps->PullRows(table, embedding_dim, unique.ids, sync ? steps[0] : 0,
                               step_timeout, rows.data());
-      if (computed.ok()) {
+      if (computed.ok() && !device_bags) {
         bagged.resize(static_cast<size_t>(batch.rows) * bags->output_dim());
         bags->Forward(sparse, unique, rows.data(), batch.x, bagged.data());
         x = bagged.data();
       }
     }
     if (computed.ok()) computed = model->UploadParameters();
-    if (computed.ok()) {
-      computed = model->ComputeGradients(
-          x, batch.y, batch.rows,
-          StepSeed(config.seed(), options.worker,
-                   sync ? steps[0] : steps_before + local_steps), &loss);
+    const uint64_t seed =
+        StepSeed(config.seed(), options.worker, sync ? steps[0] : steps_before + local_steps);
+    if (computed.ok() && device_bags) {
+      computed = model->StageBatchWith(batch.y, batch.rows, [&](float* x_device) {
+        return device_bags->Forward(sparse, unique, rows.data(), batch.x, x_device);
+      });
+      if (computed.ok()) computed = model->ForwardBackward(seed);
+      if (computed.ok()) computed = device_bags->Backward(model->device_input_gradient());
+      if (computed.ok()) computed = model->FinishStep(&loss);
+    } else if (computed.ok()) {
+      computed = model->ComputeGradients(x, batch.y, batch.rows, seed, &loss);
     }
     batches->Release();
     RETURN_IF_ERROR(computed);
     RETURN_IF_ERROR(early_push);
     if (click_through) {
       row_grads.resize(rows.size());
-      bags->Backward(sparse, unique, model->host_input_gradient(), row_grads.data());
+      if (device_bags) {
+        std::copy(device_bags->host_row_gradients(),
+                  device_bags->host_row_gradients() + rows.size(), row_grads.begin());
+      } else {
+        bags->Backward(sparse, unique, model->host_input_gradient(), row_grads.data());
+      }
     }
     if (clip_norm > 0) {
       // The global norm covers the embedding rows' gradients too.

@@ -70,6 +70,14 @@ class Backend {
   virtual absl::Status SigmoidCrossEntropy(const float* logits, const int32_t* labels, int rows,
                                            int classes, float divisor, float* dlogits,
                                            double* row_loss, int32_t* predicted) = 0;
+  // Embedding bags into the model's input and back (cpu_ops.h).
+  virtual absl::Status BagsForward(const float* rows, const int32_t* row_of, const int32_t* offsets,
+                                   const float* dense, int batch, int fields, int dim,
+                                   int dense_dim, bool mean, float* x) = 0;
+  virtual absl::Status BagsBackward(const float* dx, const int32_t* offsets,
+                                    const int32_t* occ_start, const int32_t* occ_bag, int unique,
+                                    int fields, int dim, int dense_dim, bool mean,
+                                    float* row_grads) = 0;
 };
 
 // The CPU backend; `threads` is OpenBLAS's thread count (process-wide).

@@ -113,6 +113,19 @@ class CpuBackend : public Backend {
     cpu::SigmoidCrossEntropy(logits, labels, rows, classes, divisor, dlogits, row_loss, predicted);
     return absl::OkStatus();
   }
+  absl::Status BagsForward(const float* rows, const int32_t* row_of, const int32_t* offsets,
+                           const float* dense, int batch, int fields, int dim, int dense_dim,
+                           bool mean, float* x) override {
+    cpu::BagsForward(rows, row_of, offsets, dense, batch, fields, dim, dense_dim, mean, x);
+    return absl::OkStatus();
+  }
+  absl::Status BagsBackward(const float* dx, const int32_t* offsets, const int32_t* occ_start,
+                            const int32_t* occ_bag, int unique, int fields, int dim, int dense_dim,
+                            bool mean, float* row_grads) override {
+    cpu::BagsBackward(dx, offsets, occ_start, occ_bag, unique, fields, dim, dense_dim, mean,
+                      row_grads);
+    return absl::OkStatus();
+  }
 
  private:
   static absl::Status Copy(void* dst, const void* src, size_t bytes) {

@@ -163,5 +163,47 @@ void SigmoidCrossEntropy(const float* logits, const int32_t* labels, int rows, i
   }
 }
 
+void BagsForward(const float* rows, const int32_t* row_of, const int32_t* offsets,
+                 const float* dense, int batch, int fields, int dim, int dense_dim, bool mean,
+                 float* x) {
+  const size_t width = static_cast<size_t>(dense_dim) + static_cast<size_t>(fields) * dim;
+  for (int b = 0; b < batch; ++b) {
+    float* out = x + b * width;
+    std::copy(dense + static_cast<size_t>(b) * dense_dim,
+              dense + static_cast<size_t>(b + 1) * dense_dim, out);
+    for (int f = 0; f < fields; ++f) {
+      float* bag = out + dense_dim + static_cast<size_t>(f) * dim;
+      std::fill(bag, bag + dim, 0.0f);
+      const int32_t begin = offsets[b * fields + f], end = offsets[b * fields + f + 1];
+      for (int32_t k = begin; k < end; ++k) {
+        const float* row = rows + static_cast<size_t>(row_of[k]) * dim;
+        for (int j = 0; j < dim; ++j) bag[j] += row[j];
+      }
+      if (mean && end - begin > 1) {
+        const float inv = 1.0f / static_cast<float>(end - begin);
+        for (int j = 0; j < dim; ++j) bag[j] *= inv;
+      }
+    }
+  }
+}
+
+void BagsBackward(const float* dx, const int32_t* offsets, const int32_t* occ_start,
+                  const int32_t* occ_bag, int unique, int fields, int dim, int dense_dim, bool mean,
+                  float* row_grads) {
+  const size_t width = static_cast<size_t>(dense_dim) + static_cast<size_t>(fields) * dim;
+  for (int u = 0; u < unique; ++u) {
+    float* acc = row_grads + static_cast<size_t>(u) * dim;
+    std::fill(acc, acc + dim, 0.0f);
+    for (int32_t t = occ_start[u]; t < occ_start[u + 1]; ++t) {
+      const int32_t bag = occ_bag[t];
+      const int32_t n = offsets[bag + 1] - offsets[bag];
+      const float scale = mean && n > 1 ? 1.0f / static_cast<float>(n) : 1.0f;
+      const float* g =
+          dx + (bag / fields) * width + dense_dim + static_cast<size_t>(bag % fields) * dim;
+      for (int j = 0; j < dim; ++j) acc[j] += scale * g[j];
+    }
+  }
+}
+
 }  // namespace cpu
 }  // namespace pstrain

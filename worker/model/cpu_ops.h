@@ -109,6 +109,24 @@ void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, i
 void SigmoidCrossEntropy(const float* logits, const int32_t* labels, int rows, int classes,
                          float divisor, float* dlogits, double* row_loss, int32_t* predicted);
 
+// Embedding bags (the math of worker/model/embedding_bag.h), the model's
+// input x [batch, width], width = dense_dim + fields * dim:
+// x[b] = [dense[b] | bag(b, 0) | ... | bag(b, fields - 1)], bag (b, f) the
+// sum of rows[row_of[k]] for k in [offsets[b * fields + f], offsets[... + 1])
+// in k's order, times 1 / n (rounded to float) for the mean of n > 1 ids,
+// zeros when empty.
+void BagsForward(const float* rows, const int32_t* row_of, const int32_t* offsets,
+                 const float* dense, int batch, int fields, int dim, int dense_dim, bool mean,
+                 float* x);
+// row_grads[u] (unique rows, [unique, dim]) = the sum over u's occurrences
+// t in [occ_start[u], occ_start[u + 1]) (occ_bag[t]: the occurrence's bag,
+// b * fields + f, in increasing k) of scale(bag) * dx[b] at bag f's columns,
+// scale 1 / n for the mean of n > 1 ids, else 1; accumulated from zero in
+// that order, as EmbeddingBags::Backward does.
+void BagsBackward(const float* dx, const int32_t* offsets, const int32_t* occ_start,
+                  const int32_t* occ_bag, int unique, int fields, int dim, int dense_dim, bool mean,
+                  float* row_grads);
+
 }  // namespace cpu
 }  // namespace pstrain
 

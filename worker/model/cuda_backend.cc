@@ -110,6 +110,18 @@ class CudaBackend : public Backend {
     return Call(pstrain_cuda_sigmoid_cross_entropy, logits, labels, rows, classes, divisor, dlogits,
                 row_loss, predicted);
   }
+  absl::Status BagsForward(const float* rows, const int32_t* row_of, const int32_t* offsets,
+                           const float* dense, int batch, int fields, int dim, int dense_dim,
+                           bool mean, float* x) override {
+    return Call(pstrain_cuda_bags_forward, rows, row_of, offsets, dense, batch, fields, dim,
+                dense_dim, mean ? 1 : 0, x);
+  }
+  absl::Status BagsBackward(const float* dx, const int32_t* offsets, const int32_t* occ_start,
+                            const int32_t* occ_bag, int unique, int fields, int dim, int dense_dim,
+                            bool mean, float* row_grads) override {
+    return Call(pstrain_cuda_bags_backward, dx, offsets, occ_start, occ_bag, unique, fields, dim,
+                dense_dim, mean ? 1 : 0, row_grads);
+  }
 
  private:
   // Calls fn(ctx_, args..., &err) and converts its result.

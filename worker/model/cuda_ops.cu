@@ -56,6 +56,54 @@ int LaunchCheck(PstrainCudaError* err, const char* what) {
 
 __global__ void NopKernel() {}
 
+// One thread per element of x: a dense feature, or one column of one bag,
+// summed over the bag's ids in order (__fadd_rn / __fmul_rn: no contraction
+// into FMAs, so the float rounding is the CPU's).
+__global__ void BagsForwardKernel(const float* rows, const int32_t* row_of, const int32_t* offsets,
+                                  const float* dense, int batch, int fields, int dim, int dense_dim,
+                                  int mean, float* x) {
+  const long long width = dense_dim + static_cast<long long>(fields) * dim;
+  GRID_STRIDE(i, batch * width) {
+    const long long b = i / width;
+    const int c = static_cast<int>(i % width);
+    if (c < dense_dim) {
+      x[i] = dense[b * dense_dim + c];
+      continue;
+    }
+    const int f = (c - dense_dim) / dim, j = (c - dense_dim) % dim;
+    const long long bag = b * fields + f;
+    const int32_t begin = offsets[bag], end = offsets[bag + 1];
+    float acc = 0.0f;
+    for (int32_t k = begin; k < end; ++k) {
+      acc = __fadd_rn(acc, rows[static_cast<long long>(row_of[k]) * dim + j]);
+    }
+    if (mean && end - begin > 1)
+      acc = __fmul_rn(acc, __fdiv_rn(1.0f, static_cast<float>(end - begin)));
+    x[i] = acc;
+  }
+}
+
+// One thread per element of the row gradients: its row's occurrences in
+// increasing order, as the CPU accumulates them.
+__global__ void BagsBackwardKernel(const float* dx, const int32_t* offsets,
+                                   const int32_t* occ_start, const int32_t* occ_bag, int unique,
+                                   int fields, int dim, int dense_dim, int mean, float* row_grads) {
+  const long long width = dense_dim + static_cast<long long>(fields) * dim;
+  GRID_STRIDE(i, static_cast<long long>(unique) * dim) {
+    const long long u = i / dim;
+    const int j = static_cast<int>(i % dim);
+    float acc = 0.0f;
+    for (int32_t t = occ_start[u]; t < occ_start[u + 1]; ++t) {
+      const int32_t bag = occ_bag[t];
+      const int32_t n = offsets[bag + 1] - offsets[bag];
+      const float scale = mean && n > 1 ? __fdiv_rn(1.0f, static_cast<float>(n)) : 1.0f;
+      const float g = dx[(bag / fields) * width + dense_dim + (bag % fields) * dim + j];
+      acc = __fadd_rn(acc, __fmul_rn(scale, g));
+    }
+    row_grads[i] = acc;
+  }
+}
+
 __global__ void ScaleKernel(float* c, int m, int n, int ldc, float beta) {
   GRID_STRIDE(i, static_cast<long long>(m) * n) {
     const long long r = i / n, col = i % n;
@@ -304,6 +352,28 @@ int pstrain_cuda_copy_device(PstrainCudaContext* ctx, void* dst, const void* src
   if (bytes == 0 || dst == src) return 0;
   return CudaCheck(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, ctx->stream), err,
                    "cudaMemcpyAsync(device to device)");
+}
+
+int pstrain_cuda_bags_forward(PstrainCudaContext* ctx, const float* rows, const int32_t* row_of,
+                              const int32_t* offsets, const float* dense, int batch, int fields,
+                              int dim, int dense_dim, int mean, float* x, PstrainCudaError* err) {
+  const long long n =
+      static_cast<long long>(batch) * (dense_dim + static_cast<long long>(fields) * dim);
+  if (n <= 0) return 0;
+  BagsForwardKernel<<<Blocks(n), kThreads, 0, ctx->stream>>>(rows, row_of, offsets, dense, batch,
+                                                             fields, dim, dense_dim, mean, x);
+  return LaunchCheck(err, "bags forward kernel");
+}
+
+int pstrain_cuda_bags_backward(PstrainCudaContext* ctx, const float* dx, const int32_t* offsets,
+                               const int32_t* occ_start, const int32_t* occ_bag, int unique,
+                               int fields, int dim, int dense_dim, int mean, float* row_grads,
+                               PstrainCudaError* err) {
+  const long long n = static_cast<long long>(unique) * dim;
+  if (n <= 0) return 0;
+  BagsBackwardKernel<<<Blocks(n), kThreads, 0, ctx->stream>>>(
+      dx, offsets, occ_start, occ_bag, unique, fields, dim, dense_dim, mean, row_grads);
+  return LaunchCheck(err, "bags backward kernel");
 }
 
 int pstrain_cuda_synchronize(PstrainCudaContext* ctx, PstrainCudaError* err) {

@@ -96,6 +96,17 @@ int pstrain_cuda_sigmoid_cross_entropy(PstrainCudaContext* ctx, const float* log
                                        float* dlogits, double* row_loss, int32_t* predicted,
                                        PstrainCudaError* err);
 
+// Embedding bags: cpu::BagsForward and cpu::BagsBackward (same arguments,
+// device pointers), the sums in the CPU's order with no fused multiply-add,
+// so the results are the CPU's bit for bit.
+int pstrain_cuda_bags_forward(PstrainCudaContext* ctx, const float* rows, const int32_t* row_of,
+                              const int32_t* offsets, const float* dense, int batch, int fields,
+                              int dim, int dense_dim, int mean, float* x, PstrainCudaError* err);
+int pstrain_cuda_bags_backward(PstrainCudaContext* ctx, const float* dx, const int32_t* offsets,
+                               const int32_t* occ_start, const int32_t* occ_bag, int unique,
+                               int fields, int dim, int dense_dim, int mean, float* row_grads,
+                               PstrainCudaError* err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,9 +1,11 @@
 #include "worker/model/embedding_bag.h"
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/status_macros.h"
 
 namespace pstrain {
 
@@ -73,6 +75,82 @@ void EmbeddingBags::Backward(const SparseBatch& batch, const UniqueRows& unique,
       }
     }
   }
+}
+
+DeviceEmbeddingBags::DeviceEmbeddingBags(Backend* backend, int dense_dim, int fields, int dim,
+                                         Combiner combiner)
+    : backend_(backend),
+      dense_dim_(dense_dim),
+      fields_(fields),
+      dim_(dim),
+      mean_(combiner == Combiner::kMean),
+      host_index_(backend, /*host=*/true),
+      index_(backend),
+      host_rows_(backend, /*host=*/true),
+      rows_(backend),
+      host_dense_(backend, /*host=*/true),
+      dense_(backend),
+      grads_(backend),
+      host_grads_(backend, /*host=*/true) {}
+
+absl::Status DeviceEmbeddingBags::Forward(const SparseBatch& batch, const UniqueRows& unique,
+                                          const float* rows, const float* dense, float* x) {
+  const size_t n = batch.ids.size(), bags = static_cast<size_t>(batch.batch) * fields_;
+  if (batch.fields != fields_ || batch.offsets.size() != bags + 1 || unique.row_of.size() != n ||
+      n > static_cast<size_t>(INT32_MAX)) {
+    return absl::InvalidArgumentError("embedding bags: the batch's index does not fit the bags");
+  }
+  unique_ = static_cast<int>(unique.ids.size());
+  // The index in one block: row_of [n], offsets [bags + 1], and each unique
+  // row's occurrences (a counting sort by row, k ascending within a row):
+  // occ_start [unique + 1], occ_bag [n].
+  row_of_at_ = 0;
+  offsets_at_ = n;
+  occ_start_at_ = offsets_at_ + bags + 1;
+  occ_bag_at_ = occ_start_at_ + unique_ + 1;
+  const size_t index_size = occ_bag_at_ + n;
+  RETURN_IF_ERROR(host_index_.Reserve(index_size));
+  RETURN_IF_ERROR(index_.Reserve(index_size));
+  int32_t* h = host_index_.data();
+  int32_t* occ_start = h + occ_start_at_;
+  std::fill(occ_start, occ_start + unique_ + 1, 0);
+  for (size_t k = 0; k < n; ++k) {
+    h[row_of_at_ + k] = static_cast<int32_t>(unique.row_of[k]);
+    ++occ_start[unique.row_of[k] + 1];
+  }
+  for (int u = 0; u < unique_; ++u) occ_start[u + 1] += occ_start[u];
+  std::vector<int32_t> next(occ_start, occ_start + unique_);
+  for (size_t bag = 0; bag < bags; ++bag) {
+    h[offsets_at_ + bag] = static_cast<int32_t>(batch.offsets[bag]);
+    for (int64_t k = batch.offsets[bag]; k < batch.offsets[bag + 1]; ++k) {
+      h[occ_bag_at_ + next[unique.row_of[k]]++] = static_cast<int32_t>(bag);
+    }
+  }
+  h[offsets_at_ + bags] = static_cast<int32_t>(batch.offsets[bags]);
+  const size_t row_floats = static_cast<size_t>(unique_) * dim_;
+  const size_t dense_floats = static_cast<size_t>(batch.batch) * dense_dim_;
+  RETURN_IF_ERROR(host_rows_.Reserve(row_floats));
+  RETURN_IF_ERROR(rows_.Reserve(row_floats));
+  RETURN_IF_ERROR(host_dense_.Reserve(dense_floats));
+  RETURN_IF_ERROR(dense_.Reserve(dense_floats));
+  RETURN_IF_ERROR(grads_.Reserve(row_floats));
+  RETURN_IF_ERROR(host_grads_.Reserve(row_floats));
+  std::copy(rows, rows + row_floats, host_rows_.data());
+  std::copy(dense, dense + dense_floats, host_dense_.data());
+  RETURN_IF_ERROR(backend_->CopyToDevice(index_.data(), h, index_size * sizeof(int32_t)));
+  RETURN_IF_ERROR(backend_->CopyToDevice(rows_.data(), host_rows_.data(), row_floats * 4));
+  RETURN_IF_ERROR(backend_->CopyToDevice(dense_.data(), host_dense_.data(), dense_floats * 4));
+  return backend_->BagsForward(rows_.data(), index_.data() + row_of_at_,
+                               index_.data() + offsets_at_, dense_.data(), batch.batch, fields_,
+                               dim_, dense_dim_, mean_, x);
+}
+
+absl::Status DeviceEmbeddingBags::Backward(const float* dx) {
+  RETURN_IF_ERROR(backend_->BagsBackward(dx, index_.data() + offsets_at_,
+                                         index_.data() + occ_start_at_, index_.data() + occ_bag_at_,
+                                         unique_, fields_, dim_, dense_dim_, mean_, grads_.data()));
+  return backend_->CopyToHost(host_grads_.data(), grads_.data(),
+                              static_cast<size_t>(unique_) * dim_ * sizeof(float));
 }
 
 }  // namespace pstrain

@@ -4,15 +4,18 @@
 // rows summed or averaged, concatenated after the dense features) and the
 // model's input gradient back into one gradient row per unique id.
 //
-// This runs on the host for both backends: the rows arrive from the servers
-// in host memory, the assembled input goes to the device with the batch, and
-// the input gradient comes back with the parameter gradients. The bags of a
-// batch are a small fraction of a step's work (batch x fields x dim adds).
+// EmbeddingBags runs on the host (the CPU backend's path). On a device,
+// DeviceEmbeddingBags runs the same math there (Backend::BagsForward and
+// BagsBackward): the pulled rows go up and their gradients come down, the
+// model's input is assembled and its gradient reduced on the device.
 #ifndef PSTRAIN_WORKER_MODEL_EMBEDDING_BAG_H_
 #define PSTRAIN_WORKER_MODEL_EMBEDDING_BAG_H_
 
 #include <cstdint>
 #include <vector>
+
+#include "absl/status/status.h"
+#include "worker/model/backend.h"
 
 namespace pstrain {
 
@@ -60,6 +63,38 @@ class EmbeddingBags {
  private:
   const int dense_dim_, fields_, dim_;
   const Combiner combiner_;
+};
+
+// EmbeddingBags on a backend's memory, bit for bit the host's numbers. Per
+// step: Forward stages the batch's index, the pulled rows and the dense
+// features (copied into pinned buffers, so the caller's memory is free on
+// return) and enqueues the bags into the model's input x (device memory,
+// [batch, output_dim()]); after the model's backward pass, Backward
+// enqueues each unique row's gradient from dx (the model's input gradient
+// on the device) and its download, in host_row_gradients() once the
+// backend has synchronised (the model's FinishStep). Buffers grow to the
+// largest batch and are reused.
+class DeviceEmbeddingBags {
+ public:
+  DeviceEmbeddingBags(Backend* backend, int dense_dim, int fields, int dim, Combiner combiner);
+  int output_dim() const { return dense_dim_ + fields_ * dim_; }
+
+  absl::Status Forward(const SparseBatch& batch, const UniqueRows& unique, const float* rows,
+                       const float* dense, float* x);
+  absl::Status Backward(const float* dx);
+  // [unique rows of the last Forward, dim].
+  const float* host_row_gradients() const { return host_grads_.data(); }
+
+ private:
+  Backend* const backend_;
+  const int dense_dim_, fields_, dim_;
+  const bool mean_;
+  int unique_ = 0;
+  // Pinned staging: the index (row_of, offsets, occurrence starts and
+  // bags), the rows, the dense features; and the row gradients coming back.
+  DeviceArray<int32_t> host_index_, index_;
+  DeviceArray<float> host_rows_, rows_, host_dense_, dense_, grads_, host_grads_;
+  size_t row_of_at_ = 0, offsets_at_ = 0, occ_start_at_ = 0, occ_bag_at_ = 0;
 };
 
 }  // namespace pstrain

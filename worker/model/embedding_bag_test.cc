@@ -4,16 +4,35 @@
 #include "worker/model/embedding_bag.h"
 
 #include <cmath>
+#include <random>
 
 #include "catch2/catch.hpp"
+#include "worker/model/deferred_backend.h"
 #include "worker/model/model.h"
 #include "worker/model/test_util.h"
 
 namespace pstrain {
 namespace {
 
+using testing::DeferredBackend;
 using testing::ParseModel;
 using testing::Random;
+
+// A batch of bags of 0-3 ids each, ids drawn from a few so they repeat
+// within and across bags.
+SparseBatch RandomBags(int batch, int fields, uint32_t seed) {
+  std::mt19937 rng(seed);
+  SparseBatch s;
+  s.batch = batch;
+  s.fields = fields;
+  s.offsets.push_back(0);
+  for (int bag = 0; bag < batch * fields; ++bag) {
+    const int n = static_cast<int>(rng() % 4);
+    for (int k = 0; k < n; ++k) s.ids.push_back(100 + rng() % 7);
+    s.offsets.push_back(static_cast<int64_t>(s.ids.size()));
+  }
+  return s;
+}
 
 TEST_CASE("unique ids keep the order of first appearance", "[embedding_bag]") {
   const UniqueRows u = UniqueRows::Of({7, 3, 7, 9, 3});
@@ -93,6 +112,102 @@ TEST_CASE("the click-through front end's row gradients match finite differences"
     const double numeric = (loss_at(plus) - loss_at(minus)) / (2.0 * h);
     INFO("row element " << i);
     CHECK(grads[i] == Approx(numeric).margin(2e-4).epsilon(2e-2));
+  }
+}
+
+TEST_CASE(
+    "bags in a backend's memory give the host's numbers bit for bit, on the CPU and on a "
+    "deferring device",
+    "[embedding_bag]") {
+  constexpr int kBatch = 9, kDense = 2, kFields = 3, kDim = 5;
+  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+  DeferredBackend deferred;
+  for (Backend* backend : {cpu.get(), static_cast<Backend*>(&deferred)}) {
+    for (Combiner combiner : {Combiner::kSum, Combiner::kMean}) {
+      INFO(backend->Describe() << (combiner == Combiner::kMean ? ", mean" : ", sum"));
+      EmbeddingBags host(kDense, kFields, kDim, combiner);
+      DeviceEmbeddingBags device(backend, kDense, kFields, kDim, combiner);
+      DeviceArray<float> x(backend), dx(backend);
+      const size_t width = host.output_dim();
+      REQUIRE(x.Reserve(kBatch * width).ok());
+      REQUIRE(dx.Reserve(kBatch * width).ok());
+      for (uint32_t step = 0; step < 3; ++step) {  // buffers reused, index rebuilt
+        INFO("step " << step);
+        const SparseBatch s = RandomBags(kBatch, kFields, 40 + step);
+        const UniqueRows u = UniqueRows::Of(s.ids);
+        const std::vector<float> rows = Random(u.ids.size() * kDim, 50 + step);
+        const std::vector<float> dense = Random(kBatch * kDense, 60 + step);
+        const std::vector<float> grad_x = Random(kBatch * width, 70 + step);
+        std::vector<float> want_x(kBatch * width), want_grads(u.ids.size() * kDim);
+        host.Forward(s, u, rows.data(), dense.data(), want_x.data());
+        host.Backward(s, u, grad_x.data(), want_grads.data());
+
+        REQUIRE(device.Forward(s, u, rows.data(), dense.data(), x.data()).ok());
+        REQUIRE(backend->CopyToDevice(dx.data(), grad_x.data(), grad_x.size() * 4).ok());
+        REQUIRE(device.Backward(dx.data()).ok());
+        std::vector<float> got_x(kBatch * width);
+        REQUIRE(backend->CopyToHost(got_x.data(), x.data(), got_x.size() * 4).ok());
+        REQUIRE(backend->Synchronize().ok());
+        CHECK(got_x == want_x);
+        const float* g = device.host_row_gradients();
+        CHECK(std::vector<float>(g, g + want_grads.size()) == want_grads);
+      }
+    }
+  }
+}
+
+TEST_CASE("a click-through step with the bags on a deferring device equals the host's",
+          "[embedding_bag]") {
+  constexpr int kBatch = 7, kDense = 3, kFields = 4, kDim = 3;
+  const char* config =
+      "sequential { input_dim: 15 layer { dense { units: 8 } } layer { gelu {} } "
+      "layer { dense { units: 1 } } layer { sigmoid_cross_entropy {} } }";
+  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+  DeferredBackend deferred;
+  auto mh = Model::Create(ParseModel(config), cpu.get());
+  auto md = Model::Create(ParseModel(config), &deferred);
+  REQUIRE(mh.ok());
+  REQUIRE(md.ok());
+  Model& host_model = **mh;
+  Model& device_model = **md;
+  const std::vector<Tensor> params = host_model.Initialize(8);
+  REQUIRE(host_model.SetParameters(params).ok());
+  REQUIRE(device_model.SetParameters(params).ok());
+  host_model.set_input_gradient(true);
+  device_model.set_input_gradient(true, /*to_host=*/false);
+  EmbeddingBags host_bags(kDense, kFields, kDim, Combiner::kMean);
+  DeviceEmbeddingBags device_bags(&deferred, kDense, kFields, kDim, Combiner::kMean);
+  const std::vector<int32_t> labels = {0, 1, 1, 0, 1, 0, 1};
+  for (uint32_t step = 0; step < 2; ++step) {
+    INFO("step " << step);
+    const SparseBatch s = RandomBags(kBatch, kFields, 80 + step);
+    const UniqueRows u = UniqueRows::Of(s.ids);
+    const std::vector<float> rows = Random(u.ids.size() * kDim, 90 + step);
+    const std::vector<float> dense = Random(kBatch * kDense, 95 + step);
+
+    std::vector<float> x(kBatch * host_bags.output_dim()), want(rows.size());
+    host_bags.Forward(s, u, rows.data(), dense.data(), x.data());
+    float host_loss = 0, device_loss = 0;
+    REQUIRE(host_model.ComputeGradients(x.data(), labels.data(), kBatch, step, &host_loss).ok());
+    host_bags.Backward(s, u, host_model.host_input_gradient(), want.data());
+
+    REQUIRE(device_model
+                .StageBatchWith(labels.data(), kBatch,
+                                [&](float* xd) {
+                                  return device_bags.Forward(s, u, rows.data(), dense.data(), xd);
+                                })
+                .ok());
+    REQUIRE(device_model.ForwardBackward(step).ok());
+    REQUIRE(device_bags.Backward(device_model.device_input_gradient()).ok());
+    CHECK(deferred.queued() > 0);  // nothing ran yet: FinishStep's wait runs it all
+    REQUIRE(device_model.FinishStep(&device_loss).ok());
+    CHECK(device_loss == host_loss);
+    const float* g = device_bags.host_row_gradients();
+    CHECK(std::vector<float>(g, g + want.size()) == want);
+    std::vector<Tensor> hg, dg;
+    host_model.CopyGradients(&hg);
+    device_model.CopyGradients(&dg);
+    for (size_t v = 0; v < hg.size(); ++v) CHECK(hg[v].values() == dg[v].values());
   }
 }
 

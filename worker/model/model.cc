@@ -324,6 +324,29 @@ absl::Status Model::StageBatch(const float* x, const int32_t* labels, int batch)
   return absl::OkStatus();
 }
 
+absl::Status Model::StageBatchWith(const int32_t* labels, int batch,
+                                   const std::function<absl::Status(float* x)>& fill) {
+  staged_rows_ = 0;
+  std::fill(downloaded_.begin(), downloaded_.end(), 0);
+  if (batch <= 0) return absl::InvalidArgumentError("empty batch");
+  RETURN_IF_ERROR(CheckLabels(labels, batch));
+  RETURN_IF_ERROR(EnsureRows(batch));
+  // (On the CPU the input is otherwise read in place, so EnsureRows keeps none.)
+  RETURN_IF_ERROR(input_.Reserve(static_cast<size_t>(batch) * input_dim_));
+  RETURN_IF_ERROR(InLayer(fill(input_.data()), "input", "assemble"));
+  if (backend_->host_memory()) {
+    staged_labels_ = labels;
+  } else {
+    RETURN_IF_ERROR(InLayer(backend_->CopyToDevice(labels_.data(), labels,
+                                                   static_cast<size_t>(batch) * sizeof(int32_t)),
+                            "labels", "upload"));
+    staged_labels_ = labels_.data();
+  }
+  staged_x_ = input_.data();
+  staged_rows_ = batch;
+  return absl::OkStatus();
+}
+
 absl::Status Model::ForwardBackward(uint64_t seed) {
   const int batch = staged_rows_;
   if (batch <= 0) return absl::FailedPreconditionError("ForwardBackward without a staged batch");
@@ -406,7 +429,7 @@ absl::Status Model::FinishStep(float* loss) {
       v = w;
     }
   }
-  if (input_gradient_ && !backend_->host_memory()) {
+  if (input_gradient_ && input_gradient_to_host_ && !backend_->host_memory()) {
     const size_t n = static_cast<size_t>(batch) * input_dim_;
     RETURN_IF_ERROR(host_input_grad_.Reserve(n));
     RETURN_IF_ERROR(InLayer(

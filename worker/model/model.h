@@ -107,8 +107,20 @@ class Model {
   // When on, ForwardBackward also computes dL/dx of the staged input (for
   // what feeds the model, such as embedding bags) and FinishStep brings it to
   // host_input_gradient(), [batch, input_dim], valid until the next step.
-  void set_input_gradient(bool on) { input_gradient_ = on; }
+  // `to_host` false leaves it on the device only (device_input_gradient(),
+  // for DeviceEmbeddingBags::Backward); host_input_gradient() is then not kept.
+  void set_input_gradient(bool on, bool to_host = true) {
+    input_gradient_ = on;
+    input_gradient_to_host_ = to_host;
+  }
   const float* host_input_gradient() const;
+  // [batch, input_dim] in the backend's memory, after ForwardBackward.
+  const float* device_input_gradient() const { return input_grad_.data(); }
+  // StageBatch for an input assembled in the backend's memory: `fill` gets
+  // the model's input buffer ([batch, input_dim]) and enqueues what writes
+  // it (DeviceEmbeddingBags::Forward); labels as for StageBatch.
+  absl::Status StageBatchWith(const int32_t* labels, int batch,
+                              const std::function<absl::Status(float* x)>& fill);
 
   const float* host_gradients(size_t v) const { return host_grads_ + param_offsets_[v]; }
   std::vector<const float*> host_gradient_pointers() const;
@@ -153,6 +165,7 @@ class Model {
   std::vector<char> downloaded_;
   std::vector<size_t> early_layers_;
   bool input_gradient_ = false;
+  bool input_gradient_to_host_ = true;
   DeviceArray<float> input_grad_, host_input_grad_;
   std::unique_ptr<LossLayer> loss_;
   std::vector<VariableSpec> variables_;

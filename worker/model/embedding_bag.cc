@@ -97,8 +97,19 @@ absl::Status DeviceEmbeddingBags::Forward(const SparseBatch& batch, const Unique
                                           const float* rows, const float* dense, float* x) {
   const size_t n = batch.ids.size(), bags = static_cast<size_t>(batch.batch) * fields_;
   if (batch.fields != fields_ || batch.offsets.size() != bags + 1 || unique.row_of.size() != n ||
-      n > static_cast<size_t>(INT32_MAX)) {
+      n > static_cast<size_t>(INT32_MAX) || batch.offsets[0] != 0 ||
+      batch.offsets[bags] != static_cast<int64_t>(n)) {
     return absl::InvalidArgumentError("embedding bags: the batch's index does not fit the bags");
+  }
+  for (size_t bag = 0; bag < bags; ++bag) {
+    if (batch.offsets[bag + 1] < batch.offsets[bag]) {
+      return absl::InvalidArgumentError("embedding bags: offsets go down");
+    }
+  }
+  for (uint32_t r : unique.row_of) {
+    if (r >= unique.ids.size()) {
+      return absl::InvalidArgumentError("embedding bags: an id's row is not among the unique rows");
+    }
   }
   unique_ = static_cast<int>(unique.ids.size());
   // The index in one block: row_of [n], offsets [bags + 1], and each unique
@@ -119,11 +130,11 @@ absl::Status DeviceEmbeddingBags::Forward(const SparseBatch& batch, const Unique
     ++occ_start[unique.row_of[k] + 1];
   }
   for (int u = 0; u < unique_; ++u) occ_start[u + 1] += occ_start[u];
-  std::vector<int32_t> next(occ_start, occ_start + unique_);
+  next_.assign(occ_start, occ_start + unique_);
   for (size_t bag = 0; bag < bags; ++bag) {
     h[offsets_at_ + bag] = static_cast<int32_t>(batch.offsets[bag]);
     for (int64_t k = batch.offsets[bag]; k < batch.offsets[bag + 1]; ++k) {
-      h[occ_bag_at_ + next[unique.row_of[k]]++] = static_cast<int32_t>(bag);
+      h[occ_bag_at_ + next_[unique.row_of[k]]++] = static_cast<int32_t>(bag);
     }
   }
   h[offsets_at_ + bags] = static_cast<int32_t>(batch.offsets[bags]);

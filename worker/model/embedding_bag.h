@@ -65,7 +65,9 @@ class EmbeddingBags {
   const Combiner combiner_;
 };
 
-// EmbeddingBags on a backend's memory, bit for bit the host's numbers. Per
+// EmbeddingBags on a backend's memory, bit for bit the host's numbers (both
+// sides are built without fused multiply-adds). A batch whose index is
+// inconsistent is refused, changing nothing on the device. Per
 // step: Forward stages the batch's index, the pulled rows and the dense
 // features (copied into pinned buffers, so the caller's memory is free on
 // return) and enqueues the bags into the model's input x (device memory,
@@ -95,6 +97,7 @@ class DeviceEmbeddingBags {
   DeviceArray<int32_t> host_index_, index_;
   DeviceArray<float> host_rows_, rows_, host_dense_, dense_, grads_, host_grads_;
   size_t row_of_at_ = 0, offsets_at_ = 0, occ_start_at_ = 0, occ_bag_at_ = 0;
+  std::vector<int32_t> next_;  // the counting sort's next slot per row
 };
 
 }  // namespace pstrain

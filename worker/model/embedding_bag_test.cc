@@ -135,14 +135,17 @@ TEST_CASE(
         INFO("step " << step);
         const SparseBatch s = RandomBags(kBatch, kFields, 40 + step);
         const UniqueRows u = UniqueRows::Of(s.ids);
-        const std::vector<float> rows = Random(u.ids.size() * kDim, 50 + step);
-        const std::vector<float> dense = Random(kBatch * kDense, 60 + step);
+        std::vector<float> rows = Random(u.ids.size() * kDim, 50 + step);
+        std::vector<float> dense = Random(kBatch * kDense, 60 + step);
         const std::vector<float> grad_x = Random(kBatch * width, 70 + step);
         std::vector<float> want_x(kBatch * width), want_grads(u.ids.size() * kDim);
         host.Forward(s, u, rows.data(), dense.data(), want_x.data());
         host.Backward(s, u, grad_x.data(), want_grads.data());
 
         REQUIRE(device.Forward(s, u, rows.data(), dense.data(), x.data()).ok());
+        // The caller's memory is free once Forward returns (staged, not read later).
+        std::fill(rows.begin(), rows.end(), std::nanf(""));
+        std::fill(dense.begin(), dense.end(), std::nanf(""));
         REQUIRE(backend->CopyToDevice(dx.data(), grad_x.data(), grad_x.size() * 4).ok());
         REQUIRE(device.Backward(dx.data()).ok());
         std::vector<float> got_x(kBatch * width);
@@ -154,6 +157,31 @@ TEST_CASE(
       }
     }
   }
+}
+
+TEST_CASE("bags refuse a batch whose index does not fit", "[embedding_bag]") {
+  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+  DeviceEmbeddingBags device(cpu.get(), 1, 2, 2, Combiner::kSum);
+  DeviceArray<float> x(cpu.get());
+  REQUIRE(x.Reserve(2 * 5).ok());
+  SparseBatch s = RandomBags(2, 2, 1);
+  const UniqueRows u = UniqueRows::Of(s.ids);
+  const std::vector<float> rows(u.ids.size() * 2, 1.0f), dense(2, 0.0f);
+  REQUIRE(device.Forward(s, u, rows.data(), dense.data(), x.data()).ok());
+  SparseBatch bad = s;
+  bad.offsets[1] = bad.offsets[2] + 1;  // goes down
+  CHECK(device.Forward(bad, u, rows.data(), dense.data(), x.data()).code() ==
+        absl::StatusCode::kInvalidArgument);
+  bad = s;
+  bad.offsets.back() += 1;  // past the ids
+  CHECK_FALSE(device.Forward(bad, u, rows.data(), dense.data(), x.data()).ok());
+  UniqueRows wrong = u;
+  if (!wrong.row_of.empty()) wrong.row_of[0] = static_cast<uint32_t>(wrong.ids.size());
+  if (!wrong.row_of.empty())
+    CHECK_FALSE(device.Forward(s, wrong, rows.data(), dense.data(), x.data()).ok());
+  bad = s;
+  bad.fields = 3;
+  CHECK_FALSE(device.Forward(bad, u, rows.data(), dense.data(), x.data()).ok());
 }
 
 TEST_CASE("a click-through step with the bags on a deferring device equals the host's",

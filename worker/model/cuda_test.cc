@@ -13,6 +13,7 @@
 #include "catch2/catch.hpp"
 #include "common/config.h"
 #include "worker/model/backend.h"
+#include "worker/model/bags_test_util.h"
 #include "worker/model/device.h"
 #include "worker/model/embedding_bag.h"
 #include "worker/model/model.h"
@@ -300,39 +301,14 @@ TEST_CASE("CUDA embedding bags equal the host's bit for bit", "[cuda]") {
   std::unique_ptr<Backend> gpu = CudaOrSkip();
   if (!gpu) return;
   constexpr int kDense = 13, kFields = 26, kDim = 16;
-  std::mt19937 rng(3);
   for (Combiner combiner : {Combiner::kSum, Combiner::kMean}) {
+    EmbeddingBags host(kDense, kFields, kDim, combiner);
     DeviceEmbeddingBags device(gpu.get(), kDense, kFields, kDim, combiner);
-    for (int kBatch : {300, 120, 450}) {  // the buffers reused, and grown
-      INFO((combiner == Combiner::kMean ? "mean" : "sum") << ", batch " << kBatch);
-      SparseBatch s;  // bags of 0-4 ids of 500, so rows repeat within and across bags
-      s.batch = kBatch;
-      s.fields = kFields;
-      s.offsets.push_back(0);
-      for (int bag = 0; bag < kBatch * kFields; ++bag) {
-        for (int k = static_cast<int>(rng() % 5); k > 0; --k) s.ids.push_back(rng() % 500);
-        s.offsets.push_back(static_cast<int64_t>(s.ids.size()));
-      }
-      const UniqueRows u = UniqueRows::Of(s.ids);
-      EmbeddingBags host(kDense, kFields, kDim, combiner);
-      const size_t width = host.output_dim();
-      const std::vector<float> rows = Random(u.ids.size() * kDim, 4);
-      const std::vector<float> dense = Random(kBatch * kDense, 5);
-      const std::vector<float> grad_x = Random(kBatch * width, 6);
-      std::vector<float> want_x(kBatch * width), want_grads(rows.size()), got_x(kBatch * width);
-      host.Forward(s, u, rows.data(), dense.data(), want_x.data());
-      host.Backward(s, u, grad_x.data(), want_grads.data());
-      DeviceArray<float> x(gpu.get()), dx(gpu.get());
-      REQUIRE(x.Reserve(got_x.size()).ok());
-      REQUIRE(dx.Reserve(grad_x.size()).ok());
-      REQUIRE(device.Forward(s, u, rows.data(), dense.data(), x.data()).ok());
-      REQUIRE(gpu->CopyToDevice(dx.data(), grad_x.data(), grad_x.size() * 4).ok());
-      REQUIRE(device.Backward(dx.data()).ok());
-      REQUIRE(gpu->CopyToHost(got_x.data(), x.data(), got_x.size() * 4).ok());
-      REQUIRE(gpu->Synchronize().ok());
-      CHECK(got_x == want_x);
-      const float* g = device.host_row_gradients();
-      CHECK(std::vector<float>(g, g + want_grads.size()) == want_grads);
+    for (int batch : {300, 120, 450}) {  // the buffers reused, and grown
+      INFO((combiner == Combiner::kMean ? "mean" : "sum") << ", batch " << batch);
+      // Bags of 0-4 ids of 500, so rows repeat within and across bags.
+      testing::CheckDeviceBagsMatchHost(gpu.get(), &device, host,
+                                        testing::RandomBags(batch, kFields, batch, 4, 500), 4);
     }
   }
 }

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "catch2/catch.hpp"
+#include "worker/model/bags_test_util.h"
 #include "worker/model/deferred_backend.h"
 #include "worker/model/model.h"
 #include "worker/model/test_util.h"
@@ -14,25 +15,11 @@
 namespace pstrain {
 namespace {
 
+using testing::CheckDeviceBagsMatchHost;
 using testing::DeferredBackend;
 using testing::ParseModel;
 using testing::Random;
-
-// A batch of bags of 0-3 ids each, ids drawn from a few so they repeat
-// within and across bags.
-SparseBatch RandomBags(int batch, int fields, uint32_t seed) {
-  std::mt19937 rng(seed);
-  SparseBatch s;
-  s.batch = batch;
-  s.fields = fields;
-  s.offsets.push_back(0);
-  for (int bag = 0; bag < batch * fields; ++bag) {
-    const int n = static_cast<int>(rng() % 4);
-    for (int k = 0; k < n; ++k) s.ids.push_back(100 + rng() % 7);
-    s.offsets.push_back(static_cast<int64_t>(s.ids.size()));
-  }
-  return s;
-}
+using testing::RandomBags;
 
 TEST_CASE("unique ids keep the order of first appearance", "[embedding_bag]") {
   const UniqueRows u = UniqueRows::Of({7, 3, 7, 9, 3});
@@ -127,33 +114,10 @@ TEST_CASE(
       INFO(backend->Describe() << (combiner == Combiner::kMean ? ", mean" : ", sum"));
       EmbeddingBags host(kDense, kFields, kDim, combiner);
       DeviceEmbeddingBags device(backend, kDense, kFields, kDim, combiner);
-      DeviceArray<float> x(backend), dx(backend);
-      const size_t width = host.output_dim();
-      REQUIRE(x.Reserve(kBatch * width).ok());
-      REQUIRE(dx.Reserve(kBatch * width).ok());
       for (uint32_t step = 0; step < 3; ++step) {  // buffers reused, index rebuilt
         INFO("step " << step);
-        const SparseBatch s = RandomBags(kBatch, kFields, 40 + step);
-        const UniqueRows u = UniqueRows::Of(s.ids);
-        std::vector<float> rows = Random(u.ids.size() * kDim, 50 + step);
-        std::vector<float> dense = Random(kBatch * kDense, 60 + step);
-        const std::vector<float> grad_x = Random(kBatch * width, 70 + step);
-        std::vector<float> want_x(kBatch * width), want_grads(u.ids.size() * kDim);
-        host.Forward(s, u, rows.data(), dense.data(), want_x.data());
-        host.Backward(s, u, grad_x.data(), want_grads.data());
-
-        REQUIRE(device.Forward(s, u, rows.data(), dense.data(), x.data()).ok());
-        // The caller's memory is free once Forward returns (staged, not read later).
-        std::fill(rows.begin(), rows.end(), std::nanf(""));
-        std::fill(dense.begin(), dense.end(), std::nanf(""));
-        REQUIRE(backend->CopyToDevice(dx.data(), grad_x.data(), grad_x.size() * 4).ok());
-        REQUIRE(device.Backward(dx.data()).ok());
-        std::vector<float> got_x(kBatch * width);
-        REQUIRE(backend->CopyToHost(got_x.data(), x.data(), got_x.size() * 4).ok());
-        REQUIRE(backend->Synchronize().ok());
-        CHECK(got_x == want_x);
-        const float* g = device.host_row_gradients();
-        CHECK(std::vector<float>(g, g + want_grads.size()) == want_grads);
+        CheckDeviceBagsMatchHost(backend, &device, host, RandomBags(kBatch, kFields, 40 + step),
+                                 50 + 10 * step);
       }
     }
   }
@@ -176,9 +140,9 @@ TEST_CASE("bags refuse a batch whose index does not fit", "[embedding_bag]") {
   bad.offsets.back() += 1;  // past the ids
   CHECK_FALSE(device.Forward(bad, u, rows.data(), dense.data(), x.data()).ok());
   UniqueRows wrong = u;
-  if (!wrong.row_of.empty()) wrong.row_of[0] = static_cast<uint32_t>(wrong.ids.size());
-  if (!wrong.row_of.empty())
-    CHECK_FALSE(device.Forward(s, wrong, rows.data(), dense.data(), x.data()).ok());
+  REQUIRE(!wrong.row_of.empty());  // (this seed's bags hold ids)
+  wrong.row_of[0] = static_cast<uint32_t>(wrong.ids.size());
+  CHECK_FALSE(device.Forward(s, wrong, rows.data(), dense.data(), x.data()).ok());
   bad = s;
   bad.fields = 3;
   CHECK_FALSE(device.Forward(bad, u, rows.data(), dense.data(), x.data()).ok());

@@ -278,19 +278,27 @@ absl::Status Model::CheckLabels(const int32_t* labels, int64_t n) const {
 
 absl::Status Model::Stage(const float* x, const int32_t* labels, int rows, const float** x_device,
                           const int32_t** labels_device) {
+  RETURN_IF_ERROR(StageLabels(labels, rows, labels_device));
   if (backend_->host_memory()) {
     *x_device = x;
-    *labels_device = labels;
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(
       InLayer(backend_->CopyToDevice(input_.data(), x,
                                      static_cast<size_t>(rows) * input_dim_ * sizeof(float)),
               "input", "upload"));
+  *x_device = input_.data();
+  return absl::OkStatus();
+}
+
+absl::Status Model::StageLabels(const int32_t* labels, int rows, const int32_t** labels_device) {
+  if (backend_->host_memory()) {
+    *labels_device = labels;
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(InLayer(
       backend_->CopyToDevice(labels_.data(), labels, static_cast<size_t>(rows) * sizeof(int32_t)),
       "labels", "upload"));
-  *x_device = input_.data();
   *labels_device = labels_.data();
   return absl::OkStatus();
 }
@@ -313,12 +321,15 @@ absl::Status Model::ComputeGradients(const float* x, const int32_t* labels, int 
   return FinishStep(loss);
 }
 
-absl::Status Model::StageBatch(const float* x, const int32_t* labels, int batch) {
+absl::Status Model::BeginStage(const int32_t* labels, int batch) {
   staged_rows_ = 0;
-  std::fill(downloaded_.begin(), downloaded_.end(), 0);
   if (batch <= 0) return absl::InvalidArgumentError("empty batch");
   RETURN_IF_ERROR(CheckLabels(labels, batch));
-  RETURN_IF_ERROR(EnsureRows(batch));
+  return EnsureRows(batch);
+}
+
+absl::Status Model::StageBatch(const float* x, const int32_t* labels, int batch) {
+  RETURN_IF_ERROR(BeginStage(labels, batch));
   RETURN_IF_ERROR(Stage(x, labels, batch, &staged_x_, &staged_labels_));
   staged_rows_ = batch;
   return absl::OkStatus();
@@ -326,22 +337,11 @@ absl::Status Model::StageBatch(const float* x, const int32_t* labels, int batch)
 
 absl::Status Model::StageBatchWith(const int32_t* labels, int batch,
                                    const std::function<absl::Status(float* x)>& fill) {
-  staged_rows_ = 0;
-  std::fill(downloaded_.begin(), downloaded_.end(), 0);
-  if (batch <= 0) return absl::InvalidArgumentError("empty batch");
-  RETURN_IF_ERROR(CheckLabels(labels, batch));
-  RETURN_IF_ERROR(EnsureRows(batch));
+  RETURN_IF_ERROR(BeginStage(labels, batch));
   // (On the CPU the input is otherwise read in place, so EnsureRows keeps none.)
   RETURN_IF_ERROR(input_.Reserve(static_cast<size_t>(batch) * input_dim_));
   RETURN_IF_ERROR(InLayer(fill(input_.data()), "input", "assemble"));
-  if (backend_->host_memory()) {
-    staged_labels_ = labels;
-  } else {
-    RETURN_IF_ERROR(InLayer(backend_->CopyToDevice(labels_.data(), labels,
-                                                   static_cast<size_t>(batch) * sizeof(int32_t)),
-                            "labels", "upload"));
-    staged_labels_ = labels_.data();
-  }
+  RETURN_IF_ERROR(StageLabels(labels, batch, &staged_labels_));
   staged_x_ = input_.data();
   staged_rows_ = batch;
   return absl::OkStatus();

@@ -146,7 +146,10 @@ class Model {
   absl::Status CheckLabels(const int32_t* labels, int64_t n) const;
   // Runs every layer forward; the logits end in activations_.back().
   absl::Status Forward(const float* x_device, int rows, bool training, uint64_t seed);
+  // StageBatch's and StageBatchWith's checks and buffers (no batch staged until they end).
+  absl::Status BeginStage(const int32_t* labels, int batch);
   // The input and labels on the device (copied there unless host memory is device memory).
+  absl::Status StageLabels(const int32_t* labels, int rows, const int32_t** labels_device);
   absl::Status Stage(const float* x, const int32_t* labels, int rows, const float** x_device,
                      const int32_t** labels_device);
   // The batch of the step in progress (StageBatch).

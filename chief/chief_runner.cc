@@ -422,6 +422,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   // partitions, each at the version it found (the oldest is reported).
   ps.set_chunk_bytes(int64_t{64} << 20);
   ps.set_calls_in_flight(config.rpc().calls_in_flight());
+  ps.set_connections_per_server(config.rpc().connections_per_server());
   ps.set_mixed_versions(true);
   // Where the run starts: its own latest checkpoint (--resume), another's
   // values (--init_from), or the seed.

@@ -246,6 +246,10 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
     return FieldError(source, "rpc.calls_in_flight", "expected 0..4096 (0 means 16)");
   }
   if (rpc->calls_in_flight() == 0) rpc->set_calls_in_flight(16);
+  if (rpc->connections_per_server() < 0 || rpc->connections_per_server() > 16) {
+    return FieldError(source, "rpc.connections_per_server", "expected 0..16 (0 means 1)");
+  }
+  if (rpc->connections_per_server() == 0) rpc->set_connections_per_server(1);
   if (rpc->rpc_timeout_ms() == 0) rpc->set_rpc_timeout_ms(10000);
   if (rpc->step_timeout_ms() == 0) rpc->set_step_timeout_ms(60000);
   if (rpc->startup_timeout_ms() == 0) rpc->set_startup_timeout_ms(60000);

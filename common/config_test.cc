@@ -97,6 +97,19 @@ TEST_CASE("semantic errors name the field", "[config]") {
   c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { calls_in_flight: 1 }\n"), "x.pbtxt");
   REQUIRE(c.ok());
   CHECK(c->rpc().calls_in_flight() == 1);
+  // TCP connections per server.
+  for (const char* connections : {"-1", "17"}) {
+    INFO(connections);
+    c = ParseTrainingConfig(
+        absl::StrCat(kGood, "\nrpc { connections_per_server: ", connections, " }\n"), "x.pbtxt");
+    REQUIRE_FALSE(c.ok());
+    CHECK(std::string(c.status().message()).find("rpc.connections_per_server") !=
+          std::string::npos);
+  }
+  c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { connections_per_server: 16 }\n"),
+                          "x.pbtxt");
+  REQUIRE(c.ok());
+  CHECK(c->rpc().connections_per_server() == 16);
 }
 
 TEST_CASE("consistency settings are checked: no configuration can wait forever", "[config]") {

@@ -189,9 +189,36 @@ PsClient::PsClient(const ClusterSpec& cluster, const Placement* placement, int w
     std::shared_ptr<grpc::Channel> channel =
         CreateChannel(addresses_.back(), TaskId{kPsJob, s}.ToString());
     stubs_.push_back(PsService::NewStub(channel));
-    raw_stubs_.push_back(std::make_unique<grpc::GenericStub>(channel));
+    raw_stubs_.emplace_back().push_back(std::make_unique<grpc::GenericStub>(channel));
+    next_connection_.push_back(0);
   }
   set_calls_in_flight(kDefaultCallsInFlight);
+}
+
+void PsClient::set_connections_per_server(int connections) {
+  connections = std::max(connections, 1);
+  // Their calls refer to the stubs.
+  AbandonPush();
+  DropPrefetch();
+  for (int s = 0; s < num_servers(); ++s) {
+    raw_stubs_[s].resize(1);
+    for (int k = 1; k < connections; ++k) {
+      raw_stubs_[s].push_back(std::make_unique<grpc::GenericStub>(
+          CreateChannel(addresses_[s], TaskId{kPsJob, s}.ToString(), k)));
+    }
+    next_connection_[s] = 0;
+  }
+}
+
+grpc::GenericStub* PsClient::NextStub(int s) {
+  const size_t k = next_connection_[s]++ % raw_stubs_[s].size();
+  return raw_stubs_[s][k].get();
+}
+
+std::vector<grpc::GenericStub*> PsClient::NextStubs(const std::vector<int>& servers) {
+  std::vector<grpc::GenericStub*> stubs;
+  for (int s : servers) stubs.push_back(NextStub(s));
+  return stubs;
 }
 
 void PsClient::set_calls_in_flight(int calls) {
@@ -370,7 +397,7 @@ void PsClient::PrefetchPull(const std::vector<int64_t>& min_versions, absl::Dura
   for (size_t c = requests.size(); c-- > 0;) {
     PullPrefetch::Call& call = p->calls[c];
     StartInWindow(pull_windows_[p->servers[c]].get(), &p->dropped,
-                  RawCall(raw_stubs_[p->servers[c]].get(), kPullMethod, &call),
+                  RawCall(NextStub(p->servers[c]), kPullMethod, &call),
                   [p, &call, c](grpc::Status st) {
                     absl::MutexLock lock(&p->mu);
                     call.status = std::move(st);
@@ -514,12 +541,13 @@ absl::Status PsClient::PullCalls(const std::vector<int>& servers,
   const size_t n = servers.size();
   std::vector<grpc::ByteBuffer> requests(n), responses(n);
   for (size_t c = 0; c < n; ++c) requests[c] = SerializeMessage(pull_requests[c]);
+  const std::vector<grpc::GenericStub*> stubs = NextStubs(servers);
   absl::Status st = CallAll(
       static_cast<int>(n), wait + rpc_timeout_, /*wait_for_ready=*/false,
       [this, &servers](int c) { return absl::StrCat("Pull from ", ServerName(servers[c])); },
       [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-        raw_stubs_[servers[c]]->UnaryCall(ctx, kPullMethod, grpc::StubOptions(), &requests[c],
-                                          &responses[c], std::move(done));
+        stubs[c]->UnaryCall(ctx, kPullMethod, grpc::StubOptions(), &requests[c], &responses[c],
+                            std::move(done));
       },
       [this, &servers](int c) { return pull_windows_[servers[c]].get(); });
   if (!st.ok()) return st;
@@ -740,7 +768,7 @@ void PsClient::StartPushCall(int server, const PushRequest& header,
   }
   batch->server_used[server] = 1;
   StartInWindow(push_windows_[server].get(), &batch->abandoned,
-                RawCall(raw_stubs_[server].get(), kPushMethod, &call),
+                RawCall(NextStub(server), kPushMethod, &call),
                 [batch, &call](grpc::Status st) {
                   absl::MutexLock lock(&batch->mu);
                   call.status = std::move(st);
@@ -930,6 +958,7 @@ absl::Status PsClient::PullRows(const std::string& table, int dim, absl::Span<co
     r.set_timeout_ms(absl::ToInt64Milliseconds(wait));
     requests[c] = SerializeMessage(r);
   }
+  const std::vector<grpc::GenericStub*> stubs = NextStubs(servers);
   // Not made again when refused: a row lookup counts toward a row's
   // admission and creates rows, so it is not a pure read.
   RETURN_IF_ERROR(CallAll(
@@ -938,8 +967,8 @@ absl::Status PsClient::PullRows(const std::string& table, int dim, absl::Span<co
         return absl::StrCat("PullRows ", table, " from ", ServerName(servers[c]));
       },
       [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-        raw_stubs_[servers[c]]->UnaryCall(ctx, kPullRowsMethod, grpc::StubOptions(),
-                                          &requests[c], &responses[c], std::move(done));
+        stubs[c]->UnaryCall(ctx, kPullRowsMethod, grpc::StubOptions(), &requests[c],
+                            &responses[c], std::move(done));
       }));
   int64_t oldest = -1;
   const int64_t row_bytes = int64_t{dim} * 4;
@@ -1010,14 +1039,15 @@ absl::Status PsClient::PushRows(const std::string& table, int dim, absl::Span<co
                        [keep = std::move(bytes)]() mutable { keep.reset(); }});
     requests[c] = EncodeFrame(header, std::move(payload));
   }
+  const std::vector<grpc::GenericStub*> stubs = NextStubs(servers);
   RETURN_IF_ERROR(CallAll(
       static_cast<int>(servers.size()), push_timeout_, /*wait_for_ready=*/false,
       [this, &servers, &table](int c) {
         return absl::StrCat("PushRows ", table, " to ", ServerName(servers[c]));
       },
       [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-        raw_stubs_[servers[c]]->UnaryCall(ctx, kPushRowsMethod, grpc::StubOptions(),
-                                          &requests[c], &responses[c], std::move(done));
+        stubs[c]->UnaryCall(ctx, kPushRowsMethod, grpc::StubOptions(), &requests[c],
+                            &responses[c], std::move(done));
       }));
   std::vector<PushRowsResponse> replies(servers.size());
   for (size_t c = 0; c < servers.size(); ++c) {

@@ -59,6 +59,13 @@ class PsClient {
   void set_calls_in_flight(int calls);
   // Calls that waited for room in a window so far.
   int64_t calls_waited() const;
+  // Pull, Push, PullRows and PushRows calls to one server take turns over
+  // this many TCP connections (rpc.connections_per_server; default 1), so
+  // that more than one of gRPC's transport threads carries a server's
+  // traffic at each end. The other calls use the first. A push or
+  // prefetched pull under way is abandoned.
+  void set_connections_per_server(int connections);
+  int connections_per_server() const { return static_cast<int>(raw_stubs_[0].size()); }
   // How a pull in several calls treats a server whose calls answered at
   // different versions (its version moved between them): false (sync
   // workers) makes the pull again; true (async, the chief's evaluation)
@@ -254,8 +261,16 @@ class PsClient {
   absl::Duration push_timeout_ = rpc_timeout_;
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<PsService::Stub>> stubs_;
-  // Pull and Push are raw methods: ByteBuffers in and out.
-  std::vector<std::unique_ptr<grpc::GenericStub>> raw_stubs_;
+  // Pull and Push are raw methods: ByteBuffers in and out. Per server, one
+  // stub per connection (the first shares stubs_' channel), and the
+  // connection its next data call takes.
+  std::vector<std::vector<std::unique_ptr<grpc::GenericStub>>> raw_stubs_;
+  std::vector<size_t> next_connection_;
+  // The stub of server s's next data call (connections in turn). Called on
+  // the client's own thread only: a window may start a call later, on one
+  // of gRPC's threads, so call sites pick the stubs before they start.
+  grpc::GenericStub* NextStub(int s);
+  std::vector<grpc::GenericStub*> NextStubs(const std::vector<int>& servers);
   // Per server: the windows on its pull calls and on its push calls.
   std::vector<std::unique_ptr<CallWindow>> pull_windows_, push_windows_;
   uint64_t incarnation_ = 0;

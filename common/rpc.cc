@@ -148,8 +148,12 @@ std::shared_ptr<const TlsConfig> TransportSecurity() {
 }
 
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
-                                             const std::string& peer) {
+                                             const std::string& peer, int connection) {
   grpc::ChannelArguments args;
+  // gRPC keys its shared connections by address and channel arguments, so
+  // an argument of the project's own (gRPC passes unknown ones through)
+  // gives each index its own connection.
+  if (connection > 0) args.SetInt("pstrain.connection", connection);
   for (const auto& [name, value] : TransportArgs()) args.SetInt(name, value);
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   args.SetMaxSendMessageSize(kMaxMessageBytes);

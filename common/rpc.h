@@ -51,9 +51,13 @@ std::shared_ptr<const TlsConfig> TransportSecurity();
 // One channel per peer, reused for every call to it. Over TLS a channel to
 // a task (`peer`: "ps:1", "chief:0") accepts only that task's certificate
 // (common/tls.h TaskAltName); without `peer`, any server certificate of the
-// cluster CA naming the address's host.
+// cluster CA naming the address's host. Channels to one address share a
+// TCP connection within a process (gRPC's subchannel pool) unless their
+// `connection` differs: each index is a connection of its own, which a
+// client uses to spread its calls to one peer over several connections.
 std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
-                                             const std::string& peer = "");
+                                             const std::string& peer = "",
+                                             int connection = 0);
 
 // Sets a deadline `timeout` from now on `context`.
 void SetDeadline(grpc::ClientContext* context, absl::Duration timeout);

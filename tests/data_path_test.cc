@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
@@ -193,6 +194,67 @@ TEST_CASE("a sync step copies each tensor once into the server, never out; pushe
     CHECK(w0->counters().push_copied_bytes == 0);
     CHECK(w0->counters().pull_copied_bytes == w0->counters().pull_payload_bytes);
     CHECK(w0->counters().pull_payload_bytes == (steps + 1) * model_bytes);
+  }
+}
+
+// This process's established TCP connections to local port `port`: its
+// sockets (/proc/self/fd) matched by inode against /proc/net/tcp's and
+// tcp6's entries (gRPC dials IPv4 from IPv6 sockets, v4-mapped) whose remote
+// port is `port` and whose state is ESTABLISHED (01).
+int ConnectionsTo(int port) {
+  std::vector<std::string> inodes;
+  std::error_code ec;
+  for (const auto& fd : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    std::error_code link_ec;
+    const std::string target = std::filesystem::read_symlink(fd.path(), link_ec).string();
+    if (!link_ec && target.rfind("socket:[", 0) == 0) {
+      inodes.push_back(target.substr(8, target.size() - 9));
+    }
+  }
+  int count = 0;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::ifstream in(table);
+    std::string line;
+    std::getline(in, line);  // the header
+    while (std::getline(in, line)) {
+      std::istringstream fields(line);
+      std::string slot, local, remote, state, queues, timer, retransmits, uid, timeout, inode;
+      fields >> slot >> local >> remote >> state >> queues >> timer >> retransmits >> uid >>
+          timeout >> inode;
+      const int remote_port = std::stoi(remote.substr(remote.find(':') + 1), nullptr, 16);
+      if (remote_port == port && state == "01" &&
+          std::find(inodes.begin(), inodes.end(), inode) != inodes.end()) {
+        ++count;
+      }
+    }
+  }
+  return count;
+}
+
+TEST_CASE("a worker's calls to a server take turns over rpc.connections_per_server TCP "
+          "connections, and a step's values stay exact", "[data_path]") {
+  for (int connections : {1, 4}) {
+    INFO("connections per server " << connections);
+    // w in 8 partitions of 64 KiB, each pulled and pushed in a call of its own.
+    Servers s(1, absl::StrCat("connections", connections), {}, 64 << 10);
+    auto w0 = s.Worker(0), w1 = s.Worker(1);
+    w0->set_chunk_bytes(64 << 10);
+    w0->set_connections_per_server(connections);
+    CHECK(w0->connections_per_server() == connections);
+    Buffers b0(s.vars, 0.25f), b1(s.vars, 0.75f);
+    const int steps = 4;
+    for (int step = 0; step < steps; ++step) SyncStep(s, *w0, *w1, b0, b1, step);
+    PsClient::PullResult r;
+    REQUIRE(w0->PullInto({steps}, absl::Seconds(20), b0.dst(), &r).ok());
+    for (const auto& v : b0.params) {
+      for (float x : v) REQUIRE(x == 1.0f - 0.25f * steps);
+    }
+    // A gRPC channel connects at its first call, so each connection open
+    // carried calls. The chief and worker 1 share the first (gRPC shares a
+    // connection between a process's channels of the same arguments).
+    const std::string address = s.cluster->address(kPsJob, 0);
+    const int port = std::stoi(address.substr(address.rfind(':') + 1));
+    CHECK(ConnectionsTo(port) == connections);
   }
 }
 

@@ -196,6 +196,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     if (config.rpc().wire_dtype() == "bfloat16") client->set_wire_dtype(DT_BFLOAT16);
     client->set_chunk_bytes(config.rpc().call_bytes());
     client->set_calls_in_flight(config.rpc().calls_in_flight());
+    client->set_connections_per_server(config.rpc().connections_per_server());
     client->set_mixed_versions(!sync);
     client->set_push_timeout(step_timeout + rpc_timeout);
     client->set_session(r.session());

@@ -536,6 +536,19 @@ TEST_CASE("a sync run without overlap (rpc.sequential) gives bitwise the same pa
   CHECK(log.find("rpc.sequential: no push during the backward pass") != std::string::npos);
 }
 
+TEST_CASE("a sync run over 4 connections per server gives bitwise the same parameters",
+          "[cluster][determinism]") {
+  // Which connection carries a call changes when its bytes arrive, never
+  // what a server sums or in which order. Calls of at most 64 KiB make
+  // several per server per pull and push, so every connection carries some.
+  ConfigOptions o;
+  o.max_steps = 60;
+  o.hidden_units = {48, 32};
+  ConfigOptions pooled = o;
+  pooled.rpc_extra = "connections_per_server: 4 call_bytes: 65536";
+  CheckBitwiseSame("bitwise_connections", o, pooled, 6);
+}
+
 TEST_CASE("async, one worker: the next pull sent with the push gives bitwise the parameters of "
           "pulls made after it",
           "[cluster][determinism]") {
@@ -1255,7 +1268,8 @@ TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV"
   const std::string dir = testing::FreshTempDir("bench");
   CommandResult r = testing::RunCommand(
       {Binary("tools/pstrain"), "bench", "--suites=wire,apply,train", "--sizes=4096,65536",
-       "--models=16", "--reps=2", "--rep_seconds=0.05", "--out=" + dir, "--bin_dir", BinDir()},
+       "--connections=1,2", "--models=16", "--reps=2", "--rep_seconds=0.05", "--out=" + dir,
+       "--bin_dir", BinDir()},
       absl::Seconds(240));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
@@ -1271,18 +1285,25 @@ TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV"
   CHECK(png->size() > 10000);
   auto csv = Env::Default()->ReadFile(JoinPath(dir, "bench.csv"));
   REQUIRE(csv.ok());
-  // Header, then per size x workers: pstrain on 1 and 2 servers, echo, TCP,
-  // memcpy (2 x 2 x 5), apply (a += b and 7 optimizers), train (3), and the
-  // overlap's (rpc.sequential's examples/s, both runs' wait per step: 3).
+  // Header, then per size x workers: pstrain on 1 and 2 servers over 1 and
+  // 2 connections, echo, TCP, memcpy (2 x 2 x 7), apply (a += b and 7
+  // optimizers), train (3), and the overlap's (rpc.sequential's examples/s,
+  // both runs' wait per step: 3).
   std::vector<std::string> lines = absl::StrSplit(*csv, '\n', absl::SkipEmpty());
-  CHECK(lines.size() == 1 + 20 + 8 + 3 + 3);
+  CHECK(lines.size() == 1 + 28 + 8 + 3 + 3);
+  int over_two_connections = 0;
   for (size_t i = 1; i < lines.size(); ++i) {
     std::vector<std::string> f = absl::StrSplit(lines[i], ',');
-    REQUIRE(f.size() == 8);
+    REQUIRE(f.size() == 9);
     double median = 0;
     CHECK(absl::SimpleAtod(f[5], &median));
     CHECK(median > 0);
+    if (f[1] == "pstrain") {
+      CHECK((f[8] == "1" || f[8] == "2"));
+      over_two_connections += f[8] == "2";
+    }
   }
+  CHECK(over_two_connections == 8);
   // Bad flags are one clear line each.
   CommandResult bad = testing::RunCommand({Binary("tools/pstrain"), "bench", "--sizes=100"},
                                           absl::Seconds(30));
@@ -1292,10 +1313,14 @@ TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV"
                             absl::Seconds(30));
   CHECK(bad.exit_code == 2);
   CHECK(bad.output.find("--train_mode") != std::string::npos);
+  bad = testing::RunCommand({Binary("tools/pstrain"), "bench", "--connections=1,0"},
+                            absl::Seconds(30));
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("--connections") != std::string::npos);
   // The train suite in async mode.
   CommandResult async = testing::RunCommand(
       {Binary("tools/pstrain"), "bench", "--suites=train", "--train_mode=async", "--models=16",
-       "--reps=1", "--bin_dir", BinDir()},
+       "--reps=1", "--train_connections=2", "--bin_dir", BinDir()},
       absl::Seconds(120));
   INFO(async.output);
   REQUIRE(async.exit_code == 0);

@@ -213,6 +213,8 @@ if wire:
     for r in wire:
         if r["what"] == "pstrain":
             key = "pstrain %s ps x %s workers" % (r["servers"], r["workers"])
+            if r["connections"] not in ("0", "1"):
+                key += ", %s connections" % r["connections"]
         elif r["what"] == "grpc_echo":
             key = "bare gRPC echo, %s thread(s)" % r["workers"]
         else:
@@ -257,6 +259,7 @@ struct CsvRow {
   int64_t bytes = 0;
   int servers = 0, workers = 0;
   Stats gbps;
+  int connections = 0;  // wire suite, pstrain rows: TCP connections per server
 };
 
 // One bare echo of `payload` (the gRPC baseline of the wire suites).
@@ -300,10 +303,12 @@ class Bench {
     }
     if (!o_.out_dir.empty()) {
       const std::string path = JoinPath(o_.out_dir, "bench.csv");
-      std::string csv = "suite,what,bytes,servers,workers,gbps_median,gbps_min,gbps_max\n";
+      std::string csv =
+          "suite,what,bytes,servers,workers,gbps_median,gbps_min,gbps_max,connections\n";
       for (const CsvRow& r : rows_) {
-        absl::StrAppendFormat(&csv, "%s,%s,%d,%d,%d,%.4f,%.4f,%.4f\n", r.suite, r.what, r.bytes,
-                              r.servers, r.workers, r.gbps.median, r.gbps.min, r.gbps.max);
+        absl::StrAppendFormat(&csv, "%s,%s,%d,%d,%d,%.4f,%.4f,%.4f,%d\n", r.suite, r.what,
+                              r.bytes, r.servers, r.workers, r.gbps.median, r.gbps.min,
+                              r.gbps.max, r.connections);
       }
       absl::Status st = Env::Default()->CreateDirs(o_.out_dir);
       if (st.ok()) st = WriteFileAtomically(Env::Default(), path, csv);
@@ -358,8 +363,8 @@ class Bench {
   }
 
   void Add(const std::string& suite, const std::string& what, int64_t bytes, int servers,
-           int workers, const Stats& s) {
-    rows_.push_back({suite, what, bytes, servers, workers, s});
+           int workers, const Stats& s, int connections = 0) {
+    rows_.push_back({suite, what, bytes, servers, workers, s, connections});
   }
 
   absl::Status StartEcho(std::unique_ptr<Subprocess>* proc, std::string* address) {
@@ -397,14 +402,19 @@ class Bench {
     return absl::OkStatus();
   }
 
-  // One (servers, workers, size) configuration of the parameter server's path:
-  // each worker thread pulls every partition and pushes a gradient of the
-  // same size, async (no waiting on quorum), so the figure is the data path.
-  absl::Status PsConfig(const ClusterSpec& cluster, int workers, int64_t bytes,
+  // One (servers, workers, size, connections) configuration of the
+  // parameter server's path: each worker thread pulls every partition and
+  // pushes a gradient of the same size, async (no waiting on quorum), so the
+  // figure is the data path. As a worker does (placement.partition_max_bytes
+  // and rpc.call_bytes), the variable is cut into partitions of up to
+  // --call_bytes, each server's share travelling in calls of that size in
+  // flight together (0: one partition and one call per server).
+  absl::Status PsConfig(const ClusterSpec& cluster, int workers, int64_t bytes, int connections,
                         std::vector<double>* gbps) {
     const int servers = cluster.num_ps();
     std::vector<VariableSpec> vars = {{"bench", {std::max<int64_t>(bytes / 64, 1), 16}}};
-    ASSIGN_OR_RETURN(Placement placement, Placement::Compute(vars, servers, 1));
+    ASSIGN_OR_RETURN(Placement placement,
+                     Placement::Compute(vars, servers, 1, /*partition_max_bytes=*/o_.call_bytes));
     ASSIGN_OR_RETURN(TrainingConfig config, AsyncBenchConfig(""));
     const absl::Duration timeout = absl::Seconds(60);
     PsClient chief(cluster, &placement, -1, timeout);
@@ -420,6 +430,8 @@ class Bench {
       clients.push_back(std::make_unique<PsClient>(cluster, &placement, w, timeout));
       clients.back()->set_incarnation(chief.incarnation());
       if (o_.bfloat16) clients.back()->set_wire_dtype(DT_BFLOAT16);
+      clients.back()->set_chunk_bytes(o_.call_bytes);
+      clients.back()->set_connections_per_server(connections);
     }
     auto round = [&](int w) -> absl::Status {
       PsClient::PullResult pulled;
@@ -453,18 +465,23 @@ class Bench {
               << (o_.bfloat16 ? " (bfloat16 on the wire: GB/s of float32 delivered)" : "")
               << ", GB/s (median [min-max] of " << o_.reps << "), interleaved ==\n";
     std::cout << absl::StrFormat("%-8s %-12s %-12s %-22s %-22s %-22s %-22s %8s %8s\n", "size",
-                                 "ps x workers", "", "pstrain", "gRPC echo", "TCP stream",
+                                 "ps x workers", "connections", "pstrain", "gRPC echo", "TCP stream",
                                  "memcpy", "vs TCP", "vs echo");
     for (int64_t bytes : o_.sizes) {
       for (int workers : {1, 2}) {
-        std::vector<double> ps1, ps2, eg, tcp, mem;
+        // Per connection count: the 1-server and 2-server figures.
+        const size_t nc = o_.connections.size();
+        std::vector<std::vector<double>> ps1(nc), ps2(nc);
+        std::vector<double> eg, tcp, mem;
         std::vector<std::string> payload(workers, std::string(bytes, 'x'));
         auto echo_round = [&](int t) { return EchoRound(echo[t].get(), payload[t]); };
         for (int t = 0; t < workers; ++t) RETURN_IF_ERROR(echo_round(t));
         for (int rep = 0; rep < o_.reps; ++rep) {
           if (stop_->stopped()) return absl::CancelledError(stop_->reason());
-          RETURN_IF_ERROR(PsConfig(*cluster1, workers, bytes, &ps1));
-          RETURN_IF_ERROR(PsConfig(*cluster2, workers, bytes, &ps2));
+          for (size_t c = 0; c < nc; ++c) {
+            RETURN_IF_ERROR(PsConfig(*cluster1, workers, bytes, o_.connections[c], &ps1[c]));
+            RETURN_IF_ERROR(PsConfig(*cluster2, workers, bytes, o_.connections[c], &ps2[c]));
+          }
           absl::Status err;
           std::optional<double> e = RunTimed(workers, o_.rep_seconds, 2 * bytes, echo_round, &err);
           if (!e) return err;
@@ -473,15 +490,18 @@ class Bench {
           tcp.push_back(t);
           mem.push_back(MemcpyRate(bytes, o_.rep_seconds / 2));
         }
-        const Stats s1 = Summarize(ps1), s2 = Summarize(ps2), se = Summarize(eg),
-                    st = Summarize(tcp), sm = Summarize(mem);
-        for (auto [servers, s] : {std::pair<int, Stats>{1, s1}, {2, s2}}) {
-          std::cout << absl::StrFormat("%-8s %-12s %-12s %-22s %-22s %-22s %-22s %7.2fx %7.2fx\n",
-                                       SizeName(bytes), absl::StrCat(servers, " x ", workers), "",
-                                       Fmt(s), Fmt(se), Fmt(st), Fmt(sm), s.median / st.median,
-                                       s.median / se.median)
-                    << std::flush;
-          Add("wire", "pstrain", bytes, servers, workers, s);
+        const Stats se = Summarize(eg), st = Summarize(tcp), sm = Summarize(mem);
+        for (int servers : {1, 2}) {
+          for (size_t c = 0; c < nc; ++c) {
+            const Stats s = Summarize(servers == 1 ? ps1[c] : ps2[c]);
+            std::cout << absl::StrFormat(
+                             "%-8s %-12s %-12d %-22s %-22s %-22s %-22s %7.2fx %7.2fx\n",
+                             SizeName(bytes), absl::StrCat(servers, " x ", workers),
+                             o_.connections[c], Fmt(s), Fmt(se), Fmt(st), Fmt(sm),
+                             s.median / st.median, s.median / se.median)
+                      << std::flush;
+            Add("wire", "pstrain", bytes, servers, workers, s, o_.connections[c]);
+          }
         }
         Add("wire", "grpc_echo", bytes, 1, workers, se);
         Add("wire", "tcp_stream", bytes, 0, 1, st);
@@ -975,7 +995,8 @@ class Bench {
         "\nseed: 1\neval_every_steps: 0\ncompute_threads: 1\ndevice: \"", o_.device,
         "\"\noutput_dir: \"", out, "\"\n",
         "rpc { wire_dtype: \"", o_.bfloat16 ? "bfloat16" : "float32", "\"",
-        sequential ? " sequential: true" : "", " }\n");
+        sequential ? " sequential: true" : "", " connections_per_server: ",
+        o_.train_connections, " }\n");
   }
 
   absl::Status Train() {

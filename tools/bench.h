@@ -28,6 +28,9 @@ struct BenchOptions {
   std::string bin_dir;                // where ps_server lives; "" = next to pstrain
   std::string out_dir;                // bench.csv goes here when set
   std::vector<int64_t> sizes;         // bytes per pull and per push
+  int64_t call_bytes = 4 << 20;       // wire: partitions and calls of up to this (0: one)
+  std::vector<int> connections = {1};  // wire: TCP connections per server, each a row
+  int train_connections = 0;          // train: rpc.connections_per_server (0: its default)
   std::vector<std::string> suites;    // "wire", "apply", "train", "sparse", "checkpoint"
   int64_t sparse_rows = 1000000;      // sparse: rows in the table (width 64)
   int64_t checkpoint_mib = 1024;      // checkpoint: the model's size

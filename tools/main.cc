@@ -716,6 +716,11 @@ int BenchCommand(const std::vector<std::string>& argv) {
       {"models", {"128,512-512,2048-2048", "train: hidden layers of each 784-...-10 MLP"}},
       {"sizes", {"4096,65536,1048576,4194304,16777216,67108864",
                  "bytes per pull and per push (wire suite)"}},
+      {"call_bytes", {"4194304", "wire: partitions and calls of up to this many bytes, as "
+                                 "rpc.call_bytes (0: one partition and call per server)"}},
+      {"connections", {"1", "wire: TCP connections per server (rpc.connections_per_server); "
+                            "a list, e.g. 1,2,4, gives a row for each"}},
+      {"train_connections", {"0", "train: rpc.connections_per_server (0: the config's default)"}},
       {"reps", {"5", "repetitions per figure (median, min, max)"}},
       {"wire_dtype", {"float32", "wire and train suites: float32 or bfloat16 on the wire"}},
       {"train_mode", {"sync", "train suite: sync or async training"}},
@@ -756,6 +761,25 @@ int BenchCommand(const std::vector<std::string>& argv) {
     }
     o.sizes.push_back(bytes);
   }
+  auto call_bytes = args->GetInt("call_bytes");
+  if (!call_bytes.ok() || *call_bytes < 0 || *call_bytes > (int64_t{64} << 20)) {
+    return Fail("bench", "--call_bytes: expected 0..67108864");
+  }
+  o.call_bytes = *call_bytes;
+  o.connections.clear();
+  for (absl::string_view part : absl::StrSplit(args->Get("connections"), ',', absl::SkipEmpty())) {
+    int k = 0;
+    if (!absl::SimpleAtoi(part, &k) || k < 1 || k > 16) {
+      return Fail("bench", absl::StrCat("--connections: \"", part, "\" is not in 1..16"));
+    }
+    o.connections.push_back(k);
+  }
+  if (o.connections.empty()) return Fail("bench", "--connections: expected 1..16, or a list");
+  auto train_connections = args->GetInt("train_connections");
+  if (!train_connections.ok() || *train_connections < 0 || *train_connections > 16) {
+    return Fail("bench", "--train_connections: expected 0..16");
+  }
+  o.train_connections = static_cast<int>(*train_connections);
   auto reps = args->GetInt("reps");
   auto seconds = args->GetDouble("rep_seconds");
   if (!reps.ok() || *reps < 1 || *reps > 1000) return Fail("bench", "--reps: expected 1..1000");

@@ -75,7 +75,9 @@ class EmbeddingBags {
 // enqueues each unique row's gradient from dx (the model's input gradient
 // on the device) and its download, in host_row_gradients() once the
 // backend has synchronised (the model's FinishStep). Buffers grow to the
-// largest batch and are reused.
+// largest batch and are reused. The backend must have synchronised between
+// two Forwards (FinishStep does, every step): Forward rewrites the pinned
+// buffers the previous step's uploads were read from, and waits for nothing.
 class DeviceEmbeddingBags {
  public:
   DeviceEmbeddingBags(Backend* backend, int dense_dim, int fields, int dim, Combiner combiner);

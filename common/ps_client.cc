@@ -190,7 +190,7 @@ PsClient::PsClient(const ClusterSpec& cluster, const Placement* placement, int w
         CreateChannel(addresses_.back(), TaskId{kPsJob, s}.ToString());
     stubs_.push_back(PsService::NewStub(channel));
     raw_stubs_.emplace_back().push_back(std::make_unique<grpc::GenericStub>(channel));
-    next_connection_.push_back(0);
+    next_connection_.emplace_back(0);
   }
   set_calls_in_flight(kDefaultCallsInFlight);
 }
@@ -206,13 +206,15 @@ void PsClient::set_connections_per_server(int connections) {
       raw_stubs_[s].push_back(std::make_unique<grpc::GenericStub>(
           CreateChannel(addresses_[s], TaskId{kPsJob, s}.ToString(), k)));
     }
-    next_connection_[s] = 0;
+    next_connection_[s].store(0, std::memory_order_relaxed);
   }
 }
 
 grpc::GenericStub* PsClient::NextStub(int s) {
-  const size_t k = next_connection_[s]++ % raw_stubs_[s].size();
-  return raw_stubs_[s][k].get();
+  const auto& stubs = raw_stubs_[s];
+  if (stubs.size() == 1) return stubs[0].get();
+  const size_t k = next_connection_[s].fetch_add(1, std::memory_order_relaxed) % stubs.size();
+  return stubs[k].get();
 }
 
 std::vector<grpc::GenericStub*> PsClient::NextStubs(const std::vector<int>& servers) {

@@ -9,7 +9,9 @@
 #ifndef PSTRAIN_COMMON_PS_CLIENT_H_
 #define PSTRAIN_COMMON_PS_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -265,10 +267,13 @@ class PsClient {
   // stub per connection (the first shares stubs_' channel), and the
   // connection its next data call takes.
   std::vector<std::vector<std::unique_ptr<grpc::GenericStub>>> raw_stubs_;
-  std::vector<size_t> next_connection_;
-  // The stub of server s's next data call (connections in turn). Called on
-  // the client's own thread only: a window may start a call later, on one
-  // of gRPC's threads, so call sites pick the stubs before they start.
+  // Atomic: a test shares a client between a thread's row calls and
+  // another's dense ones (TSan found the plain counter racing).
+  std::deque<std::atomic<size_t>> next_connection_;
+  // The stub of server s's next data call (connections in turn). Call sites
+  // pick their stubs on the caller's thread before they start the calls: a
+  // window may start a call later, on one of gRPC's threads.
+  // With one connection it touches no counter.
   grpc::GenericStub* NextStub(int s);
   std::vector<grpc::GenericStub*> NextStubs(const std::vector<int>& servers);
   // Per server: the windows on its pull calls and on its push calls.

@@ -267,8 +267,9 @@ class PsClient {
   // stub per connection (the first shares stubs_' channel), and the
   // connection its next data call takes.
   std::vector<std::vector<std::unique_ptr<grpc::GenericStub>>> raw_stubs_;
-  // Atomic: a test shares a client between a thread's row calls and
-  // another's dense ones (TSan found the plain counter racing).
+  // Atomic, although a client is used by one thread at a time: a call's
+  // stub choice stays safe should that change (TSan once found a test
+  // sharing a client between threads).
   std::deque<std::atomic<size_t>> next_connection_;
   // The stub of server s's next data call (connections in turn). Call sites
   // pick their stubs on the caller's thread before they start the calls: a

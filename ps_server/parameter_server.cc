@@ -901,6 +901,7 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
   const int w = header.worker();
   const int64_t step = header.step();
   std::vector<const GradientRef*> accepted;
+  std::vector<char> direct;  // per accepted: read from the received bytes, not staged
   std::vector<Completion> empty_step;  // a partition-less server's completed step
   bool empty_step_done = false;
   int replayed = 0;  // partitions the worker's earlier process had pushed already
@@ -980,34 +981,64 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
       response->set_version(version_);
       return absl::OkStatus();
     }
-    for (const GradientRef* g : accepted) g->partition->in_flight[w] = 1;
+    for (const GradientRef* g : accepted) {
+      PartitionState* p = g->partition;
+      p->in_flight[w] = 1;
+      // Every other gradient the quorum needs is staged already, so this one
+      // completes it (unless the step ends first): it is applied from the
+      // received bytes, never staged. Nothing lowers arrived_count within a
+      // step, and only a push that completes the quorum raises it to
+      // replicas_to_aggregate (closing the partition), so it still completes
+      // it below unless the partition closed or the step ended meanwhile.
+      direct.push_back(p->arrived_count == model->replicas_to_aggregate - 1);
+    }
   }
   if (empty_step_done) {
     RunCompletions(&empty_step);
     return absl::OkStatus();
   }
-  // Stage outside the lock: the one copy, from the received bytes into this
-  // worker's buffer, checked for NaN and Inf while it is in cache. Only this
+  // Outside the lock, check each gradient for NaN and Inf, and stage the
+  // ones that do not complete their quorum: the one copy, from the received
+  // bytes into this worker's buffer, checked while it is in cache. Only this
   // push writes staging[w] of these partitions now (in_flight), and their
   // applies wait for it.
-  int64_t copied = 0;
+  int64_t payload = 0, staged = 0;
   const PartitionState* non_finite = nullptr;
-  for (const GradientRef* g : accepted) {
+  for (size_t i = 0; i < accepted.size(); ++i) {
+    const GradientRef* g = accepted[i];
     PartitionState* p = g->partition;
+    payload += p->size * (g->bfloat16 ? 2 : 4);
+    if (direct[i]) {
+      bool finite = true;
+      g->bytes->ForEachRun(g->offset, p->size, g->bfloat16 ? 2 : 4,
+                           [&finite, g](const char* data, int64_t n) {
+                             finite = finite && (g->bfloat16 ? AllFiniteBfloat16(data, n)
+                                                             : AllFiniteUnaligned(data, n));
+                           });
+      if (non_finite == nullptr && !finite) non_finite = p;
+      continue;
+    }
     std::vector<float>& stage = p->staging[w];
     if (static_cast<int64_t>(stage.size()) != p->size) stage.resize(p->size);  // first push only
     g->bytes->CopyFloatsTo(g->offset, p->size, g->bfloat16, stage.data());
-    copied += p->size * (g->bfloat16 ? 2 : 4);
+    staged += p->size * (g->bfloat16 ? 2 : 4);
     if (non_finite == nullptr && !AllFinite(stage)) non_finite = p;
   }
-  // Partitions whose quorum this push completes, with their workers.
-  std::vector<std::pair<PartitionState*, std::vector<int>>> to_apply;
+  // Partitions whose quorum this push completes, with their workers, and
+  // this push's gradient when it is to be read from the received bytes.
+  struct ToApply {
+    PartitionState* partition;
+    std::vector<int> workers;
+    const GradientRef* direct;
+  };
+  std::vector<ToApply> to_apply;
   size_t stale = 0;
   {
     absl::MutexLock lock(&mu_);
     for (const GradientRef* g : accepted) g->partition->in_flight[w] = 0;
-    counters_.push_payload_bytes += copied;
-    counters_.push_copied_bytes += copied;
+    counters_.push_payload_bytes += payload;
+    counters_.push_copied_bytes += staged;
+    counters_.push_staged_bytes += staged;
     if (non_finite != nullptr) {
       RejectLocked(Rejection::kNonFinite);
       return absl::InvalidArgumentError(
@@ -1020,17 +1051,29 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
       response->set_version(version_);
       return absl::OkStatus();
     }
-    for (const GradientRef* g : accepted) {
+    for (size_t i = 0; i < accepted.size(); ++i) {
+      const GradientRef* g = accepted[i];
       PartitionState* p = g->partition;
       if (p->closed) {  // the quorum completed while this copied (backup workers)
         ++stale;
         continue;
       }
+      const int64_t bytes = p->size * (g->bfloat16 ? 2 : 4);
+      if (direct[i] && p->arrived_count + 1 < model->replicas_to_aggregate) {
+        // Cannot happen (see above); were it to, stage the gradient here,
+        // where it is as safe as outside the lock, only slower.
+        std::vector<float>& stage = p->staging[w];
+        stage.resize(p->size);
+        g->bytes->CopyFloatsTo(g->offset, p->size, g->bfloat16, stage.data());
+        counters_.push_staged_bytes += bytes;
+        direct[i] = false;
+      }
+      counters_.push_copied_bytes += direct[i] ? bytes : 0;  // into L1 chunks, as applied
       p->arrived[w] = 1;
       p->pushes.fetch_add(1, std::memory_order_relaxed);
-      p->push_bytes.fetch_add(p->size * (g->bfloat16 ? 2 : 4), std::memory_order_relaxed);
+      p->push_bytes.fetch_add(bytes, std::memory_order_relaxed);
       if (++p->arrived_count < model->replicas_to_aggregate) continue;
-      to_apply.emplace_back(p, ClosePartitionLocked(*model, p));
+      to_apply.push_back({p, ClosePartitionLocked(*model, p), direct[i] ? g : nullptr});
     }
     if (stale > 0) ++counters_.gradients_dropped_stale;
     if (to_apply.empty()) {
@@ -1044,8 +1087,9 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
   // sees all of a step or none of it. A pull of the next version may take a
   // partition as soon as it is applied (EarlyReadyLocked).
   std::vector<std::pair<PartitionState*, Buffer>> applied;
-  for (auto& [p, workers] : to_apply) {
-    applied.emplace_back(p, ApplyPartition(*model, p, workers, step));
+  for (const ToApply& a : to_apply) {
+    applied.emplace_back(a.partition,
+                         ApplyPartition(*model, a.partition, a.workers, step, a.direct, w));
   }
   std::vector<Completion> completions;
   {
@@ -1419,13 +1463,18 @@ void ParameterServer::ExpireSyncStepLocked(std::vector<Completion>* completions)
 
 ParameterServer::Buffer ParameterServer::ApplyPartition(const Model& model, PartitionState* p,
                                                         const std::vector<int>& workers,
-                                                        int64_t step) {
+                                                        int64_t step, const GradientRef* direct,
+                                                        int direct_worker) {
   // Sum in worker-index order, average, and apply into a spare buffer, a
-  // chunk at a time (bitwise the same as summing whole tensors first).
+  // chunk at a time (bitwise the same as summing whole tensors first: each
+  // element's sum is taken in the same order whatever the chunks).
   std::array<float, kChunk> sum;
-  std::vector<const float*> parts;
+  std::array<float, kChunk> received;  // a chunk of `direct`, converted
+  std::vector<const float*> parts;     // by worker index; nullptr: `direct`
   parts.reserve(workers.size());
-  for (int w : workers) parts.push_back(p->staging[w].data());
+  for (int w : workers) {
+    parts.push_back(direct != nullptr && w == direct_worker ? nullptr : p->staging[w].data());
+  }
   const float count = static_cast<float>(parts.size());
   absl::MutexLock apply_lock(&p->apply_mu);
   ApplyTimer timer(&p->apply_nanos, &apply_seconds_);
@@ -1438,26 +1487,51 @@ ParameterServer::Buffer ParameterServer::ApplyPartition(const Model& model, Part
   UpdateInfo update;
   update.learning_rate = model.learning_rate.At(step);
   update.count = ++p->updates;
-  if (parts.size() == 1) {
-    // One gradient: its average is itself (x / 1 is exact), applied in place
-    // from the staging buffer (clipped there: it is this server's own copy).
+  if (parts.size() == 1 && parts[0] != nullptr) {
+    // One staged gradient: its average is itself (x / 1 is exact), applied
+    // in place from the staging buffer (clipped there: it is this server's
+    // own copy).
     float* g = p->staging[workers[0]].data();
     if (model.clip_value > 0) ClipByValue(g, p->size, model.clip_value);
     model.optimizer->ApplyRange(in->data(), out->data(), g, p->size, &p->slots, 0, update);
     return out;
   }
-  for (int64_t c = 0; c < p->size; c += kChunk) {
-    const int64_t n = std::min(kChunk, p->size - c);
-    std::copy(parts[0] + c, parts[0] + c + n, sum.data());
-    for (size_t k = 1; k < parts.size(); ++k) {
-      const float* g = parts[k] + c;
-      for (int64_t i = 0; i < n; ++i) sum[i] += g[i];
+  // Elements [at, at + n): `got` holds the direct gradient's.
+  auto apply = [&](int64_t at, int64_t n, float* got) {
+    float* g = got;
+    if (parts.size() > 1) {
+      g = sum.data();
+      const float* first = parts[0] != nullptr ? parts[0] + at : got;
+      std::copy(first, first + n, g);
+      for (size_t k = 1; k < parts.size(); ++k) {
+        const float* part = parts[k] != nullptr ? parts[k] + at : got;
+        for (int64_t i = 0; i < n; ++i) g[i] += part[i];
+      }
+      for (int64_t i = 0; i < n; ++i) g[i] /= count;
     }
-    for (int64_t i = 0; i < n; ++i) sum[i] /= count;
-    if (model.clip_value > 0) ClipByValue(sum.data(), n, model.clip_value);
-    model.optimizer->ApplyRange(in->data() + c, out->data() + c, sum.data(), n, &p->slots, c,
-                                update);
+    if (model.clip_value > 0) ClipByValue(g, n, model.clip_value);
+    model.optimizer->ApplyRange(in->data() + at, out->data() + at, g, n, &p->slots, at, update);
+  };
+  if (direct == nullptr) {
+    for (int64_t c = 0; c < p->size; c += kChunk) apply(c, std::min(kChunk, p->size - c), nullptr);
+    return out;
   }
+  // The received bytes' runs, each moved into an aligned chunk in L1.
+  int64_t at = 0;
+  direct->bytes->ForEachRun(
+      direct->offset, p->size, direct->bfloat16 ? 2 : 4, [&](const char* src, int64_t n) {
+        for (int64_t i = 0; i < n;) {
+          const int64_t m = std::min(kChunk, n - i);
+          if (direct->bfloat16) {
+            Bfloat16ToFloats(src + 2 * i, m, received.data());
+          } else {
+            std::memcpy(received.data(), src + 4 * i, 4 * m);
+          }
+          apply(at, m, received.data());
+          at += m;
+          i += m;
+        }
+      });
   return out;
 }
 
@@ -2028,6 +2102,7 @@ void ParameterServer::GetStatus(PsStatusResponse* response) {
   response->set_pulls(counters_.pulls);
   response->set_push_payload_bytes(counters_.push_payload_bytes);
   response->set_push_copied_bytes(counters_.push_copied_bytes);
+  response->set_push_staged_bytes(counters_.push_staged_bytes);
   response->set_pull_payload_bytes(counters_.pull_payload_bytes);
   response->set_pull_copied_bytes(counters_.pull_copied_bytes);
   response->set_held_pushes_expired(counters_.held_pushes_expired);

@@ -25,9 +25,11 @@
 // wait has a deadline.
 //
 // The data path (issue 13): gradients are read where the transport left them
-// (a SegmentedBytes view of the received slices); sync copies each worker's
-// gradient once, into that worker's staging buffer, async applies straight
-// from the view in cache-sized chunks. A partition's values live in
+// (a SegmentedBytes view of the received slices); sync copies a worker's
+// gradient once, into that worker's staging buffer, when it arrives before
+// its partition's quorum is complete, and reads the gradient that completes
+// it (with one worker, every gradient) straight from the view; async applies
+// straight from the view too, both in cache-sized chunks. A partition's values live in
 // reference-counted version buffers: a pull takes references to the current
 // buffers (no copy, the service sends from them; a sync pull of the next
 // version, to partitions already applied for it: EarlyReadyLocked) and an
@@ -107,6 +109,9 @@ class ParameterServer {
     // bytes this server copied in user space to get them there.
     int64_t push_payload_bytes = 0;
     int64_t push_copied_bytes = 0;
+    // Sync: the part of push_copied_bytes copied into staging buffers (the
+    // gradients that arrived before their partition's quorum was complete).
+    int64_t push_staged_bytes = 0;
     int64_t pull_payload_bytes = 0;
     int64_t pull_copied_bytes = 0;
     int64_t held_pushes_expired = 0;  // async pushes dropped with parts missing
@@ -397,10 +402,14 @@ class ParameterServer {
                         const std::vector<GradientRef>& grads, PushResponse* response);
   absl::Status PushAsync(const std::shared_ptr<Model>& model, const PushRequest& header,
                          const std::vector<GradientRef>& grads, PushResponse* response);
-  // Sums a closed partition's staged gradients (`workers`, in index order),
-  // averages and applies them into a spare buffer, which it returns.
+  // Sums a closed partition's gradients (`workers`, in index order),
+  // averages and applies them into a spare buffer, which it returns. Each
+  // comes from its worker's staging buffer, except `direct_worker`'s, when
+  // given: `direct`, read where the transport left it (the push that
+  // completed the quorum; see PushSync).
   Buffer ApplyPartition(const Model& model, PartitionState* p, const std::vector<int>& workers,
-                        int64_t step);
+                        int64_t step, const GradientRef* direct = nullptr,
+                        int direct_worker = -1);
   // Sync: closes partition `p` with the workers that arrived (mu_ held).
   static std::vector<int> ClosePartitionLocked(const Model& model, PartitionState* p);
   // Sync: installs the partitions of `step` applied outside the lock; when

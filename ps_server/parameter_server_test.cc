@@ -554,6 +554,46 @@ InitializeRequest TwoPartitionInit(bool sync) {
   return req;
 }
 
+TEST_CASE("sync: the gradient that completes a quorum is applied from the received bytes, "
+          "unstaged; a NaN one is refused and changes nothing", "[ps][sync][frame]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (bool framed : {false, true}) {
+    INFO("framed " << framed);
+    ParameterServer ps;
+    std::vector<float> init(64 * 3, 1.0f), g0(64 * 3), g1(64 * 3), bad(64 * 3, 0.5f);
+    for (size_t i = 0; i < init.size(); ++i) {
+      g0[i] = std::sin(static_cast<float>(i));
+      g1[i] = std::cos(static_cast<float>(i)) * 3.0f;
+    }
+    bad[100] = nan;
+    InitializeRequest init_req = InitRequest(BaseConfig(true, 0, 0, 0.5f), 2);
+    init_req.mutable_variables(0)->clear_tensor();
+    ToProto({64, 3}, init, init_req.mutable_variables(0)->mutable_tensor());
+    REQUIRE(ps.Initialize(init_req).ok());
+    auto push = [&](int w, const std::vector<float>& g, PushResponse* r) {
+      PushRequest req = Grad(w, 0, g, "w", {64, 3});
+      if (!framed) return ps.Push(req, r);
+      Framed f = Frame(req, 5u + w);
+      return ps.Push(f.header, f.payload, r);
+    };
+    PushResponse r;
+    REQUIRE(push(1, g1, &r).ok());  // staged
+    CHECK(r.outcome() == ACCUMULATED);
+    CHECK(ps.counters().push_staged_bytes == 64 * 3 * 4);
+    CHECK(absl::IsInvalidArgument(push(0, bad, &r)));  // would complete it: refused
+    CHECK(PullW(ps) == init);
+    REQUIRE(push(0, g0, &r).ok());  // completes it, read in place
+    CHECK(r.outcome() == APPLIED);
+    CHECK(ps.counters().push_staged_bytes == 64 * 3 * 4);
+    CHECK(ps.counters().push_copied_bytes == 2 * 64 * 3 * 4);
+    const std::vector<float> got = PullW(ps);
+    for (size_t i = 0; i < init.size(); ++i) {
+      const float mean = (g0[i] + g1[i]) / 2.0f;  // worker-index order
+      REQUIRE(got[i] == init[i] - 0.5f * mean);
+    }
+  }
+}
+
 TEST_CASE("sync per partition: a step split over several pushes per worker, in any order",
           "[ps][sync]") {
   // Two partitions; each worker sends them as separate pushes. The step

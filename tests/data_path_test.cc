@@ -157,8 +157,8 @@ void SyncStep(Servers& s, PsClient& w0, PsClient& w1, Buffers& b0, Buffers& b1, 
   for (PushOutcome o : out) REQUIRE(o == APPLIED);
 }
 
-TEST_CASE("a sync step copies each tensor once into the server, never out; pushes leave the "
-          "worker without a copy", "[data_path]") {
+TEST_CASE("a sync step copies each tensor once into the server, never out (the last of a "
+          "quorum unstaged); pushes leave the worker without a copy", "[data_path]") {
   for (int n : {1, 2}) {
     Servers s(n, absl::StrCat("copies", n));
     auto w0 = s.Worker(0), w1 = s.Worker(1);
@@ -175,18 +175,23 @@ TEST_CASE("a sync step copies each tensor once into the server, never out; pushe
     }
     int64_t model_bytes = 0;
     for (const VariableSpec& v : s.vars) model_bytes += v.num_elements() * 4;
-    int64_t push_payload = 0, push_copied = 0, pull_payload = 0, pull_copied = 0;
+    int64_t push_payload = 0, push_copied = 0, push_staged = 0, pull_payload = 0, pull_copied = 0;
     for (int server = 0; server < n; ++server) {
       PsStatusResponse st;
       REQUIRE(s.chief->GetStatus(server, &st).ok());
       push_payload += st.push_payload_bytes();
       push_copied += st.push_copied_bytes();
+      push_staged += st.push_staged_bytes();
       pull_payload += st.pull_payload_bytes();
       pull_copied += st.pull_copied_bytes();
     }
     INFO("servers " << n);
     CHECK(push_payload == 2 * steps * model_bytes);
-    CHECK(push_copied == push_payload);  // one copy in: into the worker's staging buffer
+    // One copy in: worker 0's gradients, which come first, into its staging
+    // buffers; worker 1's, which complete each quorum, into L1 chunks as
+    // they are applied.
+    CHECK(push_copied == push_payload);
+    CHECK(push_staged == steps * model_bytes);
     CHECK(pull_payload == (2 * steps + 1) * model_bytes);
     CHECK(pull_copied == 0);  // sent from the version buffers themselves
     // The client: pushes from the gradient block, pulls copied once into place.
@@ -1342,8 +1347,11 @@ TEST_CASE("embedding rows in sync mode: averaged over the step's workers, duplic
   int64_t version = 0;
   absl::Status parked;
   std::vector<float> waited(50 * 4);
+  // On a client of its own: a PsClient is used by one thread at a time, and
+  // this thread pushes with w0 meanwhile.
+  auto w0_rows = s.Worker(0);
   std::thread waiter([&] {
-    parked = w0->PullRows("ads", 4, ids, 1, absl::Seconds(20), waited.data(), &version);
+    parked = w0_rows->PullRows("ads", 4, ids, 1, absl::Seconds(20), waited.data(), &version);
   });
   absl::SleepFor(absl::Milliseconds(300));
   Buffers b0(s.vars, 0.0f), b1(s.vars, 0.0f);

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The README's second command: set up, then build and test every target four
-# times, with CUDA (where nvcc exists), CPU-only, under ASan + UBSan and under
-# TSan, then fuzz (tools/fuzz.sh), then run clang's thread-safety analysis
+# The README's second command: set up, then build and test every target with
+# CUDA (where nvcc exists), under ASan + UBSan and under TSan (both CPU-only
+# builds), build every target CPU-only and run its unit tests (the
+# multi-process tests in tests/ run CPU-only under both sanitizers already),
+# then fuzz (tools/fuzz.sh), then run clang's thread-safety analysis
 # (tools/thread_safety.sh). Ends with the line "N passed, N failed", counting
 # Catch2 test cases from Bazel's per-test XML, each fuzz target and each
 # analysis check.
@@ -20,6 +22,7 @@ trap 'rm -rf "$results"' EXIT
 overall=0
 startup=()         # bazel startup options of the configuration being run
 patterns=(//...)  # what it builds and tests
+collect=()        # the test targets whose XML it counts (empty: every one)
 # The test targets, by name (their XML is collected by name).
 mapfile -t test_targets < <(bazel query --noshow_progress 'tests(//...)' 2>/dev/null)
 if [ "${#test_targets[@]}" -eq 0 ]; then
@@ -42,7 +45,9 @@ run_config() {  # name, bazel flags...
     echo "=== $name: bazel info found no test logs; its cases are not counted" >&2
     overall=1
   fi
-  for label in "${test_targets[@]}"; do
+  local counted=("${test_targets[@]}")
+  [ "${#collect[@]}" -gt 0 ] && counted=("${collect[@]}")
+  for label in "${counted[@]}"; do
     dir=${label#//}
     dir=${dir/://}
     if [ -f "$testlogs/$dir/test.xml" ]; then
@@ -65,7 +70,22 @@ run_in_own_base() {  # name, output base, bazel flags...
   patterns=(//...)
 }
 run_config default
+# CPU-only: every target built; the unit tests run, and tests/k8s_test,
+# whose container cases run only with CPU-only daemons (the image's). The
+# other multi-process tests (tests/) would run the same CPU path a third
+# time: they run CPU-only under ASan + UBSan and TSan below (unless those are
+# skipped, when they run here too). Same output base and test logs as the
+# default's, so only the tests run here are counted again.
+echo "=== bazel build (cpu_only)" >&2
+if ! bazel build --noshow_progress --config=cpu_only -- //... >&2; then overall=1; fi
+if [ "${PSTRAIN_ASAN:-1}" != 0 ] && [ "${PSTRAIN_TSAN:-1}" != 0 ]; then
+  mapfile -t collect < <(printf '%s\n' "${test_targets[@]}" |
+    grep -v '^//tests:'; echo //tests:k8s_test)
+  patterns=("${collect[@]}")
+fi
 run_config cpu_only --config=cpu_only
+patterns=(//...)
+collect=()
 # Every test again under AddressSanitizer and UndefinedBehaviorSanitizer
 # (gcc, --config=asan). PSTRAIN_ASAN=0 skips it.
 if [ "${PSTRAIN_ASAN:-1}" != 0 ]; then

@@ -775,41 +775,37 @@ absl::Status ParameterServer::PushImpl(const PushRequest& header, const Segmente
   }
   if (model->sync) return PushSync(model, header, grads, response);
   if (!held) return PushAsync(model, header, grads, response);
-  // The part's gradients, copied out of the request to be held.
-  int64_t total = 0;
-  for (const GradientRef& g : grads) total += g.partition->size * (g.bfloat16 ? 2 : 4);
-  HeldPart part;
-  part.bytes.reset(new char[static_cast<size_t>(total)]);
-  int64_t at = 0;
-  for (GradientRef& g : grads) {
-    const int64_t n = g.partition->size * (g.bfloat16 ? 2 : 4);
-    g.bytes->CopyTo(g.offset, n, part.bytes.get() + at);
-    g.offset = at;
-    at += n;
-  }
-  part.view = std::make_unique<SegmentedBytes>(absl::string_view(part.bytes.get(), total));
-  for (GradientRef& g : grads) g.bytes = part.view.get();
-  return PushAsyncPart(model, header, std::move(grads), std::move(part), response);
+  return PushAsyncPart(model, header, grads, response);
 }
 
 absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
                                             const PushRequest& header,
-                                            std::vector<GradientRef> grads, HeldPart part,
+                                            const std::vector<GradientRef>& grads,
                                             PushResponse* response) {
   const int w = header.worker();
-  std::vector<GradientRef> all;
-  std::vector<HeldPart> parts;  // alive until the push is applied
+  auto of_this_push = [&header](const HeldPush& h) {
+    return h.id != 0 && h.session == header.session() && h.step == header.step() &&
+           h.num_parts == header.num_parts();
+  };
+  uint64_t id = 0;
+  UpdateInfo update;
   {
     absl::MutexLock lock(&mu_);
     if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
     if (header.session() < worker_session_[w]) {
-      // Refused at once, not held (AdmitSessionLocked counts it).
+      // Refused at once (AdmitSessionLocked counts it).
       return AdmitSessionLocked(w, header.session(), "Push");
     }
     ExpireHeldPushesLocked(*model, absl::Now());
+    if (!of_this_push(held_pushes_[w])) {
+      // The first of a push's parts to arrive waits while a cut holds new
+      // pushes; its other parts do not (the cut waits for the push).
+      RETURN_IF_ERROR(AwaitPushesReleasedLocked(model, "Push"));
+    }
     HeldPush& h = held_pushes_[w];
-    if (h.num_parts > 0 && (header.session() < h.session ||
-                            (header.session() == h.session && header.step() < h.step))) {
+    if (h.id != 0 && !of_this_push(h) &&
+        (header.session() < h.session ||
+         (header.session() == h.session && header.step() < h.step))) {
       // A late part of an earlier push must not drop the one being received.
       RejectLocked(Rejection::kSuperseded);
       return absl::FailedPreconditionError(absl::StrCat(
@@ -817,25 +813,38 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
           header.session(), ") came after parts of its push for step ", h.step, " (session ",
           h.session, ")"));
     }
-    if (h.num_parts != header.num_parts() || h.session != header.session() ||
-        h.step != header.step()) {
-      if (h.num_parts > 0) {
+    if (!of_this_push(h)) {
+      if (h.id != 0 && h.closed.empty()) {
         LOG_WARN("worker {}'s push for step {} (session {}) dropped with {} of its {} parts in: "
                  "a part of another push came",
-                 w, h.step, h.session, h.parts.size(), h.num_parts);
+                 w, h.step, h.session, std::count(h.got.begin(), h.got.end(), 1), h.num_parts);
       }
+      DropHeldPushLocked(&h, "a part of a later push came");
+      RETURN_IF_ERROR(AdmitSessionLocked(w, header.session(), "Push"));
+      int64_t ticket = 0;
+      absl::StatusOr<bool> admitted = AdmitAsyncLocked(*model, header, &ticket);
+      if (!admitted.ok()) return admitted.status();
       h = HeldPush();
+      h.id = next_push_id_++;
       h.session = header.session();
       h.step = header.step();
       h.started = absl::Now();
       h.num_parts = header.num_parts();
       h.got.assign(static_cast<size_t>(h.num_parts), 0);
+      h.finished = !*admitted;
+      if (*admitted) h.update = AsyncUpdate(*model, ticket, header.step());
     }
     if (h.got[header.part()]) {
       RejectLocked(Rejection::kDuplicate);
       return absl::InvalidArgumentError(absl::StrCat("Push: worker ", w, " sent part ",
                                                      header.part(), " of its push for step ",
                                                      header.step(), " twice"));
+    }
+    if (!h.closed.empty()) {
+      RejectLocked(Rejection::kSuperseded);
+      return absl::FailedPreconditionError(
+          absl::StrCat("Push: worker ", w, "'s push for step ", header.step(), " (session ",
+                       header.session(), ") takes no more parts: ", h.closed));
     }
     for (const GradientRef& g : grads) {
       if (h.partitions.count(g.partition) != 0) {
@@ -846,20 +855,64 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
       }
     }
     for (const GradientRef& g : grads) h.partitions.insert(g.partition);
-    counters_.push_copied_bytes += static_cast<int64_t>(part.view->size());
     h.got[header.part()] = 1;
-    h.grads.insert(h.grads.end(), grads.begin(), grads.end());
-    h.parts.push_back(std::move(part));
-    if (static_cast<int>(h.parts.size()) < h.num_parts) {
+    if (h.finished) {
+      response->set_outcome(FINISHED);
+      response->set_version(version_);
+      return absl::OkStatus();
+    }
+    ++h.applying;
+    ++parts_applying_;
+    id = h.id;
+    update = h.update;
+  }
+  // Checked, then applied from the received bytes, outside the lock.
+  const GradientRef* bad = FirstNonFinite(grads);
+  const int64_t bytes = bad == nullptr ? ApplyAsync(*model, grads, update) : 0;
+  std::vector<Completion> completions;
+  {
+    absl::MutexLock lock(&mu_);
+    --parts_applying_;
+    counters_.push_payload_bytes += bytes;
+    counters_.push_copied_bytes += bytes;
+    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+    HeldPush& h = held_pushes_[w];
+    const bool current = h.id == id;
+    if (current) --h.applying;
+    if (bad != nullptr) {
+      if (current) {
+        DropHeldPushLocked(&h, absl::StrCat("its part ", header.part(), " held a NaN or Inf"));
+      }
+      RejectLocked(Rejection::kNonFinite);
+      return absl::InvalidArgumentError(
+          absl::StrCat("gradient for ", KeyString(bad->partition->key), " contains NaN or Inf"));
+    }
+    if (!current || !h.closed.empty() || ++h.applied < h.num_parts) {
+      // In the model; the push is not complete (or was dropped meanwhile:
+      // then it never will be, and the worker's client sees no APPLIED).
       response->set_outcome(HELD);
       response->set_version(version_);
       return absl::OkStatus();
     }
-    all = std::move(h.grads);
-    parts = std::move(h.parts);
-    h = HeldPush();
+    // The push's last part: it counts now, as one update.
+    h.closed = "it is complete";
+    --async_admitted_;
+    ++version_;
+    ++worker_clock_[w];
+    ++counters_.pushes_applied;
+    response->set_outcome(APPLIED);
+    response->set_version(version_);
+    response->set_own_pushes(worker_clock_[w]);
+    CollectReadyLocked(&completions);
   }
-  return PushAsync(model, header, all, response);
+  RunCompletions(&completions);
+  return absl::OkStatus();
+}
+
+void ParameterServer::DropHeldPushLocked(HeldPush* h, std::string why) {
+  if (h->id == 0 || !h->closed.empty()) return;
+  if (!h->finished) --async_admitted_;  // admitted, never to be counted
+  h->closed = absl::StrCat("it was dropped: ", why);
 }
 
 void ParameterServer::ExpireHeldPushesLocked(const Model& model, absl::Time now) {
@@ -867,13 +920,13 @@ void ParameterServer::ExpireHeldPushesLocked(const Model& model, absl::Time now)
   held_pushes_checked_ = now;
   for (size_t w = 0; w < held_pushes_.size(); ++w) {
     HeldPush& h = held_pushes_[w];
-    if (h.num_parts == 0 || now - h.started <= model.held_push_ttl) continue;
+    if (h.id == 0 || !h.closed.empty() || now - h.started <= model.held_push_ttl) continue;
     LOG_WARN("worker {}'s push for step {} (session {}) dropped with {} of its {} parts in, "
-             "held {}: past its deadline no part can still come",
-             w, h.step, h.session, h.parts.size(), h.num_parts,
+             "after {}: past its deadline no part can still come (the parts in stay applied)",
+             w, h.step, h.session, std::count(h.got.begin(), h.got.end(), 1), h.num_parts,
              absl::FormatDuration(absl::Trunc(now - h.started, absl::Milliseconds(1))));
-    ++counters_.held_pushes_expired;
-    h = HeldPush();
+    if (!h.finished) ++counters_.held_pushes_expired;
+    DropHeldPushLocked(&h, "its parts stopped coming (past the worker's push deadline)");
   }
 }
 
@@ -1311,7 +1364,8 @@ absl::Status ParameterServer::Snapshot(const SnapshotRequest& request,
   holding_pushes_ = true;
   const std::shared_ptr<Model> model = model_;
   auto drained = [this, &model]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return (async_admitted_ == 0 && rows_in_flight_ == 0) || shut_down_ || model_ != model;
+    return (async_admitted_ == 0 && rows_in_flight_ == 0 && parts_applying_ == 0) ||
+           shut_down_ || model_ != model;
   };
   const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
   const bool ok = mu_.AwaitWithTimeout(absl::Condition(&drained), timeout);
@@ -1320,7 +1374,8 @@ absl::Status ParameterServer::Snapshot(const SnapshotRequest& request,
     if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
     if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
     return absl::DeadlineExceededError(absl::StrCat(
-        "Snapshot: ", async_admitted_ + rows_in_flight_, " push(es) still applying after ",
+        "Snapshot: ", async_admitted_ + rows_in_flight_, " push(es) still applying or ",
+        "awaiting parts after ",
         absl::FormatDuration(timeout)));
   }
   TakeSnapshotLocked(step, async_cursors_);
@@ -1535,37 +1590,41 @@ ParameterServer::Buffer ParameterServer::ApplyPartition(const Model& model, Part
   return out;
 }
 
-absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
-                                        const PushRequest& header,
-                                        const std::vector<GradientRef>& grads,
-                                        PushResponse* response) {
+absl::StatusOr<bool> ParameterServer::AdmitAsyncLocked(const Model& model,
+                                                       const PushRequest& header,
+                                                       int64_t* ticket) {
   const int w = header.worker();
-  int64_t ticket = 0;
-  {
-    absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(AwaitPushesReleasedLocked(model, "Push"));
-    RETURN_IF_ERROR(AdmitSessionLocked(w, header.session(), "Push"));
-    if (header.step() > version_) {
-      RejectLocked(Rejection::kAhead);
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Push: step ", header.step(), " is ahead of this server's version ", version_));
-    }
-    // Pushes admitted but not yet applied count, so max_steps is exact.
-    if (model->max_steps > 0 && version_ + async_admitted_ >= model->max_steps) {
-      response->set_outcome(FINISHED);
-      response->set_version(version_);
-      return absl::OkStatus();
-    }
-    ++async_admitted_;
-    ticket = version_ + async_admitted_;
-    staleness_.Observe(static_cast<double>(ticket - 1 - header.step()));
-    // Where this worker's data stands once this push is in; a checkpoint's
-    // cut is taken with no push in flight, so it matches what was applied.
-    // (A push refused below for a NaN leaves it a batch ahead: that batch
-    // is skipped on resume, as the run itself skipped its gradient.)
-    async_cursors_[w] = {true, header.cursor_epoch(), header.cursor_position()};
+  if (header.step() > version_) {
+    RejectLocked(Rejection::kAhead);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Push: step ", header.step(), " is ahead of this server's version ", version_));
   }
-  // Validate every gradient in place before changing anything.
+  // Pushes admitted but not yet applied count, so max_steps is exact.
+  if (model.max_steps > 0 && version_ + async_admitted_ >= model.max_steps) return false;
+  ++async_admitted_;
+  *ticket = version_ + async_admitted_;
+  staleness_.Observe(static_cast<double>(*ticket - 1 - header.step()));
+  // Where this worker's data stands once this push is in; a checkpoint's
+  // cut is taken with no push in flight, so it matches what was applied.
+  // (A push refused for a NaN, or dropped with parts missing, leaves it a
+  // batch ahead: that batch is skipped on resume, as the run itself skipped
+  // its gradient, or the part of it that never came.)
+  async_cursors_[w] = {true, header.cursor_epoch(), header.cursor_position()};
+  return true;
+}
+
+UpdateInfo ParameterServer::AsyncUpdate(const Model& model, int64_t ticket, int64_t step) {
+  UpdateInfo update;
+  update.learning_rate = model.learning_rate.At(ticket - 1);
+  if (model.staleness_scaled_lr) {
+    const int64_t staleness = ticket - 1 - step;
+    if (staleness > 1) update.learning_rate /= static_cast<float>(staleness);
+  }
+  return update;
+}
+
+const ParameterServer::GradientRef* ParameterServer::FirstNonFinite(
+    const std::vector<GradientRef>& grads) {
   for (const GradientRef& g : grads) {
     bool finite = true;
     g.bytes->ForEachRun(g.offset, g.partition->size, g.bfloat16 ? 2 : 4,
@@ -1573,27 +1632,17 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
                           finite = finite && (g.bfloat16 ? AllFiniteBfloat16(p, n)
                                                          : AllFiniteUnaligned(p, n));
                         });
-    if (!finite) {
-      absl::MutexLock lock(&mu_);
-      if (model_ == model) --async_admitted_;
-      RejectLocked(Rejection::kNonFinite);
-      return absl::InvalidArgumentError(
-          absl::StrCat("gradient for ", KeyString(g.partition->key), " contains NaN or Inf"));
-    }
+    if (!finite) return &g;
   }
-  // Apply from the received bytes: each run is moved into an aligned chunk in
-  // L1 (the one copy) and applied into the partition's next buffer.
+  return nullptr;
+}
+
+int64_t ParameterServer::ApplyAsync(const Model& model, const std::vector<GradientRef>& grads,
+                                    UpdateInfo update) {
+  // Each run of the received bytes is moved into an aligned chunk in L1
+  // (the one copy) and applied into the partition's next buffer.
   int64_t bytes = 0;
   std::array<float, kChunk> chunk;
-  // This push is update `ticket` of the run: its rate is the schedule's at
-  // ticket - 1, divided, where asked, by its staleness (the updates applied
-  // since the version it was computed from).
-  UpdateInfo update;
-  update.learning_rate = model->learning_rate.At(ticket - 1);
-  if (model->staleness_scaled_lr) {
-    const int64_t staleness = ticket - 1 - header.step();
-    if (staleness > 1) update.learning_rate /= static_cast<float>(staleness);
-  }
   for (const GradientRef& g : grads) {
     PartitionState* p = g.partition;
     absl::MutexLock apply_lock(&p->apply_mu);
@@ -1615,9 +1664,9 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
         } else {
           std::memcpy(chunk.data(), src + 4 * i, 4 * m);
         }
-        if (model->clip_value > 0) ClipByValue(chunk.data(), m, model->clip_value);
-        model->optimizer->ApplyRange(in->data() + at, out->data() + at, chunk.data(), m, &p->slots,
-                                     at, update);
+        if (model.clip_value > 0) ClipByValue(chunk.data(), m, model.clip_value);
+        model.optimizer->ApplyRange(in->data() + at, out->data() + at, chunk.data(), m, &p->slots,
+                                    at, update);
         at += m;
         i += m;
       }
@@ -1631,6 +1680,37 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
     p->pushes.fetch_add(1, std::memory_order_relaxed);
     p->push_bytes.fetch_add(p->size * element_bytes, std::memory_order_relaxed);
   }
+  return bytes;
+}
+
+absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
+                                        const PushRequest& header,
+                                        const std::vector<GradientRef>& grads,
+                                        PushResponse* response) {
+  const int w = header.worker();
+  int64_t ticket = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(AwaitPushesReleasedLocked(model, "Push"));
+    RETURN_IF_ERROR(AdmitSessionLocked(w, header.session(), "Push"));
+    absl::StatusOr<bool> admitted = AdmitAsyncLocked(*model, header, &ticket);
+    if (!admitted.ok()) return admitted.status();
+    if (!*admitted) {
+      response->set_outcome(FINISHED);
+      response->set_version(version_);
+      return absl::OkStatus();
+    }
+  }
+  // Validate every gradient in place before changing anything.
+  if (const GradientRef* bad = FirstNonFinite(grads)) {
+    absl::MutexLock lock(&mu_);
+    if (model_ == model) --async_admitted_;
+    RejectLocked(Rejection::kNonFinite);
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient for ", KeyString(bad->partition->key), " contains NaN or Inf"));
+  }
+  // This push is update `ticket` of the run.
+  const int64_t bytes = ApplyAsync(*model, grads, AsyncUpdate(*model, ticket, header.step()));
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);

@@ -154,8 +154,10 @@ class ParameterServer {
 
   // A push whose tensors carry dtype and shape only; their contents are
   // `payload`, concatenated in order (a frame's payload). A part of an async
-  // push in several calls (PushRequest.num_parts > 1) is answered HELD and
-  // its gradients kept (copied) until the push's last part is in.
+  // push in several calls (PushRequest.num_parts > 1) is applied to its
+  // partitions as it arrives and answered HELD, until the part that
+  // completes the push, which counts it (one update: the version moves
+  // once) and is answered APPLIED.
   absl::Status Push(const PushRequest& header, const SegmentedBytes& payload,
                     PushResponse* response);
   // A push with the contents inside the protos (tests and tools).
@@ -387,17 +389,20 @@ class ParameterServer {
                                std::vector<GradientRef>* grads) const;
   absl::Status PushImpl(const PushRequest& header, const SegmentedBytes* frame,
                         const std::vector<SegmentedBytes>* contents, PushResponse* response);
-  // Async: one part of a multi-part push, its gradients' bytes copied out of
-  // the request (a held part pins none of gRPC's buffers, so none of its
-  // memory quota, and nothing but the gradients). Held until the push's last
-  // part is in, which applies them all through PushAsync.
-  struct HeldPart {
-    std::unique_ptr<char[]> bytes;
-    std::unique_ptr<SegmentedBytes> view;  // of `bytes`; the grads point here
-  };
+  // Async: one part of a multi-part push, applied from the request's bytes
+  // as it arrives (nothing is held: no copy, and none of gRPC's buffers
+  // pinned past the call). The push is admitted (its update number, rate
+  // and staleness fixed, the staleness bound and max_steps checked) by the
+  // first of its parts to arrive, and counted by the one that completes it.
   absl::Status PushAsyncPart(const std::shared_ptr<Model>& model, const PushRequest& header,
-                             std::vector<GradientRef> grads, HeldPart part,
-                             PushResponse* response);
+                             const std::vector<GradientRef>& grads, PushResponse* response);
+  // The first of `grads` that holds a NaN or Inf, or nullptr.
+  static const GradientRef* FirstNonFinite(const std::vector<GradientRef>& grads);
+  // Async: applies `grads` from their bytes, each partition under its
+  // apply_mu, as update `update` (its count set per partition); returns the
+  // bytes applied.
+  int64_t ApplyAsync(const Model& model, const std::vector<GradientRef>& grads,
+                     UpdateInfo update);
   absl::Status PushSync(const std::shared_ptr<Model>& model, const PushRequest& header,
                         const std::vector<GradientRef>& grads, PushResponse* response);
   absl::Status PushAsync(const std::shared_ptr<Model>& model, const PushRequest& header,
@@ -565,24 +570,46 @@ class ParameterServer {
     return session_start_step_[worker] == step;
   }
   // Async: each worker's multi-part push being received (one at a time: a
-  // part of a later push drops it; a part of an earlier one is refused). Its
-  // held bytes are at most this server's share, as no partition may come
-  // twice: as much as a sync server's staging buffers for the worker.
+  // part of a later push drops it; a part of an earlier one, or of a push
+  // dropped, is refused). Its parts are applied as they come; it holds only
+  // their bookkeeping. A dropped push stays here, marked, until the
+  // worker's next push, so that its late parts are refused.
   struct HeldPush {
+    uint64_t id = 0;  // 0: none; else unique per push
     int32_t session = 0;
     int64_t step = 0;
     absl::Time started;  // its first part's arrival
-    int num_parts = 0;  // 0: none
+    int num_parts = 0;
     std::vector<char> got;  // per part
     std::set<const PartitionState*> partitions;
-    std::vector<GradientRef> grads;
-    std::vector<HeldPart> parts;
+    bool finished = false;  // admitted past max_steps: each part answered FINISHED
+    UpdateInfo update;      // its rate (count set per partition)
+    int applying = 0;       // parts being applied now
+    int applied = 0;        // parts applied
+    // Why it takes no more parts (complete, or dropped); empty while open.
+    std::string closed;
   };
   std::vector<HeldPush> held_pushes_ ABSL_GUARDED_BY(mu_);
-  // Drops held pushes older than the model's held_push_ttl (a worker that
-  // died or gave up mid-push; else its parts, up to this server's share,
-  // stay until that worker pushes again). Looks at most once per
-  // min(ttl, 1 s), so a part costs no walk over every worker.
+  uint64_t next_push_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Async: parts of multi-part pushes being applied, dropped pushes' too (a
+  // cut waits for them).
+  int64_t parts_applying_ ABSL_GUARDED_BY(mu_) = 0;
+  // Drops `h` (its parts applied so far stay in the model: each partition's
+  // update is whole, the push's is not) and says why; no-op on one closed.
+  void DropHeldPushLocked(HeldPush* h, std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Admits an async push (its session admitted already): false when
+  // max_steps is reached (answer FINISHED), else true with its update
+  // number in `ticket`.
+  absl::StatusOr<bool> AdmitAsyncLocked(const Model& model, const PushRequest& header,
+                                        int64_t* ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Update `ticket`'s rate: the schedule's at ticket - 1, divided, where
+  // asked, by its staleness (the updates applied since the version `step`
+  // it was computed from).
+  static UpdateInfo AsyncUpdate(const Model& model, int64_t ticket, int64_t step);
+  // Drops pushes in parts older than the model's held_push_ttl (a worker
+  // that died or gave up mid-push: it is admitted, so a cut would wait for
+  // it). Looks at most once per min(ttl, 1 s), so a part costs no walk over
+  // every worker.
   void ExpireHeldPushesLocked(const Model& model, absl::Time now)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time held_pushes_checked_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

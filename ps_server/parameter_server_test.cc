@@ -645,8 +645,8 @@ TEST_CASE("sync per partition: a step split over several pushes per worker, in a
   CHECK(all(split) == std::vector<std::vector<float>>{{-6, -7}, {-2, -2, -2, -2}});  // b, w
 }
 
-TEST_CASE("async: a push in parts is held until its last part, then applied as one update",
-          "[ps][async]") {
+TEST_CASE("async: a push in parts is applied part by part as they arrive, and counted as one "
+          "update by the part that completes it", "[ps][async]") {
   // Two partitions (w and b), SGD at rate 1; worker 0 sends each push as
   // two parts.
   auto init = [] { return TwoPartitionInit(false); };
@@ -673,10 +673,11 @@ TEST_CASE("async: a push in parts is held until its last part, then applied as o
   REQUIRE(ps.Initialize(init()).ok());
   PushResponse r;
   int64_t version = -1;
-  // The second part first: held, nothing applied, the version unmoved.
+  // The second part first: applied to its partition, answered HELD, the
+  // version unmoved (the push is not complete).
   REQUIRE(ps.Push(part(0, 0, 1, 2, "b", {5, 6}), &r).ok());
   CHECK(r.outcome() == HELD);
-  CHECK(values(ps, &version) == std::vector<std::vector<float>>{{0, 0}, {0, 0, 0, 0}});
+  CHECK(values(ps, &version) == std::vector<std::vector<float>>{{-5, -6}, {0, 0, 0, 0}});
   CHECK(version == 0);
   // A part sent twice, or a partition in two parts, is refused.
   CHECK(absl::IsInvalidArgument(ps.Push(part(0, 0, 1, 2, "w", {1, 1, 1, 1}), &r)));
@@ -684,16 +685,21 @@ TEST_CASE("async: a push in parts is held until its last part, then applied as o
   // Another worker's whole push goes through meanwhile.
   REQUIRE(ps.Push(Grad(1, 0, {10, 10, 10, 10}), &r).ok());
   CHECK(r.outcome() == APPLIED);
-  // The last part applies both, as one update.
+  // The last part completes the push: one update, however many parts.
   REQUIRE(ps.Push(part(0, 0, 0, 2, "w", {1, 2, 3, 4}), &r).ok());
   CHECK(r.outcome() == APPLIED);
   CHECK(r.version() == 2);
+  CHECK(r.own_pushes() == 1);
   CHECK(values(ps, &version) ==
         std::vector<std::vector<float>>{{-5, -6}, {-11, -12, -13, -14}});
   PsStatusResponse st;
   ps.GetStatus(&st);
   CHECK(st.pushes_applied() == 2);
-  // A push whose parts never all came is dropped by the worker's next one.
+  // A part of the complete push sent again is refused, changing nothing.
+  CHECK(absl::IsInvalidArgument(ps.Push(part(0, 0, 0, 2, "w", {1, 2, 3, 4}), &r)));
+  // A push whose parts never all came is dropped by the worker's next one;
+  // its part that came stays applied (each partition's update is whole),
+  // and it is never counted.
   REQUIRE(ps.Push(part(0, 1, 0, 2, "w", {100, 100, 100, 100}), &r).ok());
   CHECK(r.outcome() == HELD);
   REQUIRE(ps.Push(part(0, 2, 1, 2, "b", {1, 1}), &r).ok());  // step 2: another push
@@ -703,19 +709,35 @@ TEST_CASE("async: a push in parts is held until its last part, then applied as o
   REQUIRE(ps.Push(part(0, 2, 0, 2, "w", {1, 1, 1, 1}), &r).ok());
   CHECK(r.outcome() == APPLIED);
   CHECK(values(ps, &version) ==
-        std::vector<std::vector<float>>{{-6, -7}, {-12, -13, -14, -15}});
+        std::vector<std::vector<float>>{{-6, -7}, {-112, -113, -114, -115}});
   CHECK(version == 3);
+  // A part with a NaN is refused, changing nothing, and drops its push: its
+  // parts still to come are refused, and the push is never counted.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  REQUIRE(ps.Push(part(1, 2, 1, 2, "b", {1, 1}), &r).ok());
+  CHECK(r.outcome() == HELD);
+  CHECK(absl::IsInvalidArgument(ps.Push(part(1, 2, 0, 2, "w", {1, nan, 1, 1}), &r)));
+  CHECK_FALSE(ps.Push(part(1, 2, 0, 2, "w", {1, 1, 1, 1}), &r).ok());  // sent again
+  CHECK(values(ps, &version) ==
+        std::vector<std::vector<float>>{{-7, -8}, {-112, -113, -114, -115}});
+  CHECK(version == 3);
+  REQUIRE(ps.Push(part(1, 3, 0, 2, "w", {1, 1, 1, 1}), &r).ok());  // its next push goes on
+  REQUIRE(ps.Push(part(1, 3, 1, 2, "b", {1, 1}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  CHECK(values(ps, &version) ==
+        std::vector<std::vector<float>>{{-8, -9}, {-113, -114, -115, -116}});
+  CHECK(version == 4);
   // Part numbers outside the push, more parts than partitions, and an empty
   // part are malformed; none changes anything.
-  CHECK(absl::IsInvalidArgument(ps.Push(part(0, 3, 2, 2, "w", {1, 1, 1, 1}), &r)));
-  CHECK(absl::IsInvalidArgument(ps.Push(part(0, 3, 0, 3, "w", {1, 1, 1, 1}), &r)));
-  CHECK(absl::IsInvalidArgument(ps.Push(part(0, 3, -1, 2, "w", {1, 1, 1, 1}), &r)));
-  PushRequest empty = part(0, 3, 0, 2, "w", {1, 1, 1, 1});
+  CHECK(absl::IsInvalidArgument(ps.Push(part(0, 5, 2, 2, "w", {1, 1, 1, 1}), &r)));
+  CHECK(absl::IsInvalidArgument(ps.Push(part(0, 5, 0, 3, "w", {1, 1, 1, 1}), &r)));
+  CHECK(absl::IsInvalidArgument(ps.Push(part(0, 5, -1, 2, "w", {1, 1, 1, 1}), &r)));
+  PushRequest empty = part(0, 5, 0, 2, "w", {1, 1, 1, 1});
   empty.clear_gradients();
   CHECK(absl::IsInvalidArgument(ps.Push(empty, &r)));
   CHECK(values(ps, &version) ==
-        std::vector<std::vector<float>>{{-6, -7}, {-12, -13, -14, -15}});
-  CHECK(version == 3);
+        std::vector<std::vector<float>>{{-8, -9}, {-113, -114, -115, -116}});
+  CHECK(version == 4);
 }
 
 TEST_CASE("async: a push whose parts stop coming is dropped at the worker's push deadline",
@@ -739,8 +761,9 @@ TEST_CASE("async: a push whose parts stop coming is dropped at the worker's push
   CHECK(r.outcome() == HELD);
   REQUIRE(ps.Push(part(0, 0, 1, "b", {1, 1}), &r).ok());
   CHECK(r.outcome() == APPLIED);
-  // Worker 0 dies with one part in: at the next part the server takes
-  // after the deadline (here another worker's), the held part goes.
+  // Worker 0 dies with one part in (applied): at the next part the server
+  // takes after the deadline (here another worker's), its push is dropped,
+  // never counted; a checkpoint's cut no longer waits for it.
   REQUIRE(ps.Push(part(0, 1, 0, "w", {100, 100, 100, 100}), &r).ok());
   CHECK(r.outcome() == HELD);
   absl::SleepFor(absl::Milliseconds(400));
@@ -749,10 +772,8 @@ TEST_CASE("async: a push whose parts stop coming is dropped at the worker's push
   PsStatusResponse st;
   ps.GetStatus(&st);
   CHECK(st.held_pushes_expired() == 1);
-  // A part of the dropped push arriving after all is held alone, and never
-  // completes it: the worker's client sees only HELD replies, an error.
-  REQUIRE(ps.Push(part(0, 1, 1, "b", {100, 100}), &r).ok());
-  CHECK(r.outcome() == HELD);
+  // A part of the dropped push arriving after all is refused.
+  CHECK(absl::IsFailedPrecondition(ps.Push(part(0, 1, 1, "b", {100, 100}), &r)));
   ps.GetStatus(&st);
   CHECK(st.pushes_applied() == 1);
   CHECK(st.version() == 1);
@@ -1301,6 +1322,59 @@ std::vector<float> ShardTensorValues(const std::string& ckpt, const GetShardResp
   }
   FAIL("no tensor " << variable);
   return {};
+}
+
+TEST_CASE("async checkpoints: a cut waits for a push in parts to complete, so none falls "
+          "inside it", "[ps][async][checkpoint]") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = JoinPath(tmp != nullptr ? tmp : "/tmp", "async_cut_parts");
+  (void)DeleteRecursively(Env::Default(), dir);
+  TrainingConfig config = BaseConfig(false, 0, 0, 1.0f);
+  config.mutable_checkpoint()->set_dir(dir);
+  InitializeRequest init = InitRequest(config, 2, {0, 0, 0, 0});
+  NamedTensor* b = init.add_variables();
+  b->mutable_ref()->set_variable("b");
+  ToProto({2}, {0, 0}, b->mutable_tensor());
+  init.set_num_servers(1);
+  init.set_server_index(0);
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(init).ok());
+  auto part = [](int k, const std::string& var, std::vector<float> g) {
+    PushRequest req = Grad(0, 0, std::move(g), var,
+                           var == "w" ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{2});
+    req.set_part(k);
+    req.set_num_parts(2);
+    return req;
+  };
+  auto cut = [&ps](int64_t step, int64_t timeout_ms, SnapshotResponse* response) {
+    SnapshotRequest req;
+    req.set_incarnation(kIncarnation);
+    req.set_step(step);
+    req.set_timeout_ms(timeout_ms);
+    return ps.Snapshot(req, response);
+  };
+  PushResponse r;
+  REQUIRE(ps.Push(part(0, "w", {1, 1, 1, 1}), &r).ok());  // applied, the push open
+  CHECK(r.outcome() == HELD);
+  SnapshotResponse response;
+  CHECK(absl::IsDeadlineExceeded(cut(1, 200, &response)));
+  absl::Status waited;
+  std::thread cutter([&] { waited = cut(1, 10000, &response); });
+  absl::SleepFor(absl::Milliseconds(100));
+  REQUIRE(ps.Push(part(1, "b", {1, 1}), &r).ok());  // not held by the cut: completes it
+  CHECK(r.outcome() == APPLIED);
+  cutter.join();
+  REQUIRE(waited.ok());
+  CHECK(response.version() == 1);
+  GetShardRequest get;
+  get.set_incarnation(kIncarnation);
+  get.set_step(1);
+  get.set_timeout_ms(10000);
+  GetShardResponse shard;
+  REQUIRE(ps.GetShard(get, &shard).ok());
+  const std::string ckpt = JoinPath(dir, CheckpointDirName(1));
+  CHECK(ShardTensorValues(ckpt, shard, "w") == std::vector<float>{-1, -1, -1, -1});
+  CHECK(ShardTensorValues(ckpt, shard, "b") == std::vector<float>{-1, -1});
 }
 
 TEST_CASE("async checkpoints: each cut holds pushes, so all partitions are at one version",

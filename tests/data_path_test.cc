@@ -894,8 +894,8 @@ TEST_CASE("in-flight request memory is bounded: 8 concurrent 200 MiB pushes, or 
   CHECK(st.pushes_applied() == 2);
 }
 
-TEST_CASE("async: a server's share over the message cap travels in calls of whole partitions; "
-          "each push is one update", "[data_path][async][limits]") {
+TEST_CASE("async: a server's share over the message cap travels in calls of whole partitions, "
+          "applied as they come; each push is one update", "[data_path][async][limits]") {
   // 260 MiB on one server, over gRPC's 256 MiB cap, in 4 MiB partitions.
   const std::vector<VariableSpec> vars = {{"w", {65536, 1040}}};
   Servers s(1, "big_share", vars, 4 << 20, "optimizer { learning_rate: 1 } async {}");
@@ -909,7 +909,7 @@ TEST_CASE("async: a server's share over the message cap travels in calls of whol
     INFO(st.ToString());
     CHECK(absl::IsResourceExhausted(st));
   }
-  // In parts: two workers' pushes, each applied whole, once.
+  // In parts: two workers' pushes, each counted once.
   for (int w = 0; w < 2; ++w) {
     auto c = s.Worker(w);
     c->set_chunk_bytes(4 << 20);
@@ -927,6 +927,10 @@ TEST_CASE("async: a server's share over the message cap travels in calls of whol
   REQUIRE(s.chief->GetStatus(0, &st).ok());
   CHECK(st.version() == 2);
   CHECK(st.pushes_applied() == 2);
+  // Each part applied from gRPC's buffers as it came: each byte copied once
+  // (into L1 chunks on its way to the optimizer), none held.
+  CHECK(st.push_payload_bytes() == 2 * s.placement->server_bytes()[0]);
+  CHECK(st.push_copied_bytes() == st.push_payload_bytes());
   // The chief reads it in calls of up to 64 MiB: 1 - 2 x 0.25 everywhere.
   s.chief->set_chunk_bytes(64 << 20);
   s.chief->set_mixed_versions(true);

@@ -903,8 +903,8 @@ absl::Status PsClient::PushEnd(std::vector<PushOutcome>* outcomes) {
     if ((*outcomes)[s] == HELD) {
       // Every part was held and none applied the push: the server dropped it.
       return absl::AbortedError(absl::StrCat("Push to ", ServerName(s),
-                                             ": the server held every part of the push and "
-                                             "applied none (it took a part of another push)"));
+                                             ": the server counted none of the push's parts "
+                                             "as completing it (it dropped the push)"));
     }
   }
   return absl::OkStatus();

@@ -49,8 +49,9 @@ class PsClient {
   // many bytes of whole partitions, in flight together (0: one call per
   // server, which must then fit one message). A push whose calls are all
   // started at once (PushFrom) numbers its parts (PushRequest.num_parts):
-  // an async server applies it whole, as one update, when its last part is
-  // in. Pushes started piecemeal (PushReady) are for sync servers only.
+  // an async server applies each part as it comes and counts the push once,
+  // as one update, when its last part is in. Pushes started piecemeal
+  // (PushReady) are for sync servers only.
   void set_chunk_bytes(int64_t bytes) { chunk_bytes_ = bytes; }
   // At most this many calls in flight to one server in each direction
   // (pulls; pushes and Initialize), the rest starting as earlier ones end

@@ -581,13 +581,14 @@ void ParameterServer::CancelPull(uint64_t id) {
 void ParameterServer::TimerLoop() {
   absl::MutexLock lock(&mu_);
   while (!destroying_) {
-    absl::Time earliest = step_deadline_;
+    absl::Time earliest = std::min(step_deadline_, NextHeldPushExpiryLocked());
     for (const auto& [id, w] : waiters_) earliest = std::min(earliest, w.deadline);
     timer_cv_.WaitWithDeadline(&mu_, earliest);
     if (destroying_) break;
     const absl::Time now = absl::Now();
     std::vector<Completion> expired;
     if (step_deadline_ <= now && !shut_down_) ExpireSyncStepLocked(&expired);
+    if (NextHeldPushExpiryLocked() < now) ExpireHeldPushesLocked(*model_, now, false);
     for (auto it = waiters_.begin(); it != waiters_.end();) {
       if (it->second.deadline > now) {
         ++it;
@@ -814,16 +815,17 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
           h.session, ")"));
     }
     if (!of_this_push(h)) {
+      // The new push is admitted first: a refused part drops nothing.
+      RETURN_IF_ERROR(AdmitSessionLocked(w, header.session(), "Push"));
+      int64_t ticket = 0;
+      absl::StatusOr<bool> admitted = AdmitAsyncLocked(*model, header, &ticket);
+      if (!admitted.ok()) return admitted.status();
       if (h.id != 0 && h.closed.empty()) {
         LOG_WARN("worker {}'s push for step {} (session {}) dropped with {} of its {} parts in: "
                  "a part of another push came",
                  w, h.step, h.session, std::count(h.got.begin(), h.got.end(), 1), h.num_parts);
       }
       DropHeldPushLocked(&h, "a part of a later push came");
-      RETURN_IF_ERROR(AdmitSessionLocked(w, header.session(), "Push"));
-      int64_t ticket = 0;
-      absl::StatusOr<bool> admitted = AdmitAsyncLocked(*model, header, &ticket);
-      if (!admitted.ok()) return admitted.status();
       h = HeldPush();
       h.id = next_push_id_++;
       h.session = header.session();
@@ -833,6 +835,7 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
       h.got.assign(static_cast<size_t>(h.num_parts), 0);
       h.finished = !*admitted;
       if (*admitted) h.update = AsyncUpdate(*model, ticket, header.step());
+      timer_cv_.Signal();  // its deadline may be the timer's next
     }
     if (h.got[header.part()]) {
       RejectLocked(Rejection::kDuplicate);
@@ -861,7 +864,6 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
       response->set_version(version_);
       return absl::OkStatus();
     }
-    ++h.applying;
     ++parts_applying_;
     id = h.id;
     update = h.update;
@@ -878,7 +880,6 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
     if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
     HeldPush& h = held_pushes_[w];
     const bool current = h.id == id;
-    if (current) --h.applying;
     if (bad != nullptr) {
       if (current) {
         DropHeldPushLocked(&h, absl::StrCat("its part ", header.part(), " held a NaN or Inf"));
@@ -915,8 +916,19 @@ void ParameterServer::DropHeldPushLocked(HeldPush* h, std::string why) {
   h->closed = absl::StrCat("it was dropped: ", why);
 }
 
-void ParameterServer::ExpireHeldPushesLocked(const Model& model, absl::Time now) {
-  if (now - held_pushes_checked_ < std::min(model.held_push_ttl, absl::Seconds(1))) return;
+absl::Time ParameterServer::NextHeldPushExpiryLocked() const {
+  absl::Time next = absl::InfiniteFuture();
+  if (model_ == nullptr || model_->sync) return next;
+  for (const HeldPush& h : held_pushes_) {
+    if (h.id != 0 && h.closed.empty()) next = std::min(next, h.started + model_->held_push_ttl);
+  }
+  return next;
+}
+
+void ParameterServer::ExpireHeldPushesLocked(const Model& model, absl::Time now, bool throttled) {
+  if (throttled && now - held_pushes_checked_ < std::min(model.held_push_ttl, absl::Seconds(1))) {
+    return;
+  }
   held_pushes_checked_ = now;
   for (size_t w = 0; w < held_pushes_.size(); ++w) {
     HeldPush& h = held_pushes_[w];
@@ -1211,6 +1223,19 @@ absl::Status ParameterServer::AdmitSessionLocked(int worker, int32_t session,
   if (session > newest) {
     newest = session;
     session_start_step_[worker] = version_;
+    // Its earlier process's push in parts, if one is open, never completes
+    // now (its parts are refused): dropped, so that no cut waits for it,
+    // and a part of it still being applied is not counted.
+    if (static_cast<size_t>(worker) < held_pushes_.size()) {
+      HeldPush& h = held_pushes_[worker];
+      if (h.id != 0 && h.closed.empty()) {
+        LOG_WARN("worker {}'s push for step {} (session {}) dropped with {} of its {} parts in: "
+                 "session {} of the worker claimed it",
+                 worker, h.step, h.session, std::count(h.got.begin(), h.got.end(), 1),
+                 h.num_parts, session);
+      }
+      DropHeldPushLocked(&h, "the worker was restarted (a later session claimed it)");
+    }
     // Rows its earlier process staged for the open step are pushed again.
     for (auto& [name, table] : model_->tables) {
       if (static_cast<size_t>(worker) < table->staged_ids.size()) {
@@ -1374,8 +1399,8 @@ absl::Status ParameterServer::Snapshot(const SnapshotRequest& request,
     if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
     if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
     return absl::DeadlineExceededError(absl::StrCat(
-        "Snapshot: ", async_admitted_ + rows_in_flight_, " push(es) still applying or ",
-        "awaiting parts after ",
+        "Snapshot: ", async_admitted_ + rows_in_flight_ + parts_applying_,
+        " push(es) or parts still applying or awaiting parts after ",
         absl::FormatDuration(timeout)));
   }
   TakeSnapshotLocked(step, async_cursors_);

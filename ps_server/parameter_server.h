@@ -3,7 +3,9 @@
 // training, and the optimizer applied on the server. No gRPC here: the
 // service adapter (ps_service.h) unpacks RPCs and calls these methods, which
 // return absl::Status. Every input is validated before anything changes, so a
-// rejected request leaves the model bit-identical.
+// rejected request leaves the model bit-identical (a request: an async push
+// in several calls is applied call by call, and a refused call leaves the
+// calls before it applied).
 //
 // Sync mode (SyncReplicasOptimizer semantics, per partition as TensorFlow's
 // per-variable accumulators do): gradients for step == version are held per
@@ -584,7 +586,6 @@ class ParameterServer {
     std::set<const PartitionState*> partitions;
     bool finished = false;  // admitted past max_steps: each part answered FINISHED
     UpdateInfo update;      // its rate (count set per partition)
-    int applying = 0;       // parts being applied now
     int applied = 0;        // parts applied
     // Why it takes no more parts (complete, or dropped); empty while open.
     std::string closed;
@@ -608,10 +609,13 @@ class ParameterServer {
   static UpdateInfo AsyncUpdate(const Model& model, int64_t ticket, int64_t step);
   // Drops pushes in parts older than the model's held_push_ttl (a worker
   // that died or gave up mid-push: it is admitted, so a cut would wait for
-  // it). Looks at most once per min(ttl, 1 s), so a part costs no walk over
-  // every worker.
-  void ExpireHeldPushesLocked(const Model& model, absl::Time now)
+  // it). From a part (`throttled`), looks at most once per min(ttl, 1 s),
+  // so a part costs no walk over every worker; the timer thread also calls
+  // it at the earliest such deadline, so a cut never waits past it.
+  void ExpireHeldPushesLocked(const Model& model, absl::Time now, bool throttled = true)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // When the next open push in parts passes its held_push_ttl.
+  absl::Time NextHeldPushExpiryLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time held_pushes_checked_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Async: each worker's data cursor as of its latest admitted push, and
   // whether a checkpoint's cut is holding new pushes.

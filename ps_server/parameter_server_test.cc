@@ -1324,13 +1324,16 @@ std::vector<float> ShardTensorValues(const std::string& ckpt, const GetShardResp
   return {};
 }
 
-TEST_CASE("async checkpoints: a cut waits for a push in parts to complete, so none falls "
-          "inside it", "[ps][async][checkpoint]") {
+TEST_CASE("async checkpoints: a cut waits for a push in parts to complete or be dropped, so none "
+          "falls inside it", "[ps][async][checkpoint]") {
   const char* tmp = std::getenv("TEST_TMPDIR");
   const std::string dir = JoinPath(tmp != nullptr ? tmp : "/tmp", "async_cut_parts");
   (void)DeleteRecursively(Env::Default(), dir);
   TrainingConfig config = BaseConfig(false, 0, 0, 1.0f);
   config.mutable_checkpoint()->set_dir(dir);
+  // A push's parts may come for 1.5 s (the worker's push deadline).
+  config.mutable_rpc()->set_step_timeout_ms(1000);
+  config.mutable_rpc()->set_rpc_timeout_ms(500);
   InitializeRequest init = InitRequest(config, 2, {0, 0, 0, 0});
   NamedTensor* b = init.add_variables();
   b->mutable_ref()->set_variable("b");
@@ -1339,11 +1342,13 @@ TEST_CASE("async checkpoints: a cut waits for a push in parts to complete, so no
   init.set_server_index(0);
   ParameterServer ps;
   REQUIRE(ps.Initialize(init).ok());
-  auto part = [](int k, const std::string& var, std::vector<float> g) {
-    PushRequest req = Grad(0, 0, std::move(g), var,
+  auto part = [](int k, const std::string& var, std::vector<float> g, int64_t step = 0,
+                 int32_t session = 0) {
+    PushRequest req = Grad(0, step, std::move(g), var,
                            var == "w" ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{2});
     req.set_part(k);
     req.set_num_parts(2);
+    req.set_session(session);
     return req;
   };
   auto cut = [&ps](int64_t step, int64_t timeout_ms, SnapshotResponse* response) {
@@ -1375,6 +1380,38 @@ TEST_CASE("async checkpoints: a cut waits for a push in parts to complete, so no
   const std::string ckpt = JoinPath(dir, CheckpointDirName(1));
   CHECK(ShardTensorValues(ckpt, shard, "w") == std::vector<float>{-1, -1, -1, -1});
   CHECK(ShardTensorValues(ckpt, shard, "b") == std::vector<float>{-1, -1});
+
+  // The worker restarts mid-push: its new process's claim drops the open
+  // push (its part in stays applied, uncounted), and a cut goes at once.
+  REQUIRE(ps.Push(part(0, "w", {1, 1, 1, 1}, 1), &r).ok());
+  CHECK(r.outcome() == HELD);
+  PsStatusResponse st;
+  REQUIRE(ps.GetStatus(0, /*session=*/1, &st).ok());
+  absl::Time start = absl::Now();
+  REQUIRE(cut(2, 1000, &response).ok());
+  CHECK(absl::Now() - start < absl::Milliseconds(500));
+  CHECK(response.version() == 1);
+  CHECK(absl::IsFailedPrecondition(ps.Push(part(1, "b", {1, 1}, 1), &r)));  // the old process's
+  get.set_step(2);
+  REQUIRE(ps.GetShard(get, &shard).ok());
+  CHECK(ShardTensorValues(JoinPath(dir, CheckpointDirName(2)), shard, "w") ==
+        std::vector<float>{-2, -2, -2, -2});
+
+  // A push whose parts stop coming is dropped at the worker's push deadline
+  // by the server's timer, with no other call to look: the cut waiting for
+  // it goes then.
+  REQUIRE(ps.Push(part(0, "w", {1, 1, 1, 1}, 1, 1), &r).ok());
+  CHECK(r.outcome() == HELD);
+  start = absl::Now();
+  REQUIRE(cut(3, 10000, &response).ok());
+  const absl::Duration waited_for = absl::Now() - start;
+  INFO(absl::FormatDuration(waited_for));
+  CHECK(waited_for > absl::Milliseconds(1000));
+  CHECK(waited_for < absl::Seconds(5));
+  CHECK(response.version() == 1);
+  ps.GetStatus(&st);
+  CHECK(st.held_pushes_expired() == 1);
+  CHECK(st.pushes_applied() == 1);
 }
 
 TEST_CASE("async checkpoints: each cut holds pushes, so all partitions are at one version",

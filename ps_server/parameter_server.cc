@@ -583,7 +583,9 @@ void ParameterServer::TimerLoop() {
   while (!destroying_) {
     absl::Time earliest = std::min(step_deadline_, NextHeldPushExpiryLocked());
     for (const auto& [id, w] : waiters_) earliest = std::min(earliest, w.deadline);
+    timer_wakes_at_ = earliest;
     timer_cv_.WaitWithDeadline(&mu_, earliest);
+    timer_wakes_at_ = absl::InfinitePast();  // awake: it looks again before it sleeps
     if (destroying_) break;
     const absl::Time now = absl::Now();
     std::vector<Completion> expired;
@@ -815,17 +817,21 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
           h.session, ")"));
     }
     if (!of_this_push(h)) {
-      // The new push is admitted first: a refused part drops nothing.
+      // What could refuse this part is checked before the push being
+      // received is dropped (a refused part drops nothing), and that one is
+      // dropped before this one is admitted (its slot toward max_steps and
+      // its update number are free again).
       RETURN_IF_ERROR(AdmitSessionLocked(w, header.session(), "Push"));
-      int64_t ticket = 0;
-      absl::StatusOr<bool> admitted = AdmitAsyncLocked(*model, header, &ticket);
-      if (!admitted.ok()) return admitted.status();
+      RETURN_IF_ERROR(CheckNotAheadLocked(header));
       if (h.id != 0 && h.closed.empty()) {
         LOG_WARN("worker {}'s push for step {} (session {}) dropped with {} of its {} parts in: "
                  "a part of another push came",
                  w, h.step, h.session, std::count(h.got.begin(), h.got.end(), 1), h.num_parts);
       }
       DropHeldPushLocked(&h, "a part of a later push came");
+      int64_t ticket = 0;
+      absl::StatusOr<bool> admitted = AdmitAsyncLocked(*model, header, &ticket);
+      if (!admitted.ok()) return admitted.status();
       h = HeldPush();
       h.id = next_push_id_++;
       h.session = header.session();
@@ -835,7 +841,8 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
       h.got.assign(static_cast<size_t>(h.num_parts), 0);
       h.finished = !*admitted;
       if (*admitted) h.update = AsyncUpdate(*model, ticket, header.step());
-      timer_cv_.Signal();  // its deadline may be the timer's next
+      // Its deadline may come before the timer's next wake-up.
+      if (h.started + model->held_push_ttl < timer_wakes_at_) timer_cv_.Signal();
     }
     if (h.got[header.part()]) {
       RejectLocked(Rejection::kDuplicate);
@@ -1615,15 +1622,20 @@ ParameterServer::Buffer ParameterServer::ApplyPartition(const Model& model, Part
   return out;
 }
 
-absl::StatusOr<bool> ParameterServer::AdmitAsyncLocked(const Model& model,
-                                                       const PushRequest& header,
-                                                       int64_t* ticket) {
-  const int w = header.worker();
+absl::Status ParameterServer::CheckNotAheadLocked(const PushRequest& header) {
   if (header.step() > version_) {
     RejectLocked(Rejection::kAhead);
     return absl::FailedPreconditionError(absl::StrCat(
         "Push: step ", header.step(), " is ahead of this server's version ", version_));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> ParameterServer::AdmitAsyncLocked(const Model& model,
+                                                       const PushRequest& header,
+                                                       int64_t* ticket) {
+  const int w = header.worker();
+  RETURN_IF_ERROR(CheckNotAheadLocked(header));
   // Pushes admitted but not yet applied count, so max_steps is exact.
   if (model.max_steps > 0 && version_ + async_admitted_ >= model.max_steps) return false;
   ++async_admitted_;

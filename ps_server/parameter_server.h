@@ -598,6 +598,8 @@ class ParameterServer {
   // Drops `h` (its parts applied so far stay in the model: each partition's
   // update is whole, the push's is not) and says why; no-op on one closed.
   void DropHeldPushLocked(HeldPush* h, std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Refuses (and counts) a push for a step ahead of this server's version.
+  absl::Status CheckNotAheadLocked(const PushRequest& header) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Admits an async push (its session admitted already): false when
   // max_steps is reached (answer FINISHED), else true with its update
   // number in `ticket`.
@@ -631,6 +633,8 @@ class ParameterServer {
   std::map<int64_t, absl::StatusOr<GetShardResponse>> written_ ABSL_GUARDED_BY(mu_);
   CheckpointStats checkpoint_stats_ ABSL_GUARDED_BY(mu_);
   absl::CondVar timer_cv_;
+  // When the timer thread sleeps until (InfinitePast while it is awake).
+  absl::Time timer_wakes_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread timer_;  // expires waiting pulls at their deadlines
   std::thread writer_;  // writes checkpoint shards
 };

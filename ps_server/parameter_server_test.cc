@@ -1324,6 +1324,17 @@ std::vector<float> ShardTensorValues(const std::string& ckpt, const GetShardResp
   return {};
 }
 
+// Async, one server of one, `workers` workers: w (2 x 2) and b (2), zeros.
+InitializeRequest AsyncShardInit(const TrainingConfig& config, int workers) {
+  InitializeRequest init = InitRequest(config, workers, {0, 0, 0, 0});
+  NamedTensor* b = init.add_variables();
+  b->mutable_ref()->set_variable("b");
+  ToProto({2}, {0, 0}, b->mutable_tensor());
+  init.set_num_servers(1);
+  init.set_server_index(0);
+  return init;
+}
+
 TEST_CASE("async checkpoints: a cut waits for a push in parts to complete or be dropped, so none "
           "falls inside it", "[ps][async][checkpoint]") {
   const char* tmp = std::getenv("TEST_TMPDIR");
@@ -1334,14 +1345,8 @@ TEST_CASE("async checkpoints: a cut waits for a push in parts to complete or be 
   // A push's parts may come for 2.5 s (the worker's push deadline).
   config.mutable_rpc()->set_step_timeout_ms(2000);
   config.mutable_rpc()->set_rpc_timeout_ms(500);
-  InitializeRequest init = InitRequest(config, 2, {0, 0, 0, 0});
-  NamedTensor* b = init.add_variables();
-  b->mutable_ref()->set_variable("b");
-  ToProto({2}, {0, 0}, b->mutable_tensor());
-  init.set_num_servers(1);
-  init.set_server_index(0);
   ParameterServer ps;
-  REQUIRE(ps.Initialize(init).ok());
+  REQUIRE(ps.Initialize(AsyncShardInit(config, 2)).ok());
   auto part = [](int k, const std::string& var, std::vector<float> g, int64_t step = 0,
                  int32_t session = 0) {
     PushRequest req = Grad(0, step, std::move(g), var,
@@ -1422,14 +1427,8 @@ TEST_CASE("async checkpoints: each cut holds pushes, so all partitions are at on
   TrainingConfig config = BaseConfig(false, 0, 0, 1.0f);
   config.set_max_steps(1000000);
   config.mutable_checkpoint()->set_dir(dir);
-  InitializeRequest init = InitRequest(config, 4, {0, 0, 0, 0});
-  NamedTensor* b = init.add_variables();
-  b->mutable_ref()->set_variable("b");
-  ToProto({2}, {0, 0}, b->mutable_tensor());
-  init.set_num_servers(1);
-  init.set_server_index(0);
   ParameterServer ps;
-  REQUIRE(ps.Initialize(init).ok());
+  REQUIRE(ps.Initialize(AsyncShardInit(config, 4)).ok());
 
   // Four workers push 1s to both variables (each its own push per variable
   // would be two pushes; one push carries both, applied partition by

@@ -178,7 +178,7 @@ void LaunchAndKillAll(const Job& job, const std::string& dir, const std::functio
 
 TEST_CASE("a sync run killed with kill -9 on every process resumes to bitwise the same model",
           "[checkpoint][resume]") {
-  const int steps = 1500;
+  const int steps = testing::SanitizedSteps(1500, 600);  // killed after ckpt-200
   // The run never stopped.
   const std::string ref_dir = testing::FreshTempDir("ckpt_ref");
   const Job ref = WriteJob(ref_dir, CheckpointOptions(JoinPath(ref_dir, "ckpt"), steps), 2);
@@ -677,7 +677,8 @@ void CheckWorkersFollowed(const Job& job, const std::string& out, int64_t step) 
 
 // Task `task` ("ps:1") killed with kill -9 under `launch
 // --restart=on-failure` once the checkpoint of `min_step` exists (a sync
-// 1,500-step run with Adam, 2 ps + 2 workers): the launcher restarts it
+// 1,500-step run, 800 under the sanitizers, with Adam, 2 ps + 2 workers):
+// the launcher restarts it
 // alone (its output has `restarted`, the chief's log `chief_says` and
 // `chief_starts` starts), every server goes back to the newest checkpoint
 // complete at the kill (or one committed in the instant after; the step
@@ -691,7 +692,7 @@ int64_t KillAloneAndCheck(const std::string& name, const std::string& task, int6
                           absl::Duration* elapsed) {
   const std::string victim = absl::StrCat("--job=", task.substr(0, task.find(':')),
                                           " --task=", task.substr(task.find(':') + 1));
-  const int steps = 1500;
+  const int steps = testing::SanitizedSteps(1500, 800);  // min_step is 200 or 300
   const std::string dir = testing::FreshTempDir(name);
   const std::string ckpt = JoinPath(dir, "ckpt");
   const Job job = WriteJob(dir, CheckpointOptions(ckpt, steps), 2);
@@ -999,7 +1000,9 @@ TEST_CASE("over mutual TLS, pstrain checkpoint restore rolls a running job back 
 TEST_CASE("--restart=on-failure: a worker killed mid-run is restarted alone and goes on where "
           "its data stood, in async and in sync mode; sync ends bitwise as if never killed",
           "[checkpoint][recovery]") {
-  const int steps = 3000;
+  // Under the sanitizers 2,000: after the kill at step 600, the async run
+  // still has time for two restarts (each a slow start there) before it ends.
+  const int steps = testing::SanitizedSteps(3000, 2000);
   for (const bool sync : {false, true}) {
     INFO((sync ? "sync" : "async"));
     const std::string dir = testing::FreshTempDir(sync ? "rejoin_sync" : "rejoin_async");
@@ -1127,7 +1130,9 @@ TEST_CASE("checkpoint.every_seconds saves on a timer, in sync and in async mode"
     INFO((sync ? "sync" : "async"));
     const std::string dir = testing::FreshTempDir(sync ? "ckpt_timer_sync" : "ckpt_timer_async");
     const std::string ckpt = JoinPath(dir, "ckpt");
-    ConfigOptions o = CheckpointOptions(ckpt, 3000);
+    // Under the sanitizers 1,000 steps still take well over the timer's 1 s.
+    const int steps = testing::SanitizedSteps(3000, 1000);
+    ConfigOptions o = CheckpointOptions(ckpt, steps);
     o.sync = sync;
     o.extra = absl::StrCat("checkpoint { dir: \"", ckpt, "\" every_seconds: 1 keep: 100 }\n");
     const Job job = WriteJob(dir, o, 2);
@@ -1139,7 +1144,7 @@ TEST_CASE("checkpoint.every_seconds saves on a timer, in sync and in async mode"
     REQUIRE(all.ok());
     // The last step's, and at least one the timer asked for on the way.
     REQUIRE(all->size() >= 2);
-    CHECK(all->back().step == 3000);
+    CHECK(all->back().step == steps);
     for (const CheckpointInfo& c : *all) {
       INFO(c.path);
       CHECK(c.complete);

@@ -15,6 +15,20 @@
 
 namespace pstrain::testing {
 
+// True in the ASan + UBSan and TSan builds, whose processes run 3-15x
+// slower. The longest multi-process runs take fewer steps there
+// (`SanitizedSteps`): the sanitizers look for races and memory errors, which
+// the same code paths (start, checkpoints, kills, restarts, rollbacks) show
+// in fewer steps, and the default build still runs every one in full.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
+// `full` steps, or `sanitized` under a sanitizer.
+constexpr int SanitizedSteps(int full, int sanitized) { return kSanitized ? sanitized : full; }
+
 std::string BinDir();                        // runfiles root holding ps_server/, worker/, ...
 std::string Binary(const std::string& rel);  // e.g. "tools/pstrain"
 std::string FreshTempDir(const std::string& name);

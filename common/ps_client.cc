@@ -363,6 +363,7 @@ struct PsClient::PullPrefetch {
   };
   std::vector<int64_t> min_versions;
   DataType wire_dtype = DT_FLOAT;
+  bool as_is = false;   // taken whatever the versions in the push's replies
   absl::Time deadline;  // of its calls
   std::vector<int> servers;
   std::deque<Call> calls;  // stable addresses while gRPC holds them
@@ -373,12 +374,13 @@ struct PsClient::PullPrefetch {
 };
 
 void PsClient::PrefetchPull(const std::vector<int64_t>& min_versions, absl::Duration wait,
-                            const std::vector<int64_t>& min_own_pushes) {
+                            const std::vector<int64_t>& min_own_pushes, bool as_is) {
   DropPrefetch();
   auto prefetch = std::make_unique<PullPrefetch>();
   PullPrefetch* p = prefetch.get();
   p->min_versions = min_versions;
   p->wire_dtype = wire_dtype_;
+  p->as_is = as_is;
   p->deadline = absl::Now() + wait + rpc_timeout_;
   // The same calls as PullInto's (a call per variable instead, so that none
   // waits for a later layer's gradient, measured slower: more calls).
@@ -471,12 +473,13 @@ bool PsClient::TakePrefetch(const std::vector<int64_t>& min_versions, absl::Time
     return false;
   }
   *status = assembly.Complete();
+  const bool as_is = p->as_is;
   prefetch_.reset();
   if (!status->ok()) return true;
   // A server already past what it answered when this worker's push came
   // back (backup workers completed a step without it): pull again, for the
   // newer version, as a pull made after the push would have.
-  for (size_t s = 0; s < pushed_versions_.size() && s < result->versions.size(); ++s) {
+  for (size_t s = 0; !as_is && s < pushed_versions_.size() && s < result->versions.size(); ++s) {
     again |= result->versions[s] < pushed_versions_[s];
   }
   if (!again) ++counters_.prefetched_pulls;
@@ -662,6 +665,7 @@ struct PsClient::PushBatch {
     grpc::ByteBuffer request, response;
     grpc::Status status;
   };
+  uint64_t seq = 0;  // PushRequest.push_seq
   std::vector<int64_t> steps;
   std::vector<const float*> sources;
   std::vector<char> pushed;       // per variable
@@ -742,6 +746,7 @@ absl::Status PsClient::PushBegin(const std::vector<int64_t>& steps,
     return absl::InvalidArgumentError("PushBegin: gradients or steps do not match the placement");
   }
   push_ = std::make_unique<PushBatch>();
+  push_->seq = ++pushes_started_;
   push_->steps = steps;
   push_->sources = sources;
   push_->pushed.assign(vars.size(), 0);
@@ -816,6 +821,7 @@ absl::Status PsClient::PushReady(size_t first, size_t end) {
     header.set_cursor_epoch(cursor_epoch_);
     header.set_cursor_position(cursor_position_);
     header.set_session(session_);
+    header.set_push_seq(batch->seq);
     std::vector<OutgoingPayload> payload;
     for (const auto& [v, part] : g.parts) {
       const int64_t row = vars[v].spec.row_elements();
@@ -858,6 +864,7 @@ absl::Status PsClient::PushEnd(std::vector<PushOutcome>* outcomes) {
       empty.set_cursor_epoch(cursor_epoch_);
       empty.set_cursor_position(cursor_position_);
       empty.set_session(session_);
+      empty.set_push_seq(batch->seq);
       StartPushCall(s, empty, {});
     }
   }

@@ -133,8 +133,12 @@ class PsClient {
   // count of this worker's pushes it must have applied first
   // (min_own_pushes[s]: own_pushes()[s] + 1, sent after the push's calls):
   // the pull still sees the worker's own push, as one made after it would.
+  //
+  // `as_is` (async, rpc.async_prefetch): the replies are taken whatever the
+  // servers' versions, not pulled again when this worker's push came back
+  // from a newer version (the pull was sent before it, on purpose).
   void PrefetchPull(const std::vector<int64_t>& min_versions, absl::Duration wait,
-                    const std::vector<int64_t>& min_own_pushes = {});
+                    const std::vector<int64_t>& min_own_pushes = {}, bool as_is = false);
   // Async: per server, how many of this worker's pushes it had applied as
   // of the last PushEnd's replies (PushResponse.own_pushes); -1 where no
   // reply said (before the first push, or a push that did not apply).
@@ -289,6 +293,7 @@ class PsClient {
   int64_t cursor_position_ = 0;
   std::vector<uint16_t> bf16_grads_;  // bfloat16 pushes are sent from here
   std::unique_ptr<PushBatch> push_;   // the push under way, if any
+  uint64_t pushes_started_ = 0;  // PushRequest.push_seq of the last one
   std::unique_ptr<PullPrefetch> prefetch_;  // the next step's pull, started early
   std::vector<int64_t> pushed_versions_;     // per server, in the last PushEnd's replies
   std::vector<int64_t> own_pushes_;          // per server, in the last PushEnd's replies

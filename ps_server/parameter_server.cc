@@ -788,7 +788,7 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
   const int w = header.worker();
   auto of_this_push = [&header](const HeldPush& h) {
     return h.id != 0 && h.session == header.session() && h.step == header.step() &&
-           h.num_parts == header.num_parts();
+           h.seq == header.push_seq() && h.num_parts == header.num_parts();
   };
   uint64_t id = 0;
   UpdateInfo update;
@@ -808,13 +808,14 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
     HeldPush& h = held_pushes_[w];
     if (h.id != 0 && !of_this_push(h) &&
         (header.session() < h.session ||
-         (header.session() == h.session && header.step() < h.step))) {
+         (header.session() == h.session &&
+          (header.step() < h.step || (header.step() == h.step && header.push_seq() < h.seq))))) {
       // A late part of an earlier push must not drop the one being received.
       RejectLocked(Rejection::kSuperseded);
       return absl::FailedPreconditionError(absl::StrCat(
           "Push: worker ", w, "'s part for step ", header.step(), " (session ",
-          header.session(), ") came after parts of its push for step ", h.step, " (session ",
-          h.session, ")"));
+          header.session(), ", push ", header.push_seq(), ") came after parts of its push for step ",
+          h.step, " (session ", h.session, ", push ", h.seq, ")"));
     }
     if (!of_this_push(h)) {
       // What could refuse this part is checked before the push being
@@ -836,6 +837,7 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
       h.id = next_push_id_++;
       h.session = header.session();
       h.step = header.step();
+      h.seq = header.push_seq();
       h.started = absl::Now();
       h.num_parts = header.num_parts();
       h.got.assign(static_cast<size_t>(h.num_parts), 0);

@@ -580,6 +580,7 @@ class ParameterServer {
     uint64_t id = 0;  // 0: none; else unique per push
     int32_t session = 0;
     int64_t step = 0;
+    uint64_t seq = 0;  // PushRequest.push_seq
     absl::Time started;  // its first part's arrival
     int num_parts = 0;
     std::vector<char> got;  // per part

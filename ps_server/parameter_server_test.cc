@@ -740,6 +740,52 @@ TEST_CASE("async: a push in parts is applied part by part as they arrive, and co
   CHECK(version == 4);
 }
 
+TEST_CASE("async: two pushes in parts for the same step are told apart by their push_seq",
+          "[ps][async]") {
+  // rpc.async_prefetch: a worker may compute two steps from one version, so
+  // two of its pushes carry the same step. Each is its own update, and a
+  // late part of the first is refused once the second has begun.
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(TwoPartitionInit(false)).ok());
+  auto part = [](uint64_t seq, int k, const std::string& var, std::vector<float> g) {
+    PushRequest req = Grad(0, 0, std::move(g), var,
+                           var == "w" ? std::vector<int64_t>{2, 2} : std::vector<int64_t>{2});
+    req.set_part(k);
+    req.set_num_parts(2);
+    req.set_push_seq(seq);
+    return req;
+  };
+  PushResponse r;
+  REQUIRE(ps.Push(part(1, 0, "w", {1, 1, 1, 1}), &r).ok());
+  CHECK(r.outcome() == HELD);
+  REQUIRE(ps.Push(part(1, 1, "b", {1, 1}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  CHECK(r.version() == 1);
+  // The next push, from the same version: not "part 0 sent twice".
+  REQUIRE(ps.Push(part(2, 0, "w", {2, 2, 2, 2}), &r).ok());
+  CHECK(r.outcome() == HELD);
+  // A part of push 1 sent again now is refused and drops nothing.
+  CHECK(absl::IsFailedPrecondition(ps.Push(part(1, 1, "b", {9, 9}), &r)));
+  REQUIRE(ps.Push(part(2, 1, "b", {2, 2}), &r).ok());
+  CHECK(r.outcome() == APPLIED);
+  CHECK(r.version() == 2);
+  CHECK(r.own_pushes() == 2);
+  PsStatusResponse st;
+  ps.GetStatus(&st);
+  CHECK(st.pushes_applied() == 2);
+  // The second was computed from version 0 with version 1 in: 1 stale.
+  CHECK(st.staleness_count() == 2);
+  CHECK(st.staleness_sum() == 1.0);
+  // And its parts, sent again, are refused.
+  CHECK(absl::IsInvalidArgument(ps.Push(part(2, 0, "w", {2, 2, 2, 2}), &r)));
+  PullRequest pull;
+  pull.set_incarnation(kIncarnation);
+  pull.set_worker(-1);
+  PullResponse values;
+  REQUIRE(ps.Pull(pull, &values).ok());
+  CHECK(values.version() == 2);
+}
+
 TEST_CASE("async: a push whose parts stop coming is dropped at the worker's push deadline",
           "[ps][async]") {
   // The deadline: rpc.step_timeout_ms + rpc.rpc_timeout_ms, 150 ms here.

@@ -984,6 +984,8 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   RETURN_IF_ERROR(WriteTensorFile(env, model_path, model_file));
   // The servers' own counters: what was applied, dropped as stale, refused.
   int64_t applied = 0, dropped_stale = 0, rejected = 0;
+  int64_t final_staleness_count = 0;  // async: over every server's admitted pushes
+  double final_staleness_sum = 0;
   for (int s = 0; s < ps.num_servers(); ++s) {
     PsStatusResponse status;
     absl::Status st = ps.GetStatus(s, &status);
@@ -994,6 +996,8 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     applied += status.pushes_applied();
     dropped_stale += status.gradients_dropped_stale();
     rejected += status.pushes_rejected();
+    final_staleness_count += status.staleness_count();
+    final_staleness_sum += status.staleness_sum();
   }
   LOG_INFO("parameter servers: {} pushes applied, {} gradients dropped as stale, {} refused",
            applied, dropped_stale, rejected);
@@ -1022,6 +1026,13 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
         {"push", per_step_ms(progress.push_seconds())}}},
       {"train_seconds", seconds},
       {"mode", IsSyncMode(config) ? "sync" : "async"},
+      // Async: the mean staleness of the pushes the servers admitted
+      // (updates applied between a push's pull and its own), since they
+      // started; null in sync mode.
+      {"async_staleness_mean",
+       final_staleness_count > 0
+           ? nlohmann::json(final_staleness_sum / static_cast<double>(final_staleness_count))
+           : nlohmann::json()},
       {"num_ps", cluster.num_ps()},
       {"num_workers", cluster.num_workers()},
       {"pushes_applied", applied},

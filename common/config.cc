@@ -250,6 +250,13 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
     return FieldError(source, "rpc.connections_per_server", "expected 0..16 (0 means 1)");
   }
   if (rpc->connections_per_server() == 0) rpc->set_connections_per_server(1);
+  if (rpc->async_prefetch() && !c->has_async()) {
+    return FieldError(source, "rpc.async_prefetch", "only in async mode (an async { } block)");
+  }
+  if (rpc->async_prefetch() && rpc->sequential()) {
+    return FieldError(source, "rpc.async_prefetch",
+                      "not with rpc.sequential, which sends no pull ahead");
+  }
   if (rpc->rpc_timeout_ms() == 0) rpc->set_rpc_timeout_ms(10000);
   if (rpc->step_timeout_ms() == 0) rpc->set_step_timeout_ms(60000);
   if (rpc->startup_timeout_ms() == 0) rpc->set_startup_timeout_ms(60000);

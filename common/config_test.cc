@@ -110,6 +110,20 @@ TEST_CASE("semantic errors name the field", "[config]") {
                           "x.pbtxt");
   REQUIRE(c.ok());
   CHECK(c->rpc().connections_per_server() == 16);
+  // Pulls a step ahead: async only, and not with rpc.sequential.
+  c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { async_prefetch: true }\n"), "x.pbtxt");
+  REQUIRE_FALSE(c.ok());
+  CHECK(std::string(c.status().message()).find("rpc.async_prefetch: only in async mode") !=
+        std::string::npos);
+  std::string async = kGood;
+  async.replace(async.find("sync { replicas_to_aggregate: 2 }"), 33, "async {}");
+  c = ParseTrainingConfig(absl::StrCat(async, "\nrpc { async_prefetch: true sequential: true }\n"),
+                          "x.pbtxt");
+  REQUIRE_FALSE(c.ok());
+  CHECK(std::string(c.status().message()).find("not with rpc.sequential") != std::string::npos);
+  c = ParseTrainingConfig(absl::StrCat(async, "\nrpc { async_prefetch: true }\n"), "x.pbtxt");
+  REQUIRE(c.ok());
+  CHECK(c->rpc().async_prefetch());
 }
 
 TEST_CASE("consistency settings are checked: no configuration can wait forever", "[config]") {

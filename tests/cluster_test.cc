@@ -572,6 +572,51 @@ TEST_CASE("async, one worker: the next pull sent with the push gives bitwise the
   CHECK(in_turn.find("pulls sent with the previous step's push: 0 of 61") != std::string::npos);
 }
 
+TEST_CASE("async, one worker, rpc.async_prefetch: each pull leaves a step ahead, and each push "
+          "is computed without the worker's previous one",
+          "[cluster][async]") {
+  // The pull for step t + 1 leaves as step t's parameters come in, before
+  // step t's push, and the server answers it at once: without push t (a
+  // server slow to serve it may have some of push t's parts in by then;
+  // push t leaves only after the step's compute). So every push but the
+  // first is one update stale, as the servers count it. Calls of
+  // 64 KiB make each push several parts per server, and the first two pushes
+  // both come from version 0: the servers tell them apart by their push_seq.
+  ConfigOptions o;
+  o.sync = false;
+  o.max_steps = 60;
+  o.hidden_units = {48, 32};
+  o.rpc_extra = "async_prefetch: true call_bytes: 65536";
+  Run run = Launch("async_ahead", o, 2, 1);
+  INFO(run.result.output);
+  REQUIRE(run.result.exit_code == 0);
+  const std::string log =
+      Env::Default()->ReadFile(JoinPath(run.dir, "out/logs/worker-0.log")).value_or("");
+  INFO(log);
+  CHECK(log.find("rpc.async_prefetch: each pull is sent a step ahead") != std::string::npos);
+  // Every pull but the first was sent a step ahead. The 61st, sent before
+  // the 60th push, need not know the run ends there: then its step's push
+  // is the one the servers answer FINISHED.
+  CHECK(log.find("pulls sent a step ahead: 60 of 61") != std::string::npos);
+  CHECK(run.summary["global_step"].get<int64_t>() == 60);
+  // Each server admitted 60 pushes: the first computed from what it was
+  // pulled after (staleness 0), each other one from the values before the
+  // worker's previous push (1; 0 only if a server had served the pull after
+  // that push's every part, which the wait for the compute makes rare).
+  REQUIRE(run.summary["async_staleness_mean"].is_number());
+  const double stale = run.summary["async_staleness_mean"].get<double>();
+  CHECK(stale <= 59.0 / 60.0 + 1e-9);
+  CHECK(stale >= 0.5);
+
+  // Without it, a pull is answered after the worker's own push: none stale.
+  o.rpc_extra = "call_bytes: 65536";
+  Run plain = Launch("async_ahead_plain", o, 2, 1);
+  INFO(plain.result.output);
+  REQUIRE(plain.result.exit_code == 0);
+  REQUIRE(plain.summary["async_staleness_mean"].is_number());
+  CHECK(plain.summary["async_staleness_mean"].get<double>() == 0.0);
+}
+
 TEST_CASE("bitwise reruns with two hidden layers and GELU", "[cluster][determinism]") {
   ConfigOptions o;
   o.max_steps = 60;

@@ -983,6 +983,10 @@ class Bench {
     return units;
   }
 
+  std::string TrainMode() const {
+    return o_.async_prefetch ? "async (rpc.async_prefetch)" : o_.async_training ? "async" : "sync";
+  }
+
   std::string TrainConfigText(const std::string& data_dir, const std::string& hidden,
                               int64_t steps, const std::string& out, bool sequential = false) {
     return absl::StrCat(
@@ -995,7 +999,9 @@ class Bench {
         "\nseed: 1\neval_every_steps: 0\ncompute_threads: 1\ndevice: \"", o_.device,
         "\"\noutput_dir: \"", out, "\"\n",
         "rpc { wire_dtype: \"", o_.bfloat16 ? "bfloat16" : "float32", "\"",
-        sequential ? " sequential: true" : "", " connections_per_server: ",
+        sequential ? " sequential: true" : "",
+        // The overlap table's sequential run has no pull ahead either.
+        o_.async_prefetch && !sequential ? " async_prefetch: true" : "", " connections_per_server: ",
         o_.train_connections, " }\n");
   }
 
@@ -1006,7 +1012,7 @@ class Bench {
     digits.train_examples = 8192;
     digits.test_examples = 64;
     RETURN_IF_ERROR(WriteDigitsDataset(Env::Default(), dir, digits));
-    std::cout << "\n== train: " << (o_.async_training ? "async" : "sync")
+    std::cout << "\n== train: " << TrainMode()
               << " examples/s, batch 64 per worker, workers on " << o_.device
               << (o_.device == "cpu" ? " (1 BLAS thread each)" : "") << " (median [min-max] of "
               << o_.reps << ") ==\n";
@@ -1043,7 +1049,10 @@ class Bench {
                                    f(s2), s1.median / sc.median, s2.median / sc.median)
                 << std::flush;
       // Async rows say so in the CSV (and the plot's labels).
-      const std::string what = o_.async_training ? absl::StrCat(name, " async") : name;
+      const std::string what =
+          o_.async_training
+              ? absl::StrCat(name, o_.async_prefetch ? " async_prefetch" : " async")
+              : name;
       Add("train", absl::StrCat(what, " compute_only"), 0, 0, 1, sc);
       Add("train", what, 0, 1, 1, s1);
       Add("train", what, 0, 2, 2, s2);
@@ -1061,7 +1070,7 @@ class Bench {
       Add("overlap", absl::StrCat(what, " wait ms/step sequential"), 0, 1, 1, ws);
     }
     if (!overlap_lines.empty()) {
-      std::cout << "\n== train: what the overlap hides, " << (o_.async_training ? "async" : "sync")
+      std::cout << "\n== train: what the overlap hides, " << TrainMode()
                 << " 1 ps + 1 worker: examples/s, and "
                    "the worker's wait on pulls + pushes per step (median [min-max]) ==\n"
                 << absl::StrFormat("%-18s %-24s %-24s %-22s %-22s %8s %10s\n", "model",

@@ -38,6 +38,7 @@ struct BenchOptions {
   std::vector<std::string> models;    // train: hidden layer widths, "512-512"
   bool bfloat16 = false;              // wire and train: bfloat16 on the wire
   bool async_training = false;        // train: async instead of sync
+  bool async_prefetch = false;        // train: async with rpc.async_prefetch (pulls a step ahead)
   std::string device = "cpu";         // train: the workers' device, "cpu", "cuda:N" or "auto"
   int reps = 5;
   double rep_seconds = 0.15;          // each repetition runs at least this long

@@ -723,7 +723,8 @@ int BenchCommand(const std::vector<std::string>& argv) {
       {"train_connections", {"0", "train: rpc.connections_per_server (0: the config's default)"}},
       {"reps", {"5", "repetitions per figure (median, min, max)"}},
       {"wire_dtype", {"float32", "wire and train suites: float32 or bfloat16 on the wire"}},
-      {"train_mode", {"sync", "train suite: sync or async training"}},
+      {"train_mode", {"sync", "train suite: sync, async, or async_prefetch (async with "
+                              "rpc.async_prefetch: each pull a step ahead)"}},
       {"device", {"cpu", "train suite: the workers' device (cpu, cuda:N or auto), compute-only "
                          "included"}},
       {"rep_seconds", {"0.15", "minimum length of one repetition"}},
@@ -791,10 +792,12 @@ int BenchCommand(const std::vector<std::string>& argv) {
     return Fail("bench", "--wire_dtype: expected float32 or bfloat16");
   }
   o.bfloat16 = args->Get("wire_dtype") == "bfloat16";
-  if (args->Get("train_mode") != "sync" && args->Get("train_mode") != "async") {
-    return Fail("bench", "--train_mode: expected sync or async");
+  if (args->Get("train_mode") != "sync" && args->Get("train_mode") != "async" &&
+      args->Get("train_mode") != "async_prefetch") {
+    return Fail("bench", "--train_mode: expected sync, async or async_prefetch");
   }
-  o.async_training = args->Get("train_mode") == "async";
+  o.async_prefetch = args->Get("train_mode") == "async_prefetch";
+  o.async_training = args->Get("train_mode") == "async" || o.async_prefetch;
   if (absl::StatusOr<DeviceSpec> device = ParseDeviceSpec(args->Get("device")); !device.ok()) {
     return Fail("bench", absl::StrCat("--device: ", device.status().message()));
   }

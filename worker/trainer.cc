@@ -266,6 +266,13 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
   if (!overlap) {
     LOG_INFO("rpc.sequential: no push during the backward pass, no early pull");
   }
+  // rpc.async_prefetch (async only; the config refuses it otherwise): each
+  // step's pull leaves as the previous step's parameters come in.
+  const bool async_prefetch = !sync && overlap && config.rpc().async_prefetch();
+  if (async_prefetch) {
+    LOG_INFO("rpc.async_prefetch: each pull is sent a step ahead, while the step before it "
+             "computes and pushes");
+  }
   if (sync && overlap && clip_norm == 0 && !click_through) {
     model->set_gradients_ready([&ps, &early_push](size_t first, size_t end) {
       absl::Status st = ps->PushReady(first, end);
@@ -273,7 +280,9 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
     });
   }
   int64_t local_steps = 0, examples = 0, dropped = 0;
-  int64_t pulls = 0, prefetched = 0;  // prefetched: answered from a pull sent with the last push
+  // prefetched: answered from a pull sent ahead (with the last push, or
+  // with rpc.async_prefetch as the last step began)
+  int64_t pulls = 0, prefetched = 0;
   double loss_sum = 0;
   int loss_count = 0;
   int late_reports = 0;
@@ -323,6 +332,10 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
       *end = true;
       return absl::OkStatus();
     }
+    // rpc.async_prefetch: the next step's pull leaves now and travels while
+    // this step computes and pushes; the next PullInto takes its replies as
+    // they are, without this step's push in them.
+    if (async_prefetch) ps->PrefetchPull({}, step_timeout, {}, /*as_is=*/true);
     Prefetcher::Batch batch;
     RETURN_IF_ERROR(batches->Next(step_timeout, &batch));
     t0 = absl::Now();
@@ -418,7 +431,8 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
       // plus one), so the pull sees it as one made after the push would,
       // a round trip sooner. Not before the first push a client made.
       const std::vector<int64_t>& own = ps->own_pushes();
-      if (overlap && !own.empty() && *std::min_element(own.begin(), own.end()) >= 0) {
+      if (overlap && !async_prefetch && !own.empty() &&
+          *std::min_element(own.begin(), own.end()) >= 0) {
         RETURN_IF_ERROR(ps->PushReady(0, grad_src.size()));
         std::vector<int64_t> after(own.size());
         for (size_t s = 0; s < own.size(); ++s) after[s] = own[s] + 1;
@@ -563,7 +577,8 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
       "done after {} local steps ({} examples, data cursor epoch {} position {}, {} stale "
       "gradients dropped, {} rollback(s) followed)",
       local_steps, examples, cursor.epoch, cursor.position, dropped, rollbacks);
-  LOG_INFO("pulls sent with the previous step's push: {} of {}", prefetched, pulls);
+  LOG_INFO("pulls sent {}: {} of {}",
+           async_prefetch ? "a step ahead" : "with the previous step's push", prefetched, pulls);
   const double total = absl::ToDoubleSeconds(pull_time + data_wait + compute_time + push_time);
   auto share = [total](absl::Duration d) {
     return total > 0 ? 100.0 * absl::ToDoubleSeconds(d) / total : 0.0;

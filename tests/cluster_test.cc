@@ -66,6 +66,11 @@ Run Launch(const std::string& name, ConfigOptions o, int ps = 2, int workers = 2
   return run;
 }
 
+// Worker 0's log of the run ("" when there is none).
+std::string WorkerLog(const Run& run) {
+  return Env::Default()->ReadFile(JoinPath(run.dir, "out/logs/worker-0.log")).value_or("");
+}
+
 TensorMap ReadModel(const Run& run) {
   auto m = ReadTensorFile(Env::Default(), JoinPath(JoinPath(run.dir, "out"), "model_final.pst"));
   REQUIRE(m.ok());
@@ -507,10 +512,7 @@ std::pair<std::string, std::string> CheckBitwiseSame(const std::string& name,
     REQUIRE(t.num_elements() == u.num_elements());
     CHECK(std::memcmp(t.data(), u.data(), t.num_elements() * sizeof(float)) == 0);
   }
-  auto log = [](const Run& r) {
-    return Env::Default()->ReadFile(JoinPath(r.dir, "out/logs/worker-0.log")).value_or("");
-  };
-  return {log(a), log(b)};
+  return {WorkerLog(a), WorkerLog(b)};
 }
 
 void CheckBitwiseReruns(const std::string& name, const ConfigOptions& o, size_t variables) {
@@ -590,8 +592,7 @@ TEST_CASE("async, one worker, rpc.async_prefetch: each pull leaves a step ahead,
   Run run = Launch("async_ahead", o, 2, 1);
   INFO(run.result.output);
   REQUIRE(run.result.exit_code == 0);
-  const std::string log =
-      Env::Default()->ReadFile(JoinPath(run.dir, "out/logs/worker-0.log")).value_or("");
+  const std::string log = WorkerLog(run);
   INFO(log);
   CHECK(log.find("rpc.async_prefetch: each pull is sent a step ahead") != std::string::npos);
   // Every pull but the first was sent a step ahead. The 61st, sent before
@@ -1314,11 +1315,7 @@ TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV"
   // Under the sanitizers one repetition (its figures mean nothing there, and
   // each of the train suite's runs launches a cluster: 158 s under ASan and
   // 320 s under TSan with two, 2026-11-26).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  const std::string reps = "--reps=1";
-#else
-  const std::string reps = "--reps=2";
-#endif
+  const std::string reps = testing::kSanitized ? "--reps=1" : "--reps=2";
   CommandResult r = testing::RunCommand(
       {Binary("tools/pstrain"), "bench", "--suites=wire,apply,train", "--sizes=4096,65536",
        "--connections=1,2", "--models=16", reps, "--rep_seconds=0.05", "--out=" + dir,

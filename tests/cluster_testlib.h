@@ -16,7 +16,8 @@
 namespace pstrain::testing {
 
 // True in the ASan + UBSan and TSan builds, whose processes run 3-15x
-// slower. The longest multi-process runs take fewer steps there
+// slower and whose allocators are not the real one (the tests ask this, not
+// the compiler's macros). The longest multi-process runs take fewer steps there
 // (`SanitizedSteps`): the sanitizers look for races and memory errors, which
 // the same code paths (start, checkpoints, kills, restarts, rollbacks) show
 // in fewer steps, and the default build still runs every one in full.

@@ -401,13 +401,13 @@ TEST_CASE("a share of several partitions is installed in parts and trains", "[da
 }
 
 TEST_CASE("steady state: a server takes almost no page faults per step", "[data_path]") {
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  // The sanitizers' allocators replace the real one (ASan quarantines freed
-  // memory and hands out fresh pages): the property is the real allocator's
-  // (common/allocator.h), not measurable here.
-  WARN("SKIPPED under a sanitizer: page faults measure the real allocator");
-  return;
-#endif
+  if (testing::kSanitized) {
+    // The sanitizers' allocators replace the real one (ASan quarantines freed
+    // memory and hands out fresh pages): the property is the real allocator's
+    // (common/allocator.h), not measurable here.
+    WARN("SKIPPED under a sanitizer: page faults measure the real allocator");
+    return;
+  }
   Servers s(1, "faults");
   auto w0 = s.Worker(0), w1 = s.Worker(1);
   Buffers b0(s.vars, 1e-3f), b1(s.vars, 2e-3f);
@@ -859,9 +859,7 @@ TEST_CASE("in-flight request memory is bounded: 8 concurrent 200 MiB pushes, or 
        << " after " << absl::FormatDuration(gib_took) << ", ps:0's resident memory rose "
        << (gib_growth >> 20) << " MiB");
   CHECK(gib[0] == grpc::StatusCode::RESOURCE_EXHAUSTED);
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-  CHECK(gib_growth < (int64_t{800} << 20));
-#endif
+  if (!testing::kSanitized) CHECK(gib_growth < (int64_t{800} << 20));
   Servers s(1, "inflight", {}, 0, "", 2, {"--max_inflight_mib=512"});
   int64_t bounded = 0;
   int exhausted = 0;
@@ -877,12 +875,12 @@ TEST_CASE("in-flight request memory is bounded: 8 concurrent 200 MiB pushes, or 
                                                                     << " of 8 refused "
                                                                        "RESOURCE_EXHAUSTED");
   CHECK(exhausted > 0);
-#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
-  // (The sanitizers' allocators keep or map memory their own way: resident
-  // memory would measure them, not the quota.)
-  CHECK(unbounded > (int64_t{1} << 30));
-  CHECK(bounded < (int64_t{800} << 20));
-#endif
+  if (!testing::kSanitized) {
+    // (The sanitizers' allocators keep or map memory their own way: resident
+    // memory would measure them, not the quota.)
+    CHECK(unbounded > (int64_t{1} << 30));
+    CHECK(bounded < (int64_t{800} << 20));
+  }
   // Nothing changed and the server still trains.
   CHECK_FALSE(s.procs[0]->Wait(absl::ZeroDuration()).has_value());
   auto w0 = s.Worker(0), w1 = s.Worker(1);
@@ -914,12 +912,12 @@ TEST_CASE("async: a server's share over the message cap travels in calls of whol
     auto c = s.Worker(w);
     c->set_chunk_bytes(4 << 20);
     c->set_mixed_versions(true);
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-    // A bound, not a speed check: each of the 65 parts is applied in its
-    // own call as it arrives, and under TSan on a slow 2-core machine the
-    // push passed the client's 20 s (2026-11-27).
-    c->set_push_timeout(absl::Seconds(300));
-#endif
+    if (testing::kSanitized) {
+      // A bound, not a speed check: each of the 65 parts is applied in its
+      // own call as it arrives, and under TSan on a slow 2-core machine the
+      // push passed the client's 20 s (2026-11-27).
+      c->set_push_timeout(absl::Seconds(300));
+    }
     PsClient::PullResult r;
     REQUIRE(c->PullInto({}, absl::Seconds(20), b.dst(), &r).ok());
     CHECK(r.versions[0] == w);

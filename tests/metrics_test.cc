@@ -113,11 +113,7 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
   // The rest of the 4000 steps: a bound, not a speed check. Under the
   // sanitizers, beside another test on a slow 2-core machine, the run
   // passed 120 s (TSan, 2026-11-26).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-  const absl::Duration rest = absl::Seconds(600);
-#else
-  const absl::Duration rest = absl::Seconds(120);
-#endif
+  const absl::Duration rest = absl::Seconds(testing::kSanitized ? 600 : 120);
   REQUIRE(launch->Wait(rest).has_value());
   INFO(metrics);
   CHECK(metrics.rfind("HTTP/1.0 200 OK", 0) == 0);

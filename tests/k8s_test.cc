@@ -9,6 +9,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <optional>
 #include <regex>
@@ -388,6 +390,20 @@ struct PodsGuard {
   }
 };
 
+// The image the first container case builds, saved for the others (they
+// run the same binaries): each build fetches Debian's base and packages
+// again, about 40 s of the case's 65-120. Removed when the test ends.
+const std::string& ImageCache() {
+  struct Cache {
+    std::string path;
+    ~Cache() { std::remove(path.c_str()); }
+  };
+  static const char* tmp = std::getenv("TEST_TMPDIR");
+  static const Cache cache{
+      JoinPath(tmp ? tmp : "/tmp", absl::StrCat("k8s_image_", ::getpid(), ".tar"))};
+  return cache.path;
+}
+
 // Runs StatefulSets in containers of the image built from the
 // Containerfile's runtime stage (tests/k8s/pods.py), the demo's digits on the
 // data volume and the cluster secret as the pstrain-auth Secret; `flags` name
@@ -443,6 +459,7 @@ std::optional<testing::CommandResult> RunPods(const std::string& dir, const std:
                                    "--k8s_dir=" + K8sDir(),
                                    "--data=" + JoinPath(dir, "data"),
                                    "--secret=pstrain-auth=" + JoinPath(dir, "secret-auth"),
+                                   "--image_cache=" + ImageCache(),
                                    "--timeout=300"};  // the image's build included
   argv.insert(argv.end(), flags.begin(), flags.end());
   return RunCommand(argv, absl::Seconds(360));

@@ -17,7 +17,7 @@ reached.
 
   pods.py --work DIR --bin_dir DIR --k8s_dir DIR --data DIR [--manifest FILE]...
           [--secret NAME=DIR]... [--configmap NAME=DIR]... [--kill_chief_after_checkpoint]
-          [--timeout S] [--name NET]
+          [--timeout S] [--name NET] [--image_cache FILE]
   pods.py --work DIR --name NET --cleanup   removes what a killed run left
 
 Prints one line per event ("READY pstrain-ps-0 4.1", "EXIT pstrain-chief-0 137",
@@ -81,9 +81,17 @@ def say(*words):
     print(*words, flush=True)
 
 
-def build_image(podman, work, bin_dir, k8s_dir, deadline):
+def build_image(podman, work, bin_dir, k8s_dir, deadline, cache=None):
+    """Builds the image; with `cache`, a file `podman save` wrote after an
+    earlier build from the same binaries, loads that instead, and writes it
+    after a build."""
     def left():
         return max(1.0, deadline - time.time())
+    started = time.time()
+    if cache and os.path.exists(cache):
+        podman.run("load", "--quiet", "-i", cache, timeout=left())
+        say("IMAGE %s loaded from %s in %.0f s" % (IMAGE, cache, time.time() - started))
+        return
     tar = os.path.join(work, "debian12.tar")
     r = subprocess.run(["mmdebstrap", "--variant=minbase", "--quiet", "bookworm", tar,
                         "http://deb.debian.org/debian"], capture_output=True, text=True,
@@ -107,11 +115,13 @@ def build_image(podman, work, bin_dir, k8s_dir, deadline):
     shutil.copy(os.path.join(k8s_dir, "entrypoint.sh"), os.path.join(context, "configs/k8s"))
     with open(os.path.join(context, "Containerfile"), "w") as f:
         f.write("\n".join(stage) + "\n")
-    started = time.time()
     podman.run("build", "--quiet", "-t", IMAGE, "-f", os.path.join(context, "Containerfile"),
                context, timeout=left())
     size = podman.run("image", "inspect", IMAGE, "--format", "{{.Size}}").strip()
-    say("IMAGE %s %.1f MB, built in %.0f s" % (IMAGE, int(size) / 1e6, time.time() - started))
+    say("IMAGE %s %.1f MB, built in %.0f s, the base included" % (IMAGE, int(size) / 1e6, time.time() - started))
+    if cache:
+        podman.run("save", "--quiet", "-o", cache + ".part", IMAGE, timeout=left())
+        os.rename(cache + ".part", cache)
 
 
 class Pod:
@@ -347,6 +357,9 @@ def main():
     p.add_argument("--configmap", action="append", default=[], metavar="NAME=DIR")
     p.add_argument("--timeout", type=float, default=300, help="for everything, the build too")
     p.add_argument("--kill_chief_after_checkpoint", action="store_true")
+    p.add_argument("--image_cache", metavar="FILE",
+                   help="the image as `podman save` writes it: loaded when FILE exists, "
+                        "else written after the build (one FILE per set of binaries)")
     p.add_argument("--name", default="pstrain-test",
                    help="the pods' network (and the run's /tmp/NAME-run)")
     p.add_argument("--cleanup", action="store_true",
@@ -367,7 +380,7 @@ def main():
     signal.signal(signal.SIGTERM, stop)
     deadline = time.time() + a.timeout  # for everything: the image's build too
     try:
-        build_image(podman, a.work, a.bin_dir, a.k8s_dir, deadline)
+        build_image(podman, a.work, a.bin_dir, a.k8s_dir, deadline, a.image_cache)
         manifests = a.manifest or [os.path.join(a.k8s_dir, f)
                                    for f in ("storage.yaml", "statefulsets.yaml")]
         docs = [d for m in manifests for d in yaml.safe_load_all(open(m)) if d]

@@ -12,6 +12,7 @@
 #include "common/allocator.h"
 #include "common/config.h"
 #include "common/env.h"
+#include "common/grpc_lifetime.h"
 #include "common/logging.h"
 #include "common/rpc.h"
 #include "common/status_macros.h"
@@ -105,6 +106,7 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
                                         const char* tf_config) {
   DaemonSetup setup;
   TuneAllocator();
+  KeepGrpcUntilExit();
   ASSIGN_OR_RETURN(setup.task,
                    ResolveTask(absl::GetFlag(FLAGS_cluster_spec), absl::GetFlag(FLAGS_job),
                                absl::GetFlag(FLAGS_task), tf_config ? tf_config : "",

@@ -26,6 +26,7 @@
 #include "common/config.h"
 #include "common/embedding_ids.h"
 #include "common/env.h"
+#include "common/grpc_lifetime.h"
 #include "common/placement.h"
 #include "common/rpc.h"
 #include "common/sizing.h"
@@ -826,6 +827,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = argv[1];
+  pstrain::KeepGrpcUntilExit();
   // The commands that compute on the CPU here or start tasks that do (they
   // inherit the environment).
   if (command == "launch" || command == "bench") {

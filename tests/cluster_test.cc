@@ -1316,10 +1316,13 @@ TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV"
   // each of the train suite's runs launches a cluster: 158 s under ASan and
   // 320 s under TSan with two, 2026-11-26).
   const std::string reps = testing::kSanitized ? "--reps=1" : "--reps=2";
+  // Each training run a fraction of the default 2 s at the compute-only
+  // rate (3,000 steps of 784-16-10, the cap, without a sanitizer).
+  const std::string train_seconds = "--train_seconds=0.05";
   CommandResult r = testing::RunCommand(
       {Binary("tools/pstrain"), "bench", "--suites=wire,apply,train", "--sizes=4096,65536",
-       "--connections=1,2", "--models=16", reps, "--rep_seconds=0.05", "--out=" + dir,
-       "--bin_dir", BinDir()},
+       "--connections=1,2", "--models=16", reps, "--rep_seconds=0.05", train_seconds,
+       "--out=" + dir, "--bin_dir", BinDir()},
       absl::Seconds(240));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
@@ -1367,10 +1370,14 @@ TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV"
                             absl::Seconds(30));
   CHECK(bad.exit_code == 2);
   CHECK(bad.output.find("--connections") != std::string::npos);
+  bad = testing::RunCommand({Binary("tools/pstrain"), "bench", "--train_seconds=0"},
+                            absl::Seconds(30));
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.output.find("--train_seconds") != std::string::npos);
   // The train suite in async mode.
   CommandResult async = testing::RunCommand(
       {Binary("tools/pstrain"), "bench", "--suites=train", "--train_mode=async", "--models=16",
-       "--reps=1", "--train_connections=2", "--bin_dir", BinDir()},
+       "--reps=1", "--train_connections=2", train_seconds, "--bin_dir", BinDir()},
       absl::Seconds(120));
   INFO(async.output);
   REQUIRE(async.exit_code == 0);

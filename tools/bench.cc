@@ -1029,8 +1029,10 @@ class Bench {
         if (stop_->stopped()) return absl::CancelledError(stop_->reason());
         ASSIGN_OR_RETURN(double c, ComputeOnly(config));
         compute.push_back(c);
-        // About 2 s of training at the compute-only rate, at least 20 steps.
-        const int64_t steps = std::clamp<int64_t>(static_cast<int64_t>(2.0 * c / 64), 20, 3000);
+        // About --train_seconds of training at the compute-only rate, at
+        // least 20 steps.
+        const int64_t steps =
+            std::clamp<int64_t>(static_cast<int64_t>(o_.train_seconds * c / 64), 20, 3000);
         ASSIGN_OR_RETURN(RunResult r1, ClusterRun(dir, hidden, 1, 1, steps));
         one.push_back(r1.examples_per_sec);
         one_wait.push_back(r1.comm_wait_ms);

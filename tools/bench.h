@@ -42,6 +42,7 @@ struct BenchOptions {
   std::string device = "cpu";         // train: the workers' device, "cpu", "cuda:N" or "auto"
   int reps = 5;
   double rep_seconds = 0.15;          // each repetition runs at least this long
+  double train_seconds = 2.0;         // train: steps per run, in seconds at the compute-only rate
 };
 
 // Runs the suites; returns the process exit code.

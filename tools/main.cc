@@ -729,6 +729,8 @@ int BenchCommand(const std::vector<std::string>& argv) {
       {"device", {"cpu", "train suite: the workers' device (cpu, cuda:N or auto), compute-only "
                          "included"}},
       {"rep_seconds", {"0.15", "minimum length of one repetition"}},
+      {"train_seconds", {"2", "train suite: each run's steps, as this many seconds at the "
+                              "compute-only rate (at least 20 steps)"}},
       {"out", {"", "directory for bench.csv"}},
       {"bin_dir", {"", "directory with ps_server (default: next to pstrain)"}},
       {"serve_echo", {"", "internal: serve the gRPC echo on this address"}},
@@ -804,6 +806,11 @@ int BenchCommand(const std::vector<std::string>& argv) {
   }
   o.device = args->Get("device");
   o.rep_seconds = *seconds;
+  auto train_seconds = args->GetDouble("train_seconds");
+  if (!train_seconds.ok() || !(*train_seconds > 0 && *train_seconds <= 600)) {
+    return Fail("bench", "--train_seconds: expected (0, 600]");
+  }
+  o.train_seconds = *train_seconds;
   auto sparse_rows = args->GetInt("sparse_rows");
   if (!sparse_rows.ok() || *sparse_rows < 4096 || *sparse_rows > 100000000) {
     return Fail("bench", "--sparse_rows: expected 4096..100000000");

@@ -10,7 +10,7 @@ namespace pstrain {
 // shutdown. That shutdown joins gRPC's executor threads, and one of them may
 // be blocked in epoll_wait until its next timer: measured here with
 // gRPC 1.51, a ps_server told to stop after training exited ~10 s late in
-// 2 of 6 runs (stuck in grpc::Server::~Server -> grpc_shutdown ->
+// 4 of 8 runs (stuck in grpc::Server::~Server -> grpc_shutdown ->
 // Executor::ShutdownAll), and `pstrain launch` waited for it. A process that
 // ends has no more use for gRPC; its exit reclaims the threads and memory.
 // Every daemon calls it from SetUpDaemon, and the pstrain CLI at its start.

@@ -118,7 +118,8 @@ def build_image(podman, work, bin_dir, k8s_dir, deadline, cache=None):
     podman.run("build", "--quiet", "-t", IMAGE, "-f", os.path.join(context, "Containerfile"),
                context, timeout=left())
     size = podman.run("image", "inspect", IMAGE, "--format", "{{.Size}}").strip()
-    say("IMAGE %s %.1f MB, built in %.0f s, the base included" % (IMAGE, int(size) / 1e6, time.time() - started))
+    say("IMAGE %s %.1f MB, built in %.0f s, the base included"
+        % (IMAGE, int(size) / 1e6, time.time() - started))
     if cache:
         podman.run("save", "--quiet", "-o", cache + ".part", IMAGE, timeout=left())
         os.rename(cache + ".part", cache)

@@ -1,6 +1,8 @@
 #include "common/grpc_lifetime.h"
 
 #include <grpc/grpc.h>
+#include <pthread.h>
+#include <signal.h>
 
 #include <mutex>
 
@@ -8,7 +10,17 @@ namespace pstrain {
 
 void KeepGrpcUntilExit() {
   static std::once_flag once;
-  std::call_once(once, [] { grpc_init(); });
+  std::call_once(once, [] {
+    // The threads grpc_init starts inherit this thread's mask: they block
+    // the stop signals, whatever the caller did before (common/shutdown.h).
+    sigset_t stop_signals, before;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, &before);
+    grpc_init();
+    pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  });
 }
 
 }  // namespace pstrain

@@ -13,7 +13,10 @@ namespace pstrain {
 // 4 of 8 runs (stuck in grpc::Server::~Server -> grpc_shutdown ->
 // Executor::ShutdownAll), and `pstrain launch` waited for it. A process that
 // ends has no more use for gRPC; its exit reclaims the threads and memory.
-// Every daemon calls it from SetUpDaemon, and the pstrain CLI at its start.
+// Every daemon calls it from SetUpDaemon, and `pstrain launch` and `pstrain
+// bench` once their stop signals are set up. The threads gRPC starts here
+// block SIGINT and SIGTERM, as StopOnTerminationSignals asks of every thread
+// (common/shutdown.h), whether or not the caller had blocked them.
 void KeepGrpcUntilExit();
 
 }  // namespace pstrain

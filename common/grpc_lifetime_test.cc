@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
+#include <string>
 
 #include "catch2/catch.hpp"
 
@@ -30,7 +31,7 @@ void ServerAndChannel() {
 
 TEST_CASE("KeepGrpcUntilExit holds gRPC's library for the rest of the process: servers and "
           "channels going away do not shut it down") {
-  // Nothing in this process has used gRPC yet.
+  // Nothing in this process has used gRPC yet (this binary's only case).
   REQUIRE(grpc_is_initialized() == 0);
   KeepGrpcUntilExit();
   CHECK(grpc_is_initialized() == 1);

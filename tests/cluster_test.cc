@@ -1316,8 +1316,8 @@ TEST_CASE("pstrain bench runs every suite, prints its tables and writes the CSV"
   // each of the train suite's runs launches a cluster: 158 s under ASan and
   // 320 s under TSan with two, 2026-11-26).
   const std::string reps = testing::kSanitized ? "--reps=1" : "--reps=2";
-  // Each training run a fraction of the default 2 s at the compute-only
-  // rate (3,000 steps of 784-16-10, the cap, without a sanitizer).
+  // Each training run 0.05 s at the compute-only rate, not the default 2 s
+  // (which gives 784-16-10 the cap of 3,000 steps without a sanitizer).
   const std::string train_seconds = "--train_seconds=0.05";
   CommandResult r = testing::RunCommand(
       {Binary("tools/pstrain"), "bench", "--suites=wire,apply,train", "--sizes=4096,65536",

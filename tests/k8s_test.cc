@@ -392,15 +392,21 @@ struct PodsGuard {
 
 // The image the first container case builds, saved for the others (they
 // run the same binaries): each build fetches Debian's base and packages
-// again, about 40 s of the case's 65-120. Removed when the test ends.
+// again, about 40 s of the case's 65-120. Removed when the test ends (and
+// any file of that name first, a killed earlier run's).
 const std::string& ImageCache() {
   struct Cache {
+    explicit Cache(std::string p) : path(std::move(p)) { Remove(); }
+    ~Cache() { Remove(); }
+    void Remove() const {
+      std::remove(path.c_str());
+      std::remove((path + ".part").c_str());
+    }
     std::string path;
-    ~Cache() { std::remove(path.c_str()); }
   };
   static const char* tmp = std::getenv("TEST_TMPDIR");
-  static const Cache cache{
-      JoinPath(tmp ? tmp : "/tmp", absl::StrCat("k8s_image_", ::getpid(), ".tar"))};
+  static const Cache cache(
+      JoinPath(tmp ? tmp : "/tmp", absl::StrCat("k8s_image_", ::getpid(), ".tar")));
   return cache.path;
 }
 

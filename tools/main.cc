@@ -338,6 +338,7 @@ int LaunchCommand(const std::vector<std::string>& argv) {
     }  // else Launch names the error
   }
   StopSignal& stop = StopOnTerminationSignals();
+  KeepGrpcUntilExit();  // after the signals are blocked: gRPC's threads block them too
   return Launch(o, &stop);
 }
 
@@ -730,7 +731,7 @@ int BenchCommand(const std::vector<std::string>& argv) {
                          "included"}},
       {"rep_seconds", {"0.15", "minimum length of one repetition"}},
       {"train_seconds", {"2", "train suite: each run's steps, as this many seconds at the "
-                              "compute-only rate (at least 20 steps)"}},
+                              "compute-only rate (20 to 3000 steps)"}},
       {"out", {"", "directory for bench.csv"}},
       {"bin_dir", {"", "directory with ps_server (default: next to pstrain)"}},
       {"serve_echo", {"", "internal: serve the gRPC echo on this address"}},
@@ -742,6 +743,7 @@ int BenchCommand(const std::vector<std::string>& argv) {
   auto args = Args::Parse(argv, flags);
   if (!args.ok()) return Fail("bench", std::string(args.status().message()));
   StopSignal& stop = StopOnTerminationSignals();
+  KeepGrpcUntilExit();
   if (!args->Get("serve_echo").empty()) return ServeEcho(args->Get("serve_echo"), &stop);
   BenchOptions o;
   o.bin_dir = args->Get("bin_dir");
@@ -834,7 +836,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string command = argv[1];
-  pstrain::KeepGrpcUntilExit();
   // The commands that compute on the CPU here or start tasks that do (they
   // inherit the environment).
   if (command == "launch" || command == "bench") {

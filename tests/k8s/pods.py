@@ -121,8 +121,17 @@ def build_image(podman, work, bin_dir, k8s_dir, deadline, cache=None):
     say("IMAGE %s %.1f MB, built in %.0f s, the base included"
         % (IMAGE, int(size) / 1e6, time.time() - started))
     if cache:
-        podman.run("save", "--quiet", "-o", cache + ".part", IMAGE, timeout=left())
-        os.rename(cache + ".part", cache)
+        # Only a time saver: a save that fails leaves no file, and the run goes on.
+        part = cache + ".part"
+        try:
+            if os.path.exists(part):
+                os.remove(part)  # podman's archive writer refuses an existing file
+            podman.run("save", "--quiet", "-o", part, IMAGE, timeout=min(60.0, left()))
+            os.rename(part, cache)
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as e:
+            print("image cache not written: %s" % e, file=sys.stderr)
+            if os.path.exists(part):
+                os.remove(part)
 
 
 class Pod:

@@ -115,8 +115,8 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
   }
   REQUIRE(scraped);  // during the run, not after it
   // The rest of the run: a bound, not a speed check. Under the
-  // sanitizers, beside another test on a slow 2-core machine, the run
-  // passed 120 s (TSan, 2026-11-26).
+  // sanitizers, beside another test on a slow 2-core machine, a run of
+  // 4,000 steps passed 120 s (TSan, 2026-11-26).
   const absl::Duration rest = absl::Seconds(testing::kSanitized ? 600 : 120);
   REQUIRE(launch->Wait(rest).has_value());
   INFO(metrics);

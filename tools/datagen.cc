@@ -212,6 +212,9 @@ absl::StatusOr<CriteoTruth> WriteCriteoDataset(Env* env, const std::string& dir,
   if (!(o.missing >= 0 && o.missing < 1)) {
     return absl::InvalidArgumentError("criteo: --missing must be in [0, 1)");
   }
+  if (!(o.zipf == 0 || (o.zipf > 1 && o.zipf <= 4))) {
+    return absl::InvalidArgumentError("criteo: --zipf must be 0 or in (1, 4]");
+  }
   // A split's text is built in memory (about 220 bytes a line) before it is written.
   RETURN_IF_ERROR(CheckMemory(
       absl::StrCat("datagen --format=criteo of ", std::max(o.train_examples, o.test_examples),
@@ -241,6 +244,20 @@ absl::StatusOr<CriteoTruth> WriteCriteoDataset(Env* env, const std::string& dir,
     const double u2 = static_cast<double>((h >> 16) & 0xffffff) / 16777216.0;
     return 0.25 * std::sqrt(-2.0 * std::log(u1)) * std::cos(2 * M_PI * u2);
   };
+  // A field's value k in [0, values_per_field) from a uniform u.
+  const double v = static_cast<double>(o.values_per_field);
+  const double zipf_top = o.zipf > 1 ? std::pow(v + 1, 1 - o.zipf) - 1 : 0;
+  auto draw_value = [&](double u) {
+    double x;
+    if (o.zipf > 1) {
+      // Inverse of the CDF of the density x^(-zipf) on [1, v + 1).
+      x = std::pow(zipf_top * u + 1, 1 / (1 - o.zipf)) - 1;
+    } else {
+      // A power law: value k with density falling as k^(-3/4).
+      x = v * std::pow(u, 4.0);
+    }
+    return std::clamp<int64_t>(static_cast<int64_t>(x), 0, o.values_per_field - 1);
+  };
   std::uniform_real_distribution<double> uniform(0.0, 1.0);
   std::vector<float> test_probability;
   std::vector<int32_t> test_labels;
@@ -267,11 +284,7 @@ absl::StatusOr<CriteoTruth> WriteCriteoDataset(Env* env, const std::string& dir,
           logit += missing_weight[f];
           continue;
         }
-        // A power law: value k with density falling as k^(-3/4).
-        const int64_t k = std::min<int64_t>(
-            o.values_per_field - 1,
-            static_cast<int64_t>(static_cast<double>(o.values_per_field) *
-                                 std::pow(uniform(rng), 4.0)));
+        const int64_t k = draw_value(uniform(rng));
         logit += value_weight(f, k);
         std::snprintf(hex, sizeof(hex), "%08x",
                       static_cast<uint32_t>(MixId(o.seed ^ (static_cast<uint64_t>(f) << 48) ^

@@ -52,6 +52,11 @@ struct CriteoOptions {
   uint64_t seed = 1;
   int64_t values_per_field = 20000;
   double missing = 0.05;
+  // How a field's values are drawn: 0, value k with density falling as
+  // k^(-3/4) (a long flat tail: most draws land on values seen rarely);
+  // above 1, Zipf's law with this exponent, k^(-zipf) (most draws land on
+  // the frequent values, as in real click logs).
+  double zipf = 0;
 };
 
 // The ground-truth model scored on the held-out part.

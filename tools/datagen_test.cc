@@ -4,6 +4,7 @@
 #include <array>
 #include <cmath>
 #include <cstdlib>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
@@ -161,6 +162,52 @@ TEST_CASE("criteo: a click-through dataset the reader loads, with its ground tru
   CHECK(*a != *c);
   o.missing = 1.5;
   CHECK_FALSE(WriteCriteoDataset(Env::Default(), base + "_d", o).ok());
+}
+
+TEST_CASE("criteo: --zipf draws a field's values by Zipf's law; the default law is flatter",
+          "[datagen][criteo]") {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string base = std::string(tmp ? tmp : "/tmp") + "/criteo_zipf";
+  CriteoOptions o;
+  o.train_examples = 20000;
+  o.test_examples = 100;
+  o.values_per_field = 100000;
+  o.missing = 0;
+  o.seed = 6;
+  // Per field: the share of draws on its most frequent value, and how many
+  // values it drew, averaged over the 26 fields.
+  auto draws = [&](double zipf, const std::string& dir) {
+    o.zipf = zipf;
+    REQUIRE(WriteCriteoDataset(Env::Default(), dir, o).ok());
+    auto data = LoadCriteoDataset(Env::Default(), dir + "/train.tsv", 0);
+    REQUIRE(data.ok());
+    REQUIRE(data->id_fields == 26);
+    double top = 0, distinct = 0;
+    for (int f = 0; f < data->id_fields; ++f) {
+      std::map<uint64_t, int64_t> count;
+      for (int64_t e = 0; e < data->size; ++e) ++count[data->ids[e * data->id_fields + f]];
+      int64_t most = 0;
+      for (const auto& [id, n] : count) most = std::max(most, n);
+      top += static_cast<double>(most) / static_cast<double>(data->size) / data->id_fields;
+      distinct += static_cast<double>(count.size()) / data->id_fields;
+    }
+    return std::make_pair(top, distinct);
+  };
+  // Value 0 takes the mass of [1, 2) under the density x^(-1.4) on
+  // [1, 100001): (1 - 2^-0.4) / (1 - 100001^-0.4) = 0.2446. Under the
+  // default law value 0 is u^4 < 1 / 100000: 100000^(-1/4) = 0.0562.
+  const auto [zipf_top, zipf_distinct] = draws(1.4, base + "_a");
+  const auto [flat_top, flat_distinct] = draws(0, base + "_b");
+  WARN("top value's share " << zipf_top << " (Zipf 1.4) and " << flat_top
+                            << " (default); distinct values per field " << zipf_distinct
+                            << " and " << flat_distinct);
+  CHECK(std::fabs(zipf_top - 0.2446) < 0.01);
+  CHECK(std::fabs(flat_top - 0.0562) < 0.005);
+  CHECK(zipf_distinct < flat_distinct / 2);
+  for (double bad : {1.0, 0.5, -1.0, 4.5, std::nan("")}) {
+    o.zipf = bad;
+    CHECK(absl::IsInvalidArgument(WriteCriteoDataset(Env::Default(), base + "_c", o).status()));
+  }
 }
 
 }  // namespace

@@ -351,6 +351,8 @@ int DatagenCommand(const std::vector<std::string>& argv) {
       {"test", {"", "held-out examples (digits 4000, criteo 50000)"}},
       {"values_per_field", {"20000", "criteo: categorical values per field"}},
       {"missing", {"0.05", "criteo: probability that a feature field is empty"}},
+      {"zipf", {"0", "criteo: 0 draws a field's value k with density k^(-3/4); above 1, "
+                     "Zipf's law k^(-zipf), as in real click logs"}},
       {"seed", {"1", "random seed"}},
       {"difficulty", {"1.0", "0 = clean strokes, 1 = default warp and noise"}},
   };
@@ -377,8 +379,9 @@ int DatagenCommand(const std::vector<std::string>& argv) {
     auto seed = args->GetInt("seed");
     auto values = args->GetInt("values_per_field");
     auto missing = args->GetDouble("missing");
-    for (const absl::Status& st :
-         {train.status(), test.status(), seed.status(), values.status(), missing.status()}) {
+    auto zipf = args->GetDouble("zipf");
+    for (const absl::Status& st : {train.status(), test.status(), seed.status(),
+                                   values.status(), missing.status(), zipf.status()}) {
       if (!st.ok()) return Fail("datagen", std::string(st.message()));
     }
     c.train_examples = *train;
@@ -386,6 +389,7 @@ int DatagenCommand(const std::vector<std::string>& argv) {
     c.seed = static_cast<uint64_t>(*seed);
     c.values_per_field = *values;
     c.missing = *missing;
+    c.zipf = *zipf;
     auto truth = WriteCriteoDataset(Env::Default(), args->Get("out"), c);
     if (!truth.ok()) return Fail("datagen", std::string(truth.status().message()));
     std::cout << "wrote " << c.train_examples << " training and " << c.test_examples

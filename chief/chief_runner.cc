@@ -986,6 +986,11 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   int64_t applied = 0, dropped_stale = 0, rejected = 0;
   int64_t final_staleness_count = 0;  // async: over every server's admitted pushes
   double final_staleness_sum = 0;
+  // Each embedding table's rows and bytes (values and slots) over every server.
+  nlohmann::json tables = nlohmann::json::object();
+  for (const EmbeddingTableConfig& tc : config.embedding_tables()) {
+    tables[tc.name()] = {{"rows", 0}, {"bytes", 0}};
+  }
   for (int s = 0; s < ps.num_servers(); ++s) {
     PsStatusResponse status;
     absl::Status st = ps.GetStatus(s, &status);
@@ -998,6 +1003,11 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     rejected += status.pushes_rejected();
     final_staleness_count += status.staleness_count();
     final_staleness_sum += status.staleness_sum();
+    for (const TableStatus& t : status.tables()) {
+      if (!tables.contains(t.name())) continue;
+      tables[t.name()]["rows"] = tables[t.name()]["rows"].get<int64_t>() + t.rows();
+      tables[t.name()]["bytes"] = tables[t.name()]["bytes"].get<int64_t>() + t.bytes();
+    }
   }
   LOG_INFO("parameter servers: {} pushes applied, {} gradients dropped as stale, {} refused",
            applied, dropped_stale, rejected);
@@ -1038,6 +1048,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       {"pushes_applied", applied},
       {"gradients_dropped_stale", dropped_stale},
       {"pushes_refused", rejected},
+      {"embedding_tables", tables},
   };
   RETURN_IF_ERROR(WriteFileAtomically(env, JoinPath(config.output_dir(), "summary.json"),
                                       summary.dump(2) + "\n"));

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 
 #include "absl/strings/match.h"
@@ -438,6 +439,47 @@ TEST_CASE("the click-through model on 2 servers reaches the ground truth's AUC w
                        << run.summary["eval_log_loss"].get<double>());
   CHECK(auc >= truth - 0.02);
   CHECK(run.summary["eval_log_loss"].get<double>() < std::log(2.0));  // better than a coin
+}
+
+TEST_CASE("the click-through model with a hashed table of over 1,000,000 ids on 2 servers "
+          "reaches the ground truth's AUC within 0.02",
+          "[cluster][embedding][click_through]") {
+  // The issue's scale: 2,000,000 examples whose 26 fields draw from 1,000,000
+  // values each by Zipf's law (exponent 1.4), which puts 1,106,300 distinct
+  // ids in the training set; one epoch, sync, 2 workers of batch 256, Adam.
+  // At the default law (density k^(-3/4)) half the draws land on values seen
+  // fewer than 20 times, whose weights no run of this length can learn (the
+  // README's "The click-through model"); here 4.5% do. On 2026-11-27 this
+  // run's held-out AUC was 0.7838 against the truth's 0.7989, in 44 s.
+  //
+  // Under the sanitizers, which look for races and memory errors, not for
+  // accuracy, 300,000 examples (320,130 ids) and one epoch of them: AUC
+  // 0.7687 against 0.7942 without a sanitizer, so the bound there is 0.04.
+  const int examples = testing::kSanitized ? 300000 : 2000000;
+  auto [dir, truth] = CriteoData(
+      "ctr_million", {absl::StrCat("--train=", examples), "--test=20000",
+                      "--values_per_field=1000000", "--zipf=1.4", "--seed=3"});
+  ConfigOptions o = ClickThroughOptions(dir);
+  o.batch_size = 256;
+  o.learning_rate = 0.003f;
+  o.max_steps = examples / (2 * o.batch_size);
+  o.eval_every_steps = 0;
+  Run run = Launch("click_through_million", o, 2, 2, absl::Seconds(600));
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);  // ~440 MB of text
+  INFO(run.result.output);
+  REQUIRE(run.result.exit_code == 0);
+  REQUIRE(run.summary.is_object());
+  REQUIRE(run.summary["eval_auc"].is_number());
+  const double auc = run.summary["eval_auc"].get<double>();
+  const int64_t rows = run.summary["embedding_tables"]["features"]["rows"].get<int64_t>();
+  WARN("held-out AUC " << auc << ", ground truth " << truth << ", " << rows << " rows");
+  // Every id of the epoch became a row (a hashed table with no admission),
+  // and so did the held-out set's new ones when the chief evaluated.
+  CHECK(rows >= (testing::kSanitized ? 300000 : 1000000));
+  // Values, and Adam's two slots: 3 x 16 floats a row.
+  CHECK(run.summary["embedding_tables"]["features"]["bytes"].get<int64_t>() == rows * 3 * 16 * 4);
+  CHECK(auc >= truth - (testing::kSanitized ? 0.04 : 0.02));
 }
 
 TEST_CASE("2 x b == 1 x 2b holds for the click-through model with Adam, rows included",

@@ -496,8 +496,8 @@ void RemoveStaging(const std::string& dir) {
 // its own): pstrain-tls-* in `base` whose `lock` file no process holds. A
 // lock, not a process id: processes in other PID namespaces (containers
 // sharing /dev/shm) cannot see each other's ids, but the kernel's locks
-// are the same for all. A directory without a lock file (one being made)
-// is left alone.
+// are the same for all. A directory without a lock file (one being made:
+// its lock is named only once it is held) is left alone.
 void RemoveStaleStaging(const std::string& base) {
   DIR* d = ::opendir(base.c_str());
   if (d == nullptr) return;
@@ -551,8 +551,13 @@ absl::StatusOr<std::shared_ptr<TlsWatcher>> TlsWatcher::Start(const TlsFiles& fi
   }
   w->staging_ = dir;
   // Held while this process lives: the sign that the directory is in use.
-  w->lock_fd_ = ::open(JoinPath(dir, "lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (w->lock_fd_ < 0 || ::flock(w->lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+  // Locked under another name and then renamed, so that `lock` is never
+  // seen unlocked: another process starting now would take the directory
+  // for a dead one's and remove it (RemoveStaleStaging).
+  const std::string unnamed = JoinPath(dir, "lock.new");
+  w->lock_fd_ = ::open(unnamed.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (w->lock_fd_ < 0 || ::flock(w->lock_fd_, LOCK_EX | LOCK_NB) != 0 ||
+      ::rename(unnamed.c_str(), JoinPath(dir, "lock").c_str()) != 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("TLS: cannot lock ", dir, "/lock: ", std::strerror(errno)));
   }

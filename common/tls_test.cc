@@ -9,9 +9,11 @@
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -739,6 +741,47 @@ TEST_CASE("a renewed certificate is taken without a restart; a broken or foreign
   ::close(held);
   REQUIRE(::unlink(JoinPath(live, "current").c_str()) == 0);
   REQUIRE(DeleteRecursively(Env::Default(), live).ok());
+}
+
+TEST_CASE("watchers started at once, as a job's tasks on one host are, never take each "
+          "other's staging directory for a dead one's",
+          "[tls]") {
+  // Each start first removes the staging directories of dead processes. A
+  // directory whose lock file could be named before it was locked was taken
+  // for dead and removed under its maker (a Slurm job's five tasks on one
+  // host, 2026-11-27: "TLS: cannot make /dev/shm/pstrain-tls-.../g1: No such
+  // file or directory").
+  const std::string dir = TempDir("concurrent");
+  ClusterSpec spec = Spec(R"({"chief": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"],
+                              "worker": ["127.0.0.1:3"]})");
+  std::vector<std::string> written;
+  REQUIRE(WriteClusterCertificates(&spec, dir, absl::Hours(48), &written).ok());
+  const TlsFiles files = TlsFilesIn(dir, "ps:0");
+  constexpr int kThreads = 8, kStarts = 40;
+  std::atomic<int> failed{0}, lost{0};
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kStarts; ++i) {
+        auto w = TlsWatcher::Start(files, "ps:0", absl::Seconds(1), /*background=*/false);
+        if (!w.ok()) {
+          ++failed;
+          errors[t] = std::string(w.status().message());
+          continue;
+        }
+        // Still there, the certificate staged in it, while the others start.
+        struct stat st;
+        if (::stat(JoinPath((*w)->staging_dir(), "current/cert.pem").c_str(), &st) != 0) ++lost;
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (const std::string& e : errors) {
+    if (!e.empty()) WARN(e);
+  }
+  CHECK(failed == 0);
+  CHECK(lost == 0);
 }
 
 }  // namespace

@@ -17,6 +17,12 @@
 namespace pstrain {
 namespace {
 
+// `name` under the test's temporary directory.
+std::string TempPath(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(tmp ? tmp : "/tmp", "/", name);
+}
+
 TEST_CASE("digits are deterministic, balanced and seed-dependent", "[datagen]") {
   IdxArray a, la, b, lb, c, lc;
   RenderDigits(200, 5, 1.0, &a, &la);
@@ -35,7 +41,7 @@ TEST_CASE("digits are deterministic, balanced and seed-dependent", "[datagen]") 
 }
 
 TEST_CASE("datagen refuses sizes beyond this machine's memory before allocating", "[datagen]") {
-  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/too_big");
+  const std::string dir = TempPath("too_big");
   DigitsOptions o;
   o.train_examples = 3000000000;  // 2.2 TiB of pixels: it aborted with std::bad_alloc
   absl::Status st = WriteDigitsDataset(Env::Default(), dir, o);
@@ -90,8 +96,7 @@ TEST_CASE("digits carry their class in the pixels", "[datagen]") {
 
 TEST_CASE("the CSV digits are the IDX digits, scaled, and the CSV reader reads them back",
           "[datagen]") {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string base = tmp ? tmp : "/tmp";
+  const std::string base = TempPath("digits");
   DigitsOptions o;
   o.train_examples = 50;
   o.test_examples = 20;
@@ -123,8 +128,7 @@ TEST_CASE("the CSV digits are the IDX digits, scaled, and the CSV reader reads t
 
 TEST_CASE("criteo: a click-through dataset the reader loads, with its ground truth scored",
           "[datagen][criteo]") {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string base = std::string(tmp ? tmp : "/tmp") + "/criteo";
+  const std::string base = TempPath("criteo");
   CriteoOptions o;
   o.train_examples = 3000;
   o.test_examples = 2000;
@@ -166,8 +170,7 @@ TEST_CASE("criteo: a click-through dataset the reader loads, with its ground tru
 
 TEST_CASE("criteo: --zipf draws a field's values by Zipf's law; the default law is flatter",
           "[datagen][criteo]") {
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  const std::string base = std::string(tmp ? tmp : "/tmp") + "/criteo_zipf";
+  const std::string base = TempPath("criteo_zipf");
   CriteoOptions o;
   o.train_examples = 20000;
   o.test_examples = 100;

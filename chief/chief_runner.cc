@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <random>
@@ -987,10 +988,12 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   int64_t final_staleness_count = 0;  // async: over every server's admitted pushes
   double final_staleness_sum = 0;
   // Each embedding table's rows and bytes (values and slots) over every server.
-  nlohmann::json tables = nlohmann::json::object();
-  for (const EmbeddingTableConfig& tc : config.embedding_tables()) {
-    tables[tc.name()] = {{"rows", 0}, {"bytes", 0}};
-  }
+  struct TableTotals {
+    int64_t rows = 0;
+    int64_t bytes = 0;
+  };
+  std::map<std::string, TableTotals> tables;
+  for (const EmbeddingTableConfig& tc : config.embedding_tables()) tables[tc.name()];
   for (int s = 0; s < ps.num_servers(); ++s) {
     PsStatusResponse status;
     absl::Status st = ps.GetStatus(s, &status);
@@ -1004,13 +1007,18 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
     final_staleness_count += status.staleness_count();
     final_staleness_sum += status.staleness_sum();
     for (const TableStatus& t : status.tables()) {
-      if (!tables.contains(t.name())) continue;
-      tables[t.name()]["rows"] = tables[t.name()]["rows"].get<int64_t>() + t.rows();
-      tables[t.name()]["bytes"] = tables[t.name()]["bytes"].get<int64_t>() + t.bytes();
+      auto it = tables.find(t.name());
+      if (it == tables.end()) continue;
+      it->second.rows += t.rows();
+      it->second.bytes += t.bytes();
     }
   }
   LOG_INFO("parameter servers: {} pushes applied, {} gradients dropped as stale, {} refused",
            applied, dropped_stale, rejected);
+  nlohmann::json table_totals = nlohmann::json::object();
+  for (const auto& [name, totals] : tables) {
+    table_totals[name] = {{"rows", totals.rows}, {"bytes", totals.bytes}};
+  }
   ChiefStatusResponse progress;
   chief->GetStatus(&progress);
   // Where a worker's step went, per step on average over every worker's.
@@ -1048,7 +1056,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
       {"pushes_applied", applied},
       {"gradients_dropped_stale", dropped_stale},
       {"pushes_refused", rejected},
-      {"embedding_tables", tables},
+      {"embedding_tables", table_totals},
   };
   RETURN_IF_ERROR(WriteFileAtomically(env, JoinPath(config.output_dir(), "summary.json"),
                                       summary.dump(2) + "\n"));

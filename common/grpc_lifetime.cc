@@ -6,6 +6,8 @@
 
 #include <mutex>
 
+#include "common/shutdown.h"
+
 namespace pstrain {
 
 void KeepGrpcUntilExit() {
@@ -13,10 +15,8 @@ void KeepGrpcUntilExit() {
   std::call_once(once, [] {
     // The threads grpc_init starts inherit this thread's mask: they block
     // the stop signals, whatever the caller did before (common/shutdown.h).
-    sigset_t stop_signals, before;
-    sigemptyset(&stop_signals);
-    sigaddset(&stop_signals, SIGINT);
-    sigaddset(&stop_signals, SIGTERM);
+    const sigset_t stop_signals = TerminationSignals();
+    sigset_t before;
     pthread_sigmask(SIG_BLOCK, &stop_signals, &before);
     grpc_init();
     pthread_sigmask(SIG_SETMASK, &before, nullptr);

@@ -65,13 +65,18 @@ void ForwardTerminationSignal(int sig) {
 
 }  // namespace
 
+sigset_t TerminationSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  return signals;
+}
+
 StopSignal& StopOnTerminationSignals() {
   static StopSignal* const stop = [] {
     auto* s = new StopSignal;  // never deleted (see the header)
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
+    const sigset_t signals = TerminationSignals();
     // Blocked in this thread, so in every thread it starts from here on: the
     // signals wait, pending, for the thread below to take them synchronously
     // with sigwait. (A handler that runs wherever the kernel delivers the
@@ -95,8 +100,9 @@ StopSignal& StopOnTerminationSignals() {
     action.sa_handler = ForwardTerminationSignal;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
-    ::sigaction(SIGINT, &action, nullptr);
-    ::sigaction(SIGTERM, &action, nullptr);
+    for (int sig = 1; sig < NSIG; ++sig) {
+      if (sigismember(&signals, sig) == 1) ::sigaction(sig, &action, nullptr);
+    }
     return s;
   }();
   return *stop;

@@ -1,11 +1,13 @@
 // How a daemon learns it should stop: a one-shot, thread-safe stop signal that
 // an RPC handler, a fatal error or SIGINT/SIGTERM can raise (the first reason
-// wins), and which main() waits on. The signal handler only writes the signal
-// number to a pipe (async-signal-safe, whichever thread takes the signal:
-// libraries such as OpenBLAS start threads before main() could block
-// signals); a watcher thread turns it into Stop().
+// wins), and which main() waits on. A thread of its own takes the signals
+// with sigwait and turns them into Stop(); a thread started before they were
+// blocked (libraries such as OpenBLAS start threads before main() could block
+// them) forwards one it receives to that thread (async-signal-safe).
 #ifndef PSTRAIN_COMMON_SHUTDOWN_H_
 #define PSTRAIN_COMMON_SHUTDOWN_H_
+
+#include <signal.h>
 
 #include <string>
 
@@ -43,6 +45,11 @@ class StopSignal {
 // stop signal on main's stack was, found by ThreadSanitizer). Later calls
 // return the same one.
 StopSignal& StopOnTerminationSignals();
+
+// The signals that stop a process: SIGINT and SIGTERM. Threads started
+// outside StopOnTerminationSignals' reach (gRPC's, common/grpc_lifetime.h)
+// block this set too.
+sigset_t TerminationSignals();
 
 }  // namespace pstrain
 

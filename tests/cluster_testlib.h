@@ -21,8 +21,13 @@ namespace pstrain::testing {
 // (`SanitizedSteps`): the sanitizers look for races and memory errors, which
 // the same code paths (start, checkpoints, kills, restarts, rollbacks) show
 // in fewer steps, and the default build still runs every one in full.
+// GCC defines __SANITIZE_ADDRESS__ and __SANITIZE_THREAD__; clang 14 (the
+// ASan + UBSan build's compiler) answers __has_feature instead.
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
 inline constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+inline constexpr bool kSanitized =
+    __has_feature(address_sanitizer) || __has_feature(thread_sanitizer);
 #else
 inline constexpr bool kSanitized = false;
 #endif

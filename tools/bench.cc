@@ -145,7 +145,6 @@ absl::StatusOr<double> TcpStream(int64_t chunk, double seconds) {
   });
   int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   absl::Status st;
-  int64_t sent = 0;
   const absl::Time start = absl::Now();
   if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     st = absl::InternalError(absl::StrCat("tcp bench: connect: ", std::strerror(errno)));
@@ -162,7 +161,6 @@ absl::StatusOr<double> TcpStream(int64_t chunk, double seconds) {
         }
         off += n;
       }
-      sent += off;
     } while (st.ok() && absl::Now() < end);
   }
   if (fd >= 0) ::shutdown(fd, SHUT_WR);

@@ -23,12 +23,13 @@ pstrain_install_deps() {
 # (tests/multihost_test), Prometheus with promtool (tests/metrics_test), and
 # openssl, which checks the certificates pstrain certs writes (common/tls_test);
 # bazel-skylib, libtsan2 and patch are for the ThreadSanitizer stage (--config=tsan;
-# patch applies Debian's patches to the Abseil it builds: third_party/absl_source.bzl).
+# patch applies Debian's patches to the Abseil it builds: third_party/absl_source.bzl);
+# lld links the ASan + UBSan stage's binaries (--config=asan, clang).
 # podman, runc, netavark, aardvark-dns, iptables and mmdebstrap build the
 # Kubernetes image's runtime stage from a Debian 12 made from Debian's archive
 # and run its pods (tests/k8s_test, tests/k8s/pods.py).
 PSTRAIN_TEST_PACKAGES=(slurmctld slurmd slurm-client munge prometheus openssl bazel-skylib libtsan2 patch
-                       podman runc netavark aardvark-dns iptables mmdebstrap)
+                       lld podman runc netavark aardvark-dns iptables mmdebstrap)
 pstrain_install_test_deps() {
   PSTRAIN_APT_FLAGS=--no-install-recommends pstrain_apt_install "${PSTRAIN_TEST_PACKAGES[@]}"
 }

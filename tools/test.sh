@@ -87,7 +87,7 @@ run_config cpu_only --config=cpu_only
 patterns=(//...)
 collect=()
 # Every test again under AddressSanitizer and UndefinedBehaviorSanitizer
-# (gcc, --config=asan). PSTRAIN_ASAN=0 skips it.
+# (clang, --config=asan). PSTRAIN_ASAN=0 skips it.
 if [ "${PSTRAIN_ASAN:-1}" != 0 ]; then
   run_in_own_base asan "${PSTRAIN_ASAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-asan}" --config=asan
 fi

@@ -198,8 +198,6 @@ PythonReaders PythonWithModules(const std::string& modules) {
   if (probe.exit_code != 0) {
     r.error = absl::StrCat("no Python with ", modules, " at ", r.python,
                            " (tools/test.sh sets one up): ", probe.output);
-    const char* required = std::getenv("PSTRAIN_REQUIRE_PYTHON_READERS");
-    r.required = required != nullptr && std::string(required) == "1";
   }
   return r;
 }
@@ -281,12 +279,6 @@ InitializeRequest TinyModelInit(const std::string& output_dir) {
   v->mutable_ref()->set_variable("w");
   ToProto({2, 2}, {1, 2, 3, 4}, v->mutable_tensor());
   return init;
-}
-
-void Skip(const std::string& why) {
-  std::cerr << "SKIPPED: " << Catch::getResultCapture().getCurrentTestName() << ": " << why
-            << "\n";
-  WARN("skipped: " << why);
 }
 
 }  // namespace pstrain::testing

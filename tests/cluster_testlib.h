@@ -90,13 +90,12 @@ bool NoProcessesMatching(const std::string& needle, absl::Duration timeout);
 
 // The Python with third-party readers that tools/test.sh sets up
 // ($PSTRAIN_PYTHON, else /usr/bin/python3), if it can import `modules`
-// ("numpy, safetensors.numpy"). Otherwise `error` says why, and `required`
-// whether the test must fail for it (PSTRAIN_REQUIRE_PYTHON_READERS=1, as
-// tools/test.sh sets) or may skip.
+// ("numpy, safetensors.numpy"). Otherwise `error` says why: the case then
+// skips for want of "python" (SkipCase, which fails it where tools/test.sh
+// requires the readers).
 struct PythonReaders {
   std::string python;
   std::string error;
-  bool required = false;
 };
 PythonReaders PythonWithModules(const std::string& modules);
 
@@ -121,10 +120,6 @@ std::string UseMutualTls(const std::string& dir, const std::string& spec_path);
 
 // GET http://127.0.0.1:port/path: the whole response, "" when it failed.
 std::string HttpGet(int port, const std::string& path);
-
-// Says why the current case skips, in the test's log as well as Catch2's
-// report (the caller then returns).
-void Skip(const std::string& why);
 
 }  // namespace pstrain::testing
 

@@ -33,6 +33,7 @@
 #include "common/ps_client.h"
 #include "common/rpc.h"
 #include "common/subprocess.h"
+#include "common/testing/skip.h"
 #include "common/wire_frame.h"
 #include "tests/cluster_testlib.h"
 
@@ -425,7 +426,8 @@ TEST_CASE("steady state: a server takes almost no page faults per step", "[data_
     // The sanitizers' allocators replace the real one (ASan quarantines freed
     // memory and hands out fresh pages): the property is the real allocator's
     // (common/allocator.h), not measurable here.
-    WARN("SKIPPED under a sanitizer: page faults measure the real allocator");
+    testing::SkipCase("real-allocator",
+                      "under a sanitizer: page faults measure the real allocator");
     return;
   }
   Servers s(1, "faults");

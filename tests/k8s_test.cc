@@ -27,6 +27,7 @@
 #include "common/local_ports.h"
 #include "common/subprocess.h"
 #include "common/testing/https_get.h"
+#include "common/testing/skip.h"
 #include "common/tls.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster_testlib.h"
@@ -37,7 +38,7 @@ namespace {
 using testing::Binary;
 using testing::BinDir;
 using testing::RunCommand;
-using testing::Skip;
+using testing::SkipCase;
 
 constexpr char kKubernetesVersion[] = "1.30.0";
 
@@ -48,8 +49,7 @@ std::string K8sDir() { return JoinPath(BinDir(), "configs/k8s"); }
 std::string ValidatorPython() {
   const testing::PythonReaders py = testing::PythonWithModules("kubernetes_validate, jsonschema, yaml");
   if (!py.error.empty()) {
-    if (py.required) FAIL(py.error);
-    WARN("skipped: " << py.error);
+    SkipCase("python", py.error);
     return "";
   }
   return py.python;
@@ -428,16 +428,17 @@ std::optional<testing::CommandResult> RunPods(const std::string& dir, const std:
                                               const std::vector<std::string>& flags) {
   const testing::PythonReaders py = testing::PythonWithModules("yaml");
   if (!py.error.empty()) {
-    if (py.required) FAIL(py.error);
-    Skip(py.error);
+    SkipCase("python", py.error);
     return std::nullopt;
   }
   const std::string& python = py.python;
-  for (const std::string& why : {WhyNoPodman(), WhyNotImageBinaries()}) {
-    if (!why.empty()) {
-      Skip(why);
-      return std::nullopt;
-    }
+  if (const std::string why = WhyNoPodman(); !why.empty()) {
+    SkipCase("podman", why);
+    return std::nullopt;
+  }
+  if (const std::string why = WhyNotImageBinaries(); !why.empty()) {
+    SkipCase("cpu-only-build", why);
+    return std::nullopt;
   }
   const std::string bin = JoinPath(dir, "bin"), digits = JoinPath(dir, "data/digits");
   REQUIRE(Env::Default()->CreateDirs(bin).ok());

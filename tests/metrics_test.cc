@@ -26,6 +26,7 @@
 #include "common/local_ports.h"
 #include "common/subprocess.h"
 #include "common/testing/https_get.h"
+#include "common/testing/skip.h"
 #include "common/tls.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster_testlib.h"
@@ -175,8 +176,7 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
   const testing::PythonReaders py = testing::PythonWithModules(
       "prometheus_client.parser, tensorboard.backend.event_processing.event_accumulator");
   if (!py.error.empty()) {
-    if (py.required) FAIL(py.error);
-    WARN("skipped the parser check: " << py.error);
+    testing::SkipCase("python", "the parser check: " + py.error);
     return;
   }
   const std::string body = metrics.substr(metrics.find("\r\n\r\n") + 4);
@@ -305,11 +305,9 @@ constexpr char kPromtool[] = "/usr/bin/promtool";
 // test fails where tools/test.sh requires them, and otherwise skips, saying so.
 bool HavePrometheus() {
   if (::access(kPrometheus, X_OK) == 0 && ::access(kPromtool, X_OK) == 0) return true;
-  const char* required = std::getenv("PSTRAIN_REQUIRE_PYTHON_READERS");
-  const std::string why =
-      "no /usr/bin/prometheus or /usr/bin/promtool (tools/test.sh installs Debian's prometheus)";
-  if (required != nullptr && std::string(required) == "1") FAIL(why);
-  WARN("SKIPPED: " << why);
+  testing::SkipCase(
+      "prometheus",
+      "no /usr/bin/prometheus or /usr/bin/promtool (tools/test.sh installs Debian's prometheus)");
   return false;
 }
 
@@ -532,8 +530,7 @@ TEST_CASE("with mutual TLS every daemon serves its metrics over HTTPS, and a rea
 
 TEST_CASE("a worker on a GPU serves its device memory", "[metrics][cluster][cuda]") {
   if (::access("/dev/nvidia0", F_OK) != 0) {
-    std::cerr << "SKIPPED: " << Catch::getResultCapture().getCurrentTestName()
-              << ": no GPU (/dev/nvidia0)\n";
+    testing::SkipCase("gpu", "no GPU (/dev/nvidia0)");
     return;
   }
   const std::string dir = testing::FreshTempDir("gpu_metrics");

@@ -21,6 +21,7 @@
 #include "common/env.h"
 #include "common/local_ports.h"
 #include "common/subprocess.h"
+#include "common/testing/skip.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster_testlib.h"
 
@@ -34,8 +35,6 @@ using testing::ConfigOptions;
 using testing::RunCommand;
 
 std::string Script(const std::string& rel) { return JoinPath(BinDir(), rel); }
-
-using testing::Skip;
 
 // Bazel runs tests with PATH=/bin:/usr/bin; ip, munged, slurmd and the
 // scripts' tools live in the sbin directories too.
@@ -91,7 +90,7 @@ bool Connects(const std::string& ns, const std::string& ip, int port) {
 bool SkippedWithoutNamespaces() {
   const std::string why = WhyNoNamespaces();
   if (why.empty()) return false;
-  Skip("simulated hosts cannot be made here: " + why);
+  testing::SkipCase("netns", "simulated hosts cannot be made here: " + why);
   return true;
 }
 
@@ -233,7 +232,7 @@ TEST_CASE("the demo submitted with sbatch to a real Slurm cluster trains, with m
           "[multihost][slurm]") {
   const std::string why = WhyNoSlurm();
   if (!why.empty()) {
-    Skip("no Slurm cluster can be started here: " + why);
+    testing::SkipCase("slurm", "no Slurm cluster can be started here: " + why);
     return;
   }
   const std::string dir = testing::FreshTempDir("slurm");

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "catch2/catch.hpp"
 #include "common/env.h"
+#include "common/testing/skip.h"
 #include "tests/cluster_testlib.h"
 
 namespace pstrain {
@@ -18,7 +19,7 @@ namespace {
 
 TEST_CASE("a child's data race is reported into the test's outputs", "[tsan]") {
 #if !defined(__SANITIZE_THREAD__)
-  WARN("SKIPPED: not a ThreadSanitizer build (bazel test --config=tsan runs it)");
+  testing::SkipCase("tsan", "not a ThreadSanitizer build (bazel test --config=tsan runs it)");
 #else
   const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
   REQUIRE(outputs != nullptr);

@@ -5,7 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source tools/setup.sh
 pstrain_install_deps
-pstrain_build //ps_server //worker //chief //tools:pstrain 2>&1 | grep -vE '^(INFO|Loading|Analyzing|Target|  bazel-bin)' >&2 || true
+if [ ! -x bazel-bin/tools/pstrain ]; then
+  echo "demo: building pstrain; the first build takes about 6 minutes on 2 cores (Bazel's progress follows)" >&2
+fi
+pstrain_build //ps_server //worker //chief //tools:pstrain 2>&1 |
+  grep --line-buffered -vE '^(\([0-9:]+\) )?(INFO: (Current date|Analyzed|Found|Elapsed|Build completed|[0-9]+ processes)|Loading|Analyzing|Target|  bazel-bin)' >&2 || true
 [ -x bazel-bin/tools/pstrain ] || { echo "demo: the build failed" >&2; exit 1; }
 if [ ! -f demo_data/t10k-labels-idx1-ubyte ]; then
   bazel-bin/tools/pstrain datagen --out=demo_data

@@ -67,7 +67,11 @@ pstrain_python_readers() {
   echo "$venv/bin/python3"
 }
 
+# Builds the targets named, with Bazel's progress: a line such as
+# "[412 / 1,187] Compiling ps_server/parameter_server.cc; 9s linux-sandbox"
+# at least every 20 s, so that a first build (several minutes on 2 cores)
+# does not look like a hang. CUDA is detected by the build itself
+# (third_party/cuda.bzl).
 pstrain_build() {
-  # CUDA is detected by the build itself (third_party/cuda.bzl).
-  bazel build --noshow_progress "$@"
+  bazel build --show_progress_rate_limit=20 --curses=no --color=no "$@"
 }

@@ -1,53 +1,111 @@
 #!/usr/bin/env bash
-# The README's second command: set up, then build and test every target with
-# CUDA (where nvcc exists), under ASan + UBSan and under TSan (both CPU-only
-# builds), build every target CPU-only and run its unit tests (the
-# multi-process tests in tests/ run CPU-only under both sanitizers already),
-# then fuzz (tools/fuzz.sh), then run clang's thread-safety analysis
-# (tools/thread_safety.sh). Ends with the line "N passed, N failed", counting
-# Catch2 test cases from Bazel's per-test XML, each fuzz target and each
-# analysis check.
+# The README's second command, and what CI runs (.ci/run): set up, then build
+# and test. Two tiers (docs/testing.md says what each runs, and why):
+#
+#   bash tools/test.sh          the fast tier: every test target once in the
+#                               default build (CUDA-compiled where nvcc
+#                               exists); the CPU-only build, with its unit
+#                               tests and the container test; ASan + UBSan
+#                               over every unit test (every parser's
+#                               included); TSan over the concurrency core;
+#                               the fuzzers from their corpora; clang's
+#                               thread-safety analysis.
+#   bash tools/test.sh --full   the whole matrix: every test target under
+#                               ASan + UBSan and under TSan as well.
+#
+# Ends with "N passed, N failed, N skipped", counting Catch2 test cases from
+# Bazel's per-test XML (a case that called SkipCase is skipped, never passed;
+# common/testing/skip.h), each fuzz target and each analysis check; the
+# skipped cases are listed by name, with their reasons, before it, and the
+# time each stage took.
+#
+#   PSTRAIN_REQUIRE=gpu,...  needs whose skips fail instead ("all": every one);
+#                            the readers this script installs (python,
+#                            prometheus) are always required
+#   PSTRAIN_ASAN=0, PSTRAIN_TSAN=0, PSTRAIN_CPU_ONLY=0   leave a stage out
+#   PSTRAIN_FUZZ_SECONDS     seconds per fuzz target (default 20; 0 leaves
+#                            fuzzing out)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+tier=fast
+case "${1:-}" in
+  "") ;;
+  --full) tier=full ;;
+  -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "tools/test.sh: unknown argument '$1' (expected --full or nothing)" >&2; exit 2 ;;
+esac
+started=$SECONDS
 source tools/setup.sh
 pstrain_install_deps
 pstrain_install_test_deps
 # setup.sh runs with -e; from here a failing build or test must not end the
 # script before it prints its closing line.
 set +e
-python=$(pstrain_python_readers) || python=/usr/bin/python3  # the export test then names what is missing
+python=$(pstrain_python_readers) || python=/usr/bin/python3  # the tests then name what is missing
+require=python,prometheus${PSTRAIN_REQUIRE:+,$PSTRAIN_REQUIRE}
+# Compiled actions and test results kept across clones of the work tree (CI
+# runs each submission in a fresh one): a run compiles and tests only what
+# changed since any earlier run on this machine.
+disk_cache=(--disk_cache="${PSTRAIN_DISK_CACHE:-$HOME/.cache/pstrain/disk-cache}")
 
 results=$(mktemp -d)
 trap 'rm -rf "$results"' EXIT
 overall=0
-startup=()         # bazel startup options of the configuration being run
-patterns=(//...)  # what it builds and tests
-collect=()        # the test targets whose XML it counts (empty: every one)
-# The test targets, by name (their XML is collected by name).
+stage_times=()
+stage_started=$started
+minutes() { awk -v n="$1" -v s="$2" 'BEGIN { printf "%-28s %5.1f min", n, s / 60 }'; }
+end_stage() {  # name: records how long the stage took
+  stage_times+=("$(minutes "$1" $((SECONDS - stage_started)))")
+  stage_started=$SECONDS
+}
+end_stage "setup"
+
 mapfile -t test_targets < <(bazel query --noshow_progress 'tests(//...)' 2>/dev/null)
 if [ "${#test_targets[@]}" -eq 0 ]; then
   echo "=== bazel query found no test targets" >&2
   overall=1
 fi
-run_config() {  # name, bazel flags...
-  local name=$1
-  shift
-  echo "=== bazel test ($name)" >&2
-  bazel "${startup[@]}" test --noshow_progress --test_env=PSTRAIN_PYTHON="$python" \
-    --test_env=PSTRAIN_REQUIRE_PYTHON_READERS=1 "$@" -- "${patterns[@]}" >&2
+# The unit tests: every test target outside tests/ (the multi-process suites).
+mapfile -t unit_targets < <(printf '%s\n' "${test_targets[@]}" | grep -v '^//tests:')
+# The concurrency core, for ThreadSanitizer in the fast tier: the parameter
+# server's unit tests, the RPC layer's and the client's, the data path's
+# multi-process suite (its load test included) and the stage's self-test.
+tsan_core=(//ps_server:parameter_server_test //ps_server:embedding_table_test
+           //ps_server:optimizer_test //common:rpc_test //common:call_window_test
+           //common:segmented_bytes_test //common:grpc_lifetime_test //common:auth_test
+           //common:shutdown_test //worker/data:prefetcher_test //tests:data_path_test
+           //tests:tsan_test)
+
+# bazel test over `targets` (name, then its flags after --), in the output
+# base `base` ("" for the work tree's own); copies each target's XML to
+# $results/<name>/ for counting.
+run_tests() {  # name base targets... -- flags...
+  local name=$1 base=$2
+  shift 2
+  local targets=() flags=() startup=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do targets+=("$1"); shift; done
+  [ $# -gt 0 ] && shift
+  flags=("$@")
+  if [ -n "$base" ]; then
+    # Another output base, without convenience symlinks (they belong to the
+    # work tree's own base).
+    startup=(--output_base="$base")
+    flags+=(--symlink_prefix=/)
+  fi
+  echo "=== bazel test ($name: ${#targets[@]} targets)" >&2
+  bazel "${startup[@]}" test --noshow_progress --keep_going "${disk_cache[@]}" \
+    --test_env=PSTRAIN_PYTHON="$python" --test_env=PSTRAIN_REQUIRE="$require" \
+    "${flags[@]}" -- "${targets[@]}" >&2
   local rc=$?
   [ $rc -ne 0 ] && overall=$rc
-  mkdir -p "$results/$name"
-  # The XML of every current test target (run now, or cached from an identical run).
-  local label dir testlogs
-  testlogs=$(bazel "${startup[@]}" info "$@" bazel-testlogs 2>/dev/null)
+  # The XML of each target (run now, or cached from an identical run).
+  local testlogs label dir
+  testlogs=$(bazel "${startup[@]}" info "${flags[@]}" bazel-testlogs 2>/dev/null)
   if [ -z "$testlogs" ]; then
     echo "=== $name: bazel info found no test logs; its cases are not counted" >&2
     overall=1
   fi
-  local counted=("${test_targets[@]}")
-  [ "${#collect[@]}" -gt 0 ] && counted=("${collect[@]}")
-  for label in "${counted[@]}"; do
+  for label in "${targets[@]}"; do
     dir=${label#//}
     dir=${dir/://}
     if [ -f "$testlogs/$dir/test.xml" ]; then
@@ -56,51 +114,59 @@ run_config() {  # name, bazel flags...
     fi
   done
 }
-# A configuration in an output base of its own (another compiler
-# configuration would rebuild the main one) and without convenience
-# symlinks, over the test targets by name: from another output base, //...
-# would walk into the main one's convenience symlinks (bazel-<dir>/external/...).
-run_in_own_base() {  # name, output base, bazel flags...
-  local name=$1 base=$2
-  shift 2
-  startup=(--output_base="$base")
-  patterns=("${test_targets[@]}")
-  run_config "$name" "$@" --symlink_prefix=/
-  startup=()
-  patterns=(//...)
-}
-run_config default
-# CPU-only: every target built; the unit tests run, and tests/k8s_test,
-# whose container cases run only with CPU-only daemons (the image's). The
-# other multi-process tests (tests/) would run the same CPU path a third
-# time: they run CPU-only under ASan + UBSan and TSan below (unless those are
-# skipped, when they run here too). Same output base and test logs as the
-# default's, so only the tests run here are counted again.
-echo "=== bazel build (cpu_only)" >&2
-if ! bazel build --noshow_progress --config=cpu_only -- //... >&2; then overall=1; fi
-if [ "${PSTRAIN_ASAN:-1}" != 0 ] && [ "${PSTRAIN_TSAN:-1}" != 0 ]; then
-  mapfile -t collect < <(printf '%s\n' "${test_targets[@]}" |
-    grep -v '^//tests:'; echo //tests:k8s_test)
-  patterns=("${collect[@]}")
-fi
-run_config cpu_only --config=cpu_only
-patterns=(//...)
-collect=()
-# Every test again under AddressSanitizer and UndefinedBehaviorSanitizer
-# (clang, --config=asan). PSTRAIN_ASAN=0 skips it.
-if [ "${PSTRAIN_ASAN:-1}" != 0 ]; then
-  run_in_own_base asan "${PSTRAIN_ASAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-asan}" --config=asan
-fi
-# Every test again under ThreadSanitizer (gcc, --config=tsan, with Abseil
-# built from Debian's source: third_party/absl_source.bzl). The processes a
-# test starts report into the test's own outputs, and each report fails a
-# case of the test (common/testing/catch_main.cc). PSTRAIN_TSAN=0 skips it.
-if [ "${PSTRAIN_TSAN:-1}" != 0 ]; then
-  run_in_own_base tsan "${PSTRAIN_TSAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-tsan}" --config=tsan
+
+# 1. The default build (CUDA where nvcc is found): every test target.
+echo "=== bazel build (default)" >&2
+if ! bazel build --noshow_progress --keep_going "${disk_cache[@]}" -- //... >&2; then overall=1; fi
+run_tests default "" "${test_targets[@]}" --
+end_stage "default: every target"
+
+# 2. CPU-only: every target built, so that the build without CUDA cannot rot;
+# its unit tests, and tests/k8s_test, whose container cases need CPU-only
+# daemons (the image has no CUDA libraries). Same output base as the
+# default: only what depends on the CUDA switch is rebuilt.
+if [ "${PSTRAIN_CPU_ONLY:-1}" != 0 ]; then
+  echo "=== bazel build (cpu_only)" >&2
+  if ! bazel build --noshow_progress --keep_going "${disk_cache[@]}" --config=cpu_only -- //... >&2; then
+    overall=1
+  fi
+  run_tests cpu_only "" "${unit_targets[@]}" //tests:k8s_test -- --config=cpu_only
+  end_stage "cpu_only: unit + k8s"
 fi
 
-# The libFuzzer targets, each for PSTRAIN_FUZZ_SECONDS (20; 0 skips them) from
-# its seed corpus: one case each, failed by a crash.
+# 3. AddressSanitizer + UndefinedBehaviorSanitizer (clang, --config=asan), in
+# an output base of its own (another compiler would rebuild the main one):
+# every unit test in the fast tier, every test target with --full.
+if [ "${PSTRAIN_ASAN:-1}" != 0 ]; then
+  asan_base=${PSTRAIN_ASAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-asan}
+  if [ "$tier" = full ]; then
+    run_tests asan "$asan_base" "${test_targets[@]}" -- --config=asan
+    end_stage "asan: every target"
+  else
+    run_tests asan "$asan_base" "${unit_targets[@]}" -- --config=asan
+    end_stage "asan: unit tests"
+  fi
+fi
+
+# 4. ThreadSanitizer (gcc, --config=tsan, with Abseil built from Debian's
+# source: third_party/absl_source.bzl). The processes a test starts report
+# into the test's own outputs, and each report fails a case of the test
+# (common/testing/catch_main.cc). The concurrency core in the fast tier,
+# every test target with --full.
+if [ "${PSTRAIN_TSAN:-1}" != 0 ]; then
+  tsan_base=${PSTRAIN_TSAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-tsan}
+  if [ "$tier" = full ]; then
+    run_tests tsan "$tsan_base" "${test_targets[@]}" -- --config=tsan
+    end_stage "tsan: every target"
+  else
+    run_tests tsan "$tsan_base" "${tsan_core[@]}" -- --config=tsan
+    end_stage "tsan: concurrency core"
+  fi
+fi
+
+# 5. The libFuzzer targets, each for PSTRAIN_FUZZ_SECONDS from its seed
+# corpus (every regression input replayed first): one case each, failed by a
+# crash.
 fuzz_passed=0
 fuzz_failed=0
 if [ "${PSTRAIN_FUZZ_SECONDS:-20}" != 0 ]; then
@@ -109,10 +175,10 @@ if [ "${PSTRAIN_FUZZ_SECONDS:-20}" != 0 ]; then
   echo "$fuzz_out" >&2
   fuzz_passed=$(grep -c '^fuzz .*: ok' <<< "$fuzz_out")
   fuzz_failed=$(grep -c '^fuzz .*: FAILED' <<< "$fuzz_out")
+  end_stage "fuzzing"
 fi
 
-# Count test cases: a <testcase> with a <failure> or <error> inside failed.
-# Clang's thread-safety analysis of the lock annotations (after the builds
+# 6. Clang's thread-safety analysis of the lock annotations (after the builds
 # above: it reads their generated headers); each check counts as a case.
 echo "=== thread-safety analysis (tools/thread_safety.sh)" >&2
 tsa_out=$(bash tools/thread_safety.sh 2>&1)
@@ -122,15 +188,25 @@ tsa_passed=$(grep -c '^thread-safety .*: ok' <<< "$tsa_out")
 tsa_failed=$(grep -c '^thread-safety .*: FAILED' <<< "$tsa_out")
 # A script that failed without saying which check still fails the run.
 if [ "$tsa_rc" -ne 0 ] && [ "$tsa_failed" -eq 0 ]; then tsa_failed=1; fi
+end_stage "thread-safety analysis"
 
-read -r passed failed < <(find "$results" -name test.xml -exec cat {} + | awk '
-  /<testcase/ { total++; bad = 0 }
-  /<failure|<error/ { if (!bad && total > 0) { failed++; bad = 1 } }
-  END { printf "%d %d\n", total - failed, failed }')
+# Count the test cases: failed (a <failure> or <error>), else skipped (a
+# <skipped>), else passed; list the skipped ones.
+summary=$(/usr/bin/python3 tools/junit_summary.py "$results")
+summary_rc=$?
+echo "$summary" | sed '$d'
+read -r passed failed skipped <<< "$(tail -n 1 <<< "$summary")"
+if [ "$summary_rc" -ne 0 ] || [ -z "${skipped:-}" ]; then
+  echo "=== the test reports could not be read" >&2
+  passed=0 failed=1 skipped=0
+fi
 if [ "$overall" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # the build or a test binary failed before reporting a case
 fi
 passed=$((passed + fuzz_passed + tsa_passed))
 failed=$((failed + fuzz_failed + tsa_failed))
-echo "${passed} passed, ${failed} failed"
+echo "tools/test.sh ($tier tier), minutes per stage:"
+printf '  %s\n' "${stage_times[@]}"
+echo "  $(minutes "whole run" $((SECONDS - started)))"
+echo "${passed} passed, ${failed} failed, ${skipped} skipped"
 [ "$overall" -eq 0 ] && [ "$failed" -eq 0 ]

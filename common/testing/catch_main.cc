@@ -8,6 +8,9 @@
 // daemons, the CLI) write their reports to files of the test's own, and each
 // report fails the test as a case of its own: a daemon that races, and that
 // the test only stops, would otherwise go unseen.
+//
+// Cases that called SkipCase (common/testing/skip.h) are marked <skipped> in
+// the XML and listed, with their reasons, at the end of the test's log.
 #define CATCH_CONFIG_RUNNER
 #include <cstdlib>
 #include <fstream>
@@ -25,6 +28,7 @@
 #endif
 
 #include "catch2/catch.hpp"
+#include "common/testing/skip.h"
 
 #if defined(__SANITIZE_THREAD__)
 namespace {
@@ -128,6 +132,15 @@ int main(int argc, char* argv[]) {
     if (rc == 0) rc = 1;
   }
 #endif
+  const auto& skipped = pstrain::testing::SkippedCases();
+  for (const auto& s : skipped) {
+    std::cerr << "skipped: " << s.test_case << " (" << s.need << "): " << s.why << "\n";
+  }
+  if (junit && !skipped.empty()) {
+    std::stringstream all;
+    all << std::ifstream(xml).rdbuf();
+    std::ofstream(xml, std::ios::trunc) << pstrain::testing::MarkSkippedInJunit(all.str(), skipped);
+  }
   if (junit) {
     std::ifstream in(xml);
     std::string line;
@@ -135,7 +148,12 @@ int main(int argc, char* argv[]) {
       std::cerr << "Catch2 JUnit report (" << xml << "):\n";
       while (std::getline(in, line)) std::cerr << line << "\n";
     }
-    std::cerr << "catch2: " << (rc == 0 ? "all test cases passed" : "failures") << "\n";
+    std::cerr << "catch2: "
+              << (rc != 0            ? "failures"
+                  : skipped.empty() ? "all test cases passed"
+                                    : "the test cases that ran passed; " +
+                                          std::to_string(skipped.size()) + " skipped")
+              << "\n";
   }
   return rc;
 }

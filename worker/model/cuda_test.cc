@@ -11,7 +11,9 @@
 #include <utility>
 
 #include "catch2/catch.hpp"
+#include "absl/strings/str_cat.h"
 #include "common/config.h"
+#include "common/testing/skip.h"
 #include "worker/model/backend.h"
 #include "worker/model/bags_test_util.h"
 #include "worker/model/device.h"
@@ -28,9 +30,8 @@ std::unique_ptr<Backend> CudaOrSkip() {
   if (!b.ok()) {
     CHECK(absl::IsFailedPrecondition(b.status()));
     CHECK_FALSE(b.status().message().empty());
-    // Printed as well: Catch2's JUnit report keeps WARN only for failures.
-    std::cerr << "SKIPPED: CUDA-vs-CPU comparison: no usable GPU: " << b.status().message() << "\n";
-    WARN("CUDA-vs-CPU comparison skipped: no usable GPU: " << b.status().message());
+    testing::SkipCase("gpu", absl::StrCat("CUDA-vs-CPU comparison: no usable GPU: ",
+                                          b.status().message()));
     return nullptr;
   }
   return std::move(*b);

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# The README's two commands in a clean room: a fresh Debian 12 (bookworm,
+# made with mmdebstrap from Debian's archive, nothing else installed) in a
+# podman container, a clone of this repository's HEAD inside it, then
+# `bash tools/demo.sh` and, with --tests, `bash tools/test.sh` there, as a
+# new user's machine would run them. A missing install step fails here where
+# a developer's machine, with everything installed, would hide it. Not part
+# of CI: it takes as long as a cold CI run, plus the base system's download.
+#
+#   bash tools/cleanroom.sh            # the demo
+#   bash tools/cleanroom.sh --tests    # the demo, then the tests
+#
+# Needs root, podman and mmdebstrap (tools/test.sh installs both). The
+# container has the host's network (Debian's archive and PyPI, as on a fresh
+# machine) and runs privileged, so that the tests' network namespaces work in
+# it; the tests that need podman themselves report themselves skipped there.
+# Each command's output goes to $PSTRAIN_CLEANROOM_LOGS (default
+# /tmp/pstrain-cleanroom), and one line per command says how it ended and
+# how long it took. Exit status: non-zero when a command failed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+run_tests=0
+case "${1:-}" in
+  "") ;;
+  --tests) run_tests=1 ;;
+  *) echo "tools/cleanroom.sh: unknown argument '$1' (expected --tests or nothing)" >&2; exit 2 ;;
+esac
+for tool in podman mmdebstrap git; do
+  command -v "$tool" > /dev/null || { echo "cleanroom: $tool is not installed" >&2; exit 2; }
+done
+logs=${PSTRAIN_CLEANROOM_LOGS:-/tmp/pstrain-cleanroom}
+mkdir -p "$logs"
+work=$(mktemp -d)
+image=localhost/pstrain-cleanroom:bookworm
+cleanup() {
+  podman rmi --force "$image" > /dev/null 2>&1
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+started=$SECONDS
+echo "cleanroom: a fresh Debian 12 from Debian's archive (mmdebstrap)" >&2
+if ! mmdebstrap --variant=apt --quiet --include=ca-certificates,git bookworm "$work/rootfs.tar" \
+    http://deb.debian.org/debian > "$logs/mmdebstrap.log" 2>&1; then
+  echo "cleanroom: mmdebstrap failed (see $logs/mmdebstrap.log)" >&2
+  exit 1
+fi
+podman import --quiet "$work/rootfs.tar" "$image" > /dev/null || exit 1
+rm -f "$work/rootfs.tar"
+git clone --quiet . "$work/pstrain" || exit 1
+echo "cleanroom: base system ready in $((SECONDS - started)) s" >&2
+
+failed=0
+run_in_container() {  # name, command
+  local name=$1 cmd=$2 t0=$SECONDS
+  echo "cleanroom: $cmd (log: $logs/$name.log)" >&2
+  # One container per command, over the same clone: the second command starts
+  # from what the first installed only where the clone keeps it (bazel-* and
+  # demo outputs), as on a real machine whose packages the first installed.
+  podman run --rm --privileged --network=host --name "pstrain-cleanroom-$name" \
+    -v "$work/pstrain:/src" -v "$work/root-cache:/root/.cache" -w /src "$image" \
+    bash -c "$cmd" > "$logs/$name.log" 2>&1
+  local rc=$?
+  local took=$((SECONDS - t0))
+  if [ "$rc" -eq 0 ]; then
+    echo "cleanroom: $cmd: ok in $((took / 60)) min $((took % 60)) s" >&2
+  else
+    echo "cleanroom: $cmd: FAILED (exit $rc) after $((took / 60)) min $((took % 60)) s" >&2
+    tail -n 30 "$logs/$name.log" >&2
+    failed=1
+  fi
+}
+mkdir -p "$work/root-cache"
+# The packages the demo installs go into the container, which the second
+# command's container does not keep: each command is run from a fresh
+# Debian, as the README promises it works.
+run_in_container demo "bash tools/demo.sh"
+if [ "$run_tests" = 1 ]; then
+  run_in_container tests "bash tools/test.sh"
+  grep -E '^[0-9]+ passed, [0-9]+ failed' "$logs/tests.log" >&2
+fi
+echo "cleanroom: done in $(((SECONDS - started) / 60)) min" >&2
+exit "$failed"

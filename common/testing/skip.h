@@ -21,9 +21,10 @@
 
 namespace pstrain::testing {
 
-// What a skipped case lacked, one word: "gpu", "tsan", "python",
-// "prometheus", "podman", "netns", "slurm", "real-allocator".
-// Whether PSTRAIN_REQUIRE makes a missing `need` a failure.
+// Whether PSTRAIN_REQUIRE makes a skip for want of `need` a failure. A need
+// is one word naming what a skipped case lacked: "gpu", "tsan", "python",
+// "prometheus", "podman", "netns", "slurm", "cpu-only-build",
+// "real-allocator" (docs/testing.md lists them).
 bool Required(std::string_view need);
 
 // Reports the running case as skipped for want of `need`, saying `why` (in the

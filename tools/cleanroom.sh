@@ -11,9 +11,9 @@
 #   bash tools/cleanroom.sh --tests    # the demo, then the tests
 #
 # Needs root, podman and mmdebstrap (tools/test.sh installs both). The
-# container has the host's network (Debian's archive and PyPI, as on a fresh
-# machine) and runs privileged, so that the tests' network namespaces work in
-# it; the tests that need podman themselves report themselves skipped there.
+# container is on podman's default network, which reaches Debian's archive
+# and PyPI as a fresh machine would, and runs privileged, so that the tests'
+# network namespaces (made inside the container's own) work in it.
 # Each command's output goes to $PSTRAIN_CLEANROOM_LOGS (default
 # /tmp/pstrain-cleanroom), and one line per command says how it ended and
 # how long it took. Exit status: non-zero when a command failed.
@@ -54,10 +54,11 @@ failed=0
 run_in_container() {  # name, command
   local name=$1 cmd=$2 t0=$SECONDS
   echo "cleanroom: $cmd (log: $logs/$name.log)" >&2
-  # One container per command, over the same clone: the second command starts
-  # from what the first installed only where the clone keeps it (bazel-* and
-  # demo outputs), as on a real machine whose packages the first installed.
-  podman run --rm --privileged --network=host --name "pstrain-cleanroom-$name" \
+  # One container per command, from the fresh image, over the same clone and
+  # the same ~/.cache (Bazel's output base): the second command reuses the
+  # first one's build, as on a user's machine, but installs its packages
+  # anew, so that each command's own install steps are checked.
+  podman run --rm --privileged --name "pstrain-cleanroom-$name" \
     -v "$work/pstrain:/src" -v "$work/root-cache:/root/.cache" -w /src "$image" \
     bash -c "$cmd" > "$logs/$name.log" 2>&1
   local rc=$?
@@ -71,9 +72,6 @@ run_in_container() {  # name, command
   fi
 }
 mkdir -p "$work/root-cache"
-# The packages the demo installs go into the container, which the second
-# command's container does not keep: each command is run from a fresh
-# Debian, as the README promises it works.
 run_in_container demo "bash tools/demo.sh"
 if [ "$run_tests" = 1 ]; then
   run_in_container tests "bash tools/test.sh"

@@ -58,7 +58,10 @@ run_in_container() {  # name, command
   # the same ~/.cache (Bazel's output base): the second command reuses the
   # first one's build, as on a user's machine, but installs its packages
   # anew, so that each command's own install steps are checked.
-  podman run --rm --privileged --name "pstrain-cleanroom-$name" \
+  # Limits named: the runtime may not raise them (without CAP_SYS_RESOURCE
+  # it refuses podman's defaults), and these are what Bazel and the tests use.
+  podman run --rm --privileged --ulimit=nofile=20000:20000 --ulimit=nproc=32768:32768 \
+    --name "pstrain-cleanroom-$name" \
     -v "$work/pstrain:/src" -v "$work/root-cache:/root/.cache" -w /src "$image" \
     bash -c "$cmd" > "$logs/$name.log" 2>&1
   local rc=$?

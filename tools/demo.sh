@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 source tools/setup.sh
 pstrain_install_deps
 if [ ! -x bazel-bin/tools/pstrain ]; then
-  echo "demo: building pstrain; the first build takes about 6 minutes on 2 cores (Bazel's progress follows)" >&2
+  echo "demo: building pstrain; the first build takes 3-5 minutes on 2 cores (Bazel's progress follows)" >&2
 fi
 pstrain_build //ps_server //worker //chief //tools:pstrain 2>&1 |
   grep --line-buffered -vE '^(\([0-9:]+\) )?(INFO: (Current date|Analyzed|Found|Elapsed|Build completed|[0-9]+ processes)|Loading|Analyzing|Target|  bazel-bin)' >&2 || true

@@ -61,9 +61,9 @@ run_in_container() {  # name, command
   # Limits named: the runtime may not raise them (without CAP_SYS_RESOURCE
   # it refuses podman's defaults), and these are what Bazel and the tests use.
   podman run --rm --privileged --ulimit=nofile=20000:20000 --ulimit=nproc=32768:32768 \
-    --name "pstrain-cleanroom-$name" \
+    --name "pstrain-cleanroom-$name" "${machine[@]}" \
     -v "$work/pstrain:/src" -v "$work/root-cache:/root/.cache" -w /src "$image" \
-    bash -c "$cmd" > "$logs/$name.log" 2>&1
+    bash -c "$trust$cmd" > "$logs/$name.log" 2>&1
   local rc=$?
   local took=$((SECONDS - t0))
   if [ "$rc" -eq 0 ]; then
@@ -75,6 +75,17 @@ run_in_container() {  # name, command
   fi
 }
 mkdir -p "$work/root-cache"
+# What the machine itself adds to Debian, which a fresh machine of the same
+# kind has too and the project does not install: certificate authorities of
+# the site (an egress proxy's, say) and pip's configuration. Without them a
+# site that intercepts TLS fails pip in the container, not the project.
+machine=()
+trust=""
+if compgen -G "/usr/local/share/ca-certificates/*.crt" > /dev/null; then
+  machine+=(-v /usr/local/share/ca-certificates:/usr/local/share/ca-certificates:ro)
+  trust="update-ca-certificates > /dev/null 2>&1; "
+fi
+[ -f /etc/pip.conf ] && machine+=(-v /etc/pip.conf:/etc/pip.conf:ro)
 run_in_container demo "bash tools/demo.sh"
 if [ "$run_tests" = 1 ]; then
   run_in_container tests "bash tools/test.sh"

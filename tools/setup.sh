@@ -19,8 +19,9 @@ pstrain_install_deps() {
 }
 
 # What only the tests use (without recommends: Slurm's recommended plugins
-# pull in 35 more packages): a real one-node Slurm cluster
-# (tests/multihost_test), Prometheus with promtool (tests/metrics_test), and
+# pull in 35 more packages): a real one-node Slurm cluster and iproute2's
+# `ip` for the simulated hosts (tests/multihost_test; a fresh Debian 12 has
+# no `ip`, tools/cleanroom.sh found), Prometheus with promtool (tests/metrics_test), and
 # openssl, which checks the certificates pstrain certs writes (common/tls_test);
 # bazel-skylib, libtsan2 and patch are for the ThreadSanitizer stage (--config=tsan;
 # patch applies Debian's patches to the Abseil it builds: third_party/absl_source.bzl);
@@ -28,7 +29,7 @@ pstrain_install_deps() {
 # podman, runc, netavark, aardvark-dns, iptables and mmdebstrap build the
 # Kubernetes image's runtime stage from a Debian 12 made from Debian's archive
 # and run its pods (tests/k8s_test, tests/k8s/pods.py).
-PSTRAIN_TEST_PACKAGES=(slurmctld slurmd slurm-client munge prometheus openssl bazel-skylib libtsan2 patch
+PSTRAIN_TEST_PACKAGES=(slurmctld slurmd slurm-client munge prometheus openssl bazel-skylib libtsan2 patch iproute2
                        lld podman runc netavark aardvark-dns iptables mmdebstrap)
 pstrain_install_test_deps() {
   PSTRAIN_APT_FLAGS=--no-install-recommends pstrain_apt_install "${PSTRAIN_TEST_PACKAGES[@]}"

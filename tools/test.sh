@@ -134,34 +134,32 @@ if [ "${PSTRAIN_CPU_ONLY:-1}" != 0 ]; then
   end_stage "cpu_only: unit + k8s"
 fi
 
+# What each sanitizer runs: in the fast tier, ASan + UBSan every unit test
+# and TSan the concurrency core; with --full, every test target.
+if [ "$tier" = full ]; then
+  asan_targets=("${test_targets[@]}") asan_stage="asan: every target"
+  tsan_targets=("${test_targets[@]}") tsan_stage="tsan: every target"
+else
+  asan_targets=("${unit_targets[@]}") asan_stage="asan: unit tests"
+  tsan_targets=("${tsan_core[@]}") tsan_stage="tsan: concurrency core"
+fi
+
 # 3. AddressSanitizer + UndefinedBehaviorSanitizer (clang, --config=asan), in
-# an output base of its own (another compiler would rebuild the main one):
-# every unit test in the fast tier, every test target with --full.
+# an output base of its own (another compiler would rebuild the main one).
 if [ "${PSTRAIN_ASAN:-1}" != 0 ]; then
-  asan_base=${PSTRAIN_ASAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-asan}
-  if [ "$tier" = full ]; then
-    run_tests asan "$asan_base" "${test_targets[@]}" -- --config=asan
-    end_stage "asan: every target"
-  else
-    run_tests asan "$asan_base" "${unit_targets[@]}" -- --config=asan
-    end_stage "asan: unit tests"
-  fi
+  run_tests asan "${PSTRAIN_ASAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-asan}" \
+    "${asan_targets[@]}" -- --config=asan
+  end_stage "$asan_stage"
 fi
 
 # 4. ThreadSanitizer (gcc, --config=tsan, with Abseil built from Debian's
 # source: third_party/absl_source.bzl). The processes a test starts report
 # into the test's own outputs, and each report fails a case of the test
-# (common/testing/catch_main.cc). The concurrency core in the fast tier,
-# every test target with --full.
+# (common/testing/catch_main.cc).
 if [ "${PSTRAIN_TSAN:-1}" != 0 ]; then
-  tsan_base=${PSTRAIN_TSAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-tsan}
-  if [ "$tier" = full ]; then
-    run_tests tsan "$tsan_base" "${test_targets[@]}" -- --config=tsan
-    end_stage "tsan: every target"
-  else
-    run_tests tsan "$tsan_base" "${tsan_core[@]}" -- --config=tsan
-    end_stage "tsan: concurrency core"
-  fi
+  run_tests tsan "${PSTRAIN_TSAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-tsan}" \
+    "${tsan_targets[@]}" -- --config=tsan
+  end_stage "$tsan_stage"
 fi
 
 # 5. The libFuzzer targets, each for PSTRAIN_FUZZ_SECONDS from its seed

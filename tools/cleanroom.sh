@@ -30,6 +30,7 @@ for tool in podman mmdebstrap git; do
 done
 logs=${PSTRAIN_CLEANROOM_LOGS:-/tmp/pstrain-cleanroom}
 mkdir -p "$logs"
+rm -f "$logs"/*.log  # an earlier run's logs would read as this one's
 work=$(mktemp -d)
 image=localhost/pstrain-cleanroom:bookworm
 cleanup() {
@@ -40,7 +41,7 @@ trap cleanup EXIT
 
 started=$SECONDS
 echo "cleanroom: a fresh Debian 12 from Debian's archive (mmdebstrap)" >&2
-if ! mmdebstrap --variant=apt --quiet --include=ca-certificates,git bookworm "$work/rootfs.tar" \
+if ! timeout 900 mmdebstrap --variant=apt --quiet --include=ca-certificates,git bookworm "$work/rootfs.tar" \
     http://deb.debian.org/debian > "$logs/mmdebstrap.log" 2>&1; then
   echo "cleanroom: mmdebstrap failed (see $logs/mmdebstrap.log)" >&2
   exit 1
@@ -51,8 +52,8 @@ git clone --quiet . "$work/pstrain" || exit 1
 echo "cleanroom: base system ready in $((SECONDS - started)) s" >&2
 
 failed=0
-run_in_container() {  # name, command
-  local name=$1 cmd=$2 t0=$SECONDS
+run_in_container() {  # name, seconds allowed, command
+  local name=$1 limit=$2 cmd=$3 t0=$SECONDS
   echo "cleanroom: $cmd (log: $logs/$name.log)" >&2
   # One container per command, from the fresh image, over the same clone and
   # the same ~/.cache (Bazel's output base): the second command reuses the
@@ -60,7 +61,7 @@ run_in_container() {  # name, command
   # anew, so that each command's own install steps are checked.
   # Limits named: the runtime may not raise them (without CAP_SYS_RESOURCE
   # it refuses podman's defaults), and these are what Bazel and the tests use.
-  podman run --rm --privileged --ulimit=nofile=20000:20000 --ulimit=nproc=32768:32768 \
+  podman run --rm --timeout="$limit" --privileged --ulimit=nofile=20000:20000 --ulimit=nproc=32768:32768 \
     --name "pstrain-cleanroom-$name" "${machine[@]}" \
     -v "$work/pstrain:/src" -v "$work/root-cache:/root/.cache" -w /src "$image" \
     bash -c "$trust$cmd" > "$logs/$name.log" 2>&1
@@ -86,9 +87,10 @@ if compgen -G "/usr/local/share/ca-certificates/*.crt" > /dev/null; then
   trust="update-ca-certificates > /dev/null 2>&1; "
 fi
 [ -f /etc/pip.conf ] && machine+=(-v /etc/pip.conf:/etc/pip.conf:ro)
-run_in_container demo "bash tools/demo.sh"
+# Deadlines of about three times what each took on 2 cores (4 and 30 min).
+run_in_container demo 900 "bash tools/demo.sh"
 if [ "$run_tests" = 1 ]; then
-  run_in_container tests "bash tools/test.sh"
+  run_in_container tests 5400 "bash tools/test.sh"
   grep -E '^[0-9]+ passed, [0-9]+ failed' "$logs/tests.log" >&2
 fi
 echo "cleanroom: done in $(((SECONDS - started) / 60)) min" >&2

@@ -46,7 +46,11 @@ require=python,prometheus${PSTRAIN_REQUIRE:+,$PSTRAIN_REQUIRE}
 # Compiled actions and test results kept across clones of the work tree (CI
 # runs each submission in a fresh one): a run compiles and tests only what
 # changed since any earlier run on this machine.
-disk_cache=(--disk_cache="${PSTRAIN_DISK_CACHE:-$HOME/.cache/pstrain/disk-cache}")
+# The flags of every build and test: the same --test_env in both, so that a
+# test run after its build keeps Bazel's analysis.
+common=(--noshow_progress --keep_going
+        --disk_cache="${PSTRAIN_DISK_CACHE:-$HOME/.cache/pstrain/disk-cache}"
+        --test_env=PSTRAIN_PYTHON="$python" --test_env=PSTRAIN_REQUIRE="$require")
 
 results=$(mktemp -d)
 trap 'rm -rf "$results"' EXIT
@@ -93,9 +97,7 @@ run_tests() {  # name base targets... -- flags...
     flags+=(--symlink_prefix=/)
   fi
   echo "=== bazel test ($name: ${#targets[@]} targets)" >&2
-  bazel "${startup[@]}" test --noshow_progress --keep_going "${disk_cache[@]}" \
-    --test_env=PSTRAIN_PYTHON="$python" --test_env=PSTRAIN_REQUIRE="$require" \
-    "${flags[@]}" -- "${targets[@]}" >&2
+  bazel "${startup[@]}" test "${common[@]}" "${flags[@]}" -- "${targets[@]}" >&2
   local rc=$?
   [ $rc -ne 0 ] && overall=$rc
   # The XML of each target (run now, or cached from an identical run).
@@ -117,7 +119,7 @@ run_tests() {  # name base targets... -- flags...
 
 # 1. The default build (CUDA where nvcc is found): every test target.
 echo "=== bazel build (default)" >&2
-if ! bazel build --noshow_progress --keep_going "${disk_cache[@]}" -- //... >&2; then overall=1; fi
+if ! bazel build "${common[@]}" -- //... >&2; then overall=1; fi
 run_tests default "" "${test_targets[@]}" --
 end_stage "default: every target"
 
@@ -127,7 +129,7 @@ end_stage "default: every target"
 # default: only what depends on the CUDA switch is rebuilt.
 if [ "${PSTRAIN_CPU_ONLY:-1}" != 0 ]; then
   echo "=== bazel build (cpu_only)" >&2
-  if ! bazel build --noshow_progress --keep_going "${disk_cache[@]}" --config=cpu_only -- //... >&2; then
+  if ! bazel build "${common[@]}" --config=cpu_only -- //... >&2; then
     overall=1
   fi
   run_tests cpu_only "" "${unit_targets[@]}" //tests:k8s_test -- --config=cpu_only

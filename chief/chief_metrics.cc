@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/monitoring.h"
+#include "common/observability/monitoring.h"
 
 namespace pstrain {
 namespace {

@@ -10,8 +10,8 @@
 
 #include "absl/status/status.h"
 #include "chief/chief_state.h"
-#include "common/cluster_spec.h"
-#include "common/shutdown.h"
+#include "common/cluster/cluster_spec.h"
+#include "common/base/shutdown.h"
 #include "proto/config.pb.h"
 
 namespace pstrain {

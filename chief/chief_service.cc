@@ -4,8 +4,8 @@
 #include <chrono>
 
 #include "absl/time/clock.h"
-#include "common/logging.h"
-#include "common/rpc.h"
+#include "common/base/logging.h"
+#include "common/rpc/rpc.h"
 
 namespace pstrain {
 

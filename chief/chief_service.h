@@ -4,7 +4,7 @@
 #define PSTRAIN_CHIEF_CHIEF_SERVICE_H_
 
 #include "chief/chief_state.h"
-#include "common/auth.h"
+#include "common/security/auth.h"
 #include "proto/chief_service.grpc.pb.h"
 
 namespace pstrain {
@@ -12,7 +12,7 @@ namespace pstrain {
 class ChiefServiceImpl final : public ChiefService::Service {
  public:
   // Only workers register and report, each as itself; anyone authenticated
-  // reads GetStatus, only the operator restores (common/auth.h). `auth` outlives this.
+  // reads GetStatus, only the operator restores (common/security/auth.h). `auth` outlives this.
   ChiefServiceImpl(Chief* chief, Authorizer* auth) : chief_(chief), auth_(auth) {}
 
   grpc::Status RegisterWorker(grpc::ServerContext* ctx, const RegisterWorkerRequest* req,

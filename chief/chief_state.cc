@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/logging.h"
+#include "common/base/logging.h"
 
 namespace pstrain {
 

@@ -8,8 +8,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "common/embedding_ids.h"
-#include "common/tensor.h"
+#include "common/base/embedding_ids.h"
+#include "common/base/tensor.h"
 
 namespace pstrain {
 namespace {

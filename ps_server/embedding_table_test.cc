@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "catch2/catch.hpp"
-#include "common/embedding_ids.h"
+#include "common/base/embedding_ids.h"
 #include "google/protobuf/text_format.h"
 
 namespace pstrain {

@@ -5,8 +5,8 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "common/config.h"
-#include "common/status_macros.h"
+#include "common/cluster/config.h"
+#include "common/base/status_macros.h"
 
 namespace pstrain {
 namespace {

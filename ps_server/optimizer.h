@@ -62,7 +62,7 @@ class Optimizer {
   }
 };
 
-// From a config checked by ValidateAndFillDefaults (common/config.h).
+// From a config checked by ValidateAndFillDefaults (common/cluster/config.h).
 absl::StatusOr<std::unique_ptr<Optimizer>> CreateOptimizer(const OptimizerConfig& config);
 
 // The learning rate of each update, from the optimizer's config (see

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "catch2/catch.hpp"
-#include "common/config.h"
+#include "common/cluster/config.h"
 #include "google/protobuf/text_format.h"
 
 namespace pstrain {

@@ -9,13 +9,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "common/bfloat16.h"
-#include "common/checkpoint.h"
-#include "common/config.h"
-#include "common/embedding_ids.h"
-#include "common/env.h"
-#include "common/logging.h"
-#include "common/status_macros.h"
+#include "common/base/bfloat16.h"
+#include "common/storage/checkpoint.h"
+#include "common/cluster/config.h"
+#include "common/base/embedding_ids.h"
+#include "common/storage/env.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
 
 namespace pstrain {
 namespace {

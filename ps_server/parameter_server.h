@@ -69,9 +69,9 @@
 #include "absl/synchronization/notification.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/histogram.h"
-#include "common/segmented_bytes.h"
-#include "common/tensor.h"
+#include "common/base/histogram.h"
+#include "common/base/segmented_bytes.h"
+#include "common/base/tensor.h"
 #include "proto/ps_service.pb.h"
 #include "ps_server/embedding_table.h"
 #include "ps_server/optimizer.h"
@@ -175,7 +175,7 @@ class ParameterServer {
   // variables do. A worker sends its rows before its dense push to the
   // same server; rows for a step already done are dropped as stale.
   // `payload` holds request.num_ids() ids and then their gradients (a
-  // frame's payload, common/wire_frame.h); both are copied out once, the
+  // frame's payload, common/rpc/wire_frame.h); both are copied out once, the
   // ids to be checked and the gradients to be checked and applied or staged.
   absl::Status PushRows(const PushRowsRequest& request, const SegmentedBytes& payload,
                         PushRowsResponse* response);

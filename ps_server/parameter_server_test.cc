@@ -15,10 +15,10 @@
 #include "absl/time/clock.h"
 
 #include "catch2/catch.hpp"
-#include "common/bfloat16.h"
-#include "common/checkpoint.h"
-#include "common/config.h"
-#include "common/env.h"
+#include "common/base/bfloat16.h"
+#include "common/storage/checkpoint.h"
+#include "common/cluster/config.h"
+#include "common/storage/env.h"
 
 namespace pstrain {
 namespace {

@@ -5,10 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
-#include "common/rpc.h"
-#include "common/tsan_handoff.h"
-#include "common/wire_frame.h"
+#include "common/base/logging.h"
+#include "common/rpc/rpc.h"
+#include "common/base/tsan_handoff.h"
+#include "common/rpc/wire_frame.h"
 
 namespace pstrain {
 

@@ -4,13 +4,13 @@
 // concurrently; ParameterServer is thread-safe).
 //
 // Pull, Push, PullRows and PushRows are raw callback methods: their tensors
-// travel as frames (common/wire_frame.h), decoded in place on the way in
+// travel as frames (common/rpc/wire_frame.h), decoded in place on the way in
 // (row pushes: copied out once) and sent from the server's version buffers
 // (rows: the memory they were gathered into) on the way out, and a waiting Pull or PullRows parks in ParameterServer
 // without a thread; a client that cancels releases it at once. The other
 // methods are plain protobuf ones.
 //
-// Every call is authenticated and authorized first (common/auth.h): only the
+// Every call is authenticated and authorized first (common/security/auth.h): only the
 // chief may Initialize, Shutdown, Snapshot, GetShard and LoadRows; only
 // workers push; workers and the chief pull; anyone authenticated reads
 // GetStatus. A worker's requests must name itself. A refused call changes
@@ -24,8 +24,8 @@
 
 #include <atomic>
 
-#include "common/auth.h"
-#include "common/shutdown.h"
+#include "common/security/auth.h"
+#include "common/base/shutdown.h"
 #include "proto/ps_service.grpc.pb.h"
 #include "ps_server/parameter_server.h"
 

@@ -3,9 +3,9 @@
 #include <utility>
 
 #include "absl/time/clock.h"
-#include "common/checkpoint.h"
-#include "common/env.h"
-#include "common/logging.h"
+#include "common/storage/checkpoint.h"
+#include "common/storage/env.h"
+#include "common/base/logging.h"
 
 namespace pstrain {
 

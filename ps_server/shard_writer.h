@@ -1,6 +1,6 @@
 // A parameter server's share of a checkpoint, as taken at a sync step
 // boundary (ParameterServer::MaybeSnapshotLocked), and its writing into
-// ckpt-<step>/shard-<i>-of-<n> through common/checkpoint.h. Kept apart from
+// ckpt-<step>/shard-<i>-of-<n> through common/storage/checkpoint.h. Kept apart from
 // the server's hot loops (built without their flags). Thread-compatible.
 #ifndef PSTRAIN_PS_SERVER_SHARD_WRITER_H_
 #define PSTRAIN_PS_SERVER_SHARD_WRITER_H_

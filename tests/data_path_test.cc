@@ -24,17 +24,17 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "catch2/catch.hpp"
-#include "common/cluster_spec.h"
-#include "common/config.h"
-#include "common/embedding_ids.h"
-#include "common/env.h"
-#include "common/grpc_lifetime.h"
-#include "common/placement.h"
-#include "common/ps_client.h"
-#include "common/rpc.h"
-#include "common/subprocess.h"
+#include "common/cluster/cluster_spec.h"
+#include "common/cluster/config.h"
+#include "common/base/embedding_ids.h"
+#include "common/storage/env.h"
+#include "common/rpc/grpc_lifetime.h"
+#include "common/cluster/placement.h"
+#include "common/client/ps_client.h"
+#include "common/rpc/rpc.h"
+#include "tools/subprocess.h"
 #include "common/testing/skip.h"
-#include "common/wire_frame.h"
+#include "common/rpc/wire_frame.h"
 #include "tests/cluster_testlib.h"
 
 namespace pstrain {
@@ -91,7 +91,7 @@ struct Servers {
                    int workers = 2, const std::vector<std::string>& server_flags = {}) {
     // This process's clients come and go with each case: without the hold,
     // the last one's going away runs gRPC's global shutdown, which can wait
-    // ~10 s for an executor thread (common/grpc_lifetime.h; it did in the
+    // ~10 s for an executor thread (common/rpc/grpc_lifetime.h; it did in the
     // in-flight memory case: 18.7 s with it, 8.1 s without).
     KeepGrpcUntilExit();
     if (!variables.empty()) vars = std::move(variables);
@@ -425,7 +425,7 @@ TEST_CASE("steady state: a server takes almost no page faults per step", "[data_
   if (testing::kSanitized) {
     // The sanitizers' allocators replace the real one (ASan quarantines freed
     // memory and hands out fresh pages): the property is the real allocator's
-    // (common/allocator.h), not measurable here.
+    // (common/runtime/allocator.h), not measurable here.
     testing::SkipCase("real-allocator",
                       "under a sanitizer: page faults measure the real allocator");
     return;

@@ -18,9 +18,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
-#include "common/env.h"
-#include "common/local_ports.h"
-#include "common/subprocess.h"
+#include "common/storage/env.h"
+#include "tools/local_ports.h"
+#include "tools/subprocess.h"
 #include "common/testing/skip.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster_testlib.h"

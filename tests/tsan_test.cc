@@ -10,7 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "catch2/catch.hpp"
-#include "common/env.h"
+#include "common/storage/env.h"
 #include "common/testing/skip.h"
 #include "tests/cluster_testlib.h"
 

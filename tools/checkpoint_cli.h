@@ -1,5 +1,5 @@
 // `pstrain checkpoint list|verify|inspect`: reading checkpoints from the
-// command line (common/checkpoint.h is the one reader).
+// command line (common/storage/checkpoint.h is the one reader).
 //   list DIR             step, time, size, complete or not, which is latest
 //   verify CKPT          exit 0 for a good checkpoint, else one line per problem
 //   inspect CKPT [--json]  step, fingerprint, cursors, slots, and every

@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
-#include "common/checkpoint.h"
-#include "common/env.h"
+#include "common/storage/checkpoint.h"
+#include "common/storage/env.h"
 #include "nlohmann/json.hpp"
 #include "tools/tensor_export.h"
 

@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/embedding_ids.h"
-#include "common/metrics.h"
-#include "common/sizing.h"
-#include "common/status_macros.h"
+#include "common/base/embedding_ids.h"
+#include "chief/binary_metrics.h"
+#include "common/cluster/sizing.h"
+#include "common/base/status_macros.h"
 
 namespace pstrain {
 namespace {

@@ -11,8 +11,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/env.h"
-#include "common/idx.h"
+#include "common/storage/env.h"
+#include "worker/data/idx.h"
 #include "worker/data/criteo_reader.h"
 
 namespace pstrain {

@@ -8,8 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
-#include "common/env.h"
-#include "common/sizing.h"
+#include "common/storage/env.h"
+#include "common/cluster/sizing.h"
 #include "worker/data/criteo_reader.h"
 #include "worker/data/csv_reader.h"
 #include "worker/data/idx_reader.h"

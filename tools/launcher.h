@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "common/shutdown.h"
+#include "common/base/shutdown.h"
 
 namespace pstrain {
 

@@ -21,19 +21,19 @@
 #include <string>
 #include <vector>
 
-#include "common/auth.h"
-#include "common/cluster_spec.h"
-#include "common/config.h"
-#include "common/embedding_ids.h"
-#include "common/env.h"
-#include "common/grpc_lifetime.h"
-#include "common/placement.h"
-#include "common/rpc.h"
-#include "common/sizing.h"
-#include "common/slurm.h"
-#include "common/status_macros.h"
-#include "common/shutdown.h"
-#include "common/tls.h"
+#include "common/security/auth.h"
+#include "common/cluster/cluster_spec.h"
+#include "common/cluster/config.h"
+#include "common/base/embedding_ids.h"
+#include "common/storage/env.h"
+#include "common/rpc/grpc_lifetime.h"
+#include "common/cluster/placement.h"
+#include "common/rpc/rpc.h"
+#include "common/cluster/sizing.h"
+#include "common/cluster/slurm.h"
+#include "common/base/status_macros.h"
+#include "common/base/shutdown.h"
+#include "common/security/tls.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -439,7 +439,7 @@ absl::Status CreatePrivateDir(const std::string& dir) {
 }
 
 // pstrain certs: a cluster CA (kept if it exists) and a certificate and key
-// per task, for the operator and for the scraper, for mutual TLS (common/tls.h).
+// per task, for the operator and for the scraper, for mutual TLS (common/security/tls.h).
 int CertsCommand(const std::vector<std::string>& argv) {
   const Args::FlagSpec flags = {
       {"cluster_spec", {"", "cluster spec JSON (without one: only the CA and the operator's "

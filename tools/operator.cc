@@ -4,9 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/auth.h"
-#include "common/rpc.h"
-#include "common/tls.h"
+#include "common/security/auth.h"
+#include "common/rpc/rpc.h"
+#include "common/security/tls.h"
 
 namespace pstrain {
 

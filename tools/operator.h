@@ -1,12 +1,12 @@
 // The command-line tools (`pstrain launch`, `pstrain checkpoint restore`)
 // call the daemons as the cluster's operator: with the operator's bearer
 // token where the spec names a cluster secret, and over TLS with the
-// operator's certificate where it names a TLS directory (common/auth.h).
+// operator's certificate where it names a TLS directory (common/security/auth.h).
 #ifndef PSTRAIN_TOOLS_OPERATOR_H_
 #define PSTRAIN_TOOLS_OPERATOR_H_
 
 #include "absl/status/status.h"
-#include "common/cluster_spec.h"
+#include "common/cluster/cluster_spec.h"
 
 namespace pstrain {
 

@@ -7,7 +7,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/tls.h"
+#include "common/security/tls.h"
 
 namespace pstrain {
 namespace {

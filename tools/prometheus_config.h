@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/cluster_spec.h"
+#include "common/cluster/cluster_spec.h"
 
 namespace pstrain {
 

@@ -22,7 +22,7 @@ pstrain_install_deps() {
 # pull in 35 more packages): a real one-node Slurm cluster and iproute2's
 # `ip` for the simulated hosts (tests/multihost_test; a fresh Debian 12 has
 # no `ip`, tools/cleanroom.sh found), Prometheus with promtool (tests/metrics_test), and
-# openssl, which checks the certificates pstrain certs writes (common/tls_test);
+# openssl, which checks the certificates pstrain certs writes (common/rpc/tls_test);
 # bazel-skylib, libtsan2 and patch are for the ThreadSanitizer stage (--config=tsan;
 # patch applies Debian's patches to the Abseil it builds: third_party/absl_source.bzl);
 # lld links the ASan + UBSan stage's binaries (--config=asan, clang).

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
 
 namespace pstrain {

@@ -21,7 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/env.h"
+#include "common/storage/env.h"
 
 namespace pstrain {
 

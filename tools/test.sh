@@ -9,7 +9,8 @@
 #                               over every unit test (every parser's
 #                               included); TSan over the concurrency core;
 #                               the fuzzers from their corpora; clang's
-#                               thread-safety analysis.
+#                               thread-safety analysis; the layers read
+#                               from the #includes.
 #   bash tools/test.sh --full   the whole matrix: every test target under
 #                               ASan + UBSan and under TSan as well.
 #
@@ -31,7 +32,7 @@ tier=fast
 case "${1:-}" in
   "") ;;
   --full) tier=full ;;
-  -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "tools/test.sh: unknown argument '$1' (expected --full or nothing)" >&2; exit 2 ;;
 esac
 started=$SECONDS
@@ -75,10 +76,10 @@ mapfile -t unit_targets < <(printf '%s\n' "${test_targets[@]}" | grep -v '^//tes
 # server's unit tests, the RPC layer's and the client's, the data path's
 # multi-process suite (its load test included) and the stage's self-test.
 tsan_core=(//ps_server:parameter_server_test //ps_server:embedding_table_test
-           //ps_server:optimizer_test //common:rpc_test //common:call_window_test
-           //common:segmented_bytes_test //common:grpc_lifetime_test //common:auth_test
-           //common:shutdown_test //worker/data:prefetcher_test //tests:data_path_test
-           //tests:tsan_test)
+           //ps_server:optimizer_test //common/rpc:rpc_test //common/rpc:call_window_test
+           //common/rpc:grpc_lifetime_test //common/base:segmented_bytes_test
+           //common/base:shutdown_test //common/security:auth_test
+           //worker/data:prefetcher_test //tests:data_path_test //tests:tsan_test)
 
 # bazel test over `targets` (name, then its flags after --), in the output
 # base `base` ("" for the work tree's own); copies each target's XML to
@@ -190,6 +191,18 @@ tsa_failed=$(grep -c '^thread-safety .*: FAILED' <<< "$tsa_out")
 if [ "$tsa_rc" -ne 0 ] && [ "$tsa_failed" -eq 0 ]; then tsa_failed=1; fi
 end_stage "thread-safety analysis"
 
+# 7. The layers read from the #includes (tools/check_layers.py): common/'s
+# packages depend only down, and no role includes another's code; each check
+# counts as a case.
+echo "=== layers (tools/check_layers.py)" >&2
+layers_out=$(/usr/bin/python3 tools/check_layers.py 2>&1)
+layers_rc=$?
+echo "$layers_out" >&2
+layers_passed=$(grep -c '^layers .*: ok' <<< "$layers_out")
+layers_failed=$(grep -c '^layers .*: FAILED' <<< "$layers_out")
+if [ "$layers_rc" -ne 0 ] && [ "$layers_failed" -eq 0 ]; then layers_failed=1; fi
+end_stage "layers"
+
 # Count the test cases: failed (a <failure> or <error>), else skipped (a
 # <skipped>), else passed; list the skipped ones.
 summary=$(/usr/bin/python3 tools/junit_summary.py "$results")
@@ -203,8 +216,8 @@ fi
 if [ "$overall" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # the build or a test binary failed before reporting a case
 fi
-passed=$((passed + fuzz_passed + tsa_passed))
-failed=$((failed + fuzz_failed + tsa_failed))
+passed=$((passed + fuzz_passed + tsa_passed + layers_passed))
+failed=$((failed + fuzz_failed + tsa_failed + layers_failed))
 echo "tools/test.sh ($tier tier), minutes per stage:"
 printf '  %s\n' "${stage_times[@]}"
 echo "  $(minutes "whole run" $((SECONDS - started)))"

@@ -9,13 +9,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/chief_client.h"
-#include "common/config.h"
-#include "common/logging.h"
-#include "common/placement.h"
-#include "common/ps_client.h"
-#include "common/rpc.h"
-#include "common/status_macros.h"
+#include "common/client/chief_client.h"
+#include "common/cluster/config.h"
+#include "common/base/logging.h"
+#include "common/cluster/placement.h"
+#include "common/client/ps_client.h"
+#include "common/rpc/rpc.h"
+#include "common/base/status_macros.h"
 #include "worker/data/loader.h"
 #include "worker/data/partition.h"
 #include "worker/data/prefetcher.h"
@@ -480,7 +480,7 @@ absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
 
   // A step that failed as a lost server fails it (refused on the old
   // incarnation, or the server gone: any code a call to a dying peer can
-  // end with, common/rpc.h MayHaveLostPeer): the chief may be rolling the
+  // end with, common/rpc/rpc.h MayHaveLostPeer): the chief may be rolling the
   // job back to a checkpoint. Asked, it answers once the rollback is done,
   // and this worker goes on from the step and data cursor rolled back to,
   // with a new client on the new incarnation; else (within 5 s when no

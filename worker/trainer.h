@@ -11,8 +11,8 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "common/cluster_spec.h"
-#include "common/shutdown.h"
+#include "common/cluster/cluster_spec.h"
+#include "common/base/shutdown.h"
 #include "proto/config.pb.h"
 
 namespace pstrain {

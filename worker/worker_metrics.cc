@@ -3,7 +3,7 @@
 #include <utility>
 #include <vector>
 
-#include "common/monitoring.h"
+#include "common/observability/monitoring.h"
 
 namespace pstrain {
 namespace {

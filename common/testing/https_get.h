@@ -1,4 +1,4 @@
-// An HTTPS client for tests of the monitoring endpoint (common/monitoring.h):
+// An HTTPS client for tests of the monitoring endpoint (common/observability/monitoring.h):
 // one GET over TLS to 127.0.0.1, verifying the server's certificate against a
 // CA and a name, optionally showing a client certificate. Bounded: the
 // connection, the handshake and the response have 10 s.
@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "common/tls.h"
+#include "common/security/tls.h"
 
 namespace pstrain::testing {
 

@@ -12,8 +12,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "common/checkpoint.h"
-#include "common/env.h"
+#include "common/storage/checkpoint.h"
+#include "common/storage/env.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;

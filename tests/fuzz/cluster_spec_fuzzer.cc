@@ -5,7 +5,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "common/cluster_spec.h"
+#include "common/cluster/cluster_spec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

@@ -6,8 +6,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "common/idx.h"
-#include "common/tensor_file.h"
+#include "worker/data/idx.h"
+#include "common/storage/tensor_file.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string bytes(reinterpret_cast<const char*>(data), size);

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "common/config.h"
-#include "common/tensor.h"
-#include "common/wire_frame.h"
+#include "common/cluster/config.h"
+#include "common/base/tensor.h"
+#include "common/rpc/wire_frame.h"
 #include "ps_server/parameter_server.h"
 
 namespace {

@@ -8,11 +8,11 @@
 #include <iostream>
 #include <string>
 
-#include "common/checkpoint.h"
-#include "common/env.h"
-#include "common/tensor.h"
-#include "common/tensor_file.h"
-#include "common/wire_frame.h"
+#include "common/storage/checkpoint.h"
+#include "common/storage/env.h"
+#include "common/base/tensor.h"
+#include "common/storage/tensor_file.h"
+#include "common/rpc/wire_frame.h"
 
 namespace pstrain {
 namespace {

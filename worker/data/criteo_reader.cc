@@ -7,9 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "common/embedding_ids.h"
-#include "common/logging.h"
-#include "common/status_macros.h"
+#include "common/base/embedding_ids.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
 
 namespace pstrain {
 namespace {

@@ -5,7 +5,7 @@
 //
 // Integer features become log(1 + max(v, 0)) (an empty one 0), the usual
 // transform of these heavy-tailed counts; categorical values become 64-bit
-// ids FeatureId(field, text) (common/embedding_ids.h), an empty value its
+// ids FeatureId(field, text) (common/base/embedding_ids.h), an empty value its
 // own id per field. Malformed lines (a wrong field count, a label that is not
 // 0 or 1, an integer field that is not an integer, a categorical field that is
 // not 1-16 hexadecimal digits) are skipped with a warning naming file and
@@ -18,7 +18,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/env.h"
+#include "common/storage/env.h"
 #include "worker/data/dataset.h"
 
 namespace pstrain {

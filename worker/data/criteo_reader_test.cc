@@ -4,7 +4,7 @@
 #include <string>
 
 #include "catch2/catch.hpp"
-#include "common/embedding_ids.h"
+#include "common/base/embedding_ids.h"
 #include "worker/data/partition.h"
 
 namespace pstrain {

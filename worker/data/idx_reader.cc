@@ -1,8 +1,8 @@
 #include "worker/data/idx_reader.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/idx.h"
-#include "common/status_macros.h"
+#include "worker/data/idx.h"
+#include "common/base/status_macros.h"
 
 namespace pstrain {
 

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/env.h"
+#include "common/storage/env.h"
 #include "worker/data/dataset.h"
 
 namespace pstrain {

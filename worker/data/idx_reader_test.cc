@@ -3,7 +3,7 @@
 #include <cstdlib>
 
 #include "catch2/catch.hpp"
-#include "common/idx.h"
+#include "worker/data/idx.h"
 
 namespace pstrain {
 namespace {

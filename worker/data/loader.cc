@@ -1,8 +1,8 @@
 #include "worker/data/loader.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/logging.h"
-#include "common/status_macros.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
 #include "worker/data/criteo_reader.h"
 #include "worker/data/csv_reader.h"
 #include "worker/data/idx_reader.h"

@@ -6,7 +6,7 @@
 #define PSTRAIN_WORKER_DATA_LOADER_H_
 
 #include "absl/status/statusor.h"
-#include "common/env.h"
+#include "common/storage/env.h"
 #include "proto/config.pb.h"
 #include "worker/data/dataset.h"
 

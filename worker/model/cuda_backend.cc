@@ -2,7 +2,7 @@
 // turning its error codes into Status. In a CPU-only build (no nvcc, or
 // --config=cpu_only) every entry point says so with FAILED_PRECONDITION.
 #include "absl/strings/str_cat.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 #include "worker/model/backend.h"
 
 #ifdef PSTRAIN_HAVE_CUDA

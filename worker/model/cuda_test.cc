@@ -12,7 +12,7 @@
 
 #include "catch2/catch.hpp"
 #include "absl/strings/str_cat.h"
-#include "common/config.h"
+#include "common/cluster/config.h"
 #include "common/testing/skip.h"
 #include "worker/model/backend.h"
 #include "worker/model/bags_test_util.h"

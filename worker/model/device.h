@@ -11,7 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "common/config.h"
+#include "common/cluster/config.h"
 #include "worker/model/backend.h"
 
 namespace pstrain {

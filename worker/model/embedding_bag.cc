@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
-#include "common/status_macros.h"
+#include "common/base/status_macros.h"
 
 namespace pstrain {
 

@@ -7,7 +7,7 @@
 //
 // To add a layer: a LayerConfig case in proto/config.proto, a subclass here
 // with Forward/Backward (new math goes into cpu_ops and cuda_ops as twins),
-// its validation in common/config.cc, and a case in MakeLayer (model.cc);
+// its validation in common/cluster/config.cc, and a case in MakeLayer (model.cc);
 // layers_test.cc's finite-difference check then covers it.
 // Layers are used by one thread at a time.
 #ifndef PSTRAIN_WORKER_MODEL_LAYERS_H_
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/placement.h"
+#include "common/cluster/placement.h"
 #include "worker/model/backend.h"
 
 namespace pstrain {

@@ -6,9 +6,9 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "common/config.h"
-#include "common/sizing.h"
-#include "common/status_macros.h"
+#include "common/cluster/config.h"
+#include "common/cluster/sizing.h"
+#include "common/base/status_macros.h"
 #include "worker/model/cpu_ops.h"
 
 namespace pstrain {

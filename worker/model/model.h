@@ -1,4 +1,4 @@
-// A model: the layers of a training config (common/config.h's
+// A model: the layers of a training config (common/cluster/config.h's
 // ExpandModelConfig) on one backend, with every buffer it needs allocated
 // once and reused across steps. Used by the worker to train and by the chief
 // to evaluate.
@@ -26,8 +26,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "common/placement.h"
-#include "common/tensor.h"
+#include "common/cluster/placement.h"
+#include "common/base/tensor.h"
 #include "proto/config.pb.h"
 #include "worker/model/backend.h"
 #include "worker/model/layers.h"
@@ -48,7 +48,7 @@ struct EvalResult {
 absl::StatusOr<std::vector<VariableSpec>> ModelVariables(const ModelConfig& config);
 
 // The model of `config`, placed on `num_ps` servers, against the message cap
-// and this machine's memory (common/sizing.h), before anything is allocated
+// and this machine's memory (common/cluster/sizing.h), before anything is allocated
 // for it; `process` ("the chief", "worker:1") names who would hold it.
 absl::Status CheckConfiguredModelFits(const TrainingConfig& config, int num_ps,
                                       const std::string& process);

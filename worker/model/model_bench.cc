@@ -19,7 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "common/config.h"
+#include "common/cluster/config.h"
 #include "google/protobuf/text_format.h"
 #include "worker/model/device.h"
 #include "worker/model/model.h"

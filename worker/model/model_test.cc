@@ -11,7 +11,7 @@
 #include <random>
 
 #include "catch2/catch.hpp"
-#include "common/config.h"
+#include "common/cluster/config.h"
 #include "worker/model/deferred_backend.h"
 #include "worker/model/test_util.h"
 

@@ -1,0 +1,71 @@
+#include "common/client/chief_client.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/cluster/cluster_spec.h"
+#include "common/rpc/rpc.h"
+#include "common/base/status_macros.h"
+
+namespace pstrain {
+
+ChiefClient::ChiefClient(const std::string& address, absl::Duration rpc_timeout)
+    : address_(address),
+      rpc_timeout_(rpc_timeout),
+      stub_(ChiefService::NewStub(CreateChannel(address, TaskId{kChiefJob, 0}.ToString()))) {}
+
+absl::Status ChiefClient::RegisterWorker(int worker, uint64_t fingerprint, absl::Duration timeout,
+                                         RegisterWorkerResponse* response,
+                                         uint64_t previous_incarnation, int32_t session,
+                                         StopSignal* stop) {
+  RegisterWorkerRequest req;
+  req.set_worker(worker);
+  req.set_previous_incarnation(previous_incarnation);
+  req.set_session(session);
+  req.set_config_fingerprint(fingerprint);
+  req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout + rpc_timeout_);
+  // The chief may still be starting; one gone while its workers train
+  // (previous_incarnation set) fails the call at once, as it failed the run.
+  ctx.set_wait_for_ready(previous_incarnation == 0);
+  const std::string what = absl::StrCat("RegisterWorker with chief ", address_);
+  const grpc::Status status = AwaitCall(
+      &ctx,
+      [&](std::function<void(grpc::Status)> done) {
+        stub_->async()->RegisterWorker(&ctx, &req, response, std::move(done));
+      },
+      stop);
+  if (stop != nullptr && stop->stopped() && status.error_code() == grpc::StatusCode::CANCELLED) {
+    return absl::CancelledError(stop->reason());
+  }
+  return FromGrpcStatus(status, what);
+}
+
+absl::Status ChiefClient::ReportProgress(const ProgressReport& report, ProgressResponse* response) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  return FromGrpcStatus(stub_->ReportProgress(&ctx, report, response),
+                        absl::StrCat("ReportProgress to chief ", address_));
+}
+
+absl::Status ChiefClient::Restore(const std::string& checkpoint, absl::Duration timeout,
+                                  int64_t* step) {
+  RestoreRequest req;
+  req.set_checkpoint(checkpoint);
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, timeout);
+  RestoreResponse resp;
+  RETURN_IF_ERROR(FromGrpcStatus(stub_->Restore(&ctx, req, &resp),
+                                 absl::StrCat("Restore on chief ", address_)));
+  *step = resp.step();
+  return absl::OkStatus();
+}
+
+absl::Status ChiefClient::GetStatus(ChiefStatusResponse* response) {
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx, rpc_timeout_);
+  ChiefStatusRequest req;
+  return FromGrpcStatus(stub_->GetStatus(&ctx, req, response),
+                        absl::StrCat("GetStatus of chief ", address_));
+}
+
+}  // namespace pstrain

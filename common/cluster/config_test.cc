@@ -1,0 +1,239 @@
+#include "common/cluster/config.h"
+
+#include <cstdlib>
+
+#include "absl/strings/str_cat.h"
+#include "catch2/catch.hpp"
+#include "common/cluster/cluster_spec.h"
+
+namespace pstrain {
+namespace {
+
+const char kGood[] = R"(
+model { mlp { input_dim: 784 hidden_units: 64 num_classes: 10 } }
+data { train_images: "a" train_labels: "b" batch_size: 32 }
+optimizer { learning_rate: 0.1 sgd {} }
+sync { replicas_to_aggregate: 2 }
+max_steps: 100
+seed: 7
+)";
+
+TEST_CASE("a training config parses and gets defaults", "[config]") {
+  auto c = ParseTrainingConfig(kGood, "demo.pbtxt");
+  REQUIRE(c.ok());
+  CHECK(c->model().mlp().hidden_units_size() == 1);
+  CHECK(IsSyncMode(*c));
+  CHECK(c->rpc().rpc_timeout_ms() > 0);
+  CHECK(c->rpc().step_timeout_ms() > 0);
+  CHECK(c->compute_threads() == 1);
+  CHECK(c->placement().partition_min_bytes() > 0);
+  CHECK(c->rpc().call_bytes() == (4 << 20));
+  CHECK(c->rpc().calls_in_flight() == 16);
+}
+
+TEST_CASE("a config or spec path that is a directory says so", "[config]") {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  REQUIRE(dir != nullptr);
+  absl::StatusOr<TrainingConfig> c = LoadTrainingConfig(dir);
+  CHECK(absl::IsInvalidArgument(c.status()));
+  CHECK(std::string(c.status().message()).find("not a file") != std::string::npos);
+  absl::StatusOr<ClusterSpec> s = ClusterSpec::FromFile(dir);
+  CHECK(std::string(s.status().message()).find("not a file") != std::string::npos);
+}
+
+TEST_CASE("syntax errors name line and column", "[config]") {
+  auto c = ParseTrainingConfig("max_steps: 10\nseed: 1\nmodel { mlp { input_dim: x } }\n", "bad.pbtxt");
+  REQUIRE_FALSE(c.ok());
+  std::string msg(c.status().message());
+  CHECK(msg.find("bad.pbtxt:3:") != std::string::npos);
+
+  c = ParseTrainingConfig("no_such_field: 1\n", "bad.pbtxt");
+  REQUIRE_FALSE(c.ok());
+  CHECK(std::string(c.status().message()).find("bad.pbtxt:1:1") != std::string::npos);
+}
+
+TEST_CASE("semantic errors name the field", "[config]") {
+  std::string text = kGood;
+  text.replace(text.find("batch_size: 32"), 14, "batch_size: 0");
+  auto c = ParseTrainingConfig(text, "x.pbtxt");
+  REQUIRE_FALSE(c.ok());
+  CHECK(std::string(c.status().message()).find("data.batch_size") != std::string::npos);
+
+  text = kGood;
+  text.replace(text.find("max_steps: 100"), 14, "max_steps: -1");
+  c = ParseTrainingConfig(text, "x.pbtxt");
+  REQUIRE_FALSE(c.ok());
+  CHECK(std::string(c.status().message()).find("max_steps") != std::string::npos);
+
+  for (const char* rate : {"inf", "nan", "0", "-1"}) {
+    INFO(rate);
+    text = kGood;
+    const size_t at = text.find("learning_rate: ");
+    REQUIRE(at != std::string::npos);
+    text.replace(at, text.find_first_of(" \n}", at + 15) - at, absl::StrCat("learning_rate: ", rate));
+    c = ParseTrainingConfig(text, "x.pbtxt");
+    REQUIRE_FALSE(c.ok());
+    CHECK(std::string(c.status().message()).find("optimizer.learning_rate") != std::string::npos);
+  }
+
+  // A call must stay under the message cap.
+  for (const char* bytes : {"-1", "67108865"}) {
+    INFO(bytes);
+    c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { call_bytes: ", bytes, " }\n"), "x.pbtxt");
+    REQUIRE_FALSE(c.ok());
+    CHECK(std::string(c.status().message()).find("rpc.call_bytes") != std::string::npos);
+  }
+  c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { call_bytes: 65536 }\n"), "x.pbtxt");
+  REQUIRE(c.ok());
+  CHECK(c->rpc().call_bytes() == 65536);
+  // The window on calls in flight per server.
+  for (const char* calls : {"-1", "4097"}) {
+    INFO(calls);
+    c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { calls_in_flight: ", calls, " }\n"),
+                            "x.pbtxt");
+    REQUIRE_FALSE(c.ok());
+    CHECK(std::string(c.status().message()).find("rpc.calls_in_flight") != std::string::npos);
+  }
+  c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { calls_in_flight: 1 }\n"), "x.pbtxt");
+  REQUIRE(c.ok());
+  CHECK(c->rpc().calls_in_flight() == 1);
+  // TCP connections per server.
+  for (const char* connections : {"-1", "17"}) {
+    INFO(connections);
+    c = ParseTrainingConfig(
+        absl::StrCat(kGood, "\nrpc { connections_per_server: ", connections, " }\n"), "x.pbtxt");
+    REQUIRE_FALSE(c.ok());
+    CHECK(std::string(c.status().message()).find("rpc.connections_per_server") !=
+          std::string::npos);
+  }
+  c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { connections_per_server: 16 }\n"),
+                          "x.pbtxt");
+  REQUIRE(c.ok());
+  CHECK(c->rpc().connections_per_server() == 16);
+  // Pulls a step ahead: async only, and not with rpc.sequential.
+  c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { async_prefetch: true }\n"), "x.pbtxt");
+  REQUIRE_FALSE(c.ok());
+  CHECK(std::string(c.status().message()).find("rpc.async_prefetch: only in async mode") !=
+        std::string::npos);
+  std::string async = kGood;
+  async.replace(async.find("sync { replicas_to_aggregate: 2 }"), 33, "async {}");
+  c = ParseTrainingConfig(absl::StrCat(async, "\nrpc { async_prefetch: true sequential: true }\n"),
+                          "x.pbtxt");
+  REQUIRE_FALSE(c.ok());
+  CHECK(std::string(c.status().message()).find("not with rpc.sequential") != std::string::npos);
+  c = ParseTrainingConfig(absl::StrCat(async, "\nrpc { async_prefetch: true }\n"), "x.pbtxt");
+  REQUIRE(c.ok());
+  CHECK(c->rpc().async_prefetch());
+}
+
+TEST_CASE("consistency settings are checked: no configuration can wait forever", "[config]") {
+  struct Case {
+    const char* replace;
+    const char* field;
+  };
+  for (const Case& k : {
+           Case{"sync { replicas_to_aggregate: 2 min_replicas: 1 }", "sync.min_replicas"},
+           Case{"sync { replicas_to_aggregate: 2 min_replicas: 3 step_deadline_ms: 100 }",
+                "sync.min_replicas"},
+           Case{"sync { step_deadline_ms: -5 }", "sync.step_deadline_ms"},
+           Case{"sync { step_deadline_ms: 60000 }", "sync.step_deadline_ms"},
+           Case{"async { staleness_bound: -1 }", "async.staleness_bound"},
+       }) {
+    std::string text = kGood;
+    text.replace(text.find("sync { replicas_to_aggregate: 2 }"), 33, k.replace);
+    auto c = ParseTrainingConfig(text, "x.pbtxt");
+    INFO(k.replace);
+    REQUIRE_FALSE(c.ok());
+    CHECK(std::string(c.status().message()).find(k.field) != std::string::npos);
+  }
+  std::string text = kGood;
+  text.replace(text.find("sync { replicas_to_aggregate: 2 }"), 33,
+               "sync { replicas_to_aggregate: 2 min_replicas: 1 step_deadline_ms: 500 }");
+  CHECK(ParseTrainingConfig(text, "x.pbtxt").ok());
+}
+
+TEST_CASE("checkpoint settings are checked and keep defaults to 3", "[config][checkpoint]") {
+  auto c = ParseTrainingConfig(std::string(kGood) + "checkpoint { dir: \"ck\" every_steps: 50 }\n",
+                               "x.pbtxt");
+  REQUIRE(c.ok());
+  CHECK(c->checkpoint().keep() == 3);
+  CHECK(c->checkpoint().every_steps() == 50);
+  struct Case {
+    const char* extra;
+    const char* says;
+  };
+  for (const Case& k : {
+           Case{"checkpoint { dir: \"ck\" every_steps: -1 }", "checkpoint.every_steps"},
+           Case{"checkpoint { dir: \"ck\" keep: -2 }", "checkpoint.keep"},
+           Case{"checkpoint { every_steps: 10 }", "without checkpoint.dir"},
+           Case{"checkpoint { every_seconds: 10 }", "without checkpoint.dir"},
+           Case{"checkpoint { dir: \"ck\" every_seconds: -1 }", "checkpoint.every_seconds"},
+       }) {
+    INFO(k.extra);
+    auto bad = ParseTrainingConfig(std::string(kGood) + k.extra + "\n", "x.pbtxt");
+    REQUIRE_FALSE(bad.ok());
+    CHECK(std::string(bad.status().message()).find(k.says) != std::string::npos);
+  }
+  std::string async = kGood;
+  async.replace(async.find("sync { replicas_to_aggregate: 2 }"), 33, "async {}");
+  // Embedding tables are checkpointed with the variables.
+  CHECK(ParseTrainingConfig(std::string(kGood) +
+                                "checkpoint { dir: \"ck\" }\nembedding_tables { name: \"t\" "
+                                "dim: 4 }\n",
+                            "x.pbtxt")
+            .ok());
+  // Async runs checkpoint too (the chief takes a cut with pushes held).
+  auto a = ParseTrainingConfig(async + "checkpoint { dir: \"ck\" }\n", "x.pbtxt");
+  REQUIRE(a.ok());
+  CHECK(a->checkpoint().keep() == 3);
+}
+
+TEST_CASE("embedding tables are checked and get their defaults", "[config][embedding]") {
+  auto c = ParseTrainingConfig(std::string(kGood) +
+                                   "embedding_tables { name: \"ads\" dim: 16 }\n"
+                                   "embedding_tables { name: \"user\" dim: 8 num_rows: 100 "
+                                   "optimizer { learning_rate: 0.05 ftrl {} } }\n",
+                               "x.pbtxt");
+  REQUIRE(c.ok());
+  CHECK(c->embedding_tables(0).init_scale() == 0.25f);  // 1/sqrt(16)
+  CHECK(c->embedding_tables(1).optimizer().ftrl().initial_accumulator_value() == 0.1f);
+  struct Case {
+    const char* table;
+    const char* field;
+  };
+  for (const Case& k : {
+           Case{"name: \"\" dim: 4", "embedding_tables[0].name"},
+           Case{"name: \"a b\" dim: 4", "embedding_tables[0].name"},
+           Case{"name: \"a\" dim: 0", "embedding_tables[0].dim"},
+           Case{"name: \"a\" dim: 4 num_rows: -1", "embedding_tables[0].num_rows"},
+           Case{"name: \"a\" dim: 4 init_scale: -1", "embedding_tables[0].init_scale"},
+           Case{"name: \"a\" dim: 4 expire_after_steps: -1", "expire_after_steps"},
+           Case{"name: \"a\" dim: 4 admit_after: -1", "admit_after"},
+           Case{"name: \"a\" dim: 4 optimizer { learning_rate: 0 }", "learning_rate"},
+       }) {
+    INFO(k.table);
+    auto bad = ParseTrainingConfig(
+        std::string(kGood) + "embedding_tables { " + k.table + " }\n", "x.pbtxt");
+    REQUIRE_FALSE(bad.ok());
+    CHECK(std::string(bad.status().message()).find(k.field) != std::string::npos);
+  }
+  auto twice = ParseTrainingConfig(std::string(kGood) +
+                                       "embedding_tables { name: \"a\" dim: 4 }\n"
+                                       "embedding_tables { name: \"a\" dim: 8 }\n",
+                                   "x.pbtxt");
+  REQUIRE_FALSE(twice.ok());
+  CHECK(std::string(twice.status().message()).find("duplicate table a") != std::string::npos);
+}
+
+TEST_CASE("fingerprints are stable and tell configs apart", "[config]") {
+  auto a = ParseTrainingConfig(kGood, "a");
+  auto b = ParseTrainingConfig(kGood, "b");
+  REQUIRE(a.ok());
+  REQUIRE(b.ok());
+  CHECK(ConfigFingerprint(*a) == ConfigFingerprint(*b));
+  b->set_seed(8);
+  CHECK(ConfigFingerprint(*a) != ConfigFingerprint(*b));
+}
+
+}  // namespace
+}  // namespace pstrain

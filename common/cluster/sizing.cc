@@ -1,0 +1,79 @@
+#include "common/cluster/sizing.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/base/wire_limits.h"
+
+namespace pstrain {
+
+int64_t PhysicalMemoryBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return std::numeric_limits<int64_t>::max();
+  return static_cast<int64_t>(pages) * page;
+}
+
+std::string FormatBytes(int64_t bytes) {
+  if (bytes >= (int64_t{1} << 30)) return absl::StrFormat("%.1f GiB", bytes / double(1 << 30));
+  if (bytes >= (int64_t{1} << 20)) return absl::StrFormat("%.1f MiB", bytes / double(1 << 20));
+  if (bytes >= (int64_t{1} << 10)) return absl::StrFormat("%.1f KiB", bytes / double(1 << 10));
+  return absl::StrCat(bytes, " B");
+}
+
+absl::Status CheckMemory(const std::string& what, int64_t bytes, int64_t limit) {
+  if (bytes <= limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(what, " needs at least ", FormatBytes(bytes),
+                                                   " of memory; this machine has ",
+                                                   FormatBytes(limit)));
+}
+
+absl::Status CheckPartitionsFitMessages(const Placement& placement, int64_t max_message_bytes,
+                                        int copies) {
+  // Headers and names take a little of each message; a resume's Initialize
+  // carries a partition's values and its optimizer slots together.
+  const int64_t limit = (max_message_bytes - (int64_t{1} << 20)) / std::max(1, copies);
+  for (const VariablePlacement& vp : placement.variables()) {
+    const int64_t row_bytes = vp.spec.row_elements() * 4;
+    for (const Partition& part : vp.partitions) {
+      const int64_t bytes = part.num_rows() * row_bytes;
+      if (bytes <= limit) continue;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "partition ", part.index, " of ", vp.spec.name, " is ", FormatBytes(bytes), " (",
+          part.num_rows(), " rows of ", FormatBytes(row_bytes),
+          ")", copies > 1 ? absl::StrCat(" x ", copies, " with its optimizer slots") : "",
+          "; one message carries at most ", FormatBytes(max_message_bytes), ": ",
+          row_bytes > limit
+              ? std::string("a single row is larger than that; make the variable narrower")
+              : absl::StrCat("set placement.partition_max_bytes to at most ",
+                             FormatBytes(limit), " (pulls and pushes travel as calls of whole "
+                                                 "partitions)")));
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t ModelProcessBytes(const std::vector<VariableSpec>& variables) {
+  int64_t elements = 0;
+  for (const VariableSpec& v : variables) {
+    const int64_t n = v.num_elements();
+    if (n < 0 || elements > std::numeric_limits<int64_t>::max() / 16 - n) {
+      return std::numeric_limits<int64_t>::max();
+    }
+    elements += n;
+  }
+  return elements * 4 * 2;
+}
+
+absl::Status CheckModelFits(const std::vector<VariableSpec>& variables,
+                            const Placement& placement, const std::string& process) {
+  absl::Status st = CheckPartitionsFitMessages(placement, kMaxMessageBytes);
+  if (st.ok()) st = CheckMemory(process, ModelProcessBytes(variables), PhysicalMemoryBytes());
+  return st;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,526 @@
+#include "common/observability/monitoring.h"
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "openssl/err.h"
+#include "openssl/ssl.h"
+#include "prometheus/text_serializer.h"
+
+namespace pstrain {
+namespace {
+
+constexpr size_t kMaxRequest = 8192;
+
+const char* Reason(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 503: return "Service Unavailable";
+    default: return "Error";
+  }
+}
+
+// Waits until `fd` is ready for `events` or `deadline` passes.
+bool WaitFor(int fd, short events, absl::Time deadline) {
+  for (;;) {
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1000)));
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+  }
+}
+
+// One accepted connection, plain or TLS (`ssl` set, its handshake done),
+// read and written without blocking past a deadline.
+class Connection {
+ public:
+  Connection(int fd, SSL* ssl) : fd_(fd), ssl_(ssl) {}
+
+  // Bytes read into `buf`; 0 at the end, on an error or at `deadline`.
+  size_t Read(char* buf, size_t size, absl::Time deadline) {
+    for (;;) {
+      if (ssl_ != nullptr) {
+        const int n = SSL_read(ssl_, buf, static_cast<int>(size));
+        if (n > 0) return static_cast<size_t>(n);
+        if (!WaitForSsl(n, deadline)) return 0;
+        continue;
+      }
+      if (!WaitFor(fd_, POLLIN, deadline)) return 0;
+      const ssize_t n = ::recv(fd_, buf, size, MSG_DONTWAIT);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      return n > 0 ? static_cast<size_t>(n) : 0;
+    }
+  }
+
+  void WriteAll(const std::string& data, absl::Time deadline) {
+    size_t at = 0;
+    while (at < data.size()) {
+      if (ssl_ != nullptr) {
+        const int n = SSL_write(ssl_, data.data() + at, static_cast<int>(data.size() - at));
+        if (n > 0) {
+          at += static_cast<size_t>(n);
+        } else if (!WaitForSsl(n, deadline)) {
+          return;
+        }
+        continue;
+      }
+      if (!WaitFor(fd_, POLLOUT, deadline)) return;
+      const ssize_t n =
+          ::send(fd_, data.data() + at, data.size() - at, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n <= 0) return;  // the client went away
+      at += static_cast<size_t>(n);
+    }
+  }
+
+  // Whether an SSL call that returned `result` should be tried again: it
+  // wanted to read or write, and the socket became ready before `deadline`.
+  bool WaitForSsl(int result, absl::Time deadline) {
+    switch (SSL_get_error(ssl_, result)) {
+      case SSL_ERROR_WANT_READ: return WaitFor(fd_, POLLIN, deadline);
+      case SSL_ERROR_WANT_WRITE: return WaitFor(fd_, POLLOUT, deadline);
+      default: ERR_clear_error(); return false;  // closed, or a TLS error
+    }
+  }
+
+ private:
+  const int fd_;
+  SSL* const ssl_;
+};
+
+class ProcessCollector : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> out;
+    const long ticks = ::sysconf(_SC_CLK_TCK);
+    const long page = ::sysconf(_SC_PAGESIZE);
+    // /proc/self/stat: fields after the command's closing parenthesis.
+    std::string stat;
+    {
+      std::ifstream stat_file("/proc/self/stat");  // closed before the fds are counted
+      stat.assign(std::istreambuf_iterator<char>(stat_file), std::istreambuf_iterator<char>());
+    }
+    const size_t close = stat.rfind(')');
+    if (close != std::string::npos && ticks > 0) {
+      std::vector<std::string> f = absl::StrSplit(stat.substr(close + 2), ' ');
+      // f[0] is field 3 (state): utime 14, stime 15, threads 20, starttime 22, rss 24.
+      int64_t utime = 0, stime = 0, threads = 0, start = 0, rss = 0;
+      if (f.size() > 21 && absl::SimpleAtoi(f[11], &utime) && absl::SimpleAtoi(f[12], &stime) &&
+          absl::SimpleAtoi(f[17], &threads) && absl::SimpleAtoi(f[19], &start) &&
+          absl::SimpleAtoi(f[21], &rss)) {
+        AddSingle(&out, "process_cpu_seconds_total", "User and system CPU time spent, seconds.",
+                  prometheus::MetricType::Counter, static_cast<double>(utime + stime) / ticks);
+        AddSingle(&out, "process_resident_memory_bytes", "Resident memory size, bytes.",
+                  prometheus::MetricType::Gauge, static_cast<double>(rss) * page);
+        AddSingle(&out, "process_threads", "Threads in the process.",
+                  prometheus::MetricType::Gauge, static_cast<double>(threads));
+        // Boot time from /proc/stat's btime, plus the start in clock ticks
+        // (the file is closed again at the end of this block).
+        std::ifstream proc_stat("/proc/stat");
+        std::string line;
+        while (std::getline(proc_stat, line)) {
+          int64_t btime = 0;
+          if (line.rfind("btime ", 0) == 0 && absl::SimpleAtoi(line.substr(6), &btime)) {
+            AddSingle(&out, "process_start_time_seconds",
+                      "Start time of the process since the Unix epoch, seconds.",
+                      prometheus::MetricType::Gauge,
+                      static_cast<double>(btime) + static_cast<double>(start) / ticks);
+            break;
+          }
+        }
+      }
+    }
+    int fds = 0;
+    if (DIR* d = ::opendir("/proc/self/fd")) {
+      while (dirent* e = ::readdir(d)) {
+        if (e->d_name[0] != '.') ++fds;
+      }
+      ::closedir(d);
+      AddSingle(&out, "process_open_fds", "Open file descriptors.", prometheus::MetricType::Gauge,
+                static_cast<double>(fds - 1));  // not the one reading the directory
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+prometheus::MetricFamily Family(const std::string& name, const std::string& help,
+                                prometheus::MetricType type) {
+  prometheus::MetricFamily f;
+  f.name = name;
+  f.help = help;
+  f.type = type;
+  return f;
+}
+
+void AddMetric(prometheus::MetricFamily* family,
+               std::vector<std::pair<std::string, std::string>> labels, double value) {
+  prometheus::ClientMetric m;
+  for (auto& [k, v] : labels) m.label.push_back({std::move(k), std::move(v)});
+  switch (family->type) {
+    case prometheus::MetricType::Counter: m.counter.value = value; break;
+    case prometheus::MetricType::Gauge: m.gauge.value = value; break;
+    default: m.untyped.value = value; break;
+  }
+  family->metric.push_back(std::move(m));
+}
+
+void AddHistogram(prometheus::MetricFamily* family,
+                  std::vector<std::pair<std::string, std::string>> labels,
+                  const Histogram::Snapshot& histogram) {
+  prometheus::ClientMetric m;
+  for (auto& [k, v] : labels) m.label.push_back({std::move(k), std::move(v)});
+  m.histogram.sample_count = histogram.cumulative.back();
+  m.histogram.sample_sum = histogram.sum;
+  for (size_t i = 0; i < histogram.cumulative.size(); ++i) {
+    prometheus::ClientMetric::Bucket b;
+    b.cumulative_count = histogram.cumulative[i];
+    b.upper_bound = i < histogram.bounds.size() ? histogram.bounds[i]
+                                                : std::numeric_limits<double>::infinity();
+    m.histogram.bucket.push_back(b);
+  }
+  family->metric.push_back(std::move(m));
+}
+
+void AddSingle(std::vector<prometheus::MetricFamily>* out, const std::string& name,
+               const std::string& help, prometheus::MetricType type, double value) {
+  prometheus::MetricFamily f = Family(name, help, type);
+  AddMetric(&f, {}, value);
+  out->push_back(std::move(f));
+}
+
+std::shared_ptr<prometheus::Collectable> ProcessMetrics() {
+  return std::make_shared<ProcessCollector>();
+}
+
+namespace {
+
+class RefusalCollector : public prometheus::Collectable {
+ public:
+  explicit RefusalCollector(const Authorizer* auth) : auth_(auth) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    prometheus::MetricFamily f =
+        Family("pstrain_rpc_refused_total",
+               "Calls refused before they reached the service: no valid token "
+               "(unauthenticated) or a role that may not make the call (permission_denied).",
+               prometheus::MetricType::Counter);
+    AddMetric(&f, {{"reason", "unauthenticated"}}, static_cast<double>(auth_->unauthenticated()));
+    AddMetric(&f, {{"reason", "permission_denied"}}, static_cast<double>(auth_->denied()));
+    return {std::move(f)};
+  }
+
+ private:
+  const Authorizer* const auth_;
+};
+
+}  // namespace
+
+namespace {
+
+class RpcCollector : public prometheus::Collectable {
+ public:
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    std::vector<prometheus::MetricFamily> out;
+    const std::vector<const RpcStats::Method*> methods = ServerRpcStats().Methods();
+    if (methods.empty()) return out;  // a worker serves no RPCs
+    const std::string prefix = "pstrain_rpc_server_";
+    const std::string verb = "served";
+    prometheus::MetricFamily handled =
+        Family(prefix + "handled_total",
+               "RPCs " + verb + " by this process that completed, by gRPC status code.",
+               prometheus::MetricType::Counter);
+    prometheus::MetricFamily seconds = Family(
+        prefix + "handling_seconds",
+        "Latency of RPCs " + verb + " by this process, from the call's start to its status.",
+        prometheus::MetricType::Histogram);
+    prometheus::MetricFamily received =
+        Family(prefix + "received_bytes_total",
+               "Message bytes received in RPCs " + verb + " by this process.",
+               prometheus::MetricType::Counter);
+    prometheus::MetricFamily sent = Family(
+        prefix + "sent_bytes_total", "Message bytes sent in RPCs " + verb + " by this process.",
+        prometheus::MetricType::Counter);
+    for (const RpcStats::Method* m : methods) {
+      for (size_t code = 0; code < m->by_code.size(); ++code) {
+        const uint64_t n = m->by_code[code].load(std::memory_order_relaxed);
+        if (n == 0 && code != 0) continue;  // OK always; other codes once seen
+        AddMetric(&handled,
+                  {{"service", m->service}, {"method", m->name},
+                   {"code", StatusCodeName(static_cast<int>(code))}},
+                  static_cast<double>(n));
+      }
+      AddHistogram(&seconds, {{"service", m->service}, {"method", m->name}}, m->seconds.Read());
+      AddMetric(&received, {{"service", m->service}, {"method", m->name}},
+                static_cast<double>(m->received_bytes.load(std::memory_order_relaxed)));
+      AddMetric(&sent, {{"service", m->service}, {"method", m->name}},
+                static_cast<double>(m->sent_bytes.load(std::memory_order_relaxed)));
+    }
+    out.push_back(std::move(handled));
+    out.push_back(std::move(seconds));
+    out.push_back(std::move(received));
+    out.push_back(std::move(sent));
+    return out;
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<prometheus::Collectable> RpcMetrics() { return std::make_shared<RpcCollector>(); }
+
+std::shared_ptr<prometheus::Collectable> RefusalMetrics(const Authorizer* auth) {
+  return std::make_shared<RefusalCollector>(auth);
+}
+
+absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(
+    const std::string& address, std::vector<std::shared_ptr<prometheus::Collectable>> collectables,
+    ReadyFn ready, Labels labels, std::shared_ptr<const TlsConfig> tls) {
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || !absl::SimpleAtoi(address.substr(colon + 1), &port) ||
+      port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address \"", address, "\": expected host:port (port 0: any free)"));
+  }
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  std::string host = address.substr(0, colon);
+  if (host == "localhost") host = "127.0.0.1";
+  if (::inet_pton(AF_INET, host.c_str(), &sa.sin_addr) != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics address ", address, ": expected an IPv4 address and a port"));
+  }
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || ::listen(fd, 16) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("metrics endpoint on ", address, ": ", std::strerror(err)));
+  }
+  socklen_t len = sizeof(sa);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&sa), &len);
+  std::unique_ptr<MonitoringServer> s(new MonitoringServer());
+  if (tls != nullptr) {
+    // What the watcher holds now, which may be newer than `tls`.
+    s->https_source_ = tls->watcher ? tls->watcher->current() : tls;
+    absl::StatusOr<std::shared_ptr<ssl_ctx_st>> https = HttpsServerContext(*s->https_source_);
+    if (!https.ok()) {
+      ::close(fd);
+      return https.status();
+    }
+    s->https_ = *std::move(https);
+    s->tls_ = tls;
+    // OpenSSL writes with write(2), not send(MSG_NOSIGNAL): a client that
+    // resets the connection before the answer would end the process with
+    // SIGPIPE. EPIPE is then an error like any other.
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) {
+      ::signal(SIGPIPE, SIG_IGN);
+    }
+    if (!CertificateNames(*tls, kMetricsAltName)) {
+      LOG_WARN("the certificate of {} does not name {}: a scraper that checks it (pstrain "
+               "prometheus-config's) refuses this endpoint; write the certificates again with "
+               "pstrain certs",
+               tls->identity, kMetricsAltName);
+    }
+  }
+  s->host_ = host;
+  s->collectables_ = std::move(collectables);
+  s->ready_ = std::move(ready);
+  s->labels_ = std::move(labels);
+  s->listen_fd_ = fd;
+  s->port_ = ntohs(sa.sin_port);
+  s->thread_ = std::thread([server = s.get()] { server->Serve(); });
+  return s;
+}
+
+MonitoringServer::~MonitoringServer() {
+  stopping_ = true;
+  if (thread_.joinable()) thread_.join();
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+}
+
+void MonitoringServer::Serve() {
+  while (!stopping_) {
+    pollfd p{listen_fd_, POLLIN, 0};
+    if (::poll(&p, 1, 200) <= 0) continue;  // wakes to notice stopping_
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+      // Out of descriptors, say: back off rather than spin on the ready socket.
+      if (errno != EINTR && errno != EAGAIN) absl::SleepFor(absl::Milliseconds(50));
+      continue;
+    }
+    ServeOne(fd);
+    // Half-close and drain what the client still sends (briefly), so the
+    // close does not reset the connection before it read the response.
+    ::shutdown(fd, SHUT_WR);
+    char sink[4096];
+    const absl::Time drain_until = absl::Now() + absl::Milliseconds(100);
+    for (int i = 0; i < 16 && WaitFor(fd, POLLIN, drain_until); ++i) {
+      if (::recv(fd, sink, sizeof(sink), MSG_DONTWAIT) <= 0) break;
+    }
+    ::close(fd);
+  }
+}
+
+void MonitoringServer::ServeOne(int fd) {
+  // A client gets 2 s in all for the handshake and its request, and 2 s
+  // more to take the response: a slow or silent one costs the server no
+  // more than that.
+  const absl::Time deadline = absl::Now() + absl::Seconds(2);
+  std::unique_ptr<SSL, decltype(&SSL_free)> ssl(nullptr, SSL_free);
+  bool certified = true;
+  if (https_ != nullptr) {
+    if (tls_->watcher != nullptr) {
+      // A renewed certificate, taken by the watcher: used from this connection on.
+      std::shared_ptr<const TlsConfig> now = tls_->watcher->current();
+      if (now != https_source_) {
+        absl::StatusOr<std::shared_ptr<ssl_ctx_st>> https = HttpsServerContext(*now);
+        if (https.ok()) https_ = *std::move(https);
+        https_source_ = std::move(now);  // a failure is not tried again for each connection
+      }
+    }
+    ssl.reset(SSL_new(https_.get()));
+    if (!ssl || SSL_set_fd(ssl.get(), fd) != 1) {
+      ERR_clear_error();
+      return;
+    }
+    Connection handshake(fd, ssl.get());
+    int r;
+    while ((r = SSL_accept(ssl.get())) != 1 && handshake.WaitForSsl(r, deadline)) {
+    }
+    if (r != 1) {
+      failed_handshakes_.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
+    // Verified in the handshake when offered (a failed check ends it above).
+    X509* peer = SSL_get0_peer_certificate(ssl.get());
+    certified = peer != nullptr && SSL_get_verify_result(ssl.get()) == X509_V_OK;
+  }
+  Connection conn(fd, ssl.get());
+  std::string request;
+  char buf[2048];
+  while (request.find("\r\n\r\n") == std::string::npos &&
+         request.find("\n\n") == std::string::npos && request.size() < kMaxRequest) {
+    const size_t n = conn.Read(buf, std::min(sizeof(buf), kMaxRequest - request.size()), deadline);
+    if (n == 0) break;
+    request.append(buf, n);
+  }
+  Response r;
+  const size_t eol = request.find_first_of("\r\n");
+  std::vector<std::string> parts = absl::StrSplit(request.substr(0, eol), ' ');
+  if (eol == std::string::npos || parts.size() != 3 || parts[2].rfind("HTTP/1.", 0) != 0) {
+    r = {400, "text/plain", "bad request\n"};
+  } else if (parts[0] != "GET" && parts[0] != "HEAD") {
+    r = {405, "text/plain", "only GET\n"};
+  } else {
+    r = Handle(parts[1], certified);
+  }
+  const bool head = parts.size() == 3 && parts[0] == "HEAD";
+  conn.WriteAll(absl::StrCat("HTTP/1.0 ", r.status, " ", Reason(r.status), "\r\nContent-Type: ",
+                             r.content_type, "\r\nContent-Length: ", r.body.size(),
+                             "\r\nConnection: close\r\n\r\n", head ? "" : r.body),
+                absl::Now() + absl::Seconds(2));
+  if (ssl) SSL_shutdown(ssl.get());  // one try: the close_notify, not waiting for the client's
+  ERR_clear_error();
+}
+
+std::string MonitoringServer::url() const {
+  return absl::StrCat(tls_ ? "https" : "http", "://", host_, ":", port_, "/metrics");
+}
+
+MonitoringServer::Response MonitoringServer::Handle(const std::string& target,
+                                                    bool certified) const {
+  const std::string path = target.substr(0, target.find('?'));
+  if (path == "/healthz") return {200, "text/plain", "ok\n"};
+  if (path == "/readyz") {
+    const std::string why = ready_ ? ready_() : "";
+    if (why.empty()) return {200, "text/plain", "ready\n"};
+    return {503, "text/plain", why + "\n"};
+  }
+  if (path == "/metrics") {
+    if (!certified) {
+      uncertified_.fetch_add(1, std::memory_order_relaxed);
+      return {403, "text/plain",
+              "/metrics needs a client certificate of the cluster's CA (monitor.crt from "
+              "pstrain certs)\n"};
+    }
+    std::vector<prometheus::MetricFamily> families;
+    for (const auto& c : collectables_) {
+      std::vector<prometheus::MetricFamily> f = c->Collect();
+      for (auto& m : f) families.push_back(std::move(m));
+    }
+    if (tls_ != nullptr) {
+      const std::shared_ptr<const TlsConfig> now =
+          tls_->watcher ? tls_->watcher->current() : tls_;
+      prometheus::MetricFamily expiry = Family(
+          "pstrain_tls_certificate_expiry_timestamp_seconds",
+          "When this task's certificate, or the CA, expires (the sooner), since the Unix epoch.",
+          prometheus::MetricType::Gauge);
+      AddMetric(&expiry, {}, absl::ToDoubleSeconds(now->not_after - absl::UnixEpoch()));
+      families.push_back(std::move(expiry));
+      if (tls_->watcher != nullptr) {
+        prometheus::MetricFamily reloads = Family(
+            "pstrain_tls_reloads_total",
+            "Changed certificate files this task took (ok) or refused, keeping the ones in use "
+            "(refused: they failed the start's checks).",
+            prometheus::MetricType::Counter);
+        AddMetric(&reloads, {{"outcome", "ok"}}, static_cast<double>(tls_->watcher->reloads()));
+        AddMetric(&reloads, {{"outcome", "refused"}},
+                  static_cast<double>(tls_->watcher->refusals()));
+        families.push_back(std::move(reloads));
+      }
+      prometheus::MetricFamily refused =
+          Family("pstrain_monitoring_refused_total",
+                 "Requests this HTTPS endpoint refused: failed TLS handshakes (plaintext, a "
+                 "certificate of another CA, too slow) and /metrics without a client "
+                 "certificate.",
+                 prometheus::MetricType::Counter);
+      AddMetric(&refused, {{"reason", "tls_handshake"}},
+                static_cast<double>(failed_handshakes_.load(std::memory_order_relaxed)));
+      AddMetric(&refused, {{"reason", "no_client_certificate"}},
+                static_cast<double>(uncertified_.load(std::memory_order_relaxed)));
+      families.push_back(std::move(refused));
+    }
+    for (prometheus::MetricFamily& f : families) {
+      for (prometheus::ClientMetric& m : f.metric) {
+        for (const auto& [name, value] : labels_) m.label.push_back({name, value});
+      }
+    }
+    std::ostringstream out;
+    prometheus::TextSerializer().Serialize(out, families);
+    return {200, "text/plain; version=0.0.4; charset=utf-8", out.str()};
+  }
+  return {404, "text/plain", "not found: /metrics, /healthz, /readyz\n"};
+}
+
+}  // namespace pstrain

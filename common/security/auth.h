@@ -1,0 +1,137 @@
+// Who is calling, and may they: authentication by per-identity tokens and
+// authorization by role, for every RPC a daemon serves.
+//
+// A cluster has one secret (`pstrain tokens` writes it, mode 0600). Each
+// identity's token is HMAC-SHA256(secret, identity) in hex; the identities
+// are the tasks ("chief:0", "ps:1", "worker:3") and "operator" (a person's
+// tools: status only). Every call carries two metadata entries,
+//   x-pstrain-identity: worker:3
+//   authorization: Bearer <token>
+// and the serving daemon, which holds the secret, recomputes the token and
+// compares in constant time. A task that serves nothing (a worker) can be
+// given only its own token file, so it cannot act as anyone else.
+//
+// Without a secret authentication is off: every call passes, as on the
+// loopback-only clusters of tests and demos. A cluster spec naming any
+// non-loopback host needs a secret or an explicit --insecure.
+#ifndef PSTRAIN_COMMON_SECURITY_AUTH_H_
+#define PSTRAIN_COMMON_SECURITY_AUTH_H_
+
+#include <atomic>
+#include <initializer_list>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/cluster/cluster_spec.h"
+#include "common/storage/env.h"  // WritePrivateFile, ReadPrivateFile
+#include "common/security/tls.h"
+#include "grpcpp/grpcpp.h"
+
+namespace pstrain {
+
+// The metadata key naming the caller ("worker:3"); every call carries it
+// (common/rpc/rpc.h SetCallCredentials).
+inline constexpr char kIdentityHeader[] = "x-pstrain-identity";
+
+inline constexpr char kOperatorIdentity[] = "operator";
+
+// HMAC-SHA256(secret, identity), 64 lowercase hex digits.
+std::string DeriveToken(absl::string_view secret, absl::string_view identity);
+
+// A new random secret (32 bytes, as 64 hex digits) at `path`, created with
+// mode 0600; fails if the file exists.
+absl::Status CreateSecretFile(const std::string& path);
+// A secret or token file's content, whitespace trimmed. Refused when it is
+// shorter than 32 characters or readable by group or others (chmod 600).
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path);
+
+enum class Role { kAnyone, kChief, kPs, kWorker, kOperator };
+
+struct Caller {
+  Role role = Role::kAnyone;  // kAnyone: authentication is off
+  int index = -1;             // the task index, for chief, ps and worker
+  std::string name;           // "worker:3", "operator"; "" when off
+};
+
+// Verifies calls against the cluster secret. Thread-safe.
+class Authorizer {
+ public:
+  Authorizer() = default;  // authentication off
+  // With `tls` the caller is the verified client certificate's common name
+  // (common/security/tls.h), and a call without a certificate is unauthenticated;
+  // with a `secret` the call must also carry that identity's token. Off
+  // when neither.
+  Authorizer(const std::string& secret, const ClusterSpec& cluster, bool tls = false);
+
+  bool enabled() const { return !tokens_.empty(); }
+
+  // The caller of `ctx`, when its token is right (else UNAUTHENTICATED) and
+  // its role is one of `allowed` (else PERMISSION_DENIED). Both refusals
+  // are counted and name `method` (logged at most once a second). With
+  // authentication off: Role::kAnyone.
+  absl::StatusOr<Caller> Check(const grpc::ServerContextBase& ctx,
+                               std::initializer_list<Role> allowed, absl::string_view method);
+  absl::StatusOr<Caller> Check(absl::string_view identity, absl::string_view authorization,
+                               std::initializer_list<Role> allowed, absl::string_view method);
+
+  // Any task or the operator (reads such as GetStatus).
+  absl::StatusOr<Caller> CheckAuthenticated(const grpc::ServerContextBase& ctx,
+                                            absl::string_view method) {
+    return Check(ctx, {Role::kChief, Role::kPs, Role::kWorker, Role::kOperator}, method);
+  }
+
+  // A request's `worker` field must name the calling worker itself (the
+  // chief's calls carry -1). Counted as denied otherwise.
+  absl::Status CheckWorkerField(const Caller& caller, int worker, absl::string_view method);
+
+  int64_t unauthenticated() const { return unauthenticated_.load(std::memory_order_relaxed); }
+  int64_t denied() const { return denied_.load(std::memory_order_relaxed); }
+
+ private:
+  absl::StatusOr<Caller> Authorize(absl::string_view identity, absl::string_view authorization,
+                                   bool certified, std::initializer_list<Role> allowed,
+                                   absl::string_view method);
+  absl::Status Deny(const std::string& message);
+  bool ShouldLog(std::atomic<int64_t>* last_ms);
+
+  bool tls_ = false;
+  bool has_tokens_ = false;
+  // identity -> its token ("" without a secret) and who it is
+  std::map<std::string, std::pair<std::string, Caller>, std::less<>> tokens_;
+  std::atomic<int64_t> unauthenticated_{0};
+  std::atomic<int64_t> denied_{0};
+  std::atomic<int64_t> last_unauthenticated_log_ms_{0};
+  std::atomic<int64_t> last_denied_log_ms_{0};
+};
+
+// What a daemon authenticates with, from the flags (which win) and the
+// cluster spec's extras.
+struct AuthSetup {
+  std::string secret;     // empty: this task verifies no tokens
+  std::string own_token;  // empty: no tokens on calls
+  std::shared_ptr<const TlsConfig> tls;  // null: plaintext
+};
+
+// Resolves a task's credentials: the secret from `secret_file` (else the
+// spec's), or only its own token from `token_file`. A task that serves RPCs
+// (`serves`) needs the secret. Mutual TLS: the files in the spec's TLS dir
+// for `identity`, each replaced by the one `tls_flags` names (and its
+// crl_dir, the revocation lists' directory, which needs TLS files); the
+// certificate must be `identity`'s own; with `tls_reload` above zero its
+// files are watched for renewal that often (TlsWatcher). With neither a secret nor TLS, a
+// spec naming a non-loopback host, or a `bind_host` (--bind) that is not
+// loopback, is refused unless `insecure` (or the spec's "insecure": true).
+absl::StatusOr<AuthSetup> ResolveAuth(const ClusterSpec& cluster, const std::string& identity,
+                                      bool serves, const std::string& secret_file,
+                                      const std::string& token_file, bool insecure,
+                                      const std::string& bind_host = "",
+                                      const TlsFiles& tls_flags = TlsFiles(),
+                                      absl::Duration tls_reload = absl::ZeroDuration());
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_SECURITY_AUTH_H_

@@ -1,0 +1,116 @@
+#include "common/storage/tensor_file.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/base/crc32c.h"
+#include "common/base/status_macros.h"
+
+namespace pstrain {
+namespace {
+
+constexpr char kMagic[] = "PSTENSR1";
+constexpr size_t kMagicLen = 8;
+
+template <typename T>
+void Put(std::string* out, T v) {
+  out->append(reinterpret_cast<const char*>(&v), sizeof(T));
+}
+
+class Reader {
+ public:
+  Reader(const std::string& bytes, size_t end) : bytes_(bytes), end_(end) {}
+  template <typename T>
+  bool Get(T* v) {
+    if (end_ - pos_ < sizeof(T)) return false;
+    std::memcpy(v, bytes_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return true;
+  }
+  bool GetBytes(size_t n, const char** p) {
+    if (end_ - pos_ < n) return false;
+    *p = bytes_.data() + pos_;
+    pos_ += n;
+    return true;
+  }
+  size_t pos() const { return pos_; }
+  void set_pos(size_t p) { pos_ = p; }
+
+ private:
+  const std::string& bytes_;
+  size_t end_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+std::string EncodeTensorFile(const TensorMap& tensors) {
+  std::string out(kMagic, kMagicLen);
+  Put<uint64_t>(&out, tensors.size());
+  for (const auto& [name, t] : tensors) {
+    Put<uint32_t>(&out, name.size());
+    out.append(name);
+    Put<uint32_t>(&out, t.shape().size());
+    for (int64_t d : t.shape()) Put<int64_t>(&out, d);
+    const size_t nbytes = t.num_elements() * sizeof(float);
+    Put<uint32_t>(&out, Crc32c(t.data(), nbytes));
+    out.append(reinterpret_cast<const char*>(t.data()), nbytes);
+  }
+  Put<uint32_t>(&out, Crc32c(out.data(), out.size()));
+  return out;
+}
+
+absl::StatusOr<TensorMap> DecodeTensorFile(const std::string& bytes, const std::string& source) {
+  auto corrupt = [&source](const std::string& what) {
+    return absl::DataLossError(absl::StrCat("tensor file ", source, ": ", what));
+  };
+  if (bytes.size() < kMagicLen + 8 + 4 || bytes.compare(0, kMagicLen, kMagic) != 0) {
+    return corrupt("not a pstrain tensor file (bad magic or too short)");
+  }
+  const size_t body = bytes.size() - 4;
+  uint32_t file_crc;
+  std::memcpy(&file_crc, bytes.data() + body, 4);
+  if (Crc32c(bytes.data(), body) != file_crc) return corrupt("file checksum mismatch");
+  Reader r(bytes, body);
+  r.set_pos(kMagicLen);
+  uint64_t count;
+  if (!r.Get(&count)) return corrupt("truncated header");
+  TensorMap out;
+  for (uint64_t i = 0; i < count; ++i) {
+    uint32_t name_len, rank, crc;
+    const char* p;
+    if (!r.Get(&name_len) || !r.GetBytes(name_len, &p)) return corrupt("truncated record name");
+    std::string name(p, name_len);
+    if (!r.Get(&rank) || rank > 16) return corrupt(absl::StrCat(name, ": bad rank"));
+    std::vector<int64_t> shape(rank);
+    int64_t n = 1;
+    for (uint32_t k = 0; k < rank; ++k) {
+      if (!r.Get(&shape[k]) || shape[k] < 0 || (shape[k] > 0 && n > kMaxTensorElements / shape[k])) {
+        return corrupt(absl::StrCat(name, ": bad shape"));
+      }
+      n *= shape[k];
+    }
+    if (!r.Get(&crc) || !r.GetBytes(n * sizeof(float), &p)) {
+      return corrupt(absl::StrCat(name, ": truncated data"));
+    }
+    if (Crc32c(p, n * sizeof(float)) != crc) return corrupt(absl::StrCat(name, ": CRC32C mismatch"));
+    std::vector<float> values(n);
+    if (n > 0) std::memcpy(values.data(), p, n * sizeof(float));
+    if (!out.emplace(name, Tensor(std::move(shape), std::move(values))).second) {
+      return corrupt(absl::StrCat("duplicate tensor ", name));
+    }
+  }
+  if (r.pos() != body) return corrupt("trailing bytes after the last record");
+  return out;
+}
+
+absl::Status WriteTensorFile(Env* env, const std::string& path, const TensorMap& tensors) {
+  return WriteFileAtomically(env, path, EncodeTensorFile(tensors));
+}
+
+absl::StatusOr<TensorMap> ReadTensorFile(Env* env, const std::string& path) {
+  ASSIGN_OR_RETURN(std::string bytes, env->ReadFile(path));
+  return DecodeTensorFile(bytes, path);
+}
+
+}  // namespace pstrain

@@ -1,0 +1,134 @@
+#include "tools/subprocess.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+
+extern char** environ;
+
+namespace pstrain {
+
+absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const SpawnOptions& options) {
+  if (options.argv.empty()) return absl::InvalidArgumentError("spawn: empty argv");
+  struct stat st;
+  if (::stat(options.argv[0].c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+      ::access(options.argv[0].c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("spawn: ", options.argv[0], " is not executable"));
+  }
+  int pipe_fds[2] = {-1, -1};
+  if (options.capture_output && ::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  }
+  int file_fd = -1;
+  if (!options.capture_output && !options.output_file.empty()) {
+    file_fd = ::open(options.output_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (file_fd < 0) {
+      return absl::InternalError(absl::StrCat("open ", options.output_file, ": ", strerror(errno)));
+    }
+  }
+  // Everything the child needs is prepared before fork (no allocation after).
+  std::vector<char*> argv;
+  for (const std::string& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  for (const std::string& e : options.extra_env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const pid_t parent = ::getpid();
+
+  pid_t pid = ::fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) _exit(127);  // the parent died before prctl
+    int out = options.capture_output ? pipe_fds[1] : file_fd;
+    if (out >= 0) {
+      ::dup2(out, STDOUT_FILENO);
+      ::dup2(out, STDERR_FILENO);
+    }
+    // Restore default signal handling the parent may have changed.
+    sigset_t all;
+    sigemptyset(&all);
+    sigprocmask(SIG_SETMASK, &all, nullptr);
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGTERM, SIG_DFL);
+    ::signal(SIGPIPE, SIG_DFL);
+    ::execve(argv[0], argv.data(), envp.data());
+    _exit(127);
+  }
+  std::unique_ptr<Subprocess> proc(new Subprocess());
+  proc->pid_ = pid;
+  proc->pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+  if (options.capture_output) {
+    ::close(pipe_fds[1]);
+    proc->output_fd_ = pipe_fds[0];
+  }
+  if (file_fd >= 0) ::close(file_fd);
+  return proc;
+}
+
+Subprocess::~Subprocess() {
+  if (running()) Stop(absl::Seconds(2));
+  CloseOutput();
+  if (pidfd_ >= 0) ::close(pidfd_);
+}
+
+void Subprocess::Signal(int sig) {
+  if (running()) ::kill(pid_, sig);
+}
+
+void Subprocess::CloseOutput() {
+  if (output_fd_ >= 0) ::close(output_fd_);
+  output_fd_ = -1;
+}
+
+std::optional<int> Subprocess::Wait(absl::Duration timeout) {
+  if (exit_code_.has_value()) return exit_code_;
+  if (pidfd_ >= 0) {
+    struct pollfd pfd = {pidfd_, POLLIN, 0};
+    int ms = static_cast<int>(absl::ToInt64Milliseconds(timeout));
+    int rc;
+    do {
+      rc = ::poll(&pfd, 1, ms < 0 ? 0 : ms);
+    } while (rc < 0 && errno == EINTR);
+    if (rc == 0) return std::nullopt;
+  }
+  int status = 0;
+  // Without a pidfd (old kernels) this blocks; with one, the child has exited.
+  pid_t r;
+  do {
+    r = ::waitpid(pid_, &status, pidfd_ >= 0 ? 0 : WNOHANG);
+  } while (r < 0 && errno == EINTR);
+  if (r == 0) return std::nullopt;
+  if (r < 0) {
+    exit_code_ = 255;
+  } else if (WIFEXITED(status)) {
+    exit_code_ = WEXITSTATUS(status);
+  } else if (WIFSIGNALED(status)) {
+    exit_code_ = 128 + WTERMSIG(status);
+    killed_by_signal_ = true;
+  } else {
+    exit_code_ = 255;
+  }
+  return exit_code_;
+}
+
+int Subprocess::Stop(absl::Duration grace) {
+  if (!running()) return *exit_code_;
+  Signal(SIGTERM);
+  if (std::optional<int> code = Wait(grace)) return *code;
+  Signal(SIGKILL);
+  std::optional<int> code = Wait(absl::Seconds(10));
+  return code.value_or(255);
+}
+
+}  // namespace pstrain

@@ -1,0 +1,48 @@
+#include "tools/subprocess.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include "catch2/catch.hpp"
+
+namespace pstrain {
+namespace {
+
+TEST_CASE("a child's exit code is returned", "[subprocess]") {
+  auto p = Subprocess::Spawn({{"/bin/sh", "-c", "exit 3"}});
+  REQUIRE(p.ok());
+  auto code = (*p)->Wait(absl::Seconds(10));
+  REQUIRE(code.has_value());
+  CHECK(*code == 3);
+}
+
+TEST_CASE("output can be captured through a pipe", "[subprocess]") {
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", "echo hello; echo err >&2"};
+  o.capture_output = true;
+  auto p = Subprocess::Spawn(o);
+  REQUIRE(p.ok());
+  std::string out;
+  char buf[256];
+  ssize_t n;
+  while ((n = ::read((*p)->output_fd(), buf, sizeof(buf))) > 0) out.append(buf, n);
+  CHECK(out == "hello\nerr\n");
+  CHECK((*p)->Wait(absl::Seconds(10)).value_or(-1) == 0);
+}
+
+TEST_CASE("wait has a deadline and stop kills a stubborn child", "[subprocess]") {
+  auto p = Subprocess::Spawn({{"/bin/sh", "-c", "trap '' TERM; sleep 30"}});
+  REQUIRE(p.ok());
+  CHECK_FALSE((*p)->Wait(absl::Milliseconds(50)).has_value());
+  int code = (*p)->Stop(absl::Milliseconds(200));
+  CHECK(code == 128 + SIGKILL);
+  CHECK_FALSE((*p)->running());
+}
+
+TEST_CASE("a missing executable is a clear error", "[subprocess]") {
+  auto p = Subprocess::Spawn({{"/nonexistent/binary"}});
+  CHECK(absl::IsNotFound(p.status()));
+}
+
+}  // namespace
+}  // namespace pstrain

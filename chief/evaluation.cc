@@ -1,0 +1,69 @@
+#include "chief/evaluation.h"
+
+#include <algorithm>
+
+#include "chief/binary_metrics.h"
+#include "common/base/status_macros.h"
+#include "worker/model/embedding_bag.h"
+
+namespace pstrain {
+namespace {
+
+// A click-through model's evaluation: the held-out examples in chunks, each
+// chunk's bags built from the rows of its ids as the servers hold them now.
+absl::Status EvaluateClickThrough(PsClient* ps, Model* model, const ClickThroughConfig& ct,
+                                  const Dataset& test, EvalResult* result) {
+  const int dim = ct.embedding_dim();
+  const EmbeddingBags bags(test.dim, test.id_fields, dim,
+                           ct.mean_bags() ? Combiner::kMean : Combiner::kSum);
+  constexpr int64_t kChunk = 8192;
+  *result = EvalResult();
+  double loss = 0;
+  std::vector<float> rows, x;
+  for (int64_t start = 0; start < test.size; start += kChunk) {
+    const int n = static_cast<int>(std::min(kChunk, test.size - start));
+    const SparseBatch batch = SparseBatch::OnePerField(
+        test.ids.data() + start * test.id_fields, n, test.id_fields);
+    const UniqueRows unique = UniqueRows::Of(batch.ids);
+    rows.resize(unique.ids.size() * dim);
+    RETURN_IF_ERROR(
+        ps->PullRows(ct.table(), dim, unique.ids, 0, absl::ZeroDuration(), rows.data()));
+    x.resize(static_cast<size_t>(n) * bags.output_dim());
+    bags.Forward(batch, unique, rows.data(), test.x.data() + start * test.dim, x.data());
+    EvalResult part;
+    RETURN_IF_ERROR(model->Evaluate(x.data(), test.y.data() + start, n, &part));
+    loss += part.loss * n;
+    result->correct += part.correct;
+    result->scores.insert(result->scores.end(), part.scores.begin(), part.scores.end());
+  }
+  result->count = test.size;
+  result->loss = test.size > 0 ? loss / static_cast<double>(test.size) : 0;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Evaluation> Evaluate(PsClient* ps, Model* model, const TrainingConfig& config,
+                                    const Dataset* test, std::vector<Tensor>* params) {
+  PsClient::PullResult pulled;
+  RETURN_IF_ERROR(ps->PullAll({}, absl::ZeroDuration(), params, &pulled));
+  Evaluation e;
+  e.step = *std::min_element(pulled.versions.begin(), pulled.versions.end());
+  if (test != nullptr) {
+    RETURN_IF_ERROR(model->SetParameters(*params));
+    if (config.model().has_click_through()) {
+      RETURN_IF_ERROR(
+          EvaluateClickThrough(ps, model, config.model().click_through(), *test, &e.result));
+    } else {
+      RETURN_IF_ERROR(model->Evaluate(test->x.data(), test->y.data(), test->size, &e.result));
+    }
+    if (!e.result.scores.empty()) {
+      absl::StatusOr<double> auc = RocAuc(e.result.scores, test->y);
+      if (auc.ok()) e.auc = *auc;
+      e.log_loss = LogLoss(e.result.scores, test->y);
+    }
+  }
+  return e;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,111 @@
+#include "chief/summary.h"
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/cluster/config.h"
+#include "common/storage/env.h"
+#include "common/storage/tensor_file.h"
+#include "nlohmann/json.hpp"
+
+namespace pstrain {
+
+absl::Status WriteRunOutputs(const RunContext& run, PsClient* ps, Chief* chief,
+                             const Evaluation& final_eval, const std::vector<Tensor>& params,
+                             double train_seconds) {
+  Env* env = Env::Default();
+  RETURN_IF_ERROR(env->CreateDirs(run.config.output_dir()));
+  TensorMap model_file;
+  for (size_t v = 0; v < params.size(); ++v) {
+    model_file.emplace(run.placement.variables()[v].spec.name, params[v]);
+  }
+  const std::string model_path = JoinPath(run.config.output_dir(), "model_final.pst");
+  RETURN_IF_ERROR(WriteTensorFile(env, model_path, model_file));
+  // The servers' own counters: what was applied, dropped as stale, refused.
+  int64_t applied = 0, dropped_stale = 0, rejected = 0;
+  int64_t final_staleness_count = 0;  // async: over every server's admitted pushes
+  double final_staleness_sum = 0;
+  // Each embedding table's rows and bytes (values and slots) over every server.
+  struct TableTotals {
+    int64_t rows = 0;
+    int64_t bytes = 0;
+  };
+  std::map<std::string, TableTotals> tables;
+  for (const EmbeddingTableConfig& tc : run.config.embedding_tables()) tables[tc.name()];
+  for (int s = 0; s < ps->num_servers(); ++s) {
+    PsStatusResponse status;
+    absl::Status st = ps->GetStatus(s, &status);
+    if (!st.ok()) {
+      LOG_WARN("{}", st);
+      continue;
+    }
+    applied += status.pushes_applied();
+    dropped_stale += status.gradients_dropped_stale();
+    rejected += status.pushes_rejected();
+    final_staleness_count += status.staleness_count();
+    final_staleness_sum += status.staleness_sum();
+    for (const TableStatus& t : status.tables()) {
+      auto it = tables.find(t.name());
+      if (it == tables.end()) continue;
+      it->second.rows += t.rows();
+      it->second.bytes += t.bytes();
+    }
+  }
+  LOG_INFO("parameter servers: {} pushes applied, {} gradients dropped as stale, {} refused",
+           applied, dropped_stale, rejected);
+  nlohmann::json table_totals = nlohmann::json::object();
+  for (const auto& [name, totals] : tables) {
+    table_totals[name] = {{"rows", totals.rows}, {"bytes", totals.bytes}};
+  }
+  ChiefStatusResponse progress;
+  chief->GetStatus(&progress);
+  // Where a worker's step went, per step on average over every worker's.
+  auto per_step_ms = [&progress](double seconds) {
+    return progress.local_steps() > 0 ? 1000.0 * seconds / progress.local_steps() : 0.0;
+  };
+  nlohmann::json summary = {
+      {"global_step", final_eval.step},
+      {"max_steps", run.config.max_steps()},
+      {"eval_accuracy", final_eval.result.accuracy()},
+      {"eval_loss", final_eval.result.loss},
+      {"eval_examples", final_eval.result.count},
+      {"eval_auc", final_eval.auc ? nlohmann::json(*final_eval.auc) : nlohmann::json()},
+      {"eval_log_loss",
+       final_eval.auc ? nlohmann::json(final_eval.log_loss) : nlohmann::json()},
+      {"train_loss", progress.train_loss()},
+      {"examples_per_sec", progress.examples_per_sec()},
+      {"worker_steps", progress.local_steps()},
+      {"step_time_ms",
+       {{"pull", per_step_ms(progress.pull_seconds())},
+        {"data", per_step_ms(progress.data_seconds())},
+        {"compute", per_step_ms(progress.compute_seconds())},
+        {"push", per_step_ms(progress.push_seconds())}}},
+      {"train_seconds", train_seconds},
+      {"mode", IsSyncMode(run.config) ? "sync" : "async"},
+      // Async: the mean staleness of the pushes the servers admitted
+      // (updates applied between a push's pull and its own), since they
+      // started; null in sync mode.
+      {"async_staleness_mean",
+       final_staleness_count > 0
+           ? nlohmann::json(final_staleness_sum / static_cast<double>(final_staleness_count))
+           : nlohmann::json()},
+      {"num_ps", run.cluster.num_ps()},
+      {"num_workers", run.cluster.num_workers()},
+      {"pushes_applied", applied},
+      {"gradients_dropped_stale", dropped_stale},
+      {"pushes_refused", rejected},
+      {"embedding_tables", table_totals},
+  };
+  RETURN_IF_ERROR(WriteFileAtomically(env, JoinPath(run.config.output_dir(), "summary.json"),
+                                      summary.dump(2) + "\n"));
+  LOG_INFO("training finished at step {} in {:.1f}s: eval accuracy {:.4f}, eval loss {:.4f}; "
+           "model written to {}",
+           final_eval.step, train_seconds, final_eval.result.accuracy(), final_eval.result.loss,
+           model_path);
+  return absl::OkStatus();
+}
+
+}  // namespace pstrain

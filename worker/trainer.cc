@@ -120,476 +120,603 @@ absl::Status WaitForChief(ChiefClient* chief, absl::Duration timeout, StopSignal
   }
 }
 
-}  // namespace
+// The training loop over the state it keeps: set up once (device, model,
+// data, registration, client), then steps until the job is done, following
+// any rollback of the job. Lives on the worker's main thread; the
+// prefetcher's thread owns the partition's cursor while it runs.
+class Trainer {
+ public:
+  Trainer(const TrainingConfig& config, const ClusterSpec& cluster, const WorkerOptions& options,
+          StopSignal* stop)
+      : config_(config),
+        cluster_(cluster),
+        options_(options),
+        stop_(stop),
+        rpc_timeout_(absl::Milliseconds(config.rpc().rpc_timeout_ms())),
+        step_timeout_(absl::Milliseconds(config.rpc().step_timeout_ms())),
+        startup_timeout_(absl::Milliseconds(config.rpc().startup_timeout_ms())),
+        fingerprint_(ConfigFingerprint(config)),
+        sync_(IsSyncMode(config)),
+        clip_norm_(config.optimizer().clip_global_norm()),
+        click_through_(config.model().has_click_through()),
+        overlap_(!config.rpc().sequential()),
+        async_prefetch_(!sync_ && overlap_ && config.rpc().async_prefetch()),
+        stats_(options.stats != nullptr ? options.stats : &unused_stats_) {}
 
-absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
-                       const WorkerOptions& options, StopSignal* stop) {
-  const absl::Duration rpc_timeout = absl::Milliseconds(config.rpc().rpc_timeout_ms());
-  const absl::Duration step_timeout = absl::Milliseconds(config.rpc().step_timeout_ms());
-  const bool sync = IsSyncMode(config);
+  absl::Status Run();
 
-  RETURN_IF_ERROR(
-      CheckConfiguredModelFits(config, cluster.num_ps(), absl::StrCat("worker:", options.worker)));
-  ASSIGN_OR_RETURN(DeviceSpec device_spec,
-                   ParseDeviceSpec(options.device.empty() ? config.device() : options.device));
-  ASSIGN_OR_RETURN(OpenedDevice device, OpenDevice(device_spec, config.compute_threads()));
-  Backend* backend = device.backend.get();
-  LOG_INFO("compute device: {} ({})", backend->Describe(), device.reason);
-  if (!device.warning.empty()) LOG_WARN("{}", device.warning);
-  ASSIGN_OR_RETURN(std::unique_ptr<Model> model, Model::Create(config.model(), backend));
-  LOG_INFO("model: {}", model->Summary());
+ private:
+  absl::Status SetUp();
+  absl::Status LoadData();
+  absl::Status Register();
+  absl::Status SetUpBags();
+  void SetUpOverlap();
+  std::unique_ptr<PsClient> Connect(const RegisterWorkerResponse& r);
+  void ReadDeviceMemory();
+  absl::Status Report(bool done, bool* stop_requested);
+  absl::Status TrainStep(bool* end);
+  absl::Status PushFirstLayers(const std::vector<int64_t>& steps);
+  absl::Status Compute(const Prefetcher::Batch& batch, const std::vector<int64_t>& steps,
+                       float* loss);
+  absl::Status PushRest(const std::vector<int64_t>& steps);
+  absl::Status Count(const Prefetcher::Batch& batch, const std::vector<int64_t>& steps, float loss,
+                     bool* end);
+  absl::Status FollowRollback(const absl::Status& cause);
+  absl::Status RegisterAgain(const absl::Status& cause, RegisterWorkerResponse* again);
+  absl::Status WaitForChiefToFollow();
+  void LogSummary() const;
 
-  ASSIGN_OR_RETURN(Dataset data, LoadDataset(Env::Default(), config.data(), DataSplit::kTrain,
-                                             model->input_dim(), model->num_labels()));
-  DataPartition partition(&data, options.worker, cluster.num_workers(), config.data().batch_size(),
-                          config.data().shuffle(), config.seed());
-  if (partition.size() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("worker ", options.worker, " of ",
-                                                      cluster.num_workers(),
-                                                      ": no examples in the training data"));
-  }
-  LOG_INFO("{} training examples in this worker's partition of {}; {} mode", partition.size(),
-           data.size, sync ? "sync" : "async");
-  ChiefClient chief(cluster.address(kChiefJob, 0), rpc_timeout);
-  RegisterWorkerResponse reg;
-  RETURN_IF_ERROR(chief.RegisterWorker(options.worker, ConfigFingerprint(config),
-                                       absl::Milliseconds(config.rpc().startup_timeout_ms()),
-                                       &reg, /*previous_incarnation=*/0, /*session=*/0, stop));
-  LOG_INFO("registered with the chief: incarnation {:x}, starting at step {}", reg.incarnation(),
-           reg.start_step());
-  WorkerStats unused;
-  WorkerStats* stats = options.stats != nullptr ? options.stats : &unused;
-  stats->registered = true;
-  // Device memory for the metrics (the CPU backend reports no device).
-  auto read_device_memory = [backend, stats] {
-    if (backend->host_memory()) return;
-    size_t used = 0, total = 0;
-    if (backend->MemoryInfo(&used, &total).ok()) {
-      stats->device_memory_used.store(static_cast<int64_t>(used), std::memory_order_relaxed);
-      stats->device_memory_total.store(static_cast<int64_t>(total), std::memory_order_relaxed);
-    }
-  };
-  read_device_memory();
-  if (reg.has_cursor()) {
-    // Resuming from a checkpoint: the data goes on where it stood at its step.
-    RETURN_IF_ERROR(partition.Restore({reg.cursor_epoch(), reg.cursor_position()}));
-    LOG_INFO("data cursor restored: epoch {}, position {}", reg.cursor_epoch(),
-             reg.cursor_position());
-  }
-  ASSIGN_OR_RETURN(Placement placement,
-                   Placement::Compute(model->variables(), cluster.num_ps(),
-                                      config.placement().partition_min_bytes(),
-                                      config.placement().partition_max_bytes()));
-
-
-  // Pulls and pushes travel as calls of up to rpc.call_bytes (4 MiB), up
-  // to rpc.calls_in_flight (16) per server in flight together, so no
-  // message nears gRPC's cap: sync servers aggregate
-  // per partition and apply each as it lands; async servers hold a push's
-  // parts until the last is in and apply it as one update, and this worker
-  // takes an async pull's parts at whatever version each answered (the
-  // oldest counts). A new client after a rollback: the new incarnation.
-  auto connect = [&](const RegisterWorkerResponse& r) {
-    auto client = std::make_unique<PsClient>(cluster, &placement, options.worker, rpc_timeout);
-    client->set_incarnation(r.incarnation());
-    // The chief's pulls (evaluation, the saved model) stay float32.
-    if (config.rpc().wire_dtype() == "bfloat16") client->set_wire_dtype(DT_BFLOAT16);
-    client->set_chunk_bytes(config.rpc().call_bytes());
-    client->set_calls_in_flight(config.rpc().calls_in_flight());
-    client->set_connections_per_server(config.rpc().connections_per_server());
-    client->set_mixed_versions(!sync);
-    client->set_push_timeout(step_timeout + rpc_timeout);
-    client->set_session(r.session());
-    return client;
-  };
-  std::unique_ptr<PsClient> ps = connect(reg);
-  std::vector<int64_t> min_versions(ps->num_servers(), reg.start_step());
-  // This worker's steps before a restart: in async mode the servers' count
-  // of its pushes applied (exact); in sync mode what it had reported.
-  int64_t steps_before = reg.local_steps_before();
-  if (reg.rejoin()) {
-    RETURN_IF_ERROR(
-        Rejoin(ps.get(), options.worker, reg.session(), sync, &partition, &steps_before));
-  }
-  // Batches are assembled ahead on a thread of their own, into pinned memory
-  // on CUDA so that their copy to the device runs at full speed.
-  Prefetcher::Allocator pinned;
-  pinned.alloc = [backend](size_t bytes) { return backend->AllocateHost(bytes); };
-  pinned.free = [backend](void* p) { backend->FreeHost(p); };
-  ASSIGN_OR_RETURN(std::unique_ptr<Prefetcher> batches,
-                   Prefetcher::Create(&partition, config.data().prefetch_batches(), pinned));
-  // Pulls land in the model's host parameter block (pinned on CUDA) and
-  // pushes read its host gradient block: no intermediate tensors.
-  const std::vector<float*> param_dst = model->host_parameter_pointers();
-  const std::vector<const float*> grad_src = model->host_gradient_pointers();
-  std::vector<PushOutcome> outcomes;
-  PsClient::PullResult pulled;
-  absl::Status early_push;  // the first failure of a push started during backward
+  const TrainingConfig& config_;
+  const ClusterSpec& cluster_;
+  const WorkerOptions& options_;
+  StopSignal* const stop_;
+  const absl::Duration rpc_timeout_, step_timeout_, startup_timeout_;
+  const uint64_t fingerprint_;
+  const bool sync_;
   // Clipping by the global norm needs the whole gradient before any of it
   // leaves, so it gives up pushing layers during the backward pass.
-  const float clip_norm = config.optimizer().clip_global_norm();
+  const float clip_norm_;
   // A click-through model's bags: rows of the batch's unique ids are pulled
   // from the servers, bagged into the model's input, and their gradients
   // (from the model's input gradient) pushed back. In sync mode the rows must
   // reach a server before the dense push that may complete its step, so the
   // dense push waits for the backward pass to end.
-  const bool click_through = config.model().has_click_through();
-  std::optional<EmbeddingBags> bags;
-  // On a device the bags run there: the rows go up, their gradients come down.
-  std::optional<DeviceEmbeddingBags> device_bags;
-  std::string table;
-  int embedding_dim = 0;
-  if (click_through) {
-    const ClickThroughConfig& ct = config.model().click_through();
-    table = ct.table();
-    embedding_dim = ct.embedding_dim();
-    bags.emplace(partition.dim(), partition.id_fields(), embedding_dim,
-                 ct.mean_bags() ? Combiner::kMean : Combiner::kSum);
-    if (bags->output_dim() != model->input_dim()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "click-through data gives ", bags->output_dim(), " inputs, the model takes ",
-          model->input_dim()));
-    }
-    if (backend->host_memory()) {
-      model->set_input_gradient(true);
-    } else {
-      device_bags.emplace(backend, partition.dim(), partition.id_fields(), embedding_dim,
-                          ct.mean_bags() ? Combiner::kMean : Combiner::kSum);
-      model->set_input_gradient(true, /*to_host=*/false);
-    }
-  }
-  std::vector<float> rows, row_grads, bagged;
-  std::vector<PushOutcome> row_outcomes;
-  // rpc.sequential: pull, compute and push strictly in turn (to measure what
-  // the overlap hides).
-  const bool overlap = !config.rpc().sequential();
-  if (!overlap) {
-    LOG_INFO("rpc.sequential: no push during the backward pass, no early pull");
-  }
+  const bool click_through_;
+  // Not rpc.sequential, which pulls, computes and pushes strictly in turn
+  // (to measure what the overlap hides).
+  const bool overlap_;
   // rpc.async_prefetch (async only; the config refuses it otherwise): each
   // step's pull leaves as the previous step's parameters come in.
-  const bool async_prefetch = !sync && overlap && config.rpc().async_prefetch();
-  if (async_prefetch) {
+  const bool async_prefetch_;
+  WorkerStats unused_stats_;
+  WorkerStats* const stats_;
+
+  OpenedDevice device_;
+  Backend* backend_ = nullptr;
+  std::unique_ptr<Model> model_;
+  Dataset data_;
+  std::optional<DataPartition> partition_;
+  std::optional<ChiefClient> chief_;
+  RegisterWorkerResponse reg_;
+  std::optional<Placement> placement_;
+  std::unique_ptr<PsClient> ps_;
+  std::vector<int64_t> min_versions_;
+  // This worker's steps before a restart: in async mode the servers' count
+  // of its pushes applied (exact); in sync mode what it had reported.
+  int64_t steps_before_ = 0;
+  Prefetcher::Allocator pinned_;
+  std::unique_ptr<Prefetcher> batches_;
+  // Pulls land in the model's host parameter block (pinned on CUDA) and
+  // pushes read its host gradient block: no intermediate tensors.
+  std::vector<float*> param_dst_;
+  std::vector<const float*> grad_src_;
+  std::vector<PushOutcome> outcomes_;
+  PsClient::PullResult pulled_;
+  absl::Status early_push_;  // the first failure of a push started during backward
+  std::optional<EmbeddingBags> bags_;
+  // On a device the bags run there: the rows go up, their gradients come down.
+  std::optional<DeviceEmbeddingBags> device_bags_;
+  std::string table_;
+  int embedding_dim_ = 0;
+  // The step's bags: its ids, their unique rows, the rows' values and
+  // gradients, and the bagged input (on the host).
+  SparseBatch sparse_;
+  UniqueRows unique_;
+  std::vector<float> rows_, row_grads_, bagged_;
+  std::vector<PushOutcome> row_outcomes_;
+
+  int64_t local_steps_ = 0, examples_ = 0, dropped_ = 0;
+  // prefetched: answered from a pull sent ahead (with the last push, or
+  // with rpc.async_prefetch as the last step began)
+  int64_t pulls_ = 0, prefetched_ = 0;
+  double loss_sum_ = 0;
+  int loss_count_ = 0;
+  int late_reports_ = 0;
+  int rollbacks_ = 0;
+  bool chief_lost_ = false;  // the step failed on its report to the chief
+  // Where the worker's time goes, for the closing log line.
+  absl::Duration pull_time_, data_wait_, compute_time_, push_time_;
+};
+
+absl::Status Trainer::SetUp() {
+  RETURN_IF_ERROR(CheckConfiguredModelFits(config_, cluster_.num_ps(),
+                                           absl::StrCat("worker:", options_.worker)));
+  ASSIGN_OR_RETURN(DeviceSpec device_spec,
+                   ParseDeviceSpec(options_.device.empty() ? config_.device() : options_.device));
+  ASSIGN_OR_RETURN(device_, OpenDevice(device_spec, config_.compute_threads()));
+  backend_ = device_.backend.get();
+  LOG_INFO("compute device: {} ({})", backend_->Describe(), device_.reason);
+  if (!device_.warning.empty()) LOG_WARN("{}", device_.warning);
+  ASSIGN_OR_RETURN(model_, Model::Create(config_.model(), backend_));
+  LOG_INFO("model: {}", model_->Summary());
+  RETURN_IF_ERROR(LoadData());
+  RETURN_IF_ERROR(Register());
+  ASSIGN_OR_RETURN(placement_, Placement::Compute(model_->variables(), cluster_.num_ps(),
+                                                  config_.placement().partition_min_bytes(),
+                                                  config_.placement().partition_max_bytes()));
+  ps_ = Connect(reg_);
+  min_versions_.assign(ps_->num_servers(), reg_.start_step());
+  steps_before_ = reg_.local_steps_before();
+  if (reg_.rejoin()) {
+    RETURN_IF_ERROR(
+        Rejoin(ps_.get(), options_.worker, reg_.session(), sync_, &*partition_, &steps_before_));
+  }
+  // Batches are assembled ahead on a thread of their own, into pinned memory
+  // on CUDA so that their copy to the device runs at full speed.
+  pinned_.alloc = [backend = backend_](size_t bytes) { return backend->AllocateHost(bytes); };
+  pinned_.free = [backend = backend_](void* p) { backend->FreeHost(p); };
+  ASSIGN_OR_RETURN(batches_,
+                   Prefetcher::Create(&*partition_, config_.data().prefetch_batches(), pinned_));
+  param_dst_ = model_->host_parameter_pointers();
+  grad_src_ = model_->host_gradient_pointers();
+  RETURN_IF_ERROR(SetUpBags());
+  SetUpOverlap();
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::LoadData() {
+  ASSIGN_OR_RETURN(data_, LoadDataset(Env::Default(), config_.data(), DataSplit::kTrain,
+                                      model_->input_dim(), model_->num_labels()));
+  partition_.emplace(&data_, options_.worker, cluster_.num_workers(), config_.data().batch_size(),
+                     config_.data().shuffle(), config_.seed());
+  if (partition_->size() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", options_.worker, " of ",
+                                                      cluster_.num_workers(),
+                                                      ": no examples in the training data"));
+  }
+  LOG_INFO("{} training examples in this worker's partition of {}; {} mode", partition_->size(),
+           data_.size, sync_ ? "sync" : "async");
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Register() {
+  chief_.emplace(cluster_.address(kChiefJob, 0), rpc_timeout_);
+  RETURN_IF_ERROR(chief_->RegisterWorker(options_.worker, fingerprint_, startup_timeout_, &reg_,
+                                         /*previous_incarnation=*/0, /*session=*/0, stop_));
+  LOG_INFO("registered with the chief: incarnation {:x}, starting at step {}", reg_.incarnation(),
+           reg_.start_step());
+  stats_->registered = true;
+  ReadDeviceMemory();
+  if (reg_.has_cursor()) {
+    // Resuming from a checkpoint: the data goes on where it stood at its step.
+    RETURN_IF_ERROR(partition_->Restore({reg_.cursor_epoch(), reg_.cursor_position()}));
+    LOG_INFO("data cursor restored: epoch {}, position {}", reg_.cursor_epoch(),
+             reg_.cursor_position());
+  }
+  return absl::OkStatus();
+}
+
+// Device memory for the metrics (the CPU backend reports no device).
+void Trainer::ReadDeviceMemory() {
+  if (backend_->host_memory()) return;
+  size_t used = 0, total = 0;
+  if (backend_->MemoryInfo(&used, &total).ok()) {
+    stats_->device_memory_used.store(static_cast<int64_t>(used), std::memory_order_relaxed);
+    stats_->device_memory_total.store(static_cast<int64_t>(total), std::memory_order_relaxed);
+  }
+}
+
+// Pulls and pushes travel as calls of up to rpc.call_bytes (4 MiB), up
+// to rpc.calls_in_flight (16) per server in flight together, so no
+// message nears gRPC's cap: sync servers aggregate
+// per partition and apply each as it lands; async servers hold a push's
+// parts until the last is in and apply it as one update, and this worker
+// takes an async pull's parts at whatever version each answered (the
+// oldest counts). A new client after a rollback: the new incarnation.
+std::unique_ptr<PsClient> Trainer::Connect(const RegisterWorkerResponse& r) {
+  auto client = std::make_unique<PsClient>(cluster_, &*placement_, options_.worker, rpc_timeout_);
+  client->set_incarnation(r.incarnation());
+  // The chief's pulls (evaluation, the saved model) stay float32.
+  if (config_.rpc().wire_dtype() == "bfloat16") client->set_wire_dtype(DT_BFLOAT16);
+  client->set_chunk_bytes(config_.rpc().call_bytes());
+  client->set_calls_in_flight(config_.rpc().calls_in_flight());
+  client->set_connections_per_server(config_.rpc().connections_per_server());
+  client->set_mixed_versions(!sync_);
+  client->set_push_timeout(step_timeout_ + rpc_timeout_);
+  client->set_session(r.session());
+  return client;
+}
+
+absl::Status Trainer::SetUpBags() {
+  if (!click_through_) return absl::OkStatus();
+  const ClickThroughConfig& ct = config_.model().click_through();
+  table_ = ct.table();
+  embedding_dim_ = ct.embedding_dim();
+  bags_.emplace(partition_->dim(), partition_->id_fields(), embedding_dim_,
+                ct.mean_bags() ? Combiner::kMean : Combiner::kSum);
+  if (bags_->output_dim() != model_->input_dim()) {
+    return absl::InvalidArgumentError(absl::StrCat("click-through data gives ",
+                                                   bags_->output_dim(), " inputs, the model takes ",
+                                                   model_->input_dim()));
+  }
+  if (backend_->host_memory()) {
+    model_->set_input_gradient(true);
+  } else {
+    device_bags_.emplace(backend_, partition_->dim(), partition_->id_fields(), embedding_dim_,
+                         ct.mean_bags() ? Combiner::kMean : Combiner::kSum);
+    model_->set_input_gradient(true, /*to_host=*/false);
+  }
+  return absl::OkStatus();
+}
+
+void Trainer::SetUpOverlap() {
+  if (!overlap_) {
+    LOG_INFO("rpc.sequential: no push during the backward pass, no early pull");
+  }
+  if (async_prefetch_) {
     LOG_INFO("rpc.async_prefetch: each pull is sent a step ahead, while the step before it "
              "computes and pushes");
   }
-  if (sync && overlap && clip_norm == 0 && !click_through) {
-    model->set_gradients_ready([&ps, &early_push](size_t first, size_t end) {
-      absl::Status st = ps->PushReady(first, end);
-      if (early_push.ok()) early_push = st;
+  if (sync_ && overlap_ && clip_norm_ == 0 && !click_through_) {
+    // To the client of the moment: a rollback replaces it.
+    model_->set_gradients_ready([this](size_t first, size_t end) {
+      absl::Status st = ps_->PushReady(first, end);
+      if (early_push_.ok()) early_push_ = st;
     });
   }
-  int64_t local_steps = 0, examples = 0, dropped = 0;
-  // prefetched: answered from a pull sent ahead (with the last push, or
-  // with rpc.async_prefetch as the last step began)
-  int64_t pulls = 0, prefetched = 0;
-  double loss_sum = 0;
-  int loss_count = 0;
-  int late_reports = 0;
-  int rollbacks = 0;
-  bool chief_lost = false;  // the step failed on its report to the chief
-  // Where the worker's time goes, for the closing log line.
-  absl::Duration pull_time, data_wait, compute_time, push_time;
+}
 
-  auto report = [&](bool done, bool* stop_requested) -> absl::Status {
-    ProgressReport r;
-    r.set_incarnation(reg.incarnation());
-    r.set_worker(options.worker);
-    r.set_session(reg.session());
-    r.set_global_step(pulled.versions.empty()
-                          ? reg.start_step()
-                          : *std::min_element(pulled.versions.begin(), pulled.versions.end()));
-    // A restarted worker's steps include its earlier process's.
-    r.set_local_steps(steps_before + local_steps);
-    r.set_loss(loss_count > 0 ? static_cast<float>(loss_sum / loss_count) : 0.0f);
-    r.set_examples(examples);
-    r.set_done(done);
-    r.set_pull_seconds(absl::ToDoubleSeconds(pull_time));
-    r.set_data_seconds(absl::ToDoubleSeconds(data_wait));
-    r.set_compute_seconds(absl::ToDoubleSeconds(compute_time));
-    r.set_push_seconds(absl::ToDoubleSeconds(push_time));
-    ProgressResponse resp;
-    RETURN_IF_ERROR(chief.ReportProgress(r, &resp));
-    *stop_requested = resp.stop();
-    loss_sum = 0;
-    loss_count = 0;
+absl::Status Trainer::Report(bool done, bool* stop_requested) {
+  ProgressReport r;
+  r.set_incarnation(reg_.incarnation());
+  r.set_worker(options_.worker);
+  r.set_session(reg_.session());
+  r.set_global_step(pulled_.versions.empty()
+                        ? reg_.start_step()
+                        : *std::min_element(pulled_.versions.begin(), pulled_.versions.end()));
+  // A restarted worker's steps include its earlier process's.
+  r.set_local_steps(steps_before_ + local_steps_);
+  r.set_loss(loss_count_ > 0 ? static_cast<float>(loss_sum_ / loss_count_) : 0.0f);
+  r.set_examples(examples_);
+  r.set_done(done);
+  r.set_pull_seconds(absl::ToDoubleSeconds(pull_time_));
+  r.set_data_seconds(absl::ToDoubleSeconds(data_wait_));
+  r.set_compute_seconds(absl::ToDoubleSeconds(compute_time_));
+  r.set_push_seconds(absl::ToDoubleSeconds(push_time_));
+  ProgressResponse resp;
+  RETURN_IF_ERROR(chief_->ReportProgress(r, &resp));
+  *stop_requested = resp.stop();
+  loss_sum_ = 0;
+  loss_count_ = 0;
+  return absl::OkStatus();
+}
+
+// One step: pull, compute, push, and every report_every steps a report.
+// *end says whether training ends here (the servers at max_steps, or the
+// chief's stop).
+absl::Status Trainer::TrainStep(bool* end) {
+  absl::Time t0 = absl::Now();
+  const int64_t prefetched_before = ps_->counters().prefetched_pulls;
+  RETURN_IF_ERROR(ps_->PullInto(sync_ ? min_versions_ : std::vector<int64_t>(), step_timeout_,
+                                param_dst_, &pulled_));
+  prefetched_ += ps_->counters().prefetched_pulls - prefetched_before;
+  ++pulls_;
+  absl::Time t1 = absl::Now();
+  pull_time_ += t1 - t0;
+  if (pulled_.finished) {
+    *end = true;
     return absl::OkStatus();
-  };
+  }
+  // rpc.async_prefetch: the next step's pull leaves now and travels while
+  // this step computes and pushes; the next PullInto takes its replies as
+  // they are, without this step's push in them.
+  if (async_prefetch_) ps_->PrefetchPull({}, step_timeout_, {}, /*as_is=*/true);
+  Prefetcher::Batch batch;
+  RETURN_IF_ERROR(batches_->Next(step_timeout_, &batch));
+  t0 = absl::Now();
+  data_wait_ += t0 - t1;
+  // Sync: one step for every server, the oldest version pulled. With backup
+  // workers the servers can be a step apart while pushes are in flight; a
+  // server already past this step drops the gradient, the lagging one takes
+  // it and catches up, so the servers never drift apart. Async: each push
+  // carries the version it was computed from on that server.
+  std::vector<int64_t> steps = pulled_.versions;
+  // A checkpoint at the step this push completes records where the data
+  // stands after this batch.
+  ps_->set_data_cursor(batch.end.epoch, batch.end.position);
+  if (sync_) {
+    steps.assign(ps_->num_servers(),
+                 *std::min_element(pulled_.versions.begin(), pulled_.versions.end()));
+    RETURN_IF_ERROR(PushFirstLayers(steps));
+  }
+  float loss = 0;
+  RETURN_IF_ERROR(Compute(batch, steps, &loss));
+  t1 = absl::Now();
+  compute_time_ += t1 - t0;
+  RETURN_IF_ERROR(PushRest(steps));
+  push_time_ += absl::Now() - t1;
+  return Count(batch, steps, loss, end);
+}
 
-  // One step: pull, compute, push, and every report_every steps a report.
-  // *end says whether training ends here (the servers at max_steps, or the
-  // chief's stop).
-  auto train_step = [&](bool* end) -> absl::Status {
-    absl::Time t0 = absl::Now();
-    const int64_t prefetched_before = ps->counters().prefetched_pulls;
-    RETURN_IF_ERROR(ps->PullInto(sync ? min_versions : std::vector<int64_t>(), step_timeout,
-                                 param_dst, &pulled));
-    prefetched += ps->counters().prefetched_pulls - prefetched_before;
-    ++pulls;
-    absl::Time t1 = absl::Now();
-    pull_time += t1 - t0;
-    if (pulled.finished) {
-      *end = true;
-      return absl::OkStatus();
-    }
-    // rpc.async_prefetch: the next step's pull leaves now and travels while
-    // this step computes and pushes; the next PullInto takes its replies as
-    // they are, without this step's push in them.
-    if (async_prefetch) ps->PrefetchPull({}, step_timeout, {}, /*as_is=*/true);
-    Prefetcher::Batch batch;
-    RETURN_IF_ERROR(batches->Next(step_timeout, &batch));
-    t0 = absl::Now();
-    data_wait += t0 - t1;
-    // Sync: one step for every server, the oldest version pulled. With backup
-    // workers the servers can be a step apart while pushes are in flight; a
-    // server already past this step drops the gradient, the lagging one takes
-    // it and catches up, so the servers never drift apart. Async: each push
-    // carries the version it was computed from on that server.
-    std::vector<int64_t> steps = pulled.versions;
-    // A checkpoint at the step this push completes records where the data
-    // stands after this batch.
-    ps->set_data_cursor(batch.end.epoch, batch.end.position);
-    if (sync) {
-      steps.assign(ps->num_servers(),
-                   *std::min_element(pulled.versions.begin(), pulled.versions.end()));
-      // Each layer's gradients leave as soon as the backward pass has them
-      // (with the overlap: not with rpc.sequential, clipping or bags).
-      RETURN_IF_ERROR(ps->PushBegin(steps, grad_src));
-      // And the next step's pull goes out now (with the overlap): each
-      // server answers each of its calls once the partitions it names are
-      // applied, while this step still computes and pushes; the next
-      // PullInto takes the replies.
-      if (overlap) {
-        std::vector<int64_t> next(steps.size());
-        for (size_t s = 0; s < steps.size(); ++s) next[s] = steps[s] + 1;
-        ps->PrefetchPull(next, step_timeout);
-      }
-    }
-    float loss = 0;
-    const float* x = batch.x;
-    SparseBatch sparse;
-    UniqueRows unique;
-    absl::Status computed = absl::OkStatus();
-    if (click_through) {
-      sparse = SparseBatch::OnePerField(batch.ids, batch.rows, batch.id_fields);
-      unique = UniqueRows::Of(sparse.ids);
-      rows.resize(unique.ids.size() * embedding_dim);
-      computed = ps->PullRows(table, embedding_dim, unique.ids, sync ? steps[0] : 0,
-                              step_timeout, rows.data());
-      if (computed.ok() && !device_bags) {
-        bagged.resize(static_cast<size_t>(batch.rows) * bags->output_dim());
-        bags->Forward(sparse, unique, rows.data(), batch.x, bagged.data());
-        x = bagged.data();
-      }
-    }
-    if (computed.ok()) computed = model->UploadParameters();
-    const uint64_t seed =
-        StepSeed(config.seed(), options.worker, sync ? steps[0] : steps_before + local_steps);
-    if (computed.ok() && device_bags) {
-      computed = model->StageBatchWith(batch.y, batch.rows, [&](float* x_device) {
-        return device_bags->Forward(sparse, unique, rows.data(), batch.x, x_device);
-      });
-      if (computed.ok()) computed = model->ForwardBackward(seed);
-      if (computed.ok()) computed = device_bags->Backward(model->device_input_gradient());
-      if (computed.ok()) computed = model->FinishStep(&loss);
-    } else if (computed.ok()) {
-      computed = model->ComputeGradients(x, batch.y, batch.rows, seed, &loss);
-    }
-    batches->Release();
-    RETURN_IF_ERROR(computed);
-    RETURN_IF_ERROR(early_push);
-    if (click_through) {
-      row_grads.resize(rows.size());
-      if (device_bags) {
-        std::copy(device_bags->host_row_gradients(),
-                  device_bags->host_row_gradients() + rows.size(), row_grads.begin());
-      } else {
-        bags->Backward(sparse, unique, model->host_input_gradient(), row_grads.data());
-      }
-    }
-    if (clip_norm > 0) {
-      // The global norm covers the embedding rows' gradients too.
-      double rows_squared = 0;
-      for (float g : row_grads) rows_squared += double{g} * g;
-      const double norm = model->ClipGradientsByGlobalNorm(clip_norm, rows_squared);
-      if (click_through && std::isfinite(norm) && norm > clip_norm) {
-        const float scale = static_cast<float>(clip_norm / norm);
-        for (float& g : row_grads) g *= scale;
-      }
-    }
-    if (click_through) {
-      RETURN_IF_ERROR(ps->PushRows(table, embedding_dim, unique.ids, row_grads.data(), steps,
-                                   &row_outcomes));
-    }
-    t1 = absl::Now();
-    compute_time += t1 - t0;
-    if (!sync) {
-      RETURN_IF_ERROR(ps->PushBegin(steps, grad_src));
-      // With the overlap the push's calls leave, and then the next step's
-      // pull: each server answers it once it has applied this push (its
-      // count of this worker's pushes, known from the last push's replies,
-      // plus one), so the pull sees it as one made after the push would,
-      // a round trip sooner. Not before the first push a client made.
-      const std::vector<int64_t>& own = ps->own_pushes();
-      if (overlap && !async_prefetch && !own.empty() &&
-          *std::min_element(own.begin(), own.end()) >= 0) {
-        RETURN_IF_ERROR(ps->PushReady(0, grad_src.size()));
-        std::vector<int64_t> after(own.size());
-        for (size_t s = 0; s < own.size(); ++s) after[s] = own[s] + 1;
-        ps->PrefetchPull({}, step_timeout, after);
-      }
-    }
-    RETURN_IF_ERROR(ps->PushEnd(&outcomes));
-    push_time += absl::Now() - t1;
-    int servers_finished = 0;
-    for (int s = 0; s < ps->num_servers(); ++s) {
-      if (outcomes[s] == FINISHED) ++servers_finished;
-      if (outcomes[s] == DROPPED_STALE) ++dropped;
-      min_versions[s] = steps[s] + 1;
-    }
-    *end = servers_finished == ps->num_servers();
-    ++local_steps;
-    examples += batch.rows;
-    stats->steps.fetch_add(1, std::memory_order_relaxed);
-    stats->examples.fetch_add(batch.rows, std::memory_order_relaxed);
-    stats->gradients_dropped_stale.store(dropped, std::memory_order_relaxed);
-    stats->pull_ns.store(absl::ToInt64Nanoseconds(pull_time), std::memory_order_relaxed);
-    stats->data_ns.store(absl::ToInt64Nanoseconds(data_wait), std::memory_order_relaxed);
-    stats->compute_ns.store(absl::ToInt64Nanoseconds(compute_time), std::memory_order_relaxed);
-    stats->push_ns.store(absl::ToInt64Nanoseconds(push_time), std::memory_order_relaxed);
-    loss_sum += loss;
-    ++loss_count;
-    if (local_steps % options.report_every == 0) {
-      read_device_memory();
-      bool stop_requested = false;
-      absl::Status st = report(false, &stop_requested);
-      // A report whose deadline passed while this process was paused is
-      // only late; a chief that stays silent fails the run on the third.
-      if (absl::IsDeadlineExceeded(st) && ++late_reports < 3) {
-        LOG_WARN("progress report to the chief timed out ({} in a row); training on: {}",
-                 late_reports, st);
-      } else {
-        chief_lost = !st.ok();
-        RETURN_IF_ERROR(st);
-        late_reports = 0;
-      }
-      if (stop_requested) *end = true;
-    }
-    return absl::OkStatus();
-  };
+// Sync: each layer's gradients leave as soon as the backward pass has them
+// (with the overlap: not with rpc.sequential, clipping or bags), and the
+// next step's pull goes out now.
+absl::Status Trainer::PushFirstLayers(const std::vector<int64_t>& steps) {
+  RETURN_IF_ERROR(ps_->PushBegin(steps, grad_src_));
+  // With the overlap each server answers each of the pull's calls once the
+  // partitions it names are applied, while this step still computes and
+  // pushes; the next PullInto takes the replies.
+  if (overlap_) {
+    std::vector<int64_t> next(steps.size());
+    for (size_t s = 0; s < steps.size(); ++s) next[s] = steps[s] + 1;
+    ps_->PrefetchPull(next, step_timeout_);
+  }
+  return absl::OkStatus();
+}
 
-  // A step that failed as a lost server fails it (refused on the old
-  // incarnation, or the server gone: any code a call to a dying peer can
-  // end with, common/rpc/rpc.h MayHaveLostPeer): the chief may be rolling the
-  // job back to a checkpoint. Asked, it answers once the rollback is done,
-  // and this worker goes on from the step and data cursor rolled back to,
-  // with a new client on the new incarnation; else (within 5 s when no
-  // server was lost) the step's own error stands.
-  auto follow_rollback = [&](const absl::Status& cause) -> absl::Status {
-    if (!MayHaveLostPeer(cause) && !absl::IsFailedPrecondition(cause) &&
-        !absl::IsAborted(cause)) {
-      return cause;
-    }
-    ps->AbandonPush();  // nothing more of the failed step is sent
-    const absl::Duration startup_timeout = absl::Milliseconds(config.rpc().startup_timeout_ms());
-    // The chief itself may be gone (the step failed on its report): a
-    // restarted one takes the run over from its latest checkpoint. Up to
-    // the startup timeout for one to answer, asking in short calls (a stop
-    // is seen). A step that failed on the servers asks the chief at once.
-    auto wait_for_chief = [&]() -> absl::Status {
-      absl::Status up = WaitForChief(&chief, startup_timeout, stop);
-      if (!up.ok() && !(absl::IsCancelled(up) && stop->stopped())) {
-        LOG_WARN("no chief to follow ({}): the step's failure stands", up);
-      }
-      return up;
-    };
-    bool waited = false;
-    if (chief_lost) {
-      chief_lost = false;
-      waited = true;
-      if (absl::Status up = wait_for_chief(); !up.ok()) {
-        return absl::IsCancelled(up) && stop->stopped() ? up : cause;
-      }
-    }
-    RegisterWorkerResponse again;
-    // The chief may wait up to the startup timeout for a lost server to come
-    // back, and as long again to put the checkpoint on every server.
-    const absl::Duration wait = 2 * startup_timeout + step_timeout;
-    auto register_again = [&]() {
-      return chief.RegisterWorker(options.worker, ConfigFingerprint(config), wait, &again,
-                                  reg.incarnation(), reg.session(), stop);
-    };
-    absl::Status st = register_again();
-    // A restarted chief may have taken the run over (the servers refused
-    // this step on its new incarnation) before any report of this worker
-    // failed: a report that only timed out, its connection to the dead
-    // chief gone silent, leaves the channel backing off from refused
-    // connects, and the call fails at once (seen with a chief's container
-    // killed, tests/k8s_test). Wait for the chief as above and ask again.
-    if (!waited && absl::IsUnavailable(st)) {
-      LOG_WARN("the chief did not take the registration ({}); waiting for it", st);
-      if (absl::Status up = wait_for_chief(); !up.ok()) {
-        return absl::IsCancelled(up) && stop->stopped() ? up : cause;
-      }
-      st = register_again();
-    }
-    if (absl::IsCancelled(st) && stop->stopped()) return st;
-    if (!st.ok()) {
-      LOG_WARN("no rollback to follow ({}): the step's failure stands", st);
-      return cause;
-    }
-    LOG_WARN("the job was rolled back to step {} (this worker's step had failed: {}); going on "
-             "from there",
-             again.start_step(), cause);
-    reg = again;
-    batches.reset();  // its thread reads the partition
-    RETURN_IF_ERROR(partition.Restore(reg.has_cursor()
-                                          ? DataCursor{reg.cursor_epoch(), reg.cursor_position()}
-                                          : DataCursor{0, 0}));
-    ASSIGN_OR_RETURN(batches,
-                     Prefetcher::Create(&partition, config.data().prefetch_batches(), pinned));
-    ps = connect(reg);
-    min_versions.assign(ps->num_servers(), reg.start_step());
-    pulled = PsClient::PullResult();
-    early_push = absl::OkStatus();
-    ++rollbacks;
-    // The prefetcher's thread moves the partition's cursor on from here: the
-    // cursor it started at is its consumed one (read under its lock; reading
-    // the partition's raced with that thread, found by ThreadSanitizer).
-    const DataCursor at = batches->consumed_cursor();
-    LOG_INFO("data cursor after the rollback: epoch {}, position {}", at.epoch, at.position);
-    return absl::OkStatus();
-  };
-
-  for (bool end = false; !end;) {
-    if (stop->stopped()) return absl::CancelledError(stop->reason());
-    absl::Status st = train_step(&end);
-    if (!st.ok()) {
-      RETURN_IF_ERROR(follow_rollback(st));
-      end = false;  // (a report refused after the servers finished: they start over)
+// The forward and backward pass (a click-through model's bags around it:
+// their rows pulled first, their gradients pushed after), with clipping.
+absl::Status Trainer::Compute(const Prefetcher::Batch& batch, const std::vector<int64_t>& steps,
+                              float* loss) {
+  const float* x = batch.x;
+  absl::Status computed = absl::OkStatus();
+  if (click_through_) {
+    sparse_ = SparseBatch::OnePerField(batch.ids, batch.rows, batch.id_fields);
+    unique_ = UniqueRows::Of(sparse_.ids);
+    rows_.resize(unique_.ids.size() * embedding_dim_);
+    computed = ps_->PullRows(table_, embedding_dim_, unique_.ids, sync_ ? steps[0] : 0,
+                             step_timeout_, rows_.data());
+    if (computed.ok() && !device_bags_) {
+      bagged_.resize(static_cast<size_t>(batch.rows) * bags_->output_dim());
+      bags_->Forward(sparse_, unique_, rows_.data(), batch.x, bagged_.data());
+      x = bagged_.data();
     }
   }
-  bool ignored;
-  absl::Status st = report(true, &ignored);
-  if (!st.ok()) LOG_WARN("final report to the chief failed: {}", st);
-  const DataCursor cursor = batches->consumed_cursor();
+  if (computed.ok()) computed = model_->UploadParameters();
+  const uint64_t seed =
+      StepSeed(config_.seed(), options_.worker, sync_ ? steps[0] : steps_before_ + local_steps_);
+  if (computed.ok() && device_bags_) {
+    computed = model_->StageBatchWith(batch.y, batch.rows, [&](float* x_device) {
+      return device_bags_->Forward(sparse_, unique_, rows_.data(), batch.x, x_device);
+    });
+    if (computed.ok()) computed = model_->ForwardBackward(seed);
+    if (computed.ok()) computed = device_bags_->Backward(model_->device_input_gradient());
+    if (computed.ok()) computed = model_->FinishStep(loss);
+  } else if (computed.ok()) {
+    computed = model_->ComputeGradients(x, batch.y, batch.rows, seed, loss);
+  }
+  batches_->Release();
+  RETURN_IF_ERROR(computed);
+  RETURN_IF_ERROR(early_push_);
+  if (click_through_) {
+    row_grads_.resize(rows_.size());
+    if (device_bags_) {
+      std::copy(device_bags_->host_row_gradients(),
+                device_bags_->host_row_gradients() + rows_.size(), row_grads_.begin());
+    } else {
+      bags_->Backward(sparse_, unique_, model_->host_input_gradient(), row_grads_.data());
+    }
+  }
+  if (clip_norm_ > 0) {
+    // The global norm covers the embedding rows' gradients too.
+    double rows_squared = 0;
+    for (float g : row_grads_) rows_squared += double{g} * g;
+    const double norm = model_->ClipGradientsByGlobalNorm(clip_norm_, rows_squared);
+    if (click_through_ && std::isfinite(norm) && norm > clip_norm_) {
+      const float scale = static_cast<float>(clip_norm_ / norm);
+      for (float& g : row_grads_) g *= scale;
+    }
+  }
+  if (click_through_) {
+    RETURN_IF_ERROR(ps_->PushRows(table_, embedding_dim_, unique_.ids, row_grads_.data(), steps,
+                                  &row_outcomes_));
+  }
+  return absl::OkStatus();
+}
+
+// The rest of the push (async: all of it), and its end.
+absl::Status Trainer::PushRest(const std::vector<int64_t>& steps) {
+  if (!sync_) {
+    RETURN_IF_ERROR(ps_->PushBegin(steps, grad_src_));
+    // With the overlap the push's calls leave, and then the next step's
+    // pull: each server answers it once it has applied this push (its
+    // count of this worker's pushes, known from the last push's replies,
+    // plus one), so the pull sees it as one made after the push would,
+    // a round trip sooner. Not before the first push a client made.
+    const std::vector<int64_t>& own = ps_->own_pushes();
+    if (overlap_ && !async_prefetch_ && !own.empty() &&
+        *std::min_element(own.begin(), own.end()) >= 0) {
+      RETURN_IF_ERROR(ps_->PushReady(0, grad_src_.size()));
+      std::vector<int64_t> after(own.size());
+      for (size_t s = 0; s < own.size(); ++s) after[s] = own[s] + 1;
+      ps_->PrefetchPull({}, step_timeout_, after);
+    }
+  }
+  return ps_->PushEnd(&outcomes_);
+}
+
+// The step's outcome counted, and every report_every steps a report.
+absl::Status Trainer::Count(const Prefetcher::Batch& batch, const std::vector<int64_t>& steps,
+                            float loss, bool* end) {
+  int servers_finished = 0;
+  for (int s = 0; s < ps_->num_servers(); ++s) {
+    if (outcomes_[s] == FINISHED) ++servers_finished;
+    if (outcomes_[s] == DROPPED_STALE) ++dropped_;
+    min_versions_[s] = steps[s] + 1;
+  }
+  *end = servers_finished == ps_->num_servers();
+  ++local_steps_;
+  examples_ += batch.rows;
+  stats_->steps.fetch_add(1, std::memory_order_relaxed);
+  stats_->examples.fetch_add(batch.rows, std::memory_order_relaxed);
+  stats_->gradients_dropped_stale.store(dropped_, std::memory_order_relaxed);
+  stats_->pull_ns.store(absl::ToInt64Nanoseconds(pull_time_), std::memory_order_relaxed);
+  stats_->data_ns.store(absl::ToInt64Nanoseconds(data_wait_), std::memory_order_relaxed);
+  stats_->compute_ns.store(absl::ToInt64Nanoseconds(compute_time_), std::memory_order_relaxed);
+  stats_->push_ns.store(absl::ToInt64Nanoseconds(push_time_), std::memory_order_relaxed);
+  loss_sum_ += loss;
+  ++loss_count_;
+  if (local_steps_ % options_.report_every != 0) return absl::OkStatus();
+  ReadDeviceMemory();
+  bool stop_requested = false;
+  absl::Status st = Report(false, &stop_requested);
+  // A report whose deadline passed while this process was paused is
+  // only late; a chief that stays silent fails the run on the third.
+  if (absl::IsDeadlineExceeded(st) && ++late_reports_ < 3) {
+    LOG_WARN("progress report to the chief timed out ({} in a row); training on: {}",
+             late_reports_, st);
+  } else {
+    chief_lost_ = !st.ok();
+    RETURN_IF_ERROR(st);
+    late_reports_ = 0;
+  }
+  if (stop_requested) *end = true;
+  return absl::OkStatus();
+}
+
+// The chief itself may be gone (the step failed on its report): a restarted
+// one takes the run over from its latest checkpoint. Up to the startup
+// timeout for one to answer, asking in short calls (a stop is seen).
+absl::Status Trainer::WaitForChiefToFollow() {
+  absl::Status up = WaitForChief(&*chief_, startup_timeout_, stop_);
+  if (!up.ok() && !(absl::IsCancelled(up) && stop_->stopped())) {
+    LOG_WARN("no chief to follow ({}): the step's failure stands", up);
+  }
+  return up;
+}
+
+// Registers again on the incarnation the step failed on: the chief answers
+// once its rollback is done. Returns `cause` where there is none to follow.
+absl::Status Trainer::RegisterAgain(const absl::Status& cause, RegisterWorkerResponse* again) {
+  bool waited = false;
+  if (chief_lost_) {
+    chief_lost_ = false;
+    waited = true;
+    if (absl::Status up = WaitForChiefToFollow(); !up.ok()) {
+      return absl::IsCancelled(up) && stop_->stopped() ? up : cause;
+    }
+  }
+  // The chief may wait up to the startup timeout for a lost server to come
+  // back, and as long again to put the checkpoint on every server.
+  const absl::Duration wait = 2 * startup_timeout_ + step_timeout_;
+  auto register_again = [&]() {
+    return chief_->RegisterWorker(options_.worker, fingerprint_, wait, again, reg_.incarnation(),
+                                  reg_.session(), stop_);
+  };
+  absl::Status st = register_again();
+  // A restarted chief may have taken the run over (the servers refused
+  // this step on its new incarnation) before any report of this worker
+  // failed: a report that only timed out, its connection to the dead
+  // chief gone silent, leaves the channel backing off from refused
+  // connects, and the call fails at once (seen with a chief's container
+  // killed, tests/k8s_test). Wait for the chief as above and ask again.
+  if (!waited && absl::IsUnavailable(st)) {
+    LOG_WARN("the chief did not take the registration ({}); waiting for it", st);
+    if (absl::Status up = WaitForChiefToFollow(); !up.ok()) {
+      return absl::IsCancelled(up) && stop_->stopped() ? up : cause;
+    }
+    st = register_again();
+  }
+  if (absl::IsCancelled(st) && stop_->stopped()) return st;
+  if (!st.ok()) {
+    LOG_WARN("no rollback to follow ({}): the step's failure stands", st);
+    return cause;
+  }
+  return absl::OkStatus();
+}
+
+// A step that failed as a lost server fails it (refused on the old
+// incarnation, or the server gone: any code a call to a dying peer can
+// end with, common/rpc/rpc.h MayHaveLostPeer): the chief may be rolling the
+// job back to a checkpoint. Asked, it answers once the rollback is done,
+// and this worker goes on from the step and data cursor rolled back to,
+// with a new client on the new incarnation; else (within 5 s when no
+// server was lost) the step's own error stands.
+absl::Status Trainer::FollowRollback(const absl::Status& cause) {
+  if (!MayHaveLostPeer(cause) && !absl::IsFailedPrecondition(cause) &&
+      !absl::IsAborted(cause)) {
+    return cause;
+  }
+  ps_->AbandonPush();  // nothing more of the failed step is sent
+  RegisterWorkerResponse again;
+  RETURN_IF_ERROR(RegisterAgain(cause, &again));
+  LOG_WARN("the job was rolled back to step {} (this worker's step had failed: {}); going on "
+           "from there",
+           again.start_step(), cause);
+  reg_ = again;
+  batches_.reset();  // its thread reads the partition
+  RETURN_IF_ERROR(partition_->Restore(reg_.has_cursor()
+                                          ? DataCursor{reg_.cursor_epoch(), reg_.cursor_position()}
+                                          : DataCursor{0, 0}));
+  ASSIGN_OR_RETURN(batches_,
+                   Prefetcher::Create(&*partition_, config_.data().prefetch_batches(), pinned_));
+  ps_ = Connect(reg_);
+  min_versions_.assign(ps_->num_servers(), reg_.start_step());
+  pulled_ = PsClient::PullResult();
+  early_push_ = absl::OkStatus();
+  ++rollbacks_;
+  // The prefetcher's thread moves the partition's cursor on from here: the
+  // cursor it started at is its consumed one (read under its lock; reading
+  // the partition's raced with that thread, found by ThreadSanitizer).
+  const DataCursor at = batches_->consumed_cursor();
+  LOG_INFO("data cursor after the rollback: epoch {}, position {}", at.epoch, at.position);
+  return absl::OkStatus();
+}
+
+void Trainer::LogSummary() const {
+  const DataCursor cursor = batches_->consumed_cursor();
   LOG_INFO(
       "done after {} local steps ({} examples, data cursor epoch {} position {}, {} stale "
       "gradients dropped, {} rollback(s) followed)",
-      local_steps, examples, cursor.epoch, cursor.position, dropped, rollbacks);
+      local_steps_, examples_, cursor.epoch, cursor.position, dropped_, rollbacks_);
   LOG_INFO("pulls sent {}: {} of {}",
-           async_prefetch ? "a step ahead" : "with the previous step's push", prefetched, pulls);
-  const double total = absl::ToDoubleSeconds(pull_time + data_wait + compute_time + push_time);
+           async_prefetch_ ? "a step ahead" : "with the previous step's push", prefetched_, pulls_);
+  const double total =
+      absl::ToDoubleSeconds(pull_time_ + data_wait_ + compute_time_ + push_time_);
   auto share = [total](absl::Duration d) {
     return total > 0 ? 100.0 * absl::ToDoubleSeconds(d) / total : 0.0;
   };
   LOG_INFO(
       "time per step: pull {:.2f} ms ({:.0f}%), waiting for data {:.2f} ms ({:.0f}%), "
       "compute {:.2f} ms ({:.0f}%), push {:.2f} ms ({:.0f}%)",
-      Millis(pull_time, local_steps), share(pull_time), Millis(data_wait, local_steps),
-      share(data_wait), Millis(compute_time, local_steps), share(compute_time),
-      Millis(push_time, local_steps), share(push_time));
+      Millis(pull_time_, local_steps_), share(pull_time_), Millis(data_wait_, local_steps_),
+      share(data_wait_), Millis(compute_time_, local_steps_), share(compute_time_),
+      Millis(push_time_, local_steps_), share(push_time_));
+}
+
+absl::Status Trainer::Run() {
+  RETURN_IF_ERROR(SetUp());
+  for (bool end = false; !end;) {
+    if (stop_->stopped()) return absl::CancelledError(stop_->reason());
+    absl::Status st = TrainStep(&end);
+    if (!st.ok()) {
+      RETURN_IF_ERROR(FollowRollback(st));
+      end = false;  // (a report refused after the servers finished: they start over)
+    }
+  }
+  bool ignored;
+  absl::Status st = Report(true, &ignored);
+  if (!st.ok()) LOG_WARN("final report to the chief failed: {}", st);
+  LogSummary();
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
+                       const WorkerOptions& options, StopSignal* stop) {
+  Trainer trainer(config, cluster, options, stop);
+  return trainer.Run();
 }
 
 }  // namespace pstrain

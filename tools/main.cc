@@ -34,6 +34,7 @@
 #include "common/base/status_macros.h"
 #include "common/base/shutdown.h"
 #include "common/security/tls.h"
+#include "tools/certificate_authority.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"

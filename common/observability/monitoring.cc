@@ -22,6 +22,7 @@
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/security/tls_watcher.h"
 #include "openssl/err.h"
 #include "openssl/ssl.h"
 #include "prometheus/text_serializer.h"

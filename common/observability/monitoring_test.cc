@@ -16,6 +16,7 @@
 #include "common/storage/env.h"
 #include "common/testing/https_get.h"
 #include "common/security/tls.h"
+#include "tools/certificate_authority.h"
 #include "openssl/ssl.h"
 #include "prometheus/counter.h"
 #include "prometheus/registry.h"

@@ -2,6 +2,8 @@
 // itself), what LoadTls refuses, and calls over TLS through a real gRPC
 // server: who the server sees, and what it refuses.
 #include "common/security/tls.h"
+#include "common/security/tls_watcher.h"
+#include "tools/certificate_authority.h"
 
 #include <stdlib.h>
 #include <sys/stat.h>

@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "common/runtime/allocator.h"
 #include "common/cluster/config.h"
+#include "common/security/tls_watcher.h"
 #include "common/storage/env.h"
 #include "common/rpc/grpc_lifetime.h"
 #include "common/base/logging.h"

@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
 #include "common/security/tls.h"
+#include "common/security/tls_watcher.h"
 #include "openssl/crypto.h"
 #include "openssl/evp.h"
 #include "openssl/hmac.h"

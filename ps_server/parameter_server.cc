@@ -87,7 +87,8 @@ std::string ParameterServer::KeyString(const Key& key) {
   return absl::StrCat(key.first, "/part", key.second);
 }
 
-absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
+absl::StatusOr<std::shared_ptr<ParameterServer::Model>> ParameterServer::NewModel(
+    const InitializeRequest& request) {
   TrainingConfig config = request.config();
   RETURN_IF_ERROR(ValidateAndFillDefaults(&config, "(from Initialize)"));
   if (request.incarnation() == 0) {
@@ -153,6 +154,12 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     model->shard = request.server_index();
     model->num_shards = request.num_servers();
   }
+  RETURN_IF_ERROR(AddTables(config, global_batch, model.get()));
+  return model;
+}
+
+absl::Status ParameterServer::AddTables(const TrainingConfig& config, int64_t global_batch,
+                                        Model* model) {
   for (const EmbeddingTableConfig& tc : config.embedding_tables()) {
     auto table = std::make_unique<Model::Table>();
     const OptimizerConfig& oc = tc.has_optimizer() ? tc.optimizer() : config.optimizer();
@@ -174,61 +181,156 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
     table->staged_grads.resize(model->sync ? model->num_workers : 0);
     model->tables.emplace(tc.name(), std::move(table));
   }
-  for (const NamedTensor& nt : request.variables()) {
-    Key key{nt.ref().variable(), nt.ref().partition()};
-    absl::StatusOr<Tensor> t = FromProto(nt.tensor());
-    if (!t.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Initialize: ", KeyString(key), ": ", t.status().message()));
-    }
-    if (key.first.empty() || key.second < 0) {
-      return absl::InvalidArgumentError("Initialize: empty variable name or negative partition");
-    }
-    if (!AllFinite(t->span())) {
-      return absl::InvalidArgumentError(absl::StrCat("Initialize: ", KeyString(key), " not finite"));
-    }
-    auto p = std::make_unique<PartitionState>();
-    p->key = key;
-    p->shape = t->shape();
-    p->size = t->num_elements();
-    {
-      absl::MutexLock lock(&p->apply_mu);
-      model->optimizer->InitSlots(p->size, &p->slots);
-      // From a checkpoint: its slots and update count.
-      if (nt.slots_size() > 0) {
-        if (nt.slots_size() != static_cast<int>(p->slots.size())) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("Initialize: ", KeyString(key), ": ", nt.slots_size(),
-                           " slots, the optimizer has ", p->slots.size()));
-        }
-        for (int s = 0; s < nt.slots_size(); ++s) {
-          absl::StatusOr<Tensor> slot = FromProto(nt.slots(s));
-          if (!slot.ok() || slot->num_elements() != p->size || !AllFinite(slot->span())) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "Initialize: ", KeyString(key), ": slot ", s, " is not ", p->size,
-                " finite values"));
-          }
-          p->slots[s] = std::move(slot->values());
-        }
-      }
-      if (nt.updates() < 0) {
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ParameterServer::PartitionState>> ParameterServer::NewPartition(
+    const NamedTensor& nt, const Model& model) {
+  Key key{nt.ref().variable(), nt.ref().partition()};
+  absl::StatusOr<Tensor> t = FromProto(nt.tensor());
+  if (!t.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Initialize: ", KeyString(key), ": ", t.status().message()));
+  }
+  if (key.first.empty() || key.second < 0) {
+    return absl::InvalidArgumentError("Initialize: empty variable name or negative partition");
+  }
+  if (!AllFinite(t->span())) {
+    return absl::InvalidArgumentError(absl::StrCat("Initialize: ", KeyString(key), " not finite"));
+  }
+  auto p = std::make_unique<PartitionState>();
+  p->key = key;
+  p->shape = t->shape();
+  p->size = t->num_elements();
+  {
+    absl::MutexLock lock(&p->apply_mu);
+    model.optimizer->InitSlots(p->size, &p->slots);
+    // From a checkpoint: its slots and update count.
+    if (nt.slots_size() > 0) {
+      if (nt.slots_size() != static_cast<int>(p->slots.size())) {
         return absl::InvalidArgumentError(
-            absl::StrCat("Initialize: ", KeyString(key), ": negative updates"));
+            absl::StrCat("Initialize: ", KeyString(key), ": ", nt.slots_size(),
+                         " slots, the optimizer has ", p->slots.size()));
       }
-      p->updates = nt.updates();
+      for (int s = 0; s < nt.slots_size(); ++s) {
+        absl::StatusOr<Tensor> slot = FromProto(nt.slots(s));
+        if (!slot.ok() || slot->num_elements() != p->size || !AllFinite(slot->span())) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "Initialize: ", KeyString(key), ": slot ", s, " is not ", p->size,
+              " finite values"));
+        }
+        p->slots[s] = std::move(slot->values());
+      }
     }
-    {
-      absl::MutexLock lock(&p->mu);
-      p->current = std::make_shared<std::vector<float>>(std::move(t->values()));
+    if (nt.updates() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Initialize: ", KeyString(key), ": negative updates"));
     }
-    p->staging.resize(model->sync ? model->num_workers : 0);
-    p->arrived.assign(model->sync ? model->num_workers : 0, 0);
-    p->in_flight.assign(model->sync ? model->num_workers : 0, 0);
+    p->updates = nt.updates();
+  }
+  {
+    absl::MutexLock lock(&p->mu);
+    p->current = std::make_shared<std::vector<float>>(std::move(t->values()));
+  }
+  p->staging.resize(model.sync ? model.num_workers : 0);
+  p->arrived.assign(model.sync ? model.num_workers : 0, 0);
+  p->in_flight.assign(model.sync ? model.num_workers : 0, 0);
+  return p;
+}
+
+absl::StatusOr<bool> ParameterServer::GatherPartLocked(const InitializeRequest& request,
+                                                       std::shared_ptr<Model>* model) {
+  const int num_parts = request.num_parts();
+  PendingInit* pending = pending_init_.get();
+  if (pending == nullptr || pending->incarnation != request.incarnation() ||
+      pending->fingerprint != request.config_fingerprint() ||
+      pending->num_workers != request.num_workers() ||
+      pending->start_step != request.start_step() ||
+      static_cast<int>(pending->got.size()) != num_parts) {
+    // A new run's first part (an unfinished earlier gathering is dropped).
+    pending_init_ = std::make_unique<PendingInit>();
+    pending = pending_init_.get();
+    pending->incarnation = request.incarnation();
+    pending->fingerprint = request.config_fingerprint();
+    pending->num_workers = request.num_workers();
+    pending->start_step = request.start_step();
+    pending->got.assign(num_parts, 0);
+  }
+  if (pending->got[request.part()]) return false;  // a retried part
+  if (pending->model == nullptr) {
+    pending->model = std::move(*model);  // the first part's settings and partitions
+  } else {
+    for (const auto& [key, p] : (*model)->partitions) {
+      if (pending->model->partitions.count(key) != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Initialize: ", KeyString(key), " in two parts"));
+      }
+    }
+    for (auto& [key, p] : (*model)->partitions) {
+      pending->model->partitions.emplace(key, std::move(p));
+    }
+  }
+  pending->got[request.part()] = 1;
+  if (std::count(pending->got.begin(), pending->got.end(), 1) < num_parts) {
+    return false;
+  }
+  *model = std::move(pending->model);
+  pending_init_.reset();
+  return true;
+}
+
+void ParameterServer::InstallLocked(const InitializeRequest& request, std::shared_ptr<Model> model,
+                                    std::vector<Completion>* completions) {
+  // Pulls parked for an earlier incarnation end now.
+  for (auto& [id, w] : waiters_) {
+    completions->push_back(
+        {std::move(w.done),
+         {absl::FailedPreconditionError("parameter server re-initialized for another run"),
+          PullReply()}});
+  }
+  waiters_.clear();
+  if (initialized_ && incarnation_ != request.incarnation()) {
+    replaced_incarnation_ = incarnation_;
+    replaced_at_ = absl::Now();
+  }
+  initialized_ = true;
+  incarnation_ = request.incarnation();
+  model_ = std::move(model);
+  version_ = request.start_step();
+  open_partitions_ = static_cast<int>(model_->partitions.size());
+  step_deadline_ = absl::InfiniteFuture();
+  step_first_gradient_ = absl::InfiniteFuture();
+  sync_failure_ = absl::OkStatus();
+  empty_arrived_.assign(model_->num_workers, 0);
+  async_admitted_ = 0;
+  worker_clock_.assign(model_->num_workers, 0);
+  step_cursors_.assign(model_->num_workers, StepCursor());
+  completed_cursors_.assign(model_->num_workers, StepCursor());
+  async_cursors_.assign(model_->num_workers, StepCursor());
+  held_pushes_.clear();
+  held_pushes_.resize(static_cast<size_t>(model_->num_workers));
+  worker_session_.assign(model_->num_workers, 0);
+  session_start_step_.assign(model_->num_workers, -1);
+  holding_pushes_ = false;
+  rows_in_flight_ = 0;
+  scheduled_cuts_.clear();
+  // Shards of the run before are not this run's (one being written is
+  // dropped when done, by its incarnation).
+  written_.clear();
+  to_write_.clear();
+}
+
+absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
+  // Checked in NewModel.
+  const int num_parts = std::max(1, request.num_parts());
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model, NewModel(request));
+  for (const NamedTensor& nt : request.variables()) {
+    ASSIGN_OR_RETURN(std::unique_ptr<PartitionState> p, NewPartition(nt, *model));
+    const Key key = p->key;
     if (!model->partitions.emplace(key, std::move(p)).second) {
       return absl::InvalidArgumentError(absl::StrCat("Initialize: duplicate ", KeyString(key)));
     }
   }
-
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
@@ -237,79 +339,10 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
       return absl::AlreadyExistsError("already initialized for this incarnation");
     }
     if (num_parts > 1) {
-      PendingInit* pending = pending_init_.get();
-      if (pending == nullptr || pending->incarnation != request.incarnation() ||
-          pending->fingerprint != request.config_fingerprint() ||
-          pending->num_workers != request.num_workers() ||
-          pending->start_step != request.start_step() ||
-          static_cast<int>(pending->got.size()) != num_parts) {
-        // A new run's first part (an unfinished earlier gathering is dropped).
-        pending_init_ = std::make_unique<PendingInit>();
-        pending = pending_init_.get();
-        pending->incarnation = request.incarnation();
-        pending->fingerprint = request.config_fingerprint();
-        pending->num_workers = request.num_workers();
-        pending->start_step = request.start_step();
-        pending->got.assign(num_parts, 0);
-      }
-      if (pending->got[request.part()]) return absl::OkStatus();  // a retried part
-      if (pending->model == nullptr) {
-        pending->model = std::move(model);  // the first part's settings and partitions
-      } else {
-        for (const auto& [key, p] : model->partitions) {
-          if (pending->model->partitions.count(key) != 0) {
-            return absl::InvalidArgumentError(
-                absl::StrCat("Initialize: ", KeyString(key), " in two parts"));
-          }
-        }
-        for (auto& [key, p] : model->partitions) {
-          pending->model->partitions.emplace(key, std::move(p));
-        }
-      }
-      pending->got[request.part()] = 1;
-      if (std::count(pending->got.begin(), pending->got.end(), 1) < num_parts) {
-        return absl::OkStatus();
-      }
-      model = std::move(pending->model);
-      pending_init_.reset();
+      ASSIGN_OR_RETURN(bool complete, GatherPartLocked(request, &model));
+      if (!complete) return absl::OkStatus();
     }
-    // Pulls parked for an earlier incarnation end now.
-    for (auto& [id, w] : waiters_) {
-      completions.push_back(
-          {std::move(w.done),
-           {absl::FailedPreconditionError("parameter server re-initialized for another run"),
-            PullReply()}});
-    }
-    waiters_.clear();
-    if (initialized_ && incarnation_ != request.incarnation()) {
-      replaced_incarnation_ = incarnation_;
-      replaced_at_ = absl::Now();
-    }
-    initialized_ = true;
-    incarnation_ = request.incarnation();
-    model_ = std::move(model);
-    version_ = request.start_step();
-    open_partitions_ = static_cast<int>(model_->partitions.size());
-    step_deadline_ = absl::InfiniteFuture();
-    step_first_gradient_ = absl::InfiniteFuture();
-    sync_failure_ = absl::OkStatus();
-    empty_arrived_.assign(model_->num_workers, 0);
-    async_admitted_ = 0;
-    worker_clock_.assign(model_->num_workers, 0);
-    step_cursors_.assign(model_->num_workers, StepCursor());
-    completed_cursors_.assign(model_->num_workers, StepCursor());
-    async_cursors_.assign(model_->num_workers, StepCursor());
-    held_pushes_.clear();
-    held_pushes_.resize(static_cast<size_t>(model_->num_workers));
-    worker_session_.assign(model_->num_workers, 0);
-    session_start_step_.assign(model_->num_workers, -1);
-    holding_pushes_ = false;
-    rows_in_flight_ = 0;
-    scheduled_cuts_.clear();
-    // Shards of the run before are not this run's (one being written is
-    // dropped when done, by its incarnation).
-    written_.clear();
-    to_write_.clear();
+    InstallLocked(request, std::move(model), &completions);
   }
   RunCompletions(&completions);
   return absl::OkStatus();

@@ -380,6 +380,25 @@ class ParameterServer {
   static void AttachBfloat16(PullReply* reply);
 
   static std::string KeyString(const Key& key);
+  // Initialize's steps. The run's settings and embedding tables from the
+  // request and its config (checked), no partitions yet:
+  static absl::StatusOr<std::shared_ptr<Model>> NewModel(const InitializeRequest& request);
+  static absl::Status AddTables(const TrainingConfig& config, int64_t global_batch,
+                                Model* model);
+  // One partition of the request: its values and (from a checkpoint) its
+  // optimizer slots and update count, checked.
+  static absl::StatusOr<std::unique_ptr<PartitionState>> NewPartition(const NamedTensor& nt,
+                                                                      const Model& model);
+  // One part of an Initialize sent in parts, gathered into pending_init_:
+  // true, with *model the whole, once the last part is in; false until
+  // then (and for a part retried).
+  absl::StatusOr<bool> GatherPartLocked(const InitializeRequest& request,
+                                        std::shared_ptr<Model>* model)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `model` the run's, from the request's step: pulls parked for the
+  // run before end (into `completions`), and every per-run state restarts.
+  void InstallLocked(const InitializeRequest& request, std::shared_ptr<Model> model,
+                     std::vector<Completion>* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckIncarnationLocked(uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Resolves and checks the gradients' headers against the model (known,
   // shape, dtype, unique, bytes present). Touches no tensor data.

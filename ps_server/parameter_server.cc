@@ -1001,193 +1001,219 @@ ParameterServer::Buffer ParameterServer::TakeSpare(PartitionState* p) {
   return b;
 }
 
-absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
-                                       const PushRequest& header,
-                                       const std::vector<GradientRef>& grads,
-                                       PushResponse* response) {
+// Sync, under mu_: admits the push of `header` for its step. Answers in
+// `response` (true) what needs nothing more: finished, dropped as stale, a
+// replay, or a partition-less server's step (completed into `completions`);
+// else (false) marks the accepted gradients in flight, each noted in `push`
+// with whether it completes its partition's quorum.
+absl::StatusOr<bool> ParameterServer::AdmitSyncPushLocked(const std::shared_ptr<Model>& model,
+                                                          const PushRequest& header,
+                                                          const std::vector<GradientRef>& grads,
+                                                          SyncPush* push,
+                                                          std::vector<Completion>* completions,
+                                                          PushResponse* response) {
   const int w = header.worker();
   const int64_t step = header.step();
-  std::vector<const GradientRef*> accepted;
-  std::vector<char> direct;  // per accepted: read from the received bytes, not staged
-  std::vector<Completion> empty_step;  // a partition-less server's completed step
-  bool empty_step_done = false;
   int replayed = 0;  // partitions the worker's earlier process had pushed already
-  {
-    absl::MutexLock lock(&mu_);
-    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
-    if (step > version_) {
-      RejectLocked(Rejection::kAhead);
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Push: step ", step, " is ahead of this server's version ", version_));
-    }
-    RETURN_IF_ERROR(AdmitSessionLocked(w, header.session(), "Push"));
-    if (FinishedLocked()) {
-      response->set_outcome(FINISHED);
-      response->set_version(version_);
-      return absl::OkStatus();
-    }
-    if (!sync_failure_.ok()) return sync_failure_;
-    if (step == version_) {
-      step_cursors_[w] = {true, header.cursor_epoch(), header.cursor_position()};
-      if (step_first_gradient_ == absl::InfiniteFuture()) step_first_gradient_ = absl::Now();
-    }
-    if (step == version_ && model->step_deadline > absl::ZeroDuration() &&
-        step_deadline_ == absl::InfiniteFuture()) {
-      // The step's first gradient on this server starts its clock.
-      step_deadline_ = absl::Now() + model->step_deadline;
-      timer_cv_.Signal();
-    }
-    if (step == version_ && model->partitions.empty()) {
-      // Nothing to aggregate: the step completes when the quorum has pushed.
-      if (empty_arrived_[w]) {
-        if (ReplayAllowedLocked(w, step)) {
-          response->set_outcome(ACCUMULATED);  // its earlier process's push counted
-          response->set_version(version_);
-          return absl::OkStatus();
-        }
-        RejectLocked(Rejection::kDuplicate);
-        return absl::InvalidArgumentError(
-            absl::StrCat("Push: worker ", w, " already pushed for step ", step));
-      }
-      empty_arrived_[w] = 1;
-      if (std::count(empty_arrived_.begin(), empty_arrived_.end(), 1) <
-          model->replicas_to_aggregate) {
-        response->set_outcome(ACCUMULATED);
+  if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+  if (step > version_) {
+    RejectLocked(Rejection::kAhead);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "Push: step ", step, " is ahead of this server's version ", version_));
+  }
+  RETURN_IF_ERROR(AdmitSessionLocked(w, header.session(), "Push"));
+  if (FinishedLocked()) {
+    response->set_outcome(FINISHED);
+    response->set_version(version_);
+    return true;
+  }
+  if (!sync_failure_.ok()) return sync_failure_;
+  if (step == version_) {
+    step_cursors_[w] = {true, header.cursor_epoch(), header.cursor_position()};
+    if (step_first_gradient_ == absl::InfiniteFuture()) step_first_gradient_ = absl::Now();
+  }
+  if (step == version_ && model->step_deadline > absl::ZeroDuration() &&
+      step_deadline_ == absl::InfiniteFuture()) {
+    // The step's first gradient on this server starts its clock.
+    step_deadline_ = absl::Now() + model->step_deadline;
+    timer_cv_.Signal();
+  }
+  if (step == version_ && model->partitions.empty()) {
+    // Nothing to aggregate: the step completes when the quorum has pushed.
+    if (empty_arrived_[w]) {
+      if (ReplayAllowedLocked(w, step)) {
+        response->set_outcome(ACCUMULATED);  // its earlier process's push counted
         response->set_version(version_);
-        return absl::OkStatus();
+        return true;
       }
-      std::fill(empty_arrived_.begin(), empty_arrived_.end(), 0);
-      CompleteStepLocked(step, model->replicas_to_aggregate, &empty_step);
-      response->set_outcome(APPLIED);
-      response->set_version(version_);
-      empty_step_done = true;
-    } else if (step == version_) {
-      for (const GradientRef& g : grads) {
-        PartitionState* p = g.partition;
-        if (p->arrived[w] || p->in_flight[w]) {
-          if (ReplayAllowedLocked(w, step)) {
-            ++replayed;  // the same gradient as its earlier process's: taken once
-            continue;
-          }
-          RejectLocked(Rejection::kDuplicate);
-          return absl::InvalidArgumentError(absl::StrCat("Push: worker ", w, " already pushed ",
-                                                         KeyString(p->key), " for step ", step));
-        }
-        if (!p->closed) accepted.push_back(&g);  // a closed partition's quorum is complete
-      }
+      RejectLocked(Rejection::kDuplicate);
+      return absl::InvalidArgumentError(
+          absl::StrCat("Push: worker ", w, " already pushed for step ", step));
     }
-    if (empty_step_done) {
-      // answered above
-    } else if (accepted.empty() && replayed > 0) {
+    empty_arrived_[w] = 1;
+    if (std::count(empty_arrived_.begin(), empty_arrived_.end(), 1) <
+        model->replicas_to_aggregate) {
       response->set_outcome(ACCUMULATED);
       response->set_version(version_);
-      return absl::OkStatus();
-    } else if (accepted.empty()) {
-      ++counters_.gradients_dropped_stale;
-      response->set_outcome(DROPPED_STALE);
-      response->set_version(version_);
-      return absl::OkStatus();
+      return true;
     }
-    for (const GradientRef* g : accepted) {
-      PartitionState* p = g->partition;
-      p->in_flight[w] = 1;
-      // Every other gradient the quorum needs is staged already, so this one
-      // completes it (unless the step ends first): it is applied from the
-      // received bytes, never staged. Nothing lowers arrived_count within a
-      // step, and only a push that completes the quorum raises it to
-      // replicas_to_aggregate (closing the partition), so it still completes
-      // it below unless the partition closed or the step ended meanwhile.
-      direct.push_back(p->arrived_count == model->replicas_to_aggregate - 1);
+    std::fill(empty_arrived_.begin(), empty_arrived_.end(), 0);
+    CompleteStepLocked(step, model->replicas_to_aggregate, completions);
+    response->set_outcome(APPLIED);
+    response->set_version(version_);
+    return true;
+  }
+  if (step == version_) {
+    for (const GradientRef& g : grads) {
+      PartitionState* p = g.partition;
+      if (p->arrived[w] || p->in_flight[w]) {
+        if (ReplayAllowedLocked(w, step)) {
+          ++replayed;  // the same gradient as its earlier process's: taken once
+          continue;
+        }
+        RejectLocked(Rejection::kDuplicate);
+        return absl::InvalidArgumentError(absl::StrCat("Push: worker ", w, " already pushed ",
+                                                       KeyString(p->key), " for step ", step));
+      }
+      if (!p->closed) push->accepted.push_back(&g);  // a closed partition's quorum is complete
     }
   }
-  if (empty_step_done) {
-    RunCompletions(&empty_step);
-    return absl::OkStatus();
+  if (push->accepted.empty() && replayed > 0) {
+    response->set_outcome(ACCUMULATED);
+    response->set_version(version_);
+    return true;
+  } else if (push->accepted.empty()) {
+    ++counters_.gradients_dropped_stale;
+    response->set_outcome(DROPPED_STALE);
+    response->set_version(version_);
+    return true;
   }
-  // Outside the lock, check each gradient for NaN and Inf, and stage the
-  // ones that do not complete their quorum: the one copy, from the received
-  // bytes into this worker's buffer, checked while it is in cache. Only this
-  // push writes staging[w] of these partitions now (in_flight), and their
-  // applies wait for it.
-  int64_t payload = 0, staged = 0;
-  const PartitionState* non_finite = nullptr;
-  for (size_t i = 0; i < accepted.size(); ++i) {
-    const GradientRef* g = accepted[i];
+  for (const GradientRef* g : push->accepted) {
     PartitionState* p = g->partition;
-    payload += p->size * (g->bfloat16 ? 2 : 4);
-    if (direct[i]) {
+    p->in_flight[w] = 1;
+    // Every other gradient the quorum needs is staged already, so this one
+    // completes it (unless the step ends first): it is applied from the
+    // received bytes, never staged. Nothing lowers arrived_count within a
+    // step, and only a push that completes the quorum raises it to
+    // replicas_to_aggregate (closing the partition), so it still completes
+    // it below unless the partition closed or the step ended meanwhile.
+    push->direct.push_back(p->arrived_count == model->replicas_to_aggregate - 1);
+  }
+  return false;
+}
+
+// Outside the lock, checks each gradient for NaN and Inf, and stages the
+// ones that do not complete their quorum: the one copy, from the received
+// bytes into this worker's buffer, checked while it is in cache. Only this
+// push writes staging[w] of these partitions now (in_flight), and their
+// applies wait for it.
+void ParameterServer::StageSyncPush(int w, SyncPush* push) {
+  for (size_t i = 0; i < push->accepted.size(); ++i) {
+    const GradientRef* g = push->accepted[i];
+    PartitionState* p = g->partition;
+    push->payload += p->size * (g->bfloat16 ? 2 : 4);
+    if (push->direct[i]) {
       bool finite = true;
       g->bytes->ForEachRun(g->offset, p->size, g->bfloat16 ? 2 : 4,
                            [&finite, g](const char* data, int64_t n) {
                              finite = finite && (g->bfloat16 ? AllFiniteBfloat16(data, n)
                                                              : AllFiniteUnaligned(data, n));
                            });
-      if (non_finite == nullptr && !finite) non_finite = p;
+      if (push->non_finite == nullptr && !finite) push->non_finite = p;
       continue;
     }
     std::vector<float>& stage = p->staging[w];
     if (static_cast<int64_t>(stage.size()) != p->size) stage.resize(p->size);  // first push only
     g->bytes->CopyFloatsTo(g->offset, p->size, g->bfloat16, stage.data());
-    staged += p->size * (g->bfloat16 ? 2 : 4);
-    if (non_finite == nullptr && !AllFinite(stage)) non_finite = p;
+    push->staged += p->size * (g->bfloat16 ? 2 : 4);
+    if (push->non_finite == nullptr && !AllFinite(stage)) push->non_finite = p;
   }
-  // Partitions whose quorum this push completes, with their workers, and
-  // this push's gradient when it is to be read from the received bytes.
-  struct ToApply {
-    PartitionState* partition;
-    std::vector<int> workers;
-    const GradientRef* direct;
-  };
-  std::vector<ToApply> to_apply;
+}
+
+// Sync, under mu_: the staged push arrives. Answers in `response` (true)
+// when nothing is left to apply; else (false) `to_apply` holds the
+// partitions whose quorum it completed, closed.
+absl::StatusOr<bool> ParameterServer::ArriveSyncPushLocked(const std::shared_ptr<Model>& model,
+                                                           int w, int64_t step, SyncPush* push,
+                                                           std::vector<ToApply>* to_apply,
+                                                           PushResponse* response) {
   size_t stale = 0;
+  for (const GradientRef* g : push->accepted) g->partition->in_flight[w] = 0;
+  counters_.push_payload_bytes += push->payload;
+  counters_.push_copied_bytes += push->staged;
+  counters_.push_staged_bytes += push->staged;
+  if (push->non_finite != nullptr) {
+    RejectLocked(Rejection::kNonFinite);
+    return absl::InvalidArgumentError(
+        absl::StrCat("gradient for ", KeyString(push->non_finite->key), " contains NaN or Inf"));
+  }
+  if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
+  if (model_ != model || step != version_) {
+    ++counters_.gradients_dropped_stale;
+    response->set_outcome(DROPPED_STALE);
+    response->set_version(version_);
+    return true;
+  }
+  for (size_t i = 0; i < push->accepted.size(); ++i) {
+    const GradientRef* g = push->accepted[i];
+    PartitionState* p = g->partition;
+    if (p->closed) {  // the quorum completed while this copied (backup workers)
+      ++stale;
+      continue;
+    }
+    const int64_t bytes = p->size * (g->bfloat16 ? 2 : 4);
+    if (push->direct[i] && p->arrived_count + 1 < model->replicas_to_aggregate) {
+      // Cannot happen (see above); were it to, stage the gradient here,
+      // where it is as safe as outside the lock, only slower.
+      std::vector<float>& stage = p->staging[w];
+      stage.resize(p->size);
+      g->bytes->CopyFloatsTo(g->offset, p->size, g->bfloat16, stage.data());
+      counters_.push_staged_bytes += bytes;
+      push->direct[i] = false;
+    }
+    counters_.push_copied_bytes += push->direct[i] ? bytes : 0;  // into L1 chunks, as applied
+    p->arrived[w] = 1;
+    p->pushes.fetch_add(1, std::memory_order_relaxed);
+    p->push_bytes.fetch_add(bytes, std::memory_order_relaxed);
+    if (++p->arrived_count < model->replicas_to_aggregate) continue;
+    to_apply->push_back({p, ClosePartitionLocked(*model, p), push->direct[i] ? g : nullptr});
+  }
+  if (stale > 0) ++counters_.gradients_dropped_stale;
+  if (to_apply->empty()) {
+    response->set_outcome(stale == push->accepted.size() ? DROPPED_STALE : ACCUMULATED);
+    response->set_version(version_);
+    return true;
+  }
+  return false;
+}
+
+absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
+                                       const PushRequest& header,
+                                       const std::vector<GradientRef>& grads,
+                                       PushResponse* response) {
+  const int w = header.worker();
+  const int64_t step = header.step();
+  SyncPush push;
+  {
+    std::vector<Completion> empty_step;  // a partition-less server's completed step
+    bool answered;
+    {
+      absl::MutexLock lock(&mu_);
+      ASSIGN_OR_RETURN(answered,
+                       AdmitSyncPushLocked(model, header, grads, &push, &empty_step, response));
+    }
+    if (answered) {
+      RunCompletions(&empty_step);
+      return absl::OkStatus();
+    }
+  }
+  StageSyncPush(w, &push);
+  std::vector<ToApply> to_apply;
   {
     absl::MutexLock lock(&mu_);
-    for (const GradientRef* g : accepted) g->partition->in_flight[w] = 0;
-    counters_.push_payload_bytes += payload;
-    counters_.push_copied_bytes += staged;
-    counters_.push_staged_bytes += staged;
-    if (non_finite != nullptr) {
-      RejectLocked(Rejection::kNonFinite);
-      return absl::InvalidArgumentError(
-          absl::StrCat("gradient for ", KeyString(non_finite->key), " contains NaN or Inf"));
-    }
-    if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
-    if (model_ != model || step != version_) {
-      ++counters_.gradients_dropped_stale;
-      response->set_outcome(DROPPED_STALE);
-      response->set_version(version_);
-      return absl::OkStatus();
-    }
-    for (size_t i = 0; i < accepted.size(); ++i) {
-      const GradientRef* g = accepted[i];
-      PartitionState* p = g->partition;
-      if (p->closed) {  // the quorum completed while this copied (backup workers)
-        ++stale;
-        continue;
-      }
-      const int64_t bytes = p->size * (g->bfloat16 ? 2 : 4);
-      if (direct[i] && p->arrived_count + 1 < model->replicas_to_aggregate) {
-        // Cannot happen (see above); were it to, stage the gradient here,
-        // where it is as safe as outside the lock, only slower.
-        std::vector<float>& stage = p->staging[w];
-        stage.resize(p->size);
-        g->bytes->CopyFloatsTo(g->offset, p->size, g->bfloat16, stage.data());
-        counters_.push_staged_bytes += bytes;
-        direct[i] = false;
-      }
-      counters_.push_copied_bytes += direct[i] ? bytes : 0;  // into L1 chunks, as applied
-      p->arrived[w] = 1;
-      p->pushes.fetch_add(1, std::memory_order_relaxed);
-      p->push_bytes.fetch_add(bytes, std::memory_order_relaxed);
-      if (++p->arrived_count < model->replicas_to_aggregate) continue;
-      to_apply.push_back({p, ClosePartitionLocked(*model, p), direct[i] ? g : nullptr});
-    }
-    if (stale > 0) ++counters_.gradients_dropped_stale;
-    if (to_apply.empty()) {
-      response->set_outcome(stale == accepted.size() ? DROPPED_STALE : ACCUMULATED);
-      response->set_version(version_);
-      return absl::OkStatus();
-    }
+    ASSIGN_OR_RETURN(bool answered,
+                     ArriveSyncPushLocked(model, w, step, &push, &to_apply, response));
+    if (answered) return absl::OkStatus();
   }
   // Apply the closed partitions outside the lock; publish when the step's
   // last partition is done, all together, so a pull of the current version

@@ -424,8 +424,40 @@ class ParameterServer {
   // bytes applied.
   int64_t ApplyAsync(const Model& model, const std::vector<GradientRef>& grads,
                      UpdateInfo update);
+  // Sync: a push in three steps, under mu_, outside it and under it again
+  // (then its partitions applied outside it): AdmitSyncPushLocked,
+  // StageSyncPush, ArriveSyncPushLocked.
   absl::Status PushSync(const std::shared_ptr<Model>& model, const PushRequest& header,
                         const std::vector<GradientRef>& grads, PushResponse* response);
+  // A sync push on its way: the gradients accepted, whether each completes
+  // its partition's quorum (read from the received bytes, never staged),
+  // and what staging found.
+  struct SyncPush {
+    std::vector<const GradientRef*> accepted;
+    std::vector<char> direct;  // per accepted
+    int64_t payload = 0;       // bytes received
+    int64_t staged = 0;        // bytes copied into staging buffers
+    const PartitionState* non_finite = nullptr;  // the first with NaN or Inf
+  };
+  // A partition whose quorum a push completed, with its workers, and the
+  // push's gradient when it is to be read from the received bytes.
+  struct ToApply {
+    PartitionState* partition;
+    std::vector<int> workers;
+    const GradientRef* direct;
+  };
+  absl::StatusOr<bool> AdmitSyncPushLocked(const std::shared_ptr<Model>& model,
+                                           const PushRequest& header,
+                                           const std::vector<GradientRef>& grads, SyncPush* push,
+                                           std::vector<Completion>* completions,
+                                           PushResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void StageSyncPush(int w, SyncPush* push);
+  absl::StatusOr<bool> ArriveSyncPushLocked(const std::shared_ptr<Model>& model, int w,
+                                            int64_t step, SyncPush* push,
+                                            std::vector<ToApply>* to_apply,
+                                            PushResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PushAsync(const std::shared_ptr<Model>& model, const PushRequest& header,
                          const std::vector<GradientRef>& grads, PushResponse* response);
   // Sums a closed partition's gradients (`workers`, in index order),

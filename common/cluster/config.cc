@@ -130,12 +130,11 @@ absl::StatusOr<TrainingConfig> LoadTrainingConfig(const std::string& path) {
   return ParseTrainingConfig(buf.str(), path);
 }
 
-absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& source) {
-  if (c->model().model_case() == ModelConfig::MODEL_NOT_SET) {
-    return FieldError(source, "model",
-                      "expected model { mlp { ... } }, model { sequential { ... } } or "
-                      "model { click_through { ... } }");
-  }
+namespace {
+
+// The model and its embedding tables: a click-through model's table named
+// and its width filled in; CRITEO data only with one.
+absl::Status ValidateModel(TrainingConfig* c, const std::string& source) {
   RETURN_IF_ERROR(ValidateEmbeddingTables(c, source));
   if (c->model().has_click_through()) {
     ClickThroughConfig* ct = c->mutable_model()->mutable_click_through();
@@ -159,8 +158,11 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
   } else if (c->data().format() == CRITEO) {
     return FieldError(source, "data.format", "CRITEO data needs model { click_through { ... } }");
   }
-  RETURN_IF_ERROR(ExpandModelConfig(c->model(), source).status());
-  DataConfig* d = c->mutable_data();
+  return absl::OkStatus();
+}
+
+// The data: the files of its format, malformed lines, prefetch, batch size.
+absl::Status ValidateData(DataConfig* d, const std::string& source) {
   if (d->format() == IDX) {
     if (d->train_images().empty() || d->train_labels().empty()) {
       return FieldError(source, "data.train_images/train_labels", "expected IDX file paths");
@@ -189,11 +191,13 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
   if (d->batch_size() <= 0 || d->batch_size() > (1 << 20)) {
     return FieldError(source, "data.batch_size", "expected 1..1048576");
   }
-  if (c->max_steps() <= 0) return FieldError(source, "max_steps", "expected a positive count");
-  RETURN_IF_ERROR(ValidateAndFillOptimizerDefaults(c->mutable_optimizer(), c->max_steps(), source));
-  if (c->mode_case() == TrainingConfig::MODE_NOT_SET) c->mutable_sync();
-  if (c->has_sync()) {
-    const SyncConfig& s = c->sync();
+  return absl::OkStatus();
+}
+
+// Sync's quorum and deadline, async's staleness bound.
+absl::Status ValidateMode(const TrainingConfig& c, const std::string& source) {
+  if (c.has_sync()) {
+    const SyncConfig& s = c.sync();
     if (s.replicas_to_aggregate() < 0) {
       return FieldError(source, "sync.replicas_to_aggregate", "expected >= 0 (0 = all workers)");
     }
@@ -212,22 +216,32 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
                         "with fewer gradients)");
     }
   }
-  if (c->has_async() && c->async().staleness_bound() < 0) {
+  if (c.has_async() && c.async().staleness_bound() < 0) {
     return FieldError(source, "async.staleness_bound", "expected >= 0 (0 = unbounded)");
   }
-  if (c->eval_every_steps() < 0) return FieldError(source, "eval_every_steps", "expected >= 0");
-  if (c->placement().partition_min_bytes() < 0) {
+  return absl::OkStatus();
+}
+
+// Partition sizes, with their defaults.
+absl::Status ValidatePlacement(PlacementConfig* placement, const std::string& source) {
+  if (placement->partition_min_bytes() < 0) {
     return FieldError(source, "placement.partition_min_bytes", "expected >= 0");
   }
-  if (c->placement().partition_max_bytes() < 0) {
+  if (placement->partition_max_bytes() < 0) {
     return FieldError(source, "placement.partition_max_bytes", "expected >= 0");
   }
-  if (c->placement().partition_max_bytes() == 0) {
-    c->mutable_placement()->set_partition_max_bytes(4 << 20);
+  if (placement->partition_max_bytes() == 0) {
+    placement->set_partition_max_bytes(4 << 20);
   }
-  if (c->placement().partition_min_bytes() == 0) {
-    c->mutable_placement()->set_partition_min_bytes(256 * 1024);
+  if (placement->partition_min_bytes() == 0) {
+    placement->set_partition_min_bytes(256 * 1024);
   }
+  return absl::OkStatus();
+}
+
+// Timeouts, the wire's dtype, calls and connections, with their
+// defaults; a sync step's deadline under the step timeout.
+absl::Status ValidateRpc(TrainingConfig* c, const std::string& source) {
   RpcConfig* rpc = c->mutable_rpc();
   if (rpc->rpc_timeout_ms() < 0 || rpc->step_timeout_ms() < 0 || rpc->startup_timeout_ms() < 0) {
     return FieldError(source, "rpc", "expected non-negative timeouts");
@@ -266,12 +280,11 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
                                    rpc->step_timeout_ms(),
                                    "), the longest a worker waits for a step"));
   }
-  if (c->compute_threads() < 0 || c->compute_threads() > 256) {
-    return FieldError(source, "compute_threads", "expected 0..256");
-  }
-  if (c->compute_threads() == 0) c->set_compute_threads(1);
-  if (c->output_dir().empty()) c->set_output_dir("pstrain_output");
-  CheckpointConfig* ckpt = c->mutable_checkpoint();
+  return absl::OkStatus();
+}
+
+// Checkpoints: how often, how many kept; a schedule needs a directory.
+absl::Status ValidateCheckpoint(CheckpointConfig* ckpt, const std::string& source) {
   if (ckpt->every_steps() < 0) return FieldError(source, "checkpoint.every_steps", "negative");
   if (ckpt->keep() < 0 || ckpt->keep() > 1000) {
     return FieldError(source, "checkpoint.keep", "expected 0..1000 (0 means 3)");
@@ -286,6 +299,33 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
   if (ckpt->dir().empty() && ckpt->every_seconds() > 0) {
     return FieldError(source, "checkpoint.every_seconds", "set without checkpoint.dir");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& source) {
+  if (c->model().model_case() == ModelConfig::MODEL_NOT_SET) {
+    return FieldError(source, "model",
+                      "expected model { mlp { ... } }, model { sequential { ... } } or "
+                      "model { click_through { ... } }");
+  }
+  RETURN_IF_ERROR(ValidateModel(c, source));
+  RETURN_IF_ERROR(ExpandModelConfig(c->model(), source).status());
+  RETURN_IF_ERROR(ValidateData(c->mutable_data(), source));
+  if (c->max_steps() <= 0) return FieldError(source, "max_steps", "expected a positive count");
+  RETURN_IF_ERROR(ValidateAndFillOptimizerDefaults(c->mutable_optimizer(), c->max_steps(), source));
+  if (c->mode_case() == TrainingConfig::MODE_NOT_SET) c->mutable_sync();
+  RETURN_IF_ERROR(ValidateMode(*c, source));
+  if (c->eval_every_steps() < 0) return FieldError(source, "eval_every_steps", "expected >= 0");
+  RETURN_IF_ERROR(ValidatePlacement(c->mutable_placement(), source));
+  RETURN_IF_ERROR(ValidateRpc(c, source));
+  if (c->compute_threads() < 0 || c->compute_threads() > 256) {
+    return FieldError(source, "compute_threads", "expected 0..256");
+  }
+  if (c->compute_threads() == 0) c->set_compute_threads(1);
+  if (c->output_dir().empty()) c->set_output_dir("pstrain_output");
+  RETURN_IF_ERROR(ValidateCheckpoint(c->mutable_checkpoint(), source));
   if (!ParseDeviceSpec(c->device()).ok()) {
     return FieldError(source, "device", "expected \"auto\", \"cpu\" or \"cuda:N\"");
   }

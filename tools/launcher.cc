@@ -14,7 +14,9 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -138,47 +140,107 @@ absl::Duration RestartBackoff(int n) {
   return std::min(absl::Seconds(30), absl::Seconds(1) * (int64_t{1} << std::min(n, 5)));
 }
 
-// `restarts` counts the restarts spent (of options.max_restarts); a worker
-// that fails is restarted by itself from that budget while the others go on.
-Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
-                const std::map<std::string, std::string>& bin_for_job, const std::string& log_dir,
-                bool append_logs, int* restarts, StopSignal* stop) {
-  std::vector<std::unique_ptr<Task>> tasks;
-  // Starts task `id` (on `host`, from the spec) with its output captured.
-  // A chief restarted alone takes the running job over from its latest
-  // checkpoint (--resume).
-  auto spawn = [&](const TaskId& id, const std::string& host, bool restarted_alone) {
-    SpawnOptions so;
-    so.argv = {bin_for_job.at(id.job), "--cluster_spec=" + options.cluster_spec,
-               "--job=" + id.job, absl::StrCat("--task=", id.index),
-               "--config=" + options.config};
-    if ((options.resume || restarted_alone) && id.job == kChiefJob) so.argv.push_back("--resume");
-    if (id.job == kPsJob || id.job == kChiefJob) {
-      so.argv.insert(so.argv.end(), options.server_flags.begin(), options.server_flags.end());
-    }
-    if (id.job == kPsJob) {
-      so.argv.insert(so.argv.end(), options.ps_flags.begin(), options.ps_flags.end());
-    }
-    if (!options.init_from.empty() && id.job == kChiefJob) {
-      so.argv.push_back("--init_from=" + options.init_from);
-    }
-    if (options.metrics && cluster.metrics_address(id.job, id.index).empty()) {
-      // (A task the spec gives a metrics address serves it there.)
-      // The task's own address where it is an IPv4 one (127.0.0.1, or
-      // 0.0.0.0 in a container); else loopback.
-      in_addr ignored;
-      const bool ipv4 = ::inet_pton(AF_INET, host.c_str(), &ignored) == 1;
-      so.argv.push_back(absl::StrCat("--metrics_address=", ipv4 ? host : "127.0.0.1", ":0"));
-    }
-    so.capture_output = true;
-    return Subprocess::Spawn(so);
-  };
-  // Each local task serves /metrics where the spec's "pstrain" extras say,
-  // or else on a port it picks itself (port 0: no race with other processes
-  // for a port chosen here); its log line saying where is echoed as
-  // "pstrain launch: metrics: <task> <url>".
-  for (const TaskId& id : cluster.AllTasks()) {
-    const std::string& address = cluster.address(id.job, id.index);
+// One start of every local task, supervised to the end: tasks started with
+// their output captured, failed ones restarted alone where the job can take
+// them back, progress shown, and every task stopped at the end. Lives on the
+// launcher's thread.
+class Supervisor {
+ public:
+  Supervisor(const LaunchOptions& options, const ClusterSpec& cluster,
+             const std::map<std::string, std::string>& bin_for_job, const std::string& log_dir,
+             bool append_logs, int* restarts, StopSignal* stop)
+      : options_(options),
+        cluster_(cluster),
+        bin_for_job_(bin_for_job),
+        log_dir_(log_dir),
+        append_logs_(append_logs),
+        restarts_(restarts),
+        stop_(stop),
+        tty_(::isatty(STDERR_FILENO)),
+        chief_(cluster.address(kChiefJob, 0), absl::Milliseconds(300)) {}
+
+  Attempt Run();
+
+ private:
+  absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(const TaskId& id, const std::string& host,
+                                                    bool restarted_alone);
+  // Starts every task of this machine; a failure (in `failed`) stops those started.
+  bool StartAll(Attempt* failed);
+  void RestartDue();
+  void WaitForOutput();
+  void ReapExited();
+  // Whether the task that exited with `code` is restarted by itself.
+  bool RestartAlone(Task* t, int code);
+  void JudgeEarlyExits();
+  // Whether the run is over (all exited, or the others' grace period after
+  // the chief's end has passed: then failed).
+  bool Over();
+  void ShowProgress();
+  void StopAll();
+  Attempt Result();
+
+  const LaunchOptions& options_;
+  const ClusterSpec& cluster_;
+  const std::map<std::string, std::string>& bin_for_job_;
+  const std::string log_dir_;
+  const bool append_logs_;
+  int* const restarts_;  // spent of options.max_restarts, over every attempt
+  StopSignal* const stop_;
+  const bool tty_;
+  ChiefClient chief_;
+  std::vector<std::unique_ptr<Task>> tasks_;
+  absl::Time start_;
+  absl::Time next_progress_;
+  absl::Time last_plain_progress_;
+  bool progress_shown_ = false;
+  int exit_code_ = 0;
+  std::string failure_;
+  bool restartable_ = false;
+  bool chief_finished_ = false;
+  absl::Time chief_finished_at_;
+  // Servers that exited 0, and by when the chief must be ending.
+  std::vector<std::pair<const Task*, absl::Time>> early_exits_;
+};
+
+// Starts task `id` (on `host`, from the spec) with its output captured.
+// A chief restarted alone takes the running job over from its latest
+// checkpoint (--resume).
+absl::StatusOr<std::unique_ptr<Subprocess>> Supervisor::Spawn(const TaskId& id,
+                                                              const std::string& host,
+                                                              bool restarted_alone) {
+  SpawnOptions so;
+  so.argv = {bin_for_job_.at(id.job), "--cluster_spec=" + options_.cluster_spec,
+             "--job=" + id.job, absl::StrCat("--task=", id.index),
+             "--config=" + options_.config};
+  if ((options_.resume || restarted_alone) && id.job == kChiefJob) so.argv.push_back("--resume");
+  if (id.job == kPsJob || id.job == kChiefJob) {
+    so.argv.insert(so.argv.end(), options_.server_flags.begin(), options_.server_flags.end());
+  }
+  if (id.job == kPsJob) {
+    so.argv.insert(so.argv.end(), options_.ps_flags.begin(), options_.ps_flags.end());
+  }
+  if (!options_.init_from.empty() && id.job == kChiefJob) {
+    so.argv.push_back("--init_from=" + options_.init_from);
+  }
+  if (options_.metrics && cluster_.metrics_address(id.job, id.index).empty()) {
+    // (A task the spec gives a metrics address serves it there.)
+    // The task's own address where it is an IPv4 one (127.0.0.1, or
+    // 0.0.0.0 in a container); else loopback.
+    in_addr ignored;
+    const bool ipv4 = ::inet_pton(AF_INET, host.c_str(), &ignored) == 1;
+    so.argv.push_back(absl::StrCat("--metrics_address=", ipv4 ? host : "127.0.0.1", ":0"));
+  }
+  so.capture_output = true;
+  return Subprocess::Spawn(so);
+}
+
+// Each local task serves /metrics where the spec's "pstrain" extras say,
+// or else on a port it picks itself (port 0: no race with other processes
+// for a port chosen here); its log line saying where is echoed as
+// "pstrain launch: metrics: <task> <url>".
+bool Supervisor::StartAll(Attempt* failed) {
+  for (const TaskId& id : cluster_.AllTasks()) {
+    const std::string& address = cluster_.address(id.job, id.index);
     auto hp = ParseHostPort(address);
     if (!hp.ok() || !IsThisMachine(hp->host)) {
       std::cerr << "pstrain launch: " << id.ToString() << " is on " << address
@@ -188,232 +250,265 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
     auto t = std::make_unique<Task>();
     t->id = id;
     t->name = id.ToString();
-    t->log_path = JoinPath(log_dir, absl::StrCat(id.job, "-", id.index, ".log"));
-    t->log.open(t->log_path, append_logs ? std::ios::app : std::ios::trunc);
+    t->log_path = JoinPath(log_dir_, absl::StrCat(id.job, "-", id.index, ".log"));
+    t->log.open(t->log_path, append_logs_ ? std::ios::app : std::ios::trunc);
     t->host = hp->host;
-    auto proc = spawn(id, t->host, /*restarted_alone=*/false);
+    auto proc = Spawn(id, t->host, /*restarted_alone=*/false);
     if (!proc.ok()) {
-      for (auto& other : tasks) other->proc->Stop(absl::Seconds(5));
-      Attempt a;
-      a.failure = absl::StrCat("starting ", t->name, ": ", proc.status().message());
-      a.exit_code = 1;
-      return a;
+      for (auto& other : tasks_) other->proc->Stop(absl::Seconds(5));
+      failed->failure = absl::StrCat("starting ", t->name, ": ", proc.status().message());
+      failed->exit_code = 1;
+      return false;
     }
     t->proc = std::move(*proc);
-    tasks.push_back(std::move(t));
+    tasks_.push_back(std::move(t));
   }
-  std::cerr << "pstrain launch: started " << tasks.size() << " task(s); logs in " << log_dir
+  std::cerr << "pstrain launch: started " << tasks_.size() << " task(s); logs in " << log_dir_
             << "\n";
+  return true;
+}
 
-  const bool tty = ::isatty(STDERR_FILENO);
-  ChiefClient chief(cluster.address(kChiefJob, 0), absl::Milliseconds(300));
-  const absl::Time start = absl::Now();
-  absl::Time next_progress = start + absl::Seconds(1);
-  absl::Time last_plain_progress = start;
-  bool progress_shown = false;
-  int exit_code = 0;
-  std::string failure;
-  bool restartable = false;
-  bool chief_finished = false;
-  absl::Time chief_finished_at;
-  std::vector<std::pair<const Task*, absl::Time>> early_exits;  // exited 0; by when the chief ends
+// Tasks due for a restart alone.
+void Supervisor::RestartDue() {
+  for (auto& t : tasks_) {
+    if (t->restart_at > absl::Now()) continue;
+    t->restart_at = absl::InfiniteFuture();
+    auto proc = Spawn(t->id, t->host, /*restarted_alone=*/true);
+    if (!proc.ok()) {
+      failure_ = absl::StrCat("restarting ", t->name, ": ", proc.status().message());
+      exit_code_ = 1;
+      return;
+    }
+    t->proc = std::move(*proc);
+    t->exited = false;
+    t->exit_code = 0;
+  }
+}
 
-  for (;;) {
-    if (stop->stopped()) {
-      failure = stop->reason();
-      exit_code = stop->exit_code() != 0 ? stop->exit_code() : 130;
-      break;
-    }
-    // Tasks due for a restart alone.
-    for (auto& t : tasks) {
-      if (t->restart_at > absl::Now()) continue;
-      t->restart_at = absl::InfiniteFuture();
-      auto proc = spawn(t->id, t->host, /*restarted_alone=*/true);
-      if (!proc.ok()) {
-        failure = absl::StrCat("restarting ", t->name, ": ", proc.status().message());
-        exit_code = 1;
-        break;
-      }
-      t->proc = std::move(*proc);
-      t->exited = false;
-      t->exit_code = 0;
-    }
-    if (!failure.empty()) break;
-    // Wait for output or a child's exit, at most until the next progress tick.
-    std::vector<pollfd> fds;
-    std::vector<std::pair<Task*, bool>> owners;  // (task, is_output)
-    for (auto& t : tasks) {
-      if (t->exited) continue;
-      if (t->proc->output_fd() >= 0) {
-        fds.push_back({t->proc->output_fd(), POLLIN, 0});
-        owners.push_back({t.get(), true});
-      } else if (t->proc->pidfd() >= 0) {
-        fds.push_back({t->proc->pidfd(), POLLIN, 0});
-        owners.push_back({t.get(), false});
-      }
-    }
-    const int wait_ms = static_cast<int>(
-        std::max<int64_t>(0, absl::ToInt64Milliseconds(next_progress - absl::Now())));
-    ::poll(fds.data(), fds.size(), std::min(wait_ms, 250));
-    for (size_t i = 0; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      Task* t = owners[i].first;
-      if (owners[i].second) DrainOutput(t, options.verbose, &progress_shown);
-    }
-    // Reap exited tasks (output closed means the process is exiting).
-    for (auto& t : tasks) {
-      if (t->exited) continue;
-      std::optional<int> code = t->proc->Wait(absl::ZeroDuration());
-      if (!code.has_value()) continue;
-      if (t->proc->output_fd() >= 0) DrainOutput(t.get(), options.verbose, &progress_shown);
-      t->exited = true;
-      t->exit_code = *code;
-      // A failed worker is restarted by itself: the others go on (in sync
-      // mode they wait for it), and it rejoins where the servers say its
-      // data stood. A failed parameter server likewise: the chief sees it
-      // come back empty and rolls every server back to the latest
-      // checkpoint, and the workers follow. Not while a server's early exit
-      // is pending judgement (the failure is likely the server's: the job
-      // restarts instead). A chief that died (killed, or crashed: ended by
-      // a signal) likewise: the restarted one takes the job over from the
-      // latest checkpoint while the servers and workers wait for it. One
-      // that failed the run with an error of its own, or was stopped (its
-      // workers were told to stop too), or that died once a worker had
-      // finished (no worker would come back to its rollback), restarts the
-      // job. A task failing again waits 1, 2, 4 ... 30 s first.
-      bool worker_finished = false;
-      for (const auto& other : tasks) {
-        worker_finished |= other->id.job == kWorkerJob && other->exited && other->exit_code == 0;
-      }
-      const bool alone = t->id.job == kWorkerJob || t->id.job == kPsJob ||
-                         (t->id.job == kChiefJob && t->proc->killed_by_signal() && !worker_finished);
-      if (*code != 0 && failure.empty() && alone &&
-          *restarts < options.max_restarts && !chief_finished && early_exits.empty() &&
-          !stop->stopped()) {
-        ++*restarts;
-        const absl::Duration backoff =
-            t->restarts == 0 ? absl::ZeroDuration() : RestartBackoff(t->restarts - 1);
-        ++t->restarts;
-        t->restart_at = absl::Now() + backoff;
-        std::cerr << "pstrain launch: " << t->name << " exited with code " << *code
-                  << " (log: " << t->log_path << "); restarting it alone"
-                  << (backoff > absl::ZeroDuration()
-                          ? absl::StrCat(" in ", absl::FormatDuration(backoff))
-                          : std::string())
-                  << (t->id.job == kChiefJob ? ", the others wait for it to take the job over"
-                                             : ", the others go on")
-                  << (t->id.job == kWorkerJob ? "" : " from the latest checkpoint") << " (restart "
-                  << *restarts << " of " << options.max_restarts << ")\n";
-        continue;
-      }
-      if (*code != 0 && failure.empty()) {
-        failure = absl::StrCat(t->name, " exited with code ", *code, " (log: ", t->log_path, ")");
-        exit_code = 1;
-        restartable = true;
-      }
-      if (t->id.job == kChiefJob && *code == 0) {
-        chief_finished = true;
-        chief_finished_at = absl::Now();
-      } else if (*code == 0 && t->id.job == kPsJob && !chief_finished) {
-        // A server leaves with code 0 only when the chief, ending the run,
-        // tells it to: it has a few seconds to say so. (Workers leave with
-        // 0 when the servers reach max_steps, possibly while the chief is
-        // still writing a checkpoint: that is a normal end.)
-        early_exits.push_back({t.get(), absl::Now() + absl::Seconds(5)});
-      }
-    }
-    // A server that left while the chief still trains fails the run.
-    if (!early_exits.empty() && failure.empty()) {
-      ChiefStatusResponse s;
-      // Also a chief that failed or was stopped: its own exit tells why.
-      const bool ending =
-          chief_finished || (chief.GetStatus(&s).ok() && s.state() != "starting" &&
-                             s.state() != "taking over" && s.state() != "training");
-      if (ending) {
-        early_exits.clear();
-      } else if (absl::Now() >= early_exits.front().second) {
-        const Task* t = early_exits.front().first;
-        failure = absl::StrCat(t->name, " exited with code 0 before the chief finished the run",
-                               s.max_steps() > 0 ? absl::StrCat(" (step ", s.global_step(), " of ",
-                                                                s.max_steps(), ")")
-                                                 : "",
-                               "; log: ", t->log_path);
-        exit_code = 1;
-        restartable = true;
-      }
-    }
-    if (!failure.empty()) break;
-    bool all_exited = true;
-    for (auto& t : tasks) all_exited &= t->exited && t->restart_at == absl::InfiniteFuture();
-    if (all_exited) break;
-    // After the chief finishes, the others get a grace period to exit.
-    if (chief_finished && absl::Now() - chief_finished_at > absl::Seconds(20)) {
-      failure = "tasks still running 20 s after the chief finished";
-      exit_code = 1;
-      break;
-    }
-    if (absl::Now() >= next_progress) {
-      next_progress = absl::Now() + absl::Milliseconds(500);
-    } else {
-      continue;
-    }
-    if (options.progress && !chief_finished) {
-      ChiefStatusResponse s;
-      if (chief.GetStatus(&s).ok()) {
-        std::string line = FormatProgress(s, absl::Now() - start);
-        if (tty) {
-          std::cerr << "\r\033[K" << line << std::flush;
-          progress_shown = true;
-        } else if (absl::Now() - last_plain_progress >= absl::Seconds(5)) {
-          std::cerr << "progress: " << line << "\n";
-          last_plain_progress = absl::Now();
-        }
-      }
+// Waits for output or a child's exit, at most until the next progress tick.
+void Supervisor::WaitForOutput() {
+  std::vector<pollfd> fds;
+  std::vector<std::pair<Task*, bool>> owners;  // (task, is_output)
+  for (auto& t : tasks_) {
+    if (t->exited) continue;
+    if (t->proc->output_fd() >= 0) {
+      fds.push_back({t->proc->output_fd(), POLLIN, 0});
+      owners.push_back({t.get(), true});
+    } else if (t->proc->pidfd() >= 0) {
+      fds.push_back({t->proc->pidfd(), POLLIN, 0});
+      owners.push_back({t.get(), false});
     }
   }
-  if (progress_shown) std::cerr << "\n";
+  const int wait_ms = static_cast<int>(
+      std::max<int64_t>(0, absl::ToInt64Milliseconds(next_progress_ - absl::Now())));
+  ::poll(fds.data(), fds.size(), std::min(wait_ms, 250));
+  for (size_t i = 0; i < fds.size(); ++i) {
+    if (fds[i].revents == 0) continue;
+    Task* t = owners[i].first;
+    if (owners[i].second) DrainOutput(t, options_.verbose, &progress_shown_);
+  }
+}
 
-  // Stop whatever is still running: SIGTERM to all, one shared 5 s grace
-  // period, then SIGKILL for any task still there.
-  for (auto& t : tasks) {
+// A failed worker is restarted by itself: the others go on (in sync
+// mode they wait for it), and it rejoins where the servers say its
+// data stood. A failed parameter server likewise: the chief sees it
+// come back empty and rolls every server back to the latest
+// checkpoint, and the workers follow. Not while a server's early exit
+// is pending judgement (the failure is likely the server's: the job
+// restarts instead). A chief that died (killed, or crashed: ended by
+// a signal) likewise: the restarted one takes the job over from the
+// latest checkpoint while the servers and workers wait for it. One
+// that failed the run with an error of its own, or was stopped (its
+// workers were told to stop too), or that died once a worker had
+// finished (no worker would come back to its rollback), restarts the
+// job. A task failing again waits 1, 2, 4 ... 30 s first.
+bool Supervisor::RestartAlone(Task* t, int code) {
+  bool worker_finished = false;
+  for (const auto& other : tasks_) {
+    worker_finished |= other->id.job == kWorkerJob && other->exited && other->exit_code == 0;
+  }
+  const bool alone = t->id.job == kWorkerJob || t->id.job == kPsJob ||
+                     (t->id.job == kChiefJob && t->proc->killed_by_signal() && !worker_finished);
+  if (code == 0 || !failure_.empty() || !alone || *restarts_ >= options_.max_restarts ||
+      chief_finished_ || !early_exits_.empty() || stop_->stopped()) {
+    return false;
+  }
+  ++*restarts_;
+  const absl::Duration backoff =
+      t->restarts == 0 ? absl::ZeroDuration() : RestartBackoff(t->restarts - 1);
+  ++t->restarts;
+  t->restart_at = absl::Now() + backoff;
+  std::cerr << "pstrain launch: " << t->name << " exited with code " << code
+            << " (log: " << t->log_path << "); restarting it alone"
+            << (backoff > absl::ZeroDuration()
+                    ? absl::StrCat(" in ", absl::FormatDuration(backoff))
+                    : std::string())
+            << (t->id.job == kChiefJob ? ", the others wait for it to take the job over"
+                                       : ", the others go on")
+            << (t->id.job == kWorkerJob ? "" : " from the latest checkpoint") << " (restart "
+            << *restarts_ << " of " << options_.max_restarts << ")\n";
+  return true;
+}
+
+// Reaps exited tasks (output closed means the process is exiting).
+void Supervisor::ReapExited() {
+  for (auto& t : tasks_) {
+    if (t->exited) continue;
+    std::optional<int> code = t->proc->Wait(absl::ZeroDuration());
+    if (!code.has_value()) continue;
+    if (t->proc->output_fd() >= 0) DrainOutput(t.get(), options_.verbose, &progress_shown_);
+    t->exited = true;
+    t->exit_code = *code;
+    if (RestartAlone(t.get(), *code)) continue;
+    if (*code != 0 && failure_.empty()) {
+      failure_ = absl::StrCat(t->name, " exited with code ", *code, " (log: ", t->log_path, ")");
+      exit_code_ = 1;
+      restartable_ = true;
+    }
+    if (t->id.job == kChiefJob && *code == 0) {
+      chief_finished_ = true;
+      chief_finished_at_ = absl::Now();
+    } else if (*code == 0 && t->id.job == kPsJob && !chief_finished_) {
+      // A server leaves with code 0 only when the chief, ending the run,
+      // tells it to: it has a few seconds to say so. (Workers leave with
+      // 0 when the servers reach max_steps, possibly while the chief is
+      // still writing a checkpoint: that is a normal end.)
+      early_exits_.push_back({t.get(), absl::Now() + absl::Seconds(5)});
+    }
+  }
+}
+
+// A server that left while the chief still trains fails the run.
+void Supervisor::JudgeEarlyExits() {
+  if (early_exits_.empty() || !failure_.empty()) return;
+  ChiefStatusResponse s;
+  // Also a chief that failed or was stopped: its own exit tells why.
+  const bool ending =
+      chief_finished_ || (chief_.GetStatus(&s).ok() && s.state() != "starting" &&
+                          s.state() != "taking over" && s.state() != "training");
+  if (ending) {
+    early_exits_.clear();
+  } else if (absl::Now() >= early_exits_.front().second) {
+    const Task* t = early_exits_.front().first;
+    failure_ = absl::StrCat(t->name, " exited with code 0 before the chief finished the run",
+                            s.max_steps() > 0 ? absl::StrCat(" (step ", s.global_step(), " of ",
+                                                             s.max_steps(), ")")
+                                              : "",
+                            "; log: ", t->log_path);
+    exit_code_ = 1;
+    restartable_ = true;
+  }
+}
+
+bool Supervisor::Over() {
+  bool all_exited = true;
+  for (auto& t : tasks_) all_exited &= t->exited && t->restart_at == absl::InfiniteFuture();
+  if (all_exited) return true;
+  // After the chief finishes, the others get a grace period to exit.
+  if (chief_finished_ && absl::Now() - chief_finished_at_ > absl::Seconds(20)) {
+    failure_ = "tasks still running 20 s after the chief finished";
+    exit_code_ = 1;
+    return true;
+  }
+  return false;
+}
+
+void Supervisor::ShowProgress() {
+  if (!options_.progress || chief_finished_) return;
+  ChiefStatusResponse s;
+  if (!chief_.GetStatus(&s).ok()) return;
+  std::string line = FormatProgress(s, absl::Now() - start_);
+  if (tty_) {
+    std::cerr << "\r\033[K" << line << std::flush;
+    progress_shown_ = true;
+  } else if (absl::Now() - last_plain_progress_ >= absl::Seconds(5)) {
+    std::cerr << "progress: " << line << "\n";
+    last_plain_progress_ = absl::Now();
+  }
+}
+
+// Stops whatever is still running: SIGTERM to all, one shared 5 s grace
+// period, then SIGKILL for any task still there.
+void Supervisor::StopAll() {
+  for (auto& t : tasks_) {
     if (!t->exited) t->proc->Signal(SIGTERM);
   }
   const absl::Time grace_end = absl::Now() + absl::Seconds(5);
-  for (auto& t : tasks) {
+  for (auto& t : tasks_) {
     if (t->exited) continue;
-    std::optional<int> code = t->proc->Wait(std::max(grace_end - absl::Now(), absl::ZeroDuration()));
+    std::optional<int> code =
+        t->proc->Wait(std::max(grace_end - absl::Now(), absl::ZeroDuration()));
     t->exit_code = code.has_value() ? *code : t->proc->Stop(absl::ZeroDuration());
-    if (t->proc->output_fd() >= 0) DrainOutput(t.get(), options.verbose, &progress_shown);
+    if (t->proc->output_fd() >= 0) DrainOutput(t.get(), options_.verbose, &progress_shown_);
     t->exited = true;
     // A server's code 0 here is not our SIGTERM's (128 + 15): it had left
     // on its own (workers leave with 0 when the stopping chief tells them).
-    if (code == 0 && t->id.job == kPsJob && !chief_finished) {
-      early_exits.push_back({t.get(), absl::Now()});
+    if (code == 0 && t->id.job == kPsJob && !chief_finished_) {
+      early_exits_.push_back({t.get(), absl::Now()});
     }
   }
+}
+
+Attempt Supervisor::Result() {
   // A task that left early is often the cause of the failure seen first (a
   // worker whose server went away): name it too.
-  for (const auto& [t, ignored] : early_exits) {
-    if (!failure.empty() && failure.rfind(t->name + " ", 0) != 0) {
-      absl::StrAppend(&failure, "; ", t->name, " had exited with code 0 before the chief "
+  for (const auto& [t, ignored] : early_exits_) {
+    if (!failure_.empty() && failure_.rfind(t->name + " ", 0) != 0) {
+      absl::StrAppend(&failure_, "; ", t->name, " had exited with code 0 before the chief "
                       "finished the run (log: ", t->log_path, ")");
     }
   }
   Attempt a;
-  a.failure = failure;
-  a.exit_code = exit_code;
+  a.failure = failure_;
+  a.exit_code = exit_code_;
   // A task failing after the chief finished (while the others shut down)
   // fails the run, but training was done: nothing to restart.
-  a.restartable = restartable && !chief_finished && !stop->stopped();
-  a.chief_finished = chief_finished;
-  if (failure.empty()) {
-    for (auto& t : tasks) {
+  a.restartable = restartable_ && !chief_finished_ && !stop_->stopped();
+  a.chief_finished = chief_finished_;
+  if (failure_.empty()) {
+    for (auto& t : tasks_) {
       if (t->exit_code != 0 && t->id.job != kChiefJob) {
         std::cerr << "pstrain launch: " << t->name << " ended with code " << t->exit_code << "\n";
       }
     }
   }
   return a;
+}
+
+Attempt Supervisor::Run() {
+  Attempt failed;
+  if (!StartAll(&failed)) return failed;
+  start_ = absl::Now();
+  next_progress_ = start_ + absl::Seconds(1);
+  last_plain_progress_ = start_;
+  for (;;) {
+    if (stop_->stopped()) {
+      failure_ = stop_->reason();
+      exit_code_ = stop_->exit_code() != 0 ? stop_->exit_code() : 130;
+      break;
+    }
+    RestartDue();
+    if (!failure_.empty()) break;
+    WaitForOutput();
+    ReapExited();
+    JudgeEarlyExits();
+    if (!failure_.empty() || Over()) break;
+    if (absl::Now() < next_progress_) continue;
+    next_progress_ = absl::Now() + absl::Milliseconds(500);
+    ShowProgress();
+  }
+  if (progress_shown_) std::cerr << "\n";
+  StopAll();
+  return Result();
+}
+
+// `restarts` counts the restarts spent (of options.max_restarts); a worker
+// that fails is restarted by itself from that budget while the others go on.
+Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
+                const std::map<std::string, std::string>& bin_for_job, const std::string& log_dir,
+                bool append_logs, int* restarts, StopSignal* stop) {
+  Supervisor supervisor(options, cluster, bin_for_job, log_dir, append_logs, restarts, stop);
+  return supervisor.Run();
 }
 
 }  // namespace

@@ -2,17 +2,22 @@
 // measured in one run so that the ratios mean something on a shared, noisy
 // host. Every figure is the median of `reps` interleaved repetitions, printed
 // with its min and max; every comparison is a ratio of medians from the same
-// run.
+// run. With --out, the figures also go to bench.csv, and the wire and train
+// suites' to bench.png.
 //
-//   wire:  dense pull + push through the real ps_server binaries (1 and 2
-//          servers, 1 and 2 worker threads, each with its own PsClient),
-//          beside a bare protobuf gRPC echo of the same bytes (a child
-//          process, sync API), one plain TCP stream over loopback and memcpy.
-//   apply: the server optimizer's SGD apply rate beside a plain a += b loop
-//          over the same memory.
-//   train: sync training examples/s through `pstrain launch` with 1 ps + 1
-//          worker and 2 ps + 2 workers, beside the worker's own forward and
-//          backward alone (same model, batch 64, one BLAS thread each).
+//   wire:       dense pull + push through real ps_server processes, beside a
+//               bare gRPC echo of the same bytes, one TCP stream and memcpy.
+//   apply:      each server optimizer's update beside a plain a += b loop.
+//   train:      examples/s through `pstrain launch` (1 + 1 and 2 + 2),
+//               beside the worker's own forward and backward alone.
+//   sparse:     embedding rows: the server's table lookup beside a hash map,
+//               PullRows and PushRows beside the gRPC echo.
+//   checkpoint: write and restore beside dd conv=fsync (not by default).
+//
+// The code lives in tools/bench/: harness.{h,cc} (RunBench, ServeEcho, the
+// shared helpers, bench.csv and the plot), one file per suite, each opening
+// with what it measures and against which baseline, and plot.py (bench.png),
+// which the binary carries as a string.
 #ifndef PSTRAIN_TOOLS_BENCH_H_
 #define PSTRAIN_TOOLS_BENCH_H_
 

@@ -634,9 +634,18 @@ TEST_CASE("a chief killed in its container is restarted as the StatefulSet would
       Env::Default()->ReadFile(JoinPath(dir, "work/pstrain-chief-0.log")).value_or("");
   // The restarted chief (PSTRAIN_RESUME=1) resumed from a committed checkpoint.
   CHECK(std::regex_search(chief_log, std::regex(R"(resume: from \S*/ckpt-[0-9]+ \(step [0-9]+)")));
-  const std::string worker_log =
-      Env::Default()->ReadFile(JoinPath(dir, "work/pstrain-worker-0.log")).value_or("");
-  CHECK(worker_log.find("the chief answers again") != std::string::npos);
+  // Each worker followed the takeover (its exit codes above: it never
+  // failed). Whether a worker also logs "the chief answers again" depends on
+  // the timing: one whose reports only timed out while the chief was down
+  // finds the new chief already answering (2026-11-28: 1 of 20 workers' logs
+  // on this machine).
+  for (const char* worker : {"pstrain-worker-0", "pstrain-worker-1"}) {
+    const std::string log =
+        Env::Default()->ReadFile(JoinPath(dir, absl::StrCat("work/", worker, ".log")))
+            .value_or("");
+    INFO(worker << ": " << log);
+    CHECK(log.find("the job was rolled back to step") != std::string::npos);
+  }
 }
 
 }  // namespace

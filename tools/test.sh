@@ -179,29 +179,33 @@ if [ "${PSTRAIN_FUZZ_SECONDS:-20}" != 0 ]; then
   end_stage "fuzzing"
 fi
 
-# 6. Clang's thread-safety analysis of the lock annotations (after the builds
-# above: it reads their generated headers); each check counts as a case.
-echo "=== thread-safety analysis (tools/thread_safety.sh)" >&2
-tsa_out=$(bash tools/thread_safety.sh 2>&1)
-tsa_rc=$?
-echo "$tsa_out" >&2
-tsa_passed=$(grep -c '^thread-safety .*: ok' <<< "$tsa_out")
-tsa_failed=$(grep -c '^thread-safety .*: FAILED' <<< "$tsa_out")
-# A script that failed without saying which check still fails the run.
-if [ "$tsa_rc" -ne 0 ] && [ "$tsa_failed" -eq 0 ]; then tsa_failed=1; fi
-end_stage "thread-safety analysis"
+# An analysis script whose lines "<prefix> <check>: ok|FAILED" are its
+# cases, added to checks_passed and checks_failed. A script that failed
+# without saying which check still fails the run.
+checks_passed=0
+checks_failed=0
+run_checks() {  # title prefix command...
+  local title=$1 prefix=$2 out rc ok bad
+  shift 2
+  echo "=== $title ($*)" >&2
+  out=$("$@" 2>&1)
+  rc=$?
+  echo "$out" >&2
+  ok=$(grep -c "^$prefix .*: ok" <<< "$out")
+  bad=$(grep -c "^$prefix .*: FAILED" <<< "$out")
+  if [ "$rc" -ne 0 ] && [ "$bad" -eq 0 ]; then bad=1; fi
+  checks_passed=$((checks_passed + ok))
+  checks_failed=$((checks_failed + bad))
+  end_stage "$title"
+}
 
-# 7. The layers read from the #includes (tools/check_layers.py): common/'s
-# packages depend only down, and no role includes another's code; each check
-# counts as a case.
-echo "=== layers (tools/check_layers.py)" >&2
-layers_out=$(/usr/bin/python3 tools/check_layers.py 2>&1)
-layers_rc=$?
-echo "$layers_out" >&2
-layers_passed=$(grep -c '^layers .*: ok' <<< "$layers_out")
-layers_failed=$(grep -c '^layers .*: FAILED' <<< "$layers_out")
-if [ "$layers_rc" -ne 0 ] && [ "$layers_failed" -eq 0 ]; then layers_failed=1; fi
-end_stage "layers"
+# 6. Clang's thread-safety analysis of the lock annotations (after the builds
+# above: it reads their generated headers).
+run_checks "thread-safety analysis" thread-safety bash tools/thread_safety.sh
+
+# 7. The layers read from the #includes: common/'s packages depend only
+# down, and no role includes another's code.
+run_checks "layers" layers /usr/bin/python3 tools/check_layers.py
 
 # Count the test cases: failed (a <failure> or <error>), else skipped (a
 # <skipped>), else passed; list the skipped ones.
@@ -216,8 +220,8 @@ fi
 if [ "$overall" -ne 0 ] && [ "$failed" -eq 0 ]; then
   failed=1  # the build or a test binary failed before reporting a case
 fi
-passed=$((passed + fuzz_passed + tsa_passed + layers_passed))
-failed=$((failed + fuzz_failed + tsa_failed + layers_failed))
+passed=$((passed + fuzz_passed + checks_passed))
+failed=$((failed + fuzz_failed + checks_failed))
 echo "tools/test.sh ($tier tier), minutes per stage:"
 printf '  %s\n' "${stage_times[@]}"
 echo "  $(minutes "whole run" $((SECONDS - started)))"

@@ -20,24 +20,6 @@
 namespace pstrain {
 namespace {
 
-// Whether `buffer` holds the only reference to its contents, so that they
-// may be overwritten. use_count() alone is a relaxed load: a pull answered,
-// or a checkpoint shard written, on another thread drops its reference with
-// a release, and seeing the count fall without an acquire leaves that
-// thread's last reads of the buffer unordered with the writes that follow
-// (ThreadSanitizer found a checkpoint writer's CRC racing with an async push
-// into a reused buffer). The acquire fence after the load orders them, as
-// the standard defines it; TSan does not model fences, so the copy, whose
-// increment is an acquire-release operation on the count (libstdc++), does
-// the same where TSan sees it.
-template <typename T>
-bool OnlyReference(const std::shared_ptr<T>& buffer) {
-  if (buffer.use_count() != 1) return false;
-  std::atomic_thread_fence(std::memory_order_acquire);
-  std::shared_ptr<T> probe = buffer;
-  return probe.use_count() == 2;
-}
-
 // Times one partition's apply into its total and the server's histogram.
 class ApplyTimer {
  public:
@@ -67,7 +49,7 @@ constexpr int64_t kChunk = 2048;
 }  // namespace
 
 ParameterServer::ParameterServer(absl::Duration max_wait)
-    : max_wait_(max_wait), timer_([this] { TimerLoop(); }), writer_([this] { WriterLoop(); }) {}
+    : max_wait_(max_wait), timer_([this] { TimerLoop(); }) {}
 
 ParameterServer::~ParameterServer() {
   std::vector<Completion> completions;
@@ -80,162 +62,6 @@ ParameterServer::~ParameterServer() {
   }
   RunCompletions(&completions);
   timer_.join();
-  writer_.join();
-}
-
-std::string ParameterServer::KeyString(const Key& key) {
-  return absl::StrCat(key.first, "/part", key.second);
-}
-
-absl::StatusOr<std::shared_ptr<ParameterServer::Model>> ParameterServer::NewModel(
-    const InitializeRequest& request) {
-  TrainingConfig config = request.config();
-  RETURN_IF_ERROR(ValidateAndFillDefaults(&config, "(from Initialize)"));
-  if (request.incarnation() == 0) {
-    return absl::InvalidArgumentError("Initialize: incarnation must be non-zero");
-  }
-  if (request.num_workers() <= 0 || request.num_workers() > 100000) {
-    return absl::InvalidArgumentError("Initialize: num_workers must be 1..100000");
-  }
-  int replicas = request.num_workers();
-  if (config.has_sync() && config.sync().replicas_to_aggregate() > 0) {
-    replicas = config.sync().replicas_to_aggregate();
-    if (replicas > request.num_workers()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Initialize: replicas_to_aggregate ", replicas, " exceeds the ",
-                       request.num_workers(), " workers"));
-    }
-  }
-  if (request.start_step() < 0) return absl::InvalidArgumentError("Initialize: negative start_step");
-  const int num_parts = std::max(1, request.num_parts());
-  if (request.num_parts() < 0 || request.num_parts() > (1 << 20) || request.part() < 0 ||
-      request.part() >= num_parts) {
-    return absl::InvalidArgumentError(absl::StrCat("Initialize: part ", request.part(), " of ",
-                                                   request.num_parts()));
-  }
-  auto model = std::make_shared<Model>();
-  ASSIGN_OR_RETURN(model->optimizer, CreateOptimizer(config.optimizer()));
-  model->sync = IsSyncMode(config);
-  model->num_workers = request.num_workers();
-  model->replicas_to_aggregate = replicas;
-  if (config.has_sync()) {
-    model->min_replicas =
-        config.sync().min_replicas() > 0 ? config.sync().min_replicas() : replicas;
-    if (model->min_replicas > replicas) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Initialize: min_replicas ", model->min_replicas, " exceeds the ", replicas,
-          " gradients a step aggregates"));
-    }
-    model->step_deadline = absl::Milliseconds(config.sync().step_deadline_ms());
-  }
-  model->held_push_ttl = absl::Milliseconds(config.rpc().step_timeout_ms()) +
-                         absl::Milliseconds(config.rpc().rpc_timeout_ms());
-  model->staleness_bound = config.has_async() ? config.async().staleness_bound() : 0;
-  model->staleness_scaled_lr =
-      config.has_async() && config.async().staleness_scaled_learning_rate();
-  model->max_steps = config.max_steps();
-  // One update's examples, for the linear scaling rule.
-  const int64_t global_batch =
-      static_cast<int64_t>(config.data().batch_size()) * (model->sync ? replicas : 1);
-  ASSIGN_OR_RETURN(model->learning_rate,
-                   LearningRate::Create(config.optimizer(), global_batch, config.max_steps()));
-  model->clip_value = config.optimizer().clip_value();
-  if (!config.checkpoint().dir().empty()) {
-    model->checkpoint_dir = config.checkpoint().dir();
-    model->checkpoint_every = config.checkpoint().every_steps();
-    if (request.num_servers() < 1 || request.server_index() < 0 ||
-        request.server_index() >= request.num_servers()) {
-      return absl::InvalidArgumentError(absl::StrCat("Initialize: server ", request.server_index(),
-                                                     " of ", request.num_servers()));
-    }
-  }
-  if (request.num_servers() >= 1 && request.server_index() >= 0 &&
-      request.server_index() < request.num_servers()) {
-    model->shard = request.server_index();
-    model->num_shards = request.num_servers();
-  }
-  RETURN_IF_ERROR(AddTables(config, global_batch, model.get()));
-  return model;
-}
-
-absl::Status ParameterServer::AddTables(const TrainingConfig& config, int64_t global_batch,
-                                        Model* model) {
-  for (const EmbeddingTableConfig& tc : config.embedding_tables()) {
-    auto table = std::make_unique<Model::Table>();
-    const OptimizerConfig& oc = tc.has_optimizer() ? tc.optimizer() : config.optimizer();
-    ASSIGN_OR_RETURN(table->optimizer, CreateOptimizer(oc));
-    table->optimizer_kind = OptimizerKindName(oc);
-    ASSIGN_OR_RETURN(table->learning_rate,
-                     LearningRate::Create(oc, global_batch, config.max_steps()));
-    table->clip_value = oc.clip_value();
-    EmbeddingTable::Options options;
-    options.name = tc.name();
-    options.dim = tc.dim();
-    options.num_rows = tc.num_rows();
-    options.init_scale = tc.init_scale();
-    options.seed = TableSeed(config.seed(), tc.name());
-    options.expire_after_steps = tc.expire_after_steps();
-    options.admit_after = tc.admit_after();
-    table->rows = std::make_unique<EmbeddingTable>(options, table->optimizer.get());
-    table->staged_ids.resize(model->sync ? model->num_workers : 0);
-    table->staged_grads.resize(model->sync ? model->num_workers : 0);
-    model->tables.emplace(tc.name(), std::move(table));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::unique_ptr<ParameterServer::PartitionState>> ParameterServer::NewPartition(
-    const NamedTensor& nt, const Model& model) {
-  Key key{nt.ref().variable(), nt.ref().partition()};
-  absl::StatusOr<Tensor> t = FromProto(nt.tensor());
-  if (!t.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Initialize: ", KeyString(key), ": ", t.status().message()));
-  }
-  if (key.first.empty() || key.second < 0) {
-    return absl::InvalidArgumentError("Initialize: empty variable name or negative partition");
-  }
-  if (!AllFinite(t->span())) {
-    return absl::InvalidArgumentError(absl::StrCat("Initialize: ", KeyString(key), " not finite"));
-  }
-  auto p = std::make_unique<PartitionState>();
-  p->key = key;
-  p->shape = t->shape();
-  p->size = t->num_elements();
-  {
-    absl::MutexLock lock(&p->apply_mu);
-    model.optimizer->InitSlots(p->size, &p->slots);
-    // From a checkpoint: its slots and update count.
-    if (nt.slots_size() > 0) {
-      if (nt.slots_size() != static_cast<int>(p->slots.size())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("Initialize: ", KeyString(key), ": ", nt.slots_size(),
-                         " slots, the optimizer has ", p->slots.size()));
-      }
-      for (int s = 0; s < nt.slots_size(); ++s) {
-        absl::StatusOr<Tensor> slot = FromProto(nt.slots(s));
-        if (!slot.ok() || slot->num_elements() != p->size || !AllFinite(slot->span())) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "Initialize: ", KeyString(key), ": slot ", s, " is not ", p->size,
-              " finite values"));
-        }
-        p->slots[s] = std::move(slot->values());
-      }
-    }
-    if (nt.updates() < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("Initialize: ", KeyString(key), ": negative updates"));
-    }
-    p->updates = nt.updates();
-  }
-  {
-    absl::MutexLock lock(&p->mu);
-    p->current = std::make_shared<std::vector<float>>(std::move(t->values()));
-  }
-  p->staging.resize(model.sync ? model.num_workers : 0);
-  p->arrived.assign(model.sync ? model.num_workers : 0, 0);
-  p->in_flight.assign(model.sync ? model.num_workers : 0, 0);
-  return p;
 }
 
 absl::StatusOr<bool> ParameterServer::GatherPartLocked(const InitializeRequest& request,
@@ -282,13 +108,8 @@ absl::StatusOr<bool> ParameterServer::GatherPartLocked(const InitializeRequest& 
 void ParameterServer::InstallLocked(const InitializeRequest& request, std::shared_ptr<Model> model,
                                     std::vector<Completion>* completions) {
   // Pulls parked for an earlier incarnation end now.
-  for (auto& [id, w] : waiters_) {
-    completions->push_back(
-        {std::move(w.done),
-         {absl::FailedPreconditionError("parameter server re-initialized for another run"),
-          PullReply()}});
-  }
-  waiters_.clear();
+  parked_.TakeAll(absl::FailedPreconditionError("parameter server re-initialized for another run"),
+                  completions);
   if (initialized_ && incarnation_ != request.incarnation()) {
     replaced_incarnation_ = incarnation_;
     replaced_at_ = absl::Now();
@@ -313,17 +134,15 @@ void ParameterServer::InstallLocked(const InitializeRequest& request, std::share
   session_start_step_.assign(model_->num_workers, -1);
   holding_pushes_ = false;
   rows_in_flight_ = 0;
-  scheduled_cuts_.clear();
   // Shards of the run before are not this run's (one being written is
   // dropped when done, by its incarnation).
-  written_.clear();
-  to_write_.clear();
+  snapshots_.Reset(incarnation_);
 }
 
 absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
   // Checked in NewModel.
   const int num_parts = std::max(1, request.num_parts());
-  ASSIGN_OR_RETURN(std::shared_ptr<Model> model, NewModel(request));
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model, NewServerModel(request));
   for (const NamedTensor& nt : request.variables()) {
     ASSIGN_OR_RETURN(std::unique_ptr<PartitionState> p, NewPartition(nt, *model));
     const Key key = p->key;
@@ -513,55 +332,27 @@ ParameterServer::Serve ParameterServer::ServeLocked(const PullRequest& request, 
 }
 
 void ParameterServer::CollectReadyLocked(std::vector<Completion>* out) {
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    Waiter& w = it->second;
-    const Serve serve = ServeLocked(w.request, w.rows);
-    if (serve == Serve::kWait) {
-      ++it;
-      continue;
-    }
-    PullReply reply;
-    absl::Status st = SnapshotLocked(w.request, &reply, w.rows, serve == Serve::kEarly);
-    out->push_back({std::move(w.done), {std::move(st), std::move(reply)}});
-    it = waiters_.erase(it);
-  }
+  parked_.TakeReady(
+      [this](const ParkedPulls::Waiter& w, absl::Status* status, PullReply* reply)
+          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+            const Serve serve = ServeLocked(w.request, w.rows);
+            if (serve == Serve::kWait) return false;
+            *status = SnapshotLocked(w.request, reply, w.rows, serve == Serve::kEarly);
+            return true;
+          },
+      out);
 }
 
 void ParameterServer::AttachBfloat16(PullReply* reply) {
   for (PulledTensor& t : reply->tensors) {
-    auto* p = static_cast<PartitionState*>(t.source);
-    std::shared_ptr<std::vector<uint16_t>> out;
-    {
-      absl::MutexLock lock(&p->mu);
-      if (p->bf16 != nullptr && p->bf16_of == t.values.get()) {
-        t.bfloat16 = p->bf16;
-        continue;
-      }
-      for (size_t i = 0; i < p->bf16_spares.size() && out == nullptr; ++i) {
-        if (OnlyReference(p->bf16_spares[i])) {
-          out = std::move(p->bf16_spares[i]);
-          p->bf16_spares.erase(p->bf16_spares.begin() + static_cast<std::ptrdiff_t>(i));
-        }
-      }
-    }
-    // Converted outside the lock; two pulls of a new version may both convert,
-    // and one result is kept.
-    if (out == nullptr) out = std::make_shared<std::vector<uint16_t>>(p->size);
-    FloatsToBfloat16(t.values->data(), p->size, out->data());
-    t.bfloat16 = out;
-    absl::MutexLock lock(&p->mu);
-    if (p->current.get() == t.values.get()) {
-      if (p->bf16 != nullptr) p->bf16_spares.push_back(std::move(p->bf16));
-      p->bf16 = std::move(out);
-      p->bf16_of = t.values.get();
-    }
+    t.bfloat16 = static_cast<PartitionState*>(t.source)->Bfloat16Of(t.values);
   }
 }
 
 void ParameterServer::RunCompletions(std::vector<Completion>* completions) {
   for (Completion& c : *completions) {
-    if (c.second.first.ok() && c.second.second.bfloat16) AttachBfloat16(&c.second.second);
-    c.first(std::move(c.second.first), std::move(c.second.second));
+    if (c.status.ok() && c.reply.bfloat16) AttachBfloat16(&c.reply);
+    c.done(std::move(c.status), std::move(c.reply));
   }
   completions->clear();
 }
@@ -570,15 +361,14 @@ uint64_t ParameterServer::ServeOrParkLocked(const PullRequest& request, PullCall
                                             bool rows, std::vector<Completion>* completions) {
   const Serve serve = ServeLocked(request, rows);
   if (serve == Serve::kWait) {
-    const uint64_t id = next_waiter_id_++;
     const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
-    waiters_.emplace(id, Waiter{request, absl::Now() + timeout, std::move(done), rows});
+    const uint64_t id = parked_.Park(request, absl::Now() + timeout, rows, std::move(done));
     timer_cv_.Signal();
     return id;
   }
   PullReply reply;
   absl::Status st = SnapshotLocked(request, &reply, rows, serve == Serve::kEarly);
-  completions->push_back({std::move(done), {std::move(st), std::move(reply)}});
+  completions->push_back({std::move(done), std::move(st), std::move(reply)});
   return 0;
 }
 
@@ -591,7 +381,7 @@ uint64_t ParameterServer::StartPull(const PullRequest& request, PullCallback don
     if (st.ok()) {
       id = ServeOrParkLocked(request, std::move(done), /*rows=*/false, &completions);
     } else {
-      completions.push_back({std::move(done), {std::move(st), PullReply()}});
+      completions.push_back({std::move(done), std::move(st), PullReply()});
     }
   }
   RunCompletions(&completions);
@@ -602,20 +392,32 @@ void ParameterServer::CancelPull(uint64_t id) {
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
-    auto it = waiters_.find(id);
-    if (it == waiters_.end()) return;
-    completions.push_back(
-        {std::move(it->second.done), {absl::CancelledError("pull cancelled"), PullReply()}});
-    waiters_.erase(it);
+    if (!parked_.Cancel(id, absl::CancelledError("pull cancelled"), &completions)) return;
   }
   RunCompletions(&completions);
+}
+
+absl::Status ParameterServer::TimedOutLocked(const ParkedPulls::Waiter& w) const {
+  const PullRequest& r = w.request;
+  const absl::Duration timeout = std::min(absl::Milliseconds(r.timeout_ms()), max_wait_);
+  return absl::DeadlineExceededError(absl::StrCat(
+      w.rows ? "PullRows" : "Pull", " by worker ", r.worker(), " waited ",
+      absl::FormatDuration(timeout), " for version >= ", r.min_version(),
+      r.min_own_pushes() > 0
+          ? absl::StrCat(" after its push ", r.min_own_pushes(), " (",
+                         r.worker() >= 0 && r.worker() < static_cast<int>(worker_clock_.size())
+                             ? worker_clock_[r.worker()]
+                             : 0,
+                         " applied)")
+          : "",
+      "; server at version ", version_, ": ", WaitingOnLocked()));
 }
 
 void ParameterServer::TimerLoop() {
   absl::MutexLock lock(&mu_);
   while (!destroying_) {
-    absl::Time earliest = std::min(step_deadline_, NextHeldPushExpiryLocked());
-    for (const auto& [id, w] : waiters_) earliest = std::min(earliest, w.deadline);
+    const absl::Time earliest = std::min(
+        {step_deadline_, NextHeldPushExpiryLocked(), parked_.EarliestDeadline()});
     timer_wakes_at_ = earliest;
     timer_cv_.WaitWithDeadline(&mu_, earliest);
     timer_wakes_at_ = absl::InfinitePast();  // awake: it looks again before it sleeps
@@ -624,28 +426,12 @@ void ParameterServer::TimerLoop() {
     std::vector<Completion> expired;
     if (step_deadline_ <= now && !shut_down_) ExpireSyncStepLocked(&expired);
     if (NextHeldPushExpiryLocked() < now) ExpireHeldPushesLocked(*model_, now, false);
-    for (auto it = waiters_.begin(); it != waiters_.end();) {
-      if (it->second.deadline > now) {
-        ++it;
-        continue;
-      }
-      const PullRequest& r = it->second.request;
-      const absl::Duration timeout = std::min(absl::Milliseconds(r.timeout_ms()), max_wait_);
-      absl::Status st = absl::DeadlineExceededError(absl::StrCat(
-          it->second.rows ? "PullRows" : "Pull", " by worker ", r.worker(), " waited ",
-          absl::FormatDuration(timeout),
-          " for version >= ", r.min_version(),
-          r.min_own_pushes() > 0
-              ? absl::StrCat(" after its push ", r.min_own_pushes(), " (",
-                             r.worker() >= 0 && r.worker() < static_cast<int>(worker_clock_.size())
-                                 ? worker_clock_[r.worker()]
-                                 : 0,
-                             " applied)")
-              : "",
-          "; server at version ", version_, ": ", WaitingOnLocked()));
-      expired.push_back({std::move(it->second.done), {std::move(st), PullReply()}});
-      it = waiters_.erase(it);
-    }
+    parked_.TakeExpired(
+        now,
+        [this](const ParkedPulls::Waiter& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return TimedOutLocked(w);
+        },
+        &expired);
     if (!expired.empty()) {
       mu_.Unlock();
       RunCompletions(&expired);
@@ -984,23 +770,6 @@ void ParameterServer::ExpireHeldPushesLocked(const Model& model, absl::Time now,
   }
 }
 
-ParameterServer::Buffer ParameterServer::TakeSpare(PartitionState* p) {
-  Buffer b;
-  for (size_t i = 0; i < p->spares.size() && b == nullptr; ++i) {
-    // Pulls and checkpoint snapshots hold the other references; they take
-    // them under p->mu.
-    if (OnlyReference(p->spares[i])) {
-      b = std::move(p->spares[i]);
-      p->spares.erase(p->spares.begin() + static_cast<std::ptrdiff_t>(i));
-    }
-  }
-  if (b == nullptr) b = std::make_shared<std::vector<float>>(p->size);
-  // It is about to be overwritten (or has a freed one's address): a
-  // bfloat16 rounding cached for that address no longer describes it.
-  if (p->bf16_of == b.get()) p->bf16_of = nullptr;
-  return b;
-}
-
 // Sync, under mu_: admits the push of `header` for its step. Answers in
 // `response` (true) what needs nothing more: finished, dropped as stale, a
 // replay, or a partition-less server's step (completed into `completions`);
@@ -1261,8 +1030,7 @@ bool ParameterServer::FinishPartitionsLocked(
   for (auto& [key, p] : model.partitions) {
     {
       absl::MutexLock plock(&p->mu);
-      p->spares.push_back(std::move(p->current));
-      p->current = std::move(p->next);
+      p->PublishLocked(std::move(p->next));
     }
     p->next = nullptr;
     p->closed = false;
@@ -1338,68 +1106,20 @@ void ParameterServer::CompleteStepLocked(int64_t step, int contributors,
 void ParameterServer::MaybeSnapshotLocked(int64_t version) {
   const Model& model = *model_;
   if (model.checkpoint_dir.empty()) return;
-  const bool scheduled = scheduled_cuts_.erase(version) > 0;
-  while (!scheduled_cuts_.empty() && *scheduled_cuts_.begin() < version) {
-    scheduled_cuts_.erase(scheduled_cuts_.begin());  // passed (cannot happen: one step a time)
-  }
+  const bool scheduled = snapshots_.TakeScheduled(version);
   const bool due = (model.checkpoint_every > 0 && version % model.checkpoint_every == 0) ||
                    version == model.max_steps || scheduled;
   if (!due) return;
   // The step is complete and the next one cannot start before this returns
   // (its pulls are served after it), so no apply runs.
-  TakeSnapshotLocked(version, step_cursors_);
+  CutLocked(version, step_cursors_);
 }
 
-void ParameterServer::TakeSnapshotLocked(int64_t step, const std::vector<StepCursor>& cursors) {
-  const Model& model = *model_;
-  const absl::Time start = absl::Now();
-  auto snap = std::make_unique<ShardSnapshot>();
-  snap->step = step;
-  snap->incarnation = incarnation_;
-  snap->dir = JoinPath(model.checkpoint_dir, CheckpointDirName(step));
-  snap->shard = model.shard;
-  snap->num_shards = model.num_shards;
-  snap->slot_names = model.optimizer->slot_names();
-  // No apply runs (the caller sees to it): the values are the current
-  // buffers (never recycled while referenced) and the slots are copied as
-  // they stand. The copy is this save's pause of the server.
-  for (const auto& [key, p] : model.partitions) {
-    ShardSnapshot::Part part;
-    part.variable = key.first;
-    part.partition = key.second;
-    part.shape = p->shape;
-    {
-      absl::MutexLock lock(&p->mu);
-      part.values = p->current;
-    }
-    {
-      absl::MutexLock lock(&p->apply_mu);
-      part.slots = p->slots;
-      part.updates = p->updates;
-    }
-    snap->parts.push_back(std::move(part));
-  }
-  // Rows are copied shard by shard of each table (no row update runs: sync
-  // applies rows at the step's end, async row pushes are held too).
-  for (const auto& [name, t] : model.tables) {
-    ShardSnapshot::TableRows rows;
-    rows.table = name;
-    rows.dim = t->rows->dim();
-    rows.optimizer = t->optimizer_kind;
-    rows.slot_names = t->optimizer->slot_names();
-    rows.rows = t->rows->ExportRows();
-    snap->tables.push_back(std::move(rows));
-  }
-  for (size_t w = 0; w < cursors.size(); ++w) {
-    if (!cursors[w].set) continue;
-    WorkerCursor c;
-    c.set_worker(static_cast<int>(w));
-    c.set_epoch(cursors[w].epoch);
-    c.set_position(cursors[w].position);
-    snap->cursors.push_back(std::move(c));
-  }
-  snap->pause_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  to_write_.push_back(std::move(snap));
+void ParameterServer::CutLocked(int64_t step, const std::vector<StepCursor>& cursors,
+                                double pause_seconds) {
+  std::unique_ptr<ShardSnapshot> cut = CutShard(*model_, step, incarnation_, cursors);
+  if (pause_seconds >= 0) cut->pause_seconds = pause_seconds;
+  snapshots_.Enqueue(std::move(cut));
 }
 
 absl::Status ParameterServer::AwaitPushesReleasedLocked(const std::shared_ptr<Model>& model,
@@ -1437,19 +1157,13 @@ absl::Status ParameterServer::Snapshot(const SnapshotRequest& request,
     if (model_->max_steps > 0 && step > model_->max_steps) {
       return absl::InvalidArgumentError(absl::StrCat("Snapshot: step ", step, " is past max_steps"));
     }
-    if (scheduled_cuts_.size() >= 64) {
-      return absl::ResourceExhaustedError("Snapshot: 64 cuts are scheduled already");
-    }
-    scheduled_cuts_.insert(step);
+    RETURN_IF_ERROR(snapshots_.Schedule(step));
     response->set_version(version_);
     return absl::OkStatus();
   }
   if (holding_pushes_) return absl::FailedPreconditionError("Snapshot: one is already being taken");
   // A retried request for a cut already taken is answered, not taken twice.
-  const bool taken = written_.count(step) != 0 ||
-                     std::any_of(to_write_.begin(), to_write_.end(),
-                                 [step](const auto& s) { return s->step == step; });
-  if (taken) {
+  if (snapshots_.Taken(step)) {
     response->set_version(version_);
     return absl::OkStatus();
   }
@@ -1471,74 +1185,38 @@ absl::Status ParameterServer::Snapshot(const SnapshotRequest& request,
         " push(es) or parts still applying or awaiting parts after ",
         absl::FormatDuration(timeout)));
   }
-  TakeSnapshotLocked(step, async_cursors_);
-  holding_pushes_ = false;  // waiting pushes go on as mu_ is released
   const absl::Duration pause = absl::Now() - start;
-  to_write_.back()->pause_seconds = absl::ToDoubleSeconds(pause);
+  CutLocked(step, async_cursors_, absl::ToDoubleSeconds(pause));
+  holding_pushes_ = false;  // waiting pushes go on as mu_ is released
   response->set_version(version_);
   response->set_pause_us(absl::ToInt64Microseconds(pause));
   return absl::OkStatus();
-}
-
-void ParameterServer::WriterLoop() {
-  auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return destroying_ || !to_write_.empty();
-  };
-  absl::MutexLock lock(&mu_);
-  for (;;) {
-    mu_.Await(absl::Condition(&work));
-    if (destroying_) return;
-    std::unique_ptr<ShardSnapshot> snap = std::move(to_write_.front());
-    to_write_.erase(to_write_.begin());
-    mu_.Unlock();
-    const absl::Time start = absl::Now();
-    absl::StatusOr<GetShardResponse> result = WriteShardSnapshot(*snap);
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    const int64_t step = snap->step;
-    const uint64_t incarnation = snap->incarnation;
-    const double pause = snap->pause_seconds;
-    snap.reset();  // drops the version buffers before retaking the lock
-    mu_.Lock();
-    if (result.ok()) {
-      ++checkpoint_stats_.written;
-      checkpoint_stats_.bytes = result->bytes();
-      checkpoint_stats_.seconds = seconds;
-      checkpoint_stats_.pause_seconds = pause;
-      checkpoint_stats_.last_success_unix = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
-    } else {
-      ++checkpoint_stats_.failed;
-    }
-    // A shard of a run that was re-initialized meanwhile is not this run's.
-    if (incarnation == incarnation_) written_.insert_or_assign(step, std::move(result));
-    while (written_.size() > 16) written_.erase(written_.begin());
-  }
 }
 
 absl::Status ParameterServer::GetShard(const GetShardRequest& request,
                                        GetShardResponse* response) {
   if (request.timeout_ms() < 0) return absl::InvalidArgumentError("GetShard: negative timeout_ms");
   const int64_t step = request.step();
-  absl::MutexLock lock(&mu_);
-  RETURN_IF_ERROR(CheckIncarnationLocked(request.incarnation()));
-  if (model_->checkpoint_dir.empty()) {
-    return absl::FailedPreconditionError(
-        "GetShard: this run writes no checkpoints (checkpoint.dir is not set)");
-  }
-  auto ready = [this, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return shut_down_ || written_.count(step) != 0 ||
-           (version_ < step && !sync_failure_.ok());
-  };
   const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
-  if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "GetShard: no shard for step ", step, " after ", absl::FormatDuration(timeout),
-        " (server at version ", version_, ")"));
+  uint64_t incarnation = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckIncarnationLocked(request.incarnation()));
+    if (model_->checkpoint_dir.empty()) {
+      return absl::FailedPreconditionError(
+          "GetShard: this run writes no checkpoints (checkpoint.dir is not set)");
+    }
+    incarnation = incarnation_;
   }
-  if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
-  auto it = written_.find(step);
-  if (it == written_.end()) return sync_failure_;
-  if (!it->second.ok()) return it->second.status();
-  *response = *it->second;
+  // Waits on the snapshotter's lock, not this one.
+  absl::StatusOr<GetShardResponse> shard = snapshots_.Await(incarnation, step, timeout);
+  if (absl::IsDeadlineExceeded(shard.status())) {
+    absl::MutexLock lock(&mu_);
+    return absl::DeadlineExceededError(absl::StrCat(shard.status().message(),
+                                                    " (server at version ", version_, ")"));
+  }
+  RETURN_IF_ERROR(shard.status());
+  *response = *std::move(shard);
   return absl::OkStatus();
 }
 
@@ -1584,6 +1262,7 @@ void ParameterServer::ExpireSyncStepLocked(std::vector<Completion>* completions)
         ", from the step's first gradient) passed with ", fewest, " of the ",
         model->min_replicas, " gradients it needs at least (sync.min_replicas); ",
         WaitingOnLocked()));
+    snapshots_.FailAfter(version_, sync_failure_);
     CollectReadyLocked(completions);
     return;
   }
@@ -1630,7 +1309,7 @@ ParameterServer::Buffer ParameterServer::ApplyPartition(const Model& model, Part
   {
     absl::MutexLock lock(&p->mu);
     in = p->current;
-    out = TakeSpare(p);
+    out = p->TakeSpareLocked();
   }
   UpdateInfo update;
   update.learning_rate = model.learning_rate.At(step);
@@ -1749,7 +1428,7 @@ int64_t ParameterServer::ApplyAsync(const Model& model, const std::vector<Gradie
     {
       absl::MutexLock lock(&p->mu);
       in = p->current;
-      out = TakeSpare(p);
+      out = p->TakeSpareLocked();
     }
     update.count = ++p->updates;
     int64_t at = 0;  // element of the partition
@@ -1771,8 +1450,7 @@ int64_t ParameterServer::ApplyAsync(const Model& model, const std::vector<Gradie
     });
     {
       absl::MutexLock lock(&p->mu);
-      p->spares.push_back(std::move(p->current));
-      p->current = std::move(out);
+      p->PublishLocked(std::move(out));
     }
     bytes += p->size * element_bytes;
     p->pushes.fetch_add(1, std::memory_order_relaxed);
@@ -2249,8 +1927,7 @@ std::vector<ParameterServer::PartitionStats> ParameterServer::partition_stats() 
 }
 
 ParameterServer::CheckpointStats ParameterServer::checkpoint_stats() {
-  absl::MutexLock lock(&mu_);
-  return checkpoint_stats_;
+  return snapshots_.stats();
 }
 
 absl::Status ParameterServer::GetStatus(int worker, int32_t session,
@@ -2316,6 +1993,7 @@ void ParameterServer::Shutdown() {
     shut_down_ = true;
     CollectReadyLocked(&completions);
   }
+  snapshots_.Close();
   RunCompletions(&completions);
 }
 

@@ -75,7 +75,9 @@
 #include "proto/ps_service.pb.h"
 #include "ps_server/embedding_table.h"
 #include "ps_server/optimizer.h"
-#include "ps_server/shard_writer.h"
+#include "ps_server/parked_pulls.h"
+#include "ps_server/server_model.h"
+#include "ps_server/snapshotter.h"
 
 namespace pstrain {
 
@@ -119,25 +121,10 @@ class ParameterServer {
     int64_t held_pushes_expired = 0;  // async pushes dropped with parts missing
   };
 
-  // A pulled partition: `values` is the version buffer itself, kept alive by
-  // the reference until the caller (the RPC that sends it) drops it. When the
-  // pull asked for DT_BFLOAT16, `bfloat16` holds that version rounded
-  // (converted once per version and shared by every such pull).
-  struct PulledTensor {
-    std::string variable;
-    int partition = 0;
-    std::vector<int64_t> shape;
-    std::shared_ptr<const std::vector<float>> values;
-    std::shared_ptr<const std::vector<uint16_t>> bfloat16;
-    void* source = nullptr;  // server-internal: the partition
-  };
-  struct PullReply {
-    int64_t version = 0;
-    bool finished = false;
-    bool bfloat16 = false;  // the pull asked for DT_BFLOAT16
-    std::vector<PulledTensor> tensors;
-  };
-  using PullCallback = std::function<void(absl::Status, PullReply)>;
+  // A pull's outcome (parked_pulls.h).
+  using PulledTensor = ::pstrain::PulledTensor;
+  using PullReply = ::pstrain::PullReply;
+  using PullCallback = ::pstrain::PullCallback;
 
   // `max_wait` caps any wait a request asks for.
   explicit ParameterServer(absl::Duration max_wait = absl::Minutes(10));
@@ -232,14 +219,7 @@ class ParameterServer {
   Counters counters();
 
   // Checkpoint shards this server wrote (or failed to), for its metrics.
-  struct CheckpointStats {
-    int64_t written = 0;
-    int64_t failed = 0;
-    int64_t bytes = 0;               // of the last shard written
-    double seconds = 0;              // writing it
-    double pause_seconds = 0;        // taking its snapshot
-    double last_success_unix = 0;    // when it was written (0: never)
-  };
+  using CheckpointStats = Snapshotter::Stats;
   CheckpointStats checkpoint_stats();
 
   // Per variable partition, for metrics: what crossed the wire for it and
@@ -270,81 +250,9 @@ class ParameterServer {
   std::vector<bool> SyncWaitingOn();
 
  private:
-  using Key = std::pair<std::string, int>;  // (variable, partition)
-  using Buffer = std::shared_ptr<std::vector<float>>;
-
-  struct PartitionState {
-    Key key;
-    std::vector<int64_t> shape;
-    int64_t size = 0;  // elements
-    // Serialises updates of this partition; held while computing one.
-    absl::Mutex apply_mu;
-    OptimizerSlots slots ABSL_GUARDED_BY(apply_mu);
-    // Updates applied to this partition (Adam's bias correction counts them).
-    int64_t updates ABSL_GUARDED_BY(apply_mu) = 0;
-    // Guards which buffer is current and the spares.
-    absl::Mutex mu;
-    Buffer current ABSL_GUARDED_BY(mu);
-    std::vector<Buffer> spares ABSL_GUARDED_BY(mu);
-    // The bfloat16 rounding of `bf16_of` (a version buffer), for pulls that
-    // ask for it, and its recycled predecessors.
-    std::shared_ptr<std::vector<uint16_t>> bf16 ABSL_GUARDED_BY(mu);
-    const std::vector<float>* bf16_of ABSL_GUARDED_BY(mu) = nullptr;
-    std::vector<std::shared_ptr<std::vector<uint16_t>>> bf16_spares ABSL_GUARDED_BY(mu);
-    // Sync: worker w's gradient for the open step. Written only by w's push
-    // while in_flight[w] is set, read only by this partition's apply.
-    std::vector<std::vector<float>> staging;
-    // Sync bookkeeping for the open step, guarded by the server's mu_:
-    // whose gradients are staged or being staged, and whether the quorum was
-    // reached (closed), and the applied values waiting to be published
-    // (served early to pulls of the next version: EarlyReadyLocked).
-    std::vector<char> arrived;
-    std::vector<char> in_flight;
-    int arrived_count = 0;
-    bool closed = false;
-    int closed_count = 0;  // gradients the closed partition applies
-    Buffer next;
-    // For partition_stats(): counted without a lock.
-    std::atomic<int64_t> pushes{0}, pulls{0}, push_bytes{0}, pull_bytes{0}, apply_nanos{0};
-  };
-
-  // Everything Initialize installs; requests hold a reference while they work
-  // outside mu_, so a re-Initialize never frees memory under them.
-  struct Model {
-    bool sync = true;
-    int num_workers = 0;
-    int replicas_to_aggregate = 0;
-    // Sync with a step deadline: the fewest gradients a step may go on with.
-    int min_replicas = 0;
-    absl::Duration step_deadline = absl::ZeroDuration();  // zero: none
-    // Async: how long a push's parts are held for its missing ones: a
-    // worker's push deadline (rpc.step_timeout_ms + rpc.rpc_timeout_ms),
-    // past which no part of it can still come.
-    absl::Duration held_push_ttl = absl::InfiniteDuration();
-    int staleness_bound = 0;
-    bool staleness_scaled_lr = false;
-    int64_t max_steps = 0;
-    std::unique_ptr<Optimizer> optimizer;
-    LearningRate learning_rate;
-    float clip_value = 0;  // 0: off
-    std::map<Key, std::unique_ptr<PartitionState>> partitions;
-    struct Table {
-      std::unique_ptr<Optimizer> optimizer;  // the table's own, or the model's kind
-      std::string optimizer_kind;            // its name, for checkpoints
-      LearningRate learning_rate;
-      float clip_value = 0;
-      std::unique_ptr<EmbeddingTable> rows;
-      // Sync: each worker's row gradients for the open step (guarded by mu_).
-      std::vector<std::vector<uint64_t>> staged_ids;
-      std::vector<std::vector<float>> staged_grads;
-    };
-    std::map<std::string, std::unique_ptr<Table>> tables;
-    // Checkpoints: where, how often (0: never), and which shard this is.
-    std::string checkpoint_dir;
-    int64_t checkpoint_every = 0;
-    int shard = 0;
-    int num_shards = 1;
-  };
+  using Key = PartitionKey;
+  using Buffer = PartitionState::Buffer;
+  using Model = ServerModel;
   // A gradient located in a payload: validated header, byte range.
   struct GradientRef {
     PartitionState* partition;
@@ -367,29 +275,12 @@ class ParameterServer {
   };
   const std::shared_ptr<RowBufferPool> row_buffers_ = std::make_shared<RowBufferPool>();
 
-  struct Waiter {
-    PullRequest request;
-    absl::Time deadline;
-    PullCallback done;
-    // A row pull waiting for its version: its reply carries the version,
-    // not the partitions (its rows are looked up once it is ready).
-    bool rows = false;
-  };
-  using Completion = std::pair<PullCallback, std::pair<absl::Status, PullReply>>;
+  using Completion = PullCompletion;
   // Attaches the bfloat16 rounding of each pulled version (outside mu_).
   static void AttachBfloat16(PullReply* reply);
-
-  static std::string KeyString(const Key& key);
-  // Initialize's steps. The run's settings and embedding tables from the
-  // request and its config (checked), no partitions yet:
-  static absl::StatusOr<std::shared_ptr<Model>> NewModel(const InitializeRequest& request);
-  static absl::Status AddTables(const TrainingConfig& config, int64_t global_batch,
-                                Model* model);
-  // One partition of the request: its values and (from a checkpoint) its
-  // optimizer slots and update count, checked.
-  static absl::StatusOr<std::unique_ptr<PartitionState>> NewPartition(const NamedTensor& nt,
-                                                                      const Model& model);
-  // One part of an Initialize sent in parts, gathered into pending_init_:
+  static std::string KeyString(const Key& key) { return PartitionKeyString(key); }
+  // Initialize's steps beyond building the model (NewServerModel and
+  // NewPartition, server_model.h). One part of an Initialize sent in parts, gathered into pending_init_:
   // true, with *model the whole, once the last part is in; false until
   // then (and for a part retried).
   absl::StatusOr<bool> GatherPartLocked(const InitializeRequest& request,
@@ -490,8 +381,6 @@ class ParameterServer {
   // Releases and retakes mu_ while it applies.
   void ExpireSyncStepLocked(std::vector<Completion>* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A spare buffer of `p` no pull references (or a new one).
-  static Buffer TakeSpare(PartitionState* p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(p->mu);
 
   bool FinishedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t MinWorkerClockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -533,24 +422,22 @@ class ParameterServer {
   void CollectReadyLocked(std::vector<Completion>* out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs the callbacks (outside mu_), converting bfloat16 pulls first.
   static void RunCompletions(std::vector<Completion>* completions);
+  // The error of a parked pull whose deadline passed: what it waited for,
+  // and what the server waits on.
+  absl::Status TimedOutLocked(const ParkedPulls::Waiter& w) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TimerLoop();
   // Sync: takes a checkpoint's snapshot when `version` (just reached) is due.
   void MaybeSnapshotLocked(int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  struct StepCursor {
-    bool set = false;
-    int64_t epoch = 0;
-    int64_t position = 0;
-  };
-  // Queues the partitions as they stand, with `cursors`, for the writer.
-  // No apply may run meanwhile (sync: the step boundary; async: pushes held).
-  void TakeSnapshotLocked(int64_t step, const std::vector<StepCursor>& cursors)
+  // Queues a cut of the partitions as they stand, with `cursors`, for the
+  // writer. No apply may run meanwhile (sync: the step boundary; async:
+  // pushes held).
+  void CutLocked(int64_t step, const std::vector<StepCursor>& cursors, double pause_seconds = -1)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits while an async cut holds pushes (up to max_wait_); UNAVAILABLE or
   // FAILED_PRECONDITION when the server shut down or `model` was replaced.
   absl::Status AwaitPushesReleasedLocked(const std::shared_ptr<Model>& model, const char* what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Writes queued snapshots (its own thread).
-  void WriterLoop();
 
   // Constant after construction.
   const absl::Duration max_wait_;
@@ -600,8 +487,7 @@ class ParameterServer {
   Histogram apply_seconds_{Histogram::SecondsBounds()};
   Histogram quorum_wait_seconds_{Histogram::SecondsBounds()};
   Histogram staleness_{StalenessBounds()};
-  uint64_t next_waiter_id_ ABSL_GUARDED_BY(mu_) = 1;
-  std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  ParkedPulls parked_ ABSL_GUARDED_BY(mu_);
   // Sync: each worker's data cursor as its push for the open step said, and
   // as of the latest completed step it pushed to.
   std::vector<StepCursor> step_cursors_ ABSL_GUARDED_BY(mu_);
@@ -677,18 +563,12 @@ class ParameterServer {
   bool holding_pushes_ ABSL_GUARDED_BY(mu_) = false;
   // Async: row pushes being applied (a cut waits for them).
   int64_t rows_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  // Sync: steps the chief asked a cut at (checkpoint.every_seconds).
-  std::set<int64_t> scheduled_cuts_ ABSL_GUARDED_BY(mu_);
-  // Checkpoint shards: snapshots waiting for the writer, and the outcome of
-  // the latest writes by step (a few kept for GetShard).
-  std::vector<std::unique_ptr<ShardSnapshot>> to_write_ ABSL_GUARDED_BY(mu_);
-  std::map<int64_t, absl::StatusOr<GetShardResponse>> written_ ABSL_GUARDED_BY(mu_);
-  CheckpointStats checkpoint_stats_ ABSL_GUARDED_BY(mu_);
+  // Checkpoint cuts, their writer and outcomes (its own lock, taken after mu_).
+  Snapshotter snapshots_;
   absl::CondVar timer_cv_;
   // When the timer thread sleeps until (InfinitePast while it is awake).
   absl::Time timer_wakes_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::thread timer_;  // expires waiting pulls at their deadlines
-  std::thread writer_;  // writes checkpoint shards
 };
 
 }  // namespace pstrain

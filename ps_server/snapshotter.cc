@@ -1,0 +1,182 @@
+#include "ps_server/snapshotter.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/storage/checkpoint.h"
+#include "common/storage/env.h"
+
+namespace pstrain {
+
+std::unique_ptr<ShardSnapshot> CutShard(const ServerModel& model, int64_t step,
+                                        uint64_t incarnation,
+                                        const std::vector<StepCursor>& cursors) {
+  const absl::Time start = absl::Now();
+  auto snap = std::make_unique<ShardSnapshot>();
+  snap->step = step;
+  snap->incarnation = incarnation;
+  snap->dir = JoinPath(model.checkpoint_dir, CheckpointDirName(step));
+  snap->shard = model.shard;
+  snap->num_shards = model.num_shards;
+  snap->slot_names = model.optimizer->slot_names();
+  for (const auto& [key, p] : model.partitions) {
+    ShardSnapshot::Part part;
+    part.variable = key.first;
+    part.partition = key.second;
+    part.shape = p->shape;
+    {
+      absl::MutexLock lock(&p->mu);
+      part.values = p->current;
+    }
+    {
+      absl::MutexLock lock(&p->apply_mu);
+      part.slots = p->slots;
+      part.updates = p->updates;
+    }
+    snap->parts.push_back(std::move(part));
+  }
+  // Rows are copied shard by shard of each table (no row update runs: sync
+  // applies rows at the step's end, async row pushes are held too).
+  for (const auto& [name, t] : model.tables) {
+    ShardSnapshot::TableRows rows;
+    rows.table = name;
+    rows.dim = t->rows->dim();
+    rows.optimizer = t->optimizer_kind;
+    rows.slot_names = t->optimizer->slot_names();
+    rows.rows = t->rows->ExportRows();
+    snap->tables.push_back(std::move(rows));
+  }
+  for (size_t w = 0; w < cursors.size(); ++w) {
+    if (!cursors[w].set) continue;
+    WorkerCursor c;
+    c.set_worker(static_cast<int>(w));
+    c.set_epoch(cursors[w].epoch);
+    c.set_position(cursors[w].position);
+    snap->cursors.push_back(std::move(c));
+  }
+  snap->pause_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return snap;
+}
+
+Snapshotter::Snapshotter() : writer_([this] { WriterLoop(); }) {}
+
+Snapshotter::~Snapshotter() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    closed_ = true;
+  }
+  writer_.join();
+}
+
+void Snapshotter::Reset(uint64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  incarnation_ = incarnation;
+  failed_after_ = 0;
+  failure_ = absl::OkStatus();
+  scheduled_.clear();
+  queue_.clear();
+  written_.clear();
+}
+
+void Snapshotter::Enqueue(std::unique_ptr<ShardSnapshot> snap) {
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(std::move(snap));
+}
+
+bool Snapshotter::Taken(int64_t step) const {
+  absl::MutexLock lock(&mu_);
+  return written_.count(step) != 0 ||
+         std::any_of(queue_.begin(), queue_.end(),
+                     [step](const auto& s) { return s->step == step; });
+}
+
+absl::Status Snapshotter::Schedule(int64_t step) {
+  absl::MutexLock lock(&mu_);
+  if (scheduled_.size() >= kMaxScheduled) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("Snapshot: ", kMaxScheduled, " cuts are scheduled already"));
+  }
+  scheduled_.insert(step);
+  return absl::OkStatus();
+}
+
+bool Snapshotter::TakeScheduled(int64_t version) {
+  absl::MutexLock lock(&mu_);
+  const bool scheduled = scheduled_.erase(version) > 0;
+  // Passed ones (cannot happen: steps complete one at a time).
+  while (!scheduled_.empty() && *scheduled_.begin() < version) scheduled_.erase(scheduled_.begin());
+  return scheduled;
+}
+
+void Snapshotter::FailAfter(int64_t version, absl::Status why) {
+  absl::MutexLock lock(&mu_);
+  failed_after_ = version;
+  failure_ = std::move(why);
+}
+
+void Snapshotter::Close() {
+  absl::MutexLock lock(&mu_);
+  closed_ = true;
+}
+
+absl::StatusOr<GetShardResponse> Snapshotter::Await(uint64_t incarnation, int64_t step,
+                                                    absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto ended = [this, incarnation, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return closed_ || incarnation_ != incarnation || written_.count(step) != 0 ||
+           (!failure_.ok() && step > failed_after_);
+  };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&ended), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat("GetShard: no shard for step ", step, " after ",
+                                                    absl::FormatDuration(timeout)));
+  }
+  if (closed_) return absl::UnavailableError("parameter server is shutting down");
+  if (incarnation_ != incarnation) {
+    return absl::FailedPreconditionError("parameter server re-initialized");
+  }
+  auto it = written_.find(step);
+  if (it == written_.end()) return failure_;
+  return it->second;
+}
+
+Snapshotter::Stats Snapshotter::stats() const {
+  absl::MutexLock lock(&mu_);
+  return stats_;
+}
+
+void Snapshotter::WriterLoop() {
+  auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    mu_.Await(absl::Condition(&work));
+    if (stopping_) return;
+    std::unique_ptr<ShardSnapshot> snap = std::move(queue_.front());
+    queue_.erase(queue_.begin());
+    mu_.Unlock();
+    const absl::Time start = absl::Now();
+    absl::StatusOr<GetShardResponse> result = WriteShardSnapshot(*snap);
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    const int64_t step = snap->step;
+    const uint64_t incarnation = snap->incarnation;
+    const double pause = snap->pause_seconds;
+    snap.reset();  // drops the version buffers before retaking the lock
+    mu_.Lock();
+    if (result.ok()) {
+      ++stats_.written;
+      stats_.bytes = result->bytes();
+      stats_.seconds = seconds;
+      stats_.pause_seconds = pause;
+      stats_.last_success_unix = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
+    } else {
+      ++stats_.failed;
+    }
+    // A shard of a run that was re-initialized meanwhile is not this run's.
+    if (incarnation == incarnation_) written_.insert_or_assign(step, std::move(result));
+    while (written_.size() > kKeepOutcomes) written_.erase(written_.begin());
+  }
+}
+
+}  // namespace pstrain

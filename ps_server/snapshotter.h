@@ -1,0 +1,125 @@
+// One parameter server's checkpoint shards: the cuts it takes (CutShard,
+// while no apply runs), a thread of its own that writes them into
+// ckpt-<step>/shard-<i>-of-<n> (shard_writer.h) while training goes on, and
+// the outcome of each write, which GetShard waits for. In sync mode it also
+// keeps the steps the chief asked a cut at (checkpoint.every_seconds).
+//
+// What it owns: the queue of cuts, the writer thread, the outcomes (the
+// latest 16 steps), the scheduled steps and the write statistics, all under
+// its own lock `mu_`. Who calls it: ParameterServer, which may hold its own
+// lock while it calls (lock order: the server's, then this one's); the
+// writer takes only `mu_`, and never while it writes, so a slow disk stalls
+// no pull or push. A cut keeps its partitions' version buffers alive by
+// reference until written; the server reuses a buffer only when nothing
+// else references it.
+#ifndef PSTRAIN_PS_SERVER_SNAPSHOTTER_H_
+#define PSTRAIN_PS_SERVER_SNAPSHOTTER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/ps_service.pb.h"
+#include "ps_server/server_model.h"
+#include "ps_server/shard_writer.h"
+
+namespace pstrain {
+
+// Where a worker's data stood at a step (its push said so).
+struct StepCursor {
+  bool set = false;
+  int64_t epoch = 0;
+  int64_t position = 0;
+};
+
+// Takes `model`'s partitions and table rows as they stand, for checkpoint
+// `step` of run `incarnation`, with `cursors` (one per worker). The caller
+// sees to it that no apply runs meanwhile (sync: a step boundary; async:
+// pushes held): the values are the current buffers themselves (never
+// recycled while referenced) and the slots and rows are copied. The copy is
+// the save's pause of the server, recorded in pause_seconds.
+std::unique_ptr<ShardSnapshot> CutShard(const ServerModel& model, int64_t step,
+                                        uint64_t incarnation,
+                                        const std::vector<StepCursor>& cursors);
+
+class Snapshotter {
+ public:
+  // Shards written (or failed) so far, for the server's metrics.
+  struct Stats {
+    int64_t written = 0;
+    int64_t failed = 0;
+    int64_t bytes = 0;             // of the last shard written
+    double seconds = 0;            // writing it
+    double pause_seconds = 0;      // taking its snapshot
+    double last_success_unix = 0;  // when it was written (0: never)
+  };
+
+  Snapshotter();
+  // Stops the writer: a shard being written is finished, queued ones are not.
+  ~Snapshotter();
+  Snapshotter(const Snapshotter&) = delete;
+  Snapshotter& operator=(const Snapshotter&) = delete;
+
+  // A new run: cuts and outcomes from now on are `incarnation`'s; earlier
+  // ones are dropped (a shard of the run before still being written is
+  // dropped when done), and so are scheduled steps and a failure.
+  void Reset(uint64_t incarnation);
+
+  // Queues a cut for the writer.
+  void Enqueue(std::unique_ptr<ShardSnapshot> snap);
+  // Whether `step` was cut already (queued or written).
+  bool Taken(int64_t step) const;
+
+  // Sync: asks for a cut at the boundary of `step` (at most 64 pending).
+  absl::Status Schedule(int64_t step);
+  // Sync: whether a cut was scheduled at `version` (just reached); forgets
+  // it and any scheduled before it.
+  bool TakeScheduled(int64_t version);
+
+  // Steps after `version` will never be cut (a sync step failed at its
+  // deadline): GetShard for them ends with `why` at once.
+  void FailAfter(int64_t version, absl::Status why);
+  // The server shut down: every wait ends with UNAVAILABLE.
+  void Close();
+
+  // Waits until the shard of `step` (of run `incarnation`) is written or
+  // failed, at most `timeout`, and returns its description or why there is
+  // none: DEADLINE_EXCEEDED when the time ran out, FAILED_PRECONDITION when
+  // another run replaced `incarnation`, UNAVAILABLE once closed, the
+  // failure of FailAfter, or the write's own error.
+  absl::StatusOr<GetShardResponse> Await(uint64_t incarnation, int64_t step,
+                                         absl::Duration timeout);
+
+  Stats stats() const;
+
+ private:
+  static constexpr size_t kKeepOutcomes = 16;
+  static constexpr size_t kMaxScheduled = 64;
+
+  void WriterLoop();
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  // FailAfter's: steps after `failed_after_` end with `failure_`.
+  int64_t failed_after_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  std::set<int64_t> scheduled_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<ShardSnapshot>> queue_ ABSL_GUARDED_BY(mu_);
+  std::map<int64_t, absl::StatusOr<GetShardResponse>> written_ ABSL_GUARDED_BY(mu_);
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+  std::thread writer_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_PS_SERVER_SNAPSHOTTER_H_

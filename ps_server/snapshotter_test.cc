@@ -1,0 +1,203 @@
+// The snapshotter on its own: a cut references the current version and
+// copies the slots; the writer writes it while the caller goes on; GetShard's
+// wait ends with the shard, its error, the run's failure, a new run, a
+// shutdown or its deadline; scheduled cuts are bounded.
+#include "ps_server/snapshotter.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "catch2/catch.hpp"
+#include "common/base/tensor.h"
+#include "common/cluster/config.h"
+#include "common/storage/checkpoint.h"
+#include "common/storage/env.h"
+
+namespace pstrain {
+namespace {
+
+constexpr uint64_t kRun = 9;
+
+std::string TestDir(const std::string& name) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = JoinPath(tmp != nullptr ? tmp : "/tmp", name);
+  (void)DeleteRecursively(Env::Default(), dir);
+  return dir;
+}
+
+// One server of one, momentum (one slot), with w = {1, 2, 3} written to `dir`.
+std::shared_ptr<ServerModel> Model(const std::string& dir) {
+  auto config = ParseTrainingConfig(R"(
+model { mlp { input_dim: 2 num_classes: 2 } }
+data { train_images: "x" train_labels: "y" batch_size: 1 }
+optimizer { learning_rate: 0.1 momentum {} }
+max_steps: 10
+sync {}
+)",
+                                    "test");
+  REQUIRE(config.ok());
+  config->mutable_checkpoint()->set_dir(dir);
+  InitializeRequest req;
+  req.set_incarnation(kRun);
+  *req.mutable_config() = *config;
+  req.set_num_workers(2);
+  req.set_num_servers(1);
+  req.set_server_index(0);
+  auto model = NewServerModel(req);
+  REQUIRE(model.ok());
+  NamedTensor w;
+  w.mutable_ref()->set_variable("w");
+  ToProto({3}, {1, 2, 3}, w.mutable_tensor());
+  auto p = NewPartition(w, **model);
+  REQUIRE(p.ok());
+  (*model)->partitions.emplace(PartitionKey{"w", 0}, *std::move(p));
+  return *model;
+}
+
+std::vector<float> ValuesIn(const std::string& ckpt, const GetShardResponse& shard) {
+  for (const CheckpointTensor& t : shard.tensors()) {
+    if (t.variable() != "w" || !t.slot().empty()) continue;
+    auto bytes =
+        Env::Default()->ReadFileRange(JoinPath(ckpt, shard.file()), t.offset(), t.length());
+    REQUIRE(bytes.ok());
+    std::vector<float> out(bytes->size() / 4);
+    std::memcpy(out.data(), bytes->data(), bytes->size());
+    return out;
+  }
+  FAIL("no tensor w in the shard");
+  return {};
+}
+
+TEST_CASE("snapshotter: a cut takes the current version by reference and the slots by copy",
+          "[ps][snapshot]") {
+  auto model = Model(TestDir("cut_refs"));
+  PartitionState& p = *model->partitions.begin()->second;
+  std::vector<StepCursor> cursors(2);
+  cursors[1] = {true, 3, 17};
+  std::unique_ptr<ShardSnapshot> cut = CutShard(*model, 4, kRun, cursors);
+  REQUIRE(cut->parts.size() == 1);
+  {
+    absl::MutexLock lock(&p.mu);
+    CHECK(cut->parts[0].values == p.current);  // no copy of the values
+  }
+  {
+    absl::MutexLock lock(&p.apply_mu);
+    p.slots[0][0] = 42;  // an update after the cut does not reach it
+  }
+  CHECK(cut->parts[0].slots[0][0] == 0);
+  CHECK(cut->slot_names.size() == 1);
+  CHECK(cut->step == 4);
+  CHECK(absl::EndsWith(cut->dir, "ckpt-4"));
+  REQUIRE(cut->cursors.size() == 1);  // only the worker whose cursor is set
+  CHECK(cut->cursors[0].worker() == 1);
+  CHECK(cut->cursors[0].position() == 17);
+}
+
+TEST_CASE("snapshotter: the writer writes a queued cut, and GetShard's wait gets it",
+          "[ps][snapshot]") {
+  const std::string dir = TestDir("writes");
+  auto model = Model(dir);
+  Snapshotter snapshots;
+  snapshots.Reset(kRun);
+  CHECK_FALSE(snapshots.Taken(2));
+  snapshots.Enqueue(CutShard(*model, 2, kRun, {}));
+  CHECK(snapshots.Taken(2));
+  auto shard = snapshots.Await(kRun, 2, absl::Seconds(30));
+  REQUIRE(shard.ok());
+  CHECK(shard->bytes() > 0);
+  CHECK(ValuesIn(JoinPath(dir, "ckpt-2"), *shard) == std::vector<float>{1, 2, 3});
+  const Snapshotter::Stats stats = snapshots.stats();
+  CHECK(stats.written == 1);
+  CHECK(stats.failed == 0);
+  CHECK(stats.bytes == shard->bytes());
+  CHECK(stats.last_success_unix > 0);
+}
+
+TEST_CASE("snapshotter: a shard that cannot be written is an error GetShard returns",
+          "[ps][snapshot]") {
+  const std::string base = TestDir("unwritable");
+  REQUIRE(Env::Default()->CreateDirs(base).ok());
+  const std::string file = JoinPath(base, "a_file");
+  REQUIRE(Env::Default()->WriteFile(file, "x", false).ok());
+  auto model = Model(JoinPath(file, "under_a_file"));
+  Snapshotter snapshots;
+  snapshots.Reset(kRun);
+  snapshots.Enqueue(CutShard(*model, 1, kRun, {}));
+  auto shard = snapshots.Await(kRun, 1, absl::Seconds(30));
+  CHECK_FALSE(shard.ok());
+  CHECK_FALSE(absl::IsDeadlineExceeded(shard.status()));
+  CHECK(snapshots.stats().failed == 1);
+}
+
+TEST_CASE(
+    "snapshotter: GetShard's wait ends at its deadline, at a failed run, a new run and a "
+    "shutdown",
+    "[ps][snapshot]") {
+  Snapshotter snapshots;
+  snapshots.Reset(kRun);
+  auto late = snapshots.Await(kRun, 5, absl::Milliseconds(20));
+  CHECK(absl::IsDeadlineExceeded(late.status()));
+  CHECK(absl::StrContains(late.status().message(), "no shard for step 5"));
+
+  // A sync step failed at version 3: steps after it never come, steps up to
+  // it still may (their cut may be queued).
+  snapshots.FailAfter(3, absl::DeadlineExceededError("sync step 3 failed"));
+  auto failed = snapshots.Await(kRun, 4, absl::Seconds(30));
+  CHECK(failed.status().message() == "sync step 3 failed");
+  CHECK(absl::IsDeadlineExceeded(snapshots.Await(kRun, 3, absl::Milliseconds(20)).status()));
+
+  // A wait of the run before ends when another run takes over.
+  snapshots.Reset(kRun);
+  std::thread reset([&snapshots] {
+    absl::SleepFor(absl::Milliseconds(50));
+    snapshots.Reset(kRun + 1);
+  });
+  auto replaced = snapshots.Await(kRun, 4, absl::Seconds(30));
+  reset.join();
+  CHECK(absl::IsFailedPrecondition(replaced.status()));
+
+  std::thread close([&snapshots] {
+    absl::SleepFor(absl::Milliseconds(50));
+    snapshots.Close();
+  });
+  auto closed = snapshots.Await(kRun + 1, 4, absl::Seconds(30));
+  close.join();
+  CHECK(absl::IsUnavailable(closed.status()));
+}
+
+TEST_CASE("snapshotter: a shard of the run before is not this run's", "[ps][snapshot]") {
+  const std::string dir = TestDir("stale_run");
+  auto model = Model(dir);
+  Snapshotter snapshots;
+  snapshots.Reset(kRun);
+  snapshots.Enqueue(CutShard(*model, 2, kRun, {}));
+  REQUIRE(snapshots.Await(kRun, 2, absl::Seconds(30)).ok());
+  snapshots.Reset(kRun + 1);
+  CHECK_FALSE(snapshots.Taken(2));
+  CHECK(absl::IsDeadlineExceeded(snapshots.Await(kRun + 1, 2, absl::Milliseconds(20)).status()));
+}
+
+TEST_CASE("snapshotter: cuts the chief schedules are taken once, and at most 64 wait",
+          "[ps][snapshot]") {
+  Snapshotter snapshots;
+  snapshots.Reset(kRun);
+  REQUIRE(snapshots.Schedule(5).ok());
+  REQUIRE(snapshots.Schedule(7).ok());
+  CHECK_FALSE(snapshots.TakeScheduled(4));
+  CHECK(snapshots.TakeScheduled(5));
+  CHECK_FALSE(snapshots.TakeScheduled(5));
+  CHECK(snapshots.TakeScheduled(7));
+  for (int i = 0; i < 64; ++i) REQUIRE(snapshots.Schedule(100 + i).ok());
+  CHECK(absl::IsResourceExhausted(snapshots.Schedule(200)));
+  // Reaching a later version forgets the ones before it.
+  CHECK_FALSE(snapshots.TakeScheduled(1000));
+  CHECK(snapshots.Schedule(2000).ok());
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -20,31 +20,6 @@
 namespace pstrain {
 namespace {
 
-// Times one partition's apply into its total and the server's histogram.
-class ApplyTimer {
- public:
-  ApplyTimer(std::atomic<int64_t>* nanos, Histogram* seconds)
-      : nanos_(nanos), seconds_(seconds), start_(std::chrono::steady_clock::now()) {}
-  ~ApplyTimer() {
-    const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::steady_clock::now() - start_)
-                           .count();
-    nanos_->fetch_add(ns, std::memory_order_relaxed);
-    seconds_->Observe(static_cast<double>(ns) * 1e-9);
-  }
-  ApplyTimer(const ApplyTimer&) = delete;
-  ApplyTimer& operator=(const ApplyTimer&) = delete;
-
- private:
-  std::atomic<int64_t>* const nanos_;
-  Histogram* const seconds_;
-  const std::chrono::steady_clock::time_point start_;
-};
-
-
-// Elements per apply chunk: the summed or copied gradient of one chunk stays
-// in L1 while the optimizer consumes it.
-constexpr int64_t kChunk = 2048;
 
 }  // namespace
 
@@ -481,66 +456,6 @@ absl::Status ParameterServer::Pull(const PullRequest& request, PullResponse* res
 // ---------------------------------------------------------------------------
 // Push
 
-absl::Status ParameterServer::LocateGradients(const Model& model, const PushRequest& header,
-                                              const SegmentedBytes* frame,
-                                              const std::vector<SegmentedBytes>* contents,
-                                              std::vector<GradientRef>* grads) const {
-  grads->clear();
-  grads->reserve(header.gradients_size());
-  int64_t offset = 0;
-  for (int i = 0; i < header.gradients_size(); ++i) {
-    const NamedTensor& nt = header.gradients(i);
-    const Key key{nt.ref().variable(), nt.ref().partition()};
-    auto it = model.partitions.find(key);
-    if (it == model.partitions.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown variable partition ", KeyString(key)));
-    }
-    PartitionState* p = it->second.get();
-    const TensorProto& t = nt.tensor();
-    if ((t.dtype() != DT_FLOAT && t.dtype() != DT_BFLOAT16) || t.row_ids_size() != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gradient for ", KeyString(key), ": expected dense DT_FLOAT or DT_BFLOAT16"));
-    }
-    const bool bf16 = t.dtype() == DT_BFLOAT16;
-    if (!std::equal(t.shape().begin(), t.shape().end(), p->shape.begin(), p->shape.end())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gradient for ", KeyString(key), " has shape [", absl::StrJoin(t.shape(), ","),
-          "], variable has [", absl::StrJoin(p->shape, ","), "]"));
-    }
-    const int64_t bytes = p->size * (bf16 ? 2 : 4);
-    if (frame != nullptr) {
-      if (!t.content().empty()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("gradient for ", KeyString(key), ": content inside a frame header"));
-      }
-      if (frame->size() - offset < bytes) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "gradient for ", KeyString(key), ": payload ends ", bytes - (frame->size() - offset),
-            " bytes short"));
-      }
-      grads->push_back({p, frame, offset, bf16});
-      offset += bytes;
-    } else {
-      if (static_cast<int64_t>(t.content().size()) != bytes) {
-        return absl::InvalidArgumentError(absl::StrCat("gradient for ", KeyString(key), ": content is ",
-                                                       t.content().size(), " bytes; shape needs ",
-                                                       bytes));
-      }
-      grads->push_back({p, &(*contents)[i], 0, bf16});
-    }
-    for (size_t j = 0; j + 1 < grads->size(); ++j) {
-      if ((*grads)[j].partition == p) {
-        return absl::InvalidArgumentError(absl::StrCat("duplicate gradient for ", KeyString(key)));
-      }
-    }
-  }
-  if (frame != nullptr && offset != frame->size()) {
-    return absl::InvalidArgumentError(absl::StrCat("push payload has ", frame->size() - offset,
-                                                   " bytes beyond its gradients"));
-  }
-  return absl::OkStatus();
-}
-
 absl::Status ParameterServer::Push(const PushRequest& header, const SegmentedBytes& payload,
                                    PushResponse* response) {
   return PushImpl(header, &payload, nullptr, response);
@@ -698,7 +613,7 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
   }
   // Checked, then applied from the received bytes, outside the lock.
   const GradientRef* bad = FirstNonFinite(grads);
-  const int64_t bytes = bad == nullptr ? ApplyAsync(*model, grads, update) : 0;
+  const int64_t bytes = bad == nullptr ? ApplyEach(*model, grads, update, &apply_seconds_) : 0;
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
@@ -882,13 +797,7 @@ void ParameterServer::StageSyncPush(int w, SyncPush* push) {
     PartitionState* p = g->partition;
     push->payload += p->size * (g->bfloat16 ? 2 : 4);
     if (push->direct[i]) {
-      bool finite = true;
-      g->bytes->ForEachRun(g->offset, p->size, g->bfloat16 ? 2 : 4,
-                           [&finite, g](const char* data, int64_t n) {
-                             finite = finite && (g->bfloat16 ? AllFiniteBfloat16(data, n)
-                                                             : AllFiniteUnaligned(data, n));
-                           });
-      if (push->non_finite == nullptr && !finite) push->non_finite = p;
+      if (push->non_finite == nullptr && !AllFinite(*g)) push->non_finite = p;
       continue;
     }
     std::vector<float>& stage = p->staging[w];
@@ -991,7 +900,7 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
   std::vector<std::pair<PartitionState*, Buffer>> applied;
   for (const ToApply& a : to_apply) {
     applied.emplace_back(a.partition,
-                         ApplyPartition(*model, a.partition, a.workers, step, a.direct, w));
+                         ApplyMean(*model, a.partition, a.workers, step, &apply_seconds_, a.direct, w));
   }
   std::vector<Completion> completions;
   {
@@ -1281,85 +1190,11 @@ void ParameterServer::ExpireSyncStepLocked(std::vector<Completion>* completions)
   mu_.Unlock();
   std::vector<std::pair<PartitionState*, Buffer>> applied;
   for (auto& [p, workers] : to_apply) {
-    applied.emplace_back(p, ApplyPartition(*model, p, workers, step));
+    applied.emplace_back(p, ApplyMean(*model, p, workers, step, &apply_seconds_));
   }
   mu_.Lock();
   if (model_ != model) return;
   FinishPartitionsLocked(*model, &applied, step, completions);
-}
-
-ParameterServer::Buffer ParameterServer::ApplyPartition(const Model& model, PartitionState* p,
-                                                        const std::vector<int>& workers,
-                                                        int64_t step, const GradientRef* direct,
-                                                        int direct_worker) {
-  // Sum in worker-index order, average, and apply into a spare buffer, a
-  // chunk at a time (bitwise the same as summing whole tensors first: each
-  // element's sum is taken in the same order whatever the chunks).
-  std::array<float, kChunk> sum;
-  std::array<float, kChunk> received;  // a chunk of `direct`, converted
-  std::vector<const float*> parts;     // by worker index; nullptr: `direct`
-  parts.reserve(workers.size());
-  for (int w : workers) {
-    parts.push_back(direct != nullptr && w == direct_worker ? nullptr : p->staging[w].data());
-  }
-  const float count = static_cast<float>(parts.size());
-  absl::MutexLock apply_lock(&p->apply_mu);
-  ApplyTimer timer(&p->apply_nanos, &apply_seconds_);
-  Buffer in, out;
-  {
-    absl::MutexLock lock(&p->mu);
-    in = p->current;
-    out = p->TakeSpareLocked();
-  }
-  UpdateInfo update;
-  update.learning_rate = model.learning_rate.At(step);
-  update.count = ++p->updates;
-  if (parts.size() == 1 && parts[0] != nullptr) {
-    // One staged gradient: its average is itself (x / 1 is exact), applied
-    // in place from the staging buffer (clipped there: it is this server's
-    // own copy).
-    float* g = p->staging[workers[0]].data();
-    if (model.clip_value > 0) ClipByValue(g, p->size, model.clip_value);
-    model.optimizer->ApplyRange(in->data(), out->data(), g, p->size, &p->slots, 0, update);
-    return out;
-  }
-  // Elements [at, at + n): `got` holds the direct gradient's.
-  auto apply = [&](int64_t at, int64_t n, float* got) {
-    float* g = got;
-    if (parts.size() > 1) {
-      g = sum.data();
-      const float* first = parts[0] != nullptr ? parts[0] + at : got;
-      std::copy(first, first + n, g);
-      for (size_t k = 1; k < parts.size(); ++k) {
-        const float* part = parts[k] != nullptr ? parts[k] + at : got;
-        for (int64_t i = 0; i < n; ++i) g[i] += part[i];
-      }
-      for (int64_t i = 0; i < n; ++i) g[i] /= count;
-    }
-    if (model.clip_value > 0) ClipByValue(g, n, model.clip_value);
-    model.optimizer->ApplyRange(in->data() + at, out->data() + at, g, n, &p->slots, at, update);
-  };
-  if (direct == nullptr) {
-    for (int64_t c = 0; c < p->size; c += kChunk) apply(c, std::min(kChunk, p->size - c), nullptr);
-    return out;
-  }
-  // The received bytes' runs, each moved into an aligned chunk in L1.
-  int64_t at = 0;
-  direct->bytes->ForEachRun(
-      direct->offset, p->size, direct->bfloat16 ? 2 : 4, [&](const char* src, int64_t n) {
-        for (int64_t i = 0; i < n;) {
-          const int64_t m = std::min(kChunk, n - i);
-          if (direct->bfloat16) {
-            Bfloat16ToFloats(src + 2 * i, m, received.data());
-          } else {
-            std::memcpy(received.data(), src + 4 * i, 4 * m);
-          }
-          apply(at, m, received.data());
-          at += m;
-          i += m;
-        }
-      });
-  return out;
 }
 
 absl::Status ParameterServer::CheckNotAheadLocked(const PushRequest& header) {
@@ -1400,65 +1235,6 @@ UpdateInfo ParameterServer::AsyncUpdate(const Model& model, int64_t ticket, int6
   return update;
 }
 
-const ParameterServer::GradientRef* ParameterServer::FirstNonFinite(
-    const std::vector<GradientRef>& grads) {
-  for (const GradientRef& g : grads) {
-    bool finite = true;
-    g.bytes->ForEachRun(g.offset, g.partition->size, g.bfloat16 ? 2 : 4,
-                        [&finite, &g](const char* p, int64_t n) {
-                          finite = finite && (g.bfloat16 ? AllFiniteBfloat16(p, n)
-                                                         : AllFiniteUnaligned(p, n));
-                        });
-    if (!finite) return &g;
-  }
-  return nullptr;
-}
-
-int64_t ParameterServer::ApplyAsync(const Model& model, const std::vector<GradientRef>& grads,
-                                    UpdateInfo update) {
-  // Each run of the received bytes is moved into an aligned chunk in L1
-  // (the one copy) and applied into the partition's next buffer.
-  int64_t bytes = 0;
-  std::array<float, kChunk> chunk;
-  for (const GradientRef& g : grads) {
-    PartitionState* p = g.partition;
-    absl::MutexLock apply_lock(&p->apply_mu);
-    ApplyTimer timer(&p->apply_nanos, &apply_seconds_);
-    Buffer in, out;
-    {
-      absl::MutexLock lock(&p->mu);
-      in = p->current;
-      out = p->TakeSpareLocked();
-    }
-    update.count = ++p->updates;
-    int64_t at = 0;  // element of the partition
-    const int element_bytes = g.bfloat16 ? 2 : 4;
-    g.bytes->ForEachRun(g.offset, p->size, element_bytes, [&](const char* src, int64_t n) {
-      for (int64_t i = 0; i < n;) {
-        const int64_t m = std::min(kChunk, n - i);
-        if (g.bfloat16) {
-          Bfloat16ToFloats(src + 2 * i, m, chunk.data());
-        } else {
-          std::memcpy(chunk.data(), src + 4 * i, 4 * m);
-        }
-        if (model.clip_value > 0) ClipByValue(chunk.data(), m, model.clip_value);
-        model.optimizer->ApplyRange(in->data() + at, out->data() + at, chunk.data(), m, &p->slots,
-                                    at, update);
-        at += m;
-        i += m;
-      }
-    });
-    {
-      absl::MutexLock lock(&p->mu);
-      p->PublishLocked(std::move(out));
-    }
-    bytes += p->size * element_bytes;
-    p->pushes.fetch_add(1, std::memory_order_relaxed);
-    p->push_bytes.fetch_add(p->size * element_bytes, std::memory_order_relaxed);
-  }
-  return bytes;
-}
-
 absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
                                         const PushRequest& header,
                                         const std::vector<GradientRef>& grads,
@@ -1486,7 +1262,7 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
         absl::StrCat("gradient for ", KeyString(bad->partition->key), " contains NaN or Inf"));
   }
   // This push is update `ticket` of the run.
-  const int64_t bytes = ApplyAsync(*model, grads, AsyncUpdate(*model, ticket, header.step()));
+  const int64_t bytes = ApplyEach(*model, grads, AsyncUpdate(*model, ticket, header.step()), &apply_seconds_);
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);

@@ -73,6 +73,7 @@
 #include "common/base/segmented_bytes.h"
 #include "common/base/tensor.h"
 #include "proto/ps_service.pb.h"
+#include "ps_server/apply.h"
 #include "ps_server/embedding_table.h"
 #include "ps_server/optimizer.h"
 #include "ps_server/parked_pulls.h"
@@ -253,13 +254,6 @@ class ParameterServer {
   using Key = PartitionKey;
   using Buffer = PartitionState::Buffer;
   using Model = ServerModel;
-  // A gradient located in a payload: validated header, byte range.
-  struct GradientRef {
-    PartitionState* partition;
-    const SegmentedBytes* bytes;
-    int64_t offset;
-    bool bfloat16;  // the wire's reduced precision; float32 otherwise
-  };
 
   // Row buffers for PullRows replies, kept for reuse (at most kKeep); shared
   // with the buffers it hands out, which may outlive the server in gRPC.
@@ -291,14 +285,6 @@ class ParameterServer {
   void InstallLocked(const InitializeRequest& request, std::shared_ptr<Model> model,
                      std::vector<Completion>* completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckIncarnationLocked(uint64_t incarnation) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Resolves and checks the gradients' headers against the model (known,
-  // shape, dtype, unique, bytes present). Touches no tensor data.
-  // The bytes are `frame` (a frame's payload, tensors in order) or, when
-  // that is null, `contents`[i] for gradient i (contents inside the protos).
-  absl::Status LocateGradients(const Model& model, const PushRequest& header,
-                               const SegmentedBytes* frame,
-                               const std::vector<SegmentedBytes>* contents,
-                               std::vector<GradientRef>* grads) const;
   absl::Status PushImpl(const PushRequest& header, const SegmentedBytes* frame,
                         const std::vector<SegmentedBytes>* contents, PushResponse* response);
   // Async: one part of a multi-part push, applied from the request's bytes
@@ -308,13 +294,6 @@ class ParameterServer {
   // first of its parts to arrive, and counted by the one that completes it.
   absl::Status PushAsyncPart(const std::shared_ptr<Model>& model, const PushRequest& header,
                              const std::vector<GradientRef>& grads, PushResponse* response);
-  // The first of `grads` that holds a NaN or Inf, or nullptr.
-  static const GradientRef* FirstNonFinite(const std::vector<GradientRef>& grads);
-  // Async: applies `grads` from their bytes, each partition under its
-  // apply_mu, as update `update` (its count set per partition); returns the
-  // bytes applied.
-  int64_t ApplyAsync(const Model& model, const std::vector<GradientRef>& grads,
-                     UpdateInfo update);
   // Sync: a push in three steps, under mu_, outside it and under it again
   // (then its partitions applied outside it): AdmitSyncPushLocked,
   // StageSyncPush, ArriveSyncPushLocked.
@@ -351,14 +330,6 @@ class ParameterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PushAsync(const std::shared_ptr<Model>& model, const PushRequest& header,
                          const std::vector<GradientRef>& grads, PushResponse* response);
-  // Sums a closed partition's gradients (`workers`, in index order),
-  // averages and applies them into a spare buffer, which it returns. Each
-  // comes from its worker's staging buffer, except `direct_worker`'s, when
-  // given: `direct`, read where the transport left it (the push that
-  // completed the quorum; see PushSync).
-  Buffer ApplyPartition(const Model& model, PartitionState* p, const std::vector<int>& workers,
-                        int64_t step, const GradientRef* direct = nullptr,
-                        int direct_worker = -1);
   // Sync: closes partition `p` with the workers that arrived (mu_ held).
   static std::vector<int> ClosePartitionLocked(const Model& model, PartitionState* p);
   // Sync: installs the partitions of `step` applied outside the lock; when

@@ -56,6 +56,7 @@ class EmbeddingTable {
 
   const Options& options() const { return options_; }
   int dim() const { return options_.dim; }
+  const std::string& name() const { return options_.name; }
 
   // Copies the rows of `ids` into out[i * dim, (i + 1) * dim), creating the
   // ones that do not exist yet (admission permitting; a row not admitted

@@ -982,19 +982,14 @@ absl::Status ParameterServer::AdmitSessionLocked(int worker, int32_t session,
       DropHeldPushLocked(&h, "the worker was restarted (a later session claimed it)");
     }
     // Rows its earlier process staged for the open step are pushed again.
-    for (auto& [name, table] : model_->tables) {
-      if (static_cast<size_t>(worker) < table->staged_ids.size()) {
-        table->staged_ids[worker].clear();
-        table->staged_grads[worker].clear();
-      }
-    }
+    RowStore::DropStaged(model_.get(), worker);
   }
   return absl::OkStatus();
 }
 
 void ParameterServer::CompleteStepLocked(int64_t step, int contributors,
                                          std::vector<Completion>* completions) {
-  ApplyStagedRowsLocked(step, contributors);
+  RowStore::ApplyStaged(model_.get(), step, contributors);
   counters_.pushes_applied += contributors;
   version_ = step + 1;
   if (step_first_gradient_ != absl::InfiniteFuture()) {
@@ -1127,28 +1122,6 @@ absl::Status ParameterServer::GetShard(const GetShardRequest& request,
   RETURN_IF_ERROR(shard.status());
   *response = *std::move(shard);
   return absl::OkStatus();
-}
-
-void ParameterServer::ApplyStagedRowsLocked(int64_t step, int contributors) {
-  for (auto& [name, t] : model_->tables) {
-    std::vector<uint64_t> ids;
-    std::vector<float> grads;
-    for (size_t w = 0; w < t->staged_ids.size(); ++w) {
-      ids.insert(ids.end(), t->staged_ids[w].begin(), t->staged_ids[w].end());
-      grads.insert(grads.end(), t->staged_grads[w].begin(), t->staged_grads[w].end());
-      t->staged_ids[w].clear();
-      t->staged_grads[w].clear();
-    }
-    if (!ids.empty()) {
-      // Checked (CheckGradients) when staged, so this cannot fail.
-      const float scale = 1.0f / static_cast<float>(std::max(contributors, 1));
-      t->rows
-          ->ApplyGradients(ids, grads.data(), scale, t->learning_rate.At(step), t->clip_value,
-                           step + 1)
-          .IgnoreError();
-    }
-    t->rows->Expire(step + 1);
-  }
 }
 
 void ParameterServer::ExpireSyncStepLocked(std::vector<Completion>* completions) {
@@ -1286,32 +1259,6 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
 // ---------------------------------------------------------------------------
 // Embedding rows
 
-namespace {
-
-// The most ids one rows request may carry (4M ids: 32 MiB of ids, and the
-// rows within gRPC's message cap for widths up to 16).
-constexpr size_t kMaxRowsPerRequest = size_t{1} << 22;
-constexpr int64_t kMaxRowsBytes = int64_t{200} << 20;
-
-absl::Status DecodeIds(const std::string& bytes, std::vector<uint64_t>* ids) {
-  if (bytes.size() % 8 != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ids: ", bytes.size(), " bytes is not a whole number of uint64"));
-  }
-  if (bytes.size() / 8 > kMaxRowsPerRequest) {
-    return absl::InvalidArgumentError(absl::StrCat("ids: ", bytes.size() / 8,
-                                                   " ids in one request; at most ",
-                                                   kMaxRowsPerRequest));
-  }
-  ids->resize(bytes.size() / 8);
-  // memcpy from or to null is undefined even for 0 bytes (an empty vector's
-  // data() may be null): found by tests/fuzz/ps_request_fuzzer under UBSan.
-  if (!bytes.empty()) std::memcpy(ids->data(), bytes.data(), bytes.size());  // little-endian hosts
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::Status ParameterServer::CheckRowsRequestLocked(uint64_t incarnation, int worker,
                                                      const std::string& table,
                                                      Model::Table** out) const {
@@ -1328,31 +1275,9 @@ absl::Status ParameterServer::CheckRowsRequestLocked(uint64_t incarnation, int w
   return absl::OkStatus();
 }
 
-std::shared_ptr<std::vector<float>> ParameterServer::RowBufferPool::Take(int64_t floats) {
-  std::unique_ptr<std::vector<float>> buffer;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!free_.empty()) {
-      buffer = std::move(free_.back());
-      free_.pop_back();
-    }
-  }
-  if (buffer == nullptr) buffer = std::make_unique<std::vector<float>>();
-  // Pulls of one batch size reuse a buffer as it is (a larger one grows it once).
-  buffer->resize(static_cast<size_t>(floats));
-  std::weak_ptr<RowBufferPool> pool = weak_from_this();
-  return std::shared_ptr<std::vector<float>>(buffer.release(), [pool](std::vector<float>* b) {
-    std::unique_ptr<std::vector<float>> owned(b);
-    if (std::shared_ptr<RowBufferPool> p = pool.lock()) {
-      absl::MutexLock lock(&p->mu_);
-      if (p->free_.size() < kKeep) p->free_.push_back(std::move(owned));
-    }
-  });
-}
-
 uint64_t ParameterServer::StartPullRows(const PullRowsRequest& request, PullRowsCallback done) {
   auto ids = std::make_shared<std::vector<uint64_t>>();
-  absl::Status st = DecodeIds(request.ids(), ids.get());
+  absl::Status st = RowStore::DecodeIds(request.ids(), ids.get());
   std::vector<Completion> completions;
   uint64_t id = 0;
   {
@@ -1363,10 +1288,10 @@ uint64_t ParameterServer::StartPullRows(const PullRowsRequest& request, PullRows
     if (st.ok() && request.timeout_ms() < 0) {
       st = absl::InvalidArgumentError("PullRows: negative timeout_ms");
     }
-    if (st.ok() && static_cast<int64_t>(ids->size()) * table->rows->dim() * 4 > kMaxRowsBytes) {
+    if (st.ok() && static_cast<int64_t>(ids->size()) * table->rows->dim() * 4 > RowStore::kMaxRowsBytes) {
       st = absl::InvalidArgumentError(absl::StrCat(
           "PullRows: ", ids->size(), " rows of ", table->rows->dim(), " floats exceed ",
-          kMaxRowsBytes, " bytes; pull them in parts"));
+          RowStore::kMaxRowsBytes, " bytes; pull them in parts"));
     }
     if (st.ok()) {
       // Rows follow the dense pull, which already waited for the version,
@@ -1383,11 +1308,9 @@ uint64_t ParameterServer::StartPullRows(const PullRowsRequest& request, PullRows
                                 absl::Status status, PullReply reply) {
         PulledRows rows;
         if (status.ok()) {
-          rows.version = reply.version;
-          rows.dim = table->rows->dim();
-          rows.floats = static_cast<int64_t>(ids->size()) * rows.dim;
-          rows.values = row_buffers_->Take(rows.floats);
-          status = table->rows->Lookup(*ids, reply.version, rows.values->data());
+          absl::StatusOr<PulledRows> found = rows_.Lookup(*table, *ids, reply.version);
+          status = found.status();
+          if (found.ok()) rows = *std::move(found);
         }
         if (status.ok()) {
           absl::MutexLock lock(&mu_);
@@ -1452,24 +1375,9 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
                                        PushRowsResponse* response) {
   std::vector<uint64_t> ids;
   std::vector<float> grads;
-  absl::Status st;
-  Rejection refused = Rejection::kMalformed;
-  if (request.num_ids() < 0 || !request.ids().empty() || !request.gradients().empty()) {
-    st = absl::InvalidArgumentError(
-        absl::StrCat("PushRows: ", request.num_ids(), " ids, or ids and gradients in the header"));
-  } else if (static_cast<uint64_t>(request.num_ids()) > kMaxRowsPerRequest) {
-    refused = Rejection::kSize;
-    st = absl::InvalidArgumentError(absl::StrCat("PushRows: ", request.num_ids(),
-                                                 " ids in one request; at most ",
-                                                 kMaxRowsPerRequest));
-  } else if (payload.size() < request.num_ids() * 8) {
-    st = absl::InvalidArgumentError(absl::StrCat("PushRows: ", payload.size(),
-                                                 " bytes of payload for ", request.num_ids(),
-                                                 " ids"));
-  } else {
-    ids.resize(static_cast<size_t>(request.num_ids()));
-    if (!ids.empty()) payload.CopyTo(0, request.num_ids() * 8, ids.data());  // little-endian hosts
-  }
+  bool oversize = false;
+  absl::Status st = RowStore::DecodePushIds(request, payload, &ids, &oversize);
+  const Rejection refused = oversize ? Rejection::kSize : Rejection::kMalformed;
   const int64_t grad_bytes = payload.size() - static_cast<int64_t>(ids.size()) * 8;
   std::shared_ptr<Model> model;
   Model::Table* table = nullptr;
@@ -1504,15 +1412,10 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
     }
     model = model_;
   }
-  const int dim = table->rows->dim();
-  if (grad_bytes != static_cast<int64_t>(ids.size() * dim * sizeof(float))) {
-    return reject(absl::InvalidArgumentError(absl::StrCat(
-                      "PushRows: ", grad_bytes, " bytes of gradients for ", ids.size(),
-                      " ids of table ", request.table(), " (", dim, " floats each)")),
-                  Rejection::kShape);
+  if (absl::Status bad = RowStore::DecodePushGradients(request, payload, *table, ids, &grads);
+      !bad.ok()) {
+    return reject(bad, Rejection::kShape);
   }
-  grads.resize(ids.size() * dim);
-  if (!grads.empty()) payload.CopyTo(static_cast<int64_t>(ids.size()) * 8, grad_bytes, grads.data());
   // Sync stages the rows for later, so they are checked now; async's apply
   // checks them itself, changing nothing when they are refused.
   if (model->sync) {
@@ -1546,17 +1449,10 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
         response->set_outcome(DROPPED_STALE);
         return absl::OkStatus();
       }
-      std::vector<uint64_t>& staged_ids = table->staged_ids[w];
-      std::vector<float>& staged_grads = table->staged_grads[w];
-      // A step's rows from one worker are bounded like one request's.
-      if (staged_ids.size() + ids.size() > kMaxRowsPerRequest) {
+      if (absl::Status full = RowStore::Stage(table, w, version_, ids, grads); !full.ok()) {
         RejectLocked(Rejection::kSize);
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "PushRows: worker ", w, " would stage more than ", kMaxRowsPerRequest,
-            " rows of table ", request.table(), " for step ", version_));
+        return full;
       }
-      staged_ids.insert(staged_ids.end(), ids.begin(), ids.end());
-      staged_grads.insert(staged_grads.end(), grads.begin(), grads.end());
       response->set_outcome(ACCUMULATED);
       return absl::OkStatus();
     }
@@ -1567,9 +1463,7 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
     }
     ++rows_in_flight_;
   }
-  st = table->rows->ApplyGradients(ids, grads.data(), 1.0f, learning_rate, table->clip_value,
-                                   version);
-  if (st.ok()) table->rows->Expire(version);
+  st = RowStore::ApplyNow(table, ids, grads, learning_rate, version);
   {
     absl::MutexLock lock(&mu_);
     if (model_ == model) --rows_in_flight_;
@@ -1582,7 +1476,7 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
 absl::Status ParameterServer::LoadRows(const LoadRowsRequest& request,
                                        LoadRowsResponse* response) {
   std::vector<uint64_t> ids;
-  RETURN_IF_ERROR(DecodeIds(request.ids(), &ids));
+  RETURN_IF_ERROR(RowStore::DecodeIds(request.ids(), &ids));
   Model::Table* table = nullptr;
   std::shared_ptr<Model> model;
   {
@@ -1590,40 +1484,10 @@ absl::Status ParameterServer::LoadRows(const LoadRowsRequest& request,
     RETURN_IF_ERROR(CheckRowsRequestLocked(request.incarnation(), -1, request.table(), &table));
     model = model_;
   }
-  for (uint64_t id : ids) {
-    if (ServerForId(id, model->num_shards) != model->shard) {
-      return absl::InvalidArgumentError(absl::StrCat("LoadRows: id ", id, " of table ",
-                                                     request.table(), " belongs to server ",
-                                                     ServerForId(id, model->num_shards)));
-    }
-  }
-  const size_t n = ids.size(), floats = n * static_cast<size_t>(table->rows->dim());
-  auto floats_of = [floats](const std::string& bytes, std::vector<float>* out) {
-    if (bytes.size() != floats * sizeof(float)) return false;
-    out->resize(floats);
-    if (floats > 0) std::memcpy(out->data(), bytes.data(), bytes.size());
-    return true;
-  };
-  auto counts_of = [n](const std::string& bytes, std::vector<int64_t>* out) {
-    if (!bytes.empty() && bytes.size() != n * sizeof(int64_t)) return false;
-    out->resize(bytes.size() / sizeof(int64_t));
-    if (!bytes.empty()) std::memcpy(out->data(), bytes.data(), bytes.size());
-    return true;
-  };
-  std::vector<float> values;
-  OptimizerSlots slots(request.slots_size());
-  std::vector<int64_t> updates, touched;
-  bool ok = floats_of(request.values(), &values) && counts_of(request.updates(), &updates) &&
-            counts_of(request.touched(), &touched);
-  for (int k = 0; k < request.slots_size(); ++k) ok = ok && floats_of(request.slots(k), &slots[k]);
-  if (!ok) {
-    return absl::InvalidArgumentError(absl::StrCat("LoadRows: sizes do not fit ", n,
-                                                   " rows of table ", request.table()));
-  }
-  RETURN_IF_ERROR(table->rows->ImportRows(ids, values.data(), slots, updates, touched));
+  ASSIGN_OR_RETURN(const int64_t rows, RowStore::Load(*model, table, ids, request));
   absl::MutexLock lock(&mu_);
   if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
-  response->set_rows(static_cast<int64_t>(n));
+  response->set_rows(rows);
   return absl::OkStatus();
 }
 

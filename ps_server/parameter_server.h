@@ -77,6 +77,7 @@
 #include "ps_server/embedding_table.h"
 #include "ps_server/optimizer.h"
 #include "ps_server/parked_pulls.h"
+#include "ps_server/row_store.h"
 #include "ps_server/server_model.h"
 #include "ps_server/snapshotter.h"
 
@@ -171,16 +172,8 @@ class ParameterServer {
   absl::Status PushRows(const PushRowsRequest& request, PushRowsResponse* response);
   // Blocking row pull into a response with content (tests and tools; copies).
   absl::Status PullRows(const PullRowsRequest& request, PullRowsResponse* response);
-  // Rows pulled for a frame: gathered into a buffer of the server's pool of
-  // row buffers, which the frame then sends as it is; dropping the last
-  // reference (gRPC releasing the slice) returns it to the pool, so steady
-  // pulls neither allocate nor fault in fresh pages.
-  struct PulledRows {
-    int64_t version = 0;
-    int dim = 0;
-    int64_t floats = 0;  // ids x dim
-    std::shared_ptr<std::vector<float>> values;
-  };
+  // Rows pulled for a frame (row_store.h).
+  using PulledRows = ::pstrain::PulledRows;
   using PullRowsCallback = std::function<void(absl::Status, PulledRows)>;
   // Starts a row pull. `done` runs exactly once, as StartPull's does: a pull
   // whose version is not there yet waits parked (no thread), ended by its
@@ -255,19 +248,8 @@ class ParameterServer {
   using Buffer = PartitionState::Buffer;
   using Model = ServerModel;
 
-  // Row buffers for PullRows replies, kept for reuse (at most kKeep); shared
-  // with the buffers it hands out, which may outlive the server in gRPC.
-  class RowBufferPool : public std::enable_shared_from_this<RowBufferPool> {
-   public:
-    // A buffer of `floats` elements, contents unspecified.
-    std::shared_ptr<std::vector<float>> Take(int64_t floats);
-
-   private:
-    static constexpr size_t kKeep = 16;
-    absl::Mutex mu_;
-    std::vector<std::unique_ptr<std::vector<float>>> free_ ABSL_GUARDED_BY(mu_);
-  };
-  const std::shared_ptr<RowBufferPool> row_buffers_ = std::make_shared<RowBufferPool>();
+  // Embedding rows: lookups into pooled buffers, staging, applies, loads.
+  RowStore rows_;
 
   using Completion = PullCompletion;
   // Attaches the bfloat16 rounding of each pulled version (outside mu_).
@@ -342,8 +324,6 @@ class ParameterServer {
   // Sync: version advances past `step`, `contributors` gradients applied.
   void CompleteStepLocked(int64_t step, int contributors, std::vector<Completion>* completions)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sync: applies every table's staged rows for `step` (mu_ held).
-  void ApplyStagedRowsLocked(int64_t step, int contributors) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Finds `table` and checks a rows request's common fields.
   absl::Status CheckRowsRequestLocked(uint64_t incarnation, int worker, const std::string& table,
                                       Model::Table** out) const

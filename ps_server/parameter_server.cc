@@ -103,8 +103,7 @@ void ParameterServer::InstallLocked(const InitializeRequest& request, std::share
   step_cursors_.assign(model_->num_workers, StepCursor());
   completed_cursors_.assign(model_->num_workers, StepCursor());
   async_cursors_.assign(model_->num_workers, StepCursor());
-  held_pushes_.clear();
-  held_pushes_.resize(static_cast<size_t>(model_->num_workers));
+  held_.Reset(model_->num_workers);
   worker_session_.assign(model_->num_workers, 0);
   session_start_step_.assign(model_->num_workers, -1);
   holding_pushes_ = false;
@@ -520,10 +519,6 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
                                             const std::vector<GradientRef>& grads,
                                             PushResponse* response) {
   const int w = header.worker();
-  auto of_this_push = [&header](const HeldPush& h) {
-    return h.id != 0 && h.session == header.session() && h.step == header.step() &&
-           h.seq == header.push_seq() && h.num_parts == header.num_parts();
-  };
   uint64_t id = 0;
   UpdateInfo update;
   {
@@ -534,16 +529,13 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
       return AdmitSessionLocked(w, header.session(), "Push");
     }
     ExpireHeldPushesLocked(*model, absl::Now());
-    if (!of_this_push(held_pushes_[w])) {
+    if (!held_.IsPartOf(w, header)) {
       // The first of a push's parts to arrive waits while a cut holds new
       // pushes; its other parts do not (the cut waits for the push).
       RETURN_IF_ERROR(AwaitPushesReleasedLocked(model, "Push"));
     }
-    HeldPush& h = held_pushes_[w];
-    if (h.id != 0 && !of_this_push(h) &&
-        (header.session() < h.session ||
-         (header.session() == h.session &&
-          (header.step() < h.step || (header.step() == h.step && header.push_seq() < h.seq))))) {
+    HeldPushes::Push& h = held_.of(w);
+    if (held_.IsEarlier(w, header)) {
       // A late part of an earlier push must not drop the one being received.
       RejectLocked(Rejection::kSuperseded);
       return absl::FailedPreconditionError(absl::StrCat(
@@ -551,32 +543,24 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
           header.session(), ", push ", header.push_seq(), ") came after parts of its push for step ",
           h.step, " (session ", h.session, ", push ", h.seq, ")"));
     }
-    if (!of_this_push(h)) {
+    if (!held_.IsPartOf(w, header)) {
       // What could refuse this part is checked before the push being
       // received is dropped (a refused part drops nothing), and that one is
       // dropped before this one is admitted (its slot toward max_steps and
       // its update number are free again).
       RETURN_IF_ERROR(AdmitSessionLocked(w, header.session(), "Push"));
       RETURN_IF_ERROR(CheckNotAheadLocked(header));
-      if (h.id != 0 && h.closed.empty()) {
+      if (h.open()) {
         LOG_WARN("worker {}'s push for step {} (session {}) dropped with {} of its {} parts in: "
                  "a part of another push came",
-                 w, h.step, h.session, std::count(h.got.begin(), h.got.end(), 1), h.num_parts);
+                 w, h.step, h.session, h.parts_in(), h.num_parts);
       }
-      DropHeldPushLocked(&h, "a part of a later push came");
+      DropHeldPushLocked(w, "a part of a later push came");
       int64_t ticket = 0;
       absl::StatusOr<bool> admitted = AdmitAsyncLocked(*model, header, &ticket);
       if (!admitted.ok()) return admitted.status();
-      h = HeldPush();
-      h.id = next_push_id_++;
-      h.session = header.session();
-      h.step = header.step();
-      h.seq = header.push_seq();
-      h.started = absl::Now();
-      h.num_parts = header.num_parts();
-      h.got.assign(static_cast<size_t>(h.num_parts), 0);
-      h.finished = !*admitted;
-      if (*admitted) h.update = AsyncUpdate(*model, ticket, header.step());
+      held_.Start(w, header, absl::Now(), /*finished=*/!*admitted,
+                  *admitted ? AsyncUpdate(*model, ticket, header.step()) : UpdateInfo());
       // Its deadline may come before the timer's next wake-up.
       if (h.started + model->held_push_ttl < timer_wakes_at_) timer_cv_.Signal();
     }
@@ -621,11 +605,11 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
     counters_.push_payload_bytes += bytes;
     counters_.push_copied_bytes += bytes;
     if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
-    HeldPush& h = held_pushes_[w];
+    HeldPushes::Push& h = held_.of(w);
     const bool current = h.id == id;
     if (bad != nullptr) {
       if (current) {
-        DropHeldPushLocked(&h, absl::StrCat("its part ", header.part(), " held a NaN or Inf"));
+        DropHeldPushLocked(w, absl::StrCat("its part ", header.part(), " held a NaN or Inf"));
       }
       RejectLocked(Rejection::kNonFinite);
       return absl::InvalidArgumentError(
@@ -639,7 +623,7 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
       return absl::OkStatus();
     }
     // The push's last part: it counts now, as one update.
-    h.closed = "it is complete";
+    held_.Complete(w);
     --async_admitted_;
     ++version_;
     ++worker_clock_[w];
@@ -653,35 +637,24 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
   return absl::OkStatus();
 }
 
-void ParameterServer::DropHeldPushLocked(HeldPush* h, std::string why) {
-  if (h->id == 0 || !h->closed.empty()) return;
-  if (!h->finished) --async_admitted_;  // admitted, never to be counted
-  h->closed = absl::StrCat("it was dropped: ", why);
+void ParameterServer::DropHeldPushLocked(int w, std::string why) {
+  if (held_.Drop(w, std::move(why))) --async_admitted_;  // admitted, never to be counted
 }
 
 absl::Time ParameterServer::NextHeldPushExpiryLocked() const {
-  absl::Time next = absl::InfiniteFuture();
-  if (model_ == nullptr || model_->sync) return next;
-  for (const HeldPush& h : held_pushes_) {
-    if (h.id != 0 && h.closed.empty()) next = std::min(next, h.started + model_->held_push_ttl);
-  }
-  return next;
+  if (model_ == nullptr || model_->sync) return absl::InfiniteFuture();
+  return held_.NextExpiry(model_->held_push_ttl);
 }
 
 void ParameterServer::ExpireHeldPushesLocked(const Model& model, absl::Time now, bool throttled) {
-  if (throttled && now - held_pushes_checked_ < std::min(model.held_push_ttl, absl::Seconds(1))) {
-    return;
-  }
-  held_pushes_checked_ = now;
-  for (size_t w = 0; w < held_pushes_.size(); ++w) {
-    HeldPush& h = held_pushes_[w];
-    if (h.id == 0 || !h.closed.empty() || now - h.started <= model.held_push_ttl) continue;
+  for (int w : held_.Overdue(now, model.held_push_ttl, throttled)) {
+    const HeldPushes::Push& h = held_.of(w);
     LOG_WARN("worker {}'s push for step {} (session {}) dropped with {} of its {} parts in, "
              "after {}: past its deadline no part can still come (the parts in stay applied)",
-             w, h.step, h.session, std::count(h.got.begin(), h.got.end(), 1), h.num_parts,
+             w, h.step, h.session, h.parts_in(), h.num_parts,
              absl::FormatDuration(absl::Trunc(now - h.started, absl::Milliseconds(1))));
     if (!h.finished) ++counters_.held_pushes_expired;
-    DropHeldPushLocked(&h, "its parts stopped coming (past the worker's push deadline)");
+    DropHeldPushLocked(w, "its parts stopped coming (past the worker's push deadline)");
   }
 }
 
@@ -971,15 +944,14 @@ absl::Status ParameterServer::AdmitSessionLocked(int worker, int32_t session,
     // Its earlier process's push in parts, if one is open, never completes
     // now (its parts are refused): dropped, so that no cut waits for it,
     // and a part of it still being applied is not counted.
-    if (static_cast<size_t>(worker) < held_pushes_.size()) {
-      HeldPush& h = held_pushes_[worker];
-      if (h.id != 0 && h.closed.empty()) {
+    if (worker < held_.num_workers()) {
+      const HeldPushes::Push& h = held_.of(worker);
+      if (h.open()) {
         LOG_WARN("worker {}'s push for step {} (session {}) dropped with {} of its {} parts in: "
                  "session {} of the worker claimed it",
-                 worker, h.step, h.session, std::count(h.got.begin(), h.got.end(), 1),
-                 h.num_parts, session);
+                 worker, h.step, h.session, h.parts_in(), h.num_parts, session);
       }
-      DropHeldPushLocked(&h, "the worker was restarted (a later session claimed it)");
+      DropHeldPushLocked(worker, "the worker was restarted (a later session claimed it)");
     }
     // Rows its earlier process staged for the open step are pushed again.
     RowStore::DropStaged(model_.get(), worker);

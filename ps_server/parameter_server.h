@@ -26,28 +26,39 @@
 // waits while it is more than s pushes ahead of the slowest worker. Every
 // wait has a deadline.
 //
-// The data path (issue 13): gradients are read where the transport left them
-// (a SegmentedBytes view of the received slices); sync copies a worker's
+// The data path: gradients are read where the transport left them (a
+// SegmentedBytes view of the received slices); sync copies a worker's
 // gradient once, into that worker's staging buffer, when it arrives before
 // its partition's quorum is complete, and reads the gradient that completes
 // it (with one worker, every gradient) straight from the view; async applies
-// straight from the view too, both in cache-sized chunks. A partition's values live in
-// reference-counted version buffers: a pull takes references to the current
-// buffers (no copy, the service sends from them; a sync pull of the next
-// version, to partitions already applied for it: EarlyReadyLocked) and an
-// update writes the next version into a spare buffer beside them, so no
-// pull ever waits for an apply or reads a half-applied tensor, and buffers are recycled, not
-// allocated, in steady state. A waiting Pull holds no thread: it is parked
-// with a callback that runs when it is ready, cancelled or out of time.
+// straight from the view too, both in cache-sized chunks (apply.h). A pull
+// takes references to the current version buffers, no copy (a sync pull of
+// the next version, to partitions already applied for it: EarlyReadyLocked),
+// and an update writes the next version into a spare buffer beside them
+// (server_model.h). A waiting Pull holds no thread: it is parked with a
+// callback that runs when it is ready, cancelled or out of time.
 //
-// Locking: `mu_` guards the small shared state (version, who pushed, waiters,
-// counters) and is never held while tensors are copied or applied. Each
-// partition has `apply_mu` (serialises updates of that partition, held while
-// computing) and `mu` (guards which buffer is current, held for pointer swaps
-// only). Lock order: mu_, then a partition's mu; apply_mu is never held while
-// taking mu_. The one place apply_mu is taken under mu_ is a checkpoint's
-// snapshot at a sync step boundary, when no apply can be running (the step's
-// are done and the next step's pushes need pulls served after it).
+// The parts this server holds, each with its own state and tests:
+//   server_model.h  what Initialize installs: settings, partitions, tables
+//   apply.h         gradients located in a push; the sync mean, async applies
+//   held_pushes.h   async pushes in parts, per worker
+//   parked_pulls.h  pulls waiting for their version
+//   row_store.h     embedding row requests: lookups, staging, loads
+//   snapshotter.h   checkpoint cuts, their writer thread and outcomes
+// What stays here is admission and the step: incarnations and sessions,
+// the version, the sync step's quorum and deadline, async staleness and
+// max_steps, the counters, and the timer that ends waits at their deadlines.
+//
+// Locking: `mu_` guards the small shared state (version, who pushed, the
+// parked pulls, the held pushes, counters) and is never held while tensors
+// are copied or applied. Each partition has `apply_mu` (serialises updates
+// of that partition, held while computing) and `mu` (guards which buffer is
+// current, held for pointer swaps only). Lock order: mu_ before a
+// partition's mu and before the snapshotter's own lock; apply_mu is never
+// held while taking mu_. The one place apply_mu is taken under mu_ is a
+// checkpoint's cut at a sync step boundary, when no apply can be running
+// (the step's are done and the next step's pushes need pulls served after
+// it).
 #ifndef PSTRAIN_PS_SERVER_PARAMETER_SERVER_H_
 #define PSTRAIN_PS_SERVER_PARAMETER_SERVER_H_
 
@@ -75,6 +86,7 @@
 #include "proto/ps_service.pb.h"
 #include "ps_server/apply.h"
 #include "ps_server/embedding_table.h"
+#include "ps_server/held_pushes.h"
 #include "ps_server/optimizer.h"
 #include "ps_server/parked_pulls.h"
 #include "ps_server/row_store.h"
@@ -459,34 +471,14 @@ class ParameterServer {
   bool ReplayAllowedLocked(int worker, int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return session_start_step_[worker] == step;
   }
-  // Async: each worker's multi-part push being received (one at a time: a
-  // part of a later push drops it; a part of an earlier one, or of a push
-  // dropped, is refused). Its parts are applied as they come; it holds only
-  // their bookkeeping. A dropped push stays here, marked, until the
-  // worker's next push, so that its late parts are refused.
-  struct HeldPush {
-    uint64_t id = 0;  // 0: none; else unique per push
-    int32_t session = 0;
-    int64_t step = 0;
-    uint64_t seq = 0;  // PushRequest.push_seq
-    absl::Time started;  // its first part's arrival
-    int num_parts = 0;
-    std::vector<char> got;  // per part
-    std::set<const PartitionState*> partitions;
-    bool finished = false;  // admitted past max_steps: each part answered FINISHED
-    UpdateInfo update;      // its rate (count set per partition)
-    int applied = 0;        // parts applied
-    // Why it takes no more parts (complete, or dropped); empty while open.
-    std::string closed;
-  };
-  std::vector<HeldPush> held_pushes_ ABSL_GUARDED_BY(mu_);
-  uint64_t next_push_id_ ABSL_GUARDED_BY(mu_) = 1;
+  // Async: each worker's push in parts being received.
+  HeldPushes held_ ABSL_GUARDED_BY(mu_);
   // Async: parts of multi-part pushes being applied, dropped pushes' too (a
   // cut waits for them).
   int64_t parts_applying_ ABSL_GUARDED_BY(mu_) = 0;
-  // Drops `h` (its parts applied so far stay in the model: each partition's
-  // update is whole, the push's is not) and says why; no-op on one closed.
-  void DropHeldPushLocked(HeldPush* h, std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops worker `w`'s push in parts, if open (HeldPushes::Drop), giving
+  // back its admission.
+  void DropHeldPushLocked(int w, std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Refuses (and counts) a push for a step ahead of this server's version.
   absl::Status CheckNotAheadLocked(const PushRequest& header) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Admits an async push (its session admitted already): false when
@@ -507,7 +499,6 @@ class ParameterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // When the next open push in parts passes its held_push_ttl.
   absl::Time NextHeldPushExpiryLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Time held_pushes_checked_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Async: each worker's data cursor as of its latest admitted push, and
   // whether a checkpoint's cut is holding new pushes.
   std::vector<StepCursor> async_cursors_ ABSL_GUARDED_BY(mu_);

@@ -75,8 +75,10 @@ mapfile -t unit_targets < <(printf '%s\n' "${test_targets[@]}" | grep -v '^//tes
 # The concurrency core, for ThreadSanitizer in the fast tier: the parameter
 # server's unit tests, the RPC layer's and the client's, the data path's
 # multi-process suite (its load test included) and the stage's self-test.
-tsan_core=(//ps_server:parameter_server_test //ps_server:embedding_table_test
-           //ps_server:optimizer_test //common/rpc:rpc_test //common/rpc:call_window_test
+tsan_core=(//ps_server:parameter_server_test //ps_server:parameter_server_step_test
+           //ps_server:parameter_server_checkpoint_test //ps_server:parameter_server_rows_test
+           //ps_server:snapshotter_test //ps_server:row_store_test
+           //ps_server:embedding_table_test //ps_server:optimizer_test //common/rpc:rpc_test //common/rpc:call_window_test
            //common/rpc:grpc_lifetime_test //common/base:segmented_bytes_test
            //common/base:shutdown_test //common/security:auth_test
            //worker/data:prefetcher_test //tests:data_path_test //tests:tsan_test)

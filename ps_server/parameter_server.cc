@@ -93,15 +93,11 @@ void ParameterServer::InstallLocked(const InitializeRequest& request, std::share
   incarnation_ = request.incarnation();
   model_ = std::move(model);
   version_ = request.start_step();
-  open_partitions_ = static_cast<int>(model_->partitions.size());
-  step_deadline_ = absl::InfiniteFuture();
-  step_first_gradient_ = absl::InfiniteFuture();
-  sync_failure_ = absl::OkStatus();
-  empty_arrived_.assign(model_->num_workers, 0);
+  int index = 0;
+  for (auto& [key, p] : model_->partitions) p->index = index++;
+  sync_.Reset(index, model_->num_workers, model_->replicas_to_aggregate);
   async_admitted_ = 0;
   worker_clock_.assign(model_->num_workers, 0);
-  step_cursors_.assign(model_->num_workers, StepCursor());
-  completed_cursors_.assign(model_->num_workers, StepCursor());
   async_cursors_.assign(model_->num_workers, StepCursor());
   held_.Reset(model_->num_workers);
   worker_session_.assign(model_->num_workers, 0);
@@ -169,23 +165,10 @@ int64_t ParameterServer::MinWorkerClockLocked() const {
 
 std::string ParameterServer::WaitingOnLocked() const {
   if (model_->sync) {
-    // Workers whose gradient some open partition still lacks.
-    std::vector<int> missing;
-    int fewest = model_->replicas_to_aggregate;
-    for (int w = 0; w < model_->num_workers; ++w) {
-      for (const auto& [key, p] : model_->partitions) {
-        if (!p->closed && !p->arrived[w]) {
-          missing.push_back(w);
-          break;
-        }
-      }
-    }
-    for (const auto& [key, p] : model_->partitions) {
-      if (!p->closed) fewest = std::min(fewest, p->arrived_count);
-    }
-    return absl::StrCat("step ", version_, " has ", fewest, " of ", model_->replicas_to_aggregate,
-                        " gradients (", open_partitions_, " partition(s) open), waiting on worker(s) ",
-                        absl::StrJoin(missing, ","));
+    return absl::StrCat("step ", version_, " has ", sync_.FewestOpen(), " of ",
+                        model_->replicas_to_aggregate, " gradients (", sync_.open(),
+                        " partition(s) open), waiting on worker(s) ",
+                        absl::StrJoin(sync_.Missing(), ","));
   }
   std::vector<int> slowest;
   const int64_t min_clock = MinWorkerClockLocked();
@@ -232,7 +215,7 @@ absl::Status ParameterServer::CheckPullLocked(const PullRequest& request) const 
 
 bool ParameterServer::ReadyLocked(const PullRequest& request, bool rows) const {
   if (shut_down_ || FinishedLocked()) return true;
-  if (version_ < request.min_version()) return !sync_failure_.ok();
+  if (version_ < request.min_version()) return !sync_.failure().ok();
   const int worker = request.worker();
   if (request.min_own_pushes() > 0 && worker >= 0 &&
       worker < static_cast<int>(worker_clock_.size()) &&
@@ -247,7 +230,7 @@ bool ParameterServer::EarlyReadyLocked(const PullRequest& request) const {
   // bfloat16 pulls wait for the step: their rounding is cached for the
   // current buffers only, and each early one would convert (and allocate)
   // again for every worker.
-  if (shut_down_ || !model_->sync || !sync_failure_.ok() || open_partitions_ == 0 ||
+  if (shut_down_ || !model_->sync || !sync_.failure().ok() || sync_.open() == 0 ||
       request.min_version() != version_ + 1 || request.refs_size() == 0 ||
       request.wire_dtype() == DT_BFLOAT16 ||
       (model_->max_steps > 0 && version_ + 1 >= model_->max_steps)) {
@@ -263,7 +246,7 @@ bool ParameterServer::EarlyReadyLocked(const PullRequest& request) const {
 absl::Status ParameterServer::SnapshotLocked(const PullRequest& request, PullReply* reply,
                                              bool rows, bool early) {
   if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
-  if (version_ < request.min_version() && !sync_failure_.ok()) return sync_failure_;
+  if (version_ < request.min_version() && !sync_.failure().ok()) return sync_.failure();
   reply->version = early ? version_ + 1 : version_;
   reply->finished = !early && FinishedLocked();
   if (rows) return absl::OkStatus();
@@ -391,14 +374,14 @@ void ParameterServer::TimerLoop() {
   absl::MutexLock lock(&mu_);
   while (!destroying_) {
     const absl::Time earliest = std::min(
-        {step_deadline_, NextHeldPushExpiryLocked(), parked_.EarliestDeadline()});
+        {sync_.deadline(), NextHeldPushExpiryLocked(), parked_.EarliestDeadline()});
     timer_wakes_at_ = earliest;
     timer_cv_.WaitWithDeadline(&mu_, earliest);
     timer_wakes_at_ = absl::InfinitePast();  // awake: it looks again before it sleeps
     if (destroying_) break;
     const absl::Time now = absl::Now();
     std::vector<Completion> expired;
-    if (step_deadline_ <= now && !shut_down_) ExpireSyncStepLocked(&expired);
+    if (sync_.deadline() <= now && !shut_down_) ExpireSyncStepLocked(&expired);
     if (NextHeldPushExpiryLocked() < now) ExpireHeldPushesLocked(*model_, now, false);
     parked_.TakeExpired(
         now,
@@ -684,20 +667,15 @@ absl::StatusOr<bool> ParameterServer::AdmitSyncPushLocked(const std::shared_ptr<
     response->set_version(version_);
     return true;
   }
-  if (!sync_failure_.ok()) return sync_failure_;
+  if (!sync_.failure().ok()) return sync_.failure();
   if (step == version_) {
-    step_cursors_[w] = {true, header.cursor_epoch(), header.cursor_position()};
-    if (step_first_gradient_ == absl::InfiniteFuture()) step_first_gradient_ = absl::Now();
-  }
-  if (step == version_ && model->step_deadline > absl::ZeroDuration() &&
-      step_deadline_ == absl::InfiniteFuture()) {
+    sync_.SetCursor(w, {true, header.cursor_epoch(), header.cursor_position()});
     // The step's first gradient on this server starts its clock.
-    step_deadline_ = absl::Now() + model->step_deadline;
-    timer_cv_.Signal();
+    if (sync_.Started(absl::Now(), model->step_deadline)) timer_cv_.Signal();
   }
   if (step == version_ && model->partitions.empty()) {
     // Nothing to aggregate: the step completes when the quorum has pushed.
-    if (empty_arrived_[w]) {
+    if (sync_.PushedEmpty(w)) {
       if (ReplayAllowedLocked(w, step)) {
         response->set_outcome(ACCUMULATED);  // its earlier process's push counted
         response->set_version(version_);
@@ -707,14 +685,12 @@ absl::StatusOr<bool> ParameterServer::AdmitSyncPushLocked(const std::shared_ptr<
       return absl::InvalidArgumentError(
           absl::StrCat("Push: worker ", w, " already pushed for step ", step));
     }
-    empty_arrived_[w] = 1;
-    if (std::count(empty_arrived_.begin(), empty_arrived_.end(), 1) <
-        model->replicas_to_aggregate) {
+    if (sync_.PushEmpty(w) < model->replicas_to_aggregate) {
       response->set_outcome(ACCUMULATED);
       response->set_version(version_);
       return true;
     }
-    std::fill(empty_arrived_.begin(), empty_arrived_.end(), 0);
+    sync_.ClearEmpty();
     CompleteStepLocked(step, model->replicas_to_aggregate, completions);
     response->set_outcome(APPLIED);
     response->set_version(version_);
@@ -723,7 +699,7 @@ absl::StatusOr<bool> ParameterServer::AdmitSyncPushLocked(const std::shared_ptr<
   if (step == version_) {
     for (const GradientRef& g : grads) {
       PartitionState* p = g.partition;
-      if (p->arrived[w] || p->in_flight[w]) {
+      if (sync_.Has(p->index, w)) {
         if (ReplayAllowedLocked(w, step)) {
           ++replayed;  // the same gradient as its earlier process's: taken once
           continue;
@@ -732,7 +708,8 @@ absl::StatusOr<bool> ParameterServer::AdmitSyncPushLocked(const std::shared_ptr<
         return absl::InvalidArgumentError(absl::StrCat("Push: worker ", w, " already pushed ",
                                                        KeyString(p->key), " for step ", step));
       }
-      if (!p->closed) push->accepted.push_back(&g);  // a closed partition's quorum is complete
+      // A closed partition's quorum is complete.
+      if (!sync_.Closed(p->index)) push->accepted.push_back(&g);
     }
   }
   if (push->accepted.empty() && replayed > 0) {
@@ -746,15 +723,10 @@ absl::StatusOr<bool> ParameterServer::AdmitSyncPushLocked(const std::shared_ptr<
     return true;
   }
   for (const GradientRef* g : push->accepted) {
-    PartitionState* p = g->partition;
-    p->in_flight[w] = 1;
-    // Every other gradient the quorum needs is staged already, so this one
-    // completes it (unless the step ends first): it is applied from the
-    // received bytes, never staged. Nothing lowers arrived_count within a
-    // step, and only a push that completes the quorum raises it to
-    // replicas_to_aggregate (closing the partition), so it still completes
-    // it below unless the partition closed or the step ended meanwhile.
-    push->direct.push_back(p->arrived_count == model->replicas_to_aggregate - 1);
+    // When every other gradient the quorum needs is staged already, this
+    // one completes it (unless the step ends first): it is applied from the
+    // received bytes, never staged.
+    push->direct.push_back(sync_.Begin(g->partition->index, w));
   }
   return false;
 }
@@ -789,7 +761,9 @@ absl::StatusOr<bool> ParameterServer::ArriveSyncPushLocked(const std::shared_ptr
                                                            std::vector<ToApply>* to_apply,
                                                            PushResponse* response) {
   size_t stale = 0;
-  for (const GradientRef* g : push->accepted) g->partition->in_flight[w] = 0;
+  if (model_ == model) {  // (a re-Initialize replaced the step, and its indices)
+    for (const GradientRef* g : push->accepted) sync_.End(g->partition->index, w);
+  }
   counters_.push_payload_bytes += push->payload;
   counters_.push_copied_bytes += push->staged;
   counters_.push_staged_bytes += push->staged;
@@ -808,12 +782,12 @@ absl::StatusOr<bool> ParameterServer::ArriveSyncPushLocked(const std::shared_ptr
   for (size_t i = 0; i < push->accepted.size(); ++i) {
     const GradientRef* g = push->accepted[i];
     PartitionState* p = g->partition;
-    if (p->closed) {  // the quorum completed while this copied (backup workers)
+    if (sync_.Closed(p->index)) {  // the quorum completed while this copied (backup workers)
       ++stale;
       continue;
     }
     const int64_t bytes = p->size * (g->bfloat16 ? 2 : 4);
-    if (push->direct[i] && p->arrived_count + 1 < model->replicas_to_aggregate) {
+    if (push->direct[i] && sync_.Count(p->index) + 1 < model->replicas_to_aggregate) {
       // Cannot happen (see above); were it to, stage the gradient here,
       // where it is as safe as outside the lock, only slower.
       std::vector<float>& stage = p->staging[w];
@@ -823,11 +797,10 @@ absl::StatusOr<bool> ParameterServer::ArriveSyncPushLocked(const std::shared_ptr
       push->direct[i] = false;
     }
     counters_.push_copied_bytes += push->direct[i] ? bytes : 0;  // into L1 chunks, as applied
-    p->arrived[w] = 1;
     p->pushes.fetch_add(1, std::memory_order_relaxed);
     p->push_bytes.fetch_add(bytes, std::memory_order_relaxed);
-    if (++p->arrived_count < model->replicas_to_aggregate) continue;
-    to_apply->push_back({p, ClosePartitionLocked(*model, p), push->direct[i] ? g : nullptr});
+    if (!sync_.Arrive(p->index, w)) continue;
+    to_apply->push_back({p, sync_.Close(p->index), push->direct[i] ? g : nullptr});
   }
   if (stale > 0) ++counters_.gradients_dropped_stale;
   if (to_apply->empty()) {
@@ -873,7 +846,8 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
   std::vector<std::pair<PartitionState*, Buffer>> applied;
   for (const ToApply& a : to_apply) {
     applied.emplace_back(a.partition,
-                         ApplyMean(*model, a.partition, a.workers, step, &apply_seconds_, a.direct, w));
+                         ApplyMean(*model, a.partition, a.workers, step, &apply_seconds_, a.direct,
+                                   w));
   }
   std::vector<Completion> completions;
   {
@@ -887,41 +861,24 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
   return absl::OkStatus();
 }
 
-std::vector<int> ParameterServer::ClosePartitionLocked(const Model& model, PartitionState* p) {
-  p->closed = true;
-  p->closed_count = p->arrived_count;
-  std::vector<int> workers;
-  for (int i = 0; i < model.num_workers; ++i) {
-    if (p->arrived[i]) workers.push_back(i);
-  }
-  return workers;
-}
-
 bool ParameterServer::FinishPartitionsLocked(
     const Model& model, std::vector<std::pair<PartitionState*, Buffer>>* applied, int64_t step,
     std::vector<Completion>* completions) {
   for (auto& [p, buffer] : *applied) p->next = std::move(buffer);
-  open_partitions_ -= static_cast<int>(applied->size());
-  if (open_partitions_ != 0) {
+  if (!sync_.Applied(static_cast<int>(applied->size()))) {
     // Pulls of the next version whose partitions are all applied go now.
     CollectReadyLocked(completions);
     return false;
   }
   // Every partition is applied: publish them together.
-  int contributors = model.replicas_to_aggregate;
   for (auto& [key, p] : model.partitions) {
     {
       absl::MutexLock plock(&p->mu);
       p->PublishLocked(std::move(p->next));
     }
     p->next = nullptr;
-    p->closed = false;
-    contributors = std::min(contributors, p->closed_count);
-    p->arrived_count = 0;
-    std::fill(p->arrived.begin(), p->arrived.end(), 0);
   }
-  open_partitions_ = static_cast<int>(model.partitions.size());
-  CompleteStepLocked(step, contributors, completions);
+  CompleteStepLocked(step, sync_.NextStep(), completions);
   return true;
 }
 
@@ -964,18 +921,12 @@ void ParameterServer::CompleteStepLocked(int64_t step, int contributors,
   RowStore::ApplyStaged(model_.get(), step, contributors);
   counters_.pushes_applied += contributors;
   version_ = step + 1;
-  if (step_first_gradient_ != absl::InfiniteFuture()) {
+  if (std::optional<absl::Duration> wait = sync_.Completed(absl::Now())) {
     // Wall-clock times: a clock stepped back must not make a negative wait.
-    quorum_wait_seconds_.Observe(
-        std::max(0.0, absl::ToDoubleSeconds(absl::Now() - step_first_gradient_)));
-    step_first_gradient_ = absl::InfiniteFuture();
+    quorum_wait_seconds_.Observe(std::max(0.0, absl::ToDoubleSeconds(*wait)));
   }
-  step_deadline_ = absl::InfiniteFuture();  // the next step's starts with its first gradient
-  MaybeSnapshotLocked(version_);
-  for (size_t w = 0; w < step_cursors_.size(); ++w) {
-    if (step_cursors_[w].set) completed_cursors_[w] = step_cursors_[w];
-  }
-  step_cursors_.assign(step_cursors_.size(), StepCursor());
+  MaybeSnapshotLocked(version_);  // with the step's cursors
+  sync_.CommitCursors();
   CollectReadyLocked(completions);
 }
 
@@ -988,7 +939,7 @@ void ParameterServer::MaybeSnapshotLocked(int64_t version) {
   if (!due) return;
   // The step is complete and the next one cannot start before this returns
   // (its pulls are served after it), so no apply runs.
-  CutLocked(version, step_cursors_);
+  CutLocked(version, sync_.cursors());
 }
 
 void ParameterServer::CutLocked(int64_t step, const std::vector<StepCursor>& cursors,
@@ -1097,37 +1048,31 @@ absl::Status ParameterServer::GetShard(const GetShardRequest& request,
 }
 
 void ParameterServer::ExpireSyncStepLocked(std::vector<Completion>* completions) {
-  step_deadline_ = absl::InfiniteFuture();
-  if (!initialized_ || !model_->sync || FinishedLocked() || !sync_failure_.ok()) return;
+  sync_.ClearDeadline();
+  if (!initialized_ || !model_->sync || FinishedLocked() || !sync_.failure().ok()) return;
   const std::shared_ptr<Model> model = model_;
   const int64_t step = version_;
   // Go on short only if every open partition has its minimum.
-  int fewest = model->replicas_to_aggregate;
-  if (model->partitions.empty()) {
-    fewest = static_cast<int>(std::count(empty_arrived_.begin(), empty_arrived_.end(), 1));
-  }
-  for (const auto& [key, p] : model->partitions) {
-    if (!p->closed) fewest = std::min(fewest, p->arrived_count);
-  }
+  const int fewest = model->partitions.empty() ? sync_.EmptyCount() : sync_.FewestOpen();
   if (fewest < model->min_replicas) {
-    sync_failure_ = absl::DeadlineExceededError(absl::StrCat(
+    sync_.Fail(absl::DeadlineExceededError(absl::StrCat(
         "sync step ", step, " failed: its deadline (sync.step_deadline_ms ",
         absl::ToInt64Milliseconds(model->step_deadline),
         ", from the step's first gradient) passed with ", fewest, " of the ",
         model->min_replicas, " gradients it needs at least (sync.min_replicas); ",
-        WaitingOnLocked()));
-    snapshots_.FailAfter(version_, sync_failure_);
+        WaitingOnLocked())));
+    snapshots_.FailAfter(version_, sync_.failure());
     CollectReadyLocked(completions);
     return;
   }
   if (model->partitions.empty()) {
-    std::fill(empty_arrived_.begin(), empty_arrived_.end(), 0);
+    sync_.ClearEmpty();
     CompleteStepLocked(step, fewest, completions);
     return;
   }
   std::vector<std::pair<PartitionState*, std::vector<int>>> to_apply;
   for (auto& [key, p] : model->partitions) {
-    if (!p->closed) to_apply.emplace_back(p.get(), ClosePartitionLocked(*model, p.get()));
+    if (!sync_.Closed(p->index)) to_apply.emplace_back(p.get(), sync_.Close(p->index));
   }
   if (to_apply.empty()) return;  // every partition is being applied by its last push
   // Apply outside the lock, as a push does; late pushes of this step find
@@ -1207,7 +1152,8 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
         absl::StrCat("gradient for ", KeyString(bad->partition->key), " contains NaN or Inf"));
   }
   // This push is update `ticket` of the run.
-  const int64_t bytes = ApplyEach(*model, grads, AsyncUpdate(*model, ticket, header.step()), &apply_seconds_);
+  const int64_t bytes =
+      ApplyEach(*model, grads, AsyncUpdate(*model, ticket, header.step()), &apply_seconds_);
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
@@ -1260,7 +1206,8 @@ uint64_t ParameterServer::StartPullRows(const PullRowsRequest& request, PullRows
     if (st.ok() && request.timeout_ms() < 0) {
       st = absl::InvalidArgumentError("PullRows: negative timeout_ms");
     }
-    if (st.ok() && static_cast<int64_t>(ids->size()) * table->rows->dim() * 4 > RowStore::kMaxRowsBytes) {
+    if (st.ok() &&
+        static_cast<int64_t>(ids->size()) * table->rows->dim() * 4 > RowStore::kMaxRowsBytes) {
       st = absl::InvalidArgumentError(absl::StrCat(
           "PullRows: ", ids->size(), " rows of ", table->rows->dim(), " floats exceed ",
           RowStore::kMaxRowsBytes, " bytes; pull them in parts"));
@@ -1415,7 +1362,7 @@ absl::Status ParameterServer::PushRows(const PushRowsRequest& request,
     counters_.push_payload_bytes += grad_bytes;
     counters_.push_copied_bytes += grad_bytes;
     if (model->sync) {
-      if (!sync_failure_.ok()) return sync_failure_;
+      if (!sync_.failure().ok()) return sync_.failure();
       if (request.step() < version_) {
         ++counters_.gradients_dropped_stale;
         response->set_outcome(DROPPED_STALE);
@@ -1469,20 +1416,7 @@ std::vector<bool> ParameterServer::SyncWaitingOn() {
   absl::MutexLock lock(&mu_);
   std::vector<bool> out;
   if (!initialized_ || !model_->sync || FinishedLocked()) return out;
-  out.assign(model_->num_workers, false);
-  for (int w = 0; w < model_->num_workers; ++w) {
-    if (model_->partitions.empty()) {
-      out[w] = empty_arrived_[w] == 0;
-      continue;
-    }
-    for (const auto& [key, p] : model_->partitions) {
-      if (!p->closed && !p->arrived[w] && !p->in_flight[w]) {
-        out[w] = true;
-        break;
-      }
-    }
-  }
-  return out;
+  return sync_.WaitingOn();
 }
 
 const char* ParameterServer::RejectionName(Rejection r) {
@@ -1580,7 +1514,7 @@ void ParameterServer::GetStatus(PsStatusResponse* response) {
   response->set_learning_rate(model_->learning_rate.At(version_));
   for (size_t w = 0; w < worker_clock_.size(); ++w) {
     WorkerProgress* wp = response->add_workers();
-    const StepCursor& c = model_->sync ? completed_cursors_[w] : async_cursors_[w];
+    const StepCursor& c = model_->sync ? sync_.completed_cursors()[w] : async_cursors_[w];
     if (!model_->sync) wp->set_pushes_applied(worker_clock_[w]);
     wp->set_has_cursor(c.set);
     wp->set_cursor_epoch(c.epoch);

@@ -41,13 +41,14 @@
 // The parts this server holds, each with its own state and tests:
 //   server_model.h  what Initialize installs: settings, partitions, tables
 //   apply.h         gradients located in a push; the sync mean, async applies
+//   sync_step.h     the open sync step: per-partition quorums, clock, cursors
 //   held_pushes.h   async pushes in parts, per worker
 //   parked_pulls.h  pulls waiting for their version
 //   row_store.h     embedding row requests: lookups, staging, loads
 //   snapshotter.h   checkpoint cuts, their writer thread and outcomes
 // What stays here is admission and the step: incarnations and sessions,
-// the version, the sync step's quorum and deadline, async staleness and
-// max_steps, the counters, and the timer that ends waits at their deadlines.
+// the version and when a step completes, async staleness and max_steps,
+// the counters, and the timer that ends waits at their deadlines.
 //
 // Locking: `mu_` guards the small shared state (version, who pushed, the
 // parked pulls, the held pushes, counters) and is never held while tensors
@@ -92,6 +93,7 @@
 #include "ps_server/row_store.h"
 #include "ps_server/server_model.h"
 #include "ps_server/snapshotter.h"
+#include "ps_server/sync_step.h"
 
 namespace pstrain {
 
@@ -324,8 +326,6 @@ class ParameterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status PushAsync(const std::shared_ptr<Model>& model, const PushRequest& header,
                          const std::vector<GradientRef>& grads, PushResponse* response);
-  // Sync: closes partition `p` with the workers that arrived (mu_ held).
-  static std::vector<int> ClosePartitionLocked(const Model& model, PartitionState* p);
   // Sync: installs the partitions of `step` applied outside the lock; when
   // they were the step's last open ones, publishes the step. Returns whether
   // the step completed.
@@ -417,16 +417,8 @@ class ParameterServer {
   std::shared_ptr<Model> model_ ABSL_GUARDED_BY(mu_);
   // Number of applied updates (sync: steps; async: pushes).
   int64_t version_ ABSL_GUARDED_BY(mu_) = 0;
-  // Sync: partitions of the open step not yet applied.
-  int open_partitions_ ABSL_GUARDED_BY(mu_) = 0;
-  // Sync: when the open step's deadline passes (InfiniteFuture until its
-  // first gradient arrives, or without a deadline), and the error of a step
-  // that failed at its deadline (then the run is over on this server).
-  absl::Time step_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
-  absl::Status sync_failure_ ABSL_GUARDED_BY(mu_);
-  // Sync, on a server that holds no partition (more servers than pieces):
-  // which workers pushed for the open step; the step completes on the quorum.
-  std::vector<char> empty_arrived_ ABSL_GUARDED_BY(mu_);
+  // Sync: the open step's quorum, clock, outcome and cursors.
+  SyncStep sync_ ABSL_GUARDED_BY(mu_);
   // An Initialize sent in parts, gathered until the last part is in.
   struct PendingInit {
     uint64_t incarnation = 0;
@@ -445,16 +437,10 @@ class ParameterServer {
   // Counts a refused push (never an UNAVAILABLE one: a server not ready or
   // shutting down refuses nothing about the push itself).
   void RejectLocked(Rejection reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sync: when the open step's first gradient arrived (InfiniteFuture: none yet).
-  absl::Time step_first_gradient_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   Histogram apply_seconds_{Histogram::SecondsBounds()};
   Histogram quorum_wait_seconds_{Histogram::SecondsBounds()};
   Histogram staleness_{StalenessBounds()};
   ParkedPulls parked_ ABSL_GUARDED_BY(mu_);
-  // Sync: each worker's data cursor as its push for the open step said, and
-  // as of the latest completed step it pushed to.
-  std::vector<StepCursor> step_cursors_ ABSL_GUARDED_BY(mu_);
-  std::vector<StepCursor> completed_cursors_ ABSL_GUARDED_BY(mu_);
   // Each worker's newest session (its process; PushRequest.session), and
   // the step open when a later session than the first reached this server
   // (-1: none): its gradients for that step may repeat what its earlier

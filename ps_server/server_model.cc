@@ -239,8 +239,6 @@ absl::StatusOr<std::unique_ptr<PartitionState>> NewPartition(const NamedTensor& 
     p->current = std::make_shared<std::vector<float>>(std::move(t->values()));
   }
   p->staging.resize(model.sync ? model.num_workers : 0);
-  p->arrived.assign(model.sync ? model.num_workers : 0, 0);
-  p->in_flight.assign(model.sync ? model.num_workers : 0, 0);
   return p;
 }
 

@@ -86,18 +86,15 @@ struct PartitionState {
   std::shared_ptr<const std::vector<uint16_t>> Bfloat16Of(
       const std::shared_ptr<const std::vector<float>>& values) ABSL_LOCKS_EXCLUDED(mu);
 
+  // Its place in the model's partition order (the server's SyncStep names
+  // partitions by it); set when the model is installed.
+  int index = 0;
   // Sync: worker w's gradient for the open step. Written only by w's push
-  // while in_flight[w] is set, read only by this partition's apply.
+  // while it is on its way (SyncStep::Begin), read only by this partition's
+  // apply.
   std::vector<std::vector<float>> staging;
-  // Sync bookkeeping for the open step, guarded by the server's lock: whose
-  // gradients are staged or being staged, whether the quorum was reached
-  // (closed), and the applied values waiting to be published (served early
-  // to pulls of the next version).
-  std::vector<char> arrived;
-  std::vector<char> in_flight;
-  int arrived_count = 0;
-  bool closed = false;
-  int closed_count = 0;  // gradients the closed partition applies
+  // Sync, guarded by the server's lock: the applied values waiting to be
+  // published with the step (served early to pulls of the next version).
   Buffer next;
 
   // For the server's partition_stats(): counted without a lock.

@@ -124,7 +124,6 @@ TEST_CASE(
   CHECK((*p)->key == PartitionKey{"w", 0});
   CHECK((*p)->size == 3);
   CHECK((*p)->staging.size() == 3);
-  CHECK((*p)->arrived.size() == 3);
   {
     absl::MutexLock lock(&(*p)->mu);
     CHECK(*(*p)->current == std::vector<float>{1, 2, 3});

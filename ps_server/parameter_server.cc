@@ -39,47 +39,6 @@ ParameterServer::~ParameterServer() {
   timer_.join();
 }
 
-absl::StatusOr<bool> ParameterServer::GatherPartLocked(const InitializeRequest& request,
-                                                       std::shared_ptr<Model>* model) {
-  const int num_parts = request.num_parts();
-  PendingInit* pending = pending_init_.get();
-  if (pending == nullptr || pending->incarnation != request.incarnation() ||
-      pending->fingerprint != request.config_fingerprint() ||
-      pending->num_workers != request.num_workers() ||
-      pending->start_step != request.start_step() ||
-      static_cast<int>(pending->got.size()) != num_parts) {
-    // A new run's first part (an unfinished earlier gathering is dropped).
-    pending_init_ = std::make_unique<PendingInit>();
-    pending = pending_init_.get();
-    pending->incarnation = request.incarnation();
-    pending->fingerprint = request.config_fingerprint();
-    pending->num_workers = request.num_workers();
-    pending->start_step = request.start_step();
-    pending->got.assign(num_parts, 0);
-  }
-  if (pending->got[request.part()]) return false;  // a retried part
-  if (pending->model == nullptr) {
-    pending->model = std::move(*model);  // the first part's settings and partitions
-  } else {
-    for (const auto& [key, p] : (*model)->partitions) {
-      if (pending->model->partitions.count(key) != 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("Initialize: ", KeyString(key), " in two parts"));
-      }
-    }
-    for (auto& [key, p] : (*model)->partitions) {
-      pending->model->partitions.emplace(key, std::move(p));
-    }
-  }
-  pending->got[request.part()] = 1;
-  if (std::count(pending->got.begin(), pending->got.end(), 1) < num_parts) {
-    return false;
-  }
-  *model = std::move(pending->model);
-  pending_init_.reset();
-  return true;
-}
-
 void ParameterServer::InstallLocked(const InitializeRequest& request, std::shared_ptr<Model> model,
                                     std::vector<Completion>* completions) {
   // Pulls parked for an earlier incarnation end now.
@@ -128,7 +87,7 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
       return absl::AlreadyExistsError("already initialized for this incarnation");
     }
     if (num_parts > 1) {
-      ASSIGN_OR_RETURN(bool complete, GatherPartLocked(request, &model));
+      ASSIGN_OR_RETURN(bool complete, init_parts_.Add(request, &model));
       if (!complete) return absl::OkStatus();
     }
     InstallLocked(request, std::move(model), &completions);

@@ -43,6 +43,7 @@
 //   apply.h         gradients located in a push; the sync mean, async applies
 //   sync_step.h     the open sync step: per-partition quorums, clock, cursors
 //   held_pushes.h   async pushes in parts, per worker
+//   init_parts.h    an Initialize in parts, gathered until the last is in
 //   parked_pulls.h  pulls waiting for their version
 //   row_store.h     embedding row requests: lookups, staging, loads
 //   snapshotter.h   checkpoint cuts, their writer thread and outcomes
@@ -88,6 +89,7 @@
 #include "ps_server/apply.h"
 #include "ps_server/embedding_table.h"
 #include "ps_server/held_pushes.h"
+#include "ps_server/init_parts.h"
 #include "ps_server/optimizer.h"
 #include "ps_server/parked_pulls.h"
 #include "ps_server/row_store.h"
@@ -269,13 +271,6 @@ class ParameterServer {
   // Attaches the bfloat16 rounding of each pulled version (outside mu_).
   static void AttachBfloat16(PullReply* reply);
   static std::string KeyString(const Key& key) { return PartitionKeyString(key); }
-  // Initialize's steps beyond building the model (NewServerModel and
-  // NewPartition, server_model.h). One part of an Initialize sent in parts, gathered into pending_init_:
-  // true, with *model the whole, once the last part is in; false until
-  // then (and for a part retried).
-  absl::StatusOr<bool> GatherPartLocked(const InitializeRequest& request,
-                                        std::shared_ptr<Model>* model)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes `model` the run's, from the request's step: pulls parked for the
   // run before end (into `completions`), and every per-run state restarts.
   void InstallLocked(const InitializeRequest& request, std::shared_ptr<Model> model,
@@ -420,15 +415,7 @@ class ParameterServer {
   // Sync: the open step's quorum, clock, outcome and cursors.
   SyncStep sync_ ABSL_GUARDED_BY(mu_);
   // An Initialize sent in parts, gathered until the last part is in.
-  struct PendingInit {
-    uint64_t incarnation = 0;
-    uint64_t fingerprint = 0;
-    int num_workers = 0;
-    int64_t start_step = 0;
-    std::vector<char> got;  // per part
-    std::shared_ptr<Model> model;
-  };
-  std::unique_ptr<PendingInit> pending_init_ ABSL_GUARDED_BY(mu_);
+  InitParts init_parts_ ABSL_GUARDED_BY(mu_);
   // Async: pushes admitted but not yet counted in version_ (bounds max_steps).
   int64_t async_admitted_ ABSL_GUARDED_BY(mu_) = 0;
   // Async: pushes applied per worker (the SSP clock).

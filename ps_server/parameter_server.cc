@@ -1,32 +1,24 @@
 #include "ps_server/parameter_server.h"
 
 #include <algorithm>
-#include <array>
-#include <chrono>
-#include <cstring>
+#include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
-#include "common/base/bfloat16.h"
-#include "common/storage/checkpoint.h"
-#include "common/cluster/config.h"
-#include "common/base/embedding_ids.h"
-#include "common/storage/env.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/base/tensor.h"
 
 namespace pstrain {
-namespace {
-
-
-}  // namespace
 
 ParameterServer::ParameterServer(absl::Duration max_wait)
     : max_wait_(max_wait), timer_([this] { TimerLoop(); }) {}
 
 ParameterServer::~ParameterServer() {
+  snapshots_.Stop();  // no queued shard is written from here on
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
@@ -880,6 +872,9 @@ void ParameterServer::CompleteStepLocked(int64_t step, int contributors,
   RowStore::ApplyStaged(model_.get(), step, contributors);
   counters_.pushes_applied += contributors;
   version_ = step + 1;
+  // A step applying when the one before failed at its deadline completes
+  // still: its shard may be cut, later ones not.
+  if (!sync_.failure().ok()) snapshots_.FailAfter(version_, sync_.failure());
   if (std::optional<absl::Duration> wait = sync_.Completed(absl::Now())) {
     // Wall-clock times: a clock stepped back must not make a negative wait.
     quorum_wait_seconds_.Observe(std::max(0.0, absl::ToDoubleSeconds(*wait)));
@@ -901,11 +896,8 @@ void ParameterServer::MaybeSnapshotLocked(int64_t version) {
   CutLocked(version, sync_.cursors());
 }
 
-void ParameterServer::CutLocked(int64_t step, const std::vector<StepCursor>& cursors,
-                                double pause_seconds) {
-  std::unique_ptr<ShardSnapshot> cut = CutShard(*model_, step, incarnation_, cursors);
-  if (pause_seconds >= 0) cut->pause_seconds = pause_seconds;
-  snapshots_.Enqueue(std::move(cut));
+void ParameterServer::CutLocked(int64_t step, const std::vector<StepCursor>& cursors) {
+  snapshots_.Enqueue(CutShard(*model_, step, incarnation_, cursors));
 }
 
 absl::Status ParameterServer::AwaitPushesReleasedLocked(const std::shared_ptr<Model>& model,
@@ -971,9 +963,11 @@ absl::Status ParameterServer::Snapshot(const SnapshotRequest& request,
         " push(es) or parts still applying or awaiting parts after ",
         absl::FormatDuration(timeout)));
   }
-  const absl::Duration pause = absl::Now() - start;
-  CutLocked(step, async_cursors_, absl::ToDoubleSeconds(pause));
+  std::unique_ptr<ShardSnapshot> cut = CutShard(*model_, step, incarnation_, async_cursors_);
   holding_pushes_ = false;  // waiting pushes go on as mu_ is released
+  const absl::Duration pause = absl::Now() - start;
+  cut->pause_seconds = absl::ToDoubleSeconds(pause);  // the hold, the cut's copy included
+  snapshots_.Enqueue(std::move(cut));
   response->set_version(version_);
   response->set_pause_us(absl::ToInt64Microseconds(pause));
   return absl::OkStatus();
@@ -995,8 +989,9 @@ absl::Status ParameterServer::GetShard(const GetShardRequest& request,
     incarnation = incarnation_;
   }
   // Waits on the snapshotter's lock, not this one.
-  absl::StatusOr<GetShardResponse> shard = snapshots_.Await(incarnation, step, timeout);
-  if (absl::IsDeadlineExceeded(shard.status())) {
+  bool timed_out = false;
+  absl::StatusOr<GetShardResponse> shard = snapshots_.Await(incarnation, step, timeout, &timed_out);
+  if (timed_out) {
     absl::MutexLock lock(&mu_);
     return absl::DeadlineExceededError(absl::StrCat(shard.status().message(),
                                                     " (server at version ", version_, ")"));

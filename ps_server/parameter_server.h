@@ -390,7 +390,7 @@ class ParameterServer {
   // Queues a cut of the partitions as they stand, with `cursors`, for the
   // writer. No apply may run meanwhile (sync: the step boundary; async:
   // pushes held).
-  void CutLocked(int64_t step, const std::vector<StepCursor>& cursors, double pause_seconds = -1)
+  void CutLocked(int64_t step, const std::vector<StepCursor>& cursors)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits while an async cut holds pushes (up to max_wait_); UNAVAILABLE or
   // FAILED_PRECONDITION when the server shut down or `model` was replaced.

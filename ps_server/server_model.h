@@ -17,10 +17,11 @@
 //
 // Locks: `apply_mu` serialises a partition's updates (held while computing
 // one, and guards its optimizer slots); `mu` guards which buffer is current,
-// the spares and the bfloat16 cache (held for pointer swaps only). The open
-// sync step's bookkeeping in a partition and a table's staged rows are
-// guarded by the server's lock (ParameterServer::mu_), which this file cannot
-// name; they are marked so.
+// the spares and the bfloat16 cache (held for pointer swaps only). A
+// partition's `next` (a sync step's applied values) and a table's staged
+// rows are guarded by the server's lock (ParameterServer::mu_), which this
+// file cannot name; they are marked so. The open sync step's bookkeeping is
+// the server's SyncStep (sync_step.h).
 #ifndef PSTRAIN_PS_SERVER_SERVER_MODEL_H_
 #define PSTRAIN_PS_SERVER_SERVER_MODEL_H_
 
@@ -41,6 +42,13 @@
 #include "ps_server/optimizer.h"
 
 namespace pstrain {
+
+// Where a worker's data stood at a step (its push said so).
+struct StepCursor {
+  bool set = false;
+  int64_t epoch = 0;
+  int64_t position = 0;
+};
 
 // (variable, partition)
 using PartitionKey = std::pair<std::string, int>;

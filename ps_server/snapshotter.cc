@@ -63,12 +63,14 @@ std::unique_ptr<ShardSnapshot> CutShard(const ServerModel& model, int64_t step,
 Snapshotter::Snapshotter() : writer_([this] { WriterLoop(); }) {}
 
 Snapshotter::~Snapshotter() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-    closed_ = true;
-  }
+  Stop();
   writer_.join();
+}
+
+void Snapshotter::Stop() {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  closed_ = true;
 }
 
 void Snapshotter::Reset(uint64_t incarnation) {
@@ -123,13 +125,15 @@ void Snapshotter::Close() {
 }
 
 absl::StatusOr<GetShardResponse> Snapshotter::Await(uint64_t incarnation, int64_t step,
-                                                    absl::Duration timeout) {
+                                                    absl::Duration timeout, bool* timed_out) {
+  if (timed_out != nullptr) *timed_out = false;
   absl::MutexLock lock(&mu_);
   auto ended = [this, incarnation, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return closed_ || incarnation_ != incarnation || written_.count(step) != 0 ||
            (!failure_.ok() && step > failed_after_);
   };
   if (!mu_.AwaitWithTimeout(absl::Condition(&ended), timeout)) {
+    if (timed_out != nullptr) *timed_out = true;
     return absl::DeadlineExceededError(absl::StrCat("GetShard: no shard for step ", step, " after ",
                                                     absl::FormatDuration(timeout)));
   }

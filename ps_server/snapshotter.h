@@ -33,13 +33,6 @@
 
 namespace pstrain {
 
-// Where a worker's data stood at a step (its push said so).
-struct StepCursor {
-  bool set = false;
-  int64_t epoch = 0;
-  int64_t position = 0;
-};
-
 // Takes `model`'s partitions and table rows as they stand, for checkpoint
 // `step` of run `incarnation`, with `cursors` (one per worker). The caller
 // sees to it that no apply runs meanwhile (sync: a step boundary; async:
@@ -63,7 +56,7 @@ class Snapshotter {
   };
 
   Snapshotter();
-  // Stops the writer: a shard being written is finished, queued ones are not.
+  // Stop()s, and joins the writer.
   ~Snapshotter();
   Snapshotter(const Snapshotter&) = delete;
   Snapshotter& operator=(const Snapshotter&) = delete;
@@ -85,18 +78,23 @@ class Snapshotter {
   bool TakeScheduled(int64_t version);
 
   // Steps after `version` will never be cut (a sync step failed at its
-  // deadline): GetShard for them ends with `why` at once.
+  // deadline): GetShard for them ends with `why` at once. Called again
+  // when the version still moves (a step that was applying completes).
   void FailAfter(int64_t version, absl::Status why);
   // The server shut down: every wait ends with UNAVAILABLE.
   void Close();
+  // Close()s, and stops the writer: a shard being written is finished,
+  // queued ones are not (the server is going away).
+  void Stop();
 
   // Waits until the shard of `step` (of run `incarnation`) is written or
   // failed, at most `timeout`, and returns its description or why there is
   // none: DEADLINE_EXCEEDED when the time ran out, FAILED_PRECONDITION when
   // another run replaced `incarnation`, UNAVAILABLE once closed, the
-  // failure of FailAfter, or the write's own error.
-  absl::StatusOr<GetShardResponse> Await(uint64_t incarnation, int64_t step,
-                                         absl::Duration timeout);
+  // failure of FailAfter, or the write's own error. `*timed_out` (when
+  // given) says whether it was the wait's own deadline.
+  absl::StatusOr<GetShardResponse> Await(uint64_t incarnation, int64_t step, absl::Duration timeout,
+                                         bool* timed_out = nullptr);
 
   Stats stats() const;
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "catch2/catch.hpp"
 #include "common/base/tensor.h"
 #include "common/cluster/config.h"
@@ -168,6 +169,41 @@ TEST_CASE(
   auto closed = snapshots.Await(kRun + 1, 4, absl::Seconds(30));
   close.join();
   CHECK(absl::IsUnavailable(closed.status()));
+}
+
+TEST_CASE("snapshotter: only the wait's own deadline is reported as timed out",
+          "[ps][snapshot]") {
+  Snapshotter snapshots;
+  snapshots.Reset(kRun);
+  bool timed_out = false;
+  CHECK(absl::IsDeadlineExceeded(
+      snapshots.Await(kRun, 1, absl::Milliseconds(10), &timed_out).status()));
+  CHECK(timed_out);
+  // A failed step's error is DEADLINE_EXCEEDED too, and is returned as it is.
+  snapshots.FailAfter(0, absl::DeadlineExceededError("sync step 0 failed"));
+  auto failed = snapshots.Await(kRun, 1, absl::Seconds(30), &timed_out);
+  CHECK(failed.status().message() == "sync step 0 failed");
+  CHECK_FALSE(timed_out);
+  // The version moved after the failure (a step that was applying
+  // completed): its shard may still come, the next ones not.
+  snapshots.FailAfter(1, absl::DeadlineExceededError("sync step 0 failed"));
+  CHECK(absl::IsDeadlineExceeded(
+      snapshots.Await(kRun, 1, absl::Milliseconds(10), &timed_out).status()));
+  CHECK(timed_out);
+}
+
+TEST_CASE("snapshotter: once stopped, nothing queued is written and waits end",
+          "[ps][snapshot]") {
+  const std::string dir = TestDir("stopped");
+  auto model = Model(dir);
+  Snapshotter snapshots;
+  snapshots.Reset(kRun);
+  snapshots.Stop();
+  snapshots.Enqueue(CutShard(*model, 2, kRun, {}));
+  CHECK(absl::IsUnavailable(snapshots.Await(kRun, 2, absl::Seconds(30)).status()));
+  absl::SleepFor(absl::Milliseconds(50));
+  CHECK(snapshots.stats().written == 0);
+  CHECK_FALSE(Env::Default()->FileExists(JoinPath(dir, "ckpt-2")));
 }
 
 TEST_CASE("snapshotter: a shard of the run before is not this run's", "[ps][snapshot]") {

@@ -21,7 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "ps_server/snapshotter.h"
+#include "ps_server/server_model.h"
 
 namespace pstrain {
 

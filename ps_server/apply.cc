@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -38,6 +39,38 @@ class ApplyTimer {
 // Elements per apply chunk: the summed or copied gradient of one chunk stays
 // in L1 while the optimizer consumes it.
 constexpr int64_t kChunk = 2048;
+
+// The version a partition's update reads (`in`) and a spare buffer it
+// writes the next one into (`out`); `apply_mu` held by the caller.
+struct UpdateBuffers {
+  PartitionState::Buffer in, out;
+};
+UpdateBuffers TakeUpdateBuffers(PartitionState* p) {
+  absl::MutexLock lock(&p->mu);
+  return {p->current, p->TakeSpareLocked()};
+}
+
+// Walks gradient `g`'s elements a chunk at a time: each run of the
+// received bytes is moved (bfloat16 widened) into `chunk`, aligned and in
+// L1, and `apply(at, n, chunk)` takes elements [at, at + n).
+template <typename F>
+void ForEachChunk(const GradientRef& g, std::array<float, kChunk>* chunk, F apply) {
+  int64_t at = 0;  // element of the partition
+  g.bytes->ForEachRun(g.offset, g.partition->size, g.bfloat16 ? 2 : 4,
+                      [&](const char* src, int64_t n) {
+                        for (int64_t i = 0; i < n;) {
+                          const int64_t m = std::min(kChunk, n - i);
+                          if (g.bfloat16) {
+                            Bfloat16ToFloats(src + 2 * i, m, chunk->data());
+                          } else {
+                            std::memcpy(chunk->data(), src + 4 * i, 4 * m);
+                          }
+                          apply(at, m, chunk->data());
+                          at += m;
+                          i += m;
+                        }
+                      });
+}
 
 }  // namespace
 
@@ -136,12 +169,7 @@ PartitionState::Buffer ApplyMean(const ServerModel& model, PartitionState* p,
   const float count = static_cast<float>(parts.size());
   absl::MutexLock apply_lock(&p->apply_mu);
   ApplyTimer timer(&p->apply_nanos, apply_seconds);
-  PartitionState::Buffer in, out;
-  {
-    absl::MutexLock lock(&p->mu);
-    in = p->current;
-    out = p->TakeSpareLocked();
-  }
+  UpdateBuffers b = TakeUpdateBuffers(p);
   UpdateInfo update;
   update.learning_rate = model.learning_rate.At(step);
   update.count = ++p->updates;
@@ -151,8 +179,8 @@ PartitionState::Buffer ApplyMean(const ServerModel& model, PartitionState* p,
     // own copy).
     float* g = p->staging[workers[0]].data();
     if (model.clip_value > 0) ClipByValue(g, p->size, model.clip_value);
-    model.optimizer->ApplyRange(in->data(), out->data(), g, p->size, &p->slots, 0, update);
-    return out;
+    model.optimizer->ApplyRange(b.in->data(), b.out->data(), g, p->size, &p->slots, 0, update);
+    return std::move(b.out);
   }
   // Elements [at, at + n): `got` holds the direct gradient's.
   auto apply = [&](int64_t at, int64_t n, float* got) {
@@ -168,29 +196,14 @@ PartitionState::Buffer ApplyMean(const ServerModel& model, PartitionState* p,
       for (int64_t i = 0; i < n; ++i) g[i] /= count;
     }
     if (model.clip_value > 0) ClipByValue(g, n, model.clip_value);
-    model.optimizer->ApplyRange(in->data() + at, out->data() + at, g, n, &p->slots, at, update);
+    model.optimizer->ApplyRange(b.in->data() + at, b.out->data() + at, g, n, &p->slots, at, update);
   };
   if (direct == nullptr) {
     for (int64_t c = 0; c < p->size; c += kChunk) apply(c, std::min(kChunk, p->size - c), nullptr);
-    return out;
+    return std::move(b.out);
   }
-  // The received bytes' runs, each moved into an aligned chunk in L1.
-  int64_t at = 0;
-  direct->bytes->ForEachRun(direct->offset, p->size, direct->bfloat16 ? 2 : 4,
-                            [&](const char* src, int64_t n) {
-                              for (int64_t i = 0; i < n;) {
-                                const int64_t m = std::min(kChunk, n - i);
-                                if (direct->bfloat16) {
-                                  Bfloat16ToFloats(src + 2 * i, m, received.data());
-                                } else {
-                                  std::memcpy(received.data(), src + 4 * i, 4 * m);
-                                }
-                                apply(at, m, received.data());
-                                at += m;
-                                i += m;
-                              }
-                            });
-  return out;
+  ForEachChunk(*direct, &received, apply);
+  return std::move(b.out);
 }
 
 int64_t ApplyEach(const ServerModel& model, const std::vector<GradientRef>& grads,
@@ -203,37 +216,20 @@ int64_t ApplyEach(const ServerModel& model, const std::vector<GradientRef>& grad
     PartitionState* p = g.partition;
     absl::MutexLock apply_lock(&p->apply_mu);
     ApplyTimer timer(&p->apply_nanos, apply_seconds);
-    PartitionState::Buffer in, out;
-    {
-      absl::MutexLock lock(&p->mu);
-      in = p->current;
-      out = p->TakeSpareLocked();
-    }
+    UpdateBuffers b = TakeUpdateBuffers(p);
     update.count = ++p->updates;
-    int64_t at = 0;  // element of the partition
-    const int element_bytes = g.bfloat16 ? 2 : 4;
-    g.bytes->ForEachRun(g.offset, p->size, element_bytes, [&](const char* src, int64_t n) {
-      for (int64_t i = 0; i < n;) {
-        const int64_t m = std::min(kChunk, n - i);
-        if (g.bfloat16) {
-          Bfloat16ToFloats(src + 2 * i, m, chunk.data());
-        } else {
-          std::memcpy(chunk.data(), src + 4 * i, 4 * m);
-        }
-        if (model.clip_value > 0) ClipByValue(chunk.data(), m, model.clip_value);
-        model.optimizer->ApplyRange(in->data() + at, out->data() + at, chunk.data(), m, &p->slots,
-                                    at, update);
-        at += m;
-        i += m;
-      }
+    ForEachChunk(g, &chunk, [&](int64_t at, int64_t m, float* grad) {
+      if (model.clip_value > 0) ClipByValue(grad, m, model.clip_value);
+      model.optimizer->ApplyRange(b.in->data() + at, b.out->data() + at, grad, m, &p->slots, at,
+                                  update);
     });
     {
       absl::MutexLock lock(&p->mu);
-      p->PublishLocked(std::move(out));
+      p->PublishLocked(std::move(b.out));
     }
-    bytes += p->size * element_bytes;
+    bytes += g.byte_size();
     p->pushes.fetch_add(1, std::memory_order_relaxed);
-    p->push_bytes.fetch_add(p->size * element_bytes, std::memory_order_relaxed);
+    p->push_bytes.fetch_add(g.byte_size(), std::memory_order_relaxed);
   }
   return bytes;
 }

@@ -23,7 +23,7 @@
 #include "chief/training_events.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
-#include "common/client/ps_client.h"
+#include "common/client/grpc_ps_client.h"
 #include "common/cluster/config.h"
 #include "common/cluster/placement.h"
 #include "common/storage/env.h"
@@ -94,7 +94,7 @@ class Heartbeat {
 
  private:
   void Run(const RunContext& run, Chief* chief) {
-    PsClient probe(run.cluster, &run.placement, /*worker=*/-1, run.rpc_timeout);
+    GrpcPsClient probe(run.cluster, &run.placement, /*worker=*/-1, run.rpc_timeout);
     while (!stop_.WaitForNotificationWithTimeout(absl::Milliseconds(250))) {
       const int64_t generation = chief->health_generation();
       if (generation < 0) continue;  // a rollback under way
@@ -442,7 +442,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   ASSIGN_OR_RETURN(const std::optional<Dataset> test, LoadTestSet(config, *model));
   const RunContext run(config, cluster, placement);
 
-  PsClient ps(cluster, &placement, /*worker=*/-1, run.rpc_timeout);
+  GrpcPsClient ps(cluster, &placement, /*worker=*/-1, run.rpc_timeout);
   ps.set_incarnation(incarnation);
   // The evaluation's pulls: a share of up to 64 MiB in one call, read at
   // one version; a larger one in calls of up to 64 MiB of whole

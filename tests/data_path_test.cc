@@ -30,7 +30,7 @@
 #include "common/storage/env.h"
 #include "common/rpc/grpc_lifetime.h"
 #include "common/cluster/placement.h"
-#include "common/client/ps_client.h"
+#include "common/client/grpc_ps_client.h"
 #include "common/rpc/rpc.h"
 #include "tools/subprocess.h"
 #include "common/testing/skip.h"
@@ -81,7 +81,7 @@ struct Servers {
   std::vector<std::unique_ptr<Subprocess>> procs;
   std::optional<Placement> placement;
   std::vector<VariableSpec> vars = {{"w", {512, 256}}, {"b", {256}}};
-  std::unique_ptr<PsClient> chief;
+  std::unique_ptr<GrpcPsClient> chief;
 
   // `settings`: text-format lines added to the training config (the
   // optimizer, the mode); `workers`: how many the servers expect;
@@ -118,7 +118,7 @@ data { train_images: "x" train_labels: "y" batch_size: 1 }
 max_steps: 100000
 )", settings.empty() ? "optimizer { learning_rate: 0.5 }" : settings), "test");
     REQUIRE(config.ok());
-    chief = std::make_unique<PsClient>(*cluster, &*placement, -1, absl::Seconds(20));
+    chief = std::make_unique<GrpcPsClient>(*cluster, &*placement, -1, absl::Seconds(20));
     chief->set_incarnation(4242);
     std::vector<Tensor> init;
     for (const VariableSpec& v : vars) {
@@ -127,8 +127,8 @@ max_steps: 100000
     REQUIRE(chief->InitializeAll(*config, 7, workers, 0, init, absl::Seconds(30)).ok());
   }
 
-  std::unique_ptr<PsClient> Worker(int w) {
-    auto c = std::make_unique<PsClient>(*cluster, &*placement, w, absl::Seconds(20));
+  std::unique_ptr<GrpcPsClient> Worker(int w) {
+    auto c = std::make_unique<GrpcPsClient>(*cluster, &*placement, w, absl::Seconds(20));
     c->set_incarnation(4242);
     return c;
   }
@@ -167,7 +167,7 @@ Buffers ClientGradients(const std::vector<VariableSpec>& vars, int k) {
 
 // One sync step driven from this thread: both workers pull the step, then
 // push (the second push completes it).
-void SyncStep(Servers& s, PsClient& w0, PsClient& w1, Buffers& b0, Buffers& b1, int64_t step) {
+void SyncStep(Servers& s, GrpcPsClient& w0, GrpcPsClient& w1, Buffers& b0, Buffers& b1, int64_t step) {
   const std::vector<int64_t> at(s.cluster->num_ps(), step);
   PsClient::PullResult r0, r1;
   REQUIRE(w0.PullInto(at, absl::Seconds(20), b0.dst(), &r0).ok());
@@ -306,9 +306,10 @@ TEST_CASE("sync: the next step's pull goes out with the push; each partition com
   PsClient::PullResult r;
   REQUIRE(w0->PullInto({0}, absl::Seconds(20), b.dst(), &r).ok());
   const int64_t pulled_before = status().pull_payload_bytes();
-  REQUIRE(w0->PushBegin({0}, b.src()).ok());
+  auto w0_push = w0->StartPush({0}, b.src());
+  REQUIRE(w0_push.ok());
   w0->PrefetchPull({1}, absl::Seconds(20));
-  REQUIRE(w0->PushReady(w_index, w_index + 1).ok());
+  REQUIRE((*w0_push)->Ready(w_index, w_index + 1).ok());
   // "w" is applied; the step waits for "b". The server sends "w" now.
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   PsStatusResponse st = status();
@@ -319,7 +320,7 @@ TEST_CASE("sync: the next step's pull goes out with the push; each partition com
   CHECK(st.pull_payload_bytes() == pulled_before + w_bytes);
   CHECK(st.version() == 0);
   std::vector<PushOutcome> out;
-  REQUIRE(w0->PushEnd(&out).ok());
+  REQUIRE((*w0_push)->Wait(&out).ok());
   CHECK(out[0] == APPLIED);
   // The next pull takes the prefetched replies: no call is made again.
   REQUIRE(w0->PullInto({1}, absl::Seconds(20), b.dst(), &r).ok());
@@ -349,7 +350,8 @@ TEST_CASE("sync with a backup worker: a late worker's prefetched pull is made ag
   Buffers bf(s.vars, 0.5f), bl(s.vars, 0.5f);
   PsClient::PullResult r;
   REQUIRE(late->PullInto({0}, absl::Seconds(20), bl.dst(), &r).ok());
-  REQUIRE(late->PushBegin({0}, bl.src()).ok());
+  auto late_push = late->StartPush({0}, bl.src());
+  REQUIRE(late_push.ok());
   late->PrefetchPull({1}, absl::Seconds(20));
   // Meanwhile the fast worker alone completes steps 0 and 1.
   std::vector<PushOutcome> out;
@@ -358,7 +360,7 @@ TEST_CASE("sync with a backup worker: a late worker's prefetched pull is made ag
     REQUIRE(fast->PushFrom({step}, bf.src(), &out).ok());
     REQUIRE(out[0] == APPLIED);
   }
-  REQUIRE(late->PushEnd(&out).ok());
+  REQUIRE((*late_push)->Wait(&out).ok());
   CHECK(out[0] == DROPPED_STALE);
   // Its prefetched pull was answered at version 1; the server is at 2.
   REQUIRE(late->PullInto({1}, absl::Seconds(20), bl.dst(), &r).ok());
@@ -529,7 +531,7 @@ TEST_CASE("no lost update: 8 clients x 200 concurrent async pushes to 2 servers,
   std::vector<absl::Status> failures(kClients);
   for (int k = 0; k < kClients; ++k) {
     clients.emplace_back([&s, &failures, k] {
-      std::unique_ptr<PsClient> c = s.Worker(k);
+      std::unique_ptr<GrpcPsClient> c = s.Worker(k);
       Buffers b = ClientGradients(s.vars, k);
       std::vector<PushOutcome> out;
       for (int i = 0; i < kPushes && failures[k].ok(); ++i) {
@@ -625,7 +627,7 @@ TEST_CASE("load: 32 async clients against 2 servers lose no update while malform
   std::vector<std::thread> clients;
   for (int k = 0; k < kClients; ++k) {
     clients.emplace_back([&, k] {
-      std::unique_ptr<PsClient> c = s.Worker(k);
+      std::unique_ptr<GrpcPsClient> c = s.Worker(k);
       Buffers b = ClientGradients(s.vars, k);
       std::vector<PushOutcome> out;
       while (failures[k].ok() && pushes[k] < kMaxPushes &&
@@ -997,7 +999,7 @@ TEST_CASE("a server serves at most --max_concurrent_calls data calls; one more i
   // push fails with it; a pull, which only reads, is made again until its
   // deadline (its wait plus the rpc timeout: 1 + 1 s for this client).
   auto w0 = s.Worker(0), w1 = s.Worker(1);
-  PsClient hurried(*s.cluster, &*s.placement, 0, absl::Seconds(1));
+  GrpcPsClient hurried(*s.cluster, &*s.placement, 0, absl::Seconds(1));
   hurried.set_incarnation(4242);
   Buffers b0(s.vars, 0.5f), b1(s.vars, 0.5f);
   const absl::Time t0 = absl::Now();
@@ -1058,10 +1060,11 @@ TEST_CASE("a worker keeps at most rpc.calls_in_flight calls per server each way:
     // The next pull parks 2 calls (the rest wait in the client) while the
     // push goes out 2 calls at a time; each partition's pull is answered
     // as soon as it is applied, which lets the next one in.
-    REQUIRE(w0->PushBegin({step}, b.src()).ok());
+    auto w0_push = w0->StartPush({step}, b.src());
+    REQUIRE(w0_push.ok());
     w0->PrefetchPull({step + 1}, absl::Seconds(20));
     std::vector<PushOutcome> out;
-    absl::Status pushed = w0->PushEnd(&out);
+    absl::Status pushed = (*w0_push)->Wait(&out);
     INFO(pushed.ToString());
     REQUIRE(pushed.ok());
     CHECK(out[0] == APPLIED);
@@ -1092,11 +1095,12 @@ TEST_CASE("a worker keeps at most rpc.calls_in_flight calls per server each way:
   auto unbounded = s.Worker(0);
   unbounded->set_chunk_bytes(64 << 10);
   unbounded->set_calls_in_flight(0);
-  REQUIRE(unbounded->PushBegin({3}, b.src()).ok());
+  auto unbounded_push = unbounded->StartPush({3}, b.src());
+  REQUIRE(unbounded_push.ok());
   unbounded->PrefetchPull({4}, absl::Seconds(20));
   REQUIRE(serving(4));  // 4 parked, 5 refused
   std::vector<PushOutcome> out;
-  absl::Status refused = unbounded->PushEnd(&out);
+  absl::Status refused = (*unbounded_push)->Wait(&out);
   CHECK(absl::IsResourceExhausted(refused));
   CHECK(refused.message().find("--max_concurrent_calls") != std::string::npos);
   CHECK(unbounded->calls_waited() == 0);
@@ -1188,7 +1192,7 @@ TEST_CASE("synchronous handlers take at most --max_rpc_threads threads; a call p
   std::vector<std::thread> pulls;
   for (int i = 0; i < kCalls; ++i) {
     pulls.emplace_back([&, i] {
-      PsClient client(*s.cluster, &*s.placement, 0, absl::Seconds(1));
+      GrpcPsClient client(*s.cluster, &*s.placement, 0, absl::Seconds(1));
       client.set_incarnation(4242);
       const std::vector<uint64_t> ids = {7, 8};
       std::vector<float> out(ids.size() * 4);
@@ -1223,7 +1227,7 @@ TEST_CASE("load: 32 sync workers for 20 steps against 2 servers: every step is t
   std::vector<std::thread> clients;
   for (int k = 0; k < kClients; ++k) {
     clients.emplace_back([&, k] {
-      std::unique_ptr<PsClient> c = s.Worker(k);
+      std::unique_ptr<GrpcPsClient> c = s.Worker(k);
       Buffers b = ClientGradients(s.vars, k);
       std::vector<PushOutcome> out;
       PsClient::PullResult r;
@@ -1377,7 +1381,7 @@ TEST_CASE("embedding rows in sync mode: averaged over the step's workers, duplic
   int64_t version = 0;
   absl::Status parked;
   std::vector<float> waited(50 * 4);
-  // On a client of its own: a PsClient is used by one thread at a time, and
+  // On a client of its own: a GrpcPsClient is used by one thread at a time, and
   // this thread pushes with w0 meanwhile.
   auto w0_rows = s.Worker(0);
   std::thread waiter([&] {

@@ -13,7 +13,7 @@
 #include "common/cluster/config.h"
 #include "common/base/logging.h"
 #include "common/cluster/placement.h"
-#include "common/client/ps_client.h"
+#include "common/client/grpc_ps_client.h"
 #include "common/rpc/rpc.h"
 #include "common/base/status_macros.h"
 #include "worker/data/loader.h"
@@ -200,6 +200,8 @@ class Trainer {
   RegisterWorkerResponse reg_;
   std::optional<Placement> placement_;
   std::unique_ptr<PsClient> ps_;
+  // The step's push, from its start to its end (before ps_ goes).
+  std::unique_ptr<PsClient::Push> push_;
   std::vector<int64_t> min_versions_;
   // This worker's steps before a restart: in async mode the servers' count
   // of its pushes applied (exact); in sync mode what it had reported.
@@ -324,7 +326,7 @@ void Trainer::ReadDeviceMemory() {
 // takes an async pull's parts at whatever version each answered (the
 // oldest counts). A new client after a rollback: the new incarnation.
 std::unique_ptr<PsClient> Trainer::Connect(const RegisterWorkerResponse& r) {
-  auto client = std::make_unique<PsClient>(cluster_, &*placement_, options_.worker, rpc_timeout_);
+  auto client = std::make_unique<GrpcPsClient>(cluster_, &*placement_, options_.worker, rpc_timeout_);
   client->set_incarnation(r.incarnation());
   // The chief's pulls (evaluation, the saved model) stay float32.
   if (config_.rpc().wire_dtype() == "bfloat16") client->set_wire_dtype(DT_BFLOAT16);
@@ -370,7 +372,7 @@ void Trainer::SetUpOverlap() {
   if (sync_ && overlap_ && clip_norm_ == 0 && !click_through_) {
     // To the client of the moment: a rollback replaces it.
     model_->set_gradients_ready([this](size_t first, size_t end) {
-      absl::Status st = ps_->PushReady(first, end);
+      absl::Status st = push_->Ready(first, end);
       if (early_push_.ok()) early_push_ = st;
     });
   }
@@ -452,7 +454,7 @@ absl::Status Trainer::TrainStep(bool* end) {
 // (with the overlap: not with rpc.sequential, clipping or bags), and the
 // next step's pull goes out now.
 absl::Status Trainer::PushFirstLayers(const std::vector<int64_t>& steps) {
-  RETURN_IF_ERROR(ps_->PushBegin(steps, grad_src_));
+  ASSIGN_OR_RETURN(push_, ps_->StartPush(steps, grad_src_));
   // With the overlap each server answers each of the pull's calls once the
   // partitions it names are applied, while this step still computes and
   // pushes; the next PullInto takes the replies.
@@ -527,7 +529,7 @@ absl::Status Trainer::Compute(const Prefetcher::Batch& batch, const std::vector<
 // The rest of the push (async: all of it), and its end.
 absl::Status Trainer::PushRest(const std::vector<int64_t>& steps) {
   if (!sync_) {
-    RETURN_IF_ERROR(ps_->PushBegin(steps, grad_src_));
+    ASSIGN_OR_RETURN(push_, ps_->StartPush(steps, grad_src_));
     // With the overlap the push's calls leave, and then the next step's
     // pull: each server answers it once it has applied this push (its
     // count of this worker's pushes, known from the last push's replies,
@@ -536,13 +538,15 @@ absl::Status Trainer::PushRest(const std::vector<int64_t>& steps) {
     const std::vector<int64_t>& own = ps_->own_pushes();
     if (overlap_ && !async_prefetch_ && !own.empty() &&
         *std::min_element(own.begin(), own.end()) >= 0) {
-      RETURN_IF_ERROR(ps_->PushReady(0, grad_src_.size()));
+      RETURN_IF_ERROR(push_->Ready(0, grad_src_.size()));
       std::vector<int64_t> after(own.size());
       for (size_t s = 0; s < own.size(); ++s) after[s] = own[s] + 1;
       ps_->PrefetchPull({}, step_timeout_, after);
     }
   }
-  return ps_->PushEnd(&outcomes_);
+  absl::Status pushed = push_->Wait(&outcomes_);
+  push_.reset();
+  return pushed;
 }
 
 // The step's outcome counted, and every report_every steps a report.
@@ -647,7 +651,7 @@ absl::Status Trainer::FollowRollback(const absl::Status& cause) {
       !absl::IsAborted(cause)) {
     return cause;
   }
-  ps_->AbandonPush();  // nothing more of the failed step is sent
+  push_.reset();  // abandoned: nothing more of the failed step is sent
   RegisterWorkerResponse again;
   RETURN_IF_ERROR(RegisterAgain(cause, &again));
   LOG_WARN("the job was rolled back to step {} (this worker's step had failed: {}); going on "

@@ -23,7 +23,7 @@
 #include "absl/strings/str_format.h"
 #include "common/base/embedding_ids.h"
 #include "common/base/status_macros.h"
-#include "common/client/ps_client.h"
+#include "common/client/grpc_ps_client.h"
 #include "common/cluster/placement.h"
 #include "common/rpc/rpc.h"
 #include "common/storage/env.h"
@@ -190,7 +190,7 @@ class Sparse {
     Pair echo_rate;
     std::vector<Pair> pulls(2), pushes(2);
     std::vector<std::vector<std::unique_ptr<Subprocess>>> procs(2);
-    std::vector<std::unique_ptr<PsClient>> clients;
+    std::vector<std::unique_ptr<GrpcPsClient>> clients;
     std::vector<std::unique_ptr<Placement>> placements;
     for (int k = 0; k < 2; ++k) {
       std::optional<ClusterSpec> cluster;
@@ -198,12 +198,12 @@ class Sparse {
       std::vector<VariableSpec> vars = {{"unused", {1}}};
       ASSIGN_OR_RETURN(Placement placement, Placement::Compute(vars, k + 1, 1));
       placements.push_back(std::make_unique<Placement>(std::move(placement)));
-      PsClient chief(*cluster, placements.back().get(), -1, absl::Seconds(60));
+      GrpcPsClient chief(*cluster, placements.back().get(), -1, absl::Seconds(60));
       chief.set_incarnation(std::random_device()() | 1ULL << 40);
       RETURN_IF_ERROR(
           chief.InitializeAll(config, 1, 1, 0, {Tensor({1}, {0.0f})}, absl::Seconds(60)));
       clients.push_back(
-          std::make_unique<PsClient>(*cluster, placements.back().get(), 0, absl::Seconds(60)));
+          std::make_unique<GrpcPsClient>(*cluster, placements.back().get(), 0, absl::Seconds(60)));
       clients.back()->set_incarnation(chief.incarnation());
       for (int64_t at = 0; at < table_rows_; at += kBatch) {  // every row exists
         const int64_t n = std::min<int64_t>(kBatch, table_rows_ - at);
@@ -217,7 +217,7 @@ class Sparse {
     for (int rep = 0; rep < o_.reps; ++rep) {
       RETURN_IF_ERROR(ctx_->CheckStop());
       for (int k = 0; k < 2; ++k) {
-        PsClient& c = *clients[k];
+        GrpcPsClient& c = *clients[k];
         BatchBody pull = [&](const std::vector<uint64_t>& ids) {
           return c.PullRows("bench", kDim, ids, 0, absl::Seconds(60), out_.data());
         };

@@ -24,7 +24,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/base/status_macros.h"
-#include "common/client/ps_client.h"
+#include "common/client/grpc_ps_client.h"
 #include "common/cluster/placement.h"
 #include "common/rpc/rpc.h"
 #include "common/storage/env.h"
@@ -124,16 +124,16 @@ absl::Status PsConfig(const BenchOptions& o, const ClusterSpec& cluster, int wor
                    Placement::Compute(vars, servers, 1, /*partition_max_bytes=*/o.call_bytes));
   ASSIGN_OR_RETURN(TrainingConfig config, AsyncBenchConfig(""));
   const absl::Duration timeout = absl::Seconds(60);
-  PsClient chief(cluster, &placement, -1, timeout);
+  GrpcPsClient chief(cluster, &placement, -1, timeout);
   chief.set_incarnation(std::random_device()() | 1ULL << 40);
   const int64_t n = vars[0].num_elements();
   RETURN_IF_ERROR(chief.InitializeAll(
       config, 1, workers, 0, {Tensor(vars[0].shape, std::vector<float>(n, 0.5f))}, timeout));
-  std::vector<std::unique_ptr<PsClient>> clients;
+  std::vector<std::unique_ptr<GrpcPsClient>> clients;
   std::vector<std::vector<float>> params(workers, std::vector<float>(n)),
       grads(workers, std::vector<float>(n, 1e-3f));
   for (int w = 0; w < workers; ++w) {
-    clients.push_back(std::make_unique<PsClient>(cluster, &placement, w, timeout));
+    clients.push_back(std::make_unique<GrpcPsClient>(cluster, &placement, w, timeout));
     clients.back()->set_incarnation(chief.incarnation());
     if (o.bfloat16) clients.back()->set_wire_dtype(DT_BFLOAT16);
     clients.back()->set_chunk_bytes(o.call_bytes);

@@ -1,0 +1,96 @@
+// The requests a PsClient cuts out of full variables and id lists, shared by
+// both implementations (grpc_ps_client.h, ps_server/in_process_client.h) so
+// that the servers see the same calls whatever carries them: partitions
+// grouped per server into calls of whole partitions, Initialize in parts,
+// ids sorted out by the server that holds them, and a push's replies merged
+// into one outcome per server. Pure functions over the placement.
+#ifndef PSTRAIN_COMMON_CLIENT_PS_REQUESTS_H_
+#define PSTRAIN_COMMON_CLIENT_PS_REQUESTS_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/base/tensor.h"
+#include "common/client/ps_client.h"
+#include "common/cluster/placement.h"
+#include "proto/ps_service.pb.h"
+
+namespace pstrain {
+
+// One call's worth of a server's partitions: (variable, partition) pairs.
+struct PartitionGroup {
+  int server = 0;
+  std::vector<std::pair<size_t, const Partition*>> parts;
+};
+
+// Groups the partitions of variables `var_indices` (placement order) per
+// server into calls of whole partitions of up to `chunk_bytes` at
+// `element_bytes` an element (0: one call per server; a bigger partition
+// goes alone). With `every_server`, a server without any gets an empty call.
+std::vector<PartitionGroup> GroupPartitions(const Placement& placement,
+                                            const std::vector<size_t>& var_indices,
+                                            int64_t chunk_bytes, int element_bytes,
+                                            bool every_server);
+// 0, 1, ..., the number of variables - 1.
+std::vector<size_t> AllVariables(const Placement& placement);
+// A partition's shape: its rows of the variable's shape.
+std::vector<int64_t> PartitionShape(const VariableSpec& spec, const Partition& part);
+void SetRef(const VariableSpec& spec, const Partition& part, PartitionRef* ref);
+
+// The Initialize calls of a run: each server's share in parts of up to
+// `part_bytes` of whole partitions (the server installs the model when its
+// last part is in); a server without partitions still gets one, to learn
+// the run. servers[r] is the server of requests[r].
+struct InitializeCalls {
+  std::vector<InitializeRequest> requests;
+  std::vector<int> servers;
+};
+absl::StatusOr<InitializeCalls> InitializeRequests(
+    const Placement& placement, uint64_t incarnation, const TrainingConfig& config,
+    uint64_t fingerprint, int num_workers, int64_t start_step, const std::vector<Tensor>& params,
+    const PsClient::OptimizerState* optimizer_state, int64_t part_bytes);
+
+// Positions of `ids` by the server that holds them (ServerForId).
+std::vector<std::vector<uint32_t>> RowsByServer(absl::Span<const uint64_t> ids, int servers);
+// The servers that hold any of the rows.
+std::vector<int> ServersWithRows(const std::vector<std::vector<uint32_t>>& by);
+// The ids at `positions`, packed as little-endian uint64 (a request's `ids`).
+std::string IdBytes(absl::Span<const uint64_t> ids, const std::vector<uint32_t>& positions);
+// The LoadRows calls for rows of `table` (PsClient::LoadRows' arguments),
+// per server in requests of about 4 MiB: (server, request) pairs.
+std::vector<std::pair<int, LoadRowsRequest>> LoadRowsRequests(
+    uint64_t incarnation, int num_servers, const std::string& table, int dim,
+    absl::Span<const uint64_t> ids, const float* values, const std::vector<const float*>& slots,
+    absl::Span<const int64_t> updates, absl::Span<const int64_t> touched);
+
+// A push's replies merged per server, call by call: APPLIED if one
+// completed the step (or, async, the push), else ACCUMULATED, else FINISHED
+// or DROPPED_STALE; an async push's held parts say nothing of it. Also the
+// newest version each server answered at, and (async) its count of this
+// worker's pushes applied.
+class PushReplies {
+ public:
+  explicit PushReplies(int num_servers);
+  void Add(int server, const PushResponse& reply);
+  // Outcomes per server; fails (ABORTED) for a server that held every part
+  // and applied none (it dropped the push). `name(s)` names server s.
+  absl::Status Outcomes(const std::function<std::string(int)>& name,
+                        std::vector<PushOutcome>* outcomes) const;
+  const std::vector<int64_t>& versions() const { return versions_; }
+  // -1 where no reply said.
+  const std::vector<int64_t>& own_pushes() const { return own_pushes_; }
+
+ private:
+  std::vector<PushOutcome> outcomes_;
+  std::vector<char> seen_;
+  std::vector<int64_t> versions_, own_pushes_;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_COMMON_CLIENT_PS_REQUESTS_H_

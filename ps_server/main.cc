@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
   if (const int timeout_s = absl::GetFlag(FLAGS_chief_timeout_s); timeout_s > 0) {
     chief_watch = std::thread([&stop, &task, timeout_s] {
       const std::string address = task.cluster.address(pstrain::kChiefJob, 0);
-      pstrain::ChiefClient chief(address, absl::Seconds(1));
+      pstrain::GrpcChiefClient chief(address, absl::Seconds(1));
       absl::Time last_seen = absl::InfinitePast();
       while (!stop.WaitFor(absl::Seconds(2))) {
         pstrain::ChiefStatusResponse status;

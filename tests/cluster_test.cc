@@ -793,7 +793,7 @@ std::unique_ptr<Subprocess> StartLongJob(const std::string& dir, std::string* sp
   REQUIRE(proc.ok());
   auto cluster = ClusterSpec::FromFile(*spec_path);
   REQUIRE(cluster.ok());
-  ChiefClient chief(cluster->address(kChiefJob, 0), absl::Seconds(1));
+  GrpcChiefClient chief(cluster->address(kChiefJob, 0), absl::Seconds(1));
   absl::Status training = RetryWithBackoff("wait for training", absl::Seconds(60), [&chief]() {
     ChiefStatusResponse s;
     absl::Status st = chief.GetStatus(&s);
@@ -830,7 +830,7 @@ TEST_CASE("a forged progress report cannot end a run: the chief acts on the serv
   SetDeadline(&ctx, absl::Seconds(10));
   PsStatusResponse ps_status;
   REQUIRE(ps->GetStatus(&ctx, PsStatusRequest(), &ps_status).ok());
-  ChiefClient chief(cluster->address(kChiefJob, 0), absl::Seconds(5));
+  GrpcChiefClient chief(cluster->address(kChiefJob, 0), absl::Seconds(5));
   ProgressReport forged;
   forged.set_incarnation(ps_status.incarnation());
   forged.set_worker(0);
@@ -1084,7 +1084,7 @@ TEST_CASE("a sync worker paused past rpc_timeout_ms but within step_timeout_ms d
   REQUIRE(launch.ok());
   auto cluster = ClusterSpec::FromFile(spec);
   REQUIRE(cluster.ok());
-  ChiefClient chief(cluster->address(kChiefJob, 0), absl::Seconds(1));
+  GrpcChiefClient chief(cluster->address(kChiefJob, 0), absl::Seconds(1));
   auto step_at_least = [&](int64_t step) {
     return RetryWithBackoff("training", absl::Seconds(60), [&]() {
       ChiefStatusResponse s;

@@ -350,7 +350,7 @@ int Restore(const std::string& ckpt, const std::string& cluster_spec, int64_t ti
     err << "pstrain checkpoint restore: " << st.message() << "\n";
     return 2;
   }
-  ChiefClient chief(cluster->address(kChiefJob, 0), absl::Seconds(10));
+  GrpcChiefClient chief(cluster->address(kChiefJob, 0), absl::Seconds(10));
   int64_t step = 0;
   const absl::Time start = absl::Now();
   absl::Status st = chief.Restore(path, absl::Seconds(timeout_s), &step);

@@ -187,7 +187,7 @@ class Supervisor {
   int* const restarts_;  // spent of options.max_restarts, over every attempt
   StopSignal* const stop_;
   const bool tty_;
-  ChiefClient chief_;
+  GrpcChiefClient chief_;
   std::vector<std::unique_ptr<Task>> tasks_;
   absl::Time start_;
   absl::Time next_progress_;

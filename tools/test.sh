@@ -70,18 +70,24 @@ if [ "${#test_targets[@]}" -eq 0 ]; then
   echo "=== bazel query found no test targets" >&2
   overall=1
 fi
-# The unit tests: every test target outside tests/ (the multi-process suites).
+# The unit tests: every test target outside tests/ (the multi-process suites),
+# and the trainer's, which lives in tests/ because it holds three roles
+# (in-process servers and chief around the worker's loop) but starts no
+# process.
 mapfile -t unit_targets < <(printf '%s\n' "${test_targets[@]}" | grep -v '^//tests:')
+unit_targets+=(//tests:trainer_test)
 # The concurrency core, for ThreadSanitizer in the fast tier: the parameter
-# server's unit tests, the RPC layer's and the client's, the data path's
-# multi-process suite (its load test included) and the stage's self-test.
+# server's unit tests, the RPC layer's and the clients' (the trainer's loop
+# on in-process servers: workers on threads), the data path's multi-process
+# suite (its load test included) and the stage's self-test.
 tsan_core=(//ps_server:parameter_server_test //ps_server:parameter_server_step_test
            //ps_server:parameter_server_checkpoint_test //ps_server:parameter_server_rows_test
            //ps_server:snapshotter_test //ps_server:row_store_test
            //ps_server:embedding_table_test //ps_server:optimizer_test //common/rpc:rpc_test //common/rpc:call_window_test
            //common/rpc:grpc_lifetime_test //common/base:segmented_bytes_test
            //common/base:shutdown_test //common/security:auth_test
-           //worker/data:prefetcher_test //tests:data_path_test //tests:tsan_test)
+           //worker/data:prefetcher_test //ps_server:in_process_client_test
+           //tests:trainer_test //tests:data_path_test //tests:tsan_test)
 
 # bazel test over `targets` (name, then its flags after --), in the output
 # base `base` ("" for the work tree's own); copies each target's XML to

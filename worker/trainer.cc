@@ -127,7 +127,7 @@ absl::Status WaitForChief(ChiefClient* chief, absl::Duration timeout, StopSignal
 class Trainer {
  public:
   Trainer(const TrainingConfig& config, const ClusterSpec& cluster, const WorkerOptions& options,
-          StopSignal* stop)
+          StopSignal* stop, WorkerConnections connections)
       : config_(config),
         cluster_(cluster),
         options_(options),
@@ -141,7 +141,9 @@ class Trainer {
         click_through_(config.model().has_click_through()),
         overlap_(!config.rpc().sequential()),
         async_prefetch_(!sync_ && overlap_ && config.rpc().async_prefetch()),
-        stats_(options.stats != nullptr ? options.stats : &unused_stats_) {}
+        stats_(options.stats != nullptr ? options.stats : &unused_stats_),
+        connect_(std::move(connections.connect)),
+        chief_(std::move(connections.chief)) {}
 
   absl::Status Run();
 
@@ -151,7 +153,6 @@ class Trainer {
   absl::Status Register();
   absl::Status SetUpBags();
   void SetUpOverlap();
-  std::unique_ptr<PsClient> Connect(const RegisterWorkerResponse& r);
   void ReadDeviceMemory();
   absl::Status Report(bool done, bool* stop_requested);
   absl::Status TrainStep(bool* end);
@@ -196,7 +197,9 @@ class Trainer {
   std::unique_ptr<Model> model_;
   Dataset data_;
   std::optional<DataPartition> partition_;
-  std::optional<ChiefClient> chief_;
+  const std::function<std::unique_ptr<PsClient>(const Placement&, const RegisterWorkerResponse&)>
+      connect_;
+  const std::unique_ptr<ChiefClient> chief_;
   RegisterWorkerResponse reg_;
   std::optional<Placement> placement_;
   std::unique_ptr<PsClient> ps_;
@@ -256,7 +259,7 @@ absl::Status Trainer::SetUp() {
   ASSIGN_OR_RETURN(placement_, Placement::Compute(model_->variables(), cluster_.num_ps(),
                                                   config_.placement().partition_min_bytes(),
                                                   config_.placement().partition_max_bytes()));
-  ps_ = Connect(reg_);
+  ps_ = connect_(*placement_, reg_);
   min_versions_.assign(ps_->num_servers(), reg_.start_step());
   steps_before_ = reg_.local_steps_before();
   if (reg_.rejoin()) {
@@ -292,7 +295,6 @@ absl::Status Trainer::LoadData() {
 }
 
 absl::Status Trainer::Register() {
-  chief_.emplace(cluster_.address(kChiefJob, 0), rpc_timeout_);
   RETURN_IF_ERROR(chief_->RegisterWorker(options_.worker, fingerprint_, startup_timeout_, &reg_,
                                          /*previous_incarnation=*/0, /*session=*/0, stop_));
   LOG_INFO("registered with the chief: incarnation {:x}, starting at step {}", reg_.incarnation(),
@@ -316,27 +318,6 @@ void Trainer::ReadDeviceMemory() {
     stats_->device_memory_used.store(static_cast<int64_t>(used), std::memory_order_relaxed);
     stats_->device_memory_total.store(static_cast<int64_t>(total), std::memory_order_relaxed);
   }
-}
-
-// Pulls and pushes travel as calls of up to rpc.call_bytes (4 MiB), up
-// to rpc.calls_in_flight (16) per server in flight together, so no
-// message nears gRPC's cap: sync servers aggregate
-// per partition and apply each as it lands; async servers hold a push's
-// parts until the last is in and apply it as one update, and this worker
-// takes an async pull's parts at whatever version each answered (the
-// oldest counts). A new client after a rollback: the new incarnation.
-std::unique_ptr<PsClient> Trainer::Connect(const RegisterWorkerResponse& r) {
-  auto client = std::make_unique<GrpcPsClient>(cluster_, &*placement_, options_.worker, rpc_timeout_);
-  client->set_incarnation(r.incarnation());
-  // The chief's pulls (evaluation, the saved model) stay float32.
-  if (config_.rpc().wire_dtype() == "bfloat16") client->set_wire_dtype(DT_BFLOAT16);
-  client->set_chunk_bytes(config_.rpc().call_bytes());
-  client->set_calls_in_flight(config_.rpc().calls_in_flight());
-  client->set_connections_per_server(config_.rpc().connections_per_server());
-  client->set_mixed_versions(!sync_);
-  client->set_push_timeout(step_timeout_ + rpc_timeout_);
-  client->set_session(r.session());
-  return client;
 }
 
 absl::Status Trainer::SetUpBags() {
@@ -592,7 +573,7 @@ absl::Status Trainer::Count(const Prefetcher::Batch& batch, const std::vector<in
 // one takes the run over from its latest checkpoint. Up to the startup
 // timeout for one to answer, asking in short calls (a stop is seen).
 absl::Status Trainer::WaitForChiefToFollow() {
-  absl::Status up = WaitForChief(&*chief_, startup_timeout_, stop_);
+  absl::Status up = WaitForChief(chief_.get(), startup_timeout_, stop_);
   if (!up.ok() && !(absl::IsCancelled(up) && stop_->stopped())) {
     LOG_WARN("no chief to follow ({}): the step's failure stands", up);
   }
@@ -664,7 +645,7 @@ absl::Status Trainer::FollowRollback(const absl::Status& cause) {
                                           : DataCursor{0, 0}));
   ASSIGN_OR_RETURN(batches_,
                    Prefetcher::Create(&*partition_, config_.data().prefetch_batches(), pinned_));
-  ps_ = Connect(reg_);
+  ps_ = connect_(*placement_, reg_);
   min_versions_.assign(ps_->num_servers(), reg_.start_step());
   pulled_ = PsClient::PullResult();
   early_push_ = absl::OkStatus();
@@ -718,9 +699,47 @@ absl::Status Trainer::Run() {
 }  // namespace
 
 absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
-                       const WorkerOptions& options, StopSignal* stop) {
-  Trainer trainer(config, cluster, options, stop);
+                       const WorkerOptions& options, StopSignal* stop,
+                       WorkerConnections connections) {
+  Trainer trainer(config, cluster, options, stop, std::move(connections));
   return trainer.Run();
 }
+
+absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
+                       const WorkerOptions& options, StopSignal* stop) {
+  return RunWorker(config, cluster, options, stop,
+                   GrpcConnections(config, cluster, options.worker));
+}
+
+// Pulls and pushes travel as calls of up to rpc.call_bytes (4 MiB), up
+// to rpc.calls_in_flight (16) per server in flight together, so no
+// message nears gRPC's cap: sync servers aggregate
+// per partition and apply each as it lands; async servers hold a push's
+// parts until the last is in and apply it as one update, and this worker
+// takes an async pull's parts at whatever version each answered (the
+// oldest counts). A new client after a rollback: the new incarnation.
+WorkerConnections GrpcConnections(const TrainingConfig& config, const ClusterSpec& cluster,
+                                  int worker) {
+  const absl::Duration rpc_timeout = absl::Milliseconds(config.rpc().rpc_timeout_ms());
+  WorkerConnections connections;
+  connections.chief =
+      std::make_unique<GrpcChiefClient>(cluster.address(kChiefJob, 0), rpc_timeout);
+  connections.connect = [&config, &cluster, worker, rpc_timeout](
+                            const Placement& placement, const RegisterWorkerResponse& r) {
+    auto client = std::make_unique<GrpcPsClient>(cluster, &placement, worker, rpc_timeout);
+    client->set_incarnation(r.incarnation());
+    // The chief's pulls (evaluation, the saved model) stay float32.
+    if (config.rpc().wire_dtype() == "bfloat16") client->set_wire_dtype(DT_BFLOAT16);
+    client->set_chunk_bytes(config.rpc().call_bytes());
+    client->set_calls_in_flight(config.rpc().calls_in_flight());
+    client->set_connections_per_server(config.rpc().connections_per_server());
+    client->set_mixed_versions(!IsSyncMode(config));
+    client->set_push_timeout(absl::Milliseconds(config.rpc().step_timeout_ms()) + rpc_timeout);
+    client->set_session(r.session());
+    return std::unique_ptr<PsClient>(std::move(client));
+  };
+  return connections;
+}
+
 
 }  // namespace pstrain

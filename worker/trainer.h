@@ -8,11 +8,16 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "common/cluster/cluster_spec.h"
 #include "common/base/shutdown.h"
+#include "common/client/chief_client.h"
+#include "common/client/ps_client.h"
+#include "common/cluster/placement.h"
 #include "proto/config.pb.h"
 
 namespace pstrain {
@@ -45,10 +50,33 @@ struct WorkerOptions {
   WorkerStats* stats = nullptr;
 };
 
+// How the training loop reaches the chief and the parameter servers: the
+// daemon's over gRPC (GrpcConnections), a unit test's in this process
+// (chief/in_process_chief_client.h, ps_server/in_process_client.h).
+struct WorkerConnections {
+  // Registration and progress reports.
+  std::unique_ptr<ChiefClient> chief;
+  // A client of the servers for `placement` (which outlives it) on the
+  // incarnation and session of `registration`; asked again for the new
+  // incarnation after each rollback.
+  std::function<std::unique_ptr<PsClient>(const Placement& placement,
+                                          const RegisterWorkerResponse& registration)>
+      connect;
+};
+
+// Worker `worker`'s connections over gRPC, as `config.rpc` sets them up.
+// `config` and `cluster` must outlive them.
+WorkerConnections GrpcConnections(const TrainingConfig& config, const ClusterSpec& cluster,
+                                  int worker);
+
 // Runs until training finishes (OK), `stop` is raised (CANCELLED), or a
-// failure (its status). Logs one line per report.
+// failure (its status). Logs one line per report. Without `connections`:
+// over gRPC.
 absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
                        const WorkerOptions& options, StopSignal* stop);
+absl::Status RunWorker(const TrainingConfig& config, const ClusterSpec& cluster,
+                       const WorkerOptions& options, StopSignal* stop,
+                       WorkerConnections connections);
 
 }  // namespace pstrain
 

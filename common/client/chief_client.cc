@@ -7,12 +7,12 @@
 
 namespace pstrain {
 
-ChiefClient::ChiefClient(const std::string& address, absl::Duration rpc_timeout)
+GrpcChiefClient::GrpcChiefClient(const std::string& address, absl::Duration rpc_timeout)
     : address_(address),
       rpc_timeout_(rpc_timeout),
       stub_(ChiefService::NewStub(CreateChannel(address, TaskId{kChiefJob, 0}.ToString()))) {}
 
-absl::Status ChiefClient::RegisterWorker(int worker, uint64_t fingerprint, absl::Duration timeout,
+absl::Status GrpcChiefClient::RegisterWorker(int worker, uint64_t fingerprint, absl::Duration timeout,
                                          RegisterWorkerResponse* response,
                                          uint64_t previous_incarnation, int32_t session,
                                          StopSignal* stop) {
@@ -40,14 +40,14 @@ absl::Status ChiefClient::RegisterWorker(int worker, uint64_t fingerprint, absl:
   return FromGrpcStatus(status, what);
 }
 
-absl::Status ChiefClient::ReportProgress(const ProgressReport& report, ProgressResponse* response) {
+absl::Status GrpcChiefClient::ReportProgress(const ProgressReport& report, ProgressResponse* response) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, rpc_timeout_);
   return FromGrpcStatus(stub_->ReportProgress(&ctx, report, response),
                         absl::StrCat("ReportProgress to chief ", address_));
 }
 
-absl::Status ChiefClient::Restore(const std::string& checkpoint, absl::Duration timeout,
+absl::Status GrpcChiefClient::Restore(const std::string& checkpoint, absl::Duration timeout,
                                   int64_t* step) {
   RestoreRequest req;
   req.set_checkpoint(checkpoint);
@@ -60,7 +60,7 @@ absl::Status ChiefClient::Restore(const std::string& checkpoint, absl::Duration 
   return absl::OkStatus();
 }
 
-absl::Status ChiefClient::GetStatus(ChiefStatusResponse* response) {
+absl::Status GrpcChiefClient::GetStatus(ChiefStatusResponse* response) {
   grpc::ClientContext ctx;
   SetDeadline(&ctx, rpc_timeout_);
   ChiefStatusRequest req;

@@ -185,6 +185,7 @@ absl::Status InProcessPsClient::PullInto(const std::vector<int64_t>& min_version
   if (destinations.size() != placement_->variables().size()) {
     return absl::InvalidArgumentError("PullInto: destinations do not match the placement");
   }
+  if (before_pull_) before_pull_(min_versions);
   const absl::Time deadline = absl::Now() + std::max(wait, absl::ZeroDuration());
   if (prefetch_ != nullptr && prefetch_versions_ == min_versions) {
     std::shared_ptr<PendingPull> pull = std::move(prefetch_);

@@ -17,6 +17,7 @@
 #define PSTRAIN_PS_SERVER_IN_PROCESS_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,13 @@ class InProcessPsClient final : public PsClient {
                     int worker);
   // Cancels a prefetched pull still parked.
   ~InProcessPsClient() override;
+
+  // Runs at the start of each PullInto with its min_versions, on the
+  // caller's thread: a test holds workers at a step with it (a rollback
+  // or a restore taken while they wait, never after the run ended).
+  void set_before_pull(std::function<void(const std::vector<int64_t>&)> hook) {
+    before_pull_ = std::move(hook);
+  }
 
   int num_servers() const override { return static_cast<int>(servers_.size()); }
   const Placement& placement() const override { return *placement_; }
@@ -95,6 +103,7 @@ class InProcessPsClient final : public PsClient {
   std::vector<int64_t> prefetch_versions_;
   bool prefetch_as_is_ = false;
   std::vector<int64_t> pushed_versions_;  // per server, in the last push's replies
+  std::function<void(const std::vector<int64_t>&)> before_pull_;
 };
 
 }  // namespace pstrain

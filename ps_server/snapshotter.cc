@@ -81,6 +81,8 @@ void Snapshotter::Reset(uint64_t incarnation) {
   scheduled_.clear();
   queue_.clear();
   written_.clear();
+  writing_ = -1;
+  forgotten_through_ = -1;
 }
 
 void Snapshotter::Enqueue(std::unique_ptr<ShardSnapshot> snap) {
@@ -90,7 +92,7 @@ void Snapshotter::Enqueue(std::unique_ptr<ShardSnapshot> snap) {
 
 bool Snapshotter::Taken(int64_t step) const {
   absl::MutexLock lock(&mu_);
-  return written_.count(step) != 0 ||
+  return written_.count(step) != 0 || writing_ == step ||
          std::any_of(queue_.begin(), queue_.end(),
                      [step](const auto& s) { return s->step == step; });
 }
@@ -130,7 +132,7 @@ absl::StatusOr<GetShardResponse> Snapshotter::Await(uint64_t incarnation, int64_
   absl::MutexLock lock(&mu_);
   auto ended = [this, incarnation, step]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return closed_ || incarnation_ != incarnation || written_.count(step) != 0 ||
-           (!failure_.ok() && step > failed_after_);
+           step <= forgotten_through_ || (!failure_.ok() && step > failed_after_);
   };
   if (!mu_.AwaitWithTimeout(absl::Condition(&ended), timeout)) {
     if (timed_out != nullptr) *timed_out = true;
@@ -142,6 +144,12 @@ absl::StatusOr<GetShardResponse> Snapshotter::Await(uint64_t incarnation, int64_
     return absl::FailedPreconditionError("parameter server re-initialized");
   }
   auto it = written_.find(step);
+  if (it == written_.end() && step <= forgotten_through_) {
+    return absl::NotFoundError(absl::StrCat(
+        "GetShard: no outcome kept for step ", step, ": this server keeps its newest ",
+        kKeepOutcomes, " shards' (through step ", written_.rbegin()->first,
+        "), and step ", step, " is older than those or was never cut"));
+  }
   if (it == written_.end()) return failure_;
   return it->second;
 }
@@ -159,6 +167,9 @@ void Snapshotter::WriterLoop() {
     if (stopping_) return;
     std::unique_ptr<ShardSnapshot> snap = std::move(queue_.front());
     queue_.erase(queue_.begin());
+    // Still taken while written (its incarnation's: a Reset meanwhile
+    // makes it another run's).
+    writing_ = snap->incarnation == incarnation_ ? snap->step : -1;
     mu_.Unlock();
     const absl::Time start = absl::Now();
     absl::StatusOr<GetShardResponse> result = WriteShardSnapshot(*snap);
@@ -168,6 +179,7 @@ void Snapshotter::WriterLoop() {
     const double pause = snap->pause_seconds;
     snap.reset();  // drops the version buffers before retaking the lock
     mu_.Lock();
+    writing_ = -1;
     if (result.ok()) {
       ++stats_.written;
       stats_.bytes = result->bytes();
@@ -179,7 +191,10 @@ void Snapshotter::WriterLoop() {
     }
     // A shard of a run that was re-initialized meanwhile is not this run's.
     if (incarnation == incarnation_) written_.insert_or_assign(step, std::move(result));
-    while (written_.size() > kKeepOutcomes) written_.erase(written_.begin());
+    while (written_.size() > kKeepOutcomes) {
+      forgotten_through_ = std::max(forgotten_through_, written_.begin()->first);
+      written_.erase(written_.begin());
+    }
   }
 }
 

@@ -91,15 +91,20 @@ class Snapshotter {
   // failed, at most `timeout`, and returns its description or why there is
   // none: DEADLINE_EXCEEDED when the time ran out, FAILED_PRECONDITION when
   // another run replaced `incarnation`, UNAVAILABLE once closed, the
-  // failure of FailAfter, or the write's own error. `*timed_out` (when
+  // failure of FailAfter, the write's own error, or, at once, NOT_FOUND for
+  // a step at or before the oldest outcome forgotten (only the newest
+  // kKeepOutcomes are kept: a chief that fell further behind than that would
+  // otherwise wait out its timeout for each, for a shard that cannot come). `*timed_out` (when
   // given) says whether it was the wait's own deadline.
   absl::StatusOr<GetShardResponse> Await(uint64_t incarnation, int64_t step, absl::Duration timeout,
                                          bool* timed_out = nullptr);
 
   Stats stats() const;
 
- private:
+  // How many written shards' outcomes are kept for GetShard.
   static constexpr size_t kKeepOutcomes = 16;
+
+ private:
   static constexpr size_t kMaxScheduled = 64;
 
   void WriterLoop();
@@ -114,6 +119,12 @@ class Snapshotter {
   std::set<int64_t> scheduled_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<ShardSnapshot>> queue_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, absl::StatusOr<GetShardResponse>> written_ ABSL_GUARDED_BY(mu_);
+  // The step of this run the writer is writing (-1: none): taken, though
+  // neither queued nor written.
+  int64_t writing_ ABSL_GUARDED_BY(mu_) = -1;
+  // The newest step whose outcome was dropped from written_ (-1: none).
+  // Cuts are written in step order, so no step up to it is still to come.
+  int64_t forgotten_through_ ABSL_GUARDED_BY(mu_) = -1;
   Stats stats_ ABSL_GUARDED_BY(mu_);
   std::thread writer_;
 };

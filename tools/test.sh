@@ -71,11 +71,11 @@ if [ "${#test_targets[@]}" -eq 0 ]; then
   overall=1
 fi
 # The unit tests: every test target outside tests/ (the multi-process suites),
-# and the trainer's, which lives in tests/ because it holds three roles
-# (in-process servers and chief around the worker's loop) but starts no
-# process.
+# and the trainer's and the driver's, which live in tests/ because they hold
+# three roles (in-process servers and chief around the worker's loop) but
+# start no process.
 mapfile -t unit_targets < <(printf '%s\n' "${test_targets[@]}" | grep -v '^//tests:')
-unit_targets+=(//tests:trainer_test)
+unit_targets+=(//tests:trainer_test //tests:driver_test)
 # The concurrency core, for ThreadSanitizer in the fast tier: the parameter
 # server's unit tests, the RPC layer's and the clients' (the trainer's loop
 # on in-process servers: workers on threads), the data path's multi-process
@@ -87,7 +87,7 @@ tsan_core=(//ps_server:parameter_server_test //ps_server:parameter_server_step_t
            //common/rpc:grpc_lifetime_test //common/base:segmented_bytes_test
            //common/base:shutdown_test //common/security:auth_test
            //worker/data:prefetcher_test //ps_server:in_process_client_test
-           //tests:trainer_test //tests:data_path_test //tests:tsan_test)
+           //tests:trainer_test //tests:driver_test //tests:data_path_test //tests:tsan_test)
 
 # bazel test over `targets` (name, then its flags after --), in the output
 # base `base` ("" for the work tree's own); copies each target's XML to

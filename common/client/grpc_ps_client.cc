@@ -10,6 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/base/bfloat16.h"
 #include "common/rpc/call_window.h"
+#include "common/rpc/fan_out.h"
 #include "common/base/embedding_ids.h"
 #include "common/rpc/rpc.h"
 #include "common/base/status_macros.h"
@@ -24,99 +25,6 @@ const char kPullMethod[] = "/pstrain.PsService/Pull";
 const char kPushMethod[] = "/pstrain.PsService/Push";
 const char kPullRowsMethod[] = "/pstrain.PsService/PullRows";
 const char kPushRowsMethod[] = "/pstrain.PsService/PushRows";
-
-// Runs `start(done)`, which starts one call that runs `done` with its
-// status, through `window` (null: at once). `done` frees the call's place
-// in the window and then runs `ended` (after which the call's owner may be
-// freed); a call whose `cancelled` is set before its turn comes ends there
-// with CANCELLED, without being started.
-void StartInWindow(CallWindow* window, const std::atomic<bool>* cancelled,
-                   std::function<void(std::function<void(grpc::Status)>)> start,
-                   std::function<void(grpc::Status)> ended) {
-  const HandoffToken handoff;  // the start, through gRPC's core, before `done`
-  std::function<void(grpc::Status)> done = [window, handoff,
-                                            ended = std::move(ended)](grpc::Status st) {
-    handoff.Acquire();
-    if (window != nullptr) window->Release();
-    ended(std::move(st));
-  };
-  auto begin = [cancelled, handoff, start = std::move(start), done = std::move(done)]() mutable {
-    if (cancelled->load(std::memory_order_acquire)) {
-      done(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled before it started"));
-      return;
-    }
-    handoff.Release();
-    start(std::move(done));
-  };
-  if (window != nullptr) {
-    window->Start(std::move(begin));
-  } else {
-    begin();
-  }
-}
-
-// A unary call of `method` on `stub` with `call`'s context, request and
-// response, for StartInWindow.
-template <typename Call>
-std::function<void(std::function<void(grpc::Status)>)> RawCall(grpc::GenericStub* stub,
-                                                               const char* method, Call* call) {
-  return [stub, method, call](std::function<void(grpc::Status)> done) {
-    stub->UnaryCall(&call->context, method, grpc::StubOptions(), &call->request, &call->response,
-                    std::move(done));
-  };
-}
-
-// Starts n calls with `start(c, ctx, done)` and waits for all of them.
-// Each context carries `timeout` as its deadline, counted from now also for
-// a call that waits in its window (`window(c)`: the window of call c's
-// server; none: every call starts at once); the wait itself is bounded a
-// little beyond it. Returns the first failure, naming the server.
-absl::Status CallAll(int n, absl::Duration timeout, bool wait_for_ready,
-                     const std::function<std::string(int)>& name,
-                     const std::function<void(int, grpc::ClientContext*,
-                                              std::function<void(grpc::Status)>)>& start,
-                     const std::function<CallWindow*(int)>& window = nullptr) {
-  absl::Mutex mu;
-  int pending = n;
-  std::atomic<bool> cancelled{false};  // calls still waiting in a window end unstarted
-  std::vector<grpc::Status> statuses(n);
-  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
-  for (int c = 0; c < n; ++c) {
-    contexts.push_back(std::make_unique<grpc::ClientContext>());
-    SetDeadline(contexts.back().get(), timeout);
-    contexts.back()->set_wait_for_ready(wait_for_ready);
-  }
-  for (int c = 0; c < n; ++c) {
-    // The window's next call may begin in `done`; this frame waits for it.
-    StartInWindow(
-        window ? window(c) : nullptr, &cancelled,
-        [&start, &contexts, c](std::function<void(grpc::Status)> done) {
-          start(c, contexts[c].get(), std::move(done));
-        },
-        [&mu, &pending, &statuses, c](grpc::Status st) {
-          absl::MutexLock lock(&mu);
-          statuses[c] = std::move(st);
-          --pending;
-        });
-  }
-  {
-    absl::MutexLock lock(&mu);
-    auto done = [&pending]() { return pending == 0; };
-    if (!mu.AwaitWithTimeout(absl::Condition(&done), timeout + absl::Seconds(5))) {
-      // gRPC enforces the deadlines; this is a guard against a stuck library.
-      // After TryCancel gRPC runs every callback promptly (a call still
-      // waiting in its window ends without starting), and they refer to
-      // this frame, so waiting for them is both bounded and required.
-      cancelled.store(true, std::memory_order_release);
-      for (auto& ctx : contexts) ctx->TryCancel();
-      mu.Await(absl::Condition(&done));
-    }
-  }
-  for (int s = 0; s < n; ++s) {
-    if (!statuses[s].ok()) return FromGrpcStatus(statuses[s], name(s));
-  }
-  return absl::OkStatus();
-}
 
 }  // namespace
 

@@ -43,8 +43,6 @@ InProcessPsClient::InProcessPsClient(std::vector<ParameterServer*> servers,
                                      const Placement* placement, int worker)
     : servers_(std::move(servers)), placement_(placement), worker_(worker) {}
 
-InProcessPsClient::~InProcessPsClient() { DropPrefetch(); }
-
 std::string InProcessPsClient::ServerName(int s) { return absl::StrCat("ps:", s, " (in-process)"); }
 
 absl::Status InProcessPsClient::InitializeAll(const TrainingConfig& config, uint64_t fingerprint,
@@ -216,13 +214,18 @@ class InProcessPsClient::InProcessPush final : public PsClient::Push {
   InProcessPush(InProcessPsClient* client, std::vector<int64_t> steps,
                 std::vector<const float*> sources)
       : client_(client),
+        seq_(++client->pushes_started_),
         steps_(std::move(steps)),
         sources_(std::move(sources)),
         pushed_(sources_.size(), 0),
         server_used_(client->num_servers(), 0),
         replies_(client->num_servers()) {}
-  ~InProcessPush() override {
-    if (client_ != nullptr) client_->pushing_ = false;
+  ~InProcessPush() override { Detach(); }
+
+  // The push is over (or its client going): nothing more is sent.
+  void Detach() {
+    if (client_ != nullptr && client_->push_ == this) client_->push_ = nullptr;
+    client_ = nullptr;
   }
 
   absl::Status Ready(size_t first, size_t end) override {
@@ -264,8 +267,7 @@ class InProcessPsClient::InProcessPush final : public PsClient::Push {
     for (int s = 0; s < client->num_servers(); ++s) {
       if (!server_used_[s]) Call(s, Header(s), SegmentedBytes());
     }
-    client->pushing_ = false;
-    client_ = nullptr;
+    Detach();
     RETURN_IF_ERROR(failed_);
     client->pushed_versions_ = replies_.versions();
     client->own_pushes_ = replies_.own_pushes();
@@ -281,6 +283,7 @@ class InProcessPsClient::InProcessPush final : public PsClient::Push {
     header.set_cursor_epoch(client_->cursor_epoch_);
     header.set_cursor_position(client_->cursor_position_);
     header.set_session(client_->session_);
+    header.set_push_seq(seq_);
     return header;
   }
   // A failure is kept for Wait, as a failed gRPC call's is.
@@ -296,6 +299,7 @@ class InProcessPsClient::InProcessPush final : public PsClient::Push {
   }
 
   InProcessPsClient* client_;  // null once the push is over
+  const uint64_t seq_;         // PushRequest.push_seq
   const std::vector<int64_t> steps_;
   const std::vector<const float*> sources_;
   std::vector<char> pushed_;       // per variable
@@ -304,15 +308,21 @@ class InProcessPsClient::InProcessPush final : public PsClient::Push {
   absl::Status failed_;
 };
 
+InProcessPsClient::~InProcessPsClient() {
+  DropPrefetch();
+  if (push_ != nullptr) push_->Detach();
+}
+
 absl::StatusOr<std::unique_ptr<PsClient::Push>> InProcessPsClient::StartPush(
     const std::vector<int64_t>& steps, const std::vector<const float*>& sources) {
-  if (pushing_) return absl::FailedPreconditionError("StartPush: a push is under way");
+  if (push_ != nullptr) return absl::FailedPreconditionError("StartPush: a push is under way");
   if (sources.size() != placement_->variables().size() ||
       static_cast<int>(steps.size()) != num_servers()) {
     return absl::InvalidArgumentError("StartPush: gradients or steps do not match the placement");
   }
-  pushing_ = true;
-  return std::unique_ptr<Push>(std::make_unique<InProcessPush>(this, steps, sources));
+  auto push = std::make_unique<InProcessPush>(this, steps, sources);
+  push_ = push.get();
+  return std::unique_ptr<Push>(std::move(push));
 }
 
 absl::Status InProcessPsClient::PullRows(const std::string& table, int dim,

@@ -36,7 +36,8 @@ class InProcessPsClient final : public PsClient {
   // or -1 for the chief and tools.
   InProcessPsClient(std::vector<ParameterServer*> servers, const Placement* placement,
                     int worker);
-  // Cancels a prefetched pull still parked.
+  // Cancels a prefetched pull still parked; a push handle still alive (a
+  // caller's bug) is detached: it sends nothing more.
   ~InProcessPsClient() override;
 
   // Runs at the start of each PullInto with its min_versions, on the
@@ -98,7 +99,8 @@ class InProcessPsClient final : public PsClient {
   const std::vector<ParameterServer*> servers_;
   const Placement* const placement_;
   const int worker_;
-  bool pushing_ = false;  // a push handle is under way
+  InProcessPush* push_ = nullptr;  // the push under way, if any (the caller owns it)
+  uint64_t pushes_started_ = 0;    // PushRequest.push_seq of the last one
   std::shared_ptr<PendingPull> prefetch_;
   std::vector<int64_t> prefetch_versions_;
   bool prefetch_as_is_ = false;

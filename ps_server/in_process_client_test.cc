@@ -141,6 +141,21 @@ TEST_CASE("a push handle: parts as they are ready, one push at a time, abandoned
   CHECK(w->StartPush({1, 1}, Sources(g)).ok());
 }
 
+TEST_CASE("a push handle that outlives its client is detached: it sends nothing more",
+          "[in_process]") {
+  Cluster c(Config(true, 1), /*workers=*/1);
+  auto w = c.Client(0);
+  const std::vector<Tensor> g = Filled(2);
+  auto push = w->StartPush({0, 0}, Sources(g));
+  REQUIRE(push.ok());
+  w.reset();  // the caller's bug; ASan watches the handle's next calls
+  std::vector<PushOutcome> out;
+  CHECK(absl::IsFailedPrecondition((*push)->Ready(0, 1)));
+  CHECK(absl::IsFailedPrecondition((*push)->Wait(&out)));
+  push->reset();
+  CHECK(c.Pull()[0].values() == c.init[0].values());
+}
+
 TEST_CASE("a prefetched pull parks until the step is applied and serves the next PullInto",
           "[in_process]") {
   Cluster c(Config(true, 2));

@@ -30,9 +30,13 @@ using testing::CheckClose;
 using testing::InProcessCluster;
 using testing::Reference;
 
+// A directory of this case's own, empty (a rerun outside Bazel's sandbox
+// finds no checkpoint of an earlier one).
 std::string TempDir(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
-  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/driver_test_", name);
+  const std::string path = absl::StrCat(dir != nullptr ? dir : "/tmp", "/driver_test_", name);
+  (void)DeleteRecursively(Env::Default(), path);
+  return path;
 }
 
 // Sync, 2 workers, evaluated on the test split and checkpointed every
@@ -125,7 +129,9 @@ TEST_CASE("a run resumed from its checkpoint ends bitwise where an uninterrupted
   // resumes from the checkpoint at 10: values, cursors, step.
   InProcessCluster first(DriverConfig("halves", 10), 2);
   REQUIRE(RunDriver(&first, ChiefStart()).ok());
-  InProcessCluster second(DriverConfig("halves", 20), 2);
+  TrainingConfig longer = first.config;  // the same directories, kept
+  longer.set_max_steps(20);
+  InProcessCluster second(longer, 2);
   ChiefStart resume;
   resume.resume = true;
   REQUIRE(RunDriver(&second, resume).ok());

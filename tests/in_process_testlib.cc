@@ -94,6 +94,14 @@ InProcessCluster::InProcessCluster(const TrainingConfig& c, int workers, int64_t
   stats = std::vector<WorkerStats>(workers);
 }
 
+InProcessCluster::~InProcessCluster() {
+  if (threads_.empty()) return;
+  stop.Stop("the test case ended");
+  ReleasePulls();
+  for (auto& s : servers) s->Shutdown();  // wakes workers parked in pulls
+  for (std::thread& t : threads_) t.join();
+}
+
 void InProcessCluster::Initialize(int64_t start_step, std::vector<Tensor> params,
                                   const std::vector<WorkerCursor>& cursors) {
   if (params.empty()) params = model->Initialize(config.seed());

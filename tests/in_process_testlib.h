@@ -53,6 +53,8 @@ class InProcessCluster {
   // Nothing initialised yet: see Initialize, or the driver's StartRun.
   // `start_step`: the chief's global step before it is initialised.
   InProcessCluster(const TrainingConfig& config, int workers, int64_t start_step = 0);
+  // Stops and joins workers still running (a case that failed midway).
+  ~InProcessCluster();
 
   // As the chief's start phase does: every server initialised at
   // `start_step` from `params` (the seed's when empty) and the chief told,

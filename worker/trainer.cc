@@ -351,9 +351,12 @@ void Trainer::SetUpOverlap() {
              "computes and pushes");
   }
   if (sync_ && overlap_ && clip_norm_ == 0 && !click_through_) {
-    // To the client of the moment: a rollback replaces it.
+    // To the step's push of the moment (PushFirstLayers starts it before
+    // the backward pass; a rollback drops it with its client).
     model_->set_gradients_ready([this](size_t first, size_t end) {
-      absl::Status st = push_->Ready(first, end);
+      absl::Status st = push_ != nullptr
+                            ? push_->Ready(first, end)
+                            : absl::FailedPreconditionError("gradients ready with no push started");
       if (early_push_.ok()) early_push_ = st;
     });
   }

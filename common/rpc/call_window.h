@@ -31,7 +31,8 @@ class CallWindow {
   // Release may run the next waiting `begin` (and those after it, when they
   // end at once), on its own thread, in a loop, and it uses the window after
   // each: the caller must keep the window alive until Release returns
-  // (PsClient's calls release before they count themselves ended).
+  // (GrpcPsClient's calls, through fan_out.h, release before they count
+  // themselves ended).
   void Start(absl::AnyInvocable<void() &&> begin) ABSL_LOCKS_EXCLUDED(mu_);
   void Release() ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -79,7 +79,7 @@ unit_targets+=(//tests:trainer_test //tests:driver_test)
 # The concurrency core, for ThreadSanitizer in the fast tier: the parameter
 # server's unit tests, the RPC layer's and the clients' (the trainer's loop
 # on in-process servers: workers on threads), the data path's multi-process
-# suite (its load test included) and the stage's self-test.
+# suites (its load tests included) and the stage's self-test.
 tsan_core=(//ps_server:parameter_server_test //ps_server:parameter_server_step_test
            //ps_server:parameter_server_checkpoint_test //ps_server:parameter_server_rows_test
            //ps_server:snapshotter_test //ps_server:row_store_test
@@ -87,7 +87,8 @@ tsan_core=(//ps_server:parameter_server_test //ps_server:parameter_server_step_t
            //common/rpc:grpc_lifetime_test //common/base:segmented_bytes_test
            //common/base:shutdown_test //common/security:auth_test
            //worker/data:prefetcher_test //ps_server:in_process_client_test
-           //tests:trainer_test //tests:driver_test //tests:data_path_test //tests:tsan_test)
+           //tests:trainer_test //tests:driver_test //tests:data_path_test
+           //tests:overload_test //tests:tsan_test)
 
 # bazel test over `targets` (name, then its flags after --), in the output
 # base `base` ("" for the work tree's own); copies each target's XML to

@@ -111,52 +111,36 @@ absl::Status InProcessPsClient::FinishPull(PendingPull* pull, absl::Time deadlin
     }
   }
   absl::MutexLock lock(&pull->mu);
-  pull->mu.Await(absl::Condition(&done));  // a cancel runs its callback at once
-  const auto& vars = placement_->variables();
-  std::vector<std::vector<char>> seen(vars.size());
-  int64_t expected = 0, received = 0;
-  for (size_t v = 0; v < vars.size(); ++v) {
-    seen[v].assign(vars[v].partitions.size(), 0);
-    expected += static_cast<int64_t>(vars[v].partitions.size());
+  // A cancel runs its callback at once (or a completion under way does);
+  // bounded all the same: the callbacks share the pull, so giving up here
+  // leaves nothing of theirs dangling.
+  if (!pull->mu.AwaitWithTimeout(absl::Condition(&done), absl::Seconds(5))) {
+    return absl::DeadlineExceededError("pull: a server did not answer its cancelled call");
   }
-  result->versions.assign(num_servers(), -1);
-  result->finished = true;
+  PullAssembly assembly(*placement_, num_servers(), result);
   for (int s = 0; s < num_servers(); ++s) {
     RETURN_IF_ERROR(Named(pull->status[s], absl::StrCat("Pull from ", ServerName(s))));
     const PullReply& reply = pull->replies[s];
     result->versions[s] = reply.version;
     result->finished &= reply.finished;
     for (const PulledTensor& t : reply.tensors) {
-      const VariablePlacement* vp = placement_->Find(t.variable);
-      const size_t v = vp == nullptr ? 0 : static_cast<size_t>(vp - vars.data());
-      if (vp == nullptr || t.partition < 0 ||
-          t.partition >= static_cast<int>(vp->partitions.size()) ||
-          vp->partitions[t.partition].server != s || seen[v][t.partition] ||
-          t.values == nullptr) {
-        return absl::DataLossError(absl::StrCat(ServerName(s), " sent unexpected partition ",
-                                                t.variable, "/", t.partition));
-      }
-      seen[v][t.partition] = 1;
-      const Partition& part = vp->partitions[t.partition];
-      const int64_t row = vp->spec.row_elements();
-      const int64_t elements = part.num_rows() * row;
-      if (static_cast<int64_t>(t.values->size()) != elements) {
+      if (t.values == nullptr) {
         return absl::DataLossError(absl::StrCat(ServerName(s), " sent ", t.variable, "/",
-                                                t.partition, " with the wrong shape"));
+                                                t.partition, " without values"));
       }
-      std::copy(t.values->begin(), t.values->end(), destinations[v] + part.row_begin * row);
-      counters_.pull_payload_bytes += elements * 4;
-      counters_.pull_copied_bytes += elements * 4;
-      ++received;
+      ASSIGN_OR_RETURN(const PullAssembly::Part part,
+                       assembly.Take(s, t.variable, t.partition,
+                                     static_cast<int64_t>(t.values->size()), &ServerName));
+      const int64_t row = placement_->variables()[part.variable].spec.row_elements();
+      std::copy(t.values->begin(), t.values->end(),
+                destinations[part.variable] + part.partition->row_begin * row);
+      counters_.pull_payload_bytes += static_cast<int64_t>(t.values->size()) * 4;
+      counters_.pull_copied_bytes += static_cast<int64_t>(t.values->size()) * 4;
     }
   }
   // The version buffers go back to their servers now.
   for (PullReply& reply : pull->replies) reply.tensors.clear();
-  if (received != expected) {
-    return absl::DataLossError(
-        absl::StrCat("pull assembled ", received, " of ", expected, " partitions"));
-  }
-  return absl::OkStatus();
+  return assembly.Complete();
 }
 
 void InProcessPsClient::PrefetchPull(const std::vector<int64_t>& min_versions,

@@ -412,24 +412,10 @@ absl::Status GrpcPsClient::PullCalls(const std::vector<int>& servers,
   return assembly.Complete();
 }
 
-GrpcPsClient::PullAssembly::PullAssembly(const Placement& placement, int num_servers,
-                                     PullResult* result)
-    : result(result) {
-  const auto& vars = placement.variables();
-  result->versions.assign(num_servers, -1);
-  result->finished = true;
-  seen.resize(vars.size());
-  for (size_t v = 0; v < vars.size(); ++v) {
-    seen[v].assign(vars[v].partitions.size(), 0);
-    expected += static_cast<int64_t>(vars[v].partitions.size());
-  }
-}
-
 absl::Status GrpcPsClient::AssembleReply(int s, const grpc::ByteBuffer& response,
                                      const std::vector<float*>& destinations,
                                      PullAssembly* assembly, bool* straddled) {
-  const auto& vars = placement_->variables();
-  PullResult* result = assembly->result;
+  PullResult* result = assembly->result();
   // Checks that every partition arrives once, with its shape, that the
   // payload holds exactly those bytes, and that a server's parts all come
   // from one version.
@@ -452,47 +438,33 @@ absl::Status GrpcPsClient::AssembleReply(int s, const grpc::ByteBuffer& response
   result->finished &= header.finished();
   int64_t offset = 0;
   for (const NamedTensor& nt : header.tensors()) {
-    const VariablePlacement* vp = placement_->Find(nt.ref().variable());
     const int p = nt.ref().partition();
-    if (vp == nullptr || p < 0 || p >= static_cast<int>(vp->partitions.size()) ||
-        vp->partitions[p].server != s || assembly->seen[vp - vars.data()][p]) {
-      return absl::DataLossError(absl::StrCat(ServerName(s), " sent unexpected partition ",
-                                              nt.ref().variable(), "/", p));
-    }
-    assembly->seen[vp - vars.data()][p] = 1;
-    const Partition& part = vp->partitions[p];
-    const int64_t row = vp->spec.row_elements();
-    const int64_t elements = part.num_rows() * row;
     const TensorProto& t = nt.tensor();
-    if (t.dtype() != wire_dtype_ ||
-        DenseFloatBytes(absl::MakeConstSpan(t.shape().data(), t.shape_size())) != elements * 4) {
+    const int64_t elements =
+        DenseFloatBytes(absl::MakeConstSpan(t.shape().data(), t.shape_size())) / 4;
+    if (t.dtype() != wire_dtype_) {
       return absl::DataLossError(absl::StrCat(ServerName(s), " sent ", nt.ref().variable(), "/",
                                               p, " with the wrong dtype or shape"));
     }
+    ASSIGN_OR_RETURN(const PullAssembly::Part part,
+                     assembly->Take(s, nt.ref().variable(), p, elements,
+                                    [this](int server) { return ServerName(server); }));
+    const int64_t row = placement_->variables()[part.variable].spec.row_elements();
     const int64_t bytes = elements * (wire_dtype_ == DT_BFLOAT16 ? 2 : 4);
     if (frame.payload.size() - offset < bytes) {
       return absl::DataLossError(absl::StrCat(ServerName(s), " sent ", nt.ref().variable(), "/",
                                               p, " short of its bytes"));
     }
     frame.payload.CopyFloatsTo(offset, elements, wire_dtype_ == DT_BFLOAT16,
-                               destinations[vp - vars.data()] + part.row_begin * row);
+                               destinations[part.variable] + part.partition->row_begin * row);
     offset += bytes;
     counters_.pull_payload_bytes += bytes;
     counters_.pull_copied_bytes += bytes;
-    ++assembly->received;
   }
   if (offset != frame.payload.size()) {
     return absl::DataLossError(absl::StrCat(ServerName(s), " sent ",
                                             frame.payload.size() - offset,
                                             " payload bytes beyond its tensors"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status GrpcPsClient::PullAssembly::Complete() const {
-  if (received != expected) {
-    return absl::DataLossError(
-        absl::StrCat("pull assembled ", received, " of ", expected, " partitions"));
   }
   return absl::OkStatus();
 }

@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "common/client/ps_client.h"
+#include "common/client/ps_requests.h"
 #include "common/cluster/cluster_spec.h"
 #include "common/cluster/placement.h"
 #include "common/rpc/call_window.h"
@@ -136,15 +137,6 @@ class GrpcPsClient final : public PsClient {
   std::vector<PullRequest> PullRequests(const std::vector<int64_t>& min_versions,
                                         absl::Duration wait, std::vector<int>* servers,
                                         const std::vector<int64_t>& min_own_pushes = {}) const;
-  // A full pull's replies, taken one by one into `result`.
-  struct PullAssembly {
-    PullAssembly(const Placement& placement, int num_servers, PullResult* result);
-    // Every partition arrived.
-    absl::Status Complete() const;
-    PullResult* result;
-    std::vector<std::vector<char>> seen;  // per variable, per partition
-    int64_t expected = 0, received = 0;
-  };
   // Checks server s's reply and copies its partitions into `destinations`;
   // sets *straddled (and returns OK) when it came from another version than
   // the server's earlier parts.

@@ -166,6 +166,48 @@ std::vector<std::pair<int, LoadRowsRequest>> LoadRowsRequests(
   return calls;
 }
 
+PullAssembly::PullAssembly(const Placement& placement, int num_servers,
+                           PsClient::PullResult* result)
+    : placement_(placement), result_(result) {
+  const auto& vars = placement.variables();
+  result->versions.assign(num_servers, -1);
+  result->finished = true;
+  seen_.resize(vars.size());
+  for (size_t v = 0; v < vars.size(); ++v) {
+    seen_[v].assign(vars[v].partitions.size(), 0);
+    expected_ += static_cast<int64_t>(vars[v].partitions.size());
+  }
+}
+
+absl::StatusOr<PullAssembly::Part> PullAssembly::Take(
+    int s, const std::string& variable, int p, int64_t elements,
+    const std::function<std::string(int)>& name) {
+  const auto& vars = placement_.variables();
+  const VariablePlacement* vp = placement_.Find(variable);
+  const size_t v = vp == nullptr ? 0 : static_cast<size_t>(vp - vars.data());
+  if (vp == nullptr || p < 0 || p >= static_cast<int>(vp->partitions.size()) ||
+      vp->partitions[p].server != s || seen_[v][p]) {
+    return absl::DataLossError(
+        absl::StrCat(name(s), " sent unexpected partition ", variable, "/", p));
+  }
+  const Partition& part = vp->partitions[p];
+  if (elements != part.num_rows() * vp->spec.row_elements()) {
+    return absl::DataLossError(
+        absl::StrCat(name(s), " sent ", variable, "/", p, " with the wrong dtype or shape"));
+  }
+  seen_[v][p] = 1;
+  ++received_;
+  return Part{v, &part};
+}
+
+absl::Status PullAssembly::Complete() const {
+  if (received_ != expected_) {
+    return absl::DataLossError(
+        absl::StrCat("pull assembled ", received_, " of ", expected_, " partitions"));
+  }
+  return absl::OkStatus();
+}
+
 PushReplies::PushReplies(int num_servers)
     : outcomes_(num_servers, DROPPED_STALE),
       seen_(num_servers, 0),

@@ -68,6 +68,31 @@ std::vector<std::pair<int, LoadRowsRequest>> LoadRowsRequests(
     absl::Span<const uint64_t> ids, const float* values, const std::vector<const float*>& slots,
     absl::Span<const int64_t> updates, absl::Span<const int64_t> touched);
 
+// A full pull's replies, taken server by server into `result`: every
+// partition must come once, from the server that holds it, with its
+// shape; `name(s)` names server s in the errors.
+class PullAssembly {
+ public:
+  PullAssembly(const Placement& placement, int num_servers, PsClient::PullResult* result);
+  // Server s sent `elements` values of variable/partition: its variable's
+  // index and partition, or DATA_LOSS naming what was wrong.
+  struct Part {
+    size_t variable = 0;
+    const Partition* partition = nullptr;
+  };
+  absl::StatusOr<Part> Take(int s, const std::string& variable, int partition, int64_t elements,
+                            const std::function<std::string(int)>& name);
+  // Every partition arrived.
+  absl::Status Complete() const;
+  PsClient::PullResult* result() const { return result_; }
+
+ private:
+  const Placement& placement_;
+  PsClient::PullResult* const result_;
+  std::vector<std::vector<char>> seen_;  // per variable, per partition
+  int64_t expected_ = 0, received_ = 0;
+};
+
 // A push's replies merged per server, call by call: APPLIED if one
 // completed the step (or, async, the push), else ACCUMULATED, else FINISHED
 // or DROPPED_STALE; an async push's held parts say nothing of it. Also the

@@ -142,6 +142,32 @@ TEST_CASE("LoadRows requests carry each id's row, slots and counts, split at abo
   CHECK(rows == ids.size());
 }
 
+TEST_CASE("a pull's replies are taken once each, from their server, with their shape") {
+  const Placement p = TwoServers();
+  auto name = [](int s) { return "ps:" + std::to_string(s); };
+  PsClient::PullResult result;
+  PullAssembly assembly(p, 2, &result);
+  CHECK(result.versions == std::vector<int64_t>{-1, -1});
+  const VariablePlacement& w = *p.Find("w");
+  const VariablePlacement& b = *p.Find("b");
+  const int ws = w.partitions[0].server;
+  CHECK(absl::IsDataLoss(assembly.Take(1 - ws, "w", 0, 128, name).status()));  // not its server
+  CHECK(absl::IsDataLoss(assembly.Take(ws, "w", 0, 127, name).status()));      // short
+  CHECK(absl::IsDataLoss(assembly.Take(ws, "v", 0, 128, name).status()));      // unknown
+  auto part = assembly.Take(ws, "w", 0, w.partitions[0].num_rows() * 4, name);
+  REQUIRE(part.ok());
+  CHECK(part->variable == 0);
+  CHECK(part->partition == &w.partitions[0]);
+  CHECK(absl::IsDataLoss(assembly.Take(ws, "w", 0, 128, name).status()));  // twice
+  CHECK(absl::IsDataLoss(assembly.Complete()));
+  for (size_t k = 1; k < w.partitions.size(); ++k) {
+    const Partition& wp = w.partitions[k];
+    REQUIRE(assembly.Take(wp.server, "w", static_cast<int>(k), wp.num_rows() * 4, name).ok());
+  }
+  REQUIRE(assembly.Take(b.partitions[0].server, "b", 0, 4, name).ok());
+  CHECK(assembly.Complete().ok());
+}
+
 TEST_CASE("a push's replies merge into one outcome per server") {
   auto reply = [](PushOutcome o, int64_t version, int64_t own = 0) {
     PushResponse r;

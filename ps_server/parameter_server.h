@@ -49,7 +49,11 @@
 //   snapshotter.h   checkpoint cuts, their writer thread and outcomes
 // What stays here is admission and the step: incarnations and sessions,
 // the version and when a step completes, async staleness and max_steps,
-// the counters, and the timer that ends waits at their deadlines.
+// the counters, and the timer that ends waits at their deadlines. The class
+// is defined in four files: parameter_server.cc (Initialize, sessions, the
+// step's end, checkpoints, status), parameter_server_pull.cc (serving,
+// parking, the timer), parameter_server_push.cc (admission, sync
+// aggregation, async applies) and parameter_server_rows.cc (row requests).
 //
 // Locking: `mu_` guards the small shared state (version, who pushed, the
 // parked pulls, the held pushes, counters) and is never held while tensors

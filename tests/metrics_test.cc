@@ -53,24 +53,12 @@ std::unique_ptr<Subprocess> StartLaunch(const std::string& dir, const std::strin
   return std::move(*launch);
 }
 
-TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and TensorBoard reads "
-          "the chief's events",
-          "[metrics][cluster]") {
-  const std::string dir = testing::FreshTempDir("metrics_run");
-  ConfigOptions o;
-  // Long enough to scrape every task while it runs (the scrape waits for the
-  // first checkpoint, at step 100). Under the sanitizers, 1,000: with 4,000
-  // the case took 80.8 s alone under TSan, with 1,000 24.5 s (2026-11-27),
-  // and the extra steps checked nothing more.
-  o.max_steps = testing::SanitizedSteps(4000, 1000);
-  o.extra = absl::StrCat("checkpoint { dir: \"", JoinPath(dir, "ckpt"), "\" every_steps: 100 }\n");
-  const std::string spec = testing::WriteClusterSpec(dir, 2, 2);
-  std::unique_ptr<Subprocess> launch = StartLaunch(dir, spec, o);
-  o.output_dir = JoinPath(dir, "out");  // where StartLaunch put it
-  const std::string launch_out = JoinPath(dir, "launch.out");
-  // One line per task: "pstrain launch: metrics: ps:0 http://127.0.0.1:P/metrics".
+// The /metrics port of each task, from the launcher's lines
+// "pstrain launch: metrics: ps:0 http://127.0.0.1:P/metrics" (all five, or
+// what it printed by the deadline).
+std::map<std::string, int> MetricsPorts(Subprocess* launch, const std::string& launch_out,
+                                        absl::Time deadline) {
   std::map<std::string, int> ports;
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
   const std::string marker = "pstrain launch: metrics: ";
   while (ports.size() < 5 && absl::Now() < deadline && launch->running()) {
     const std::string out = Env::Default()->ReadFile(launch_out).value_or("");
@@ -89,41 +77,48 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
     }
     absl::SleepFor(absl::Milliseconds(10));
   }
-  REQUIRE(ports.size() == 5);
-  // Scrape every task until ps:0 has written a checkpoint, all at once while
-  // the run goes on (the first checkpoint is at step 100).
+  return ports;
+}
+
+// What one scrape of a run read: ps:0's, the chief's and worker:1's
+// /metrics, and every task's /healthz and /readyz.
+struct Scrape {
   std::string metrics, chief, worker;
   std::vector<std::string> health, ready;
+};
+
+// Scrapes every task once ps:0 has written a checkpoint, all at once while
+// the run goes on (the first checkpoint is at step 100). False where the run
+// ended or the deadline passed first.
+bool ScrapeDuringRun(Subprocess* launch, const std::map<std::string, int>& ports,
+                     absl::Time deadline, Scrape* out) {
   bool scraped = false;
   while (!scraped && absl::Now() < deadline && launch->running()) {
-    metrics = testing::HttpGet(ports["ps:0"], "/metrics");
-    if (metrics.find("\npstrain_checkpoint_shards_written_total{job=\"ps\",task=\"0\"} ") ==
+    out->metrics = testing::HttpGet(ports.at("ps:0"), "/metrics");
+    if (out->metrics.find("\npstrain_checkpoint_shards_written_total{job=\"ps\",task=\"0\"} ") ==
             std::string::npos ||
-        metrics.find("\npstrain_checkpoint_shards_written_total{job=\"ps\",task=\"0\"} 0\n") !=
+        out->metrics.find("\npstrain_checkpoint_shards_written_total{job=\"ps\",task=\"0\"} 0\n") !=
             std::string::npos) {
       absl::SleepFor(absl::Milliseconds(20));
       continue;
     }
-    chief = testing::HttpGet(ports["chief:0"], "/metrics");
-    worker = testing::HttpGet(ports["worker:1"], "/metrics");
-    health.clear();
-    ready.clear();
+    out->chief = testing::HttpGet(ports.at("chief:0"), "/metrics");
+    out->worker = testing::HttpGet(ports.at("worker:1"), "/metrics");
+    out->health.clear();
+    out->ready.clear();
     for (const auto& [task, port] : ports) {
-      health.push_back(task + " " + testing::HttpGet(port, "/healthz"));
-      ready.push_back(task + " " + testing::HttpGet(port, "/readyz"));
+      out->health.push_back(task + " " + testing::HttpGet(port, "/healthz"));
+      out->ready.push_back(task + " " + testing::HttpGet(port, "/readyz"));
     }
     scraped = true;
   }
-  REQUIRE(scraped);  // during the run, not after it
-  // The rest of the run: a bound, not a speed check. Under the
-  // sanitizers, beside another test on a slow 2-core machine, a run of
-  // 4,000 steps passed 120 s (TSan, 2026-11-26).
-  const absl::Duration rest = absl::Seconds(testing::kSanitized ? 600 : 120);
-  REQUIRE(launch->Wait(rest).has_value());
+  return scraped;
+}
+
+// ps:0's exposition: every family the server and the process export.
+void CheckPsMetrics(const std::string& metrics) {
   INFO(metrics);
   CHECK(metrics.rfind("HTTP/1.0 200 OK", 0) == 0);
-  for (const std::string& h : health) CHECK(h.find("200 OK") != std::string::npos);
-  for (const std::string& r : ready) CHECK(r.find("200 OK") != std::string::npos);
   for (const char* name :
        {"pstrain_ps_version", "pstrain_ps_pushes_applied_total", "pstrain_ps_pulls_total",
         "pstrain_ps_data_calls", "pstrain_ps_max_data_calls", "pstrain_ps_payload_bytes_total", "pstrain_checkpoint_shards_written_total",
@@ -148,6 +143,10 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
                      "method=\"Push\",code=\"OK\",job=\"ps\",task=\"0\"} ") != std::string::npos);
   CHECK(metrics.find("pstrain_ps_pushes_rejected_total{reason=\"non_finite\",job=\"ps\","
                      "task=\"0\"} 0") != std::string::npos);
+}
+
+// The chief's and a worker's expositions.
+void CheckChiefAndWorkerMetrics(const std::string& chief, const std::string& worker) {
   INFO(chief);
   for (const char* name : {"pstrain_chief_global_step", "pstrain_chief_examples_per_second",
                            "pstrain_chief_seconds_since_progress",
@@ -170,15 +169,12 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
     CHECK(worker.find(absl::StrCat("pstrain_worker_step_seconds_total{phase=\"", phase,
                                    "\",job=\"worker\",task=\"1\"}")) != std::string::npos);
   }
+}
 
-  // The Prometheus client's parser reads every family, and the version is
-  // a positive number; TensorBoard's own reader reads the chief's events.
-  const testing::PythonReaders py = testing::PythonWithModules(
-      "prometheus_client.parser, tensorboard.backend.event_processing.event_accumulator");
-  if (!py.error.empty()) {
-    testing::SkipCase("python", "the parser check: " + py.error);
-    return;
-  }
+// The Prometheus client's parser reads every family of ps:0's exposition,
+// and the version is a positive number.
+void CheckPrometheusParses(const testing::PythonReaders& py, const std::string& dir,
+                           const std::string& metrics) {
   const std::string body = metrics.substr(metrics.find("\r\n\r\n") + 4);
   const std::string file = testing::WriteFile(JoinPath(dir, "metrics.txt"), body);
   CommandResult parsed = testing::RunCommand(
@@ -195,8 +191,14 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
   INFO(parsed.output);
   CHECK(parsed.exit_code == 0);
   CHECK(parsed.output.find("families") != std::string::npos);
+}
 
-  auto summary = Env::Default()->ReadFile(JoinPath(o.output_dir, "summary.json"));
+// summary.json's step split and the launcher's last line from it; and
+// TensorBoard's own reader reads the chief's events, ending at the
+// summary's step and accuracy.
+void CheckSummaryAndEvents(const testing::PythonReaders& py, const std::string& output_dir,
+                           const std::string& launch_out) {
+  auto summary = Env::Default()->ReadFile(JoinPath(output_dir, "summary.json"));
   REQUIRE(summary.ok());
   const nlohmann::json j = nlohmann::json::parse(*summary);
   // The launcher's last line: where a worker's step went, from the workers'
@@ -223,7 +225,7 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
        "print('tags', tags)\n"
        "print('last eval/accuracy step %d value %.4f' % (acc[-1].step, acc[-1].value))\n"
        "print('evaluations', len(acc), 'loss points', len(a.Scalars('train/loss')))\n",
-       JoinPath(o.output_dir, "events")},
+       JoinPath(output_dir, "events")},
       absl::Seconds(120));
   INFO(tb.output);
   CHECK(tb.exit_code == 0);
@@ -236,6 +238,49 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
   CHECK(tb.output.find(absl::StrFormat("last eval/accuracy step %d value %.4f",
                                        j["global_step"].get<int64_t>(),
                                        j["eval_accuracy"].get<double>())) != std::string::npos);
+}
+
+TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and TensorBoard reads "
+          "the chief's events",
+          "[metrics][cluster]") {
+  const std::string dir = testing::FreshTempDir("metrics_run");
+  ConfigOptions o;
+  // Long enough to scrape every task while it runs (the scrape waits for the
+  // first checkpoint, at step 100). Under the sanitizers, 1,000: with 4,000
+  // the case took 80.8 s alone under TSan, with 1,000 24.5 s (2026-11-27),
+  // and the extra steps checked nothing more.
+  o.max_steps = testing::SanitizedSteps(4000, 1000);
+  o.extra = absl::StrCat("checkpoint { dir: \"", JoinPath(dir, "ckpt"), "\" every_steps: 100 }\n");
+  const std::string spec = testing::WriteClusterSpec(dir, 2, 2);
+  std::unique_ptr<Subprocess> launch = StartLaunch(dir, spec, o);
+  o.output_dir = JoinPath(dir, "out");  // where StartLaunch put it
+  const std::string launch_out = JoinPath(dir, "launch.out");
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  std::map<std::string, int> ports = MetricsPorts(launch.get(), launch_out, deadline);
+  REQUIRE(ports.size() == 5);
+  Scrape scrape;
+  REQUIRE(ScrapeDuringRun(launch.get(), ports, deadline, &scrape));  // during the run
+  // The rest of the run: a bound, not a speed check. Under the
+  // sanitizers, beside another test on a slow 2-core machine, a run of
+  // 4,000 steps passed 120 s (TSan, 2026-11-26).
+  const absl::Duration rest = absl::Seconds(testing::kSanitized ? 600 : 120);
+  REQUIRE(launch->Wait(rest).has_value());
+  CheckPsMetrics(scrape.metrics);
+  for (const std::string& h : scrape.health) CHECK(h.find("200 OK") != std::string::npos);
+  for (const std::string& r : scrape.ready) CHECK(r.find("200 OK") != std::string::npos);
+  CheckChiefAndWorkerMetrics(scrape.chief, scrape.worker);
+
+  // The Prometheus client's parser reads every family, and the version is
+  // a positive number; TensorBoard's own reader reads the chief's events.
+  const testing::PythonReaders py = testing::PythonWithModules(
+      "prometheus_client.parser, tensorboard.backend.event_processing.event_accumulator");
+  if (!py.error.empty()) {
+    testing::SkipCase("python", "the parser check: " + py.error);
+    return;
+  }
+  CheckPrometheusParses(py, dir, scrape.metrics);
+
+  CheckSummaryAndEvents(py, o.output_dir, launch_out);
 }
 
 // The body of an HTTP response.
@@ -372,10 +417,10 @@ TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes
   const std::string version = "pstrain_ps_version{job=\"ps\",task=\"0\"}";
   const absl::Time deadline = absl::Now() + absl::Seconds(90);
   while (absl::Now() < deadline && launch->running() &&
-         SampleValue(Body(testing::HttpGet(ports["ps:0"], "/metrics")), version) < 20) {
+         SampleValue(Body(testing::HttpGet(ports.at("ps:0"), "/metrics")), version) < 20) {
     absl::SleepFor(absl::Milliseconds(50));
   }
-  REQUIRE(SampleValue(Body(testing::HttpGet(ports["ps:0"], "/metrics")), version) >= 20);
+  REQUIRE(SampleValue(Body(testing::HttpGet(ports.at("ps:0"), "/metrics")), version) >= 20);
 
   // Every daemon's exposition passes promtool's lint.
   for (const auto& [task, port] : ports) {
@@ -407,9 +452,9 @@ TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes
   double held = -1;
   const std::string waiting = "pstrain_sync_waiting_on{worker=\"1\",job=\"ps\",task=\"0\"}";
   while (absl::Now() < deadline) {
-    const std::string a = Body(testing::HttpGet(ports["ps:0"], "/metrics"));
+    const std::string a = Body(testing::HttpGet(ports.at("ps:0"), "/metrics"));
     absl::SleepFor(absl::Seconds(1));
-    const std::string b = Body(testing::HttpGet(ports["ps:0"], "/metrics"));
+    const std::string b = Body(testing::HttpGet(ports.at("ps:0"), "/metrics"));
     if (SampleValue(a, version) == SampleValue(b, version) && SampleValue(b, waiting) == 1) {
       held = SampleValue(b, version);
       break;

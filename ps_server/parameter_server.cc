@@ -45,9 +45,7 @@ void ParameterServer::InstallLocked(const InitializeRequest& request, std::share
   int index = 0;
   for (auto& [key, p] : model_->partitions) p->index = index++;
   sync_.Reset(index, model_->num_workers, model_->replicas_to_aggregate);
-  async_admitted_ = 0;
-  worker_clock_.assign(model_->num_workers, 0);
-  async_cursors_.assign(model_->num_workers, StepCursor());
+  async_.Reset(model_->num_workers);
   held_.Reset(model_->num_workers);
   worker_session_.assign(model_->num_workers, 0);
   session_start_step_.assign(model_->num_workers, -1);
@@ -108,10 +106,6 @@ bool ParameterServer::FinishedLocked() const {
   return model_ && model_->max_steps > 0 && version_ >= model_->max_steps;
 }
 
-int64_t ParameterServer::MinWorkerClockLocked() const {
-  return worker_clock_.empty() ? 0 : *std::min_element(worker_clock_.begin(), worker_clock_.end());
-}
-
 std::string ParameterServer::WaitingOnLocked() const {
   if (model_->sync) {
     return absl::StrCat("step ", version_, " has ", sync_.FewestOpen(), " of ",
@@ -119,13 +113,8 @@ std::string ParameterServer::WaitingOnLocked() const {
                         " partition(s) open), waiting on worker(s) ",
                         absl::StrJoin(sync_.Missing(), ","));
   }
-  std::vector<int> slowest;
-  const int64_t min_clock = MinWorkerClockLocked();
-  for (int w = 0; w < model_->num_workers; ++w) {
-    if (worker_clock_[w] == min_clock) slowest.push_back(w);
-  }
-  return absl::StrCat("slowest worker(s) ", absl::StrJoin(slowest, ","), " at ", min_clock,
-                      " pushes");
+  return absl::StrCat("slowest worker(s) ", absl::StrJoin(async_.SlowestWorkers(), ","), " at ",
+                      async_.Slowest(), " pushes");
 }
 
 // ---------------------------------------------------------------------------
@@ -247,7 +236,7 @@ absl::Status ParameterServer::Snapshot(const SnapshotRequest& request,
   holding_pushes_ = true;
   const std::shared_ptr<Model> model = model_;
   auto drained = [this, &model]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return (async_admitted_ == 0 && rows_in_flight_ == 0 && parts_applying_ == 0) ||
+    return (async_.in_flight() == 0 && rows_in_flight_ == 0 && parts_applying_ == 0) ||
            shut_down_ || model_ != model;
   };
   const absl::Duration timeout = std::min(absl::Milliseconds(request.timeout_ms()), max_wait_);
@@ -257,11 +246,11 @@ absl::Status ParameterServer::Snapshot(const SnapshotRequest& request,
     if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
     if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
     return absl::DeadlineExceededError(absl::StrCat(
-        "Snapshot: ", async_admitted_ + rows_in_flight_ + parts_applying_,
+        "Snapshot: ", async_.in_flight() + rows_in_flight_ + parts_applying_,
         " push(es) or parts still applying or awaiting parts after ",
         absl::FormatDuration(timeout)));
   }
-  std::unique_ptr<ShardSnapshot> cut = CutShard(*model_, step, incarnation_, async_cursors_);
+  std::unique_ptr<ShardSnapshot> cut = CutShard(*model_, step, incarnation_, async_.cursors());
   holding_pushes_ = false;  // waiting pushes go on as mu_ is released
   const absl::Duration pause = absl::Now() - start;
   cut->pause_seconds = absl::ToDoubleSeconds(pause);  // the hold, the cut's copy included
@@ -400,10 +389,10 @@ void ParameterServer::GetStatus(PsStatusResponse* response) {
   response->set_staleness_sum(staleness.sum);
   if (model_ == nullptr) return;
   response->set_learning_rate(model_->learning_rate.At(version_));
-  for (size_t w = 0; w < worker_clock_.size(); ++w) {
+  for (int w = 0; w < async_.num_workers(); ++w) {
     WorkerProgress* wp = response->add_workers();
-    const StepCursor& c = model_->sync ? sync_.completed_cursors()[w] : async_cursors_[w];
-    if (!model_->sync) wp->set_pushes_applied(worker_clock_[w]);
+    const StepCursor& c = model_->sync ? sync_.completed_cursors()[w] : async_.cursors()[w];
+    if (!model_->sync) wp->set_pushes_applied(async_.pushes(w));
     wp->set_has_cursor(c.set);
     wp->set_cursor_epoch(c.epoch);
     wp->set_cursor_position(c.position);

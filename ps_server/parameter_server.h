@@ -42,18 +42,19 @@
 //   server_model.h  what Initialize installs: settings, partitions, tables
 //   apply.h         gradients located in a push; the sync mean, async applies
 //   sync_step.h     the open sync step: per-partition quorums, clock, cursors
+//   async_clock.h   async updates admitted and applied, the workers' clocks
 //   held_pushes.h   async pushes in parts, per worker
 //   init_parts.h    an Initialize in parts, gathered until the last is in
 //   parked_pulls.h  pulls waiting for their version
 //   row_store.h     embedding row requests: lookups, staging, loads
 //   snapshotter.h   checkpoint cuts, their writer thread and outcomes
 // What stays here is admission and the step: incarnations and sessions,
-// the version and when a step completes, async staleness and max_steps,
-// the counters, and the timer that ends waits at their deadlines. The class
-// is defined in four files: parameter_server.cc (Initialize, sessions, the
-// step's end, checkpoints, status), parameter_server_pull.cc (serving,
-// parking, the timer), parameter_server_push.cc (admission, sync
-// aggregation, async applies) and parameter_server_rows.cc (row requests).
+// the version and when a step completes, the counters, and the timer that
+// ends waits at their deadlines. The class is defined in four files:
+// parameter_server.cc (Initialize, sessions, the step's end, checkpoints,
+// status), parameter_server_pull.cc (serving, parking, the timer),
+// parameter_server_push.cc (admission, sync aggregation, async applies) and
+// parameter_server_rows.cc (row requests).
 //
 // Locking: `mu_` guards the small shared state (version, who pushed, the
 // parked pulls, the held pushes, counters) and is never held while tensors
@@ -91,6 +92,7 @@
 #include "common/base/tensor.h"
 #include "proto/ps_service.pb.h"
 #include "ps_server/apply.h"
+#include "ps_server/async_clock.h"
 #include "ps_server/embedding_table.h"
 #include "ps_server/held_pushes.h"
 #include "ps_server/init_parts.h"
@@ -345,7 +347,6 @@ class ParameterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   bool FinishedLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t MinWorkerClockLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string WaitingOnLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether a pull may be served now: its version is there (or it must end
   // anyway), and an async worker is within the staleness bound (`rows`: a
@@ -420,10 +421,8 @@ class ParameterServer {
   SyncStep sync_ ABSL_GUARDED_BY(mu_);
   // An Initialize sent in parts, gathered until the last part is in.
   InitParts init_parts_ ABSL_GUARDED_BY(mu_);
-  // Async: pushes admitted but not yet counted in version_ (bounds max_steps).
-  int64_t async_admitted_ ABSL_GUARDED_BY(mu_) = 0;
-  // Async: pushes applied per worker (the SSP clock).
-  std::vector<int64_t> worker_clock_ ABSL_GUARDED_BY(mu_);
+  // Async: updates admitted and applied, the workers' clocks and cursors.
+  AsyncClock async_ ABSL_GUARDED_BY(mu_);
   Counters counters_ ABSL_GUARDED_BY(mu_);
   // Counts a refused push (never an UNAVAILABLE one: a server not ready or
   // shutting down refuses nothing about the push itself).
@@ -463,10 +462,6 @@ class ParameterServer {
   // number in `ticket`.
   absl::StatusOr<bool> AdmitAsyncLocked(const Model& model, const PushRequest& header,
                                         int64_t* ticket) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Update `ticket`'s rate: the schedule's at ticket - 1, divided, where
-  // asked, by its staleness (the updates applied since the version `step`
-  // it was computed from).
-  static UpdateInfo AsyncUpdate(const Model& model, int64_t ticket, int64_t step);
   // Drops pushes in parts older than the model's held_push_ttl (a worker
   // that died or gave up mid-push: it is admitted, so a cut would wait for
   // it). From a part (`throttled`), looks at most once per min(ttl, 1 s),
@@ -476,9 +471,7 @@ class ParameterServer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // When the next open push in parts passes its held_push_ttl.
   absl::Time NextHeldPushExpiryLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Async: each worker's data cursor as of its latest admitted push, and
-  // whether a checkpoint's cut is holding new pushes.
-  std::vector<StepCursor> async_cursors_ ABSL_GUARDED_BY(mu_);
+  // Async: whether a checkpoint's cut is holding new pushes.
   bool holding_pushes_ ABSL_GUARDED_BY(mu_) = false;
   // Async: row pushes being applied (a cut waits for them).
   int64_t rows_in_flight_ ABSL_GUARDED_BY(mu_) = 0;

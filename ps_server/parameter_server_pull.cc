@@ -38,10 +38,10 @@ absl::Status ParameterServer::CheckPullLocked(const PullRequest& request) const 
     // A worker has one push in flight at most: its next pull waits for
     // that one, never for pushes it has not begun (a pull that could only
     // time out is refused at once).
-    if (request.min_own_pushes() < 0 || request.min_own_pushes() > worker_clock_[worker] + 1) {
+    if (request.min_own_pushes() < 0 || request.min_own_pushes() > async_.pushes(worker) + 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "Pull: min_own_pushes ", request.min_own_pushes(), " for worker ", worker,
-          ", which has ", worker_clock_[worker], " push(es) applied here; at most one more"));
+          ", which has ", async_.pushes(worker), " push(es) applied here; at most one more"));
     }
   }
   return absl::OkStatus();
@@ -51,13 +51,12 @@ bool ParameterServer::ReadyLocked(const PullRequest& request, bool rows) const {
   if (shut_down_ || FinishedLocked()) return true;
   if (version_ < request.min_version()) return !sync_.failure().ok();
   const int worker = request.worker();
-  if (request.min_own_pushes() > 0 && worker >= 0 &&
-      worker < static_cast<int>(worker_clock_.size()) &&
-      worker_clock_[worker] < request.min_own_pushes()) {
+  if (request.min_own_pushes() > 0 && worker >= 0 && worker < async_.num_workers() &&
+      async_.pushes(worker) < request.min_own_pushes()) {
     return false;  // async, a worker's pull (CheckPullLocked)
   }
-  const bool bounded = !model_->sync && model_->staleness_bound > 0 && worker >= 0 && !rows;
-  return !bounded || worker_clock_[worker] - MinWorkerClockLocked() <= model_->staleness_bound;
+  const bool bounded = !model_->sync && worker >= 0 && !rows;
+  return !bounded || async_.WithinBound(worker, model_->staleness_bound);
 }
 
 bool ParameterServer::EarlyReadyLocked(const PullRequest& request) const {
@@ -196,10 +195,7 @@ absl::Status ParameterServer::TimedOutLocked(const ParkedPulls::Waiter& w) const
       absl::FormatDuration(timeout), " for version >= ", r.min_version(),
       r.min_own_pushes() > 0
           ? absl::StrCat(" after its push ", r.min_own_pushes(), " (",
-                         r.worker() >= 0 && r.worker() < static_cast<int>(worker_clock_.size())
-                             ? worker_clock_[r.worker()]
-                             : 0,
-                         " applied)")
+                         async_.pushes(r.worker()), " applied)")
           : "",
       "; server at version ", version_, ": ", WaitingOnLocked()));
 }

@@ -120,7 +120,7 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
       absl::StatusOr<bool> admitted = AdmitAsyncLocked(*model, header, &ticket);
       if (!admitted.ok()) return admitted.status();
       held_.Start(w, header, absl::Now(), /*finished=*/!*admitted,
-                  *admitted ? AsyncUpdate(*model, ticket, header.step()) : UpdateInfo());
+                  *admitted ? AsyncClock::Update(*model, ticket, header.step()) : UpdateInfo());
       // Its deadline may come before the timer's next wake-up.
       if (h.started + model->held_push_ttl < timer_wakes_at_) timer_cv_.Signal();
     }
@@ -184,13 +184,12 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
     }
     // The push's last part: it counts now, as one update.
     held_.Complete(w);
-    --async_admitted_;
+    const int64_t own_pushes = async_.Applied(w);
     ++version_;
-    ++worker_clock_[w];
     ++counters_.pushes_applied;
     response->set_outcome(APPLIED);
     response->set_version(version_);
-    response->set_own_pushes(worker_clock_[w]);
+    response->set_own_pushes(own_pushes);
     CollectReadyLocked(&completions);
   }
   RunCompletions(&completions);
@@ -198,7 +197,7 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
 }
 
 void ParameterServer::DropHeldPushLocked(int w, std::string why) {
-  if (held_.Drop(w, std::move(why))) --async_admitted_;  // admitted, never to be counted
+  if (held_.Drop(w, std::move(why))) async_.Abandon();  // admitted, never to be counted
 }
 
 absl::Time ParameterServer::NextHeldPushExpiryLocked() const {
@@ -513,28 +512,17 @@ absl::StatusOr<bool> ParameterServer::AdmitAsyncLocked(const Model& model,
                                                        int64_t* ticket) {
   const int w = header.worker();
   RETURN_IF_ERROR(CheckNotAheadLocked(header));
-  // Pushes admitted but not yet applied count, so max_steps is exact.
-  if (model.max_steps > 0 && version_ + async_admitted_ >= model.max_steps) return false;
-  ++async_admitted_;
-  *ticket = version_ + async_admitted_;
+  // Pushes admitted but not yet applied count, so max_steps is exact. The
+  // worker's cursor is where its data stands once this push is in; a
+  // checkpoint's cut is taken with no push in flight, so it matches what
+  // was applied. (A push refused for a NaN, or dropped with parts missing,
+  // leaves it a batch ahead: that batch is skipped on resume, as the run
+  // itself skipped its gradient, or the part of it that never came.)
+  *ticket = async_.Admit(w, version_, model.max_steps,
+                         {true, header.cursor_epoch(), header.cursor_position()});
+  if (*ticket == 0) return false;
   staleness_.Observe(static_cast<double>(*ticket - 1 - header.step()));
-  // Where this worker's data stands once this push is in; a checkpoint's
-  // cut is taken with no push in flight, so it matches what was applied.
-  // (A push refused for a NaN, or dropped with parts missing, leaves it a
-  // batch ahead: that batch is skipped on resume, as the run itself skipped
-  // its gradient, or the part of it that never came.)
-  async_cursors_[w] = {true, header.cursor_epoch(), header.cursor_position()};
   return true;
-}
-
-UpdateInfo ParameterServer::AsyncUpdate(const Model& model, int64_t ticket, int64_t step) {
-  UpdateInfo update;
-  update.learning_rate = model.learning_rate.At(ticket - 1);
-  if (model.staleness_scaled_lr) {
-    const int64_t staleness = ticket - 1 - step;
-    if (staleness > 1) update.learning_rate /= static_cast<float>(staleness);
-  }
-  return update;
 }
 
 absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
@@ -558,28 +546,27 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
   // Validate every gradient in place before changing anything.
   if (const GradientRef* bad = FirstNonFinite(grads)) {
     absl::MutexLock lock(&mu_);
-    if (model_ == model) --async_admitted_;
+    if (model_ == model) async_.Abandon();
     RejectLocked(Rejection::kNonFinite);
     return absl::InvalidArgumentError(
         absl::StrCat("gradient for ", KeyString(bad->partition->key), " contains NaN or Inf"));
   }
   // This push is update `ticket` of the run.
   const int64_t bytes =
-      ApplyEach(*model, grads, AsyncUpdate(*model, ticket, header.step()), &apply_seconds_);
+      ApplyEach(*model, grads, AsyncClock::Update(*model, ticket, header.step()), &apply_seconds_);
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
     // A re-Initialize while this applied replaced the model and its counts.
     if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
-    --async_admitted_;
+    const int64_t own_pushes = async_.Applied(w);
     ++version_;
-    ++worker_clock_[w];
     ++counters_.pushes_applied;
     counters_.push_payload_bytes += bytes;
     counters_.push_copied_bytes += bytes;
     response->set_outcome(APPLIED);
     response->set_version(version_);
-    response->set_own_pushes(worker_clock_[w]);
+    response->set_own_pushes(own_pushes);
     CollectReadyLocked(&completions);
   }
   RunCompletions(&completions);

@@ -171,8 +171,20 @@ absl::StatusOr<bool> Driver::EvaluateAt(int64_t step) {
            e.step, max_steps_, progress.train_loss(), e.result.accuracy(), e.result.loss,
            e.auc ? absl::StrFormat(", eval AUC %.4f", *e.auc) : "", progress.examples_per_sec());
   events_.WriteEvalScalars(e);
-  while (next_eval_ <= step) next_eval_ += eval_every_;
+  // The chief evaluates the newest parameters when it gets to them: the
+  // evaluation due at next_eval_ ran at step, and those due meanwhile are
+  // skipped (said here, so that a reader of the log sees why).
+  const int64_t due = next_eval_;
+  int64_t passed = 0;
+  while (next_eval_ <= step) {
+    next_eval_ += eval_every_;
+    ++passed;
+  }
   next_eval_ = std::min(next_eval_, max_steps_);
+  if (passed > 1) {
+    LOG_INFO("evaluation due at step {} ran at step {}; {} more due by then skipped", due, e.step,
+             passed - 1);
+  }
   return true;
 }
 

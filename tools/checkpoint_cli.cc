@@ -23,6 +23,8 @@
 #include "common/client/chief_client.h"
 #include "common/cluster/cluster_spec.h"
 #include "common/storage/env.h"
+#include "common/storage/tensor_file.h"
+#include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "tools/operator.h"
 #include "tools/tensor_export.h"
@@ -37,12 +39,27 @@ constexpr char kUsage[] =
     "       pstrain checkpoint export CKPT --format=safetensors|npy --out=OUT\n"
     "       pstrain checkpoint restore CKPT --cluster_spec=F [--timeout_s=600]\n"
     "DIR is a config's checkpoint.dir; CKPT one of its ckpt-<step> directories.\n"
+    "export also takes a run's final model (OUTPUT_DIR/model_final.pst) as CKPT.\n"
     "restore rolls the running job of cluster spec F back to CKPT (a rollback:\n"
     "values, optimizer state, step and the workers' data cursors, onto however\n"
     "many servers run now); its checkpoints past CKPT's step are set aside.\n"
     "export writes OUT/model.safetensors (every variable whole, named as in the\n"
     "model) or one OUT/<variable>.npy each ('/' in a name is a subdirectory);\n"
     "an embedding table T is T [rows, dim] float32 and T/ids [rows] uint64.\n";
+
+// Where CKPT names a checkpoint.dir (ckpt-<step> directories and a pointer
+// file, no manifest of its own) rather than one checkpoint: what to say.
+std::string NotOneCheckpoint(Env* env, const std::string& path) {
+  if (!env->IsDirectory(path) || env->FileExists(JoinPath(path, kManifestFile))) return "";
+  absl::StatusOr<std::vector<CheckpointInfo>> all = ListCheckpoints(env, path);
+  if (!env->FileExists(JoinPath(path, kPointerFile)) && (!all.ok() || all->empty())) return "";
+  std::string latest;
+  if (absl::StatusOr<int64_t> step = ReadPointer(env, path); step.ok()) {
+    latest = absl::StrCat("; the latest is ", JoinPath(path, CheckpointDirName(*step)));
+  }
+  return absl::StrCat(path, " is a directory of checkpoints, not one: 'pstrain checkpoint list ",
+                      path, "' lists them", latest);
+}
 
 int List(const std::string& dir, std::ostream& out, std::ostream& err) {
   Env* env = Env::Default();
@@ -92,6 +109,10 @@ class Progress {
 
 int Verify(const std::string& ckpt, std::ostream& out) {
   Env* env = Env::Default();
+  if (const std::string why = NotOneCheckpoint(env, ckpt); !why.empty()) {
+    out << "pstrain checkpoint verify: " << why << "\n";
+    return 1;
+  }
   std::vector<std::string> problems;
   {
     Progress progress("verify");
@@ -121,6 +142,10 @@ struct Stats {
 };
 
 int Inspect(const std::string& ckpt, bool json, std::ostream& out, std::ostream& err) {
+  if (const std::string why = NotOneCheckpoint(Env::Default(), ckpt); !why.empty()) {
+    err << "pstrain checkpoint inspect: " << why << "\n";
+    return 1;
+  }
   absl::StatusOr<RestoredCheckpoint> c = LoadCheckpoint(Env::Default(), ckpt);
   if (!c.ok()) {
     err << "pstrain checkpoint inspect: " << c.status().message() << "\n";
@@ -222,6 +247,93 @@ bool SafeRelativePath(const std::string& name) {
   return true;
 }
 
+// What an export writes: the tensors (viewing memory the caller keeps), the
+// safetensors metadata, and what the closing line says of them.
+struct ExportSource {
+  std::string what;  // "step 600", or the model file's path
+  std::vector<ExportTensor> tensors;
+  std::map<std::string, std::string> metadata = {{"format", "np"}};
+  int variables = 0;
+  int tables = 0;
+  int64_t bytes = 0;
+};
+
+// A checkpoint's variables whole, and each embedding table as its rows
+// [n, dim] and their ids [n].
+absl::Status FromCheckpoint(const std::string& ckpt, const RestoredCheckpoint& c,
+                            ExportSource* src) {
+  const CheckpointManifest& m = c.manifest;
+  src->what = absl::StrCat("step ", m.step());
+  src->metadata["pstrain_step"] = absl::StrCat(m.step());
+  src->metadata["pstrain_config_fingerprint"] = absl::StrFormat("%016x", m.config_fingerprint());
+  src->metadata["pstrain_optimizer"] = m.optimizer();
+  for (const CheckpointVariable& v : m.variables()) {
+    if (!SafeRelativePath(v.name())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          ckpt, " names a variable \"", v.name(), "\" that is not a safe file name"));
+    }
+    const RestoredVariable& rv = c.variables.at(v.name());
+    src->tensors.push_back({v.name(), rv.shape, rv.values.data()});
+    src->bytes += static_cast<int64_t>(rv.values.size() * sizeof(float));
+    ++src->variables;
+  }
+  for (const auto& [name, t] : c.tables) {
+    if (!SafeRelativePath(name) || c.variables.count(name) + c.variables.count(name + "/ids")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "table \"", name, "\" is not a safe file name or clashes with a variable"));
+    }
+    const int64_t n = static_cast<int64_t>(t.ids.size());
+    src->tensors.push_back({name, {n, t.dim}, t.values.data()});
+    src->tensors.push_back({name + "/ids", {n}, t.ids.data(), ExportDtype::kUint64});
+    src->bytes += static_cast<int64_t>(t.values.size() * sizeof(float) + t.ids.size() * 8);
+    ++src->tables;
+  }
+  return absl::OkStatus();
+}
+
+// A run's final model (model_final.pst: its dense variables, no tables).
+absl::Status FromModelFile(const std::string& path, const TensorMap& model, ExportSource* src) {
+  src->what = path;
+  src->metadata["pstrain_source"] = path.substr(path.rfind('/') + 1);
+  for (const auto& [name, t] : model) {
+    if (!SafeRelativePath(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, " names a variable \"", name, "\" that is not a safe file name"));
+    }
+    src->tensors.push_back({name, t.shape(), t.data()});
+    src->bytes += t.num_elements() * static_cast<int64_t>(sizeof(float));
+    ++src->variables;
+  }
+  return absl::OkStatus();
+}
+
+// Writes `src` as OUT/model.safetensors or one OUT/<name>.npy each.
+absl::Status WriteExport(const ExportSource& src, const std::string& format,
+                         const std::string& out_dir, Progress* progress, std::string* where) {
+  Env* env = Env::Default();
+  std::set<std::string> names;
+  for (const ExportTensor& t : src.tensors) {
+    if (!names.insert(t.name).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("two tensors would be named \"", t.name, "\""));
+    }
+  }
+  RETURN_IF_ERROR(env->CreateDirs(out_dir));
+  if (format == "safetensors") {
+    progress->Update(absl::StrCat("writing ", src.tensors.size(), " tensors"));
+    *where = JoinPath(out_dir, "model.safetensors");
+    return WriteSafetensors(env, *where, src.tensors, src.metadata);
+  }
+  *where = out_dir;
+  for (size_t i = 0; i < src.tensors.size(); ++i) {
+    progress->Update(absl::StrCat(i + 1, "/", src.tensors.size(), " variables"));
+    const std::string path = JoinPath(out_dir, src.tensors[i].name + ".npy");
+    RETURN_IF_ERROR(env->CreateDirs(Dirname(path)));
+    RETURN_IF_ERROR(WriteNpy(env, path, src.tensors[i]));
+  }
+  return absl::OkStatus();
+}
+
 int Export(const std::string& ckpt, const std::string& format, const std::string& out_dir,
            std::ostream& out, std::ostream& err) {
   Env* env = Env::Default();
@@ -234,78 +346,35 @@ int Export(const std::string& ckpt, const std::string& format, const std::string
     err << "pstrain checkpoint export: --out=DIR is required\n";
     return 2;
   }
-  Progress progress("export");
-  progress.Update(absl::StrCat("reading and verifying ", ckpt));
-  absl::StatusOr<RestoredCheckpoint> c =
-      LoadCheckpoint(env, ckpt, [&progress](int64_t done, int64_t total) {
-        progress.Update(absl::StrFormat("%.1f / %.1f MiB read and verified", done / 1048576.0,
-                                        total / 1048576.0));
-      });
-  if (!c.ok()) {
-    err << "pstrain checkpoint export: " << c.status().message() << "\n";
+  if (const std::string why = NotOneCheckpoint(env, ckpt); !why.empty()) {
+    err << "pstrain checkpoint export: " << why << "\n";
     return 1;
   }
-  std::vector<ExportTensor> tensors;
-  int64_t bytes = 0;
-  for (const CheckpointVariable& v : c->manifest.variables()) {
-    if (!SafeRelativePath(v.name())) {
-      err << "pstrain checkpoint export: " << ckpt << " names a variable \"" << v.name()
-          << "\" that is not a safe file name\n";
-      return 1;
-    }
-    const RestoredVariable& rv = c->variables.at(v.name());
-    tensors.push_back({v.name(), rv.shape, rv.values.data()});
-    bytes += static_cast<int64_t>(rv.values.size() * sizeof(float));
+  Progress progress("export");
+  progress.Update(absl::StrCat("reading and verifying ", ckpt));
+  // What the tensors view: one of the two, alive until they are written.
+  absl::StatusOr<RestoredCheckpoint> checkpoint = absl::NotFoundError("");
+  absl::StatusOr<TensorMap> model_file = absl::NotFoundError("");
+  ExportSource src;
+  absl::Status st;
+  if (!env->IsDirectory(ckpt) && env->FileExists(ckpt)) {
+    model_file = ReadTensorFile(env, ckpt);
+    st = model_file.ok() ? FromModelFile(ckpt, *model_file, &src) : model_file.status();
+  } else {
+    checkpoint = LoadCheckpoint(env, ckpt, [&progress](int64_t done, int64_t total) {
+      progress.Update(absl::StrFormat("%.1f / %.1f MiB read and verified", done / 1048576.0,
+                                      total / 1048576.0));
+    });
+    st = checkpoint.ok() ? FromCheckpoint(ckpt, *checkpoint, &src) : checkpoint.status();
   }
-  // Each embedding table as its rows [n, dim] and their ids [n].
-  for (const auto& [name, t] : c->tables) {
-    if (!SafeRelativePath(name) || c->variables.count(name) + c->variables.count(name + "/ids")) {
-      err << "pstrain checkpoint export: table \"" << name
-          << "\" is not a safe file name or clashes with a variable\n";
-      return 1;
-    }
-    const int64_t n = static_cast<int64_t>(t.ids.size());
-    tensors.push_back({name, {n, t.dim}, t.values.data()});
-    tensors.push_back({name + "/ids", {n}, t.ids.data(), ExportDtype::kUint64});
-    bytes += static_cast<int64_t>(t.values.size() * sizeof(float) + t.ids.size() * 8);
-  }
-  std::set<std::string> names;
-  for (const ExportTensor& t : tensors) {
-    if (!names.insert(t.name).second) {
-      err << "pstrain checkpoint export: two tensors would be named \"" << t.name << "\"\n";
-      return 1;
-    }
-  }
-  absl::Status st = env->CreateDirs(out_dir);
-  std::vector<std::string> written;
-  if (st.ok() && format == "safetensors") {
-    const CheckpointManifest& m = c->manifest;
-    const std::map<std::string, std::string> metadata = {
-        {"format", "np"},
-        {"pstrain_step", absl::StrCat(m.step())},
-        {"pstrain_config_fingerprint", absl::StrFormat("%016x", m.config_fingerprint())},
-        {"pstrain_optimizer", m.optimizer()},
-    };
-    progress.Update(absl::StrCat("writing ", tensors.size(), " tensors"));
-    const std::string path = JoinPath(out_dir, "model.safetensors");
-    st = WriteSafetensors(env, path, tensors, metadata);
-    written.push_back(path);
-  } else if (st.ok()) {
-    for (size_t i = 0; i < tensors.size() && st.ok(); ++i) {
-      progress.Update(absl::StrCat(i + 1, "/", tensors.size(), " variables"));
-      const std::string path = JoinPath(out_dir, tensors[i].name + ".npy");
-      st = env->CreateDirs(Dirname(path));
-      if (st.ok()) st = WriteNpy(env, path, tensors[i]);
-      written.push_back(path);
-    }
-  }
+  std::string where;
+  if (st.ok()) st = WriteExport(src, format, out_dir, &progress, &where);
   if (!st.ok()) {
     err << "pstrain checkpoint export: " << st.message() << "\n";
     return 1;
   }
-  out << "exported step " << c->manifest.step() << ": " << c->manifest.variables_size()
-      << " variable(s), " << c->tables.size() << " embedding table(s), " << bytes << " bytes, to " << (format == "npy" ? out_dir : written.front())
-      << "\n";
+  out << "exported " << src.what << ": " << src.variables << " variable(s), " << src.tables
+      << " embedding table(s), " << src.bytes << " bytes, to " << where << "\n";
   return 0;
 }
 
@@ -350,10 +419,17 @@ int Restore(const std::string& ckpt, const std::string& cluster_spec, int64_t ti
     err << "pstrain checkpoint restore: " << st.message() << "\n";
     return 2;
   }
-  GrpcChiefClient chief(cluster->address(kChiefJob, 0), absl::Seconds(10));
+  const std::string chief_address = cluster->address(kChiefJob, 0);
+  GrpcChiefClient chief(chief_address, absl::Seconds(10));
   int64_t step = 0;
   const absl::Time start = absl::Now();
   absl::Status st = chief.Restore(path, absl::Seconds(timeout_s), &step);
+  if (absl::IsUnavailable(st)) {
+    err << "pstrain checkpoint restore: no chief answers at " << chief_address << " (chief:0 of "
+        << cluster_spec << "): is the job running? To start a job from " << ckpt
+        << ", pstrain launch takes --resume (its latest) or --init_from=CKPT. (" << st.message() << ")\n";
+    return 1;
+  }
   if (!st.ok()) {
     err << "pstrain checkpoint restore: " << st.message() << "\n";
     return 1;

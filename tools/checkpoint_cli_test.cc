@@ -12,7 +12,9 @@
 #include "catch2/catch.hpp"
 #include "common/storage/checkpoint.h"
 #include "common/storage/env.h"
+#include "common/storage/tensor_file.h"
 #include "nlohmann/json.hpp"
+#include "tools/local_ports.h"
 #include "tools/tensor_export.h"
 
 namespace pstrain {
@@ -176,6 +178,88 @@ TEST_CASE("checkpoint export refuses a variable name that is not a safe path", "
     CHECK(r.code == 1);
     CHECK(r.err.find("not a safe file name") != std::string::npos);
   }
+}
+
+TEST_CASE("checkpoint verify, inspect and export of a directory of checkpoints point to list",
+          "[checkpoint][cli]") {
+  const std::string dir = TempDir();
+  WriteCheckpoint(dir, 10);
+  WriteCheckpoint(dir, 20);
+  REQUIRE(CommitAndPrune(Env::Default(), dir, 20, 3).ok());
+  const std::string want = "is a directory of checkpoints, not one: 'pstrain checkpoint list ";
+  Result verify = Run({"verify", dir});
+  INFO(verify.out);
+  CHECK(verify.code == 1);
+  CHECK(verify.out.find(want) != std::string::npos);
+  CHECK(verify.out.find("the latest is " + JoinPath(dir, "ckpt-20")) != std::string::npos);
+  Result inspect = Run({"inspect", dir});
+  CHECK(inspect.code == 1);
+  CHECK(inspect.err.find(want) != std::string::npos);
+  Result exported = Run({"export", dir, "--format=npy", "--out=" + JoinPath(dir, "out")});
+  CHECK(exported.code == 1);
+  CHECK(exported.err.find(want) != std::string::npos);
+  // An empty directory is neither: it is told it has no manifest.
+  const std::string empty = JoinPath(dir, "empty");
+  REQUIRE(Env::Default()->CreateDirs(empty).ok());
+  Result nothing = Run({"verify", empty});
+  CHECK(nothing.code == 1);
+  CHECK(nothing.out.find(want) == std::string::npos);
+}
+
+TEST_CASE("checkpoint export reads a run's final model (model_final.pst)", "[checkpoint][cli]") {
+  const std::string dir = TempDir();
+  const std::string model = JoinPath(dir, "model_final.pst");
+  TensorMap tensors;
+  tensors.emplace("dense0/kernel", Tensor({2, 2}, {-3, 1, 2, 4}));
+  tensors.emplace("dense0/bias", Tensor({2}, {0.5f, -0.5f}));
+  REQUIRE(WriteTensorFile(Env::Default(), model, tensors).ok());
+  const std::string st = JoinPath(dir, "st");
+  Result r = Run({"export", model, "--format=safetensors", "--out=" + st});
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.out.find("exported " + model + ": 2 variable(s), 0 embedding table(s), 24 bytes") !=
+        std::string::npos);
+  auto bytes = Env::Default()->ReadFile(JoinPath(st, "model.safetensors"));
+  REQUIRE(bytes.ok());
+  CHECK(bytes->find("\"dense0/kernel\":{") != std::string::npos);
+  CHECK(bytes->find("\"shape\":[2,2]") != std::string::npos);
+  CHECK(bytes->find("\"pstrain_source\":\"model_final.pst\"") != std::string::npos);
+  const std::string npy = JoinPath(dir, "npy");
+  REQUIRE(Run({"export", model, "--format=npy", "--out=" + npy}).code == 0);
+  auto kernel = Env::Default()->ReadFile(JoinPath(npy, "dense0/kernel.npy"));
+  REQUIRE(kernel.ok());
+  const float want[] = {-3, 1, 2, 4};
+  CHECK(std::memcmp(kernel->data() + kernel->size() - sizeof(want), want, sizeof(want)) == 0);
+  // A damaged model file exports nothing.
+  auto mb = Env::Default()->ReadFile(model);
+  REQUIRE(mb.ok());
+  REQUIRE(Env::Default()->WriteFile(model, mb->substr(0, mb->size() / 2), false).ok());
+  const std::string none = JoinPath(dir, "none");
+  Result bad = Run({"export", model, "--format=npy", "--out=" + none});
+  CHECK(bad.code == 1);
+  CHECK_FALSE(Env::Default()->FileExists(JoinPath(none, "dense0/kernel.npy")));
+}
+
+TEST_CASE("checkpoint restore with no job running says so, naming the chief's address",
+          "[checkpoint][cli]") {
+  const std::string dir = TempDir();
+  const std::string ckpt = WriteCheckpoint(dir, 4);
+  const std::vector<int> ports = PickFreePorts(3);
+  REQUIRE(ports.size() == 3);
+  const std::string chief = absl::StrCat("127.0.0.1:", ports[0]);
+  const std::string spec = JoinPath(dir, "spec.json");
+  REQUIRE(Env::Default()
+              ->WriteFile(spec,
+                          absl::StrCat("{\"chief\": [\"", chief, "\"], \"ps\": [\"127.0.0.1:",
+                                       ports[1], "\"], \"worker\": [\"127.0.0.1:", ports[2],
+                                       "\"]}"),
+                          false)
+              .ok());
+  Result r = Run({"restore", ckpt, "--cluster_spec=" + spec, "--timeout_s=5"});
+  INFO(r.err);
+  CHECK(r.code == 1);
+  CHECK(r.err.find("no chief answers at " + chief) != std::string::npos);
+  CHECK(r.err.find("is the job running?") != std::string::npos);
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ struct CriteoOptions {
   int64_t train_examples = 200000;
   int64_t test_examples = 50000;
   uint64_t seed = 1;
-  int64_t values_per_field = 20000;
+  int64_t values_per_field = 100;
   double missing = 0.05;
   // How a field's values are drawn: 0, value k with density falling as
   // k^(-3/4) (a long flat tail: most draws land on values seen rarely);

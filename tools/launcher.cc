@@ -26,12 +26,14 @@
 #include "common/client/chief_client.h"
 #include "common/cluster/cluster_spec.h"
 #include "common/cluster/config.h"
+#include "common/base/status_macros.h"
 #include "common/storage/env.h"
 #include "common/rpc/rpc.h"
 #include "tools/subprocess.h"
 #include "common/security/tls.h"
 #include "nlohmann/json.hpp"
 #include "tools/operator.h"
+#include "tools/run_report.h"
 
 namespace pstrain {
 namespace {
@@ -513,6 +515,41 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
 
 }  // namespace
 
+absl::Status CheckEarlierRun(const LaunchOptions& options, const std::string& output_dir) {
+  Env* env = Env::Default();
+  const std::string summary = JoinPath(output_dir, "summary.json");
+  const std::string model = JoinPath(output_dir, "model_final.pst");
+  const std::string events = JoinPath(output_dir, "events");
+  std::vector<std::string> event_files;
+  if (env->IsDirectory(events)) {
+    absl::StatusOr<std::vector<std::string>> listed = env->ListDir(events);
+    if (listed.ok()) event_files = *listed;
+  }
+  std::string found;
+  if (env->FileExists(summary)) {
+    found = "summary.json";
+  } else if (env->FileExists(model)) {
+    found = "model_final.pst";
+  } else if (!event_files.empty()) {
+    found = "events/";
+  }
+  if (found.empty() || options.resume) return absl::OkStatus();
+  if (!options.overwrite) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "output_dir ", output_dir, " holds an earlier run (its ", found,
+        "): pass --resume to go on from its latest checkpoint, --overwrite to start afresh over "
+        "it, or give this run another output_dir"));
+  }
+  for (const std::string& f : {summary, model}) {
+    if (env->FileExists(f)) RETURN_IF_ERROR(env->DeleteFile(f));
+  }
+  for (const std::string& f : event_files) RETURN_IF_ERROR(env->DeleteFile(JoinPath(events, f)));
+  std::cerr << "pstrain launch: --overwrite: removed the earlier run's summary, final model and "
+               "events from "
+            << output_dir << "\n";
+  return absl::OkStatus();
+}
+
 std::string FindBinary(const std::string& bin_dir, const std::string& package,
                        const std::string& name) {
   std::vector<std::string> candidates;
@@ -581,6 +618,10 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
   if (::ftruncate(lock_fd, 0) != 0 || ::write(lock_fd, pid.data(), pid.size()) < 0) {
     std::cerr << "pstrain launch: cannot write " << lock_path << "\n";
   }
+  if (absl::Status st = CheckEarlierRun(options, config->output_dir()); !st.ok()) {
+    std::cerr << "pstrain launch: " << st.message() << "\n";
+    return 2;
+  }
   const std::pair<const char*, const char*> binaries[] = {
       {kChiefJob, "chief"}, {kPsJob, "ps_server"}, {kWorkerJob, "worker"}};
   std::map<std::string, std::string> bin_for_job;
@@ -631,33 +672,8 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
   }
   auto summary = Env::Default()->ReadFile(JoinPath(config->output_dir(), "summary.json"));
   if (summary.ok()) {
-    nlohmann::json j = nlohmann::json::parse(*summary, nullptr, false);
-    if (j.is_object() && j.contains("eval_accuracy")) {
-      std::cerr << absl::StrFormat(
-          "pstrain launch: finished: step %d, held-out accuracy %.4f, loss %.4f, %.1f s of "
-          "training, %.0f examples/s; model in %s\n",
-          j.value("global_step", 0), j.value("eval_accuracy", 0.0), j.value("eval_loss", 0.0),
-          j.value("train_seconds", 0.0), j.value("examples_per_sec", 0.0),
-          JoinPath(config->output_dir(), "model_final.pst"));
-      // Where the workers' time went, from the same reports (summary.json).
-      const nlohmann::json split = j.value("step_time_ms", nlohmann::json::object());
-      const char* kPhases[] = {"pull", "data", "compute", "push"};
-      double ms[4] = {0, 0, 0, 0}, total = 0;
-      for (int i = 0; i < 4; ++i) {
-        if (split.is_object() && split.contains(kPhases[i]) && split[kPhases[i]].is_number()) {
-          ms[i] = split[kPhases[i]].get<double>();
-          total += ms[i];
-        }
-      }
-      if (total > 0) {
-        std::string line = "pstrain launch: a worker's step, on average:";
-        for (int i = 0; i < 4; ++i) {
-          absl::StrAppendFormat(&line, " %s %.2f ms (%.0f%%)%s", kPhases[i], ms[i],
-                                100.0 * ms[i] / total, i < 3 ? "," : "");
-        }
-        std::cerr << line << "\n";
-      }
-    }
+    std::cerr << FinishedLines(nlohmann::json::parse(*summary, nullptr, false),
+                               config->output_dir());
   }
   return 0;
 }

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/base/shutdown.h"
 
 namespace pstrain {
@@ -23,6 +24,11 @@ struct LaunchOptions {
   bool progress = true;
   bool resume = false;  // the chief starts from the latest good checkpoint
   std::string init_from;  // the chief starts a new run from this checkpoint's values
+  // A run into an output_dir that holds an earlier run's outputs (its
+  // summary, final model or events) is refused unless it resumes that run or
+  // is told to start afresh over it: then the earlier run's summary, final
+  // model and events are removed first, so that TensorBoard shows one run.
+  bool overwrite = false;
   // --restart=on-failure: up to this many restarts, with a backoff of 1, 2,
   // 4, ... 30 s (a task's first restart alone is immediate). A failed worker
   // or server, or a chief ended by a signal, is restarted alone and the job
@@ -43,6 +49,12 @@ struct LaunchOptions {
 
 // Returns the process exit code: 0 when every task succeeded.
 int Launch(const LaunchOptions& options, StopSignal* stop);
+
+// Refuses (FAILED_PRECONDITION, naming what it found and the flags) a run
+// into an output_dir that holds an earlier run's summary, final model or
+// events, unless `options` resumes it; with `options.overwrite`, removes
+// those first.
+absl::Status CheckEarlierRun(const LaunchOptions& options, const std::string& output_dir);
 
 // Finds a daemon binary (`name`, built in Bazel package `package`): in
 // `bin_dir` when set, else next to this executable or in Bazel's layout

@@ -69,7 +69,7 @@ const char kUsage[] =
     "  k8s-manifest  Kubernetes manifests for a job (StatefulSets or a Kubeflow TFJob)\n"
     "  prometheus-config  a Prometheus configuration scraping every task of a cluster spec\n"
     "  bench    measure the data path beside the limits of this machine\n"
-    "  checkpoint  list, verify or inspect checkpoints (list DIR | verify CKPT | inspect CKPT)\n"
+    "  checkpoint  list, verify, inspect, export (safetensors, npy) or restore checkpoints\n"
     "run 'pstrain <command> --help' for its flags\n";
 
 // Makes a relative `path` absolute from the working directory; false (the
@@ -234,6 +234,9 @@ int LaunchCommand(const std::vector<std::string>& argv) {
                            "checkpoint.dir (from the seed when there is none)"}},
       {"init_from", {"", "a checkpoint (ckpt-<step> directory) whose values start a new run "
                          "at step 0 with fresh optimizer state"}},
+      {"overwrite", {"false", "start afresh in an output_dir that holds an earlier run: its "
+                              "summary, final model and events are removed first (without this "
+                              "or --resume, such a launch is refused)"}},
       {"restart", {"never", "never, or on-failure (needs checkpoint.dir): a failed worker or "
                             "server, or a chief that died, is restarted alone while the others "
                             "go on or wait (a server's or chief's restart rolls every server "
@@ -287,6 +290,7 @@ int LaunchCommand(const std::vector<std::string>& argv) {
   o.progress = args->GetBool("progress");
   o.resume = args->GetBool("resume");
   o.init_from = args->Get("init_from");
+  o.overwrite = args->GetBool("overwrite");
   const std::string restart = args->Get("restart");
   if (restart != "never" && restart != "on-failure") {
     return Fail("launch", "--restart: expected never or on-failure");
@@ -350,7 +354,8 @@ int DatagenCommand(const std::vector<std::string>& argv) {
                          "(click-through train.tsv, test.tsv)"}},
       {"train", {"", "training examples (digits 20000, criteo 200000)"}},
       {"test", {"", "held-out examples (digits 4000, criteo 50000)"}},
-      {"values_per_field", {"20000", "criteo: categorical values per field"}},
+      {"values_per_field",
+       {"100", "criteo: categorical values per field (more: rarer values, harder to learn)"}},
       {"missing", {"0.05", "criteo: probability that a feature field is empty"}},
       {"zipf", {"0", "criteo: 0 draws a field's value k with density k^(-3/4); above 1, "
                      "Zipf's law k^(-zipf), as in real click logs"}},
@@ -668,6 +673,9 @@ int PlanCommand(const std::vector<std::string>& argv) {
   }
   auto args = Args::Parse(argv, flags);
   if (!args.ok()) return Fail("plan", std::string(args.status().message()));
+  if (args->Get("cluster_spec").empty() || args->Get("config").empty()) {
+    return Fail("plan", "--cluster_spec and --config are required");
+  }
   auto cluster = ClusterSpec::FromFile(args->Get("cluster_spec"));
   if (!cluster.ok()) return Fail("plan", std::string(cluster.status().message()));
   auto config = LoadTrainingConfig(args->Get("config"));

@@ -75,6 +75,17 @@ absl::StatusOr<Dataset> LoadCsvDataset(Env* env, const std::string& path, const 
     for (absl::string_view& f : fields) f = Trim(f);
     if (first) {
       first = false;
+      // The first line (a header or a record) sets the file's width: one
+      // that does not match the model fails here, naming the setting, rather
+      // than skipping every line as malformed.
+      if (fields.size() != static_cast<size_t>(fields_per_line)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            path, ":", line_number, ": ", fields.size(),
+            " comma-separated fields, but the model's input_dim is ", options.input_dim,
+            " (input_dim features and a label: ", fields_per_line, " fields); ",
+            fields.size() > 1 ? absl::StrCat("for this file set input_dim: ", fields.size() - 1)
+                              : std::string("is it comma-separated?")));
+      }
       bool numeric = true;
       float ignored;
       for (absl::string_view f : fields) {

@@ -1,7 +1,9 @@
 // CSV files as a Dataset: one example per line, a label column (an integer
 // in [0, num_labels)) and input_dim numeric feature columns, comma-separated,
 // fields trimmed of blanks, CRLF accepted, blank lines ignored. The first
-// non-blank line is a header when any of its fields is not a number.
+// non-blank line is a header when any of its fields is not a number; that
+// line (header or record) must have input_dim + 1 fields, or the load fails
+// at once naming input_dim.
 // Malformed lines (a wrong field count, a field that is not a finite number,
 // a label out of range) are skipped with a warning naming file and line, up
 // to `max_malformed`; one more fails the load. Stateless; thread-safe.

@@ -99,5 +99,37 @@ TEST_CASE("empty and missing CSV files are errors", "[csv]") {
   CHECK_FALSE(missing.ok());
 }
 
+TEST_CASE("a CSV whose width does not match input_dim fails at its first line, naming input_dim",
+          "[csv]") {
+  // 64 features and a label (65 fields) read with input_dim 784: one error,
+  // at line 1, not a warning per line.
+  std::string text;
+  for (int line = 0; line < 300; ++line) {
+    text += "3";
+    for (int f = 0; f < 64; ++f) text += ",0.5";
+    text += "\n";
+  }
+  const std::string path = Write("wide.csv", text);
+  CsvOptions o;
+  o.input_dim = 784;
+  o.num_labels = 10;
+  CsvStats stats;
+  auto d = LoadCsvDataset(Env::Default(), path, o, &stats);
+  CHECK(absl::IsInvalidArgument(d.status()));
+  CHECK(d.status().message() ==
+        path + ":1: 65 comma-separated fields, but the model's input_dim is 784 (input_dim "
+               "features and a label: 785 fields); for this file set input_dim: 64");
+  CHECK(stats.malformed == 0);
+  // A header of the wrong width says the same; so does a file of one column.
+  auto header = LoadCsvDataset(Env::Default(), Write("hw.csv", "label,a,b\n1,2,3\n"), Options());
+  CHECK(header.status().message().find(":1: 3 comma-separated fields, but the model's input_dim "
+                                       "is 3") != std::string::npos);
+  auto one = LoadCsvDataset(Env::Default(), Write("one.csv", "1;2;3;4\n"), Options());
+  CHECK(one.status().message().find("is it comma-separated?") != std::string::npos);
+  // The right width reads.
+  o.input_dim = 64;
+  CHECK(LoadCsvDataset(Env::Default(), path, o).ok());
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -10,7 +10,8 @@
 #                               included); TSan over the concurrency core;
 #                               the fuzzers from their corpora; clang's
 #                               thread-safety analysis; the layers read
-#                               from the #includes.
+#                               from the #includes; the docs' links,
+#                               generated reference and runnable blocks.
 #   bash tools/test.sh --full   the whole matrix: every test target under
 #                               ASan + UBSan and under TSan as well.
 #
@@ -32,7 +33,7 @@ tier=fast
 case "${1:-}" in
   "") ;;
   --full) tier=full ;;
-  -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "tools/test.sh: unknown argument '$1' (expected --full or nothing)" >&2; exit 2 ;;
 esac
 started=$SECONDS
@@ -215,6 +216,11 @@ run_checks "thread-safety analysis" thread-safety bash tools/thread_safety.sh
 # 7. The layers read from the #includes: common/'s packages depend only
 # down, and no role includes another's code.
 run_checks "layers" layers /usr/bin/python3 tools/check_layers.py
+
+# 8. The documentation: every relative link resolves, the configuration
+# reference is what proto/config.proto's comments give, and the shell blocks
+# marked runnable run (with the pstrain just built, on free ports).
+run_checks "docs" docs /usr/bin/python3 tools/check_docs.py
 
 # Count the test cases: failed (a <failure> or <error>), else skipped (a
 # <skipped>), else passed; list the skipped ones.

@@ -5,7 +5,7 @@ blocks marked runnable run.
   tools/check_docs.py              every check below
   tools/check_docs.py --links      the links only (no build needed)
 
-Pages: README.md, CHANGELOG.md and docs/*.md. One line per check,
+Pages: README.md, CHANGELOG.md, docs/*.md and docs/history/*.md. One line per check,
 "docs <check>: ok|FAILED" (tools/test.sh counts them), the reason after a
 failure; the exit status is the number that failed.
 
@@ -40,8 +40,10 @@ RUNNABLE = "<!-- runnable -->"
 
 def pages():
     out = ["README.md", "CHANGELOG.md"]
-    out += sorted(os.path.join("docs", f) for f in os.listdir(os.path.join(ROOT, "docs"))
-                  if f.endswith(".md"))
+    for sub in ("docs", os.path.join("docs", "history")):
+        if os.path.isdir(os.path.join(ROOT, sub)):
+            out += sorted(os.path.join(sub, f) for f in os.listdir(os.path.join(ROOT, sub))
+                          if f.endswith(".md"))
     return [p for p in out if os.path.exists(os.path.join(ROOT, p))]
 
 

@@ -103,9 +103,9 @@ def check_links(page, root=ROOT):
     return problems
 
 
-def runnable_blocks(page):
+def runnable_blocks(page, root=ROOT):
     """(line, script) of each block marked runnable in `page`."""
-    with open(os.path.join(ROOT, page)) as f:
+    with open(os.path.join(root, page)) as f:
         lines = f.read().splitlines()
     blocks = []
     i = 0
@@ -181,7 +181,7 @@ def run_page(page, pstrain):
 def self_test():
     """The link rules refuse what they must: a missing file, a missing
     anchor, a path out of the tree; and take a good link, a duplicate
-    heading's anchor and a link inside code."""
+    heading's anchor and a link inside code. Only marked blocks run."""
     root = tempfile.mkdtemp(prefix="pstrain_docs_self_")
     try:
         os.mkdir(os.path.join(root, "docs"))
@@ -196,6 +196,13 @@ def self_test():
         expected = ["b.md:4: docs/missing.md: no such file",
                     "b.md:5: docs/a.md#not-a-heading: no heading with that anchor",
                     "b.md:6: ../../etc/passwd leaves the repository"]
+        # Only marked blocks run; a marker without its block is reported.
+        with open(os.path.join(root, "c.md"), "w") as f:
+            f.write("```sh\nnot run\n```\n" + RUNNABLE + "\n```sh\necho one\ntrue\n```\n"
+                    + RUNNABLE + "\ntext\n")
+        blocks = runnable_blocks("c.md", root)
+        if blocks != [(5, "echo one\ntrue\n"), (9, None)]:
+            problems.append(f"runnable blocks read as {blocks}")
         return problems == expected, problems
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -319,15 +319,19 @@ absl::Status WriteExport(const ExportSource& src, const std::string& format,
     }
   }
   RETURN_IF_ERROR(env->CreateDirs(out_dir));
+  // Nothing is written through a symlink beneath out_dir (an entry planted
+  // there would send a file elsewhere); out_dir itself is the caller's.
   if (format == "safetensors") {
     progress->Update(absl::StrCat("writing ", src.tensors.size(), " tensors"));
     *where = JoinPath(out_dir, "model.safetensors");
+    RETURN_IF_ERROR(CheckWritableBelow(out_dir, *where));
     return WriteSafetensors(env, *where, src.tensors, src.metadata);
   }
   *where = out_dir;
   for (size_t i = 0; i < src.tensors.size(); ++i) {
     progress->Update(absl::StrCat(i + 1, "/", src.tensors.size(), " variables"));
     const std::string path = JoinPath(out_dir, src.tensors[i].name + ".npy");
+    RETURN_IF_ERROR(CheckWritableBelow(out_dir, path));
     RETURN_IF_ERROR(env->CreateDirs(Dirname(path)));
     RETURN_IF_ERROR(WriteNpy(env, path, src.tensors[i]));
   }

@@ -1,6 +1,8 @@
 #include "tools/checkpoint_cli.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -260,6 +262,120 @@ TEST_CASE("checkpoint restore with no job running says so, naming the chief's ad
   CHECK(r.code == 1);
   CHECK(r.err.find("no chief answers at " + chief) != std::string::npos);
   CHECK(r.err.find("is the job running?") != std::string::npos);
+}
+
+// Hostile checkpoints (issue 49): each is refused at once with a message
+// naming the file, and nothing is written outside the output directory.
+TEST_CASE("checkpoint commands refuse a manifest or shard that is a FIFO, a device or a symlink "
+          "out of its directory",
+          "[checkpoint][cli][hostile]") {
+  const std::string dir = TempDir();
+  // A manifest that is a FIFO: opening it for reading would wait for a
+  // writer forever.
+  const std::string fifo_ckpt = WriteCheckpoint(dir, 1);
+  const std::string manifest = JoinPath(fifo_ckpt, kManifestFile);
+  REQUIRE(::unlink(manifest.c_str()) == 0);
+  REQUIRE(::mkfifo(manifest.c_str(), 0600) == 0);
+  for (const std::string cmd : {"verify", "inspect"}) {
+    Result r = Run({cmd, fifo_ckpt});
+    INFO(cmd << ": " << r.out << r.err);
+    CHECK(r.code == 1);
+    CHECK((r.out + r.err).find(manifest + ": a FIFO, not a regular file; refused") !=
+          std::string::npos);
+  }
+  Result exported = Run({"export", fifo_ckpt, "--format=npy", "--out=" + JoinPath(dir, "o1")});
+  CHECK(exported.code == 1);
+  CHECK(exported.err.find("a FIFO, not a regular file") != std::string::npos);
+
+  // A manifest that is a symlink to /dev/zero (endless) or out of the
+  // checkpoint's directory.
+  const std::string zero_ckpt = WriteCheckpoint(dir, 2);
+  const std::string zero_manifest = JoinPath(zero_ckpt, kManifestFile);
+  REQUIRE(::unlink(zero_manifest.c_str()) == 0);
+  REQUIRE(::symlink("/dev/zero", zero_manifest.c_str()) == 0);
+  Result zero = Run({"inspect", zero_ckpt});
+  CHECK(zero.code == 1);
+  CHECK(zero.err.find(zero_manifest + ": a symlink out of its directory; refused") !=
+        std::string::npos);
+  const std::string other = WriteCheckpoint(dir, 3);
+  const std::string out_manifest = JoinPath(other, kManifestFile);
+  REQUIRE(::unlink(out_manifest.c_str()) == 0);
+  REQUIRE(::symlink(JoinPath(WriteCheckpoint(TempDir(), 3), kManifestFile).c_str(),
+                    out_manifest.c_str()) == 0);
+  CHECK(Run({"verify", other}).out.find("a symlink out of its directory") != std::string::npos);
+
+  // A shard that is a FIFO: verify names it, export reads nothing.
+  const std::string shard_ckpt = WriteCheckpoint(dir, 4);
+  const std::string shard = JoinPath(shard_ckpt, ShardFileName(0, 1));
+  REQUIRE(::unlink(shard.c_str()) == 0);
+  REQUIRE(::mkfifo(shard.c_str(), 0600) == 0);
+  Result bad_shard = Run({"verify", shard_ckpt});
+  CHECK(bad_shard.code == 1);
+  CHECK(bad_shard.out.find("shard-0-of-1: " + shard + ": a FIFO, not a regular file; refused") !=
+        std::string::npos);
+  CHECK(Run({"export", shard_ckpt, "--format=npy", "--out=" + JoinPath(dir, "o2")}).code == 1);
+
+  // A pointer file that is a FIFO.
+  const std::string pointer_dir = TempDir();
+  WriteCheckpoint(pointer_dir, 5);
+  const std::string pointer = JoinPath(pointer_dir, kPointerFile);
+  REQUIRE(::mkfifo(pointer.c_str(), 0600) == 0);
+  CHECK(absl::IsFailedPrecondition(ReadPointer(Env::Default(), pointer_dir).status()));
+  CHECK(Run({"list", pointer_dir}).code == 0);  // lists, without a "latest"
+}
+
+TEST_CASE("checkpoint export writes nothing through a symlink beneath its output directory",
+          "[checkpoint][cli][hostile]") {
+  const std::string dir = TempDir();
+  const std::string ckpt = WriteCheckpoint(dir, 7);
+  const std::string elsewhere = TempDir();
+  // out/w.npy planted as a symlink to a file elsewhere.
+  const std::string out = JoinPath(dir, "out");
+  REQUIRE(Env::Default()->CreateDirs(out).ok());
+  REQUIRE(::symlink(JoinPath(elsewhere, "victim").c_str(), JoinPath(out, "w.npy").c_str()) == 0);
+  Result r = Run({"export", ckpt, "--format=npy", "--out=" + out});
+  INFO(r.err);
+  CHECK(r.code == 1);
+  CHECK(r.err.find(JoinPath(out, "w.npy") + " is a symlink: nothing is written through one "
+                                            "beneath " + out) != std::string::npos);
+  CHECK_FALSE(Env::Default()->FileExists(JoinPath(elsewhere, "victim")));
+  // Its temporary, and a directory on the way, are refused too.
+  const std::string out2 = JoinPath(dir, "out2");
+  REQUIRE(Env::Default()->CreateDirs(out2).ok());
+  REQUIRE(::symlink(JoinPath(elsewhere, "tmp").c_str(),
+                    JoinPath(out2, "model.safetensors.tmp").c_str()) == 0);
+  CHECK(Run({"export", ckpt, "--format=safetensors", "--out=" + out2}).code == 1);
+  CHECK_FALSE(Env::Default()->FileExists(JoinPath(elsewhere, "tmp")));
+  CHECK(CheckWritableBelow("/a/out", "/a/out/d/x.npy").ok());
+  CHECK_FALSE(CheckWritableBelow("/a/out", "/a/outside/x.npy").ok());
+  CHECK_FALSE(CheckWritableBelow("/a/out", "/a/out").ok());
+  const std::string out3 = JoinPath(dir, "out3");
+  REQUIRE(Env::Default()->CreateDirs(out3).ok());
+  REQUIRE(::symlink(elsewhere.c_str(), JoinPath(out3, "dense0").c_str()) == 0);
+  CHECK(absl::IsFailedPrecondition(CheckWritableBelow(out3, JoinPath(out3, "dense0/kernel.npy"))));
+  // The output directory itself may be a symlink: it is the caller's.
+  const std::string linked = JoinPath(dir, "linked");
+  REQUIRE(::symlink(elsewhere.c_str(), linked.c_str()) == 0);
+  CHECK(Run({"export", ckpt, "--format=npy", "--out=" + linked}).code == 0);
+  CHECK(Env::Default()->FileExists(JoinPath(elsewhere, "w.npy")));
+}
+
+TEST_CASE("verify and inspect agree on a variable with zero rows: damage, for both",
+          "[checkpoint][cli][hostile]") {
+  const std::string ckpt = WriteCheckpoint(TempDir(), 8);
+  auto m = ReadManifest(Env::Default(), ckpt);
+  REQUIRE(m.ok());
+  m->mutable_variables(0)->set_shape(0, 0);  // w [0, 2]
+  m->mutable_tensors(0)->set_shape(0, 0);
+  m->mutable_tensors(0)->set_length(0);
+  REQUIRE(WriteManifest(Env::Default(), ckpt, *m).ok());
+  Result verify = Run({"verify", ckpt});
+  INFO(verify.out);
+  CHECK(verify.code == 1);
+  CHECK(verify.out.find("w: a zero dimension (no elements)") != std::string::npos);
+  Result inspect = Run({"inspect", ckpt});
+  CHECK(inspect.code == 1);
+  CHECK(inspect.err.find("w: a zero dimension (no elements)") != std::string::npos);
 }
 
 }  // namespace

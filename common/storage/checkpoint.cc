@@ -82,6 +82,12 @@ absl::Status CheckManifest(const CheckpointManifest& m) {
     if (CheckedElements(v.shape()) < 0) {
       return absl::DataLossError(absl::StrCat(v.name(), ": a negative or overflowing shape"));
     }
+    // No model has a variable without elements (a layer has at least one
+    // unit and one input): a zero dimension is damage, for verify as for
+    // every reader.
+    if (CheckedElements(v.shape()) == 0) {
+      return absl::DataLossError(absl::StrCat(v.name(), ": a zero dimension (no elements)"));
+    }
     if (!vars.emplace(v.name(), &v).second) {
       return absl::DataLossError(absl::StrCat(v.name(), " listed twice"));
     }
@@ -346,6 +352,7 @@ absl::StatusOr<CheckpointManifest> ReadManifest(Env* env, const std::string& ckp
   if (!env->FileExists(path)) {
     return absl::NotFoundError(absl::StrCat(path, ": no manifest (an incomplete checkpoint)"));
   }
+  RETURN_IF_ERROR(CheckContainedFile(path, kMaxManifestBytes));
   ASSIGN_OR_RETURN(std::string text, env->ReadFile(path));
   const size_t line = text.rfind(kCrcPrefix);
   if (line == std::string::npos || (line > 0 && text[line - 1] != '\n') || text.back() != '\n') {
@@ -408,6 +415,12 @@ std::vector<std::string> ShardFileProblems(Env* env, const std::string& ckpt_dir
   ok->assign(m.num_shards(), true);
   for (const ShardFile& f : m.shards()) {
     const std::string path = JoinPath(ckpt_dir, f.file());
+    if (absl::Status st = CheckContainedFile(path, std::numeric_limits<int64_t>::max());
+        !st.ok()) {
+      problems.push_back(absl::StrCat(f.file(), ": ", st.message()));
+      (*ok)[f.shard()] = false;
+      continue;
+    }
     absl::StatusOr<int64_t> size = env->FileSize(path);
     if (!size.ok()) {
       problems.push_back(absl::StrCat(f.file(), ": ", size.status().message()));
@@ -534,6 +547,7 @@ absl::Status WritePointer(Env* env, const std::string& dir, int64_t latest,
 absl::StatusOr<int64_t> ReadPointer(Env* env, const std::string& dir) {
   const std::string path = JoinPath(dir, kPointerFile);
   if (!env->FileExists(path)) return absl::NotFoundError(absl::StrCat(path, ": none"));
+  RETURN_IF_ERROR(CheckContainedFile(path, kMaxPointerBytes));
   ASSIGN_OR_RETURN(std::string text, env->ReadFile(path));
   for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
     int64_t step = 0;

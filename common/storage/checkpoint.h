@@ -35,6 +35,13 @@ std::string CheckpointDirName(int64_t step);  // "ckpt-<step>"
 std::string ShardFileName(int shard, int num_shards);  // "shard-<i>-of-<n>"
 constexpr char kManifestFile[] = "manifest";
 constexpr char kPointerFile[] = "checkpoint";
+// The largest manifest and pointer file read: a manifest lists every
+// partition of every variable and slot (about 200 bytes each), so 256 MiB is
+// a million partitions; a pointer names a few checkpoints. Larger ones, and
+// anything that is not a regular file in its directory, are refused before
+// they are read (CheckContainedFile).
+constexpr int64_t kMaxManifestBytes = int64_t{256} << 20;
+constexpr int64_t kMaxPointerBytes = int64_t{1} << 20;
 
 // One tensor a server writes into its shard; `data` holds `elements` floats.
 struct ShardTensor {

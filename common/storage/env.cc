@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
@@ -272,6 +273,79 @@ absl::Status WritePrivateFile(const std::string& path, const std::string& conten
   if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
     ::unlink(tmp.c_str());
     return absl::DataLossError(absl::StrCat("cannot write ", path));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+const char* KindOf(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode) || S_ISBLK(mode)) return "a device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symlink";
+  return "not a regular file";
+}
+
+// `path` with symlinks resolved, or empty.
+std::string Resolved(const std::string& path) {
+  char* r = ::realpath(path.c_str(), nullptr);
+  if (r == nullptr) return "";
+  std::string out = r;
+  std::free(r);
+  return out;
+}
+
+}  // namespace
+
+absl::Status CheckContainedFile(const std::string& path, int64_t max_bytes) {
+  struct stat st;
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    return IoError("stat", path, errno);
+  }
+  if (S_ISLNK(st.st_mode)) {
+    // A symlink may point within its own directory, no further.
+    const std::string dir = Resolved(Dirname(path));
+    const std::string target = Resolved(path);
+    if (dir.empty() || target.empty() || Dirname(target) != dir) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": a symlink out of its directory; refused"));
+    }
+    if (::stat(path.c_str(), &st) != 0) return IoError("stat", path, errno);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path, ": ", KindOf(st.st_mode), ", not a regular file; refused"));
+  }
+  if (st.st_size > max_bytes) {
+    return absl::FailedPreconditionError(absl::StrCat(path, ": ", st.st_size,
+                                                      " bytes, more than such a file may be (",
+                                                      max_bytes, "); refused"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWritableBelow(const std::string& root, const std::string& path) {
+  const std::string prefix = root.empty() || root.back() == '/' ? root : root + "/";
+  if (path.compare(0, prefix.size(), prefix) != 0 || path.size() == prefix.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, " is not beneath ", root));
+  }
+  // Each component after root, the file itself, and its temporary.
+  std::vector<std::string> checks;
+  for (size_t at = path.find('/', prefix.size()); at != std::string::npos;
+       at = path.find('/', at + 1)) {
+    checks.push_back(path.substr(0, at));
+  }
+  checks.push_back(path);
+  checks.push_back(path + ".tmp");
+  for (const std::string& c : checks) {
+    struct stat st;
+    if (::lstat(c.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          c, " is a symlink: nothing is written through one beneath ", root));
+    }
   }
   return absl::OkStatus();
 }

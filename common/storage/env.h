@@ -76,6 +76,19 @@ absl::Status WritePrivateFile(const std::string& path, const std::string& conten
 // regular file, is larger than `max_bytes`, or is open to group or others.
 absl::StatusOr<std::string> ReadPrivateFile(const std::string& path, size_t max_bytes);
 
+// A file read from a directory another party may have written (a
+// checkpoint's manifest, pointer and shards, a model file): refused before
+// it is opened unless it is a regular file (a FIFO, device, socket or
+// directory could hang the reader or never end), reached without a symlink
+// that leads out of its own directory, and at most `max_bytes` long.
+// FAILED_PRECONDITION naming the path and what it is; NOT_FOUND when absent.
+absl::Status CheckContainedFile(const std::string& path, int64_t max_bytes);
+// Where a writer that must stay beneath `root` (an export's output directory)
+// may create `path` (inside `root`): refused when `path`, its temporary
+// "path.tmp", or a directory between `root` and it is a symlink, or when
+// `path` is not beneath `root`. `root` itself may be a symlink.
+absl::Status CheckWritableBelow(const std::string& root, const std::string& path);
+
 std::string Dirname(const std::string& path);
 std::string JoinPath(const std::string& a, const std::string& b);
 

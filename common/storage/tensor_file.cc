@@ -1,6 +1,7 @@
 #include "common/storage/tensor_file.h"
 
 #include <cstring>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/crc32c.h"
@@ -109,6 +110,9 @@ absl::Status WriteTensorFile(Env* env, const std::string& path, const TensorMap&
 }
 
 absl::StatusOr<TensorMap> ReadTensorFile(Env* env, const std::string& path) {
+  // A regular file in its directory (a FIFO would hang the read, a device
+  // never end); its header is checked against its size when decoded.
+  RETURN_IF_ERROR(CheckContainedFile(path, std::numeric_limits<int64_t>::max()));
   ASSIGN_OR_RETURN(std::string bytes, env->ReadFile(path));
   return DecodeTensorFile(bytes, path);
 }

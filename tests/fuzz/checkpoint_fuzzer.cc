@@ -1,11 +1,16 @@
-// libFuzzer target: reading a checkpoint whose manifest (its CRC made right,
-// so the fuzzer reaches the checks behind it) and shard files say anything
-// never crashes, and never loads one that does not verify.
+// libFuzzer target: a whole checkpoint directory whose manifest (its CRC
+// made right, so the fuzzer reaches the checks behind it), shard files and
+// pointer file say anything: reading it never crashes or hangs, verify and a
+// load agree (one loads exactly what the other passes), and the latest good
+// checkpoint a resume would take always verifies.
 //
 // Input: 2 bytes of manifest length L, L bytes of a serialized
-// CheckpointManifest, then the bytes of every shard file it names.
+// CheckpointManifest, 1 byte of pointer length P, P bytes of the pointer
+// file's text, then the bytes of the shard files it names: shard s gets the
+// rest of the input rotated by s bytes, so that shards differ.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -16,27 +21,45 @@
 #include "common/storage/env.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  if (size < 2) return 0;
+  if (size < 3) return 0;
   const size_t len = std::min<size_t>(size - 2, data[0] | (data[1] << 8));
   pstrain::CheckpointManifest manifest;
   if (!manifest.ParseFromArray(data + 2, static_cast<int>(len))) return 0;
-  const std::string shard(reinterpret_cast<const char*>(data + 2 + len), size - 2 - len);
+  size_t at = 2 + len;
+  std::string pointer;
+  if (at < size) {
+    const size_t plen = std::min<size_t>(size - at - 1, data[at]);
+    pointer.assign(reinterpret_cast<const char*>(data + at + 1), plen);
+    at += 1 + plen;
+  }
+  const std::string rest(reinterpret_cast<const char*>(data + at), size - at);
   if (manifest.num_shards() > 8) return 0;  // files on disk: keep each run small
 
-  static const std::string dir = [] {
+  static const std::string root = [] {
     const char* tmp = std::getenv("TMPDIR");
-    return absl::StrCat(tmp ? tmp : "/tmp", "/pstrain-ckpt-fuzz-", ::getpid(), "/ckpt-1");
+    return absl::StrCat(tmp ? tmp : "/tmp", "/pstrain-ckpt-fuzz-", ::getpid());
   }();
+  const std::string dir = pstrain::JoinPath(root, "ckpt-1");
   pstrain::Env* env = pstrain::Env::Default();
-  (void)pstrain::DeleteRecursively(env, dir);
+  (void)pstrain::DeleteRecursively(env, root);
   if (!env->CreateDirs(dir).ok()) std::abort();
   if (!pstrain::WriteManifest(env, dir, manifest).ok()) return 0;
   for (int s = 0; s < manifest.num_shards() && s >= 0; ++s) {
+    std::string shard = rest;
+    if (!shard.empty()) std::rotate(shard.begin(), shard.begin() + s % shard.size(), shard.end());
     (void)env->WriteFile(pstrain::JoinPath(dir, pstrain::ShardFileName(s, manifest.num_shards())),
                          shard, /*sync=*/false);
   }
+  if (!pointer.empty()) {
+    (void)env->WriteFile(pstrain::JoinPath(root, pstrain::kPointerFile), pointer, false);
+  }
   const bool verifies = pstrain::VerifyCheckpoint(env, dir).empty();
   absl::StatusOr<pstrain::RestoredCheckpoint> loaded = pstrain::LoadCheckpoint(env, dir);
-  if (loaded.ok() && !verifies) std::abort();  // loaded what verify refuses
+  if (loaded.ok() != verifies) std::abort();  // verify and a load disagree
+  (void)pstrain::ReadPointer(env, root);
+  (void)pstrain::ListCheckpoints(env, root);
+  std::vector<std::string> skipped;
+  absl::StatusOr<std::string> latest = pstrain::LatestGoodCheckpoint(env, root, &skipped);
+  if (latest.ok() && !pstrain::VerifyCheckpoint(env, *latest).empty()) std::abort();
   return 0;
 }

@@ -62,7 +62,10 @@ int Main(const std::string& corpus) {
   std::string input;
   input.push_back(static_cast<char>(manifest.size() & 0xff));
   input.push_back(static_cast<char>(manifest.size() >> 8));
-  Write(JoinPath(corpus, "checkpoint_fuzzer/one_shard"), input + manifest + shard_bytes);
+  // The pointer file of the checkpoints' directory, its length first.
+  const std::string pointer = "latest: ckpt-1\nkept: ckpt-1\n";
+  Write(JoinPath(corpus, "checkpoint_fuzzer/one_shard"),
+        input + manifest + static_cast<char>(pointer.size()) + pointer + shard_bytes);
   (void)DeleteRecursively(Env::Default(), dir);
 
   // A tensor file (a model_final.pst of two tensors).

@@ -279,10 +279,12 @@ TEST_CASE("--init_from starts a new run from a checkpoint's values with fresh op
   CHECK(ChiefLog(other).find("was saved with optimizer adam, the config's is sgd") !=
         std::string::npos);
 
-  // A checkpoint that is not there is one line, and nothing starts.
+  // A checkpoint that is not there is one line, and nothing starts. (Into
+  // the second run's output_dir again: --overwrite starts afresh there.)
   CommandResult bad = testing::RunCommand(
       {Binary("tools/pstrain"), "launch", "--cluster_spec", second.spec, "--config", second.config,
-       "--bin_dir", BinDir(), "--progress=false", "--init_from=" + JoinPath(ckpt, "ckpt-999")},
+       "--bin_dir", BinDir(), "--progress=false", "--overwrite",
+       "--init_from=" + JoinPath(ckpt, "ckpt-999")},
       absl::Seconds(120));
   INFO(bad.output);
   INFO(ChiefLog(second));

@@ -26,6 +26,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -164,15 +165,21 @@ def run_page(page, pstrain):
             if script is None:
                 results.append((line, False, f"{RUNNABLE} is not followed by a ```sh block"))
                 continue
+            # Its own process group, so that a block still running at its
+            # deadline is ended with everything it started (a launch's tasks).
+            proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=scratch,
+                                    env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
             try:
-                done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=scratch,
-                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      timeout=RUN_SECONDS, start_new_session=True)
-                tail = done.stdout.decode(errors="replace").strip().splitlines()[-15:]
-                results.append((line, done.returncode == 0,
-                                f"exit {done.returncode}; last lines:\n    " + "\n    ".join(tail)))
+                output, _ = proc.communicate(timeout=RUN_SECONDS)
             except subprocess.TimeoutExpired:
-                results.append((line, False, f"still running after {RUN_SECONDS} s"))
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+                results.append((line, False, f"still running after {RUN_SECONDS} s; killed"))
+                continue
+            tail = output.decode(errors="replace").strip().splitlines()[-15:]
+            results.append((line, proc.returncode == 0,
+                            f"exit {proc.returncode}; last lines:\n    " + "\n    ".join(tail)))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return results

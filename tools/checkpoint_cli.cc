@@ -320,18 +320,24 @@ absl::Status WriteExport(const ExportSource& src, const std::string& format,
   }
   RETURN_IF_ERROR(env->CreateDirs(out_dir));
   // Nothing is written through a symlink beneath out_dir (an entry planted
-  // there would send a file elsewhere); out_dir itself is the caller's.
+  // there would send a file elsewhere); out_dir itself is the caller's. A
+  // temporary left there (a hard link, say) is removed, never truncated.
+  auto writable = [env, &out_dir](const std::string& path) -> absl::Status {
+    RETURN_IF_ERROR(CheckWritableBelow(out_dir, path));
+    (void)env->DeleteFile(path + ".tmp");
+    return absl::OkStatus();
+  };
   if (format == "safetensors") {
     progress->Update(absl::StrCat("writing ", src.tensors.size(), " tensors"));
     *where = JoinPath(out_dir, "model.safetensors");
-    RETURN_IF_ERROR(CheckWritableBelow(out_dir, *where));
+    RETURN_IF_ERROR(writable(*where));
     return WriteSafetensors(env, *where, src.tensors, src.metadata);
   }
   *where = out_dir;
   for (size_t i = 0; i < src.tensors.size(); ++i) {
     progress->Update(absl::StrCat(i + 1, "/", src.tensors.size(), " variables"));
     const std::string path = JoinPath(out_dir, src.tensors[i].name + ".npy");
-    RETURN_IF_ERROR(CheckWritableBelow(out_dir, path));
+    RETURN_IF_ERROR(writable(path));
     RETURN_IF_ERROR(env->CreateDirs(Dirname(path)));
     RETURN_IF_ERROR(WriteNpy(env, path, src.tensors[i]));
   }
@@ -362,7 +368,13 @@ int Export(const std::string& ckpt, const std::string& format, const std::string
   ExportSource src;
   absl::Status st;
   if (!env->IsDirectory(ckpt) && env->FileExists(ckpt)) {
-    model_file = ReadTensorFile(env, ckpt);
+    // The file named on the command line is the caller's choice: a symlink
+    // there is followed (ReadTensorFile refuses one that is not a regular
+    // file, or leads out of its directory, below it).
+    char* resolved = ::realpath(ckpt.c_str(), nullptr);
+    const std::string path = resolved != nullptr ? resolved : ckpt;
+    std::free(resolved);
+    model_file = ReadTensorFile(env, path);
     st = model_file.ok() ? FromModelFile(ckpt, *model_file, &src) : model_file.status();
   } else {
     checkpoint = LoadCheckpoint(env, ckpt, [&progress](int64_t done, int64_t total) {
@@ -428,7 +440,11 @@ int Restore(const std::string& ckpt, const std::string& cluster_spec, int64_t ti
   int64_t step = 0;
   const absl::Time start = absl::Now();
   absl::Status st = chief.Restore(path, absl::Seconds(timeout_s), &step);
-  if (absl::IsUnavailable(st)) {
+  // UNAVAILABLE is also a running chief's "not now" (a restore under way,
+  // an evaluation, the run ending): the job is said to be absent only when
+  // its chief does not answer a status call either.
+  ChiefStatusResponse status;
+  if (absl::IsUnavailable(st) && !chief.GetStatus(&status).ok()) {
     err << "pstrain checkpoint restore: no chief answers at " << chief_address << " (chief:0 of "
         << cluster_spec << "): is the job running? To start a job from " << ckpt
         << ", pstrain launch takes --resume (its latest) or --init_from=CKPT. (" << st.message() << ")\n";

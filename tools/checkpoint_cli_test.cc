@@ -329,16 +329,32 @@ TEST_CASE("checkpoint export writes nothing through a symlink beneath its output
   const std::string dir = TempDir();
   const std::string ckpt = WriteCheckpoint(dir, 7);
   const std::string elsewhere = TempDir();
-  // out/w.npy planted as a symlink to a file elsewhere.
+  // out/w.npy.tmp (the temporary the file is written to) planted as a
+  // symlink to a file elsewhere: writing it would create that file.
   const std::string out = JoinPath(dir, "out");
   REQUIRE(Env::Default()->CreateDirs(out).ok());
-  REQUIRE(::symlink(JoinPath(elsewhere, "victim").c_str(), JoinPath(out, "w.npy").c_str()) == 0);
+  REQUIRE(::symlink(JoinPath(elsewhere, "victim").c_str(),
+                    JoinPath(out, "w.npy.tmp").c_str()) == 0);
   Result r = Run({"export", ckpt, "--format=npy", "--out=" + out});
   INFO(r.err);
   CHECK(r.code == 1);
-  CHECK(r.err.find(JoinPath(out, "w.npy") + " is a symlink: nothing is written through one "
-                                            "beneath " + out) != std::string::npos);
+  CHECK(r.err.find(JoinPath(out, "w.npy.tmp") + " is a symlink: nothing is written through one "
+                                                "beneath " + out) != std::string::npos);
   CHECK_FALSE(Env::Default()->FileExists(JoinPath(elsewhere, "victim")));
+  // A hard link planted as the temporary is removed, not truncated.
+  const std::string kept = JoinPath(elsewhere, "kept");
+  REQUIRE(Env::Default()->WriteFile(kept, "keep me", false).ok());
+  const std::string out4 = JoinPath(dir, "out4");
+  REQUIRE(Env::Default()->CreateDirs(out4).ok());
+  REQUIRE(::link(kept.c_str(), JoinPath(out4, "w.npy.tmp").c_str()) == 0);
+  CHECK(Run({"export", ckpt, "--format=npy", "--out=" + out4}).code == 0);
+  CHECK(Env::Default()->ReadFile(kept).value_or("") == "keep me");
+  // The file itself planted as a symlink is refused as well.
+  const std::string out5 = JoinPath(dir, "out5");
+  REQUIRE(Env::Default()->CreateDirs(out5).ok());
+  REQUIRE(::symlink(kept.c_str(), JoinPath(out5, "w.npy").c_str()) == 0);
+  CHECK(Run({"export", ckpt, "--format=npy", "--out=" + out5}).code == 1);
+  CHECK(Env::Default()->ReadFile(kept).value_or("") == "keep me");
   // Its temporary, and a directory on the way, are refused too.
   const std::string out2 = JoinPath(dir, "out2");
   REQUIRE(Env::Default()->CreateDirs(out2).ok());

@@ -27,6 +27,7 @@
 #include "common/cluster/cluster_spec.h"
 #include "common/cluster/config.h"
 #include "common/base/status_macros.h"
+#include "common/storage/checkpoint.h"
 #include "common/storage/env.h"
 #include "common/rpc/rpc.h"
 #include "tools/subprocess.h"
@@ -515,7 +516,8 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
 
 }  // namespace
 
-absl::Status CheckEarlierRun(const LaunchOptions& options, const std::string& output_dir) {
+absl::Status CheckEarlierRun(const LaunchOptions& options, const std::string& output_dir,
+                             const std::string& checkpoint_dir) {
   Env* env = Env::Default();
   const std::string summary = JoinPath(output_dir, "summary.json");
   const std::string model = JoinPath(output_dir, "model_final.pst");
@@ -534,19 +536,36 @@ absl::Status CheckEarlierRun(const LaunchOptions& options, const std::string& ou
     found = "events/";
   }
   if (found.empty() || options.resume) return absl::OkStatus();
+  std::vector<CheckpointInfo> checkpoints;
+  if (!checkpoint_dir.empty() && env->IsDirectory(checkpoint_dir)) {
+    checkpoints = ListCheckpoints(env, checkpoint_dir).value_or(std::vector<CheckpointInfo>());
+  }
   if (!options.overwrite) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "output_dir ", output_dir, " holds an earlier run (its ", found,
-        "): pass --resume to go on from its latest checkpoint, --overwrite to start afresh over "
-        "it, or give this run another output_dir"));
+        "output_dir ", output_dir, " holds an earlier run (its ", found, "): pass ",
+        checkpoints.empty() ? "" : "--resume to go on from its latest checkpoint, ",
+        "--overwrite to start afresh over it, or give this run another output_dir"));
   }
   for (const std::string& f : {summary, model}) {
     if (env->FileExists(f)) RETURN_IF_ERROR(env->DeleteFile(f));
   }
-  for (const std::string& f : event_files) RETURN_IF_ERROR(env->DeleteFile(JoinPath(events, f)));
+  for (const std::string& f : event_files) {
+    const std::string path = JoinPath(events, f);
+    RETURN_IF_ERROR(env->IsDirectory(path) ? DeleteRecursively(env, path) : env->DeleteFile(path));
+  }
+  // The earlier run's checkpoints are set aside (renamed ckpt-<n>.rolled-back,
+  // kept), so that a restart of the new run never takes one of them.
+  std::vector<std::string> moved;
+  if (!checkpoints.empty()) {
+    RETURN_IF_ERROR(SetAsideCheckpointsAfter(env, checkpoint_dir, -1, &moved));
+  }
   std::cerr << "pstrain launch: --overwrite: removed the earlier run's summary, final model and "
                "events from "
-            << output_dir << "\n";
+            << output_dir
+            << (moved.empty() ? std::string()
+                              : absl::StrCat("; set its ", moved.size(), " checkpoint(s) aside as ",
+                                             checkpoint_dir, "/ckpt-<n>.rolled-back"))
+            << "\n";
   return absl::OkStatus();
 }
 
@@ -618,10 +637,6 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
   if (::ftruncate(lock_fd, 0) != 0 || ::write(lock_fd, pid.data(), pid.size()) < 0) {
     std::cerr << "pstrain launch: cannot write " << lock_path << "\n";
   }
-  if (absl::Status st = CheckEarlierRun(options, config->output_dir()); !st.ok()) {
-    std::cerr << "pstrain launch: " << st.message() << "\n";
-    return 2;
-  }
   const std::pair<const char*, const char*> binaries[] = {
       {kChiefJob, "chief"}, {kPsJob, "ps_server"}, {kWorkerJob, "worker"}};
   std::map<std::string, std::string> bin_for_job;
@@ -639,6 +654,13 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
   if (options.max_restarts > 0 && config->checkpoint().dir().empty()) {
     std::cerr << "pstrain launch: --restart=on-failure restarts the job from its latest "
                  "checkpoint: set checkpoint.dir in the config\n";
+    return 2;
+  }
+  // Last of the checks, as it may remove the earlier run's outputs.
+  if (absl::Status st =
+          CheckEarlierRun(options, config->output_dir(), config->checkpoint().dir());
+      !st.ok()) {
+    std::cerr << "pstrain launch: " << st.message() << "\n";
     return 2;
   }
   LaunchOptions run = options;

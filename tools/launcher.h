@@ -27,7 +27,8 @@ struct LaunchOptions {
   // A run into an output_dir that holds an earlier run's outputs (its
   // summary, final model or events) is refused unless it resumes that run or
   // is told to start afresh over it: then the earlier run's summary, final
-  // model and events are removed first, so that TensorBoard shows one run.
+  // model and events are removed first, so that TensorBoard shows one run,
+  // and its checkpoints set aside (CheckEarlierRun).
   bool overwrite = false;
   // --restart=on-failure: up to this many restarts, with a backoff of 1, 2,
   // 4, ... 30 s (a task's first restart alone is immediate). A failed worker
@@ -53,8 +54,10 @@ int Launch(const LaunchOptions& options, StopSignal* stop);
 // Refuses (FAILED_PRECONDITION, naming what it found and the flags) a run
 // into an output_dir that holds an earlier run's summary, final model or
 // events, unless `options` resumes it; with `options.overwrite`, removes
-// those first.
-absl::Status CheckEarlierRun(const LaunchOptions& options, const std::string& output_dir);
+// those first and sets the checkpoints of `checkpoint_dir` aside
+// (ckpt-<n>.rolled-back), so that the new run never resumes from them.
+absl::Status CheckEarlierRun(const LaunchOptions& options, const std::string& output_dir,
+                             const std::string& checkpoint_dir);
 
 // Finds a daemon binary (`name`, built in Bazel package `package`): in
 // `bin_dir` when set, else next to this executable or in Bazel's layout

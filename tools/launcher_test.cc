@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
+#include "common/storage/checkpoint.h"
 #include "common/storage/env.h"
 
 namespace pstrain {
@@ -31,41 +32,54 @@ TEST_CASE("a launch into an output_dir with an earlier run is refused unless res
           "overwritten",
           "[launch]") {
   const std::string out = TempDir();
+  const std::string ckpts = JoinPath(out, "checkpoints");
   LaunchOptions o;
   // Empty, or only logs and checkpoints of a run that never got far: fine.
-  CHECK(CheckEarlierRun(o, out).ok());
+  CHECK(CheckEarlierRun(o, out, ckpts).ok());
   Write(JoinPath(out, "logs/chief-0.log"));
-  Write(JoinPath(out, "checkpoints/ckpt-10/manifest"));
-  CHECK(CheckEarlierRun(o, out).ok());
+  CHECK(CheckEarlierRun(o, out, ckpts).ok());
 
+  // Events of an earlier run, no checkpoint: --overwrite is the way on.
   Write(JoinPath(out, "events/events.out.tfevents.1.host"));
-  absl::Status events = CheckEarlierRun(o, out);
+  absl::Status events = CheckEarlierRun(o, out, ckpts);
   CHECK(absl::IsFailedPrecondition(events));
   CHECK(events.message() == "output_dir " + out +
-                                " holds an earlier run (its events/): pass --resume to go on from "
-                                "its latest checkpoint, --overwrite to start afresh over it, or "
-                                "give this run another output_dir");
+                                " holds an earlier run (its events/): pass --overwrite to start "
+                                "afresh over it, or give this run another output_dir");
+  // With checkpoints, --resume is named too.
+  Write(JoinPath(ckpts, "ckpt-10/manifest"));
   Write(JoinPath(out, "summary.json"));
   Write(JoinPath(out, "model_final.pst"));
-  CHECK(CheckEarlierRun(o, out).message().find("(its summary.json)") != std::string::npos);
+  CHECK(CheckEarlierRun(o, out, ckpts).message() ==
+        "output_dir " + out +
+            " holds an earlier run (its summary.json): pass --resume to go on from its latest "
+            "checkpoint, --overwrite to start afresh over it, or give this run another "
+            "output_dir");
 
   // --resume goes on with the earlier run: nothing removed.
   o.resume = true;
-  CHECK(CheckEarlierRun(o, out).ok());
+  CHECK(CheckEarlierRun(o, out, ckpts).ok());
   CHECK(Env::Default()->FileExists(JoinPath(out, "summary.json")));
 
-  // --overwrite removes the summary, the model and the events, and keeps
-  // the rest (logs are rewritten by the run; checkpoints are the config's).
+  // --overwrite removes the summary, the model and the events (a directory
+  // there too), sets the checkpoints aside, and keeps the logs (the run
+  // rewrites them).
+  Write(JoinPath(out, "events/plugins/x"));
   o.resume = false;
   o.overwrite = true;
-  REQUIRE(CheckEarlierRun(o, out).ok());
+  REQUIRE(CheckEarlierRun(o, out, ckpts).ok());
   CHECK_FALSE(Env::Default()->FileExists(JoinPath(out, "summary.json")));
   CHECK_FALSE(Env::Default()->FileExists(JoinPath(out, "model_final.pst")));
   CHECK_FALSE(Env::Default()->FileExists(JoinPath(out, "events/events.out.tfevents.1.host")));
-  CHECK(Env::Default()->FileExists(JoinPath(out, "checkpoints/ckpt-10/manifest")));
+  CHECK_FALSE(Env::Default()->FileExists(JoinPath(out, "events/plugins")));
+  CHECK_FALSE(Env::Default()->FileExists(JoinPath(ckpts, "ckpt-10")));
+  CHECK(Env::Default()->FileExists(JoinPath(ckpts, "ckpt-10.rolled-back/manifest")));
+  auto left = ListCheckpoints(Env::Default(), ckpts);
+  REQUIRE(left.ok());
+  CHECK(left->empty());
   CHECK(Env::Default()->FileExists(JoinPath(out, "logs/chief-0.log")));
   o.overwrite = false;
-  CHECK(CheckEarlierRun(o, out).ok());  // nothing of a run left
+  CHECK(CheckEarlierRun(o, out, ckpts).ok());  // nothing of a run left
 }
 
 }  // namespace

@@ -309,7 +309,11 @@ absl::Status CheckContainedFile(const std::string& path, int64_t max_bytes) {
     // A symlink may point within its own directory, no further.
     const std::string dir = Resolved(Dirname(path));
     const std::string target = Resolved(path);
-    if (dir.empty() || target.empty() || Dirname(target) != dir) {
+    if (target.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, ": a symlink to nothing (dangling or a loop); refused"));
+    }
+    if (dir.empty() || Dirname(target) != dir) {
       return absl::FailedPreconditionError(
           absl::StrCat(path, ": a symlink out of its directory; refused"));
     }

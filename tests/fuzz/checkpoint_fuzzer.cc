@@ -1,8 +1,9 @@
 // libFuzzer target: a whole checkpoint directory whose manifest (its CRC
 // made right, so the fuzzer reaches the checks behind it), shard files and
 // pointer file say anything: reading it never crashes or hangs, verify and a
-// load agree (one loads exactly what the other passes), and the latest good
-// checkpoint a resume would take always verifies.
+// load agree (one loads exactly what the other passes), and a resume
+// (LoadLatestGoodCheckpoint, LatestGoodCheckpoint) takes the checkpoint
+// exactly when it verifies.
 //
 // Input: 2 bytes of manifest length L, L bytes of a serialized
 // CheckpointManifest, 1 byte of pointer length P, P bytes of the pointer
@@ -58,8 +59,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (loaded.ok() != verifies) std::abort();  // verify and a load disagree
   (void)pstrain::ReadPointer(env, root);
   (void)pstrain::ListCheckpoints(env, root);
+  // What a resume loads: the newest checkpoint that verifies, loaded whole
+  // (never a failed load of one that verified, never one that does not).
   std::vector<std::string> skipped;
   absl::StatusOr<std::string> latest = pstrain::LatestGoodCheckpoint(env, root, &skipped);
-  if (latest.ok() && !pstrain::VerifyCheckpoint(env, *latest).empty()) std::abort();
+  std::string resumed_path;
+  absl::StatusOr<pstrain::RestoredCheckpoint> resumed =
+      pstrain::LoadLatestGoodCheckpoint(env, root, nullptr, &resumed_path);
+  // ckpt-1 is the directory's only checkpoint: both take it exactly when it
+  // verifies.
+  if (latest.ok() != verifies || resumed.ok() != verifies) std::abort();
+  if (resumed.ok() && (resumed_path != dir || *latest != dir)) std::abort();
   return 0;
 }

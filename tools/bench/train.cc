@@ -114,8 +114,9 @@ absl::StatusOr<RunResult> ClusterRun(const BenchOptions& o, const std::string& d
   RETURN_IF_ERROR(WriteFileAtomically(Env::Default(), config,
                                       TrainConfigText(o, dir, hidden, steps, out, sequential)));
   SpawnOptions so;
+  // Each run of a model replaces the last one's outputs in `out`.
   so.argv = {"/proc/self/exe", "launch", "--cluster_spec=" + spec, "--config=" + config,
-             "--progress=false"};
+             "--progress=false", "--overwrite"};
   if (!o.bin_dir.empty()) so.argv.push_back("--bin_dir=" + o.bin_dir);
   so.output_file = JoinPath(dir, "launch.log");
   ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> launch, Subprocess::Spawn(so));

@@ -91,7 +91,7 @@ absl::StatusOr<Dataset> LoadCsvDataset(Env* env, const std::string& path, const 
       for (absl::string_view f : fields) {
         numeric = numeric && ParseNumber(f, &ignored) != NumberKind::kNone;
       }
-      if (!numeric && fields.size() == static_cast<size_t>(fields_per_line)) {
+      if (!numeric) {
         stats->had_header = true;
         continue;
       }

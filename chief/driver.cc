@@ -15,12 +15,6 @@
 
 namespace pstrain {
 
-int64_t Driver::NextEvalAfter(int64_t step) const {
-  int64_t next = std::min(eval_every_, max_steps_);
-  while (next <= step && next < max_steps_) next += eval_every_;
-  return std::min(next, max_steps_);
-}
-
 ServerPoll Driver::PollServers() {
   ServerPoll poll;
   for (int s = 0; s < ps_->num_servers(); ++s) {
@@ -72,7 +66,7 @@ absl::StatusOr<int64_t> Driver::RollBackTo(std::optional<ResumePoint> point,
                                            const std::string& why, absl::Time began) {
   ASSIGN_OR_RETURN(int64_t step, RollBack(run_, std::move(point), model_, ps_, chief_));
   // The driver's schedule from there.
-  next_eval_ = NextEvalAfter(step);
+  evals_.Restart(step);
   schedule_.Restart(step);
   LOG_INFO("rolled back to step {} in {:.3f} s ({}); incarnation {:x}; the workers follow", step,
            absl::ToDoubleSeconds(absl::Now() - began), why, ps_->incarnation());
@@ -172,15 +166,10 @@ absl::StatusOr<bool> Driver::EvaluateAt(int64_t step) {
            e.auc ? absl::StrFormat(", eval AUC %.4f", *e.auc) : "", progress.examples_per_sec());
   events_.WriteEvalScalars(e);
   // The chief evaluates the newest parameters when it gets to them: the
-  // evaluation due at next_eval_ ran at step, and those due meanwhile are
-  // skipped (said here, so that a reader of the log sees why).
-  const int64_t due = next_eval_;
-  int64_t passed = 0;
-  while (next_eval_ <= step) {
-    next_eval_ += eval_every_;
-    ++passed;
-  }
-  next_eval_ = std::min(next_eval_, max_steps_);
+  // evaluation due then ran at `step`, and those due meanwhile are skipped
+  // (said here, so that a reader of the log sees why).
+  const int64_t due = evals_.next();
+  const int64_t passed = evals_.Ran(step);
   if (passed > 1) {
     LOG_INFO("evaluation due at step {} ran at step {}; {} more due by then skipped", due, e.step,
              passed - 1);
@@ -202,7 +191,8 @@ absl::Status Driver::Train() {
     // they pulled; without every server's answer nothing is confirmed.
     // At least every 250 ms the servers are polled: the heartbeat that finds
     // one restarted (or gone) within a quarter second.
-    chief_->WaitForStep(std::min(next_eval_, schedule_.next_sync_cut()), absl::Milliseconds(250));
+    chief_->WaitForStep(std::min(evals_.next(), schedule_.next_sync_cut()),
+                        absl::Milliseconds(250));
     ServerPoll poll = PollServers();
     if (poll.learning_rate.has_value()) events_.set_learning_rate(*poll.learning_rate);
     if (poll.all_answered) events_.SetStalenessTotals(poll.staleness_count, poll.staleness_sum);
@@ -230,7 +220,7 @@ absl::Status Driver::Train() {
       chief_->SetState("finishing");  // before the last commit: tasks may leave from here on
     }
     RETURN_IF_ERROR(CheckProgress(poll.down, step));
-    if (step >= next_eval_ && step < max_steps_) {
+    if (evals_.Due(step)) {
       ASSIGN_OR_RETURN(bool evaluated, EvaluateAt(step));
       if (!evaluated) continue;
     }

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "chief/checkpoint_schedule.h"
+#include "chief/eval_schedule.h"
 #include "chief/chief_state.h"
 #include "chief/run_context.h"
 #include "chief/start_point.h"
@@ -62,9 +63,7 @@ class Driver {
         init_from_(start.init_from),
         adopted_(begun.adopted),
         max_steps_(run.config.max_steps()),
-        eval_every_(run.config.eval_every_steps() > 0 ? run.config.eval_every_steps()
-                                                      : max_steps_),
-        next_eval_(NextEvalAfter(begun.step)),
+        evals_(run.config.eval_every_steps(), max_steps_, begun.step),
         schedule_(run, ps, chief, begun.step, begun.adopted != 0),
         events_(run.config.output_dir(), begun.step),
         down_since_(ps->num_servers(), absl::InfiniteFuture()) {}
@@ -77,7 +76,6 @@ class Driver {
   absl::Status Finish();
 
  private:
-  int64_t NextEvalAfter(int64_t step) const;
   ServerPoll PollServers();
   // Whether every server answers, on this run's incarnation.
   bool ServersOnRun();
@@ -99,8 +97,7 @@ class Driver {
   const std::string init_from_;
   const uint64_t adopted_;
   const int64_t max_steps_;
-  const int64_t eval_every_;
-  int64_t next_eval_;
+  EvalSchedule evals_;
   CheckpointSchedule schedule_;
   TrainingEvents events_;
   // Servers the loop finds not answering, since when.

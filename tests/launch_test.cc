@@ -684,6 +684,16 @@ embedding_tables { name: "user" dim: 8 num_rows: 1000000 optimizer { learning_ra
   CHECK(r.output.find("ps:0 49.9") != std::string::npos);
   CHECK(r.output.find("ps:1 50.0") != std::string::npos);
   CHECK(r.output.find("memory, at least: ps:0 ") != std::string::npos);
+
+  // Without its files, plan names the flags (it used to say "cluster spec :
+  // cannot open file", an empty name).
+  CommandResult bare = testing::RunCommand({Binary("tools/pstrain"), "plan"}, absl::Seconds(30));
+  INFO(bare.output);
+  CHECK(bare.exit_code != 0);
+  CHECK(bare.output.find("--cluster_spec and --config are required") != std::string::npos);
+  CommandResult help = testing::RunCommand({Binary("tools/pstrain"), "--help"}, absl::Seconds(30));
+  CHECK(help.output.find("list, verify, inspect, export (safetensors, npy) or restore") !=
+        std::string::npos);
 }
 
 TEST_CASE("a model too large for the messages or the machine is refused in one line, before "

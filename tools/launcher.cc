@@ -11,6 +11,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -514,6 +515,16 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
   return supervisor.Run();
 }
 
+// Whether two paths name the same existing directory.
+bool SamePath(const std::string& a, const std::string& b) {
+  char* ra = ::realpath(a.c_str(), nullptr);
+  char* rb = ::realpath(b.c_str(), nullptr);
+  const bool same = ra != nullptr && rb != nullptr && std::strcmp(ra, rb) == 0;
+  std::free(ra);
+  std::free(rb);
+  return same;
+}
+
 }  // namespace
 
 absl::Status CheckEarlierRun(const LaunchOptions& options, const std::string& output_dir,
@@ -545,6 +556,14 @@ absl::Status CheckEarlierRun(const LaunchOptions& options, const std::string& ou
         "output_dir ", output_dir, " holds an earlier run (its ", found, "): pass ",
         checkpoints.empty() ? "" : "--resume to go on from its latest checkpoint, ",
         "--overwrite to start afresh over it, or give this run another output_dir"));
+  }
+  // --init_from may name one of the checkpoints about to be set aside.
+  if (!options.init_from.empty() && !checkpoints.empty() &&
+      SamePath(Dirname(options.init_from), checkpoint_dir)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--init_from=", options.init_from, " is a checkpoint of the earlier run, which "
+        "--overwrite would set aside: copy it out of ", checkpoint_dir,
+        " first, or give this run another output_dir and checkpoint.dir"));
   }
   for (const std::string& f : {summary, model}) {
     if (env->FileExists(f)) RETURN_IF_ERROR(env->DeleteFile(f));

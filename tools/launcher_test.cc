@@ -82,5 +82,28 @@ TEST_CASE("a launch into an output_dir with an earlier run is refused unless res
   CHECK(CheckEarlierRun(o, out, ckpts).ok());  // nothing of a run left
 }
 
+TEST_CASE("--overwrite refuses to set aside the checkpoint --init_from names", "[launch]") {
+  const std::string out = TempDir();
+  const std::string ckpts = JoinPath(out, "checkpoints");
+  Write(JoinPath(out, "summary.json"));
+  Write(JoinPath(ckpts, "ckpt-600/manifest"));
+  LaunchOptions o;
+  o.overwrite = true;
+  o.init_from = JoinPath(ckpts, "ckpt-600");
+  absl::Status st = CheckEarlierRun(o, out, ckpts);
+  CHECK(absl::IsFailedPrecondition(st));
+  CHECK(st.message().find("is a checkpoint of the earlier run, which --overwrite would set "
+                          "aside") != std::string::npos);
+  // Nothing was removed or moved.
+  CHECK(Env::Default()->FileExists(JoinPath(out, "summary.json")));
+  CHECK(Env::Default()->FileExists(JoinPath(ckpts, "ckpt-600/manifest")));
+  // From a checkpoint elsewhere, it goes on.
+  const std::string other = TempDir();
+  Write(JoinPath(other, "ckpt-5/manifest"));
+  o.init_from = JoinPath(other, "ckpt-5");
+  CHECK(CheckEarlierRun(o, out, ckpts).ok());
+  CHECK(Env::Default()->FileExists(JoinPath(ckpts, "ckpt-600.rolled-back/manifest")));
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -452,6 +452,11 @@ class ParameterServer {
   // Async: parts of multi-part pushes being applied, dropped pushes' too (a
   // cut waits for them).
   int64_t parts_applying_ ABSL_GUARDED_BY(mu_) = 0;
+  // Worker `w`'s admitted async update is applied: it counts (version, the
+  // worker's clock), the push is answered APPLIED, and the pulls it
+  // releases are collected.
+  void AsyncAppliedLocked(int w, PushResponse* response, std::vector<Completion>* completions)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops worker `w`'s push in parts, if open (HeldPushes::Drop), giving
   // back its admission.
   void DropHeldPushLocked(int w, std::string why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -184,16 +184,21 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
     }
     // The push's last part: it counts now, as one update.
     held_.Complete(w);
-    const int64_t own_pushes = async_.Applied(w);
-    ++version_;
-    ++counters_.pushes_applied;
-    response->set_outcome(APPLIED);
-    response->set_version(version_);
-    response->set_own_pushes(own_pushes);
-    CollectReadyLocked(&completions);
+    AsyncAppliedLocked(w, response, &completions);
   }
   RunCompletions(&completions);
   return absl::OkStatus();
+}
+
+void ParameterServer::AsyncAppliedLocked(int w, PushResponse* response,
+                                         std::vector<Completion>* completions) {
+  const int64_t own_pushes = async_.Applied(w);
+  ++version_;
+  ++counters_.pushes_applied;
+  response->set_outcome(APPLIED);
+  response->set_version(version_);
+  response->set_own_pushes(own_pushes);
+  CollectReadyLocked(completions);
 }
 
 void ParameterServer::DropHeldPushLocked(int w, std::string why) {
@@ -559,15 +564,9 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
     absl::MutexLock lock(&mu_);
     // A re-Initialize while this applied replaced the model and its counts.
     if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
-    const int64_t own_pushes = async_.Applied(w);
-    ++version_;
-    ++counters_.pushes_applied;
     counters_.push_payload_bytes += bytes;
     counters_.push_copied_bytes += bytes;
-    response->set_outcome(APPLIED);
-    response->set_version(version_);
-    response->set_own_pushes(own_pushes);
-    CollectReadyLocked(&completions);
+    AsyncAppliedLocked(w, response, &completions);
   }
   RunCompletions(&completions);
   return absl::OkStatus();

@@ -371,10 +371,8 @@ int Export(const std::string& ckpt, const std::string& format, const std::string
     // The file named on the command line is the caller's choice: a symlink
     // there is followed (ReadTensorFile refuses one that is not a regular
     // file, or leads out of its directory, below it).
-    char* resolved = ::realpath(ckpt.c_str(), nullptr);
-    const std::string path = resolved != nullptr ? resolved : ckpt;
-    std::free(resolved);
-    model_file = ReadTensorFile(env, path);
+    const std::string resolved = RealPath(ckpt);
+    model_file = ReadTensorFile(env, resolved.empty() ? ckpt : resolved);
     st = model_file.ok() ? FromModelFile(ckpt, *model_file, &src) : model_file.status();
   } else {
     checkpoint = LoadCheckpoint(env, ckpt, [&progress](int64_t done, int64_t total) {
@@ -406,13 +404,11 @@ int Restore(const std::string& ckpt, const std::string& cluster_spec, int64_t ti
     err << "pstrain checkpoint restore: --timeout_s must be 1..86400\n";
     return 2;
   }
-  char* resolved = ::realpath(ckpt.c_str(), nullptr);
-  if (resolved == nullptr) {
+  const std::string path = RealPath(ckpt);
+  if (path.empty()) {
     err << "pstrain checkpoint restore: " << ckpt << ": " << std::strerror(errno) << "\n";
     return 1;
   }
-  const std::string path = resolved;
-  std::free(resolved);
   std::vector<std::string> problems;
   {
     Progress progress("verify");

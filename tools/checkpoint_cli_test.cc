@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
+#include "common/testing/temp_dir.h"
 #include "common/storage/checkpoint.h"
 #include "common/storage/env.h"
 #include "common/storage/tensor_file.h"
@@ -21,13 +22,6 @@
 
 namespace pstrain {
 namespace {
-
-std::string TempDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string templ = absl::StrCat(base != nullptr ? base : "/tmp", "/ckcli-XXXXXX");
-  REQUIRE(::mkdtemp(templ.data()) != nullptr);
-  return templ;
-}
 
 // One variable "w" [2, 2] = {-3, 1, 2, 4} on one shard, SGD (no slots).
 std::string WriteCheckpoint(const std::string& dir, int64_t step) {
@@ -71,7 +65,7 @@ Result Run(const std::vector<std::string>& argv) {
 }
 
 TEST_CASE("checkpoint list shows each step, its state and the latest", "[checkpoint][cli]") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::NewTempDir("ckcli");
   WriteCheckpoint(dir, 10);
   WriteCheckpoint(dir, 20);
   REQUIRE(Env::Default()->CreateDirs(JoinPath(dir, "ckpt-30")).ok());
@@ -90,7 +84,7 @@ TEST_CASE("checkpoint list shows each step, its state and the latest", "[checkpo
 
 TEST_CASE("checkpoint verify exits 0 only for a good one and names each problem",
           "[checkpoint][cli]") {
-  const std::string ckpt = WriteCheckpoint(TempDir(), 5);
+  const std::string ckpt = WriteCheckpoint(testing::NewTempDir("ckcli"), 5);
   Result good = Run({"verify", ckpt});
   CHECK(good.code == 0);
   CHECK(good.out.find(": good (step 5, 1 tensors,") != std::string::npos);
@@ -106,7 +100,7 @@ TEST_CASE("checkpoint verify exits 0 only for a good one and names each problem"
 }
 
 TEST_CASE("checkpoint inspect --json gives each variable's statistics", "[checkpoint][cli]") {
-  const std::string ckpt = WriteCheckpoint(TempDir(), 7);
+  const std::string ckpt = WriteCheckpoint(testing::NewTempDir("ckcli"), 7);
   Result r = Run({"inspect", ckpt, "--json"});
   REQUIRE(r.code == 0);
   const nlohmann::json j = nlohmann::json::parse(r.out);
@@ -128,7 +122,7 @@ TEST_CASE("checkpoint inspect --json gives each variable's statistics", "[checkp
 }
 
 TEST_CASE("checkpoint export writes safetensors or npy, and refuses bad input", "[checkpoint][cli]") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::NewTempDir("ckcli");
   const std::string ckpt = WriteCheckpoint(dir, 7);
   const std::string st = JoinPath(dir, "st");
   Result r = Run({"export", ckpt, "--format=safetensors", "--out=" + st});
@@ -169,7 +163,7 @@ TEST_CASE("checkpoint export writes safetensors or npy, and refuses bad input", 
 TEST_CASE("checkpoint export refuses a variable name that is not a safe path", "[checkpoint][cli]") {
   for (const std::string name : {"../evil", "a//b", "/abs", "a/./b", "sp ace"}) {
     INFO(name);
-    const std::string dir = TempDir();
+    const std::string dir = testing::NewTempDir("ckcli");
     const std::string ckpt = WriteCheckpoint(dir, 3);
     auto m = ReadManifest(Env::Default(), ckpt);
     REQUIRE(m.ok());
@@ -184,7 +178,7 @@ TEST_CASE("checkpoint export refuses a variable name that is not a safe path", "
 
 TEST_CASE("checkpoint verify, inspect and export of a directory of checkpoints point to list",
           "[checkpoint][cli]") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::NewTempDir("ckcli");
   WriteCheckpoint(dir, 10);
   WriteCheckpoint(dir, 20);
   REQUIRE(CommitAndPrune(Env::Default(), dir, 20, 3).ok());
@@ -209,7 +203,7 @@ TEST_CASE("checkpoint verify, inspect and export of a directory of checkpoints p
 }
 
 TEST_CASE("checkpoint export reads a run's final model (model_final.pst)", "[checkpoint][cli]") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::NewTempDir("ckcli");
   const std::string model = JoinPath(dir, "model_final.pst");
   TensorMap tensors;
   tensors.emplace("dense0/kernel", Tensor({2, 2}, {-3, 1, 2, 4}));
@@ -244,7 +238,7 @@ TEST_CASE("checkpoint export reads a run's final model (model_final.pst)", "[che
 
 TEST_CASE("checkpoint restore with no job running says so, naming the chief's address",
           "[checkpoint][cli]") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::NewTempDir("ckcli");
   const std::string ckpt = WriteCheckpoint(dir, 4);
   const std::vector<int> ports = PickFreePorts(3);
   REQUIRE(ports.size() == 3);
@@ -269,7 +263,7 @@ TEST_CASE("checkpoint restore with no job running says so, naming the chief's ad
 TEST_CASE("checkpoint commands refuse a manifest or shard that is a FIFO, a device or a symlink "
           "out of its directory",
           "[checkpoint][cli][hostile]") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::NewTempDir("ckcli");
   // A manifest that is a FIFO: opening it for reading would wait for a
   // writer forever.
   const std::string fifo_ckpt = WriteCheckpoint(dir, 1);
@@ -300,7 +294,7 @@ TEST_CASE("checkpoint commands refuse a manifest or shard that is a FIFO, a devi
   const std::string other = WriteCheckpoint(dir, 3);
   const std::string out_manifest = JoinPath(other, kManifestFile);
   REQUIRE(::unlink(out_manifest.c_str()) == 0);
-  REQUIRE(::symlink(JoinPath(WriteCheckpoint(TempDir(), 3), kManifestFile).c_str(),
+  REQUIRE(::symlink(JoinPath(WriteCheckpoint(testing::NewTempDir("ckcli"), 3), kManifestFile).c_str(),
                     out_manifest.c_str()) == 0);
   CHECK(Run({"verify", other}).out.find("a symlink out of its directory") != std::string::npos);
 
@@ -316,7 +310,7 @@ TEST_CASE("checkpoint commands refuse a manifest or shard that is a FIFO, a devi
   CHECK(Run({"export", shard_ckpt, "--format=npy", "--out=" + JoinPath(dir, "o2")}).code == 1);
 
   // A pointer file that is a FIFO.
-  const std::string pointer_dir = TempDir();
+  const std::string pointer_dir = testing::NewTempDir("ckcli");
   WriteCheckpoint(pointer_dir, 5);
   const std::string pointer = JoinPath(pointer_dir, kPointerFile);
   REQUIRE(::mkfifo(pointer.c_str(), 0600) == 0);
@@ -326,9 +320,9 @@ TEST_CASE("checkpoint commands refuse a manifest or shard that is a FIFO, a devi
 
 TEST_CASE("checkpoint export writes nothing through a symlink beneath its output directory",
           "[checkpoint][cli][hostile]") {
-  const std::string dir = TempDir();
+  const std::string dir = testing::NewTempDir("ckcli");
   const std::string ckpt = WriteCheckpoint(dir, 7);
-  const std::string elsewhere = TempDir();
+  const std::string elsewhere = testing::NewTempDir("ckcli");
   // out/w.npy.tmp (the temporary the file is written to) planted as a
   // symlink to a file elsewhere: writing it would create that file.
   const std::string out = JoinPath(dir, "out");
@@ -378,7 +372,7 @@ TEST_CASE("checkpoint export writes nothing through a symlink beneath its output
 
 TEST_CASE("verify and inspect agree on a variable with zero rows: damage, for both",
           "[checkpoint][cli][hostile]") {
-  const std::string ckpt = WriteCheckpoint(TempDir(), 8);
+  const std::string ckpt = WriteCheckpoint(testing::NewTempDir("ckcli"), 8);
   auto m = ReadManifest(Env::Default(), ckpt);
   REQUIRE(m.ok());
   m->mutable_variables(0)->set_shape(0, 0);  // w [0, 2]

@@ -11,7 +11,6 @@
 
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -515,16 +514,6 @@ Attempt RunOnce(const LaunchOptions& options, const ClusterSpec& cluster,
   return supervisor.Run();
 }
 
-// Whether two paths name the same existing directory.
-bool SamePath(const std::string& a, const std::string& b) {
-  char* ra = ::realpath(a.c_str(), nullptr);
-  char* rb = ::realpath(b.c_str(), nullptr);
-  const bool same = ra != nullptr && rb != nullptr && std::strcmp(ra, rb) == 0;
-  std::free(ra);
-  std::free(rb);
-  return same;
-}
-
 }  // namespace
 
 absl::Status CheckEarlierRun(const LaunchOptions& options, const std::string& output_dir,
@@ -559,7 +548,8 @@ absl::Status CheckEarlierRun(const LaunchOptions& options, const std::string& ou
   }
   // --init_from may name one of the checkpoints about to be set aside.
   if (!options.init_from.empty() && !checkpoints.empty() &&
-      SamePath(Dirname(options.init_from), checkpoint_dir)) {
+      !RealPath(checkpoint_dir).empty() &&
+      RealPath(Dirname(options.init_from)) == RealPath(checkpoint_dir)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "--init_from=", options.init_from, " is a checkpoint of the earlier run, which "
         "--overwrite would set aside: copy it out of ", checkpoint_dir,

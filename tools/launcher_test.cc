@@ -4,24 +4,16 @@
 // events (and nothing else).
 #include "tools/launcher.h"
 
-#include <stdlib.h>
 
 #include <string>
 
-#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
+#include "common/testing/temp_dir.h"
 #include "common/storage/checkpoint.h"
 #include "common/storage/env.h"
 
 namespace pstrain {
 namespace {
-
-std::string TempDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string templ = absl::StrCat(base != nullptr ? base : "/tmp", "/launcher-XXXXXX");
-  REQUIRE(::mkdtemp(templ.data()) != nullptr);
-  return templ;
-}
 
 void Write(const std::string& path) {
   REQUIRE(Env::Default()->CreateDirs(Dirname(path)).ok());
@@ -31,7 +23,7 @@ void Write(const std::string& path) {
 TEST_CASE("a launch into an output_dir with an earlier run is refused unless resumed or "
           "overwritten",
           "[launch]") {
-  const std::string out = TempDir();
+  const std::string out = testing::NewTempDir("launcher");
   const std::string ckpts = JoinPath(out, "checkpoints");
   LaunchOptions o;
   // Empty, or only logs and checkpoints of a run that never got far: fine.
@@ -83,7 +75,7 @@ TEST_CASE("a launch into an output_dir with an earlier run is refused unless res
 }
 
 TEST_CASE("--overwrite refuses to set aside the checkpoint --init_from names", "[launch]") {
-  const std::string out = TempDir();
+  const std::string out = testing::NewTempDir("launcher");
   const std::string ckpts = JoinPath(out, "checkpoints");
   Write(JoinPath(out, "summary.json"));
   Write(JoinPath(ckpts, "ckpt-600/manifest"));
@@ -98,7 +90,7 @@ TEST_CASE("--overwrite refuses to set aside the checkpoint --init_from names", "
   CHECK(Env::Default()->FileExists(JoinPath(out, "summary.json")));
   CHECK(Env::Default()->FileExists(JoinPath(ckpts, "ckpt-600/manifest")));
   // From a checkpoint elsewhere, it goes on.
-  const std::string other = TempDir();
+  const std::string other = testing::NewTempDir("launcher");
   Write(JoinPath(other, "ckpt-5/manifest"));
   o.init_from = JoinPath(other, "ckpt-5");
   CHECK(CheckEarlierRun(o, out, ckpts).ok());

@@ -355,7 +355,8 @@ int DatagenCommand(const std::vector<std::string>& argv) {
       {"train", {"", "training examples (digits 20000, criteo 200000)"}},
       {"test", {"", "held-out examples (digits 4000, criteo 50000)"}},
       {"values_per_field",
-       {"100", "criteo: categorical values per field (more: rarer values, harder to learn)"}},
+       {std::to_string(CriteoOptions().values_per_field),
+        "criteo: categorical values per field (more: rarer values, harder to learn)"}},
       {"missing", {"0.05", "criteo: probability that a feature field is empty"}},
       {"zipf", {"0", "criteo: 0 draws a field's value k with density k^(-3/4); above 1, "
                      "Zipf's law k^(-zipf), as in real click logs"}},

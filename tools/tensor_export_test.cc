@@ -1,24 +1,16 @@
 #include "tools/tensor_export.h"
 
-#include <stdlib.h>
 
 #include <cstring>
 #include <string>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
+#include "common/testing/temp_dir.h"
 #include "nlohmann/json.hpp"
 
 namespace pstrain {
 namespace {
-
-std::string TempDir() {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string templ = absl::StrCat(base != nullptr ? base : "/tmp", "/export-XXXXXX");
-  REQUIRE(::mkdtemp(templ.data()) != nullptr);
-  return templ;
-}
 
 TEST_CASE("npy headers are NumPy's version 1.0, 64-byte aligned, with Python tuples",
           "[export]") {
@@ -38,7 +30,7 @@ TEST_CASE("npy headers are NumPy's version 1.0, 64-byte aligned, with Python tup
 }
 
 TEST_CASE("an npy file is its header then the raw floats", "[export]") {
-  const std::string path = JoinPath(TempDir(), "w.npy");
+  const std::string path = JoinPath(testing::NewTempDir("export"), "w.npy");
   const float w[] = {1.5f, -2, 3, 4e-8f, 5, 6};
   REQUIRE(WriteNpy(Env::Default(), path, {"w", {2, 3}, w}).ok());
   auto bytes = Env::Default()->ReadFile(path);
@@ -54,7 +46,7 @@ TEST_CASE("an npy file is its header then the raw floats", "[export]") {
 
 TEST_CASE("a safetensors file has a JSON header of contiguous offsets, then the tensors",
           "[export]") {
-  const std::string path = JoinPath(TempDir(), "model.safetensors");
+  const std::string path = JoinPath(testing::NewTempDir("export"), "model.safetensors");
   const float a[] = {1, 2, 3, 4, 5, 6};
   const float b[] = {7, 8};
   const float s[] = {9};

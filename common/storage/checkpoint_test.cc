@@ -1,6 +1,5 @@
 #include "common/storage/checkpoint.h"
 
-#include <stdlib.h>
 
 #include <cstdint>
 #include <cstring>
@@ -10,18 +9,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
+#include "common/testing/temp_dir.h"
 #include "common/storage/env.h"
 #include "common/storage/fault_env.h"
 
 namespace pstrain {
 namespace {
-
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  std::string templ = absl::StrCat(base != nullptr ? base : "/tmp", "/", name, "-XXXXXX");
-  REQUIRE(::mkdtemp(templ.data()) != nullptr);
-  return templ;
-}
 
 std::vector<float> Iota(int64_t n, float start) {
   std::vector<float> v(n);
@@ -140,7 +133,7 @@ void CopyTree(const std::string& from, const std::string& to) {
 
 TEST_CASE("a sharded checkpoint reads back whole variables and slots, bitwise", "[checkpoint]") {
   const Fixture f;
-  const std::string ckpt = WriteFixture(f, TempDir("roundtrip"), 100);
+  const std::string ckpt = WriteFixture(f, testing::NewTempDir("roundtrip"), 100);
   CHECK(VerifyCheckpoint(Env::Default(), ckpt).empty());
   // The load reports its progress, one call per tensor, up to all of it.
   std::vector<std::pair<int64_t, int64_t>> progress;
@@ -171,7 +164,7 @@ TEST_CASE("a sharded checkpoint reads back whole variables and slots, bitwise", 
 
 TEST_CASE("verify finds every damaged region and load refuses it", "[checkpoint][faults]") {
   const Fixture f;
-  const std::string dir = TempDir("corpus");
+  const std::string dir = testing::NewTempDir("corpus");
   const std::string good = WriteFixture(f, dir, 100);
   auto manifest = ReadManifest(Env::Default(), good);
   REQUIRE(manifest.ok());
@@ -233,7 +226,7 @@ TEST_CASE("verify finds every damaged region and load refuses it", "[checkpoint]
 
 TEST_CASE("a manifest with a gap, an overlap or a missing slot is refused", "[checkpoint]") {
   const Fixture f;
-  const std::string dir = TempDir("shapes");
+  const std::string dir = testing::NewTempDir("shapes");
   const std::string good = WriteFixture(f, dir, 100);
   auto m = ReadManifest(Env::Default(), good);
   REQUIRE(m.ok());
@@ -274,7 +267,7 @@ TEST_CASE("a manifest with a gap, an overlap or a missing slot is refused", "[ch
 TEST_CASE("the newest good checkpoint is found past damaged and incomplete ones",
           "[checkpoint][faults]") {
   const Fixture f;
-  const std::string dir = TempDir("latest");
+  const std::string dir = testing::NewTempDir("latest");
   WriteFixture(f, dir, 100);
   const std::string c200 = WriteFixture(f, dir, 200);
   const std::string c300 = WriteFixture(f, dir, 300);
@@ -298,7 +291,7 @@ TEST_CASE("the newest good checkpoint is found past damaged and incomplete ones"
 
 TEST_CASE("committing keeps the newest complete ones and deletes the rest", "[checkpoint]") {
   const Fixture f;
-  const std::string dir = TempDir("prune");
+  const std::string dir = testing::NewTempDir("prune");
   Env* env = Env::Default();
   REQUIRE(env->CreateDirs(JoinPath(dir, "ckpt-50")).ok());  // a save that never completed
   for (int64_t s : {100, 200, 300}) WriteFixture(f, dir, s);
@@ -324,7 +317,7 @@ TEST_CASE("committing keeps the newest complete ones and deletes the rest", "[ch
 TEST_CASE("a rollback sets the checkpoints past its step aside, out of a resume's sight",
           "[checkpoint]") {
   const Fixture f;
-  const std::string dir = TempDir("set_aside");
+  const std::string dir = testing::NewTempDir("set_aside");
   Env* env = Env::Default();
   for (int64_t s : {100, 200, 300}) REQUIRE(SaveFixture(env, f, dir, s, /*keep=*/10).ok());
   REQUIRE(env->CreateDirs(JoinPath(dir, "ckpt-400")).ok());  // one under way
@@ -360,7 +353,7 @@ TEST_CASE("a rollback sets the checkpoints past its step aside, out of a resume'
 
 TEST_CASE("checkpoints are listed by step; other names are ignored", "[checkpoint]") {
   const Fixture f;
-  const std::string dir = TempDir("list");
+  const std::string dir = testing::NewTempDir("list");
   Env* env = Env::Default();
   WriteFixture(f, dir, 20);
   WriteFixture(f, dir, 3);
@@ -383,7 +376,7 @@ TEST_CASE("checkpoints are listed by step; other names are ignored", "[checkpoin
 
 TEST_CASE("Env writes in pieces and reads ranges", "[checkpoint][env]") {
   Env* env = Env::Default();
-  const std::string path = JoinPath(TempDir("env"), "f");
+  const std::string path = JoinPath(testing::NewTempDir("env"), "f");
   auto file = env->NewWritableFile(path);
   REQUIRE(file.ok());
   REQUIRE((*file)->Append("hello, ").ok());
@@ -396,7 +389,7 @@ TEST_CASE("Env writes in pieces and reads ranges", "[checkpoint][env]") {
   CHECK(env->ReadFileRange(path, 10, 5).status().code() == absl::StatusCode::kOutOfRange);
   CHECK(env->ReadFileRange(JoinPath(path, "no"), 0, 1).status().code() !=
         absl::StatusCode::kOk);
-  const std::string tree = TempDir("tree");
+  const std::string tree = testing::NewTempDir("tree");
   REQUIRE(env->CreateDirs(JoinPath(tree, "a/b")).ok());
   REQUIRE(env->WriteFile(JoinPath(tree, "a/b/c"), "x", false).ok());
   REQUIRE(DeleteRecursively(env, tree).ok());
@@ -429,7 +422,7 @@ TEST_CASE("a save cut off by a crash at any operation never leaves a checkpoint 
   // How many mutating operations a whole save of step 2 takes.
   int64_t total = 0;
   {
-    const std::string dir = TempDir("crash-count");
+    const std::string dir = testing::NewTempDir("crash-count");
     REQUIRE(SaveFixture(Env::Default(), f, dir, 1, 1).ok());
     FaultEnv env(Env::Default());
     REQUIRE(SaveFixture(&env, f, dir, 2, 1).ok());
@@ -439,7 +432,7 @@ TEST_CASE("a save cut off by a crash at any operation never leaves a checkpoint 
   int newer = 0;
   for (int64_t k = 0; k <= total; ++k) {
     INFO("crash at operation " << k << " of " << total);
-    const std::string dir = TempDir("crash");
+    const std::string dir = testing::NewTempDir("crash");
     REQUIRE(SaveFixture(Env::Default(), f, dir, 1, /*keep=*/1).ok());
     FaultEnv env(Env::Default());
     env.CrashAtOperation(k);
@@ -465,7 +458,7 @@ TEST_CASE("a full disk fails the save with its reason and leaves the previous ch
   const Fixture f;
   int64_t total = 0;
   {
-    const std::string dir = TempDir("full-count");
+    const std::string dir = testing::NewTempDir("full-count");
     REQUIRE(SaveFixture(Env::Default(), f, dir, 1, 1).ok());
     FaultEnv env(Env::Default());
     REQUIRE(SaveFixture(&env, f, dir, 2, 1).ok());
@@ -475,7 +468,7 @@ TEST_CASE("a full disk fails the save with its reason and leaves the previous ch
   for (int64_t space : {int64_t{0}, int64_t{7}, total / 8, total / 4, total / 2, total * 3 / 4,
                         total - 1}) {
     INFO("disk space " << space << " bytes");
-    const std::string dir = TempDir("full");
+    const std::string dir = testing::NewTempDir("full");
     REQUIRE(SaveFixture(Env::Default(), f, dir, 1, /*keep=*/1).ok());
     FaultEnv env(Env::Default());
     env.SetDiskSpace(space);
@@ -569,7 +562,7 @@ std::vector<T> Cat(const std::vector<T>& a, const std::vector<T>& b) {
 
 TEST_CASE("embedding rows are saved per shard and read back whole, bitwise", "[checkpoint][rows]") {
   const RowsFixture f;
-  const std::string ckpt = WriteRowsFixture(f, TempDir("rows"));
+  const std::string ckpt = WriteRowsFixture(f, testing::NewTempDir("rows"));
   // Verification reports its progress over every tensor and row range, up
   // to all of the bytes the manifest names.
   std::vector<std::pair<int64_t, int64_t>> progress;
@@ -604,7 +597,7 @@ TEST_CASE("embedding rows are saved per shard and read back whole, bitwise", "[c
 
 TEST_CASE("damaged rows are found by verify and refused by load", "[checkpoint][rows][faults]") {
   const RowsFixture f;
-  const std::string dir = TempDir("rows-damaged");
+  const std::string dir = testing::NewTempDir("rows-damaged");
   const std::string good = WriteRowsFixture(f, JoinPath(dir, "good"));
   auto m = ReadManifest(Env::Default(), good);
   REQUIRE(m.ok());

@@ -288,16 +288,15 @@ const char* KindOf(mode_t mode) {
   return "not a regular file";
 }
 
-// `path` with symlinks resolved, or empty.
-std::string Resolved(const std::string& path) {
+}  // namespace
+
+std::string RealPath(const std::string& path) {
   char* r = ::realpath(path.c_str(), nullptr);
   if (r == nullptr) return "";
   std::string out = r;
   std::free(r);
   return out;
 }
-
-}  // namespace
 
 absl::Status CheckContainedFile(const std::string& path, int64_t max_bytes) {
   struct stat st;
@@ -307,8 +306,8 @@ absl::Status CheckContainedFile(const std::string& path, int64_t max_bytes) {
   }
   if (S_ISLNK(st.st_mode)) {
     // A symlink may point within its own directory, no further.
-    const std::string dir = Resolved(Dirname(path));
-    const std::string target = Resolved(path);
+    const std::string dir = RealPath(Dirname(path));
+    const std::string target = RealPath(path);
     if (target.empty()) {
       return absl::FailedPreconditionError(
           absl::StrCat(path, ": a symlink to nothing (dangling or a loop); refused"));

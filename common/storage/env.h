@@ -89,6 +89,10 @@ absl::Status CheckContainedFile(const std::string& path, int64_t max_bytes);
 // `path` is not beneath `root`. `root` itself may be a symlink.
 absl::Status CheckWritableBelow(const std::string& root, const std::string& path);
 
+// `path` with every symlink resolved, absolute; empty when it cannot be
+// (missing, a dangling link, a loop).
+std::string RealPath(const std::string& path);
+
 std::string Dirname(const std::string& path);
 std::string JoinPath(const std::string& a, const std::string& b);
 

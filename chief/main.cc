@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
   pstrain::Chief chief(task->cluster.num_workers(), config->max_steps(), incarnation,
                        pstrain::ConfigFingerprint(*config), /*start_step=*/0);
   // Off without a secret or TLS.
-  pstrain::Authorizer auth(setup->auth.secret, task->cluster, setup->auth.tls != nullptr);
+  pstrain::Authorizer auth(setup->auth.secret, task->cluster, task->task.ToString(),
+                          setup->auth.tls != nullptr);
   pstrain::ChiefServiceImpl service(&chief, &auth);
   const std::string& address = task->cluster.address(pstrain::kChiefJob, 0);
   auto server =
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
     LOG_ERROR("{}", server.status().message());
     return 1;
   }
+  pstrain::WarnIfOpen(*setup);  // before "listening", which tests wait for
   LOG_INFO("chief listening on {}; {} ps, {} workers, incarnation {:x}", address,
            task->cluster.num_ps(), task->cluster.num_workers(), incarnation);
   std::unique_ptr<pstrain::MonitoringServer> monitoring;

@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
 
   pstrain::ParameterServer ps;
   // Off without a secret or TLS.
-  pstrain::Authorizer auth(setup->auth.secret, task.cluster, setup->auth.tls != nullptr);
+  pstrain::Authorizer auth(setup->auth.secret, task.cluster, task.task.ToString(),
+                          setup->auth.tls != nullptr);
   pstrain::PsServiceImpl service(&ps, &stop, &auth, max_calls);
   auto server =
       pstrain::StartServer(address, &service, absl::GetFlag(FLAGS_bind), setup->limits);
@@ -64,6 +65,7 @@ int main(int argc, char** argv) {
     LOG_ERROR("{}", server.status().message());
     return 1;
   }
+  pstrain::WarnIfOpen(*setup);  // before "listening", which tests wait for
   LOG_INFO("parameter server listening on {} (at most {} data calls at once, {} RPC threads, "
            "{} MiB of messages in flight; a handshake may take {}, a ping may go unanswered {})",
            address, max_calls, setup->limits.threads, setup->limits.inflight_bytes >> 20,

@@ -18,6 +18,8 @@
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
 #include "common/cluster/config.h"
+#include "common/rpc/rpc.h"
+#include "common/security/auth.h"
 #include "common/storage/env.h"
 #include "tools/local_ports.h"
 #include "tools/subprocess.h"
@@ -279,6 +281,29 @@ InitializeRequest TinyModelInit(const std::string& output_dir) {
   v->mutable_ref()->set_variable("w");
   ToProto({2, 2}, {1, 2, 3, 4}, v->mutable_tensor());
   return init;
+}
+
+std::string RunSecretFile(const std::string& output_dir) {
+  const std::string path = JoinPath(output_dir, "cluster.secret");
+  for (const absl::Time end = absl::Now() + absl::Seconds(30);
+       !Env::Default()->FileExists(path) && absl::Now() < end;) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  INFO(path);
+  REQUIRE(Env::Default()->FileExists(path));
+  return path;
+}
+
+void ActAs(const std::string& identity, const std::string& secret_file) {
+  absl::StatusOr<std::string> secret = ReadSecretFile(secret_file);
+  for (const absl::Time end = absl::Now() + absl::Seconds(5);
+       !secret.ok() && absl::Now() < end;) {  // being written (it is fsynced once whole)
+    absl::SleepFor(absl::Milliseconds(20));
+    secret = ReadSecretFile(secret_file);
+  }
+  INFO(secret.status().ToString());
+  REQUIRE(secret.ok());
+  SetCallCredentials(identity, DeriveToken(*secret, identity));
 }
 
 }  // namespace pstrain::testing

@@ -118,6 +118,16 @@ InitializeRequest TinyModelInit(const std::string& output_dir);
 // other extras kept). Returns what pstrain certs printed (it must succeed).
 std::string UseMutualTls(const std::string& dir, const std::string& spec_path);
 
+// The secret `pstrain launch` made for the run whose output_dir is
+// `output_dir` (output_dir/cluster.secret), once it is there (up to 30 s;
+// the case fails without it).
+std::string RunSecretFile(const std::string& output_dir);
+// Signs this process's calls from now on as `identity` ("operator",
+// "worker:0", "chief:0") with the key the secret in `secret_file` gives it:
+// what a process holding that key (a person's tools, a task) can do.
+// Channels made before keep what they had.
+void ActAs(const std::string& identity, const std::string& secret_file);
+
 // GET http://127.0.0.1:port/path: the whole response, "" when it failed.
 std::string HttpGet(int port, const std::string& path);
 

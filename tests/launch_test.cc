@@ -169,6 +169,9 @@ std::unique_ptr<Subprocess> StartLongJob(const std::string& dir, std::string* sp
   REQUIRE(proc.ok());
   auto cluster = ClusterSpec::FromFile(*spec_path);
   REQUIRE(cluster.ok());
+  // The run signs its calls with a secret of its own: the test reads the
+  // chief's status as the operator, as pstrain launch does.
+  testing::ActAs("operator", testing::RunSecretFile(o.output_dir));
   GrpcChiefClient chief(cluster->address(kChiefJob, 0), absl::Seconds(1));
   absl::Status training = RetryWithBackoff("wait for training", absl::Seconds(60), [&chief]() {
     ChiefStatusResponse s;
@@ -200,8 +203,10 @@ TEST_CASE("a forged progress report cannot end a run: the chief acts on the serv
   std::unique_ptr<Subprocess> launch = StartLongJob(dir, &spec);
   auto cluster = ClusterSpec::FromFile(spec);
   REQUIRE(cluster.ok());
-  // Plaintext on loopback: anyone can read the incarnation and claim a step.
-  auto ps = PsService::NewStub(CreateChannel(cluster->address(kPsJob, 0)));
+  // A worker's key (the run's secret is the test's): a worker can read the
+  // incarnation and claim any step.
+  testing::ActAs("worker:0", JoinPath(dir, "out/cluster.secret"));
+  auto ps = PsService::NewStub(CreateChannel(cluster->address(kPsJob, 0), "ps:0"));
   grpc::ClientContext ctx;
   SetDeadline(&ctx, absl::Seconds(10));
   PsStatusResponse ps_status;
@@ -232,15 +237,16 @@ TEST_CASE("a parameter server that exits with code 0 mid-run fails the launch, n
   std::unique_ptr<Subprocess> launch = StartLongJob(dir, &spec);
   auto cluster = ClusterSpec::FromFile(spec);
   REQUIRE(cluster.ok());
-  auto ps = PsService::NewStub(CreateChannel(cluster->address(kPsJob, 1)));
+  // Stopped as its chief does at the end (with the chief's key); ps:1 then
+  // exits with code 0.
+  testing::ActAs("chief:0", JoinPath(dir, "out/cluster.secret"));
+  auto ps = PsService::NewStub(CreateChannel(cluster->address(kPsJob, 1), "ps:1"));
   PsStatusResponse status;
   {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, absl::Seconds(10));
     REQUIRE(ps->GetStatus(&ctx, PsStatusRequest(), &status).ok());
   }
-  // Without a cluster secret anyone on loopback may stop a server, as the
-  // chief does at the end; ps:1 then exits with code 0.
   ShutdownRequest bye;
   bye.set_incarnation(status.incarnation());
   bye.set_reason("test");
@@ -460,6 +466,7 @@ TEST_CASE("a sync worker paused past rpc_timeout_ms but within step_timeout_ms d
   REQUIRE(launch.ok());
   auto cluster = ClusterSpec::FromFile(spec);
   REQUIRE(cluster.ok());
+  testing::ActAs("operator", testing::RunSecretFile(o.output_dir));
   GrpcChiefClient chief(cluster->address(kChiefJob, 0), absl::Seconds(1));
   auto step_at_least = [&](int64_t step) {
     return RetryWithBackoff("training", absl::Seconds(60), [&]() {

@@ -66,12 +66,15 @@ void WaitForCheckpoint(const std::string& ckpt, int64_t min_step, Subprocess* la
   }
 }
 
-// `pstrain checkpoint restore CKPT --cluster_spec=` the job's spec.
+// `pstrain checkpoint restore CKPT --cluster_spec=` the job's spec, with the
+// secret its launch made where it made one.
 CommandResult RestoreWithCli(const std::string& checkpoint, const Job& job,
                              absl::Duration timeout) {
-  return testing::RunCommand({Binary("tools/pstrain"), "checkpoint", "restore", checkpoint,
-                              "--cluster_spec=" + job.spec},
-                             timeout);
+  std::vector<std::string> argv = {Binary("tools/pstrain"), "checkpoint", "restore", checkpoint,
+                                   "--cluster_spec=" + job.spec};
+  const std::string secret = JoinPath(job.out, "cluster.secret");
+  if (Env::Default()->FileExists(secret)) argv.push_back("--auth_secret_file=" + secret);
+  return testing::RunCommand(argv, timeout);
 }
 
 // Under a running `launch`: once the pointer of `ckpt` names step `min_step`
@@ -358,6 +361,17 @@ TEST_CASE("pstrain checkpoint restore rolls a running job back to a checkpoint; 
   // the path it is given).
   const std::string copy_dir = testing::FreshTempDir("cli_restore_copy");
   CopyCheckpoint(ckpt, 200, copy_dir);
+  // The run signs its calls with a secret of its own: a restore without it
+  // is refused, naming where the secret is, and changes nothing.
+  CommandResult unsigned_restore = testing::RunCommand(
+      {Binary("tools/pstrain"), "checkpoint", "restore", JoinPath(copy_dir, "ckpt-200"),
+       "--cluster_spec=" + job.spec},
+      absl::Seconds(60));
+  INFO(unsigned_restore.output);
+  CHECK(unsigned_restore.exit_code == 1);
+  CHECK(unsigned_restore.output.find("unauthenticated") != std::string::npos);
+  CHECK(unsigned_restore.output.find("the cluster.secret pstrain launch writes in the "
+                                     "output_dir") != std::string::npos);
   CommandResult restored =
       RestoreWithCli(JoinPath(copy_dir, "ckpt-200"), job, absl::Seconds(120));
   INFO(restored.output);

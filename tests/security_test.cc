@@ -1,14 +1,20 @@
 // Authentication and authorization with the real daemons: a cluster secret
-// from `pstrain tokens`, calls made with the right, a wrong or no token.
+// from `pstrain tokens`, calls signed with the right, a wrong or no key, and
+// captured calls made again.
 #include <signal.h>
+#include <sys/stat.h>
 
+#include <atomic>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
+#include "common/client/chief_client.h"
 #include "common/security/auth.h"
 #include "common/cluster/cluster_spec.h"
 #include "common/cluster/config.h"
@@ -45,6 +51,16 @@ std::string WriteSecuredSpec(const std::string& dir, int ps, int workers) {
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   return spec;
+}
+
+// A call's authorization as `identity`'s channel to `audience` signs it
+// (common/security/auth.h), with the key `token`; "" without a token.
+std::string Signature(const std::string& identity, const std::string& token,
+                      const std::string& audience, const std::string& method) {
+  static std::atomic<uint64_t> seq{0};
+  if (token.empty()) return "";
+  return SignCall(token, identity, audience, method, absl::Now(),
+                  /*session=*/static_cast<uint64_t>(::getpid()), ++seq);
 }
 
 std::string Token(const std::string& dir, const std::string& file) {
@@ -98,17 +114,18 @@ TEST_CASE("with a cluster secret only the right task in the right role changes a
   const std::string chief = Token(dir, "chief-0.token");
   const std::string w0 = Token(dir, "worker-0.token");
   const std::string w1 = Token(dir, "worker-1.token");
-  auto call = [](const std::string& identity, const std::string& token, auto method) {
+  auto call = [](const std::string& identity, const std::string& token, const char* name,
+                 auto method) {
     grpc::ClientContext ctx;
     SetDeadline(&ctx, absl::Seconds(10));
     ctx.set_wait_for_ready(true);
     if (!identity.empty()) ctx.AddMetadata(kIdentityHeader, identity);
-    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    if (!token.empty()) ctx.AddMetadata("authorization", Signature(identity, token, "ps:0", name));
     return method(&ctx).error_code();
   };
   PsStatusResponse status;
   auto get_status = [&](const std::string& id, const std::string& token) {
-    return call(id, token, [&](grpc::ClientContext* c) {
+    return call(id, token, "GetStatus", [&](grpc::ClientContext* c) {
       return stub->GetStatus(c, PsStatusRequest(), &status);
     });
   };
@@ -121,7 +138,7 @@ TEST_CASE("with a cluster secret only the right task in the right role changes a
   ShutdownRequest bye;  // incarnation 0, as a server waiting for its chief accepted
   ShutdownResponse bye_resp;
   auto shutdown = [&](const std::string& id, const std::string& token) {
-    return call(id, token,
+    return call(id, token, "Shutdown",
                 [&](grpc::ClientContext* c) { return stub->Shutdown(c, bye, &bye_resp); });
   };
   CHECK(shutdown("worker:0", w0) == grpc::StatusCode::PERMISSION_DENIED);
@@ -130,7 +147,7 @@ TEST_CASE("with a cluster secret only the right task in the right role changes a
   REQUIRE(init.has_config());
   InitializeResponse init_resp;
   auto initialize = [&](const std::string& id, const std::string& token) {
-    return call(id, token,
+    return call(id, token, "Initialize",
                 [&](grpc::ClientContext* c) { return stub->Initialize(c, init, &init_resp); });
   };
   CHECK(initialize("worker:0", w0) == grpc::StatusCode::PERMISSION_DENIED);
@@ -148,7 +165,7 @@ TEST_CASE("with a cluster secret only the right task in the right role changes a
     g->mutable_ref()->set_variable("w");
     ToProto({2, 2}, {1, 1, 1, 1}, g->mutable_tensor());
     grpc::ByteBuffer frame = EncodePushFrame(req), resp;
-    return call(id, token, [&](grpc::ClientContext* c) {
+    return call(id, token, "Push", [&](grpc::ClientContext* c) {
       return RawCall(&raw, c, "/pstrain.PsService/Push", frame, &resp);
     });
   };
@@ -171,7 +188,7 @@ TEST_CASE("with a cluster secret only the right task in the right role changes a
     req.set_min_version(1);
     req.set_timeout_ms(5000);
     grpc::ByteBuffer resp;
-    return call(id, token, [&](grpc::ClientContext* c) {
+    return call(id, token, "Pull", [&](grpc::ClientContext* c) {
       return RawCall(&raw, c, "/pstrain.PsService/Pull", SerializeMessage(req), &resp);
     });
   };
@@ -201,6 +218,170 @@ TEST_CASE("with a cluster secret only the right task in the right role changes a
   CHECK(log.find("Shutdown refused for worker:0: only chief may call it") != std::string::npos);
 }
 
+TEST_CASE("a call captured on the wire can be made neither again nor at another server",
+          "[security][cluster]") {
+  const std::string dir = testing::FreshTempDir("auth_replay");
+  const std::string spec = WriteSecuredSpec(dir, 2, 1);
+  auto cluster = ClusterSpec::FromFile(spec);
+  REQUIRE(cluster.ok());
+  std::vector<std::unique_ptr<Subprocess>> servers;
+  for (int i = 0; i < 2; ++i) {
+    SpawnOptions so;
+    so.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + spec,
+               absl::StrCat("--task=", i)};
+    so.output_file = JoinPath(dir, absl::StrCat("ps", i, ".log"));
+    auto ps = Subprocess::Spawn(so);
+    REQUIRE(ps.ok());
+    servers.push_back(*std::move(ps));
+  }
+  const std::string chief = Token(dir, "chief-0.token");
+  // Makes a call with exactly these headers, as one seen on a plaintext
+  // wire would be made again.
+  auto send = [&](int server, const std::string& authorization, auto method) {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(10));
+    ctx.set_wait_for_ready(true);
+    ctx.AddMetadata(kIdentityHeader, "chief:0");
+    ctx.AddMetadata("authorization", authorization);
+    auto stub = PsService::NewStub(CreateChannel(cluster->address(kPsJob, server)));
+    return method(stub.get(), &ctx);
+  };
+  auto get_status = [](PsService::Stub* stub, grpc::ClientContext* ctx) {
+    PsStatusResponse status;
+    return stub->GetStatus(ctx, PsStatusRequest(), &status);
+  };
+  auto shutdown = [](PsService::Stub* stub, grpc::ClientContext* ctx) {
+    ShutdownRequest bye;  // incarnation 0: a server waiting for its chief takes it
+    ShutdownResponse resp;
+    return stub->Shutdown(ctx, bye, &resp);
+  };
+
+  const std::string captured = Signature("chief:0", chief, "ps:0", "GetStatus");
+  REQUIRE(send(0, captured, get_status).ok());
+  grpc::Status again = send(0, captured, get_status);
+  CHECK(again.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(again.error_message().find("a replayed call") != std::string::npos);
+
+  // The chief's Shutdown for ps:1, brought to ps:0: refused, ps:0 serves on.
+  const std::string for_ps1 = Signature("chief:0", chief, "ps:1", "Shutdown");
+  grpc::Status redirected = send(0, for_ps1, shutdown);
+  CHECK(redirected.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(redirected.error_message().find("signed for \"ps:1\", not for this task (ps:0)") !=
+        std::string::npos);
+  // A GetStatus signed as a Shutdown: the method is signed too.
+  CHECK(send(0, Signature("chief:0", chief, "ps:0", "Shutdown"), get_status).error_code() ==
+        grpc::StatusCode::UNAUTHENTICATED);
+  CHECK(send(0, Signature("chief:0", chief, "ps:0", "GetStatus"), get_status).ok());
+  CHECK_FALSE(servers[0]->Wait(absl::Milliseconds(200)).has_value());
+  // At ps:1, for which it was signed, the same call stops the server once.
+  REQUIRE(send(1, for_ps1, shutdown).ok());
+  std::optional<int> code = servers[1]->Wait(absl::Seconds(10));
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  servers[0]->Stop(absl::Seconds(5));
+}
+
+TEST_CASE("pstrain launch signs a loopback run's calls with a secret of its own; other local "
+          "processes are refused", "[security][cluster]") {
+  const std::string dir = testing::FreshTempDir("launch_secret");
+  ConfigOptions o;
+  o.max_steps = 1000000;
+  o.output_dir = JoinPath(dir, "out");
+  const std::string spec = testing::WriteClusterSpec(dir, 1, 1);  // names no secret
+  const std::string config =
+      testing::WriteFile(JoinPath(dir, "train.pbtxt"), testing::ConfigText(o));
+  SpawnOptions so;
+  so.argv = {Binary("tools/pstrain"), "launch", "--cluster_spec", spec, "--config", config,
+             "--bin_dir", BinDir(), "--progress=false"};
+  so.output_file = JoinPath(dir, "launch.out");
+  auto launch = Subprocess::Spawn(so);
+  REQUIRE(launch.ok());
+  const std::string secret = testing::RunSecretFile(o.output_dir);
+  struct stat st;
+  REQUIRE(::stat(secret.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  auto cluster = ClusterSpec::FromFile(spec);
+  REQUIRE(cluster.ok());
+  // The operator, with the run's secret, sees it train.
+  testing::ActAs("operator", secret);
+  GrpcChiefClient chief(cluster->address(kChiefJob, 0), absl::Seconds(1));
+  REQUIRE(RetryWithBackoff("training", absl::Seconds(60), [&]() {
+            ChiefStatusResponse s;
+            absl::Status status = chief.GetStatus(&s);
+            if (!status.ok()) return absl::UnavailableError(status.message());
+            return s.global_step() >= 5 ? absl::OkStatus() : absl::UnavailableError("not yet");
+          }, absl::Milliseconds(50)).ok());
+  // Another process on the machine, without the secret: it can neither read
+  // the incarnation nor stop a server (both worked before runs had secrets).
+  SetCallCredentials("", "");
+  auto ps = PsService::NewStub(CreateChannel(cluster->address(kPsJob, 0), "ps:0"));
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(10));
+    PsStatusResponse status;
+    const grpc::Status refused = ps->GetStatus(&ctx, PsStatusRequest(), &status);
+    CHECK(refused.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    CHECK(refused.error_message().find("pstrain launch writes in the output_dir") !=
+          std::string::npos);
+  }
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(10));
+    ShutdownRequest bye;
+    ShutdownResponse resp;
+    CHECK(ps->Shutdown(&ctx, bye, &resp).error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  }
+  CHECK_FALSE((*launch)->Wait(absl::Seconds(1)).has_value());  // still training
+  (*launch)->Signal(SIGINT);
+  REQUIRE((*launch)->Wait(absl::Seconds(30)).has_value());
+  const std::string out = Env::Default()->ReadFile(so.output_file).value_or("");
+  INFO(out);
+  CHECK(out.find("calls are signed with a secret made for this run, " + secret) !=
+        std::string::npos);
+  for (const char* task : {"chief-0", "ps-0", "worker-0"}) {
+    const std::string log =
+        Env::Default()->ReadFile(JoinPath(o.output_dir, absl::StrCat("logs/", task, ".log")))
+            .value_or("");
+    INFO(task << ": " << log);
+    CHECK(log.find("authentication on: calls are signed") != std::string::npos);
+    CHECK(log.find("no authentication") == std::string::npos);
+  }
+  CHECK(testing::NoProcessesMatching(spec, absl::Seconds(10)));
+}
+
+TEST_CASE("a daemon started by hand without credentials says so; --insecure is the opt-out",
+          "[security][cluster]") {
+  const std::string dir = testing::FreshTempDir("open_daemon");
+  const std::string spec = testing::WriteClusterSpec(dir, 1, 1);
+  for (const bool insecure : {false, true}) {
+    SpawnOptions so;
+    so.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=0",
+               "--chief_timeout_s=0"};
+    if (insecure) so.argv.push_back("--insecure");
+    so.output_file = JoinPath(dir, absl::StrCat("ps-", insecure, ".log"));
+    auto ps = Subprocess::Spawn(so);
+    REQUIRE(ps.ok());
+    std::string log;
+    for (const absl::Time end = absl::Now() + absl::Seconds(20);
+         log.find("listening") == std::string::npos && absl::Now() < end;) {
+      absl::SleepFor(absl::Milliseconds(50));
+      log = Env::Default()->ReadFile(so.output_file).value_or("");
+    }
+    (*ps)->Stop(absl::Seconds(5));
+    log = Env::Default()->ReadFile(so.output_file).value_or("");
+    INFO(log);
+    REQUIRE(log.find("listening") != std::string::npos);
+    const std::string warning = "no authentication: any process on this machine can call";
+    const size_t at = log.find(warning);
+    if (insecure) {
+      CHECK(at == std::string::npos);
+    } else {
+      CHECK(at != std::string::npos);
+      CHECK(log.find(warning, at + 1) == std::string::npos);  // one line
+    }
+  }
+}
+
 TEST_CASE("only the operator may roll a job back (the chief's Restore)", "[security][cluster]") {
   const std::string dir = testing::FreshTempDir("auth_restore");
   const std::string spec = WriteSecuredSpec(dir, 1, 1);
@@ -221,7 +402,9 @@ TEST_CASE("only the operator may roll a job back (the chief's Restore)", "[secur
     SetDeadline(&ctx, absl::Seconds(10));
     ctx.set_wait_for_ready(true);
     if (!identity.empty()) ctx.AddMetadata(kIdentityHeader, identity);
-    if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+    if (!token.empty()) {
+      ctx.AddMetadata("authorization", Signature(identity, token, "chief:0", "Restore"));
+    }
     RestoreRequest req;
     req.set_checkpoint(JoinPath(dir, "ckpt-100"));
     RestoreResponse resp;

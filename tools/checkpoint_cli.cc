@@ -37,12 +37,15 @@ constexpr char kUsage[] =
     "       pstrain checkpoint verify CKPT\n"
     "       pstrain checkpoint inspect CKPT [--json]\n"
     "       pstrain checkpoint export CKPT --format=safetensors|npy --out=OUT\n"
-    "       pstrain checkpoint restore CKPT --cluster_spec=F [--timeout_s=600]\n"
+    "       pstrain checkpoint restore CKPT --cluster_spec=F [--auth_secret_file=S]\n"
+    "                                  [--timeout_s=600]\n"
     "DIR is a config's checkpoint.dir; CKPT one of its ckpt-<step> directories.\n"
     "export also takes a run's final model (OUTPUT_DIR/model_final.pst) as CKPT.\n"
     "restore rolls the running job of cluster spec F back to CKPT (a rollback:\n"
     "values, optimizer state, step and the workers' data cursors, onto however\n"
     "many servers run now); its checkpoints past CKPT's step are set aside.\n"
+    "It signs its call with the cluster secret S: by default the spec's; a job\n"
+    "pstrain launch started without one has OUTPUT_DIR/cluster.secret.\n"
     "export writes OUT/model.safetensors (every variable whole, named as in the\n"
     "model) or one OUT/<variable>.npy each ('/' in a name is a subdirectory);\n"
     "an embedding table T is T [rows, dim] float32 and T/ids [rows] uint64.\n";
@@ -394,8 +397,9 @@ int Export(const std::string& ckpt, const std::string& format, const std::string
 
 // Asks the chief of the running job to roll back to `ckpt`, checked here
 // first; the chief reads it itself (the path is made absolute for it).
-int Restore(const std::string& ckpt, const std::string& cluster_spec, int64_t timeout_s,
-            std::ostream& out, std::ostream& err) {
+int Restore(const std::string& ckpt, const std::string& cluster_spec,
+            const std::string& secret_file, int64_t timeout_s, std::ostream& out,
+            std::ostream& err) {
   if (cluster_spec.empty()) {
     err << "pstrain checkpoint restore: --cluster_spec=F names the running job\n";
     return 2;
@@ -427,7 +431,7 @@ int Restore(const std::string& ckpt, const std::string& cluster_spec, int64_t ti
     err << "pstrain checkpoint restore: " << cluster.status().message() << "\n";
     return 2;
   }
-  if (absl::Status st = ActAsOperator(*cluster); !st.ok()) {
+  if (absl::Status st = ActAsOperator(*cluster, secret_file); !st.ok()) {
     err << "pstrain checkpoint restore: " << st.message() << "\n";
     return 2;
   }
@@ -460,7 +464,7 @@ int Restore(const std::string& ckpt, const std::string& cluster_spec, int64_t ti
 int CheckpointCommand(const std::vector<std::string>& argv, std::ostream& out, std::ostream& err) {
   std::vector<std::string> args;
   bool json = false;
-  std::string format, out_dir, cluster_spec;
+  std::string format, out_dir, cluster_spec, secret_file;
   int64_t timeout_s = 600;
   bool export_flags = false, restore_flags = false;
   for (const std::string& a : argv) {
@@ -479,6 +483,9 @@ int CheckpointCommand(const std::vector<std::string>& argv, std::ostream& out, s
     } else if (absl::StartsWith(a, "--cluster_spec=")) {
       cluster_spec = a.substr(15);
       restore_flags = true;
+    } else if (absl::StartsWith(a, "--auth_secret_file=")) {
+      secret_file = a.substr(19);
+      restore_flags = true;
     } else if (absl::StartsWith(a, "--timeout_s=")) {
       if (!absl::SimpleAtoi(a.substr(12), &timeout_s)) {
         err << "pstrain checkpoint: --timeout_s takes seconds\n";
@@ -496,7 +503,7 @@ int CheckpointCommand(const std::vector<std::string>& argv, std::ostream& out, s
     return Export(args[1], format, out_dir, out, err);
   }
   if (args.size() == 2 && args[0] == "restore" && !json && !export_flags) {
-    return Restore(args[1], cluster_spec, timeout_s, out, err);
+    return Restore(args[1], cluster_spec, secret_file, timeout_s, out, err);
   }
   if (export_flags || restore_flags) {
     err << kUsage;

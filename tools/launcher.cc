@@ -215,6 +215,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Supervisor::Spawn(const TaskId& id,
   so.argv = {bin_for_job_.at(id.job), "--cluster_spec=" + options_.cluster_spec,
              "--job=" + id.job, absl::StrCat("--task=", id.index),
              "--config=" + options_.config};
+  so.argv.insert(so.argv.end(), options_.task_flags.begin(), options_.task_flags.end());
   if ((options_.resume || restarted_alone) && id.job == kChiefJob) so.argv.push_back("--resume");
   if (id.job == kPsJob || id.job == kChiefJob) {
     so.argv.insert(so.argv.end(), options_.server_flags.begin(), options_.server_flags.end());
@@ -598,6 +599,28 @@ std::string FindBinary(const std::string& bin_dir, const std::string& package,
 }
 
 
+absl::StatusOr<std::string> MakeRunSecret(const LaunchOptions& options,
+                                          const ClusterSpec& cluster,
+                                          const std::string& output_dir) {
+  if (options.insecure || cluster.insecure() || !cluster.auth_secret_file().empty() ||
+      !cluster.tls_dir().empty() || !cluster.AllLoopback()) {
+    return std::string();  // the spec's own, or none (ResolveAuth's rules)
+  }
+  const std::string dir = RealPath(output_dir);
+  if (dir.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("output_dir ", output_dir, ": ", std::strerror(errno)));
+  }
+  const std::string path = JoinPath(dir, kRunSecretFile);
+  // Each launch its own: the earlier run's tasks are gone (the launch lock).
+  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot replace ", path, ": ", std::strerror(errno)));
+  }
+  RETURN_IF_ERROR(CreateSecretFile(path));
+  return path;
+}
+
 int Launch(const LaunchOptions& options, StopSignal* stop) {
   auto cluster = ClusterSpec::FromFile(options.cluster_spec);
   if (!cluster.ok()) {
@@ -607,11 +630,6 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
   auto config = LoadTrainingConfig(options.config);
   if (!config.ok()) {
     std::cerr << "pstrain launch: " << config.status().message() << "\n";
-    return 2;
-  }
-  // The launcher reads the chief's status as the operator.
-  if (absl::Status st = ActAsOperator(*cluster); !st.ok()) {
-    std::cerr << "pstrain launch: " << st.message() << "\n";
     return 2;
   }
   const std::string log_dir =
@@ -673,6 +691,22 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
     return 2;
   }
   LaunchOptions run = options;
+  absl::StatusOr<std::string> secret = MakeRunSecret(options, *cluster, config->output_dir());
+  if (!secret.ok()) {
+    std::cerr << "pstrain launch: the run's secret: " << secret.status().message() << "\n";
+    return 2;
+  }
+  if (!secret->empty()) {
+    run.task_flags.push_back("--auth_secret_file=" + *secret);
+    std::cerr << "pstrain launch: calls are signed with a secret made for this run, " << *secret
+              << " (pstrain checkpoint restore takes --auth_secret_file=" << *secret << ")\n";
+  }
+  if (options.insecure) run.task_flags.push_back("--insecure");
+  // The launcher reads the chief's status as the operator.
+  if (absl::Status st = ActAsOperator(*cluster, *secret); !st.ok()) {
+    std::cerr << "pstrain launch: " << st.message() << "\n";
+    return 2;
+  }
   for (int restarts = 0, attempts = 0;; ++attempts) {
     Attempt a = RunOnce(run, *cluster, bin_for_job, log_dir, /*append_logs=*/attempts > 0,
                         &restarts, stop);

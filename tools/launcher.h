@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/cluster/cluster_spec.h"
 #include "common/base/shutdown.h"
 
 namespace pstrain {
@@ -46,7 +48,26 @@ struct LaunchOptions {
   // parameter servers alone (--max_concurrent_calls).
   std::vector<std::string> server_flags;
   std::vector<std::string> ps_flags;
+  // No authentication: no secret is made for the run, and every task is
+  // started with --insecure. Without it, a run on loopback whose spec names
+  // neither a secret nor TLS signs its calls with a secret made for it
+  // (MakeRunSecret).
+  bool insecure = false;
+  // Passed to every task (the run's secret, --insecure); set by Launch.
+  std::vector<std::string> task_flags;
 };
+
+// Where a run that makes its own secret keeps it, in its output_dir.
+inline constexpr char kRunSecretFile[] = "cluster.secret";
+
+// The secret file this run's calls are signed with when `cluster` names no
+// secret and no TLS, all its tasks are on loopback and the run is not
+// `insecure`: a new one for each launch, output_dir/cluster.secret with
+// mode 0600 (as Jupyter makes a token per server), its absolute path; else
+// "". An earlier run's secret there is replaced.
+absl::StatusOr<std::string> MakeRunSecret(const LaunchOptions& options,
+                                          const ClusterSpec& cluster,
+                                          const std::string& output_dir);
 
 // Returns the process exit code: 0 when every task succeeded.
 int Launch(const LaunchOptions& options, StopSignal* stop);

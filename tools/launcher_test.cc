@@ -1,15 +1,17 @@
 // The launcher's check for an earlier run in its output_dir: refused by
 // default, naming what it found and the flags; resumed as it is; started
 // afresh with --overwrite, which removes the earlier summary, model and
-// events (and nothing else).
+// events (and nothing else). And the secret it makes for a run.
 #include "tools/launcher.h"
 
+#include <sys/stat.h>
 
 #include <string>
 
 #include "catch2/catch.hpp"
 #include "common/testing/temp_dir.h"
 #include "common/storage/checkpoint.h"
+#include "common/security/auth.h"
 #include "common/storage/env.h"
 
 namespace pstrain {
@@ -95,6 +97,50 @@ TEST_CASE("--overwrite refuses to set aside the checkpoint --init_from names", "
   o.init_from = JoinPath(other, "ckpt-5");
   CHECK(CheckEarlierRun(o, out, ckpts).ok());
   CHECK(Env::Default()->FileExists(JoinPath(ckpts, "ckpt-600.rolled-back/manifest")));
+}
+
+TEST_CASE("a loopback run without a secret or TLS in its spec gets a secret of its own",
+          "[launch][security]") {
+  const std::string out = testing::NewTempDir("run_secret");
+  const ClusterSpec loopback = *ClusterSpec::Parse(
+      R"({"chief": ["localhost:1"], "ps": ["127.0.0.1:2"], "worker": ["localhost:3"]})", "l");
+  LaunchOptions o;
+  absl::StatusOr<std::string> first = MakeRunSecret(o, loopback, out);
+  REQUIRE(first.ok());
+  CHECK(*first == JoinPath(RealPath(out), kRunSecretFile));
+  struct stat st;
+  REQUIRE(::stat(first->c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  absl::StatusOr<std::string> secret = ReadSecretFile(*first);
+  REQUIRE(secret.ok());
+  CHECK(secret->size() == 64);
+  // Each launch makes a new one in place of the last.
+  absl::StatusOr<std::string> second = MakeRunSecret(o, loopback, out);
+  REQUIRE(second.ok());
+  CHECK(*second == *first);
+  CHECK(ReadSecretFile(*second).value_or("") != *secret);
+
+  // None where the spec has its own authentication, on --insecure (the
+  // run's or the spec's), or beyond loopback (a secret must be shared
+  // between machines: the spec's, or ResolveAuth refuses).
+  const std::string empty = testing::NewTempDir("run_secret_none");
+  for (const char* spec :
+       {R"({"chief": ["localhost:1"], "ps": ["localhost:2"], "worker": ["localhost:3"],
+            "pstrain": {"auth": {"secret_file": "/etc/pstrain/cluster.secret"}}})",
+        R"({"chief": ["localhost:1"], "ps": ["localhost:2"], "worker": ["localhost:3"],
+            "pstrain": {"tls": {"dir": "/etc/pstrain/tls"}}})",
+        R"({"chief": ["localhost:1"], "ps": ["localhost:2"], "worker": ["localhost:3"],
+            "pstrain": {"insecure": true}})",
+        R"({"chief": ["10.0.0.1:1"], "ps": ["10.0.0.2:2"], "worker": ["10.0.0.3:3"]})"}) {
+    INFO(spec);
+    absl::StatusOr<std::string> none = MakeRunSecret(o, *ClusterSpec::Parse(spec, "s"), empty);
+    REQUIRE(none.ok());
+    CHECK(none->empty());
+  }
+  LaunchOptions insecure;
+  insecure.insecure = true;
+  CHECK(MakeRunSecret(insecure, loopback, empty).value_or("x").empty());
+  CHECK_FALSE(Env::Default()->FileExists(JoinPath(empty, kRunSecretFile)));
 }
 
 }  // namespace

@@ -267,7 +267,9 @@ int LaunchCommand(const std::vector<std::string>& argv) {
       {"base_port", {"8470", "--slurm: the k-th task on a node listens on base_port + k"}},
       {"auth_secret_file", {"", "--slurm: the cluster secret (pstrain tokens --out DIR writes "
                                 "one), on a file system every node reads"}},
-      {"insecure", {"false", "--slurm: run without authentication (a trusted network only)"}},
+      {"insecure", {"false", "run without authentication: locally, no secret is made for the "
+                             "run (any process on the machine may call its tasks); with "
+                             "--slurm, on a trusted network only"}},
       {"tls_dir", {"", "--slurm: mutual TLS from this directory of pstrain certs (written with "
                        "--ps and --workers for a Slurm job: hosts are known only at start)"}},
   };
@@ -291,6 +293,7 @@ int LaunchCommand(const std::vector<std::string>& argv) {
   o.resume = args->GetBool("resume");
   o.init_from = args->Get("init_from");
   o.overwrite = args->GetBool("overwrite");
+  o.insecure = args->GetBool("insecure");
   const std::string restart = args->Get("restart");
   if (restart != "never" && restart != "on-failure") {
     return Fail("launch", "--restart: expected never or on-failure");

@@ -10,9 +10,10 @@
 
 namespace pstrain {
 
-absl::Status ActAsOperator(const ClusterSpec& cluster) {
-  if (!cluster.auth_secret_file().empty()) {
-    absl::StatusOr<std::string> secret = ReadSecretFile(cluster.auth_secret_file());
+absl::Status ActAsOperator(const ClusterSpec& cluster, const std::string& secret_file) {
+  const std::string path = secret_file.empty() ? cluster.auth_secret_file() : secret_file;
+  if (!path.empty()) {
+    absl::StatusOr<std::string> secret = ReadSecretFile(path);
     if (!secret.ok()) {
       return absl::Status(secret.status().code(),
                           absl::StrCat("cluster secret: ", secret.status().message()));

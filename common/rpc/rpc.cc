@@ -83,7 +83,7 @@ std::vector<std::pair<std::string, int>> TransportArgs() {
 
 struct CallIdentity {
   std::string identity;
-  std::string authorization;  // "Bearer <token>"
+  std::string key;  // its token (common/security/auth.h DeriveToken)
 };
 
 absl::Mutex identity_mu;
@@ -94,35 +94,42 @@ std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsConfig* tl
   return tls ? TlsChannelCredentials(*tls) : grpc::InsecureChannelCredentials();
 }
 
-// Adds the process's identity and token to each call's initial metadata.
+// Adds the process's identity and the call's signature to its initial
+// metadata.
 class IdentityInterceptor final : public grpc::experimental::Interceptor {
  public:
-  explicit IdentityInterceptor(const CallIdentity* id) : id_(id) {}
+  IdentityInterceptor(CallSigner* signer, absl::string_view method)
+      : signer_(signer), method_(method) {}
   void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
     if (methods->QueryInterceptionHookPoint(
             grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
       std::multimap<std::string, std::string>* md = methods->GetSendInitialMetadata();
-      md->emplace(kIdentityHeader, id_->identity);
-      md->emplace("authorization", id_->authorization);
+      md->emplace(kIdentityHeader, signer_->identity());
+      md->emplace("authorization", signer_->Sign(method_));
     }
     methods->Proceed();
   }
 
  private:
-  const CallIdentity* const id_;  // lives as long as the process
+  CallSigner* const signer_;  // the channel's, which outlives its calls
+  const std::string method_;  // "Push", of gRPC's "/pstrain.PsService/Push"
 };
 
 class IdentityInterceptorFactory final
     : public grpc::experimental::ClientInterceptorFactoryInterface {
  public:
-  explicit IdentityInterceptorFactory(const CallIdentity* id) : id_(id) {}
+  IdentityInterceptorFactory(const CallIdentity& id, const std::string& peer)
+      : signer_(id.identity, id.key, peer) {}
   grpc::experimental::Interceptor* CreateClientInterceptor(
       grpc::experimental::ClientRpcInfo* info) override {
-    return new IdentityInterceptor(id_);
+    absl::string_view method = info->method() == nullptr ? "" : info->method();
+    const size_t slash = method.rfind('/');
+    if (slash != absl::string_view::npos) method.remove_prefix(slash + 1);
+    return new IdentityInterceptor(&signer_, method);
   }
 
  private:
-  const CallIdentity* const id_;
+  CallSigner signer_;  // this channel's session
 };
 
 }  // namespace
@@ -134,7 +141,7 @@ void SetCallCredentials(const std::string& identity, const std::string& token) {
     return;
   }
   // Channels keep a pointer for their lifetime: identities are never freed.
-  call_identity = new CallIdentity{identity, absl::StrCat("Bearer ", token)};
+  call_identity = new CallIdentity{identity, token};
 }
 
 void SetTransportSecurity(std::shared_ptr<const TlsConfig> tls) {
@@ -180,7 +187,9 @@ std::shared_ptr<grpc::Channel> CreateChannel(const std::string& address,
     return grpc::CreateCustomChannel(address, ChannelCredentials(tls.get()), args);
   }
   std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
-  factories.push_back(std::make_unique<IdentityInterceptorFactory>(id));
+  // Each channel signs its calls for the task it dials (`peer`; "" for an
+  // address alone, which a server with authentication refuses).
+  factories.push_back(std::make_unique<IdentityInterceptorFactory>(*id, peer));
   return grpc::experimental::CreateCustomChannelWithInterceptors(
       address, ChannelCredentials(tls.get()), args, std::move(factories));
 }

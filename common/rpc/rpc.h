@@ -34,7 +34,8 @@ absl::Status FromGrpcStatus(const grpc::Status& status, const std::string& what)
 bool MayHaveLostPeer(const absl::Status& status);
 
 // What every call from this process carries from now on (common/security/auth.h):
-// the identity ("worker:3") and its token. Empty token: nothing (no
+// the identity ("worker:3") and a signature made with its token (its key)
+// for the task the call's channel dials. Empty token: nothing (no
 // authentication). Set once at start-up, before the first channel.
 void SetCallCredentials(const std::string& identity, const std::string& token);
 
@@ -44,7 +45,10 @@ void SetCallCredentials(const std::string& identity, const std::string& token);
 void SetTransportSecurity(std::shared_ptr<const TlsConfig> tls);
 std::shared_ptr<const TlsConfig> TransportSecurity();
 
-// One channel per peer, reused for every call to it. Over TLS a channel to
+// One channel per peer, reused for every call to it. Its calls are signed
+// for `peer` ("ps:1", "chief:0"), the task it dials (SetCallCredentials): a
+// server with authentication refuses calls signed for any other task, so a
+// channel without `peer` reaches only servers without it. Over TLS a channel to
 // a task (`peer`: "ps:1", "chief:0") accepts only that task's certificate
 // (common/security/tls.h TaskAltName); without `peer`, any server certificate of the
 // cluster CA naming the address's host. Channels to one address share a

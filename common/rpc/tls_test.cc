@@ -319,7 +319,7 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
     return Material(d, id, watched);
   };
 
-  Authorizer auth("", spec, /*tls=*/true);
+  Authorizer auth("", spec, "ps:0", /*tls=*/true);
   WhoService service(&auth);
   SetTransportSecurity(tls(dir, "ps:0"));
   int port = 0;
@@ -464,7 +464,7 @@ TEST_CASE("a revoked certificate is refused at the next handshake, client or ser
   auto tls = [&](const std::string& id) { return Material(dir, id, watched); };
   // A server started before anything was revoked: the lists' directory is
   // not there yet.
-  Authorizer auth("", spec, /*tls=*/true);
+  Authorizer auth("", spec, "ps:0", /*tls=*/true);
   WhoService service(&auth);
   const std::shared_ptr<const TlsConfig> ps = tls("ps:0");
   CHECK(ps->crl_dir == JoinPath(dir, "crl"));
@@ -571,7 +571,7 @@ TEST_CASE("revocation lists delivered apart (--tls_crl_dir), in a Kubernetes Sec
   };
   const std::shared_ptr<const TlsConfig> ps = with_lists("ps:0");
   CHECK(ps->crl_dir == lists);
-  Authorizer auth("", spec, /*tls=*/true);
+  Authorizer auth("", spec, "ps:0", /*tls=*/true);
   WhoService service(&auth);
   SetTransportSecurity(ps);
   int port = 0;
@@ -649,7 +649,7 @@ TEST_CASE("a renewed certificate is taken without a restart; a broken or foreign
   CHECK((st.st_mode & 0777) == 0700);
   CHECK_FALSE(w->CheckNow());  // nothing changed
 
-  Authorizer auth("", spec, /*tls=*/true);
+  Authorizer auth("", spec, "ps:0", /*tls=*/true);
   WhoService service(&auth);
   SetTransportSecurity(std::make_shared<const TlsConfig>(ps));
   int port = 0;

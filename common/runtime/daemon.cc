@@ -50,7 +50,8 @@ ABSL_FLAG(int, tls_reload_s, 60,
           "take renewed ones that pass the start's checks (new connections use them); 0: read "
           "them at start only");
 ABSL_FLAG(bool, insecure, false,
-          "allow a cluster spec with non-loopback hosts to run without authentication");
+          "run without authentication on purpose: allowed beyond loopback (a trusted network "
+          "only), and on loopback without the warning that any local process may call");
 ABSL_FLAG(int64_t, max_inflight_mib, pstrain::ServerLimits().inflight_bytes >> 20,
           "ps and chief: memory for RPC messages being received and sent, in MiB (at least "
           "512); as it fills senders are slowed, past it calls fail with RESOURCE_EXHAUSTED");
@@ -189,10 +190,21 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
     }
   }
   if (!setup.auth.own_token.empty()) {
-    LOG_INFO("authentication on: calls carry {}'s token{}", setup.task.task.ToString(),
+    LOG_INFO("authentication on: calls are signed with {}'s key{}", setup.task.task.ToString(),
              setup.auth.secret.empty() ? "" : "; calls served are verified");
   }
+  setup.open_by_accident = setup.auth.own_token.empty() && !setup.auth.tls &&
+                           !absl::GetFlag(FLAGS_insecure) && !setup.task.cluster.insecure();
   return setup;
+}
+
+void WarnIfOpen(const DaemonSetup& setup) {
+  // Loopback is not a trust boundary on a shared machine (ResolveAuth
+  // refuses the rest).
+  if (!setup.open_by_accident) return;
+  LOG_WARN("no authentication: any process on this machine can call this task, and read, "
+           "change or stop the model; pstrain launch makes a secret per run, or name one "
+           "(--auth_secret_file, pstrain tokens), or pass --insecure to run open on purpose");
 }
 
 }  // namespace pstrain

@@ -44,6 +44,9 @@ struct DaemonSetup {
   // For StartServer: --max_inflight_mib, --max_rpc_threads,
   // --handshake_timeout_ms and --keepalive_ms.
   ServerLimits limits;
+  // Serving without authentication on loopback without --insecure (or the
+  // spec's "insecure": true): WarnIfOpen says so.
+  bool open_by_accident = false;
   // Last, so destroyed first: takes the process's transport security back
   // when main's setup goes, so that a certificate watcher (and its staging
   // directory) ends with main, not during the static destructors, when the
@@ -65,6 +68,11 @@ absl::StatusOr<std::string> ResolveMetricsAddress(const TaskConfig& task, const 
 // secret when there is one) go with every call it makes.
 absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool config_required,
                                         const char* tf_config);
+
+// One warning line when `setup` serves without authentication and without
+// --insecure: any process on the machine may call it. The ps and the chief
+// call it once their server has started (every flag checked by then).
+void WarnIfOpen(const DaemonSetup& setup);
 
 }  // namespace pstrain
 

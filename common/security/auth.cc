@@ -7,13 +7,17 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
@@ -28,6 +32,66 @@ namespace pstrain {
 namespace {
 
 constexpr size_t kMinSecretChars = 32;
+constexpr char kSignatureScheme[] = "PSTRAIN-HMAC-SHA256 ";
+
+std::string HmacHex(absl::string_view key, absl::string_view data) {
+  unsigned char mac[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  ::HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+         reinterpret_cast<const unsigned char*>(data.data()), data.size(), mac, &len);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(mac), len));
+}
+
+// What a signature covers, one field a line (no field holds a newline:
+// identities and audiences are checked names, the rest are numbers).
+std::string StringToSign(absl::string_view identity, absl::string_view audience,
+                         absl::string_view method, absl::string_view unix_ms,
+                         absl::string_view session_hex, absl::string_view seq) {
+  return absl::StrCat("pstrain-call-v1\n", identity, "\n", audience, "\n", method, "\n",
+                      unix_ms, "\n", session_hex, "\n", seq);
+}
+
+bool IsLowerHex(absl::string_view s) {
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// The fields of "PSTRAIN-HMAC-SHA256 a=.. t=.. s=.. n=.. sig=..", in that
+// order; false when the value is not of that form.
+struct SignedFields {
+  absl::string_view audience, unix_ms, session_hex, seq, sig;
+  int64_t ms = 0;
+  uint64_t session = 0;
+  uint64_t number = 0;
+};
+bool ParseSignature(absl::string_view authorization, SignedFields* f) {
+  if (!absl::ConsumePrefix(&authorization, kSignatureScheme)) return false;
+  std::vector<absl::string_view> parts = absl::StrSplit(authorization, ' ');
+  if (parts.size() != 5) return false;
+  absl::string_view* fields[] = {&f->audience, &f->unix_ms, &f->session_hex, &f->seq, &f->sig};
+  const char* keys[] = {"a=", "t=", "s=", "n=", "sig="};
+  for (int i = 0; i < 5; ++i) {
+    if (!absl::ConsumePrefix(&parts[i], keys[i])) return false;
+    *fields[i] = parts[i];
+  }
+  return f->audience.size() <= 64 && f->unix_ms.size() <= 19 &&
+         absl::SimpleAtoi(f->unix_ms, &f->ms) && f->session_hex.size() == 16 &&
+         IsLowerHex(f->session_hex) && absl::SimpleHexAtoi(f->session_hex, &f->session) &&
+         f->seq.size() <= 20 && absl::SimpleAtoi(f->seq, &f->number) && f->number > 0 &&
+         f->sig.size() == 64 && IsLowerHex(f->sig);
+}
+
+uint64_t RandomSession() {
+  uint64_t session = 0;
+  if (::RAND_bytes(reinterpret_cast<unsigned char*>(&session), sizeof(session)) != 1) {
+    // Without OpenSSL's generator a session is still unique enough among
+    // one identity's channels within kSignatureMaxAge; the server refuses a
+    // repeated (session, number) either way.
+    session = static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) ^
+              (static_cast<uint64_t>(::getpid()) << 32);
+  }
+  return session;
+}
 
 const char* RoleName(Role r) {
   switch (r) {
@@ -48,11 +112,30 @@ const char* RoleName(Role r) {
 }  // namespace
 
 std::string DeriveToken(absl::string_view secret, absl::string_view identity) {
-  unsigned char mac[EVP_MAX_MD_SIZE];
-  unsigned int len = 0;
-  ::HMAC(EVP_sha256(), secret.data(), static_cast<int>(secret.size()),
-         reinterpret_cast<const unsigned char*>(identity.data()), identity.size(), mac, &len);
-  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(mac), len));
+  return HmacHex(secret, identity);
+}
+
+std::string SignCall(absl::string_view key, absl::string_view identity,
+                     absl::string_view audience, absl::string_view method, absl::Time signed_at,
+                     uint64_t session, uint64_t seq) {
+  const std::string ms = absl::StrCat(absl::ToUnixMillis(signed_at));
+  const std::string session_hex = absl::StrFormat("%016x", session);
+  const std::string number = absl::StrCat(seq);
+  return absl::StrCat(kSignatureScheme, "a=", audience, " t=", ms, " s=", session_hex,
+                      " n=", number, " sig=",
+                      HmacHex(key, StringToSign(identity, audience, method, ms, session_hex,
+                                                number)));
+}
+
+CallSigner::CallSigner(std::string identity, std::string key, std::string audience)
+    : identity_(std::move(identity)),
+      key_(std::move(key)),
+      audience_(std::move(audience)),
+      session_(RandomSession()) {}
+
+std::string CallSigner::Sign(absl::string_view method) {
+  const uint64_t seq = seq_.fetch_add(1, std::memory_order_relaxed) + 1;
+  return SignCall(key_, identity_, audience_, method, absl::Now(), session_, seq);
 }
 
 absl::Status CreateSecretFile(const std::string& path) {
@@ -89,8 +172,9 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
   return trimmed;
 }
 
-Authorizer::Authorizer(const std::string& secret, const ClusterSpec& cluster, bool tls)
-    : tls_(tls), has_tokens_(!secret.empty()) {
+Authorizer::Authorizer(const std::string& secret, const ClusterSpec& cluster,
+                       const std::string& self, bool tls)
+    : tls_(tls), has_tokens_(!secret.empty()), self_(self) {
   if (secret.empty() && !tls) return;
   auto add = [&](const Caller& c) {
     tokens_[c.name] = {has_tokens_ ? DeriveToken(secret, c.name) : std::string(), c};
@@ -131,37 +215,85 @@ absl::StatusOr<Caller> Authorizer::Check(absl::string_view identity,
   return Authorize(identity, authorization, /*certified=*/false, allowed, method);
 }
 
+const char* Authorizer::CheckSignature(absl::string_view identity, const std::string& key,
+                                       absl::string_view authorization,
+                                       absl::string_view method, std::string* detail) {
+  SignedFields f;
+  if (!ParseSignature(authorization, &f)) {
+    return absl::StartsWith(authorization, "Bearer ")
+               ? "a bearer token, which could be replayed; calls must be signed (this "
+                 "client is older than the server)"
+               : "no signature";
+  }
+  const std::string expected =
+      HmacHex(key, StringToSign(identity, f.audience, method, f.unix_ms, f.session_hex, f.seq));
+  if (CRYPTO_memcmp(f.sig.data(), expected.data(), expected.size()) != 0) {
+    return "bad signature";
+  }
+  if (f.audience != self_) {
+    *detail = absl::StrCat("signed for \"", absl::CHexEscape(f.audience), "\", not for this task (",
+                           self_, ")");
+    return "signed for another task";
+  }
+  const absl::Time now = absl::Now();
+  const absl::Time signed_at = absl::FromUnixMillis(f.ms);
+  if (absl::AbsDuration(now - signed_at) > kSignatureMaxAge) {
+    const absl::Duration skew = now - signed_at;
+    *detail = absl::StrCat("signed ",
+                           absl::FormatDuration(absl::Trunc(absl::AbsDuration(skew),
+                                                            absl::Seconds(1))),
+                           skew > absl::ZeroDuration() ? " before" : " after",
+                           " this task's clock says now, more than the ",
+                           absl::FormatDuration(kSignatureMaxAge),
+                           " allowed: a replayed call, or the machines' clocks disagree (NTP)");
+    return "stale signature";
+  }
+  switch (replays_.Admit(identity, f.session, f.number, signed_at, now)) {
+    case ReplayGuard::Verdict::kNew:
+      return nullptr;
+    case ReplayGuard::Verdict::kReplayed:
+      return "a replayed call";
+    case ReplayGuard::Verdict::kBelowWindow:
+      *detail = absl::StrCat("call ", f.number, " of its channel, more than ",
+                             ReplayGuard::kWindow, " calls behind its newest");
+      return "too old a call";
+    case ReplayGuard::Verdict::kTooManySessions:
+      return "too many channels at once";
+  }
+  return "unknown";
+}
+
 absl::StatusOr<Caller> Authorizer::Authorize(absl::string_view identity,
                                              absl::string_view authorization, bool certified,
                                              std::initializer_list<Role> allowed,
                                              absl::string_view method) {
   auto it = tokens_.find(identity);
   const char* problem = nullptr;  // why the caller is not authenticated
+  std::string detail;             // more about it, when there is more
   if (!certified && tls_) {
     problem = "no client certificate";
   } else if (it == tokens_.end()) {
     problem = certified ? "a certificate for no task of this cluster" : "unknown identity";
   } else if (has_tokens_) {
-    const std::string& expected = it->second.first;
-    const bool bearer = absl::ConsumePrefix(&authorization, "Bearer ");
-    if (!bearer || authorization.size() != expected.size() ||
-        CRYPTO_memcmp(authorization.data(), expected.data(), expected.size()) != 0) {
-      problem = "bad token";
-    }
+    problem = CheckSignature(identity, it->second.first, authorization, method, &detail);
   }
   if (problem != nullptr) {
     unauthenticated_.fetch_add(1, std::memory_order_relaxed);
+    const std::string why = detail.empty() ? std::string(problem) : detail;
     if (ShouldLog(&last_unauthenticated_log_ms_)) {
       const std::string who = absl::CHexEscape(identity.substr(0, 64));
       LOG_WARN("{} refused: {} ({} unauthenticated calls in all)", method,
-               identity.empty() ? std::string(problem)
-                                : absl::StrCat(problem, " for \"", who, "\""),
+               identity.empty() ? why : absl::StrCat(why, " for \"", who, "\""),
                unauthenticated());
     }
     std::vector<std::string> needs;
     if (tls_) needs.push_back("a certificate from the cluster's CA (pstrain certs)");
-    if (has_tokens_) needs.push_back("the token of a task or of the operator (pstrain tokens)");
-    return absl::UnauthenticatedError(absl::StrCat(method, ": unauthenticated (", problem,
+    if (has_tokens_) {
+      needs.push_back(
+          "calls signed with the key of a task or of the operator (the cluster secret: pstrain "
+          "tokens, or the cluster.secret pstrain launch writes in the output_dir)");
+    }
+    return absl::UnauthenticatedError(absl::StrCat(method, ": unauthenticated (", why,
                                                    "); this cluster needs ",
                                                    absl::StrJoin(needs, " and ")));
   }

@@ -1,19 +1,28 @@
-// Who is calling, and may they: authentication by per-identity tokens and
+// Who is calling, and may they: authentication by per-identity keys and
 // authorization by role, for every RPC a daemon serves.
 //
-// A cluster has one secret (`pstrain tokens` writes it, mode 0600). Each
-// identity's token is HMAC-SHA256(secret, identity) in hex; the identities
-// are the tasks ("chief:0", "ps:1", "worker:3") and "operator" (a person's
-// tools: status only). Every call carries two metadata entries,
+// A cluster has one secret (`pstrain tokens` writes it, mode 0600; `pstrain
+// launch` makes one per run when the spec names none). Each identity's key
+// (its "token") is HMAC-SHA256(secret, identity) in hex; the identities are
+// the tasks ("chief:0", "ps:1", "worker:3") and "operator" (a person's
+// tools: status and restore). Every call carries two metadata entries,
 //   x-pstrain-identity: worker:3
-//   authorization: Bearer <token>
-// and the serving daemon, which holds the secret, recomputes the token and
-// compares in constant time. A task that serves nothing (a worker) can be
-// given only its own token file, so it cannot act as anyone else.
+//   authorization: PSTRAIN-HMAC-SHA256 a=ps:1 t=<unix ms> s=<session> n=<seq> sig=<hex>
+// where sig is HMAC-SHA256 under the caller's key of the identity, the task
+// called (a), the method, the signing time (t), the channel's session (64
+// random bits) and the call's number in it (n, from 1). The serving daemon,
+// which holds the secret, recomputes the signature and compares in constant
+// time, admits it only when it names this task, was signed within
+// kSignatureMaxAge of its own clock, and its (session, number) is new
+// (common/security/replay_guard.h): a call captured on the wire can be made
+// neither again nor at another task. The body is not signed: without TLS
+// an attacker on the path can still change a call in flight (docs/security.md).
+// A task that serves nothing (a worker) can be given only its own key, so it
+// cannot act as anyone else.
 //
-// Without a secret authentication is off: every call passes, as on the
-// loopback-only clusters of tests and demos. A cluster spec naming any
-// non-loopback host needs a secret or an explicit --insecure.
+// Without a secret authentication is off: every call passes (a daemon started
+// so on loopback warns at start). A cluster spec naming any non-loopback
+// host needs a secret, TLS or an explicit --insecure.
 #ifndef PSTRAIN_COMMON_SECURITY_AUTH_H_
 #define PSTRAIN_COMMON_SECURITY_AUTH_H_
 
@@ -26,7 +35,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "common/cluster/cluster_spec.h"
+#include "common/security/replay_guard.h"
 #include "common/storage/env.h"  // WritePrivateFile, ReadPrivateFile
 #include "common/security/tls.h"
 #include "grpcpp/grpcpp.h"
@@ -41,6 +52,34 @@ inline constexpr char kOperatorIdentity[] = "operator";
 
 // HMAC-SHA256(secret, identity), 64 lowercase hex digits.
 std::string DeriveToken(absl::string_view secret, absl::string_view identity);
+
+// How far a call's signing time may be from the serving daemon's clock,
+// either way: the clocks of a cluster's machines must agree this well (NTP).
+inline constexpr absl::Duration kSignatureMaxAge = absl::Minutes(5);
+
+// The authorization value of call `seq` (from 1) of `session`, made by
+// `identity` with its `key` (DeriveToken) at `signed_at`, for method
+// `method` ("Push", the last part of gRPC's path) of task `audience`.
+std::string SignCall(absl::string_view key, absl::string_view identity,
+                     absl::string_view audience, absl::string_view method, absl::Time signed_at,
+                     uint64_t session, uint64_t seq);
+
+// Signs one channel's calls: its own random session, numbers counting up.
+// Thread-safe.
+class CallSigner {
+ public:
+  CallSigner(std::string identity, std::string key, std::string audience);
+  const std::string& identity() const { return identity_; }
+  // The authorization value for the next call to `method`, signed now.
+  std::string Sign(absl::string_view method);
+
+ private:
+  const std::string identity_;
+  const std::string key_;
+  const std::string audience_;
+  const uint64_t session_;
+  std::atomic<uint64_t> seq_{0};
+};
 
 // A new random secret (32 bytes, as 64 hex digits) at `path`, created with
 // mode 0600; fails if the file exists.
@@ -61,18 +100,20 @@ struct Caller {
 class Authorizer {
  public:
   Authorizer() = default;  // authentication off
-  // With `tls` the caller is the verified client certificate's common name
-  // (common/security/tls.h), and a call without a certificate is unauthenticated;
-  // with a `secret` the call must also carry that identity's token. Off
+  // For the daemon serving as task `self` ("ps:0"). With `tls` the caller is
+  // the verified client certificate's common name (common/security/tls.h),
+  // and a call without a certificate is unauthenticated; with a `secret` the
+  // call must also carry that identity's signature, made for `self`. Off
   // when neither.
-  Authorizer(const std::string& secret, const ClusterSpec& cluster, bool tls = false);
+  Authorizer(const std::string& secret, const ClusterSpec& cluster, const std::string& self,
+             bool tls = false);
 
   bool enabled() const { return !tokens_.empty(); }
 
-  // The caller of `ctx`, when its token is right (else UNAUTHENTICATED) and
-  // its role is one of `allowed` (else PERMISSION_DENIED). Both refusals
-  // are counted and name `method` (logged at most once a second). With
-  // authentication off: Role::kAnyone.
+  // The caller of `ctx`, when its signature for `method` is right, fresh
+  // and new (else UNAUTHENTICATED) and its role is one of `allowed` (else
+  // PERMISSION_DENIED). Both refusals are counted and name `method` (logged
+  // at most once a second). With authentication off: Role::kAnyone.
   absl::StatusOr<Caller> Check(const grpc::ServerContextBase& ctx,
                                std::initializer_list<Role> allowed, absl::string_view method);
   absl::StatusOr<Caller> Check(absl::string_view identity, absl::string_view authorization,
@@ -98,8 +139,16 @@ class Authorizer {
   absl::Status Deny(const std::string& message);
   bool ShouldLog(std::atomic<int64_t>* last_ms);
 
+  // Why `authorization` is not a valid signature of `identity` (whose key
+  // is `key`) for `method` of this task, now; nullptr when it is.
+  const char* CheckSignature(absl::string_view identity, const std::string& key,
+                             absl::string_view authorization, absl::string_view method,
+                             std::string* detail);
+
   bool tls_ = false;
   bool has_tokens_ = false;
+  std::string self_;
+  ReplayGuard replays_{kSignatureMaxAge};
   // identity -> its token ("" without a secret) and who it is
   std::map<std::string, std::pair<std::string, Caller>, std::less<>> tokens_;
   std::atomic<int64_t> unauthenticated_{0};

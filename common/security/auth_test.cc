@@ -54,48 +54,141 @@ TEST_CASE("secret files are created private and read back; open ones are refused
   CHECK(absl::IsNotFound(ReadSecretFile(TempPath("missing")).status()));
 }
 
-TEST_CASE("the authorizer admits the right token in the right role only", "[auth]") {
-  const std::string secret(64, 'k');
-  Authorizer auth(secret, TwoWorkers());
-  REQUIRE(auth.enabled());
-  const std::string w1 = "Bearer " + DeriveToken(secret, "worker:1");
+// A call of `identity` to ps:0, signed now with the key the secret gives it.
+std::string Signed(const std::string& secret, const std::string& identity,
+                   const std::string& method, uint64_t seq, const std::string& audience = "ps:0",
+                   absl::Time at = absl::Now()) {
+  return SignCall(DeriveToken(secret, identity), identity, audience, method, at, 7, seq);
+}
 
-  absl::StatusOr<Caller> c = auth.Check("worker:1", w1, {Role::kWorker}, "Push");
+TEST_CASE("the authorizer admits the right signature in the right role only", "[auth]") {
+  const std::string secret(64, 'k');
+  Authorizer auth(secret, TwoWorkers(), "ps:0");
+  REQUIRE(auth.enabled());
+
+  absl::StatusOr<Caller> c = auth.Check("worker:1", Signed(secret, "worker:1", "Push", 1),
+                                        {Role::kWorker}, "Push");
   REQUIRE(c.ok());
   CHECK(c->role == Role::kWorker);
   CHECK(c->index == 1);
   CHECK(auth.CheckWorkerField(*c, 1, "Push").ok());
   CHECK(absl::IsPermissionDenied(auth.CheckWorkerField(*c, 0, "Push")));  // acting as worker 0
 
-  // A worker's token is not the chief's.
-  CHECK(absl::IsUnauthenticated(auth.Check("chief:0", w1, {Role::kChief}, "Shutdown").status()));
-  // The right token, the wrong role.
-  absl::StatusOr<Caller> denied = auth.Check("worker:1", w1, {Role::kChief}, "Shutdown");
+  // A worker's signature is not the chief's.
+  CHECK(absl::IsUnauthenticated(
+      auth.Check("chief:0", Signed(secret, "worker:1", "Shutdown", 2), {Role::kChief}, "Shutdown")
+          .status()));
+  // The right signature, the wrong role.
+  absl::StatusOr<Caller> denied = auth.Check(
+      "worker:1", Signed(secret, "worker:1", "Shutdown", 3), {Role::kChief}, "Shutdown");
   CHECK(absl::IsPermissionDenied(denied.status()));
   CHECK(std::string(denied.status().message()).find("only chief") != std::string::npos);
-  // No token, a bad one, an unknown identity, a task out of the spec's range.
+  // No signature, a bad one, an unknown identity, a task out of the spec's range.
   CHECK(absl::IsUnauthenticated(auth.Check("worker:1", "", {Role::kWorker}, "Push").status()));
+  std::string bad = Signed(secret, "worker:1", "Push", 4);
+  bad.back() = bad.back() == '0' ? '1' : '0';
+  CHECK(absl::IsUnauthenticated(auth.Check("worker:1", bad, {Role::kWorker}, "Push").status()));
   CHECK(absl::IsUnauthenticated(
-      auth.Check("worker:1", "Bearer " + std::string(64, '0'), {Role::kWorker}, "Push").status()));
-  CHECK(absl::IsUnauthenticated(
-      auth.Check("worker:2", "Bearer " + DeriveToken(secret, "worker:2"), {Role::kWorker}, "Push")
+      auth.Check("worker:2", Signed(secret, "worker:2", "Push", 1), {Role::kWorker}, "Push")
           .status()));
-  CHECK(absl::IsUnauthenticated(auth.Check("", w1, {Role::kWorker}, "Push").status()));
+  CHECK(absl::IsUnauthenticated(
+      auth.Check("", Signed(secret, "worker:1", "Push", 5), {Role::kWorker}, "Push").status()));
   CHECK(auth.unauthenticated() == 5);
   CHECK(auth.denied() == 2);
 
   // The operator reads status; the chief's calls name worker -1.
-  const std::string op = "Bearer " + DeriveToken(secret, kOperatorIdentity);
-  CHECK(
-      auth.Check(kOperatorIdentity, op, {Role::kChief, Role::kWorker, Role::kOperator}, "GetStatus")
-          .ok());
+  CHECK(auth.Check(kOperatorIdentity, Signed(secret, kOperatorIdentity, "GetStatus", 1),
+                   {Role::kChief, Role::kWorker, Role::kOperator}, "GetStatus")
+            .ok());
   CHECK(absl::IsPermissionDenied(
-      auth.Check(kOperatorIdentity, op, {Role::kChief}, "Initialize").status()));
+      auth.Check(kOperatorIdentity, Signed(secret, kOperatorIdentity, "Initialize", 2),
+                 {Role::kChief}, "Initialize")
+          .status()));
   absl::StatusOr<Caller> chief =
-      auth.Check("chief:0", "Bearer " + DeriveToken(secret, "chief:0"), {Role::kChief}, "Pull");
+      auth.Check("chief:0", Signed(secret, "chief:0", "Pull", 1), {Role::kChief}, "Pull");
   REQUIRE(chief.ok());
   CHECK(auth.CheckWorkerField(*chief, -1, "Pull").ok());
   CHECK_FALSE(auth.CheckWorkerField(*chief, 0, "Pull").ok());
+}
+
+// The message of a refused call's status, for the checks on why.
+std::string Refusal(Authorizer& auth, const std::string& identity, const std::string& authz,
+                    const std::string& method) {
+  absl::StatusOr<Caller> c = auth.Check(identity, authz, {Role::kChief, Role::kWorker}, method);
+  REQUIRE_FALSE(c.ok());
+  CHECK(absl::IsUnauthenticated(c.status()));
+  return std::string(c.status().message());
+}
+
+TEST_CASE("a signed call cannot be replayed, redirected, reused or kept", "[auth]") {
+  const std::string secret(64, 's');
+  Authorizer auth(secret, TwoWorkers(), "ps:0");
+  const std::string shutdown = Signed(secret, "chief:0", "Shutdown", 1);
+  REQUIRE(auth.Check("chief:0", shutdown, {Role::kChief}, "Shutdown").ok());
+  // The same call again: what an eavesdropper on a plaintext wire could do.
+  CHECK(Refusal(auth, "chief:0", shutdown, "Shutdown").find("a replayed call") !=
+        std::string::npos);
+  // The same signature for another method, or another identity.
+  CHECK(Refusal(auth, "chief:0", Signed(secret, "chief:0", "Shutdown", 2), "Initialize")
+            .find("bad signature") != std::string::npos);
+  CHECK(Refusal(auth, "worker:0", Signed(secret, "chief:0", "Push", 3), "Push")
+            .find("bad signature") != std::string::npos);
+  // A call signed for another task (ps:1) brought to this one (ps:0).
+  CHECK(Refusal(auth, "chief:0", Signed(secret, "chief:0", "Shutdown", 4, "ps:1"), "Shutdown")
+            .find("signed for \"ps:1\", not for this task (ps:0)") != std::string::npos);
+  // Signed too long ago, or too far ahead: the clocks' allowance is 5 minutes.
+  const std::string old = Refusal(
+      auth, "chief:0",
+      Signed(secret, "chief:0", "Shutdown", 5, "ps:0", absl::Now() - absl::Minutes(6)),
+      "Shutdown");
+  CHECK(old.find("before this task's clock says now") != std::string::npos);
+  CHECK(old.find("NTP") != std::string::npos);
+  CHECK(Refusal(auth, "chief:0",
+                Signed(secret, "chief:0", "Shutdown", 6, "ps:0", absl::Now() + absl::Minutes(6)),
+                "Shutdown")
+            .find("after") != std::string::npos);
+  // Within the allowance, either way, a new call passes.
+  CHECK(auth.Check("chief:0",
+                   Signed(secret, "chief:0", "Shutdown", 7, "ps:0", absl::Now() - absl::Minutes(4)),
+                   {Role::kChief}, "Shutdown")
+            .ok());
+  // A bearer token, as clients before signing sent, says why it is refused.
+  CHECK(Refusal(auth, "chief:0", "Bearer " + DeriveToken(secret, "chief:0"), "Shutdown")
+            .find("bearer token, which could be replayed") != std::string::npos);
+  // Malformed signatures: refused, never a crash.
+  for (const std::string& malformed :
+       {std::string("PSTRAIN-HMAC-SHA256 "), std::string("PSTRAIN-HMAC-SHA256 a=ps:0"),
+        std::string("PSTRAIN-HMAC-SHA256 a=ps:0 t=1 s=0000000000000007 n=0 sig=") +
+            std::string(64, '0'),
+        std::string("PSTRAIN-HMAC-SHA256 a=ps:0 t=x s=0000000000000007 n=1 sig=") +
+            std::string(64, '0'),
+        std::string("PSTRAIN-HMAC-SHA256 a=ps:0 t=1 s=000000000000000G n=1 sig=") +
+            std::string(64, '0'),
+        std::string("PSTRAIN-HMAC-SHA256 a=ps:0 t=1 s=0000000000000007 n=1 sig=") +
+            std::string(63, '0'),
+        Signed(secret, "chief:0", "Shutdown", 8) + " extra"}) {
+    INFO(malformed);
+    CHECK(Refusal(auth, "chief:0", malformed, "Shutdown").find("no signature") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("a channel's signer numbers its calls in one session", "[auth]") {
+  const std::string secret(64, 'c');
+  Authorizer auth(secret, TwoWorkers(), "chief:0");
+  CallSigner signer("worker:0", DeriveToken(secret, "worker:0"), "chief:0");
+  const std::string first = signer.Sign("ReportProgress");
+  const std::string second = signer.Sign("ReportProgress");
+  CHECK(first.find(" n=1 ") != std::string::npos);
+  CHECK(second.find(" n=2 ") != std::string::npos);
+  // Out of order, as concurrent calls may arrive: both admitted, once.
+  CHECK(auth.Check("worker:0", second, {Role::kWorker}, "ReportProgress").ok());
+  CHECK(auth.Check("worker:0", first, {Role::kWorker}, "ReportProgress").ok());
+  CHECK_FALSE(auth.Check("worker:0", first, {Role::kWorker}, "ReportProgress").ok());
+  // Another channel of the same worker is another session.
+  CallSigner other("worker:0", DeriveToken(secret, "worker:0"), "chief:0");
+  CHECK(auth.Check("worker:0", other.Sign("ReportProgress"), {Role::kWorker}, "ReportProgress")
+            .ok());
 }
 
 TEST_CASE("authentication off lets every call pass", "[auth]") {

@@ -124,8 +124,10 @@ absl::Status StartServers(const std::string& bin_dir, int n, const std::string& 
   *cluster = std::move(parsed);
   for (int s = 0; s < n; ++s) {
     SpawnOptions so;
+    // Unauthenticated on purpose: the bench's process plays chief and
+    // workers at once (the train suite runs authenticated, through launch).
     so.argv = {bin, absl::StrCat("--cluster_spec=", path), absl::StrCat("--task=", s),
-               "--log_level=warn"};
+               "--log_level=warn", "--insecure"};
     so.output_file = JoinPath(dir, absl::StrCat("ps", n, "_", s, ".log"));
     ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> p, Subprocess::Spawn(so));
     procs->push_back(std::move(p));

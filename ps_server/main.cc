@@ -1,6 +1,7 @@
 // ps_server: holds a shard of the model's variables and applies the gradients
 // workers push. Usage:
 //   ps_server --cluster_spec=cluster.json --task=0   (or TF_CONFIG in the env)
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
@@ -33,7 +34,8 @@ ABSL_FLAG(int, max_concurrent_calls, pstrain::PsServiceImpl::kDefaultMaxCalls,
           "data calls (Pull, Push, PullRows, PushRows) served at once, waiting pulls included; "
           "one more fails at once with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int, chief_timeout_s, 60,
-          "exit (code 1) when the chief, once reached, has been unreachable this long; 0: never");
+          "exit (code 1) when the chief has been unreachable this long: since its last answer, "
+          "or since this server started if it never answered; 0: never");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("pstrain parameter server: --cluster_spec=FILE --task=N");
@@ -92,24 +94,33 @@ int main(int argc, char** argv) {
     LOG_INFO("metrics on {}", monitoring->url());
   }
   // A server outlives its chief only by --chief_timeout_s: the chief asks
-  // for the servers' version every second, and this asks for its status.
+  // for the servers' version every second, and this asks for its status,
+  // timing from the server's start until the chief first answers (a chief
+  // that dies before then must not leave the server behind).
   std::thread chief_watch;
   if (const int timeout_s = absl::GetFlag(FLAGS_chief_timeout_s); timeout_s > 0) {
     chief_watch = std::thread([&stop, &task, timeout_s] {
       const std::string address = task.cluster.address(pstrain::kChiefJob, 0);
       pstrain::GrpcChiefClient chief(address, absl::Seconds(1));
+      const absl::Time started = absl::Now();
       absl::Time last_seen = absl::InfinitePast();
-      while (!stop.WaitFor(absl::Seconds(2))) {
+      while (!stop.WaitFor(absl::Seconds(std::min(2, timeout_s)))) {
         pstrain::ChiefStatusResponse status;
-        if (chief.GetStatus(&status).ok()) {
+        const absl::Status st = chief.GetStatus(&status);
+        if (st.ok()) {
           last_seen = absl::Now();
-        } else if (last_seen != absl::InfinitePast() &&
-                   absl::Now() - last_seen > absl::Seconds(timeout_s)) {
-          stop.Stop(absl::StrCat("the chief at ", address, " has been unreachable for ",
-                                 absl::FormatDuration(absl::Now() - last_seen),
-                                 " (--chief_timeout_s=", timeout_s, "); exiting"),
-                    1);
+          continue;
         }
+        const bool ever = last_seen != absl::InfinitePast();
+        const absl::Duration gone = absl::Now() - (ever ? last_seen : started);
+        if (gone <= absl::Seconds(timeout_s)) continue;
+        stop.Stop(absl::StrCat("the chief at ", address,
+                               ever ? " has been unreachable for " : " has not answered in the ",
+                               absl::FormatDuration(absl::Trunc(gone, absl::Seconds(1))),
+                               ever ? "" : " since this server started",
+                               " (--chief_timeout_s=", timeout_s, "; last: ", st.message(),
+                               "); exiting"),
+                  1);
       }
     });
   }

@@ -61,7 +61,8 @@ Servers::Servers(int n, const std::string& name, std::vector<VariableSpec> varia
   for (int s = 0; s < n; ++s) {
     SpawnOptions so;
     so.argv = {Binary("ps_server/ps_server"),
-               "--cluster_spec=" + JoinPath(dir, "cluster.json"), absl::StrCat("--task=", s)};
+               "--cluster_spec=" + JoinPath(dir, "cluster.json"), absl::StrCat("--task=", s),
+               "--chief_timeout_s=0"};  // the test plays the chief
     so.argv.insert(so.argv.end(), server_flags.begin(), server_flags.end());
     so.output_file = JoinPath(dir, absl::StrCat("ps", s, ".log"));
     auto p = Subprocess::Spawn(so);

@@ -317,6 +317,27 @@ TEST_CASE("a parameter server whose chief is gone exits after --chief_timeout_s,
   chief->Wait(absl::Seconds(5));
 }
 
+TEST_CASE("a parameter server whose chief never answers exits after --chief_timeout_s too",
+          "[cluster][faults]") {
+  // It used to time the chief only from a first answer: a chief that died
+  // before it left the server running for good.
+  const std::string dir = testing::FreshTempDir("chief_never");
+  const std::string spec = testing::WriteClusterSpec(dir, 1, 1);  // no chief is started
+  const std::string ps_log = JoinPath(dir, "ps.log");
+  const absl::Time start = absl::Now();
+  auto ps = SpawnLogged({Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=0",
+                         "--chief_timeout_s=2"},
+                        ps_log);
+  std::optional<int> code = ps->Wait(absl::Seconds(30));
+  REQUIRE(code.has_value());
+  CHECK(*code == 1);
+  CHECK(absl::Now() - start < absl::Seconds(15));
+  const std::string log = Env::Default()->ReadFile(ps_log).value_or("");
+  INFO(log);
+  CHECK(log.find("has not answered in the ") != std::string::npos);
+  CHECK(log.find(" since this server started (--chief_timeout_s=2; last: ") != std::string::npos);
+}
+
 TEST_CASE("a worker whose chief is gone exits after rpc.startup_timeout_ms, saying why",
           "[cluster][faults]") {
   const std::string dir = testing::FreshTempDir("worker_chief_gone");
@@ -540,7 +561,8 @@ TEST_CASE("the ps_server daemon refuses bad pushes over gRPC and keeps serving",
   auto cluster = ClusterSpec::FromFile(spec);
   REQUIRE(cluster.ok());
   SpawnOptions so;
-  so.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=0"};
+  so.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=0",
+             "--chief_timeout_s=0"};  // no chief: the test calls it
   so.output_file = JoinPath(dir, "ps.log");
   auto ps = Subprocess::Spawn(so);
   REQUIRE(ps.ok());
@@ -620,7 +642,7 @@ TEST_CASE("a daemon takes its task from TF_CONFIG as Kubeflow sets it", "[cluste
   auto cluster = ClusterSpec::Parse(spec_text, "spec");
   REQUIRE(cluster.ok());
   SpawnOptions so;
-  so.argv = {Binary("ps_server/ps_server")};  // no flags at all
+  so.argv = {Binary("ps_server/ps_server"), "--chief_timeout_s=0"};  // its task from TF_CONFIG
   so.extra_env = {"TF_CONFIG={\"cluster\": " + spec_text +
                   ", \"task\": {\"type\": \"ps\", \"index\": 1}}"};
   so.output_file = JoinPath(dir, "ps.log");

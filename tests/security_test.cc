@@ -101,7 +101,7 @@ TEST_CASE("with a cluster secret only the right task in the right role changes a
   CHECK(Env::Default()->FileExists(JoinPath(dir, "auth/operator.token")));
   SpawnOptions so;
   so.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=0",
-             "--metrics_address=127.0.0.1:0"};
+             "--metrics_address=127.0.0.1:0", "--chief_timeout_s=0"};
   so.output_file = JoinPath(dir, "ps.log");
   auto ps = Subprocess::Spawn(so);
   REQUIRE(ps.ok());
@@ -228,7 +228,7 @@ TEST_CASE("a call captured on the wire can be made neither again nor at another 
   for (int i = 0; i < 2; ++i) {
     SpawnOptions so;
     so.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + spec,
-               absl::StrCat("--task=", i)};
+               absl::StrCat("--task=", i), "--chief_timeout_s=0"};
     so.output_file = JoinPath(dir, absl::StrCat("ps", i, ".log"));
     auto ps = Subprocess::Spawn(so);
     REQUIRE(ps.ok());

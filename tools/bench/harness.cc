@@ -127,7 +127,7 @@ absl::Status StartServers(const std::string& bin_dir, int n, const std::string& 
     // Unauthenticated on purpose: the bench's process plays chief and
     // workers at once (the train suite runs authenticated, through launch).
     so.argv = {bin, absl::StrCat("--cluster_spec=", path), absl::StrCat("--task=", s),
-               "--log_level=warn", "--insecure"};
+               "--log_level=warn", "--insecure", "--chief_timeout_s=0"};
     so.output_file = JoinPath(dir, absl::StrCat("ps", n, "_", s, ".log"));
     ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> p, Subprocess::Spawn(so));
     procs->push_back(std::move(p));

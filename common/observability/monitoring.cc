@@ -44,75 +44,15 @@ const char* Reason(int status) {
   }
 }
 
-// Waits until `fd` is ready for `events` or `deadline` passes.
-bool WaitFor(int fd, short events, absl::Time deadline) {
-  for (;;) {
-    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (ms <= 0) return false;
-    pollfd p{fd, events, 0};
-    const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(ms, 1000)));
-    if (r > 0) return true;
-    if (r < 0 && errno != EINTR) return false;
+// What an SSL call that returned `result` leaves: waiting for the socket
+// (`*events` set to what it waits for; true), or failed (false).
+bool WaitsForSocket(SSL* ssl, int result, short* events) {
+  switch (SSL_get_error(ssl, result)) {
+    case SSL_ERROR_WANT_READ: *events = POLLIN; return true;
+    case SSL_ERROR_WANT_WRITE: *events = POLLOUT; return true;
+    default: ERR_clear_error(); return false;  // closed, or a TLS error
   }
 }
-
-// One accepted connection, plain or TLS (`ssl` set, its handshake done),
-// read and written without blocking past a deadline.
-class Connection {
- public:
-  Connection(int fd, SSL* ssl) : fd_(fd), ssl_(ssl) {}
-
-  // Bytes read into `buf`; 0 at the end, on an error or at `deadline`.
-  size_t Read(char* buf, size_t size, absl::Time deadline) {
-    for (;;) {
-      if (ssl_ != nullptr) {
-        const int n = SSL_read(ssl_, buf, static_cast<int>(size));
-        if (n > 0) return static_cast<size_t>(n);
-        if (!WaitForSsl(n, deadline)) return 0;
-        continue;
-      }
-      if (!WaitFor(fd_, POLLIN, deadline)) return 0;
-      const ssize_t n = ::recv(fd_, buf, size, MSG_DONTWAIT);
-      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      return n > 0 ? static_cast<size_t>(n) : 0;
-    }
-  }
-
-  void WriteAll(const std::string& data, absl::Time deadline) {
-    size_t at = 0;
-    while (at < data.size()) {
-      if (ssl_ != nullptr) {
-        const int n = SSL_write(ssl_, data.data() + at, static_cast<int>(data.size() - at));
-        if (n > 0) {
-          at += static_cast<size_t>(n);
-        } else if (!WaitForSsl(n, deadline)) {
-          return;
-        }
-        continue;
-      }
-      if (!WaitFor(fd_, POLLOUT, deadline)) return;
-      const ssize_t n =
-          ::send(fd_, data.data() + at, data.size() - at, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      if (n <= 0) return;  // the client went away
-      at += static_cast<size_t>(n);
-    }
-  }
-
-  // Whether an SSL call that returned `result` should be tried again: it
-  // wanted to read or write, and the socket became ready before `deadline`.
-  bool WaitForSsl(int result, absl::Time deadline) {
-    switch (SSL_get_error(ssl_, result)) {
-      case SSL_ERROR_WANT_READ: return WaitFor(fd_, POLLIN, deadline);
-      case SSL_ERROR_WANT_WRITE: return WaitFor(fd_, POLLOUT, deadline);
-      default: ERR_clear_error(); return false;  // closed, or a TLS error
-    }
-  }
-
- private:
-  const int fd_;
-  SSL* const ssl_;
-};
 
 class ProcessCollector : public prometheus::Collectable {
  public:
@@ -321,7 +261,7 @@ absl::StatusOr<std::unique_ptr<MonitoringServer>> MonitoringServer::Start(
   if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
   const int one = 1;
   ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || ::listen(fd, 16) != 0) {
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0 || ::listen(fd, SOMAXCONN) != 0) {
     const int err = errno;
     ::close(fd);
     return absl::UnavailableError(
@@ -370,73 +310,215 @@ MonitoringServer::~MonitoringServer() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
 }
 
+// One connection in progress. Each moves through its TLS handshake, its
+// request, its response and a brief drain without blocking, so the serving
+// thread takes every connection a step at a time as its socket is ready:
+// a slow client holds only its own connection.
+struct MonitoringServer::Client {
+  enum class Phase { kHandshake, kRequest, kResponse, kDrain, kDone };
+  explicit Client(int fd) : fd(fd) {}
+  ~Client() { ::close(fd); }
+  const int fd;
+  std::unique_ptr<SSL, decltype(&SSL_free)> ssl{nullptr, SSL_free};
+  Phase phase = Phase::kRequest;
+  short events = POLLIN;  // what it waits for
+  absl::Time deadline;    // for its current phase
+  bool certified = true;  // showed a certificate of the CA (always, over HTTP)
+  std::string request;
+  std::string response;
+  size_t sent = 0;
+};
+
 void MonitoringServer::Serve() {
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<pollfd> fds;
   while (!stopping_) {
-    pollfd p{listen_fd_, POLLIN, 0};
-    if (::poll(&p, 1, 200) <= 0) continue;  // wakes to notice stopping_
+    absl::Time now = absl::Now();
+    absl::Time wake = now + absl::Milliseconds(200);  // to notice stopping_
+    fds.assign(1, pollfd{listen_fd_, POLLIN, 0});
+    for (const auto& c : clients) {
+      fds.push_back(pollfd{c->fd, c->events, 0});
+      wake = std::min(wake, c->deadline);
+    }
+    const int64_t ms = std::max<int64_t>(0, absl::ToInt64Milliseconds(wake - now)) + 1;
+    if (::poll(fds.data(), fds.size(), static_cast<int>(ms)) < 0 && errno != EINTR) {
+      absl::SleepFor(absl::Milliseconds(50));
+      continue;
+    }
+    now = absl::Now();
+    for (size_t i = 0; i < clients.size(); ++i) {
+      Client* c = clients[i].get();
+      if (fds[i + 1].revents != 0) {
+        Advance(c);
+      } else if (now >= c->deadline) {
+        Expire(c);
+      }
+    }
+    clients.erase(std::remove_if(clients.begin(), clients.end(),
+                                 [](const auto& c) { return c->phase == Client::Phase::kDone; }),
+                  clients.end());
+    if (fds[0].revents & POLLIN) Accept(&clients);
+  }
+}
+
+void MonitoringServer::Accept(std::vector<std::unique_ptr<Client>>* clients) {
+  for (int accepted = 0; accepted < 64; ++accepted) {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       // Out of descriptors, say: back off rather than spin on the ready socket.
       if (errno != EINTR && errno != EAGAIN) absl::SleepFor(absl::Milliseconds(50));
-      continue;
+      return;
     }
-    ServeOne(fd);
-    // Half-close and drain what the client still sends (briefly), so the
-    // close does not reset the connection before it read the response.
-    ::shutdown(fd, SHUT_WR);
-    char sink[4096];
-    const absl::Time drain_until = absl::Now() + absl::Milliseconds(100);
-    for (int i = 0; i < 16 && WaitFor(fd, POLLIN, drain_until); ++i) {
-      if (::recv(fd, sink, sizeof(sink), MSG_DONTWAIT) <= 0) break;
+    if (clients->size() >= kMaxClients) {
+      // Full: the connection nearest its deadline (the one that has waited
+      // longest) is closed, so that clients holding connections open cannot
+      // starve a probe.
+      auto oldest = std::min_element(
+          clients->begin(), clients->end(),
+          [](const auto& a, const auto& b) { return a->deadline < b->deadline; });
+      shed_.fetch_add(1, std::memory_order_relaxed);
+      clients->erase(oldest);
     }
-    ::close(fd);
+    auto c = std::make_unique<Client>(fd);
+    // A client gets 2 s in all for the handshake and its request, and 2 s
+    // more to take the response: a slow or silent one costs the server no
+    // more than that, and holds no other client up meanwhile.
+    c->deadline = absl::Now() + absl::Seconds(2);
+    if (https_ != nullptr && !StartTls(c.get())) continue;  // c closes
+    Advance(c.get());
+    if (c->phase != Client::Phase::kDone) clients->push_back(std::move(c));
   }
 }
 
-void MonitoringServer::ServeOne(int fd) {
-  // A client gets 2 s in all for the handshake and its request, and 2 s
-  // more to take the response: a slow or silent one costs the server no
-  // more than that.
-  const absl::Time deadline = absl::Now() + absl::Seconds(2);
-  std::unique_ptr<SSL, decltype(&SSL_free)> ssl(nullptr, SSL_free);
-  bool certified = true;
-  if (https_ != nullptr) {
-    if (tls_->watcher != nullptr) {
-      // A renewed certificate, taken by the watcher: used from this connection on.
-      std::shared_ptr<const TlsConfig> now = tls_->watcher->current();
-      if (now != https_source_) {
-        absl::StatusOr<std::shared_ptr<ssl_ctx_st>> https = HttpsServerContext(*now);
-        if (https.ok()) https_ = *std::move(https);
-        https_source_ = std::move(now);  // a failure is not tried again for each connection
-      }
+bool MonitoringServer::StartTls(Client* c) {
+  if (tls_->watcher != nullptr) {
+    // A renewed certificate, taken by the watcher: used from this connection on.
+    std::shared_ptr<const TlsConfig> now = tls_->watcher->current();
+    if (now != https_source_) {
+      absl::StatusOr<std::shared_ptr<ssl_ctx_st>> https = HttpsServerContext(*now);
+      if (https.ok()) https_ = *std::move(https);
+      https_source_ = std::move(now);  // a failure is not tried again for each connection
     }
-    ssl.reset(SSL_new(https_.get()));
-    if (!ssl || SSL_set_fd(ssl.get(), fd) != 1) {
-      ERR_clear_error();
-      return;
-    }
-    Connection handshake(fd, ssl.get());
-    int r;
-    while ((r = SSL_accept(ssl.get())) != 1 && handshake.WaitForSsl(r, deadline)) {
-    }
+  }
+  c->ssl.reset(SSL_new(https_.get()));
+  if (!c->ssl || SSL_set_fd(c->ssl.get(), c->fd) != 1) {
+    ERR_clear_error();
+    return false;
+  }
+  c->phase = Client::Phase::kHandshake;
+  return true;
+}
+
+void MonitoringServer::Advance(Client* c) {
+  using Phase = Client::Phase;
+  if (c->phase == Phase::kHandshake) {
+    const int r = SSL_accept(c->ssl.get());
     if (r != 1) {
-      failed_handshakes_.fetch_add(1, std::memory_order_relaxed);
+      if (!WaitsForSocket(c->ssl.get(), r, &c->events)) {
+        failed_handshakes_.fetch_add(1, std::memory_order_relaxed);
+        c->phase = Phase::kDone;
+      }
       return;
     }
     // Verified in the handshake when offered (a failed check ends it above).
-    X509* peer = SSL_get0_peer_certificate(ssl.get());
-    certified = peer != nullptr && SSL_get_verify_result(ssl.get()) == X509_V_OK;
+    X509* peer = SSL_get0_peer_certificate(c->ssl.get());
+    c->certified = peer != nullptr && SSL_get_verify_result(c->ssl.get()) == X509_V_OK;
+    c->phase = Phase::kRequest;
+    c->events = POLLIN;
   }
-  Connection conn(fd, ssl.get());
-  std::string request;
-  char buf[2048];
-  while (request.find("\r\n\r\n") == std::string::npos &&
-         request.find("\n\n") == std::string::npos && request.size() < kMaxRequest) {
-    const size_t n = conn.Read(buf, std::min(sizeof(buf), kMaxRequest - request.size()), deadline);
-    if (n == 0) break;
-    request.append(buf, n);
+  if (c->phase == Phase::kRequest) {
+    char buf[2048];
+    while (c->request.find("\r\n\r\n") == std::string::npos &&
+           c->request.find("\n\n") == std::string::npos && c->request.size() < kMaxRequest) {
+      const size_t want = std::min(sizeof(buf), kMaxRequest - c->request.size());
+      if (c->ssl) {
+        const int n = SSL_read(c->ssl.get(), buf, static_cast<int>(want));
+        if (n > 0) {
+          c->request.append(buf, static_cast<size_t>(n));
+          continue;
+        }
+        if (WaitsForSocket(c->ssl.get(), n, &c->events)) return;
+        break;  // the client closed: answer what it sent
+      }
+      const ssize_t n = ::recv(c->fd, buf, want, MSG_DONTWAIT);
+      if (n > 0) {
+        c->request.append(buf, static_cast<size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) {
+        c->events = POLLIN;
+        return;
+      }
+      break;  // the client half-closed, or an error: answer what it sent
+    }
+    Respond(c);
   }
+  if (c->phase == Phase::kResponse) {
+    while (c->sent < c->response.size()) {
+      const char* data = c->response.data() + c->sent;
+      const size_t left = c->response.size() - c->sent;
+      if (c->ssl) {
+        const int n = SSL_write(c->ssl.get(), data, static_cast<int>(left));
+        if (n > 0) {
+          c->sent += static_cast<size_t>(n);
+          continue;
+        }
+        if (WaitsForSocket(c->ssl.get(), n, &c->events)) return;
+        c->phase = Phase::kDone;
+        return;
+      }
+      const ssize_t n = ::send(c->fd, data, left, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n > 0) {
+        c->sent += static_cast<size_t>(n);
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == EAGAIN) {
+        c->events = POLLOUT;
+        return;
+      }
+      c->phase = Phase::kDone;  // the client went away
+      return;
+    }
+    if (c->ssl) SSL_shutdown(c->ssl.get());  // one try: the close_notify, not waiting for the client's
+    ERR_clear_error();
+    // Half-close and drain what the client still sends (briefly), so the
+    // close does not reset the connection before it read the response.
+    ::shutdown(c->fd, SHUT_WR);
+    c->phase = Phase::kDrain;
+    c->events = POLLIN;
+    c->deadline = absl::Now() + absl::Milliseconds(100);
+  }
+  if (c->phase == Phase::kDrain) {
+    char sink[4096];
+    for (int i = 0; i < 16; ++i) {
+      const ssize_t n = ::recv(c->fd, sink, sizeof(sink), MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
+      if (n <= 0) break;
+    }
+    c->phase = Phase::kDone;
+  }
+}
+
+void MonitoringServer::Expire(Client* c) {
+  switch (c->phase) {
+    case Client::Phase::kHandshake:
+      failed_handshakes_.fetch_add(1, std::memory_order_relaxed);  // too slow
+      c->phase = Client::Phase::kDone;
+      return;
+    case Client::Phase::kRequest:
+      Respond(c);  // what it sent in time: a 400, as a cut-short request
+      Advance(c);
+      return;
+    default:
+      c->phase = Client::Phase::kDone;  // a response not taken in time, or the drain over
+  }
+}
+
+void MonitoringServer::Respond(Client* c) {
   Response r;
+  const std::string& request = c->request;
   const size_t eol = request.find_first_of("\r\n");
   std::vector<std::string> parts = absl::StrSplit(request.substr(0, eol), ' ');
   if (eol == std::string::npos || parts.size() != 3 || parts[2].rfind("HTTP/1.", 0) != 0) {
@@ -444,15 +526,16 @@ void MonitoringServer::ServeOne(int fd) {
   } else if (parts[0] != "GET" && parts[0] != "HEAD") {
     r = {405, "text/plain", "only GET\n"};
   } else {
-    r = Handle(parts[1], certified);
+    r = Handle(parts[1], c->certified);
   }
   const bool head = parts.size() == 3 && parts[0] == "HEAD";
-  conn.WriteAll(absl::StrCat("HTTP/1.0 ", r.status, " ", Reason(r.status), "\r\nContent-Type: ",
+  c->response = absl::StrCat("HTTP/1.0 ", r.status, " ", Reason(r.status), "\r\nContent-Type: ",
                              r.content_type, "\r\nContent-Length: ", r.body.size(),
-                             "\r\nConnection: close\r\n\r\n", head ? "" : r.body),
-                absl::Now() + absl::Seconds(2));
-  if (ssl) SSL_shutdown(ssl.get());  // one try: the close_notify, not waiting for the client's
-  ERR_clear_error();
+                             "\r\nConnection: close\r\n\r\n", head ? "" : r.body);
+  c->sent = 0;
+  c->phase = Client::Phase::kResponse;
+  c->events = POLLOUT;
+  c->deadline = absl::Now() + absl::Seconds(2);
 }
 
 std::string MonitoringServer::url() const {
@@ -500,18 +583,23 @@ MonitoringServer::Response MonitoringServer::Handle(const std::string& target,
                   static_cast<double>(tls_->watcher->refusals()));
         families.push_back(std::move(reloads));
       }
-      prometheus::MetricFamily refused =
-          Family("pstrain_monitoring_refused_total",
-                 "Requests this HTTPS endpoint refused: failed TLS handshakes (plaintext, a "
-                 "certificate of another CA, too slow) and /metrics without a client "
-                 "certificate.",
-                 prometheus::MetricType::Counter);
+    }
+    prometheus::MetricFamily refused =
+        Family("pstrain_monitoring_refused_total",
+               "Connections and requests this endpoint refused: connections closed to make room "
+               "when too many were open at once (shed), and over HTTPS, failed TLS handshakes "
+               "(plaintext, a certificate of another CA, too slow) and /metrics without a client "
+               "certificate.",
+               prometheus::MetricType::Counter);
+    AddMetric(&refused, {{"reason", "shed"}},
+              static_cast<double>(shed_.load(std::memory_order_relaxed)));
+    if (tls_ != nullptr) {
       AddMetric(&refused, {{"reason", "tls_handshake"}},
                 static_cast<double>(failed_handshakes_.load(std::memory_order_relaxed)));
       AddMetric(&refused, {{"reason", "no_client_certificate"}},
                 static_cast<double>(uncertified_.load(std::memory_order_relaxed)));
-      families.push_back(std::move(refused));
     }
+    families.push_back(std::move(refused));
     for (prometheus::MetricFamily& f : families) {
       for (prometheus::ClientMetric& m : f.metric) {
         for (const auto& [name, value] : labels_) m.label.push_back({name, value});

@@ -4,8 +4,10 @@
 //   GET /readyz    200 "ready", or 503 with the reason it is not ready yet
 // A small HTTP/1.0 server on one thread: one request per connection, the
 // TLS handshake and the headers bounded (8 KiB) and read with a deadline
-// (2 s), so a slow or hostile client costs at most that and never touches
-// the training path. In a cluster with mutual TLS it serves HTTPS with the
+// (2 s), every connection served a step at a time as its socket is ready
+// (poll), so a slow or hostile client holds only its own connection and
+// never touches the training path; at kMaxClients open at once, the oldest
+// is closed for a new one. In a cluster with mutual TLS it serves HTTPS with the
 // task's certificate, and /metrics only to a client that shows a
 // certificate of the cluster CA (Prometheus with monitor.crt); the probes
 // (/healthz, /readyz) answer without one, as Kubernetes' HTTPS probes send
@@ -65,10 +67,21 @@ class MonitoringServer {
   };
   Response Handle(const std::string& path, bool certified) const;
 
+  // Connections served at once; one more closes the oldest.
+  static constexpr size_t kMaxClients = 64;
+
  private:
+  struct Client;
   MonitoringServer() = default;
   void Serve();
-  void ServeOne(int fd);
+  void Accept(std::vector<std::unique_ptr<Client>>* clients);
+  bool StartTls(Client* c);
+  // Takes `c` as far as its socket allows now.
+  void Advance(Client* c);
+  // `c`'s phase ran out of time.
+  void Expire(Client* c);
+  // Makes the response to `c`'s request (as far as it came).
+  void Respond(Client* c);
 
   std::vector<std::shared_ptr<prometheus::Collectable>> collectables_;
   ReadyFn ready_;
@@ -84,6 +97,7 @@ class MonitoringServer {
   // Refused over HTTPS: handshakes that failed (plaintext, a certificate of
   // another CA, too slow) and /metrics asked without a client certificate.
   std::atomic<int64_t> failed_handshakes_{0};
+  std::atomic<int64_t> shed_{0};  // connections closed to make room
   mutable std::atomic<int64_t> uncertified_{0};
   std::atomic<bool> stopping_{false};
   std::thread thread_;

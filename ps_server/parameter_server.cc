@@ -4,6 +4,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -11,6 +12,10 @@
 #include "common/base/status_macros.h"
 
 namespace pstrain {
+
+// Marks CheckIncarnationLocked's refusal of a replaced incarnation.
+constexpr char kReplacedIncarnationPayload[] = "pstrain.ps/replaced-incarnation";
+
 
 ParameterServer::ParameterServer(absl::Duration max_wait)
     : max_wait_(max_wait), timer_([this] { TimerLoop(); }) {}
@@ -84,15 +89,21 @@ absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
   return absl::OkStatus();
 }
 
+bool ParameterServer::FromReplacedIncarnation(const absl::Status& st) {
+  return st.GetPayload(kReplacedIncarnationPayload).has_value();
+}
+
 absl::Status ParameterServer::CheckIncarnationLocked(uint64_t incarnation) const {
   if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
   if (!initialized_) return absl::UnavailableError("parameter server not initialized yet");
   if (incarnation != incarnation_ && incarnation == replaced_incarnation_) {
-    return absl::FailedPreconditionError(absl::StrCat(
+    absl::Status st = absl::FailedPreconditionError(absl::StrCat(
         "request from cluster incarnation ", incarnation, ", whose state this server dropped ",
         absl::ToInt64Seconds(absl::Now() - replaced_at_),
         " s ago when its chief initialized it again for incarnation ", incarnation_,
         " (a rollback, or a new run): register with the chief again"));
+    st.SetPayload(kReplacedIncarnationPayload, absl::Cord("1"));
+    return st;
   }
   if (incarnation != incarnation_) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -126,6 +126,10 @@ class ParameterServer {
   // Counts a push refused before it reached the server (a frame that does
   // not decode: kMalformed).
   void RecordRejection(Rejection reason);
+  // Whether `st` refused a request of the incarnation this server was
+  // initialized again from (a rollback, a restore): a worker that has not
+  // yet followed it, an expected refusal rather than a fault.
+  static bool FromReplacedIncarnation(const absl::Status& st);
 
   struct Counters {
     int64_t pushes_applied = 0;  // pushes whose gradients reached the model

@@ -254,7 +254,8 @@ namespace {
 // `push(header, payload, &response)` is ParameterServer's method.
 template <typename Header, typename Response, typename PushFn>
 grpc::ServerUnaryReactor* ServePush(grpc::CallbackServerContext* ctx, CallSlot& slot,
-                                    Authorizer* auth, ParameterServer* ps, const char* method,
+                                    Authorizer* auth, ParameterServer* ps,
+                                    ReplacedIncarnationLog* replaced, const char* method,
                                     const char* what, const grpc::ByteBuffer* req,
                                     grpc::ByteBuffer* resp, const PushFn& push) {
   grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
@@ -273,8 +274,15 @@ grpc::ServerUnaryReactor* ServePush(grpc::CallbackServerContext* ctx, CallSlot& 
   if (st.ok()) st = auth->CheckWorkerField(*caller, header.worker(), method);
   Response response;
   if (st.ok()) st = push(header, frame.payload, &response);
-  if (!st.ok() && !absl::IsUnavailable(st) && !absl::IsUnauthenticated(st) &&
-      !absl::IsPermissionDenied(st)) {
+  if (!st.ok() && ParameterServer::FromReplacedIncarnation(st)) {
+    // Expected after a rollback until the worker re-registers: said once.
+    if (replaced->First(header.worker(), header.incarnation())) {
+      LOG_INFO("{}es from worker {} of incarnation {:x}, which a rollback or restore replaced, "
+               "are refused until it registers with the chief again",
+               what, header.worker(), header.incarnation());
+    }
+  } else if (!st.ok() && !absl::IsUnavailable(st) && !absl::IsUnauthenticated(st) &&
+             !absl::IsPermissionDenied(st)) {
     LOG_WARN("{} from worker {} step {} refused: {}", what, header.worker(), header.step(),
              st.ToString());
   }
@@ -286,12 +294,18 @@ grpc::ServerUnaryReactor* ServePush(grpc::CallbackServerContext* ctx, CallSlot& 
 
 }  // namespace
 
+bool ReplacedIncarnationLog::First(int worker, uint64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  if (seen_.size() >= 4096) seen_.clear();  // bounded: at worst a line said again
+  return seen_.emplace(worker, incarnation).second;
+}
+
 grpc::ServerUnaryReactor* PsServiceImpl::Push(grpc::CallbackServerContext* ctx,
                                               const grpc::ByteBuffer* req,
                                               grpc::ByteBuffer* resp) {
   CallSlot slot(this);
   return ServePush<PushRequest, PushResponse>(
-      ctx, slot, auth_, ps_, "Push", "push", req, resp,
+      ctx, slot, auth_, ps_, &replaced_log_, "Push", "push", req, resp,
       [this](const PushRequest& h, const SegmentedBytes& p, PushResponse* r) {
         return ps_->Push(h, p, r);
       });
@@ -302,7 +316,7 @@ grpc::ServerUnaryReactor* PsServiceImpl::PushRows(grpc::CallbackServerContext* c
                                                   grpc::ByteBuffer* resp) {
   CallSlot slot(this);
   return ServePush<PushRowsRequest, PushRowsResponse>(
-      ctx, slot, auth_, ps_, "PushRows", "row push", req, resp,
+      ctx, slot, auth_, ps_, &replaced_log_, "PushRows", "row push", req, resp,
       [this](const PushRowsRequest& h, const SegmentedBytes& p, PushRowsResponse* r) {
         return ps_->PushRows(h, p, r);
       });

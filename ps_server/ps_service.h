@@ -23,6 +23,11 @@
 #define PSTRAIN_PS_SERVER_PS_SERVICE_H_
 
 #include <atomic>
+#include <cstdint>
+#include <set>
+#include <utility>
+
+#include "absl/synchronization/mutex.h"
 
 #include "common/security/auth.h"
 #include "common/base/shutdown.h"
@@ -30,6 +35,19 @@
 #include "ps_server/parameter_server.h"
 
 namespace pstrain {
+
+// Whose refused pushes from a replaced incarnation were logged (a worker that
+// has not yet followed a rollback): one line per worker and incarnation,
+// where each of its calls until it re-registers used to warn. Thread-safe.
+class ReplacedIncarnationLog {
+ public:
+  // True the first time for `worker` of `incarnation`.
+  bool First(int worker, uint64_t incarnation);
+
+ private:
+  absl::Mutex mu_;
+  std::set<std::pair<int, uint64_t>> seen_ ABSL_GUARDED_BY(mu_);
+};
 
 class PsServiceImpl final
     : public PsService::WithRawCallbackMethod_Pull<PsService::WithRawCallbackMethod_Push<
@@ -80,6 +98,7 @@ class PsServiceImpl final
   Authorizer* const auth_;
   const int max_calls_;
   std::atomic<int> calls_{0};  // data calls being served
+  ReplacedIncarnationLog replaced_log_;
 };
 
 }  // namespace pstrain

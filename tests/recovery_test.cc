@@ -394,6 +394,23 @@ TEST_CASE("pstrain checkpoint restore rolls a running job back to a checkpoint; 
   const nlohmann::json j =
       nlohmann::json::parse(Env::Default()->ReadFile(JoinPath(job.out, "summary.json")).value_or("{}"));
   CHECK(j["global_step"].get<int64_t>() == steps);
+  // A deliberate restore is no fault: pushes of the replaced incarnation,
+  // refused until their workers follow it, are said once per worker at
+  // INFO, not warned about call by call.
+  for (int s = 0; s < 2; ++s) {
+    const std::string ps_log =
+        Env::Default()->ReadFile(JoinPath(job.out, absl::StrCat("logs/ps-", s, ".log")))
+            .value_or("");
+    INFO(ps_log);
+    CHECK(ps_log.find("refused: FAILED_PRECONDITION") == std::string::npos);
+    int said = 0;
+    for (size_t at = 0; (at = ps_log.find("which a rollback or restore replaced", at)) !=
+                        std::string::npos;
+         ++at) {
+      ++said;
+    }
+    CHECK(said <= 2);
+  }
   // Sync training from step 200's values, slots and cursors replays the
   // same steps: the model ends where a run never rolled back does.
   const std::string ref_dir = testing::FreshTempDir("cli_restore_ref");

@@ -283,6 +283,11 @@ TEST_CASE("a call captured on the wire can be made neither again nor at another 
 
 TEST_CASE("pstrain launch signs a loopback run's calls with a secret of its own; other local "
           "processes are refused", "[security][cluster]") {
+  // This case signs as the operator; the cases after it set their headers
+  // by hand, with no credentials of the process's own.
+  struct ResetCredentials {
+    ~ResetCredentials() { SetCallCredentials("", ""); }
+  } reset;
   const std::string dir = testing::FreshTempDir("launch_secret");
   ConfigOptions o;
   o.max_steps = 1000000;

@@ -602,20 +602,23 @@ std::string FindBinary(const std::string& bin_dir, const std::string& package,
 absl::StatusOr<std::string> MakeRunSecret(const LaunchOptions& options,
                                           const ClusterSpec& cluster,
                                           const std::string& output_dir) {
-  if (options.insecure || cluster.insecure() || !cluster.auth_secret_file().empty() ||
-      !cluster.tls_dir().empty() || !cluster.AllLoopback()) {
-    return std::string();  // the spec's own, or none (ResolveAuth's rules)
-  }
   const std::string dir = RealPath(output_dir);
   if (dir.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("output_dir ", output_dir, ": ", std::strerror(errno)));
   }
   const std::string path = JoinPath(dir, kRunSecretFile);
+  std::string given = options.secret_file;
+  if (!given.empty() && given[0] != '/') given = JoinPath(RealPath("."), given);
   // Each launch its own: the earlier run's tasks are gone (the launch lock).
-  if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+  if (given != path && ::unlink(path.c_str()) != 0 && errno != ENOENT) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot replace ", path, ": ", std::strerror(errno)));
+  }
+  if (!given.empty()) return given;
+  if (options.insecure || cluster.insecure() || !cluster.auth_secret_file().empty() ||
+      !cluster.tls_dir().empty() || !cluster.AllLoopback()) {
+    return std::string();  // the spec's own, or none (ResolveAuth's rules)
   }
   RETURN_IF_ERROR(CreateSecretFile(path));
   return path;
@@ -696,8 +699,8 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
     std::cerr << "pstrain launch: the run's secret: " << secret.status().message() << "\n";
     return 2;
   }
-  if (!secret->empty()) {
-    run.task_flags.push_back("--auth_secret_file=" + *secret);
+  if (!secret->empty()) run.task_flags.push_back("--auth_secret_file=" + *secret);
+  if (!secret->empty() && options.secret_file.empty()) {
     std::cerr << "pstrain launch: calls are signed with a secret made for this run, " << *secret
               << " (pstrain checkpoint restore takes --auth_secret_file=" << *secret << ")\n";
   }

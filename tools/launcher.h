@@ -53,6 +53,9 @@ struct LaunchOptions {
   // neither a secret nor TLS signs its calls with a secret made for it
   // (MakeRunSecret).
   bool insecure = false;
+  // The cluster secret every task and the launcher sign with, instead of
+  // the spec's (and of one made for the run).
+  std::string secret_file;
   // Passed to every task (the run's secret, --insecure); set by Launch.
   std::vector<std::string> task_flags;
 };
@@ -60,11 +63,13 @@ struct LaunchOptions {
 // Where a run that makes its own secret keeps it, in its output_dir.
 inline constexpr char kRunSecretFile[] = "cluster.secret";
 
-// The secret file this run's calls are signed with when `cluster` names no
-// secret and no TLS, all its tasks are on loopback and the run is not
-// `insecure`: a new one for each launch, output_dir/cluster.secret with
-// mode 0600 (as Jupyter makes a token per server), its absolute path; else
-// "". An earlier run's secret there is replaced.
+// The secret file this run's calls are signed with: options.secret_file
+// when given; else, when `cluster` names no secret and no TLS, all its
+// tasks are on loopback and the run is not `insecure`, a new one for each
+// launch, output_dir/cluster.secret with mode 0600 (as Jupyter makes a
+// token per server); its absolute path, or "" for none of these (the
+// spec's own, or none). An earlier run's secret there is replaced, or
+// removed when this run makes none (no tool should pick it up).
 absl::StatusOr<std::string> MakeRunSecret(const LaunchOptions& options,
                                           const ClusterSpec& cluster,
                                           const std::string& output_dir);

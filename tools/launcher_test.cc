@@ -141,6 +141,16 @@ TEST_CASE("a loopback run without a secret or TLS in its spec gets a secret of i
   insecure.insecure = true;
   CHECK(MakeRunSecret(insecure, loopback, empty).value_or("x").empty());
   CHECK_FALSE(Env::Default()->FileExists(JoinPath(empty, kRunSecretFile)));
+  // An earlier run's secret is removed when this run makes none: a tool
+  // given it would sign with the wrong key.
+  CHECK(Env::Default()->FileExists(*first));
+  CHECK(MakeRunSecret(insecure, loopback, out).value_or("x").empty());
+  CHECK_FALSE(Env::Default()->FileExists(*first));
+  // A secret given to the launch is the run's: none is made.
+  LaunchOptions given;
+  given.secret_file = "/etc/pstrain/cluster.secret";
+  CHECK(MakeRunSecret(given, loopback, out).value_or("") == "/etc/pstrain/cluster.secret");
+  CHECK_FALSE(Env::Default()->FileExists(*first));
 }
 
 }  // namespace

@@ -265,8 +265,10 @@ int LaunchCommand(const std::vector<std::string>& argv) {
       {"ps", {"1", "--slurm: parameter servers (ranks 1..N; rank 0 is the chief)"}},
       {"workers", {"", "--slurm: workers (default: every remaining rank)"}},
       {"base_port", {"8470", "--slurm: the k-th task on a node listens on base_port + k"}},
-      {"auth_secret_file", {"", "--slurm: the cluster secret (pstrain tokens --out DIR writes "
-                                "one), on a file system every node reads"}},
+      {"auth_secret_file", {"", "the cluster secret every task signs its calls with (pstrain "
+                                "tokens --out DIR writes one); default: the spec's, or on "
+                                "loopback a new one per run in <output_dir>/cluster.secret; "
+                                "with --slurm, on a file system every node reads"}},
       {"insecure", {"false", "run without authentication: locally, no secret is made for the "
                              "run (any process on the machine may call its tasks); with "
                              "--slurm, on a trusted network only"}},
@@ -294,6 +296,10 @@ int LaunchCommand(const std::vector<std::string>& argv) {
   o.init_from = args->Get("init_from");
   o.overwrite = args->GetBool("overwrite");
   o.insecure = args->GetBool("insecure");
+  o.secret_file = args->Get("auth_secret_file");
+  if (o.insecure && !o.secret_file.empty()) {
+    return Fail("launch", "--insecure and --auth_secret_file: choose one");
+  }
   const std::string restart = args->Get("restart");
   if (restart != "never" && restart != "on-failure") {
     return Fail("launch", "--restart: expected never or on-failure");

@@ -51,6 +51,10 @@ std::string StringToSign(absl::string_view identity, absl::string_view audience,
                       unix_ms, "\n", session_hex, "\n", seq);
 }
 
+bool IsDigits(absl::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 bool IsLowerHex(absl::string_view s) {
   return std::all_of(s.begin(), s.end(),
                      [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
@@ -74,10 +78,11 @@ bool ParseSignature(absl::string_view authorization, SignedFields* f) {
     if (!absl::ConsumePrefix(&parts[i], keys[i])) return false;
     *fields[i] = parts[i];
   }
-  return f->audience.size() <= 64 && f->unix_ms.size() <= 19 &&
+  return f->audience.size() <= 64 && f->unix_ms.size() <= 18 && IsDigits(f->unix_ms) &&
          absl::SimpleAtoi(f->unix_ms, &f->ms) && f->session_hex.size() == 16 &&
          IsLowerHex(f->session_hex) && absl::SimpleHexAtoi(f->session_hex, &f->session) &&
-         f->seq.size() <= 20 && absl::SimpleAtoi(f->seq, &f->number) && f->number > 0 &&
+         f->seq.size() <= 19 && IsDigits(f->seq) && absl::SimpleAtoi(f->seq, &f->number) &&
+         f->number > 0 &&
          f->sig.size() == 64 && IsLowerHex(f->sig);
 }
 
@@ -217,7 +222,8 @@ absl::StatusOr<Caller> Authorizer::Check(absl::string_view identity,
 
 const char* Authorizer::CheckSignature(absl::string_view identity, const std::string& key,
                                        absl::string_view authorization,
-                                       absl::string_view method, std::string* detail) {
+                                       absl::string_view method, std::string* detail,
+                                       absl::StatusCode* code) {
   SignedFields f;
   if (!ParseSignature(authorization, &f)) {
     return absl::StartsWith(authorization, "Bearer ")
@@ -258,7 +264,12 @@ const char* Authorizer::CheckSignature(absl::string_view identity, const std::st
                              ReplayGuard::kWindow, " calls behind its newest");
       return "too old a call";
     case ReplayGuard::Verdict::kTooManySessions:
-      return "too many channels at once";
+      *code = absl::StatusCode::kResourceExhausted;
+      *detail = absl::StrCat("too many channels of ", identity,
+                             " signing at once (sessions are kept ",
+                             absl::FormatDuration(2 * kSignatureMaxAge),
+                             " after their last call); try again later");
+      return "too many channels";
   }
   return "unknown";
 }
@@ -270,12 +281,13 @@ absl::StatusOr<Caller> Authorizer::Authorize(absl::string_view identity,
   auto it = tokens_.find(identity);
   const char* problem = nullptr;  // why the caller is not authenticated
   std::string detail;             // more about it, when there is more
+  absl::StatusCode code = absl::StatusCode::kUnauthenticated;
   if (!certified && tls_) {
     problem = "no client certificate";
   } else if (it == tokens_.end()) {
     problem = certified ? "a certificate for no task of this cluster" : "unknown identity";
   } else if (has_tokens_) {
-    problem = CheckSignature(identity, it->second.first, authorization, method, &detail);
+    problem = CheckSignature(identity, it->second.first, authorization, method, &detail, &code);
   }
   if (problem != nullptr) {
     unauthenticated_.fetch_add(1, std::memory_order_relaxed);
@@ -292,6 +304,9 @@ absl::StatusOr<Caller> Authorizer::Authorize(absl::string_view identity,
       needs.push_back(
           "calls signed with the key of a task or of the operator (the cluster secret: pstrain "
           "tokens, or the cluster.secret pstrain launch writes in the output_dir)");
+    }
+    if (code != absl::StatusCode::kUnauthenticated) {
+      return absl::Status(code, absl::StrCat(method, ": ", why));
     }
     return absl::UnauthenticatedError(absl::StrCat(method, ": unauthenticated (", why,
                                                    "); this cluster needs ",

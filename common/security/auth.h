@@ -140,10 +140,12 @@ class Authorizer {
   bool ShouldLog(std::atomic<int64_t>* last_ms);
 
   // Why `authorization` is not a valid signature of `identity` (whose key
-  // is `key`) for `method` of this task, now; nullptr when it is.
+  // is `key`) for `method` of this task, now; nullptr when it is. `detail`
+  // says more where there is more; `code` is set where the refusal is not
+  // UNAUTHENTICATED (too many sessions: RESOURCE_EXHAUSTED).
   const char* CheckSignature(absl::string_view identity, const std::string& key,
                              absl::string_view authorization, absl::string_view method,
-                             std::string* detail);
+                             std::string* detail, absl::StatusCode* code);
 
   bool tls_ = false;
   bool has_tokens_ = false;

@@ -162,6 +162,10 @@ TEST_CASE("a signed call cannot be replayed, redirected, reused or kept", "[auth
             std::string(64, '0'),
         std::string("PSTRAIN-HMAC-SHA256 a=ps:0 t=x s=0000000000000007 n=1 sig=") +
             std::string(64, '0'),
+        std::string("PSTRAIN-HMAC-SHA256 a=ps:0 t=+1 s=0000000000000007 n=1 sig=") +
+            std::string(64, '0'),
+        std::string("PSTRAIN-HMAC-SHA256 a=ps:0 t=1 s=0000000000000007 n= 1 sig=") +
+            std::string(64, '0'),
         std::string("PSTRAIN-HMAC-SHA256 a=ps:0 t=1 s=000000000000000G n=1 sig=") +
             std::string(64, '0'),
         std::string("PSTRAIN-HMAC-SHA256 a=ps:0 t=1 s=0000000000000007 n=1 sig=") +

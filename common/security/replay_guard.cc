@@ -6,10 +6,16 @@ namespace pstrain {
 
 void ReplayGuard::ForgetExpiredLocked(absl::Time now) {
   // A session whose newest call was signed more than max_age ago can only
-  // send calls older still, which the age check refuses first. Past the
-  // next max_age they would be refused too, so a sweep a second is enough.
+  // send calls older still, which the age check refuses first; twice that
+  // leaves room for a caller that read the clock a while before it got
+  // here. Swept at most once a second.
   last_sweep_ = now;
-  absl::erase_if(sessions_, [&](const auto& entry) { return now - entry.second.newest > max_age_; });
+  absl::erase_if(sessions_, [&](const auto& entry) {
+    if (now - entry.second.newest <= 2 * max_age_) return false;
+    auto of = sessions_of_.find(entry.first.first);
+    if (--of->second == 0) sessions_of_.erase(of);
+    return true;
+  });
 }
 
 ReplayGuard::Verdict ReplayGuard::Admit(absl::string_view identity, uint64_t session,
@@ -18,11 +24,13 @@ ReplayGuard::Verdict ReplayGuard::Admit(absl::string_view identity, uint64_t ses
   if (now - last_sweep_ >= absl::Seconds(1)) ForgetExpiredLocked(now);
   auto it = sessions_.find(std::make_pair(std::string(identity), session));
   if (it == sessions_.end()) {
-    if (sessions_.size() >= max_sessions_) {
-      ForgetExpiredLocked(now);
-      if (sessions_.size() >= max_sessions_) return Verdict::kTooManySessions;
+    auto of = sessions_of_.find(identity);
+    const size_t mine = of == sessions_of_.end() ? 0 : of->second;
+    if (sessions_.size() >= max_sessions_ || mine >= per_identity_) {
+      return Verdict::kTooManySessions;
     }
     it = sessions_.try_emplace(std::make_pair(std::string(identity), session)).first;
+    ++sessions_of_[std::string(identity)];
   }
   Session& s = it->second;
   if (seq > s.highest) {

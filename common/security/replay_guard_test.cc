@@ -54,12 +54,29 @@ TEST_CASE("sessions are forgotten once their calls are too old to admit", "[repl
   // Full, and both sessions' calls still within the 5 minutes.
   CHECK(guard.Admit("worker:2", 1, 1, t0 + absl::Minutes(4), t0 + absl::Minutes(4)) ==
         Verdict::kTooManySessions);
-  // Past worker:0's newest call by more than 5 minutes: its session goes,
-  // worker:1's (newest at 3 minutes) stays.
-  const absl::Time later = t0 + absl::Minutes(6);
+  // Kept for twice the 5 minutes (a caller may have read the clock a while
+  // before it reached the guard), then forgotten: worker:0's newest call is
+  // 11 minutes old, worker:1's 8.
+  CHECK(guard.Admit("worker:2", 1, 1, t0 + absl::Minutes(9), t0 + absl::Minutes(9)) ==
+        Verdict::kTooManySessions);
+  const absl::Time later = t0 + absl::Minutes(11);
   CHECK(guard.Admit("worker:2", 1, 1, later, later) == Verdict::kNew);
   CHECK(guard.sessions() == 2);
   CHECK(guard.Admit("worker:1", 1, 1, later, later) == Verdict::kReplayed);
+}
+
+TEST_CASE("one identity cannot take the others' room", "[replay]") {
+  ReplayGuard guard(absl::Minutes(5), /*max_sessions=*/100, /*per_identity=*/3);
+  const absl::Time now = absl::Now();
+  for (uint64_t session = 1; session <= 3; ++session) {
+    CHECK(guard.Admit("worker:0", session, 1, now, now) == Verdict::kNew);
+  }
+  // A worker making up sessions: refused past its share...
+  CHECK(guard.Admit("worker:0", 4, 1, now, now) == Verdict::kTooManySessions);
+  // ...while its live sessions go on, and the chief still gets its channels.
+  CHECK(guard.Admit("worker:0", 2, 2, now, now) == Verdict::kNew);
+  CHECK(guard.Admit("chief:0", 1, 1, now, now) == Verdict::kNew);
+  CHECK(guard.sessions() == 4);
 }
 
 }  // namespace

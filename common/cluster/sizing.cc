@@ -3,19 +3,47 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 #include <limits>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/wire_limits.h"
 
 namespace pstrain {
 
+namespace {
+
+// The memory.max of this process's cgroup (v2), or max when there is none,
+// it says "max", or it cannot be read.
+int64_t CgroupMemoryLimit() {
+  std::ifstream cgroup("/proc/self/cgroup");
+  std::string line, path;
+  while (std::getline(cgroup, line)) {
+    if (line.rfind("0::", 0) == 0) path = line.substr(3);  // the v2 hierarchy
+  }
+  if (path.empty() || path.find("..") != std::string::npos) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  std::ifstream max_file("/sys/fs/cgroup" + (path == "/" ? std::string() : path) +
+                         "/memory.max");
+  std::string value;
+  int64_t limit = 0;
+  if (!(max_file >> value) || !absl::SimpleAtoi(value, &limit) || limit <= 0) {
+    return std::numeric_limits<int64_t>::max();
+  }
+  return limit;
+}
+
+}  // namespace
+
 int64_t PhysicalMemoryBytes() {
   const long pages = ::sysconf(_SC_PHYS_PAGES);
   const long page = ::sysconf(_SC_PAGESIZE);
-  if (pages <= 0 || page <= 0) return std::numeric_limits<int64_t>::max();
-  return static_cast<int64_t>(pages) * page;
+  const int64_t machine = pages <= 0 || page <= 0 ? std::numeric_limits<int64_t>::max()
+                                                  : static_cast<int64_t>(pages) * page;
+  return std::min(machine, CgroupMemoryLimit());
 }
 
 std::string FormatBytes(int64_t bytes) {

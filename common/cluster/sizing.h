@@ -15,7 +15,9 @@
 
 namespace pstrain {
 
-// The machine's physical memory (MemTotal), in bytes.
+// The memory this process may use, in bytes: the machine's physical
+// memory, or its cgroup's (cgroup v2 memory.max: a container's limit) where
+// that is less.
 int64_t PhysicalMemoryBytes();
 
 // "1.5 GiB", "12.0 MiB", "3.5 KiB", "512 B".

@@ -222,6 +222,10 @@ absl::Status RetryWithBackoff(const std::string& what, absl::Duration total,
   }
 }
 
+int64_t DefaultInflightBytes(int64_t memory_bytes) {
+  return std::clamp<int64_t>(memory_bytes / 8, kMinInflightBytes, ServerLimits().inflight_bytes);
+}
+
 absl::Status ValidateServerLimits(const ServerLimits& limits) {
   if (limits.inflight_bytes < kMinInflightBytes) {
     return absl::InvalidArgumentError(

@@ -106,6 +106,11 @@ inline constexpr int64_t kMinPeerTimeoutMs = 100;
 inline constexpr int64_t kMaxPeerTimeoutMs = 86400000;
 inline constexpr int64_t kMinInflightBytes = int64_t{2} * kMaxMessageBytes;
 absl::Status ValidateServerLimits(const ServerLimits& limits);
+// The daemons' in-flight memory when --max_inflight_mib is not given, on a
+// machine (or in a container) with `memory_bytes`: an eighth of it, at
+// least kMinInflightBytes (two messages of the largest size) and at most
+// ServerLimits' 2 GiB.
+int64_t DefaultInflightBytes(int64_t memory_bytes);
 
 // Builds a server listening on `address` (host:port: the task's own address,
 // so a task the spec puts on 127.0.0.1 is not reachable from other hosts)

@@ -64,6 +64,17 @@ TEST_CASE("the codes a call to a dying peer ends with may mean a lost peer; answ
   CHECK(MayHaveLostPeer(st));
 }
 
+TEST_CASE("the default in-flight memory is an eighth of the machine's, 512 MiB..2 GiB",
+          "[rpc]") {
+  constexpr int64_t kMiB = int64_t{1} << 20, kGiB = int64_t{1} << 30;
+  CHECK(DefaultInflightBytes(2 * kGiB) == 512 * kMiB);   // a small container: the floor
+  CHECK(DefaultInflightBytes(8 * kGiB) == 1 * kGiB);
+  CHECK(DefaultInflightBytes(24 * kGiB) == 2 * kGiB);    // this machine: the ceiling
+  CHECK(DefaultInflightBytes(int64_t{1} << 40) == 2 * kGiB);
+  CHECK(DefaultInflightBytes(0) == kMinInflightBytes);   // unknown: still two messages
+  CHECK(ValidateServerLimits(ServerLimits{DefaultInflightBytes(0)}).ok());
+}
+
 TEST_CASE("retry with backoff retries UNAVAILABLE until it succeeds", "[rpc]") {
   int calls = 0;
   absl::Status st = RetryWithBackoff("connect", absl::Seconds(10), [&calls]() {

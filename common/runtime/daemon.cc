@@ -12,6 +12,7 @@
 #include "common/runtime/allocator.h"
 #include "common/cluster/config.h"
 #include "common/security/tls_watcher.h"
+#include "common/cluster/sizing.h"
 #include "common/storage/env.h"
 #include "common/rpc/grpc_lifetime.h"
 #include "common/base/logging.h"
@@ -52,9 +53,10 @@ ABSL_FLAG(int, tls_reload_s, 60,
 ABSL_FLAG(bool, insecure, false,
           "run without authentication on purpose: allowed beyond loopback (a trusted network "
           "only), and on loopback without the warning that any local process may call");
-ABSL_FLAG(int64_t, max_inflight_mib, pstrain::ServerLimits().inflight_bytes >> 20,
+ABSL_FLAG(int64_t, max_inflight_mib, 0,
           "ps and chief: memory for RPC messages being received and sent, in MiB (at least "
-          "512); as it fills senders are slowed, past it calls fail with RESOURCE_EXHAUSTED");
+          "512); as it fills senders are slowed, past it calls fail with RESOURCE_EXHAUSTED; "
+          "0: an eighth of the machine's (or the container's) memory, 512..2048");
 ABSL_FLAG(int, max_rpc_threads, 0,
           "ps and chief: threads for synchronous RPC handlers; a call finding none free fails "
           "with RESOURCE_EXHAUSTED; 0: 256, or 2 per task of the cluster and 64 more where "
@@ -137,7 +139,9 @@ absl::StatusOr<DaemonSetup> SetUpDaemon(const std::string& expected_job, bool co
                                          absl::GetFlag(FLAGS_bind)));
   const int64_t inflight_mib = absl::GetFlag(FLAGS_max_inflight_mib);
   setup.limits.inflight_bytes =
-      std::clamp<int64_t>(inflight_mib, 0, int64_t{1} << 30) * (int64_t{1} << 20);
+      inflight_mib == 0
+          ? DefaultInflightBytes(PhysicalMemoryBytes())
+          : std::clamp<int64_t>(inflight_mib, 0, int64_t{1} << 30) * (int64_t{1} << 20);
   setup.limits.threads = absl::GetFlag(FLAGS_max_rpc_threads);
   if (setup.limits.threads == 0) {
     const int64_t tasks = static_cast<int64_t>(setup.task.cluster.AllTasks().size());

@@ -4,6 +4,7 @@
 #include <array>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -150,6 +151,61 @@ const GradientRef* FirstNonFinite(const std::vector<GradientRef>& grads) {
     if (!AllFinite(g)) return &g;
   }
   return nullptr;
+}
+
+namespace {
+
+// The L2 norm of `g`, summed in double.
+double GradientNorm(const GradientRef& g) {
+  double sum = 0;
+  g.bytes->ForEachRun(g.offset, g.partition->size, g.bfloat16 ? 2 : 4,
+                      [&sum, &g](const char* p, int64_t n) {
+                        for (int64_t i = 0; i < n; ++i) {
+                          uint16_t b;
+                          const double v =
+                              g.bfloat16 ? (std::memcpy(&b, p + 2 * i, 2), Bfloat16ToFloat(b))
+                                         : LoadFloat(p, i);
+                          sum += v * v;
+                        }
+                      });
+  return std::sqrt(sum);
+}
+
+// The L2 norm of the partition's current values (a version buffer, which
+// no update writes while it is referenced).
+double ValuesNorm(PartitionState* p) {
+  PartitionState::Buffer values;
+  {
+    absl::MutexLock lock(&p->mu);
+    values = p->current;
+  }
+  double sum = 0;
+  if (values != nullptr) {
+    for (float v : *values) sum += static_cast<double>(v) * v;
+  }
+  return std::sqrt(sum);
+}
+
+}  // namespace
+
+OverBound FirstOverBound(const ServerModel& model, const std::vector<GradientRef>& grads) {
+  if (model.max_gradient_norm <= 0 && model.max_relative_gradient_norm <= 0) return {};
+  for (const GradientRef& g : grads) {
+    double bound = model.max_gradient_norm;
+    if (model.max_relative_gradient_norm > 0) {
+      bound += model.max_relative_gradient_norm * ValuesNorm(g.partition);
+    }
+    const double norm = GradientNorm(g);
+    if (norm > bound) return {g.partition, norm, bound};
+  }
+  return {};
+}
+
+std::string OverBoundMessage(const OverBound& over) {
+  return absl::StrCat("gradient for ", PartitionKeyString(over.partition->key), " has L2 norm ",
+                      absl::SixDigits(over.norm), ", above the bound ", absl::SixDigits(over.bound),
+                      " (optimizer.max_gradient_norm + max_relative_gradient_norm x its values' "
+                      "norm)");
 }
 
 PartitionState::Buffer ApplyMean(const ServerModel& model, PartitionState* p,

@@ -48,6 +48,21 @@ bool AllFinite(const GradientRef& g);
 // The first of `grads` that holds a NaN or Inf, or nullptr.
 const GradientRef* FirstNonFinite(const std::vector<GradientRef>& grads);
 
+// A gradient over `model`'s bound (max_gradient_norm +
+// max_relative_gradient_norm * the L2 norm of its partition's current
+// values): which, its L2 norm and the bound.
+struct OverBound {
+  const PartitionState* partition = nullptr;
+  double norm = 0;
+  double bound = 0;
+};
+// The first of `grads` over the bound; none (partition null) when every
+// one is within it, or when `model` sets no bound (then nothing is read).
+OverBound FirstOverBound(const ServerModel& model, const std::vector<GradientRef>& grads);
+// "gradient for dense0/kernel has L2 norm 3.1e+07, above the bound 12.5
+// (optimizer.max_gradient_norm + max_relative_gradient_norm x its values' norm)".
+std::string OverBoundMessage(const OverBound& over);
+
 // Sync: sums partition `p`'s gradients of `workers` (in index order: the
 // sum is bitwise the same on every run), averages them and applies the mean
 // at `step`'s rate into a spare buffer, which it returns (the caller

@@ -319,6 +319,7 @@ const char* ParameterServer::RejectionName(Rejection r) {
     case Rejection::kSize: return "size";
     case Rejection::kMalformed: return "malformed";
     case Rejection::kSuperseded: return "superseded";
+    case Rejection::kOverBound: return "gradient_bound";
   }
   return "unknown";
 }

@@ -120,8 +120,9 @@ class ParameterServer {
     kSize,         // more ids than one request or one step may carry
     kMalformed,    // bytes that are not what the request's fields say
     kSuperseded,   // from a worker process that was since restarted
+    kOverBound,    // a gradient's norm over the optimizer's bound (FirstOverBound)
   };
-  static constexpr int kNumRejections = 10;
+  static constexpr int kNumRejections = 11;
   static const char* RejectionName(Rejection r);
   // Counts a push refused before it reached the server (a frame that does
   // not decode: kMalformed).
@@ -309,6 +310,7 @@ class ParameterServer {
     int64_t payload = 0;       // bytes received
     int64_t staged = 0;        // bytes copied into staging buffers
     const PartitionState* non_finite = nullptr;  // the first with NaN or Inf
+    OverBound over_bound;  // the first over the gradient bound (partition null: none)
   };
   // A partition whose quorum a push completed, with its workers, and the
   // push's gradient when it is to be read from the received bytes.
@@ -323,7 +325,7 @@ class ParameterServer {
                                            std::vector<Completion>* completions,
                                            PushResponse* response)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  static void StageSyncPush(int w, SyncPush* push);
+  static void StageSyncPush(const ServerModel& model, int w, SyncPush* push);
   absl::StatusOr<bool> ArriveSyncPushLocked(const std::shared_ptr<Model>& model, int w,
                                             int64_t step, SyncPush* push,
                                             std::vector<ToApply>* to_apply,

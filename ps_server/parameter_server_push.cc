@@ -157,7 +157,10 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
   }
   // Checked, then applied from the received bytes, outside the lock.
   const GradientRef* bad = FirstNonFinite(grads);
-  const int64_t bytes = bad == nullptr ? ApplyEach(*model, grads, update, &apply_seconds_) : 0;
+  const OverBound over = bad == nullptr ? FirstOverBound(*model, grads) : OverBound();
+  const int64_t bytes = bad == nullptr && over.partition == nullptr
+                            ? ApplyEach(*model, grads, update, &apply_seconds_)
+                            : 0;
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
@@ -174,6 +177,13 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
       RejectLocked(Rejection::kNonFinite);
       return absl::InvalidArgumentError(
           absl::StrCat("gradient for ", KeyString(bad->partition->key), " contains NaN or Inf"));
+    }
+    if (over.partition != nullptr) {
+      if (current) {
+        DropHeldPushLocked(w, absl::StrCat("its part ", header.part(), " was over the bound"));
+      }
+      RejectLocked(Rejection::kOverBound);
+      return absl::InvalidArgumentError(OverBoundMessage(over));
     }
     if (!current || !h.closed.empty() || ++h.applied < h.num_parts) {
       // In the model; the push is not complete (or was dropped meanwhile:
@@ -317,7 +327,12 @@ absl::StatusOr<bool> ParameterServer::AdmitSyncPushLocked(const std::shared_ptr<
 // bytes into this worker's buffer, checked while it is in cache. Only this
 // push writes staging[w] of these partitions now (in_flight), and their
 // applies wait for it.
-void ParameterServer::StageSyncPush(int w, SyncPush* push) {
+void ParameterServer::StageSyncPush(const ServerModel& model, int w, SyncPush* push) {
+  if (model.max_gradient_norm > 0 || model.max_relative_gradient_norm > 0) {
+    std::vector<GradientRef> accepted;
+    for (const GradientRef* g : push->accepted) accepted.push_back(*g);
+    push->over_bound = FirstOverBound(model, accepted);
+  }
   for (size_t i = 0; i < push->accepted.size(); ++i) {
     const GradientRef* g = push->accepted[i];
     PartitionState* p = g->partition;
@@ -352,6 +367,10 @@ absl::StatusOr<bool> ParameterServer::ArriveSyncPushLocked(const std::shared_ptr
     RejectLocked(Rejection::kNonFinite);
     return absl::InvalidArgumentError(
         absl::StrCat("gradient for ", KeyString(push->non_finite->key), " contains NaN or Inf"));
+  }
+  if (push->over_bound.partition != nullptr) {
+    RejectLocked(Rejection::kOverBound);
+    return absl::InvalidArgumentError(OverBoundMessage(push->over_bound));
   }
   if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
   if (model_ != model || step != version_) {
@@ -412,7 +431,7 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
       return absl::OkStatus();
     }
   }
-  StageSyncPush(w, &push);
+  StageSyncPush(*model, w, &push);
   std::vector<ToApply> to_apply;
   {
     absl::MutexLock lock(&mu_);
@@ -555,6 +574,12 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
     RejectLocked(Rejection::kNonFinite);
     return absl::InvalidArgumentError(
         absl::StrCat("gradient for ", KeyString(bad->partition->key), " contains NaN or Inf"));
+  }
+  if (const OverBound over = FirstOverBound(*model, grads); over.partition != nullptr) {
+    absl::MutexLock lock(&mu_);
+    if (model_ == model) async_.Abandon();
+    RejectLocked(Rejection::kOverBound);
+    return absl::InvalidArgumentError(OverBoundMessage(over));
   }
   // This push is update `ticket` of the run.
   const int64_t bytes =

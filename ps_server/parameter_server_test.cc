@@ -272,6 +272,49 @@ TEST_CASE("async: a pull sent with a push is answered once that push is applied"
   CHECK(absl::IsInvalidArgument(sync.Pull(pull, &pr)));
 }
 
+TEST_CASE("a gradient over the optimizer's bound is refused, counted and named; off by default",
+          "[ps][validation]") {
+  // w = {1, 2, 3, 4}: its L2 norm is sqrt(30) = 5.477, so the bound
+  // 1 + 2 x 5.477 is 11.95.
+  for (const bool sync : {true, false}) {
+    INFO((sync ? "sync" : "async"));
+    TrainingConfig config = BaseConfig(sync, 1);
+    config.mutable_optimizer()->set_max_gradient_norm(1);
+    config.mutable_optimizer()->set_max_relative_gradient_norm(2);
+    ParameterServer ps;
+    REQUIRE(ps.Initialize(InitRequest(config, 1)).ok());
+    const std::vector<float> before = PullW(ps);
+    PushResponse r;
+    absl::Status refused = ps.Push(Grad(0, 0, {10, 10, 0, 0}), &r);  // norm 14.14
+    CHECK(absl::IsInvalidArgument(refused));
+    CHECK(std::string(refused.message()) ==
+          "gradient for w/part0 has L2 norm 14.1421, above the bound 11.9545 "
+          "(optimizer.max_gradient_norm + max_relative_gradient_norm x its values' norm)");
+    CHECK(ps.counters().rejected[static_cast<size_t>(ParameterServer::Rejection::kOverBound)] ==
+          1);
+    CHECK(std::strcmp(ParameterServer::RejectionName(ParameterServer::Rejection::kOverBound),
+                      "gradient_bound") == 0);
+    const std::vector<float> after = PullW(ps);
+    CHECK(std::memcmp(before.data(), after.data(), before.size() * 4) == 0);
+    CHECK(ps.counters().pushes_applied == 0);
+    // Within the bound (norm 10): applied.
+    REQUIRE(ps.Push(Grad(0, 0, {10, 0, 0, 0}), &r).ok());
+    CHECK(r.outcome() == APPLIED);
+    CHECK(PullW(ps) == std::vector<float>{-4, 2, 3, 4});  // lr 0.5
+  }
+  // The absolute part alone; and no bound at all takes anything finite.
+  TrainingConfig absolute = BaseConfig(true, 1);
+  absolute.mutable_optimizer()->set_max_gradient_norm(3);
+  ParameterServer ps;
+  REQUIRE(ps.Initialize(InitRequest(absolute, 1)).ok());
+  PushResponse r;
+  CHECK(absl::IsInvalidArgument(ps.Push(Grad(0, 0, {3, 3, 0, 0}), &r)));  // 4.24
+  CHECK(ps.Push(Grad(0, 0, {2, 2, 0, 0}), &r).ok());                       // 2.83
+  ParameterServer open;
+  REQUIRE(open.Initialize(InitRequest(BaseConfig(true, 1), 1)).ok());
+  CHECK(open.Push(Grad(0, 0, {-3e37f, 3e37f, 0, 0}), &r).ok());
+}
+
 TEST_CASE("bad pushes are refused and leave the model bit-identical", "[ps][validation]") {
   ParameterServer ps;
   REQUIRE(ps.Initialize(InitRequest(BaseConfig(true, 1), 2)).ok());

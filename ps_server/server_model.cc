@@ -171,6 +171,8 @@ absl::StatusOr<std::shared_ptr<ServerModel>> NewServerModel(const InitializeRequ
   ASSIGN_OR_RETURN(model->learning_rate,
                    LearningRate::Create(config.optimizer(), global_batch, config.max_steps()));
   model->clip_value = config.optimizer().clip_value();
+  model->max_gradient_norm = config.optimizer().max_gradient_norm();
+  model->max_relative_gradient_norm = config.optimizer().max_relative_gradient_norm();
   if (!config.checkpoint().dir().empty()) {
     model->checkpoint_dir = config.checkpoint().dir();
     model->checkpoint_every = config.checkpoint().every_steps();

@@ -126,6 +126,11 @@ struct ServerModel {
   std::unique_ptr<Optimizer> optimizer;
   LearningRate learning_rate;
   float clip_value = 0;  // 0: off
+  // A push's gradient for a partition whose L2 norm is above
+  // max_gradient_norm + max_relative_gradient_norm * the partition's values'
+  // is refused (GradientOverBound). Both 0: off.
+  double max_gradient_norm = 0;
+  double max_relative_gradient_norm = 0;
   std::map<PartitionKey, std::unique_ptr<PartitionState>> partitions;
 
   struct Table {

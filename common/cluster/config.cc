@@ -451,6 +451,19 @@ absl::Status ValidateAndFillOptimizerDefaults(OptimizerConfig* o, int64_t max_st
   if (!(o->clip_global_norm() >= 0) || !std::isfinite(o->clip_global_norm())) {
     return FieldError(source, "optimizer.clip_global_norm", "expected >= 0 (0 = off)");
   }
+  if (!(o->max_gradient_norm() >= 0) || !std::isfinite(o->max_gradient_norm())) {
+    return FieldError(source, "optimizer.max_gradient_norm", "expected >= 0 (0 = off)");
+  }
+  if (!(o->max_relative_gradient_norm() >= 0) ||
+      !std::isfinite(o->max_relative_gradient_norm())) {
+    return FieldError(source, "optimizer.max_relative_gradient_norm", "expected >= 0 (0 = off)");
+  }
+  if (o->max_relative_gradient_norm() > 0 && o->max_gradient_norm() == 0) {
+    return FieldError(source, "optimizer.max_relative_gradient_norm",
+                      "needs optimizer.max_gradient_norm > 0 too: the floor of a variable whose "
+                      "values are zero (a bias at the start), whose every gradient would be "
+                      "refused");
+  }
   return absl::OkStatus();
 }
 

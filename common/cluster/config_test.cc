@@ -1,6 +1,9 @@
 #include "common/cluster/config.h"
 
 #include <cstdlib>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
@@ -75,6 +78,24 @@ TEST_CASE("semantic errors name the field", "[config]") {
     REQUIRE_FALSE(c.ok());
     CHECK(std::string(c.status().message()).find("optimizer.learning_rate") != std::string::npos);
   }
+
+  // The gradient bound: non-negative, finite, and its relative part with a floor.
+  for (const auto& [fields, expect] : std::vector<std::pair<std::string, std::string>>{
+           {"max_gradient_norm: -1", "optimizer.max_gradient_norm: expected >= 0"},
+           {"max_relative_gradient_norm: inf", "optimizer.max_relative_gradient_norm"},
+           {"max_relative_gradient_norm: 2", "needs optimizer.max_gradient_norm > 0 too"}}) {
+    INFO(fields);
+    text = kGood;
+    const size_t at = text.find("learning_rate: ");
+    REQUIRE(at != std::string::npos);
+    text.insert(at, fields + " ");
+    c = ParseTrainingConfig(text, "x.pbtxt");
+    REQUIRE_FALSE(c.ok());
+    CHECK(std::string(c.status().message()).find(expect) != std::string::npos);
+  }
+  text = kGood;
+  text.insert(text.find("learning_rate: "), "max_gradient_norm: 5 max_relative_gradient_norm: 2 ");
+  CHECK(ParseTrainingConfig(text, "x.pbtxt").ok());
 
   // A call must stay under the message cap.
   for (const char* bytes : {"-1", "67108865"}) {

@@ -302,6 +302,24 @@ TEST_CASE("a gradient over the optimizer's bound is refused, counted and named; 
     CHECK(r.outcome() == APPLIED);
     CHECK(PullW(ps) == std::vector<float>{-4, 2, 3, 4});  // lr 0.5
   }
+  // Sync with two workers: the first push is staged (not applied from the
+  // received bytes); the second's refusal changes neither it nor the step,
+  // which goes on with the second's next push.
+  {
+    TrainingConfig config = BaseConfig(true, 2);
+    config.mutable_optimizer()->set_max_gradient_norm(1);
+    config.mutable_optimizer()->set_max_relative_gradient_norm(2);
+    ParameterServer ps;
+    REQUIRE(ps.Initialize(InitRequest(config, 2)).ok());
+    PushResponse r;
+    REQUIRE(ps.Push(Grad(0, 0, {2, 0, 0, 0}), &r).ok());
+    CHECK(r.outcome() == ACCUMULATED);
+    CHECK(absl::IsInvalidArgument(ps.Push(Grad(1, 0, {0, 0, 20, 0}), &r)));
+    CHECK(PullW(ps) == std::vector<float>{1, 2, 3, 4});
+    REQUIRE(ps.Push(Grad(1, 0, {0, 0, 2, 0}), &r).ok());
+    CHECK(r.outcome() == APPLIED);
+    CHECK(PullW(ps) == std::vector<float>{0.5f, 2, 2.5f, 4});  // mean {1, 0, 1, 0}, lr 0.5
+  }
   // The absolute part alone; and no bound at all takes anything finite.
   TrainingConfig absolute = BaseConfig(true, 1);
   absolute.mutable_optimizer()->set_max_gradient_norm(3);

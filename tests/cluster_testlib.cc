@@ -284,7 +284,7 @@ InitializeRequest TinyModelInit(const std::string& output_dir) {
 }
 
 std::string RunSecretFile(const std::string& output_dir) {
-  const std::string path = JoinPath(output_dir, "cluster.secret");
+  const std::string path = JoinPath(output_dir, "run.secret");
   for (const absl::Time end = absl::Now() + absl::Seconds(30);
        !Env::Default()->FileExists(path) && absl::Now() < end;) {
     absl::SleepFor(absl::Milliseconds(20));

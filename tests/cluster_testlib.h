@@ -119,7 +119,7 @@ InitializeRequest TinyModelInit(const std::string& output_dir);
 std::string UseMutualTls(const std::string& dir, const std::string& spec_path);
 
 // The secret `pstrain launch` made for the run whose output_dir is
-// `output_dir` (output_dir/cluster.secret), once it is there (up to 30 s;
+// `output_dir` (output_dir/run.secret), once it is there (up to 30 s;
 // the case fails without it).
 std::string RunSecretFile(const std::string& output_dir);
 // Signs this process's calls from now on as `identity` ("operator",

@@ -205,7 +205,7 @@ TEST_CASE("a forged progress report cannot end a run: the chief acts on the serv
   REQUIRE(cluster.ok());
   // A worker's key (the run's secret is the test's): a worker can read the
   // incarnation and claim any step.
-  testing::ActAs("worker:0", JoinPath(dir, "out/cluster.secret"));
+  testing::ActAs("worker:0", JoinPath(dir, "out/run.secret"));
   auto ps = PsService::NewStub(CreateChannel(cluster->address(kPsJob, 0), "ps:0"));
   grpc::ClientContext ctx;
   SetDeadline(&ctx, absl::Seconds(10));
@@ -239,7 +239,7 @@ TEST_CASE("a parameter server that exits with code 0 mid-run fails the launch, n
   REQUIRE(cluster.ok());
   // Stopped as its chief does at the end (with the chief's key); ps:1 then
   // exits with code 0.
-  testing::ActAs("chief:0", JoinPath(dir, "out/cluster.secret"));
+  testing::ActAs("chief:0", JoinPath(dir, "out/run.secret"));
   auto ps = PsService::NewStub(CreateChannel(cluster->address(kPsJob, 1), "ps:1"));
   PsStatusResponse status;
   {

@@ -72,7 +72,7 @@ CommandResult RestoreWithCli(const std::string& checkpoint, const Job& job,
                              absl::Duration timeout) {
   std::vector<std::string> argv = {Binary("tools/pstrain"), "checkpoint", "restore", checkpoint,
                                    "--cluster_spec=" + job.spec};
-  const std::string secret = JoinPath(job.out, "cluster.secret");
+  const std::string secret = JoinPath(job.out, "run.secret");
   if (Env::Default()->FileExists(secret)) argv.push_back("--auth_secret_file=" + secret);
   return testing::RunCommand(argv, timeout);
 }
@@ -370,7 +370,7 @@ TEST_CASE("pstrain checkpoint restore rolls a running job back to a checkpoint; 
   INFO(unsigned_restore.output);
   CHECK(unsigned_restore.exit_code == 1);
   CHECK(unsigned_restore.output.find("unauthenticated") != std::string::npos);
-  CHECK(unsigned_restore.output.find("the cluster.secret pstrain launch writes in the "
+  CHECK(unsigned_restore.output.find("the run.secret pstrain launch writes in the "
                                      "output_dir") != std::string::npos);
   CommandResult restored =
       RestoreWithCli(JoinPath(copy_dir, "ckpt-200"), job, absl::Seconds(120));

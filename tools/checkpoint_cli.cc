@@ -45,7 +45,7 @@ constexpr char kUsage[] =
     "values, optimizer state, step and the workers' data cursors, onto however\n"
     "many servers run now); its checkpoints past CKPT's step are set aside.\n"
     "It signs its call with the cluster secret S: by default the spec's; a job\n"
-    "pstrain launch started without one has OUTPUT_DIR/cluster.secret.\n"
+    "pstrain launch started without one has OUTPUT_DIR/run.secret.\n"
     "export writes OUT/model.safetensors (every variable whole, named as in the\n"
     "model) or one OUT/<variable>.npy each ('/' in a name is a subdirectory);\n"
     "an embedding table T is T [rows, dim] float32 and T/ids [rows] uint64.\n";

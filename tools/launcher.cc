@@ -599,6 +599,17 @@ std::string FindBinary(const std::string& bin_dir, const std::string& package,
 }
 
 
+namespace {
+
+// Whether `a` and `b` name one existing file.
+bool SameFile(const std::string& a, const std::string& b) {
+  struct stat sa, sb;
+  return !a.empty() && !b.empty() && ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 &&
+         sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+}  // namespace
+
 absl::StatusOr<std::string> MakeRunSecret(const LaunchOptions& options,
                                           const ClusterSpec& cluster,
                                           const std::string& output_dir) {
@@ -608,14 +619,20 @@ absl::StatusOr<std::string> MakeRunSecret(const LaunchOptions& options,
         absl::StrCat("output_dir ", output_dir, ": ", std::strerror(errno)));
   }
   const std::string path = JoinPath(dir, kRunSecretFile);
-  std::string given = options.secret_file;
-  if (!given.empty() && given[0] != '/') given = JoinPath(RealPath("."), given);
-  // Each launch its own: the earlier run's tasks are gone (the launch lock).
-  if (given != path && ::unlink(path.c_str()) != 0 && errno != ENOENT) {
+  // Each launch its own: the earlier run's tasks are gone (the launch
+  // lock). A secret the user named, whatever its name, is never removed.
+  const bool named = SameFile(path, options.secret_file) ||
+                     SameFile(path, cluster.auth_secret_file());
+  if (!named && ::unlink(path.c_str()) != 0 && errno != ENOENT) {
     return absl::FailedPreconditionError(
         absl::StrCat("cannot replace ", path, ": ", std::strerror(errno)));
   }
-  if (!given.empty()) return given;
+  if (!options.secret_file.empty()) {
+    const std::string real = RealPath(options.secret_file);
+    if (!real.empty()) return real;
+    return options.secret_file[0] == '/' ? options.secret_file
+                                         : JoinPath(RealPath("."), options.secret_file);
+  }
   if (options.insecure || cluster.insecure() || !cluster.auth_secret_file().empty() ||
       !cluster.tls_dir().empty() || !cluster.AllLoopback()) {
     return std::string();  // the spec's own, or none (ResolveAuth's rules)

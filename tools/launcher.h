@@ -61,12 +61,12 @@ struct LaunchOptions {
 };
 
 // Where a run that makes its own secret keeps it, in its output_dir.
-inline constexpr char kRunSecretFile[] = "cluster.secret";
+inline constexpr char kRunSecretFile[] = "run.secret";
 
 // The secret file this run's calls are signed with: options.secret_file
 // when given; else, when `cluster` names no secret and no TLS, all its
 // tasks are on loopback and the run is not `insecure`, a new one for each
-// launch, output_dir/cluster.secret with mode 0600 (as Jupyter makes a
+// launch, output_dir/run.secret with mode 0600 (as Jupyter makes a
 // token per server); its absolute path, or "" for none of these (the
 // spec's own, or none). An earlier run's secret there is replaced, or
 // removed when this run makes none (no tool should pick it up).

@@ -8,6 +8,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "common/testing/temp_dir.h"
 #include "common/storage/checkpoint.h"
@@ -146,11 +147,30 @@ TEST_CASE("a loopback run without a secret or TLS in its spec gets a secret of i
   CHECK(Env::Default()->FileExists(*first));
   CHECK(MakeRunSecret(insecure, loopback, out).value_or("x").empty());
   CHECK_FALSE(Env::Default()->FileExists(*first));
-  // A secret given to the launch is the run's: none is made.
+  // A secret given to the launch is the run's: none is made, and an
+  // earlier run's is removed.
+  REQUIRE(MakeRunSecret(o, loopback, out).ok());
+  REQUIRE(Env::Default()->FileExists(*first));
   LaunchOptions given;
   given.secret_file = "/etc/pstrain/cluster.secret";
   CHECK(MakeRunSecret(given, loopback, out).value_or("") == "/etc/pstrain/cluster.secret");
   CHECK_FALSE(Env::Default()->FileExists(*first));
+  // A secret the user named that is the very file (pstrain tokens --out
+  // into the output_dir, named by another path): kept, by the launch's
+  // flag or by the spec.
+  REQUIRE(CreateSecretFile(*first).ok());
+  const std::string own = ReadSecretFile(*first).value_or("");
+  LaunchOptions by_flag;
+  by_flag.secret_file = JoinPath(out, std::string("./") + kRunSecretFile);
+  CHECK(MakeRunSecret(by_flag, loopback, out).value_or("") == *first);
+  CHECK(ReadSecretFile(*first).value_or("") == own);
+  const ClusterSpec by_spec = *ClusterSpec::Parse(
+      absl::StrCat(R"({"chief": ["localhost:1"], "ps": ["localhost:2"], "worker": ["localhost:3"],
+                       "pstrain": {"auth": {"secret_file": ")",
+                   out, "//", kRunSecretFile, R"("}}})"),
+      "s");
+  CHECK(MakeRunSecret(o, by_spec, out).value_or("x").empty());
+  CHECK(ReadSecretFile(*first).value_or("") == own);
 }
 
 }  // namespace

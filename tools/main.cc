@@ -267,7 +267,7 @@ int LaunchCommand(const std::vector<std::string>& argv) {
       {"base_port", {"8470", "--slurm: the k-th task on a node listens on base_port + k"}},
       {"auth_secret_file", {"", "the cluster secret every task signs its calls with (pstrain "
                                 "tokens --out DIR writes one); default: the spec's, or on "
-                                "loopback a new one per run in <output_dir>/cluster.secret; "
+                                "loopback a new one per run in <output_dir>/run.secret; "
                                 "with --slurm, on a file system every node reads"}},
       {"insecure", {"false", "run without authentication: locally, no secret is made for the "
                              "run (any process on the machine may call its tasks); with "

@@ -15,25 +15,28 @@ namespace pstrain {
 
 namespace {
 
-// The memory.max of this process's cgroup (v2), or max when there is none,
-// it says "max", or it cannot be read.
+// The least memory.max of this process's cgroup (v2) and of its parents,
+// or max where none says a number (none set, "max", not readable).
 int64_t CgroupMemoryLimit() {
+  int64_t least = std::numeric_limits<int64_t>::max();
   std::ifstream cgroup("/proc/self/cgroup");
   std::string line, path;
   while (std::getline(cgroup, line)) {
     if (line.rfind("0::", 0) == 0) path = line.substr(3);  // the v2 hierarchy
   }
-  if (path.empty() || path.find("..") != std::string::npos) {
-    return std::numeric_limits<int64_t>::max();
+  if (path.empty() || path[0] != '/' || path.find("..") != std::string::npos) return least;
+  for (;;) {
+    std::ifstream max_file("/sys/fs/cgroup" + (path == "/" ? std::string() : path) +
+                           "/memory.max");
+    std::string value;
+    int64_t limit = 0;
+    if ((max_file >> value) && absl::SimpleAtoi(value, &limit) && limit > 0) {
+      least = std::min(least, limit);
+    }
+    if (path == "/") return least;
+    const size_t slash = path.rfind('/');
+    path = slash == 0 ? "/" : path.substr(0, slash);
   }
-  std::ifstream max_file("/sys/fs/cgroup" + (path == "/" ? std::string() : path) +
-                         "/memory.max");
-  std::string value;
-  int64_t limit = 0;
-  if (!(max_file >> value) || !absl::SimpleAtoi(value, &limit) || limit <= 0) {
-    return std::numeric_limits<int64_t>::max();
-  }
-  return limit;
 }
 
 }  // namespace

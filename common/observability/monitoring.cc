@@ -348,10 +348,12 @@ void MonitoringServer::Serve() {
     now = absl::Now();
     for (size_t i = 0; i < clients.size(); ++i) {
       Client* c = clients[i].get();
-      if (fds[i + 1].revents != 0) {
-        Advance(c);
-      } else if (now >= c->deadline) {
+      // The deadline first: a client that trickles bytes keeps its socket
+      // ready, and must not keep its connection past it.
+      if (now >= c->deadline) {
         Expire(c);
+      } else if (fds[i + 1].revents != 0) {
+        Advance(c);
       }
     }
     clients.erase(std::remove_if(clients.begin(), clients.end(),
@@ -369,6 +371,14 @@ void MonitoringServer::Accept(std::vector<std::unique_ptr<Client>>* clients) {
       if (errno != EINTR && errno != EAGAIN) absl::SleepFor(absl::Milliseconds(50));
       return;
     }
+    auto c = std::make_unique<Client>(fd);
+    // A client gets 2 s in all for the handshake and its request, and 2 s
+    // more to take the response: a slow or silent one costs the server no
+    // more than that, and holds no other client up meanwhile.
+    c->deadline = absl::Now() + absl::Seconds(2);
+    if (https_ != nullptr && !StartTls(c.get())) continue;  // c closes
+    Advance(c.get());  // a request already in is answered at once
+    if (c->phase == Client::Phase::kDone) continue;
     if (clients->size() >= kMaxClients) {
       // Full: the connection nearest its deadline (the one that has waited
       // longest) is closed, so that clients holding connections open cannot
@@ -379,14 +389,7 @@ void MonitoringServer::Accept(std::vector<std::unique_ptr<Client>>* clients) {
       shed_.fetch_add(1, std::memory_order_relaxed);
       clients->erase(oldest);
     }
-    auto c = std::make_unique<Client>(fd);
-    // A client gets 2 s in all for the handshake and its request, and 2 s
-    // more to take the response: a slow or silent one costs the server no
-    // more than that, and holds no other client up meanwhile.
-    c->deadline = absl::Now() + absl::Seconds(2);
-    if (https_ != nullptr && !StartTls(c.get())) continue;  // c closes
-    Advance(c.get());
-    if (c->phase != Client::Phase::kDone) clients->push_back(std::move(c));
+    clients->push_back(std::move(c));
   }
 }
 

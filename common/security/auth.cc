@@ -303,7 +303,7 @@ absl::StatusOr<Caller> Authorizer::Authorize(absl::string_view identity,
     if (has_tokens_) {
       needs.push_back(
           "calls signed with the key of a task or of the operator (the cluster secret: pstrain "
-          "tokens, or the cluster.secret pstrain launch writes in the output_dir)");
+          "tokens, or the run.secret pstrain launch writes in the output_dir)");
     }
     if (code != absl::StatusCode::kUnauthenticated) {
       return absl::Status(code, absl::StrCat(method, ": ", why));

@@ -269,6 +269,19 @@ TEST_CASE("every task serves /metrics, /healthz and /readyz during a run, and Te
   for (const std::string& h : scrape.health) CHECK(h.find("200 OK") != std::string::npos);
   for (const std::string& r : scrape.ready) CHECK(r.find("200 OK") != std::string::npos);
   CheckChiefAndWorkerMetrics(scrape.chief, scrape.worker);
+  // The launcher kept the same addresses for Prometheus' file_sd.
+  {
+    const nlohmann::json targets = nlohmann::json::parse(
+        Env::Default()->ReadFile(JoinPath(o.output_dir, "metrics_targets.json")).value_or("[]"));
+    std::map<std::string, int> listed;
+    for (const nlohmann::json& group : targets) {
+      const std::string target = group["targets"][0].get<std::string>();
+      listed[group["labels"]["pstrain_task"].get<std::string>()] =
+          std::stoi(target.substr(target.rfind(':') + 1));
+      CHECK(group["labels"]["__scheme__"] == "http");
+    }
+    CHECK(listed == ports);
+  }
 
   // The Prometheus client's parser reads every family, and the version is
   // a positive number; TensorBoard's own reader reads the chief's events.

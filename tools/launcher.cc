@@ -47,6 +47,7 @@ struct Task {
   std::string log_path;
   std::string partial;  // an output line not yet ended
   std::string host;     // from the spec
+  MetricsTargets* metrics_targets = nullptr;  // told where it serves /metrics
   bool exited = false;
   // A worker restarted alone: how often, and when its next start is due
   // (InfiniteFuture: none pending).
@@ -77,7 +78,14 @@ void EmitLine(Task* t, const std::string& line, bool verbose, bool* progress_sho
       std::cerr << "\r\033[K";
       *progress_shown = false;
     }
-    std::cerr << "pstrain launch: metrics: " << t->name << " " << line.substr(at + 12) << "\n";
+    const std::string url = line.substr(at + 12);
+    std::cerr << "pstrain launch: metrics: " << t->name << " " << url << "\n";
+    if (t->metrics_targets != nullptr) {
+      if (absl::Status st = t->metrics_targets->Set(t->name, url); !st.ok()) {
+        std::cerr << "pstrain launch: " << t->metrics_targets->path() << ": " << st.message()
+                  << "\n";
+      }
+    }
   }
   // Lines not in the log format (usage errors before logging starts), warnings
   // and errors, and the chief's few lines (evaluations) are echoed.
@@ -257,6 +265,7 @@ bool Supervisor::StartAll(Attempt* failed) {
     t->log_path = JoinPath(log_dir_, absl::StrCat(id.job, "-", id.index, ".log"));
     t->log.open(t->log_path, append_logs_ ? std::ios::app : std::ios::trunc);
     t->host = hp->host;
+    t->metrics_targets = options_.metrics_targets;
     auto proc = Spawn(id, t->host, /*restarted_alone=*/false);
     if (!proc.ok()) {
       for (auto& other : tasks_) other->proc->Stop(absl::Seconds(5));
@@ -722,6 +731,9 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
               << " (pstrain checkpoint restore takes --auth_secret_file=" << *secret << ")\n";
   }
   if (options.insecure) run.task_flags.push_back("--insecure");
+  // The tasks' metrics addresses for Prometheus' file_sd, across restarts.
+  MetricsTargets metrics_targets(JoinPath(config->output_dir(), "metrics_targets.json"));
+  if (options.metrics) run.metrics_targets = &metrics_targets;
   // The launcher reads the chief's status as the operator.
   if (absl::Status st = ActAsOperator(*cluster, *secret); !st.ok()) {
     std::cerr << "pstrain launch: " << st.message() << "\n";

@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/cluster/cluster_spec.h"
+#include "tools/metrics_targets.h"
 #include "common/base/shutdown.h"
 
 namespace pstrain {
@@ -58,6 +59,9 @@ struct LaunchOptions {
   std::string secret_file;
   // Passed to every task (the run's secret, --insecure); set by Launch.
   std::vector<std::string> task_flags;
+  // Where the tasks' metrics addresses are kept as they report them
+  // (<output_dir>/metrics_targets.json); set by Launch, null: nowhere.
+  MetricsTargets* metrics_targets = nullptr;
 };
 
 // Where a run that makes its own secret keeps it, in its output_dir.

@@ -10,10 +10,12 @@ void ReplayGuard::ForgetExpiredLocked(absl::Time now) {
   // leaves room for a caller that read the clock a while before it got
   // here. Swept at most once a second.
   last_sweep_ = now;
+  // (The lambda runs under mu_ too; the analysis does not follow it in.)
+  absl::flat_hash_map<std::string, size_t>* sessions_of = &sessions_of_;
   absl::erase_if(sessions_, [&](const auto& entry) {
     if (now - entry.second.newest <= 2 * max_age_) return false;
-    auto of = sessions_of_.find(entry.first.first);
-    if (--of->second == 0) sessions_of_.erase(of);
+    auto of = sessions_of->find(entry.first.first);
+    if (--of->second == 0) sessions_of->erase(of);
     return true;
   });
 }

@@ -7,7 +7,7 @@
 //
 // To add a layer: a LayerConfig case in proto/config.proto, a subclass here
 // with Forward/Backward (new math goes into cpu_ops and cuda_ops as twins),
-// its validation in common/cluster/config.cc, and a case in MakeLayer (model.cc);
+// its validation in common/cluster/config.cc, and a case in BuildLayers (model.cc);
 // layers_test.cc's finite-difference check then covers it.
 // Layers are used by one thread at a time.
 #ifndef PSTRAIN_WORKER_MODEL_LAYERS_H_

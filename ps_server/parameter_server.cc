@@ -93,6 +93,12 @@ bool ParameterServer::FromReplacedIncarnation(const absl::Status& st) {
   return st.GetPayload(kReplacedIncarnationPayload).has_value();
 }
 
+absl::Status ParameterServer::ReinitializedError() {
+  absl::Status st = absl::FailedPreconditionError("parameter server re-initialized");
+  st.SetPayload(kReplacedIncarnationPayload, absl::Cord("1"));
+  return st;
+}
+
 absl::Status ParameterServer::CheckIncarnationLocked(uint64_t incarnation) const {
   if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
   if (!initialized_) return absl::UnavailableError("parameter server not initialized yet");
@@ -209,7 +215,7 @@ absl::Status ParameterServer::AwaitPushesReleasedLocked(const std::shared_ptr<Mo
         absl::StrCat(what, ": held for a checkpoint longer than the wait limit"));
   }
   if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
-  if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+  if (model_ != model) return ReinitializedError();
   return absl::OkStatus();
 }
 
@@ -255,7 +261,7 @@ absl::Status ParameterServer::Snapshot(const SnapshotRequest& request,
   if (!ok || shut_down_ || model_ != model) {
     if (model_ == model) holding_pushes_ = false;
     if (shut_down_) return absl::UnavailableError("parameter server is shutting down");
-    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+    if (model_ != model) return ReinitializedError();
     return absl::DeadlineExceededError(absl::StrCat(
         "Snapshot: ", async_.in_flight() + rows_in_flight_ + parts_applying_,
         " push(es) or parts still applying or awaiting parts after ",

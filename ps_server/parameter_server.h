@@ -128,9 +128,13 @@ class ParameterServer {
   // not decode: kMalformed).
   void RecordRejection(Rejection reason);
   // Whether `st` refused a request of the incarnation this server was
-  // initialized again from (a rollback, a restore): a worker that has not
-  // yet followed it, an expected refusal rather than a fault.
+  // initialized again from (a rollback, a restore): from a worker that has
+  // not yet followed it, or in flight while it happened; an expected
+  // refusal rather than a fault.
   static bool FromReplacedIncarnation(const absl::Status& st);
+  // The refusal of a call that was under way when the server was
+  // initialized again (FromReplacedIncarnation says true of it).
+  static absl::Status ReinitializedError();
 
   struct Counters {
     int64_t pushes_applied = 0;  // pushes whose gradients reached the model

@@ -83,7 +83,7 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
   UpdateInfo update;
   {
     absl::MutexLock lock(&mu_);
-    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+    if (model_ != model) return ReinitializedError();
     if (header.session() < worker_session_[w]) {
       // Refused at once (AdmitSessionLocked counts it).
       return AdmitSessionLocked(w, header.session(), "Push");
@@ -167,7 +167,7 @@ absl::Status ParameterServer::PushAsyncPart(const std::shared_ptr<Model>& model,
     --parts_applying_;
     counters_.push_payload_bytes += bytes;
     counters_.push_copied_bytes += bytes;
-    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+    if (model_ != model) return ReinitializedError();
     HeldPushes::Push& h = held_.of(w);
     const bool current = h.id == id;
     if (bad != nullptr) {
@@ -246,7 +246,7 @@ absl::StatusOr<bool> ParameterServer::AdmitSyncPushLocked(const std::shared_ptr<
   const int w = header.worker();
   const int64_t step = header.step();
   int replayed = 0;  // partitions the worker's earlier process had pushed already
-  if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+  if (model_ != model) return ReinitializedError();
   if (step > version_) {
     RejectLocked(Rejection::kAhead);
     return absl::FailedPreconditionError(absl::StrCat(
@@ -452,7 +452,7 @@ absl::Status ParameterServer::PushSync(const std::shared_ptr<Model>& model,
   std::vector<Completion> completions;
   {
     absl::MutexLock lock(&mu_);
-    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+    if (model_ != model) return ReinitializedError();
     const bool completed_step = FinishPartitionsLocked(*model, &applied, step, &completions);
     response->set_outcome(completed_step ? APPLIED : ACCUMULATED);
     response->set_version(version_);
@@ -588,7 +588,7 @@ absl::Status ParameterServer::PushAsync(const std::shared_ptr<Model>& model,
   {
     absl::MutexLock lock(&mu_);
     // A re-Initialize while this applied replaced the model and its counts.
-    if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+    if (model_ != model) return ReinitializedError();
     counters_.push_payload_bytes += bytes;
     counters_.push_copied_bytes += bytes;
     AsyncAppliedLocked(w, response, &completions);

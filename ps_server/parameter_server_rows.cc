@@ -240,7 +240,7 @@ absl::Status ParameterServer::LoadRows(const LoadRowsRequest& request,
   }
   ASSIGN_OR_RETURN(const int64_t rows, RowStore::Load(*model, table, ids, request));
   absl::MutexLock lock(&mu_);
-  if (model_ != model) return absl::FailedPreconditionError("parameter server re-initialized");
+  if (model_ != model) return ReinitializedError();
   response->set_rows(rows);
   return absl::OkStatus();
 }

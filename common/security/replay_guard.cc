@@ -1,6 +1,7 @@
 #include "common/security/replay_guard.h"
 
 #include <algorithm>
+#include <utility>
 
 namespace pstrain {
 
@@ -24,15 +25,16 @@ ReplayGuard::Verdict ReplayGuard::Admit(absl::string_view identity, uint64_t ses
                                         uint64_t seq, absl::Time signed_at, absl::Time now) {
   absl::MutexLock lock(&mu_);
   if (now - last_sweep_ >= absl::Seconds(1)) ForgetExpiredLocked(now);
-  auto it = sessions_.find(std::make_pair(std::string(identity), session));
+  auto key = std::make_pair(std::string(identity), session);  // one copy per call
+  auto it = sessions_.find(key);
   if (it == sessions_.end()) {
-    auto of = sessions_of_.find(identity);
+    auto of = sessions_of_.find(key.first);
     const size_t mine = of == sessions_of_.end() ? 0 : of->second;
     if (sessions_.size() >= max_sessions_ || mine >= per_identity_) {
       return Verdict::kTooManySessions;
     }
-    it = sessions_.try_emplace(std::make_pair(std::string(identity), session)).first;
-    ++sessions_of_[std::string(identity)];
+    ++sessions_of_[key.first];
+    it = sessions_.try_emplace(std::move(key)).first;
   }
   Session& s = it->second;
   if (seq > s.highest) {

@@ -64,7 +64,8 @@ int main(int argc, char** argv) {
   pstrain::ChiefServiceImpl service(&chief, &auth);
   const std::string& address = task->cluster.address(pstrain::kChiefJob, 0);
   auto server =
-      pstrain::StartServer(address, &service, absl::GetFlag(FLAGS_bind), setup->limits);
+      pstrain::StartServer(address, &service, absl::GetFlag(FLAGS_bind), setup->limits,
+                           &auth);
   if (!server.ok()) {
     LOG_ERROR("{}", server.status().message());
     return 1;

@@ -62,7 +62,8 @@ int main(int argc, char** argv) {
                           setup->auth.tls != nullptr);
   pstrain::PsServiceImpl service(&ps, &stop, &auth, max_calls);
   auto server =
-      pstrain::StartServer(address, &service, absl::GetFlag(FLAGS_bind), setup->limits);
+      pstrain::StartServer(address, &service, absl::GetFlag(FLAGS_bind), setup->limits,
+                           &auth);
   if (!server.ok()) {
     LOG_ERROR("{}", server.status().message());
     return 1;

@@ -33,6 +33,7 @@
 #include "common/cluster/placement.h"
 #include "common/client/grpc_ps_client.h"
 #include "common/rpc/rpc.h"
+#include "common/security/auth.h"
 #include "tools/subprocess.h"
 #include "common/testing/skip.h"
 #include "common/rpc/wire_frame.h"
@@ -447,6 +448,56 @@ TEST_CASE("in-flight request memory is bounded: 8 concurrent 200 MiB pushes, or 
   REQUIRE(s.chief->GetStatus(0, &st).ok());
   CHECK(st.version() == 1);
   CHECK(st.pushes_applied() == 2);
+}
+
+TEST_CASE("with a secret, unauthenticated calls are refused from their headers: their bodies "
+          "take none of the in-flight memory, and the workers train on beside them",
+          "[overload][limits][security]") {
+  struct ResetCredentials {
+    ~ResetCredentials() { SetCallCredentials("", ""); }
+  } reset;
+  const std::string secret = JoinPath(testing::FreshTempDir("gate_secret"), "cluster.secret");
+  REQUIRE(CreateSecretFile(secret).ok());
+  // Each client signs as the identity set when it is made.
+  testing::ActAs("chief:0", secret);
+  Servers s(1, "gate", {}, 0, "", 2, {"--max_inflight_mib=512", "--auth_secret_file=" + secret});
+  testing::ActAs("worker:0", secret);
+  auto w0 = s.Worker(0);
+  testing::ActAs("worker:1", secret);
+  auto w1 = s.Worker(1);
+  SetCallCredentials("", "");  // the attacker's: none
+  // Twice 8 concurrent pushes of 200 MiB, then one of 1 GiB, each on a
+  // connection of its own: before the door, their bodies filled the quota
+  // and gRPC reset streams to stay within it, the workers' among them.
+  std::vector<grpc::StatusCode> codes;
+  int64_t growth = 0;
+  std::atomic<bool> attacking{true};
+  std::thread attack([&] {
+    for (auto [bytes, at_once] : {std::pair{int64_t{200} << 20, 8}, std::pair{int64_t{200} << 20, 8},
+                                  std::pair{int64_t{1} << 30, 1}}) {
+      int64_t g = 0;
+      for (grpc::StatusCode c : ConcurrentBigPushes(s, bytes, &g, at_once)) codes.push_back(c);
+      growth = std::max(growth, g);
+    }
+    attacking = false;
+  });
+  struct Joiner {
+    std::thread* t;
+    ~Joiner() { t->join(); }  // also when a step fails (it ends within its calls' deadlines)
+  } joiner{&attack};
+  Buffers b0(s.vars, 0.5f), b1(s.vars, 0.5f);
+  int64_t steps = 0;
+  for (; attacking.load() || steps < 3; ++steps) SyncStep(s, *w0, *w1, b0, b1, steps);
+  while (attacking.load()) absl::SleepFor(absl::Milliseconds(10));
+  WARN(steps << " steps trained beside 17 unauthenticated pushes (3.1 GiB); ps:0's resident "
+             "memory rose at most " << (growth >> 20) << " MiB");
+  REQUIRE(codes.size() == 17);
+  for (grpc::StatusCode c : codes) CHECK(c == grpc::StatusCode::UNAUTHENTICATED);
+  if (!testing::kSanitized) CHECK(growth < (int64_t{64} << 20));
+  PsStatusResponse st;
+  REQUIRE(s.chief->GetStatus(0, &st).ok());
+  CHECK(st.version() == steps);
+  CHECK(st.pushes_applied() == 2 * steps);
 }
 
 TEST_CASE("a server serves at most --max_concurrent_calls data calls; one more is refused at once",

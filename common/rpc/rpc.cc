@@ -17,6 +17,7 @@
 #include "grpcpp/support/client_interceptor.h"
 #include "common/cluster/cluster_spec.h"
 #include "common/rpc/rpc_stats.h"
+#include "common/rpc/server_gate.h"
 #include "common/base/shutdown.h"
 #include "common/security/tls.h"
 #include "common/base/tsan_handoff.h"
@@ -253,7 +254,8 @@ absl::Status ValidateServerLimits(const ServerLimits& limits) {
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& address,
                                                           grpc::Service* service,
                                                           const std::string& bind_host,
-                                                          const ServerLimits& limits) {
+                                                          const ServerLimits& limits,
+                                                          Authorizer* auth) {
   absl::StatusOr<HostPort> hp = ParseHostPort(address);
   if (!hp.ok()) return hp.status();
   if (absl::Status st = ValidateServerLimits(limits); !st.ok()) return st;
@@ -266,8 +268,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& add
   grpc::ServerBuilder builder;
   int bound_port = 0;
   const std::shared_ptr<const TlsConfig> tls = TransportSecurity();
-  builder.AddListeningPort(
-      listen, tls ? TlsServerCredentials(*tls) : grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(listen, GatedServerCredentials(tls.get(), auth), &bound_port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   grpc::ResourceQuota quota("pstrain-server");

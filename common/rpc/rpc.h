@@ -116,11 +116,15 @@ int64_t DefaultInflightBytes(int64_t memory_bytes);
 // so a task the spec puts on 127.0.0.1 is not reachable from other hosts)
 // with pstrain's limits (message sizes, `limits`). A non-empty `bind_host` (e.g. "0.0.0.0" inside a
 // container whose spec names a service address) replaces the host. Fails
-// with a clear status when the address cannot be bound.
+// with a clear status when the address cannot be bound. With `auth` (which
+// must outlive the server), every call is authenticated from its headers
+// before its body is read (common/rpc/server_gate.h): an unauthenticated
+// caller takes none of the in-flight memory the others need.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartServer(const std::string& address,
                                                           grpc::Service* service,
                                                           const std::string& bind_host = "",
-                                                          const ServerLimits& limits = {});
+                                                          const ServerLimits& limits = {},
+                                                          Authorizer* auth = nullptr);
 
 }  // namespace pstrain
 

@@ -267,10 +267,12 @@ TEST_CASE("LoadTls refuses wrong, foreign, open and missing files, naming them",
 
 // A server for `service` on the first free loopback port from `first` (in
 // steps of 13), with the process's transport security; null if none.
-std::unique_ptr<grpc::Server> StartOnSomePort(grpc::Service* service, int first, int* port) {
+// With `gate`, calls are authenticated as their headers arrive (StartServer).
+std::unique_ptr<grpc::Server> StartOnSomePort(grpc::Service* service, int first, int* port,
+                                              Authorizer* gate = nullptr) {
   for (int p = first; p < 65000; p += 13) {
     absl::StatusOr<std::unique_ptr<grpc::Server>> s =
-        StartServer(absl::StrCat("127.0.0.1:", p), service);
+        StartServer(absl::StrCat("127.0.0.1:", p), service, "", ServerLimits(), gate);
     if (s.ok()) {
       *port = p;
       return std::move(*s);
@@ -319,12 +321,17 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
     return Material(d, id, watched);
   };
 
+  // Callers checked in the handler, or at the door as their headers come
+  // (common/rpc/server_gate.h): the same answers.
+  const bool gated = GENERATE(false, true);
+  INFO((gated ? "at the door" : "in the handler"));
+
   Authorizer auth("", spec, "ps:0", /*tls=*/true);
   WhoService service(&auth);
   SetTransportSecurity(tls(dir, "ps:0"));
   int port = 0;
   std::unique_ptr<grpc::Server> server =
-      StartOnSomePort(&service, 27000 + (::getpid() % 20000), &port);
+      StartOnSomePort(&service, 27000 + (::getpid() % 20000), &port, gated ? &auth : nullptr);
   REQUIRE(server != nullptr);
 
   // Each channel takes the credentials set when it is made.
@@ -406,7 +413,7 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
     SetTransportSecurity(tls(unplaced, "ps:0"));
     int unplaced_port = 0;
     std::unique_ptr<grpc::Server> named =
-        StartOnSomePort(&service, port + 7, &unplaced_port);
+        StartOnSomePort(&service, port + 7, &unplaced_port, gated ? &auth : nullptr);
     SetTransportSecurity(nullptr);
     REQUIRE(named != nullptr);
     auto dial = [&](const std::string& peer) {
@@ -434,7 +441,8 @@ TEST_CASE("over mutual TLS the server knows each caller by its certificate", "[t
 
   // A worker's certificate cannot serve: clients refuse a server showing it.
   SetTransportSecurity(tls(dir, "worker:1"));
-  std::unique_ptr<grpc::Server> impostor = StartOnSomePort(&service, port + 1, &port);
+  std::unique_ptr<grpc::Server> impostor =
+      StartOnSomePort(&service, port + 1, &port, gated ? &auth : nullptr);
   REQUIRE(impostor != nullptr);
   auto fooled = channel_as(tls(dir, "chief:0"), "127.0.0.1");
   CHECK(status_of(fooled.get(), &resp).error_code() == grpc::StatusCode::UNAVAILABLE);

@@ -217,7 +217,18 @@ absl::StatusOr<Caller> Authorizer::Check(absl::string_view identity,
                                          std::initializer_list<Role> allowed,
                                          absl::string_view method) {
   if (!enabled()) return Caller();
-  return Authorize(identity, authorization, /*certified=*/false, allowed, method);
+  return Authorize(identity, authorization, /*certified=*/false, /*gated=*/false, allowed, method);
+}
+
+absl::Status Authorizer::AuthenticateHeaders(absl::string_view identity,
+                                             absl::string_view authorization,
+                                             absl::string_view cert_cn, absl::string_view method) {
+  if (!enabled()) return absl::OkStatus();
+  // The verified certificate names the caller; the identity header does not.
+  if (tls_ && !cert_cn.empty()) {
+    return Authenticate(cert_cn, authorization, /*certified=*/true, method).status();
+  }
+  return Authenticate(identity, authorization, /*certified=*/false, method).status();
 }
 
 const char* Authorizer::CheckSignature(absl::string_view identity, const std::string& key,
@@ -274,10 +285,9 @@ const char* Authorizer::CheckSignature(absl::string_view identity, const std::st
   return "unknown";
 }
 
-absl::StatusOr<Caller> Authorizer::Authorize(absl::string_view identity,
-                                             absl::string_view authorization, bool certified,
-                                             std::initializer_list<Role> allowed,
-                                             absl::string_view method) {
+absl::StatusOr<const Caller*> Authorizer::Authenticate(absl::string_view identity,
+                                                       absl::string_view authorization,
+                                                       bool certified, absl::string_view method) {
   auto it = tokens_.find(identity);
   const char* problem = nullptr;  // why the caller is not authenticated
   std::string detail;             // more about it, when there is more
@@ -312,7 +322,23 @@ absl::StatusOr<Caller> Authorizer::Authorize(absl::string_view identity,
                                                    "); this cluster needs ",
                                                    absl::StrJoin(needs, " and ")));
   }
-  const Caller& caller = it->second.second;
+  return &it->second.second;
+}
+
+absl::StatusOr<Caller> Authorizer::Authorize(absl::string_view identity,
+                                             absl::string_view authorization, bool certified,
+                                             bool gated, std::initializer_list<Role> allowed,
+                                             absl::string_view method) {
+  const Caller* found = nullptr;
+  auto it = tokens_.find(identity);
+  if (gated && it != tokens_.end() && (certified || !tls_)) {
+    found = &it->second.second;  // its signature was checked as its headers came
+  } else {
+    absl::StatusOr<const Caller*> who = Authenticate(identity, authorization, certified, method);
+    if (!who.ok()) return who.status();
+    found = *who;
+  }
+  const Caller& caller = *found;
   if (std::find(allowed.begin(), allowed.end(), caller.role) == allowed.end()) {
     std::vector<std::string> names;
     for (Role r : allowed) names.push_back(RoleName(r));
@@ -332,12 +358,14 @@ absl::StatusOr<Caller> Authorizer::Check(const grpc::ServerContextBase& ctx,
     return it == md.end() ? absl::string_view()
                           : absl::string_view(it->second.data(), it->second.size());
   };
+  const bool gated = gated_.load(std::memory_order_acquire);
   if (tls_) {
     // The verified certificate names the caller; the identity header does not.
     const std::string cn = PeerCommonName(ctx);
-    if (!cn.empty()) return Authorize(cn, header("authorization"), true, allowed, method);
+    if (!cn.empty()) return Authorize(cn, header("authorization"), true, gated, allowed, method);
   }
-  return Authorize(header(kIdentityHeader), header("authorization"), false, allowed, method);
+  return Authorize(header(kIdentityHeader), header("authorization"), false, gated, allowed,
+                   method);
 }
 
 absl::Status Authorizer::CheckWorkerField(const Caller& caller, int worker,

@@ -15,7 +15,8 @@
 // time, admits it only when it names this task, was signed within
 // kSignatureMaxAge of its own clock, and its (session, number) is new
 // (common/security/replay_guard.h): a call captured on the wire can be made
-// neither again nor at another task. The body is not signed: without TLS
+// neither again nor at another task. A server checks this from the call's
+// headers, before its message is read (common/rpc/server_gate.h). The body is not signed: without TLS
 // an attacker on the path can still change a call in flight (docs/security.md).
 // A task that serves nothing (a worker) can be given only its own key, so it
 // cannot act as anyone else.
@@ -125,6 +126,20 @@ class Authorizer {
     return Check(ctx, {Role::kChief, Role::kPs, Role::kWorker, Role::kOperator}, method);
   }
 
+  // Authenticates a call from its headers alone, before its body is read:
+  // `identity` and `authorization` are its x-pstrain-identity and
+  // authorization headers, `cert_cn` the verified client certificate's
+  // common name ("" without one) and `method` the last part of its path.
+  // The same refusals as Check's, counted and logged the same way. A server
+  // started with this Authorizer (common/rpc/rpc.h StartServer) runs it on
+  // every call as its headers arrive and marks it gated (MarkGated): Check
+  // then verifies only the role, the signature having been checked (and its
+  // nonce spent) at the door, so every server whose handlers use a gated
+  // Authorizer must be started with it. OK when authentication is off.
+  absl::Status AuthenticateHeaders(absl::string_view identity, absl::string_view authorization,
+                                   absl::string_view cert_cn, absl::string_view method);
+  void MarkGated() { gated_.store(true, std::memory_order_release); }
+
   // A request's `worker` field must name the calling worker itself (the
   // chief's calls carry -1). Counted as denied otherwise.
   absl::Status CheckWorkerField(const Caller& caller, int worker, absl::string_view method);
@@ -133,9 +148,14 @@ class Authorizer {
   int64_t denied() const { return denied_.load(std::memory_order_relaxed); }
 
  private:
+  // Who `identity` is, when its credentials are good (see Check).
+  absl::StatusOr<const Caller*> Authenticate(absl::string_view identity,
+                                             absl::string_view authorization, bool certified,
+                                             absl::string_view method);
+  // Authenticate (unless `gated`: checked at the door), then the role.
   absl::StatusOr<Caller> Authorize(absl::string_view identity, absl::string_view authorization,
-                                   bool certified, std::initializer_list<Role> allowed,
-                                   absl::string_view method);
+                                   bool certified, bool gated,
+                                   std::initializer_list<Role> allowed, absl::string_view method);
   absl::Status Deny(const std::string& message);
   bool ShouldLog(std::atomic<int64_t>* last_ms);
 
@@ -149,6 +169,7 @@ class Authorizer {
 
   bool tls_ = false;
   bool has_tokens_ = false;
+  std::atomic<bool> gated_{false};
   std::string self_;
   ReplayGuard replays_{kSignatureMaxAge};
   // identity -> its token ("" without a secret) and who it is

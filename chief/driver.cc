@@ -245,7 +245,8 @@ absl::Status Driver::Finish() {
   // what the servers reached (the final evaluation pulled their version).
   schedule_.CommitDue(std::min(final_eval.step, max_steps_));
   const double seconds = absl::ToDoubleSeconds(absl::Now() - started_);
-  RETURN_IF_ERROR(WriteRunOutputs(run_, ps_, chief_, final_eval, params_, seconds));
+  RETURN_IF_ERROR(WriteRunOutputs(run_, ps_, chief_, final_eval,
+                                  ParameterValues(model_, params_), seconds));
   absl::Status st = ps_->ShutdownAll("training finished");
   if (!st.ok()) LOG_WARN("shutting down parameter servers: {}", st);
   chief_->SetState("finished");

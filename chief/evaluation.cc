@@ -46,11 +46,18 @@ absl::Status EvaluateClickThrough(PsClient* ps, Model* model, const ClickThrough
 absl::StatusOr<Evaluation> Evaluate(PsClient* ps, Model* model, const TrainingConfig& config,
                                     const Dataset* test, std::vector<Tensor>* params) {
   PsClient::PullResult pulled;
-  RETURN_IF_ERROR(ps->PullAll({}, absl::ZeroDuration(), params, &pulled));
+  const bool into_model = test != nullptr && model != nullptr;
+  if (into_model) {
+    params->clear();
+    RETURN_IF_ERROR(
+        ps->PullInto({}, absl::ZeroDuration(), model->host_parameter_pointers(), &pulled));
+  } else {
+    RETURN_IF_ERROR(ps->PullAll({}, absl::ZeroDuration(), params, &pulled));
+  }
   Evaluation e;
   e.step = *std::min_element(pulled.versions.begin(), pulled.versions.end());
-  if (test != nullptr) {
-    RETURN_IF_ERROR(model->SetParameters(*params));
+  if (into_model) {
+    RETURN_IF_ERROR(model->UploadParameters());
     if (config.model().has_click_through()) {
       RETURN_IF_ERROR(
           EvaluateClickThrough(ps, model, config.model().click_through(), *test, &e.result));
@@ -64,6 +71,16 @@ absl::StatusOr<Evaluation> Evaluate(PsClient* ps, Model* model, const TrainingCo
     }
   }
   return e;
+}
+
+std::vector<const float*> ParameterValues(Model* model, const std::vector<Tensor>& params) {
+  std::vector<const float*> values;
+  if (params.empty() && model != nullptr) {
+    for (size_t v = 0; v < model->variables().size(); ++v) values.push_back(model->host_parameters(v));
+  } else {
+    for (const Tensor& t : params) values.push_back(t.data());
+  }
+  return values;
 }
 
 }  // namespace pstrain

@@ -26,10 +26,14 @@ struct Evaluation {
   double log_loss = 0;
 };
 
-// Pulls every variable into `params` (the model as the servers hold it) and,
-// with a test set, evaluates it there.
+// Pulls every variable (the model as the servers hold it) and, with a test
+// set, evaluates it: into `model`'s own parameters when there is a test set
+// (`params` left empty: a second copy of a large model is what would not
+// fit), else into `params`. ParameterValues says where they are.
 absl::StatusOr<Evaluation> Evaluate(PsClient* ps, Model* model, const TrainingConfig& config,
                                     const Dataset* test, std::vector<Tensor>* params);
+// Each variable's values after Evaluate, in placement order.
+std::vector<const float*> ParameterValues(Model* model, const std::vector<Tensor>& params);
 
 }  // namespace pstrain
 

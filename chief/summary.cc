@@ -14,13 +14,14 @@
 namespace pstrain {
 
 absl::Status WriteRunOutputs(const RunContext& run, PsClient* ps, Chief* chief,
-                             const Evaluation& final_eval, const std::vector<Tensor>& params,
+                             const Evaluation& final_eval, const std::vector<const float*>& values,
                              double train_seconds) {
   Env* env = Env::Default();
   RETURN_IF_ERROR(env->CreateDirs(run.config.output_dir()));
-  TensorMap model_file;
-  for (size_t v = 0; v < params.size(); ++v) {
-    model_file.emplace(run.placement.variables()[v].spec.name, params[v]);
+  std::map<std::string, TensorView> model_file;  // written from `values`, not copied
+  for (size_t v = 0; v < values.size(); ++v) {
+    const VariableSpec& spec = run.placement.variables()[v].spec;
+    model_file.emplace(spec.name, TensorView{spec.shape, values[v]});
   }
   const std::string model_path = JoinPath(run.config.output_dir(), "model_final.pst");
   RETURN_IF_ERROR(WriteTensorFile(env, model_path, model_file));

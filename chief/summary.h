@@ -17,11 +17,11 @@
 
 namespace pstrain {
 
-// Writes both files: `params` are the variables in placement order;
-// `train_seconds` the time from the start of training to the final
-// evaluation.
+// Writes both files: `values[v]` is variable v's (placement order) full
+// tensor, written from there; `train_seconds` the time from the start of
+// training to the final evaluation.
 absl::Status WriteRunOutputs(const RunContext& run, PsClient* ps, Chief* chief,
-                             const Evaluation& final_eval, const std::vector<Tensor>& params,
+                             const Evaluation& final_eval, const std::vector<const float*>& values,
                              double train_seconds);
 
 }  // namespace pstrain

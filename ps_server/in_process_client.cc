@@ -53,9 +53,9 @@ absl::Status InProcessPsClient::InitializeAll(const TrainingConfig& config, uint
   ASSIGN_OR_RETURN(InitializeCalls calls,
                    InitializeRequests(*placement_, incarnation_, config, fingerprint, num_workers,
                                       start_step, params, optimizer_state, 4 << 20));
-  for (size_t r = 0; r < calls.requests.size(); ++r) {
-    const int s = calls.servers[r];
-    absl::Status st = servers_[s]->Initialize(calls.requests[r]);
+  for (size_t r = 0; r < calls.size(); ++r) {
+    const int s = calls.server(r);
+    absl::Status st = servers_[s]->Initialize(calls.Request(r));
     // A retried Initialize that already landed is fine, as over gRPC.
     if (!st.ok() && !absl::IsAlreadyExists(st)) {
       return Named(st, absl::StrCat("Initialize ", ServerName(s)));

@@ -157,21 +157,24 @@ absl::Status GrpcPsClient::InitializeAll(const TrainingConfig& config, uint64_t 
   ASSIGN_OR_RETURN(InitializeCalls calls,
                    InitializeRequests(*placement_, incarnation_, config, fingerprint, num_workers,
                                       start_step, params, optimizer_state, 4 << 20));
-  const std::vector<InitializeRequest>& requests = calls.requests;
-  const std::vector<int>& server_of = calls.servers;
-  std::vector<InitializeResponse> responses(requests.size());
+  // Each request is made as its call starts and freed as it ends: the
+  // calls in flight hold a window's worth of the model, not a copy of it.
+  std::vector<InitializeRequest> requests(calls.size());
+  std::vector<InitializeResponse> responses(calls.size());
   return CallAll(
-      static_cast<int>(requests.size()), startup_timeout, /*wait_for_ready=*/true,
-      [this, &server_of](int r) { return absl::StrCat("Initialize ", ServerName(server_of[r])); },
+      static_cast<int>(calls.size()), startup_timeout, /*wait_for_ready=*/true,
+      [this, &calls](int r) { return absl::StrCat("Initialize ", ServerName(calls.server(r))); },
       [&](int r, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
-        stubs_[server_of[r]]->async()->Initialize(ctx, &requests[r], &responses[r],
-                                                  [done](grpc::Status g) {
-          // A retried Initialize that already landed is fine.
-          if (g.error_code() == grpc::StatusCode::ALREADY_EXISTS) g = grpc::Status::OK;
-          done(g);
-        });
+        requests[r] = calls.Request(r);
+        stubs_[calls.server(r)]->async()->Initialize(
+            ctx, &requests[r], &responses[r], [done, request = &requests[r]](grpc::Status g) {
+              *request = InitializeRequest();
+              // A retried Initialize that already landed is fine.
+              if (g.error_code() == grpc::StatusCode::ALREADY_EXISTS) g = grpc::Status::OK;
+              done(g);
+            });
       },
-      [this, &server_of](int r) { return push_windows_[server_of[r]].get(); });
+      [this, &calls](int r) { return push_windows_[calls.server(r)].get(); });
 }
 
 std::vector<PullRequest> GrpcPsClient::PullRequests(const std::vector<int64_t>& min_versions,

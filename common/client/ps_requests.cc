@@ -65,44 +65,49 @@ absl::StatusOr<InitializeCalls> InitializeRequests(
                                      optimizer_state->updates.size() != vars.size())) {
     return absl::InvalidArgumentError("InitializeAll: optimizer state does not match the placement");
   }
-  const int num_servers = placement.num_servers();
-  const std::vector<PartitionGroup> groups =
+  InitializeCalls calls(placement, config, params, optimizer_state);
+  calls.incarnation_ = incarnation;
+  calls.fingerprint_ = fingerprint;
+  calls.num_workers_ = num_workers;
+  calls.start_step_ = start_step;
+  calls.groups_ =
       GroupPartitions(placement, AllVariables(placement), part_bytes, 4, /*every_server=*/true);
-  std::vector<int> parts(num_servers, 0), next(num_servers, 0);
-  for (const PartitionGroup& g : groups) ++parts[g.server];
-  InitializeCalls calls;
-  calls.requests.resize(groups.size());
-  for (size_t r = 0; r < groups.size(); ++r) {
-    const int s = groups[r].server;
-    calls.servers.push_back(s);
-    InitializeRequest& req = calls.requests[r];
-    req.set_incarnation(incarnation);
-    *req.mutable_config() = config;
-    req.set_config_fingerprint(fingerprint);
-    req.set_num_workers(num_workers);
-    req.set_start_step(start_step);
-    req.set_part(next[s]++);
-    req.set_num_parts(parts[s]);
-    req.set_server_index(s);
-    req.set_num_servers(num_servers);
-    for (const auto& [v, part] : groups[r].parts) {
-      const int64_t row = vars[v].spec.row_elements();
-      NamedTensor* nt = req.add_variables();
-      SetRef(vars[v].spec, *part, nt->mutable_ref());
-      ToProto(PartitionShape(vars[v].spec, *part),
-              absl::MakeConstSpan(params[v].data() + part->row_begin * row, part->num_rows() * row),
-              nt->mutable_tensor());
-      if (optimizer_state != nullptr) {
-        for (const std::vector<float>& slot : optimizer_state->slots[v]) {
-          ToProto(PartitionShape(vars[v].spec, *part),
-                  absl::MakeConstSpan(slot.data() + part->row_begin * row, part->num_rows() * row),
-                  nt->add_slots());
-        }
-        nt->set_updates(optimizer_state->updates[v]);
+  calls.parts_.assign(placement.num_servers(), 0);
+  for (const PartitionGroup& g : calls.groups_) calls.part_.push_back(calls.parts_[g.server]++);
+  return calls;
+}
+
+InitializeRequest InitializeCalls::Request(size_t r) const {
+  const auto& vars = placement_->variables();
+  const int s = groups_[r].server;
+  InitializeRequest req;
+  req.set_incarnation(incarnation_);
+  *req.mutable_config() = *config_;
+  req.set_config_fingerprint(fingerprint_);
+  req.set_num_workers(num_workers_);
+  req.set_start_step(start_step_);
+  req.set_part(part_[r]);
+  req.set_num_parts(parts_[s]);
+  req.set_server_index(s);
+  req.set_num_servers(placement_->num_servers());
+  for (const auto& [v, part] : groups_[r].parts) {
+    const int64_t row = vars[v].spec.row_elements();
+    NamedTensor* nt = req.add_variables();
+    SetRef(vars[v].spec, *part, nt->mutable_ref());
+    ToProto(PartitionShape(vars[v].spec, *part),
+            absl::MakeConstSpan((*params_)[v].data() + part->row_begin * row,
+                                part->num_rows() * row),
+            nt->mutable_tensor());
+    if (state_ != nullptr) {
+      for (const std::vector<float>& slot : state_->slots[v]) {
+        ToProto(PartitionShape(vars[v].spec, *part),
+                absl::MakeConstSpan(slot.data() + part->row_begin * row, part->num_rows() * row),
+                nt->add_slots());
       }
+      nt->set_updates(state_->updates[v]);
     }
   }
-  return calls;
+  return req;
 }
 
 std::vector<std::vector<uint32_t>> RowsByServer(absl::Span<const uint64_t> ids, int servers) {

@@ -45,10 +45,33 @@ void SetRef(const VariableSpec& spec, const Partition& part, PartitionRef* ref);
 // The Initialize calls of a run: each server's share in parts of up to
 // `part_bytes` of whole partitions (the server installs the model when its
 // last part is in); a server without partitions still gets one, to learn
-// the run. servers[r] is the server of requests[r].
-struct InitializeCalls {
-  std::vector<InitializeRequest> requests;
-  std::vector<int> servers;
+// the run. Each request is made when its call is sent (Request): all of
+// them at once would be a second copy of the model. The arguments given to
+// InitializeRequests must outlive it.
+class InitializeCalls {
+ public:
+  size_t size() const { return groups_.size(); }
+  int server(size_t r) const { return groups_[r].server; }
+  InitializeRequest Request(size_t r) const;
+
+ private:
+  friend absl::StatusOr<InitializeCalls> InitializeRequests(
+      const Placement&, uint64_t, const TrainingConfig&, uint64_t, int, int64_t,
+      const std::vector<Tensor>&, const PsClient::OptimizerState*, int64_t);
+  InitializeCalls(const Placement& placement, const TrainingConfig& config,
+                  const std::vector<Tensor>& params, const PsClient::OptimizerState* state)
+      : placement_(&placement), config_(&config), params_(&params), state_(state) {}
+
+  const Placement* placement_;
+  const TrainingConfig* config_;
+  const std::vector<Tensor>* params_;
+  const PsClient::OptimizerState* state_;
+  uint64_t incarnation_ = 0, fingerprint_ = 0;
+  int num_workers_ = 0;
+  int64_t start_step_ = 0;
+  std::vector<PartitionGroup> groups_;
+  std::vector<int> part_;     // request r's part number at its server
+  std::vector<int> parts_;    // each server's number of parts
 };
 absl::StatusOr<InitializeCalls> InitializeRequests(
     const Placement& placement, uint64_t incarnation, const TrainingConfig& config,

@@ -57,17 +57,17 @@ TEST_CASE("Initialize is cut into numbered parts per server, carrying every part
   TrainingConfig config;
   auto calls = InitializeRequests(p, 7, config, 99, 3, 5, params, nullptr, 300);
   REQUIRE(calls.ok());
-  REQUIRE(calls->requests.size() == calls->servers.size());
+  REQUIRE(calls->size() > 0);
   std::vector<int> parts(2, 0);
   int64_t floats = 0;
-  for (size_t r = 0; r < calls->requests.size(); ++r) {
-    const InitializeRequest& req = calls->requests[r];
+  for (size_t r = 0; r < calls->size(); ++r) {
+    const InitializeRequest req = calls->Request(r);
     CHECK(req.incarnation() == 7);
     CHECK(req.config_fingerprint() == 99);
     CHECK(req.num_workers() == 3);
     CHECK(req.start_step() == 5);
-    CHECK(req.server_index() == calls->servers[r]);
-    CHECK(req.part() == parts[calls->servers[r]]++);
+    CHECK(req.server_index() == calls->server(r));
+    CHECK(req.part() == parts[calls->server(r)]++);
     for (const NamedTensor& nt : req.variables()) {
       floats += static_cast<int64_t>(nt.tensor().content().size() / 4);
       if (nt.ref().variable() == "w") {
@@ -79,8 +79,8 @@ TEST_CASE("Initialize is cut into numbered parts per server, carrying every part
       }
     }
   }
-  for (size_t r = 0; r < calls->requests.size(); ++r) {
-    CHECK(calls->requests[r].num_parts() == parts[calls->servers[r]]);
+  for (size_t r = 0; r < calls->size(); ++r) {
+    CHECK(calls->Request(r).num_parts() == parts[calls->server(r)]);
   }
   CHECK(floats == 256 + 4);
 

@@ -1,6 +1,7 @@
 #include "common/storage/tensor_file.h"
 
 #include <cstring>
+#include <functional>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -43,21 +44,50 @@ class Reader {
   size_t pos_ = 0;
 };
 
+// The file's bytes in order to `sink`, which also extends the file's CRC
+// over them; the tensors in name order.
+absl::Status Encode(const std::map<std::string, TensorView>& tensors,
+                    const std::function<absl::Status(absl::string_view)>& sink) {
+  uint32_t file_crc = 0;
+  auto emit = [&](absl::string_view bytes) {
+    file_crc = Crc32cExtend(file_crc, bytes.data(), bytes.size());
+    return sink(bytes);
+  };
+  std::string head(kMagic, kMagicLen);
+  Put<uint64_t>(&head, tensors.size());
+  for (const auto& [name, t] : tensors) {
+    Put<uint32_t>(&head, name.size());
+    head.append(name);
+    Put<uint32_t>(&head, t.shape.size());
+    size_t elements = 1;
+    for (int64_t d : t.shape) {
+      Put<int64_t>(&head, d);
+      elements *= static_cast<size_t>(d);
+    }
+    const size_t nbytes = elements * sizeof(float);
+    Put<uint32_t>(&head, Crc32c(t.data, nbytes));
+    RETURN_IF_ERROR(emit(head));
+    head.clear();
+    RETURN_IF_ERROR(emit(absl::string_view(reinterpret_cast<const char*>(t.data), nbytes)));
+  }
+  Put<uint32_t>(&head, file_crc);
+  return sink(head);
+}
+
+std::map<std::string, TensorView> Views(const TensorMap& tensors) {
+  std::map<std::string, TensorView> views;
+  for (const auto& [name, t] : tensors) views.emplace(name, TensorView{t.shape(), t.data()});
+  return views;
+}
+
 }  // namespace
 
 std::string EncodeTensorFile(const TensorMap& tensors) {
-  std::string out(kMagic, kMagicLen);
-  Put<uint64_t>(&out, tensors.size());
-  for (const auto& [name, t] : tensors) {
-    Put<uint32_t>(&out, name.size());
-    out.append(name);
-    Put<uint32_t>(&out, t.shape().size());
-    for (int64_t d : t.shape()) Put<int64_t>(&out, d);
-    const size_t nbytes = t.num_elements() * sizeof(float);
-    Put<uint32_t>(&out, Crc32c(t.data(), nbytes));
-    out.append(reinterpret_cast<const char*>(t.data()), nbytes);
-  }
-  Put<uint32_t>(&out, Crc32c(out.data(), out.size()));
+  std::string out;
+  (void)Encode(Views(tensors), [&out](absl::string_view bytes) {
+    out.append(bytes.data(), bytes.size());
+    return absl::OkStatus();
+  });
   return out;
 }
 
@@ -106,7 +136,14 @@ absl::StatusOr<TensorMap> DecodeTensorFile(const std::string& bytes, const std::
 }
 
 absl::Status WriteTensorFile(Env* env, const std::string& path, const TensorMap& tensors) {
-  return WriteFileAtomically(env, path, EncodeTensorFile(tensors));
+  return WriteTensorFile(env, path, Views(tensors));
+}
+
+absl::Status WriteTensorFile(Env* env, const std::string& path,
+                             const std::map<std::string, TensorView>& tensors) {
+  return WriteFileStreamAtomically(env, path, [&tensors](WritableFile* file) {
+    return Encode(tensors, [file](absl::string_view bytes) { return file->Append(bytes); });
+  });
 }
 
 absl::StatusOr<TensorMap> ReadTensorFile(Env* env, const std::string& path) {

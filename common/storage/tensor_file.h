@@ -9,6 +9,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/storage/env.h"
@@ -21,8 +22,17 @@ using TensorMap = std::map<std::string, Tensor>;
 std::string EncodeTensorFile(const TensorMap& tensors);
 absl::StatusOr<TensorMap> DecodeTensorFile(const std::string& bytes, const std::string& source);
 
-// Written atomically through `env` (temp file, fsync, rename, fsync dir).
+// Written atomically through `env` (temp file, fsync, rename, fsync dir),
+// record by record from the tensors themselves: no copy of them, and no
+// encoded file in memory (a final model may be gigabytes).
 absl::Status WriteTensorFile(Env* env, const std::string& path, const TensorMap& tensors);
+// A tensor in memory the file does not own (a model's parameter block).
+struct TensorView {
+  std::vector<int64_t> shape;
+  const float* data = nullptr;  // the product of shape's elements
+};
+absl::Status WriteTensorFile(Env* env, const std::string& path,
+                             const std::map<std::string, TensorView>& tensors);
 absl::StatusOr<TensorMap> ReadTensorFile(Env* env, const std::string& path);
 
 }  // namespace pstrain

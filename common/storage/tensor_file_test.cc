@@ -73,6 +73,28 @@ TEST_CASE("tensor files are written atomically through the Env", "[tensor_file]"
   REQUIRE(back.ok());
   CHECK(back->at("x").values()[0] == 42.0f);
   CHECK(absl::IsNotFound(ReadTensorFile(Env::Default(), path + ".nope").status()));
+
+  // Written from memory it does not own, record by record (a final model
+  // is written so, from the chief's model): the same bytes as encoded whole.
+  TensorMap two;
+  two.emplace("w", Tensor({2, 3}, {1, 2, 3, 4, 5, 6}));
+  two.emplace("a/empty", Tensor({0, 4}, {}));
+  two.emplace("b", Tensor({3}, {0.5f, -0.5f, 0}));
+  std::map<std::string, TensorView> views;
+  for (const auto& [name, t] : two) views.emplace(name, TensorView{t.shape(), t.data()});
+  const std::string viewed = JoinPath(dir, "viewed.pst");
+  REQUIRE(WriteTensorFile(Env::Default(), viewed, views).ok());
+  auto bytes = Env::Default()->ReadFile(viewed);
+  REQUIRE(bytes.ok());
+  CHECK(*bytes == EncodeTensorFile(two));
+  auto decoded = ReadTensorFile(Env::Default(), viewed);
+  REQUIRE(decoded.ok());
+  CHECK(decoded->at("w").values() == two.at("w").values());
+  CHECK(decoded->at("a/empty").shape() == std::vector<int64_t>{0, 4});
+  // A write that fails leaves the earlier file and no temp file.
+  REQUIRE(Env::Default()->CreateDirs(viewed + "2.tmp").ok());  // the temp file cannot be made
+  CHECK_FALSE(WriteTensorFile(Env::Default(), viewed + "2", views).ok());
+  CHECK_FALSE(Env::Default()->FileExists(viewed + "2"));
 }
 
 }  // namespace

@@ -69,6 +69,20 @@ std::string Token(const std::string& dir, const std::string& file) {
   return *t;
 }
 
+// Waits until the log at `log_path` holds `line` (a daemon listening).
+void WaitForLogLine(const std::string& log_path, const std::string& line) {
+  absl::Status st = RetryWithBackoff(
+      line, absl::Seconds(30),
+      [&]() {
+        return Env::Default()->ReadFile(log_path).value_or("").find(line) == std::string::npos
+                   ? absl::UnavailableError("not yet")
+                   : absl::OkStatus();
+      },
+      absl::Milliseconds(50));
+  INFO(log_path);
+  REQUIRE(st.ok());
+}
+
 // The port in a daemon's "metrics on http(s)://127.0.0.1:PORT/metrics" line.
 int MetricsPort(const std::string& log_path) {
   int port = 0;
@@ -234,6 +248,11 @@ TEST_CASE("a call captured on the wire can be made neither again nor at another 
     REQUIRE(ps.ok());
     servers.push_back(*std::move(ps));
   }
+  // The calls below are signed before they are sent: a server still
+  // starting would refuse them as signed before it started.
+  for (int i = 0; i < 2; ++i) {
+    WaitForLogLine(JoinPath(dir, absl::StrCat("ps", i, ".log")), "parameter server listening");
+  }
   const std::string chief = Token(dir, "chief-0.token");
   // Makes a call with exactly these headers, as one seen on a plaintext
   // wire would be made again.
@@ -278,6 +297,26 @@ TEST_CASE("a call captured on the wire can be made neither again nor at another 
   std::optional<int> code = servers[1]->Wait(absl::Seconds(10));
   REQUIRE(code.has_value());
   CHECK(*code == 0);
+  // ps:1 restarted: its memory of calls starts afresh, but the captured
+  // Shutdown was signed before it started (by more than kStartMargin), and
+  // is refused.
+  absl::SleepFor(kStartMargin);
+  {
+    SpawnOptions so;
+    so.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + spec, "--task=1",
+               "--chief_timeout_s=0"};
+    so.output_file = JoinPath(dir, "ps1-again.log");
+    auto ps = Subprocess::Spawn(so);
+    REQUIRE(ps.ok());
+    servers[1] = *std::move(ps);
+  }
+  WaitForLogLine(JoinPath(dir, "ps1-again.log"), "parameter server listening");
+  grpc::Status replayed = send(1, for_ps1, shutdown);
+  CHECK(replayed.error_code() == grpc::StatusCode::UNAVAILABLE);
+  CHECK(replayed.error_message().find("before this server started") != std::string::npos);
+  CHECK_FALSE(servers[1]->Wait(absl::Milliseconds(200)).has_value());
+  CHECK(send(1, Signature("chief:0", chief, "ps:1", "GetStatus"), get_status).ok());
+  servers[1]->Stop(absl::Seconds(5));
   servers[0]->Stop(absl::Seconds(5));
 }
 
@@ -401,6 +440,7 @@ TEST_CASE("only the operator may roll a job back (the chief's Restore)", "[secur
   so.output_file = JoinPath(dir, "chief.log");
   auto chief = Subprocess::Spawn(so);
   REQUIRE(chief.ok());
+  WaitForLogLine(so.output_file, "listening on");  // the calls are signed before they are sent
   auto stub = ChiefService::NewStub(CreateChannel(cluster->address(kChiefJob, 0)));
   auto restore = [&](const std::string& identity, const std::string& token) {
     grpc::ClientContext ctx;

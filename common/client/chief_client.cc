@@ -1,8 +1,12 @@
 #include "common/client/chief_client.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/cluster/cluster_spec.h"
 #include "common/rpc/rpc.h"
+#include "common/security/auth.h"
 #include "common/base/status_macros.h"
 
 namespace pstrain {
@@ -22,22 +26,29 @@ absl::Status GrpcChiefClient::RegisterWorker(int worker, uint64_t fingerprint, a
   req.set_session(session);
   req.set_config_fingerprint(fingerprint);
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
-  grpc::ClientContext ctx;
-  SetDeadline(&ctx, timeout + rpc_timeout_);
-  // The chief may still be starting; one gone while its workers train
-  // (previous_incarnation set) fails the call at once, as it failed the run.
-  ctx.set_wait_for_ready(previous_incarnation == 0);
   const std::string what = absl::StrCat("RegisterWorker with chief ", address_);
-  const grpc::Status status = AwaitCall(
-      &ctx,
-      [&](std::function<void(grpc::Status)> done) {
-        stub_->async()->RegisterWorker(&ctx, &req, response, std::move(done));
-      },
-      stop);
-  if (stop != nullptr && stop->stopped() && status.error_code() == grpc::StatusCode::CANCELLED) {
-    return absl::CancelledError(stop->reason());
+  const absl::Time deadline = absl::Now() + timeout + rpc_timeout_;
+  for (;;) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    // The chief may still be starting; one gone while its workers train
+    // (previous_incarnation set) fails the call at once, as it failed the run.
+    ctx.set_wait_for_ready(previous_incarnation == 0);
+    const grpc::Status status = AwaitCall(
+        &ctx,
+        [&](std::function<void(grpc::Status)> done) {
+          stub_->async()->RegisterWorker(&ctx, &req, response, std::move(done));
+        },
+        stop);
+    if (stop != nullptr && stop->stopped() && status.error_code() == grpc::StatusCode::CANCELLED) {
+      return absl::CancelledError(stop->reason());
+    }
+    absl::Status st = FromGrpcStatus(status, what);
+    // Signed, then kept waiting for a chief that started since: made again,
+    // freshly signed (common/security/auth.h kStartMargin).
+    if (!IsSignedBeforeStart(st) || absl::Now() >= deadline) return st;
+    absl::SleepFor(std::min(absl::Milliseconds(50), deadline - absl::Now()));
   }
-  return FromGrpcStatus(status, what);
 }
 
 absl::Status GrpcChiefClient::ReportProgress(const ProgressReport& report, ProgressResponse* response) {

@@ -11,6 +11,7 @@
 #include "common/base/bfloat16.h"
 #include "common/rpc/call_window.h"
 #include "common/rpc/fan_out.h"
+#include "common/security/auth.h"
 #include "common/base/embedding_ids.h"
 #include "common/rpc/rpc.h"
 #include "common/base/status_macros.h"
@@ -157,12 +158,24 @@ absl::Status GrpcPsClient::InitializeAll(const TrainingConfig& config, uint64_t 
   ASSIGN_OR_RETURN(InitializeCalls calls,
                    InitializeRequests(*placement_, incarnation_, config, fingerprint, num_workers,
                                       start_step, params, optimizer_state, 4 << 20));
+  // A server that came up while a call waited for it refuses it as signed
+  // before it started (common/security/auth.h kStartMargin): made again,
+  // freshly signed (parts that landed answer ALREADY_EXISTS: fine).
+  const absl::Time deadline = absl::Now() + startup_timeout;
+  for (;;) {
+    absl::Status st = InitializeOnce(calls, deadline - absl::Now());
+    if (!IsSignedBeforeStart(st) || absl::Now() >= deadline) return st;
+    absl::SleepFor(std::min(absl::Milliseconds(50), deadline - absl::Now()));
+  }
+}
+
+absl::Status GrpcPsClient::InitializeOnce(const InitializeCalls& calls, absl::Duration timeout) {
   // Each request is made as its call starts and freed as it ends: the
   // calls in flight hold a window's worth of the model, not a copy of it.
   std::vector<InitializeRequest> requests(calls.size());
   std::vector<InitializeResponse> responses(calls.size());
   return CallAll(
-      static_cast<int>(calls.size()), startup_timeout, /*wait_for_ready=*/true,
+      static_cast<int>(calls.size()), timeout, /*wait_for_ready=*/true,
       [this, &calls](int r) { return absl::StrCat("Initialize ", ServerName(calls.server(r))); },
       [&](int r, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
         requests[r] = calls.Request(r);

@@ -113,6 +113,8 @@ class GrpcPsClient final : public PsClient {
   absl::Status ClaimSession(int server, int32_t session, PsStatusResponse* response) override;
 
  private:
+  // One try of InitializeAll's calls, each waiting for its server.
+  absl::Status InitializeOnce(const InitializeCalls& calls, absl::Duration timeout);
   std::string ServerName(int s) const;
   absl::Status StatusCall(int server, const PsStatusRequest& request, PsStatusResponse* response);
   // The push under way: its calls, and the state machine of its parts.

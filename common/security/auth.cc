@@ -177,6 +177,15 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path) {
   return trimmed;
 }
 
+namespace {
+constexpr char kSignedBeforeStart[] = "before this server started";
+}  // namespace
+
+bool IsSignedBeforeStart(const absl::Status& status) {
+  return absl::IsUnavailable(status) &&
+         absl::StrContains(status.message(), kSignedBeforeStart);
+}
+
 Authorizer::Authorizer(const std::string& secret, const ClusterSpec& cluster,
                        const std::string& self, bool tls)
     : tls_(tls), has_tokens_(!secret.empty()), self_(self) {
@@ -265,6 +274,14 @@ const char* Authorizer::CheckSignature(absl::string_view identity, const std::st
                            " allowed: a replayed call, or the machines' clocks disagree (NTP)");
     return "stale signature";
   }
+  if (signed_at < started_ - kStartMargin) {
+    *code = absl::StatusCode::kUnavailable;
+    *detail = absl::StrCat(
+        "signed ", absl::FormatDuration(absl::Trunc(started_ - signed_at, absl::Milliseconds(1))),
+        " ", kSignedBeforeStart, " (a call from before a restart, or one that waited for the ",
+        "server to come up): sign it again");
+    return "signed before this server started";
+  }
   switch (replays_.Admit(identity, f.session, f.number, signed_at, now)) {
     case ReplayGuard::Verdict::kNew:
       return nullptr;
@@ -304,9 +321,16 @@ absl::StatusOr<const Caller*> Authorizer::Authenticate(absl::string_view identit
     const std::string why = detail.empty() ? std::string(problem) : detail;
     if (ShouldLog(&last_unauthenticated_log_ms_)) {
       const std::string who = absl::CHexEscape(identity.substr(0, 64));
-      LOG_WARN("{} refused: {} ({} unauthenticated calls in all)", method,
-               identity.empty() ? why : absl::StrCat(why, " for \"", who, "\""),
-               unauthenticated());
+      const std::string line =
+          absl::StrCat(method, " refused: ",
+                       identity.empty() ? why : absl::StrCat(why, " for \"", who, "\""), " (",
+                       unauthenticated(), " unauthenticated calls in all)");
+      // A call that waited for this server to start is expected, and made again.
+      if (code == absl::StatusCode::kUnavailable) {
+        LOG_INFO("{}", line);
+      } else {
+        LOG_WARN("{}", line);
+      }
     }
     std::vector<std::string> needs;
     if (tls_) needs.push_back("a certificate from the cluster's CA (pstrain certs)");

@@ -58,6 +58,16 @@ std::string DeriveToken(absl::string_view secret, absl::string_view identity);
 // either way: the clocks of a cluster's machines must agree this well (NTP).
 inline constexpr absl::Duration kSignatureMaxAge = absl::Minutes(5);
 
+// A server admits only calls signed after it started, less this margin (a
+// call queued while its channel connected; clocks a little apart): its
+// memory of calls seen starts with it, so a call captured before a restart
+// must not pass. Such a call is refused UNAVAILABLE ("sign it again"): a
+// caller that signed and then waited for the server (InitializeAll, a
+// worker's first RegisterWorker) makes it again, freshly signed.
+inline constexpr absl::Duration kStartMargin = absl::Seconds(2);
+// Whether `status` is that refusal.
+bool IsSignedBeforeStart(const absl::Status& status);
+
 // The authorization value of call `seq` (from 1) of `session`, made by
 // `identity` with its `key` (DeriveToken) at `signed_at`, for method
 // `method` ("Push", the last part of gRPC's path) of task `audience`.
@@ -138,7 +148,13 @@ class Authorizer {
   // Authorizer must be started with it. OK when authentication is off.
   absl::Status AuthenticateHeaders(absl::string_view identity, absl::string_view authorization,
                                    absl::string_view cert_cn, absl::string_view method);
-  void MarkGated() { gated_.store(true, std::memory_order_release); }
+  // Called as the server starts listening: from now on Check leaves the
+  // signature to AuthenticateHeaders, and calls signed before now (less
+  // kStartMargin) are refused.
+  void MarkGated() {
+    started_ = absl::Now();
+    gated_.store(true, std::memory_order_release);
+  }
 
   // A request's `worker` field must name the calling worker itself (the
   // chief's calls carry -1). Counted as denied otherwise.
@@ -171,6 +187,9 @@ class Authorizer {
   bool has_tokens_ = false;
   std::atomic<bool> gated_{false};
   std::string self_;
+  // Calls signed before it, less kStartMargin, are refused. Set before any
+  // call is served (MarkGated, as the server starts).
+  absl::Time started_ = absl::Now();
   ReplayGuard replays_{kSignatureMaxAge};
   // identity -> its token ("" without a secret) and who it is
   std::map<std::string, std::pair<std::string, Caller>, std::less<>> tokens_;

@@ -375,6 +375,28 @@ struct Prometheus {
   std::string log;      // its output
 };
 
+// A real Prometheus with the configuration `yml`, its files named `name`
+// in `dir`, on a free port none of the spec's.
+Prometheus SpawnPrometheus(const std::string& dir, const std::string& name,
+                           const std::string& yml, const std::string& spec_path) {
+  Prometheus prom;
+  const std::string spec_text = Env::Default()->ReadFile(spec_path).value_or("");
+  for (int tries = 0; tries < 10 && prom.port == 0; ++tries) {
+    const int p = PickFreePorts(1)[0];
+    if (spec_text.find(absl::StrCat(":", p, "\"")) == std::string::npos) prom.port = p;
+  }
+  REQUIRE(prom.port != 0);
+  SpawnOptions so;
+  so.argv = {kPrometheus, "--config.file=" + yml,
+             "--storage.tsdb.path=" + JoinPath(dir, name + "-tsdb"),
+             absl::StrCat("--web.listen-address=127.0.0.1:", prom.port), "--log.level=warn"};
+  so.output_file = prom.log = JoinPath(dir, name + ".log");
+  auto process = Subprocess::Spawn(so);
+  REQUIRE(process.ok());
+  prom.process = std::move(*process);
+  return prom;
+}
+
 // `pstrain prometheus-config` for the spec, checked by promtool, and a real
 // Prometheus scraping by it every 500 ms, on a free port none of the spec's.
 Prometheus StartPrometheus(const std::string& dir, const std::string& spec_path) {
@@ -389,21 +411,7 @@ Prometheus StartPrometheus(const std::string& dir, const std::string& spec_path)
       testing::RunCommand({kPromtool, "check", "config", yml}, absl::Seconds(60));
   INFO(checked.output);
   REQUIRE(checked.exit_code == 0);
-  Prometheus prom;
-  const std::string spec_text = Env::Default()->ReadFile(spec_path).value_or("");
-  for (int tries = 0; tries < 10 && prom.port == 0; ++tries) {
-    const int p = PickFreePorts(1)[0];
-    if (spec_text.find(absl::StrCat(":", p, "\"")) == std::string::npos) prom.port = p;
-  }
-  REQUIRE(prom.port != 0);
-  SpawnOptions so;
-  so.argv = {kPrometheus, "--config.file=" + yml, "--storage.tsdb.path=" + JoinPath(dir, "tsdb"),
-             absl::StrCat("--web.listen-address=127.0.0.1:", prom.port), "--log.level=warn"};
-  so.output_file = prom.log = JoinPath(dir, "prometheus.log");
-  auto process = Subprocess::Spawn(so);
-  REQUIRE(process.ok());
-  prom.process = std::move(*process);
-  return prom;
+  return SpawnPrometheus(dir, "prometheus", yml, spec_path);
 }
 
 TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes the cluster "
@@ -425,6 +433,20 @@ TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes
   o.max_steps = 1000000;  // ended by the test
   o.eval_every_steps = 1000;
   std::unique_ptr<Subprocess> launch = StartLaunch(dir, spec_path, o);
+  // A second Prometheus finds the tasks through the launcher's
+  // metrics_targets.json alone (file_sd: follows restarted tasks' ports).
+  const std::string file_sd_yml = testing::WriteFile(
+      JoinPath(dir, "file_sd.yml"),
+      absl::StrCat("global:\n  scrape_interval: 500ms\n  scrape_timeout: 400ms\n"
+                   "scrape_configs:\n  - job_name: file_sd\n    file_sd_configs:\n"
+                   "      - files: ['",
+                   JoinPath(JoinPath(dir, "out"), "metrics_targets.json"),
+                   "']\n        refresh_interval: 1s\n"));
+  CommandResult file_sd_checked =
+      testing::RunCommand({kPromtool, "check", "config", file_sd_yml}, absl::Seconds(60));
+  INFO(file_sd_checked.output);
+  REQUIRE(file_sd_checked.exit_code == 0);
+  Prometheus by_file = SpawnPrometheus(dir, "prometheus-file-sd", file_sd_yml, spec_path);
 
   // Training is under way once ps:0 has applied a few steps.
   const std::string version = "pstrain_ps_version{job=\"ps\",task=\"0\"}";
@@ -445,6 +467,22 @@ TEST_CASE("promtool passes every daemon's metrics, and a real Prometheus scrapes
     INFO(task << ": " << lint.output);
     CHECK(lint.exit_code == 0);
   }
+
+  // The file_sd Prometheus scrapes every task the launcher listed.
+  int up_by_file = 0;
+  for (const absl::Time until = absl::Now() + absl::Seconds(30);
+       up_by_file < static_cast<int>(ports.size()) && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(200));
+    up_by_file = 0;
+    for (const auto& [task, port] : ports) {
+      up_by_file += PromQuery(by_file.port, absl::StrCat("up{job=\"file_sd\",pstrain_task=\"",
+                                                         task, "\",instance=\"127.0.0.1:", port,
+                                                         "\"}")) == 1;
+    }
+  }
+  by_file.process->Stop(absl::Seconds(20));
+  INFO(Env::Default()->ReadFile(by_file.log).value_or(""));
+  CHECK(up_by_file == static_cast<int>(ports.size()));
 
   // Hold worker:1 back (SIGSTOP): the servers' open step waits on it and
   // their version stops, so both the endpoint and Prometheus have one value.

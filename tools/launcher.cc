@@ -733,7 +733,21 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
   if (options.insecure) run.task_flags.push_back("--insecure");
   // The tasks' metrics addresses for Prometheus' file_sd, across restarts.
   MetricsTargets metrics_targets(JoinPath(config->output_dir(), "metrics_targets.json"));
-  if (options.metrics) run.metrics_targets = &metrics_targets;
+  // Empty from the start (an earlier run's file named its dead ports) to
+  // the end, however the launch ends.
+  struct EmptiedAtEnd {
+    MetricsTargets* targets;
+    ~EmptiedAtEnd() {
+      if (targets != nullptr) (void)targets->Clear();
+    }
+  } emptied_at_end{nullptr};
+  if (options.metrics) {
+    run.metrics_targets = &metrics_targets;
+    if (absl::Status st = metrics_targets.Clear(); !st.ok()) {
+      std::cerr << "pstrain launch: " << metrics_targets.path() << ": " << st.message() << "\n";
+    }
+    emptied_at_end.targets = &metrics_targets;
+  }
   // The launcher reads the chief's status as the operator.
   if (absl::Status st = ActAsOperator(*cluster, *secret); !st.ok()) {
     std::cerr << "pstrain launch: " << st.message() << "\n";

@@ -36,6 +36,11 @@ absl::Status MetricsTargets::Set(const std::string& task, const std::string& url
   return WriteFileAtomically(Env::Default(), path_, Json());
 }
 
+absl::Status MetricsTargets::Clear() {
+  urls_.clear();
+  return WriteFileAtomically(Env::Default(), path_, Json());
+}
+
 std::string MetricsTargets::Json() const {
   nlohmann::json groups = nlohmann::json::array();
   for (const auto& [task, url] : urls_) {

@@ -24,6 +24,10 @@ class MetricsTargets {
   // Task `task` ("ps:0") serves at `url` ("http://127.0.0.1:38805/metrics");
   // rewrites the file. A url that is not scheme://host:port/path is refused.
   absl::Status Set(const std::string& task, const std::string& url);
+  // No targets: written as a launch starts (an earlier run's ports are gone
+  // before its tasks report theirs) and as it ends (Prometheus stops
+  // scraping tasks that are no more).
+  absl::Status Clear();
 
   // The file's content: one target group per task, labelled pstrain_task
   // ("ps:0", as pstrain prometheus-config labels its targets), its scheme

@@ -26,6 +26,11 @@ TEST_CASE("the targets file follows each task's metrics address", "[launch][metr
   CHECK(j[1]["labels"]["__scheme__"] == "http");
   CHECK_FALSE(targets.Set("worker:0", "127.0.0.1:5").ok());
   CHECK_FALSE(targets.Set("worker:0", "ftp://127.0.0.1:5/metrics").ok());
+  // A launch's start and end: no targets.
+  REQUIRE(targets.Clear().ok());
+  CHECK(*Env::Default()->ReadFile(path) == "[]\n");
+  REQUIRE(targets.Set("worker:0", "http://127.0.0.1:5/metrics").ok());
+  CHECK(nlohmann::json::parse(*Env::Default()->ReadFile(path)).size() == 1);
 }
 
 }  // namespace

@@ -157,6 +157,20 @@ TEST_CASE("with a cluster secret only the right task in the right role changes a
   };
   CHECK(shutdown("worker:0", w0) == grpc::StatusCode::PERMISSION_DENIED);
   CHECK(shutdown("", "") == grpc::StatusCode::UNAUTHENTICATED);
+  // A worker naming the chief in a header of its own before the one its
+  // signature is for: gRPC keeps both, and the signature checked at the
+  // door must be the caller the handler sees. Refused, counted.
+  {
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, absl::Seconds(10));
+    ctx.AddMetadata(kIdentityHeader, "chief:0");
+    ctx.AddMetadata(kIdentityHeader, "worker:0");
+    ctx.AddMetadata("authorization", Signature("worker:0", w0, "ps:0", "Shutdown"));
+    const grpc::Status two = stub->Shutdown(&ctx, bye, &bye_resp);
+    CHECK(two.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+    CHECK(two.error_message().find("given more than once") != std::string::npos);
+    CHECK_FALSE((*ps)->Wait(absl::Milliseconds(100)).has_value());
+  }
   InitializeRequest init = testing::TinyModelInit(JoinPath(dir, "out"));
   REQUIRE(init.has_config());
   InitializeResponse init_resp;
@@ -213,11 +227,11 @@ TEST_CASE("with a cluster secret only the right task in the right role changes a
   CHECK(pull("worker:1", w1, 1) == grpc::StatusCode::OK);
   CHECK(pull("chief:0", chief, -1) == grpc::StatusCode::OK);
 
-  // Refusals are counted: 6 unauthenticated, 6 denied so far.
+  // Refusals are counted: 7 unauthenticated, 6 denied so far.
   const std::string metrics = testing::HttpGet(metrics_port, "/metrics");
   INFO(metrics);
   CHECK(metrics.find(
-            "pstrain_rpc_refused_total{reason=\"unauthenticated\",job=\"ps\",task=\"0\"} 6") !=
+            "pstrain_rpc_refused_total{reason=\"unauthenticated\",job=\"ps\",task=\"0\"} 7") !=
         std::string::npos);
   CHECK(metrics.find(
             "pstrain_rpc_refused_total{reason=\"permission_denied\",job=\"ps\",task=\"0\"} 6") !=

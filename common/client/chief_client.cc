@@ -28,6 +28,8 @@ absl::Status GrpcChiefClient::RegisterWorker(int worker, uint64_t fingerprint, a
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   const std::string what = absl::StrCat("RegisterWorker with chief ", address_);
   const absl::Time deadline = absl::Now() + timeout + rpc_timeout_;
+  absl::Duration backoff = absl::Milliseconds(50);
+  absl::Status refused;  // the last refusal as signed before the chief started
   for (;;) {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
@@ -46,8 +48,17 @@ absl::Status GrpcChiefClient::RegisterWorker(int worker, uint64_t fingerprint, a
     absl::Status st = FromGrpcStatus(status, what);
     // Signed, then kept waiting for a chief that started since: made again,
     // freshly signed (common/security/auth.h kStartMargin).
-    if (!IsSignedBeforeStart(st) || absl::Now() >= deadline) return st;
-    absl::SleepFor(std::min(absl::Milliseconds(50), deadline - absl::Now()));
+    if (IsSignedBeforeStart(st)) {
+      refused = st;
+    } else {
+      return !refused.ok() && absl::IsDeadlineExceeded(st)
+                 ? SignedBeforeStartUntilDeadline(refused)
+                 : st;
+    }
+    if (absl::Now() + backoff >= deadline) return SignedBeforeStartUntilDeadline(refused);
+    if (stop != nullptr && stop->WaitFor(backoff)) return absl::CancelledError(stop->reason());
+    if (stop == nullptr) absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, absl::Seconds(1));
   }
 }
 

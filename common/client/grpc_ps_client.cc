@@ -162,10 +162,21 @@ absl::Status GrpcPsClient::InitializeAll(const TrainingConfig& config, uint64_t 
   // before it started (common/security/auth.h kStartMargin): made again,
   // freshly signed (parts that landed answer ALREADY_EXISTS: fine).
   const absl::Time deadline = absl::Now() + startup_timeout;
+  absl::Duration backoff = absl::Milliseconds(50);
+  absl::Status refused;  // the last such refusal
   for (;;) {
     absl::Status st = InitializeOnce(calls, deadline - absl::Now());
-    if (!IsSignedBeforeStart(st) || absl::Now() >= deadline) return st;
-    absl::SleepFor(std::min(absl::Milliseconds(50), deadline - absl::Now()));
+    if (IsSignedBeforeStart(st)) {
+      refused = st;
+    } else {
+      // A last try cut short by the deadline: the refusal says more.
+      return !refused.ok() && absl::IsDeadlineExceeded(st)
+                 ? SignedBeforeStartUntilDeadline(refused)
+                 : st;
+    }
+    if (absl::Now() + backoff >= deadline) return SignedBeforeStartUntilDeadline(refused);
+    absl::SleepFor(backoff);
+    backoff = std::min(2 * backoff, absl::Seconds(1));
   }
 }
 

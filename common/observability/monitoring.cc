@@ -168,10 +168,14 @@ class RefusalCollector : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override {
     prometheus::MetricFamily f =
         Family("pstrain_rpc_refused_total",
-               "Calls refused before they reached the service: no valid token "
-               "(unauthenticated) or a role that may not make the call (permission_denied).",
+               "Calls refused before they reached the service: no valid signature or "
+               "certificate (unauthenticated), signed before this server started (its caller "
+               "signs it again: signed_before_start), or a role that may not make the call "
+               "(permission_denied).",
                prometheus::MetricType::Counter);
     AddMetric(&f, {{"reason", "unauthenticated"}}, static_cast<double>(auth_->unauthenticated()));
+    AddMetric(&f, {{"reason", "signed_before_start"}},
+              static_cast<double>(auth_->signed_before_start()));
     AddMetric(&f, {{"reason", "permission_denied"}}, static_cast<double>(auth_->denied()));
     return {std::move(f)};
   }

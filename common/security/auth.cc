@@ -186,6 +186,12 @@ bool IsSignedBeforeStart(const absl::Status& status) {
          absl::StrContains(status.message(), kSignedBeforeStart);
 }
 
+absl::Status SignedBeforeStartUntilDeadline(const absl::Status& refusal) {
+  return absl::DeadlineExceededError(absl::StrCat(
+      refusal.message(), "; refused so until the deadline: are the machines' clocks more than ",
+      absl::FormatDuration(kStartMargin), " apart (NTP)?"));
+}
+
 Authorizer::Authorizer(const std::string& secret, const ClusterSpec& cluster,
                        const std::string& self, bool tls)
     : tls_(tls), has_tokens_(!secret.empty()), self_(self) {
@@ -231,8 +237,17 @@ absl::StatusOr<Caller> Authorizer::Check(absl::string_view identity,
 
 absl::Status Authorizer::AuthenticateHeaders(absl::string_view identity,
                                              absl::string_view authorization,
-                                             absl::string_view cert_cn, absl::string_view method) {
+                                             absl::string_view cert_cn, absl::string_view method,
+                                             bool repeated) {
   if (!enabled()) return absl::OkStatus();
+  if (repeated) {
+    unauthenticated_.fetch_add(1, std::memory_order_relaxed);
+    const char* why = "x-pstrain-identity or authorization given more than once";
+    if (ShouldLog(&last_unauthenticated_log_ms_)) {
+      LOG_WARN("{} refused: {} ({} unauthenticated calls in all)", method, why, unauthenticated());
+    }
+    return absl::UnauthenticatedError(absl::StrCat(method, ": unauthenticated (", why, ")"));
+  }
   // The verified certificate names the caller; the identity header does not.
   if (tls_ && !cert_cn.empty()) {
     return Authenticate(cert_cn, authorization, /*certified=*/true, method).status();
@@ -274,10 +289,11 @@ const char* Authorizer::CheckSignature(absl::string_view identity, const std::st
                            " allowed: a replayed call, or the machines' clocks disagree (NTP)");
     return "stale signature";
   }
-  if (signed_at < started_ - kStartMargin) {
+  const absl::Time started = absl::FromUnixMillis(started_ms_.load(std::memory_order_acquire));
+  if (signed_at < started - kStartMargin) {
     *code = absl::StatusCode::kUnavailable;
     *detail = absl::StrCat(
-        "signed ", absl::FormatDuration(absl::Trunc(started_ - signed_at, absl::Milliseconds(1))),
+        "signed ", absl::FormatDuration(absl::Trunc(started - signed_at, absl::Milliseconds(1))),
         " ", kSignedBeforeStart, " (a call from before a restart, or one that waited for the ",
         "server to come up): sign it again");
     return "signed before this server started";
@@ -317,19 +333,20 @@ absl::StatusOr<const Caller*> Authorizer::Authenticate(absl::string_view identit
     problem = CheckSignature(identity, it->second.first, authorization, method, &detail, &code);
   }
   if (problem != nullptr) {
-    unauthenticated_.fetch_add(1, std::memory_order_relaxed);
+    // A call that waited for this server to start is expected (its caller
+    // makes it again): counted and logged apart from the others.
+    const bool before_start = code == absl::StatusCode::kUnavailable;
+    (before_start ? signed_before_start_ : unauthenticated_).fetch_add(1, std::memory_order_relaxed);
     const std::string why = detail.empty() ? std::string(problem) : detail;
-    if (ShouldLog(&last_unauthenticated_log_ms_)) {
+    if (ShouldLog(before_start ? &last_before_start_log_ms_ : &last_unauthenticated_log_ms_)) {
       const std::string who = absl::CHexEscape(identity.substr(0, 64));
       const std::string line =
           absl::StrCat(method, " refused: ",
-                       identity.empty() ? why : absl::StrCat(why, " for \"", who, "\""), " (",
-                       unauthenticated(), " unauthenticated calls in all)");
-      // A call that waited for this server to start is expected, and made again.
-      if (code == absl::StatusCode::kUnavailable) {
+                       identity.empty() ? why : absl::StrCat(why, " for \"", who, "\""));
+      if (before_start) {
         LOG_INFO("{}", line);
       } else {
-        LOG_WARN("{}", line);
+        LOG_WARN("{} ({} unauthenticated calls in all)", line, unauthenticated());
       }
     }
     std::vector<std::string> needs;
@@ -382,7 +399,10 @@ absl::StatusOr<Caller> Authorizer::Check(const grpc::ServerContextBase& ctx,
     return it == md.end() ? absl::string_view()
                           : absl::string_view(it->second.data(), it->second.size());
   };
-  const bool gated = gated_.load(std::memory_order_acquire);
+  // The door checked the signature of the one identity header there is (a
+  // call with two is refused there); anything else is checked in full.
+  const bool gated = gated_.load(std::memory_order_acquire) && md.count(kIdentityHeader) <= 1 &&
+                     md.count("authorization") == 1;
   if (tls_) {
     // The verified certificate names the caller; the identity header does not.
     const std::string cn = PeerCommonName(ctx);

@@ -55,7 +55,8 @@ inline constexpr char kOperatorIdentity[] = "operator";
 std::string DeriveToken(absl::string_view secret, absl::string_view identity);
 
 // How far a call's signing time may be from the serving daemon's clock,
-// either way: the clocks of a cluster's machines must agree this well (NTP).
+// either way: the clocks of a cluster's machines must agree this well (NTP),
+// and within kStartMargin for calls to pass at once after a server starts.
 inline constexpr absl::Duration kSignatureMaxAge = absl::Minutes(5);
 
 // A server admits only calls signed after it started, less this margin (a
@@ -67,6 +68,9 @@ inline constexpr absl::Duration kSignatureMaxAge = absl::Minutes(5);
 inline constexpr absl::Duration kStartMargin = absl::Seconds(2);
 // Whether `status` is that refusal.
 bool IsSignedBeforeStart(const absl::Status& status);
+// What a caller that kept getting it (`refusal`) until its deadline returns:
+// DEADLINE_EXCEEDED, saying so (so that it is not taken for the refusal).
+absl::Status SignedBeforeStartUntilDeadline(const absl::Status& refusal);
 
 // The authorization value of call `seq` (from 1) of `session`, made by
 // `identity` with its `key` (DeriveToken) at `signed_at`, for method
@@ -146,14 +150,19 @@ class Authorizer {
   // then verifies only the role, the signature having been checked (and its
   // nonce spent) at the door, so every server whose handlers use a gated
   // Authorizer must be started with it. OK when authentication is off.
+  // `repeated`: the call carried either header more than once (gRPC keeps
+  // both; the handler would read another than the door): refused.
   absl::Status AuthenticateHeaders(absl::string_view identity, absl::string_view authorization,
-                                   absl::string_view cert_cn, absl::string_view method);
+                                   absl::string_view cert_cn, absl::string_view method,
+                                   bool repeated = false);
   // Called as the server starts listening: from now on Check leaves the
   // signature to AuthenticateHeaders, and calls signed before now (less
   // kStartMargin) are refused.
+  // Once: a second server started with it keeps the first's start.
   void MarkGated() {
-    started_ = absl::Now();
-    gated_.store(true, std::memory_order_release);
+    if (!gated_.exchange(true, std::memory_order_acq_rel)) {
+      started_ms_.store(absl::ToUnixMillis(absl::Now()), std::memory_order_release);
+    }
   }
 
   // A request's `worker` field must name the calling worker itself (the
@@ -161,6 +170,10 @@ class Authorizer {
   absl::Status CheckWorkerField(const Caller& caller, int worker, absl::string_view method);
 
   int64_t unauthenticated() const { return unauthenticated_.load(std::memory_order_relaxed); }
+  // Calls refused as signed before this server started (kStartMargin).
+  int64_t signed_before_start() const {
+    return signed_before_start_.load(std::memory_order_relaxed);
+  }
   int64_t denied() const { return denied_.load(std::memory_order_relaxed); }
 
  private:
@@ -189,13 +202,15 @@ class Authorizer {
   std::string self_;
   // Calls signed before it, less kStartMargin, are refused. Set before any
   // call is served (MarkGated, as the server starts).
-  absl::Time started_ = absl::Now();
+  std::atomic<int64_t> started_ms_{absl::ToUnixMillis(absl::Now())};
   ReplayGuard replays_{kSignatureMaxAge};
   // identity -> its token ("" without a secret) and who it is
   std::map<std::string, std::pair<std::string, Caller>, std::less<>> tokens_;
   std::atomic<int64_t> unauthenticated_{0};
   std::atomic<int64_t> denied_{0};
   std::atomic<int64_t> last_unauthenticated_log_ms_{0};
+  std::atomic<int64_t> signed_before_start_{0};
+  std::atomic<int64_t> last_before_start_log_ms_{0};
   std::atomic<int64_t> last_denied_log_ms_{0};
 };
 

@@ -73,7 +73,8 @@ TEST_CASE("a call signed before the server started is refused, to be signed agai
   CHECK(absl::IsUnavailable(st));
   CHECK(IsSignedBeforeStart(st));
   CHECK(std::string(st.message()).find("sign it again") != std::string::npos);
-  CHECK(auth.unauthenticated() == 1);
+  CHECK(auth.signed_before_start() == 1);  // counted apart from the unauthenticated
+  CHECK(auth.unauthenticated() == 0);
   // Signed within the margin (a call queued while its channel connected),
   // or after the start: admitted.
   const absl::Time within = absl::Now() - kStartMargin + absl::Milliseconds(500);
@@ -86,6 +87,17 @@ TEST_CASE("a call signed before the server started is refused, to be signed agai
   CHECK_FALSE(IsSignedBeforeStart(
       auth.AuthenticateHeaders("chief:0", Signed(secret, "chief:0", "Shutdown", 3), "", "Shutdown")));
   CHECK_FALSE(IsSignedBeforeStart(absl::UnavailableError("connection refused")));
+  // A caller refused so until its deadline says so, and is not taken for
+  // the refusal by a caller it passes the status on to.
+  const absl::Status until = SignedBeforeStartUntilDeadline(st);
+  CHECK(absl::IsDeadlineExceeded(until));
+  CHECK_FALSE(IsSignedBeforeStart(until));
+  CHECK(std::string(until.message()).find("clocks") != std::string::npos);
+  // A call carrying either header twice: refused, whatever the signature.
+  absl::Status twice = auth.AuthenticateHeaders(
+      "worker:0", Signed(secret, "worker:0", "Push", 1), "", "Push", /*repeated=*/true);
+  CHECK(absl::IsUnauthenticated(twice));
+  CHECK(std::string(twice.message()).find("more than once") != std::string::npos);
 }
 
 TEST_CASE("the authorizer admits the right signature in the right role only", "[auth]") {

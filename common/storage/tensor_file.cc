@@ -55,6 +55,8 @@ absl::Status Encode(const std::map<std::string, TensorView>& tensors,
   };
   std::string head(kMagic, kMagicLen);
   Put<uint64_t>(&head, tensors.size());
+  RETURN_IF_ERROR(emit(head));
+  head.clear();
   for (const auto& [name, t] : tensors) {
     Put<uint32_t>(&head, name.size());
     head.append(name);

@@ -1,12 +1,9 @@
 #include "common/client/chief_client.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/cluster/cluster_spec.h"
 #include "common/rpc/rpc.h"
-#include "common/security/auth.h"
 #include "common/base/status_macros.h"
 
 namespace pstrain {
@@ -28,9 +25,8 @@ absl::Status GrpcChiefClient::RegisterWorker(int worker, uint64_t fingerprint, a
   req.set_timeout_ms(absl::ToInt64Milliseconds(timeout));
   const std::string what = absl::StrCat("RegisterWorker with chief ", address_);
   const absl::Time deadline = absl::Now() + timeout + rpc_timeout_;
-  absl::Duration backoff = absl::Milliseconds(50);
-  absl::Status refused;  // the last refusal as signed before the chief started
-  for (;;) {
+  // Signed, then kept waiting for a chief that started since: made again.
+  return RetrySignedBeforeStart(deadline, [&]() -> absl::Status {
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     // The chief may still be starting; one gone while its workers train
@@ -45,21 +41,8 @@ absl::Status GrpcChiefClient::RegisterWorker(int worker, uint64_t fingerprint, a
     if (stop != nullptr && stop->stopped() && status.error_code() == grpc::StatusCode::CANCELLED) {
       return absl::CancelledError(stop->reason());
     }
-    absl::Status st = FromGrpcStatus(status, what);
-    // Signed, then kept waiting for a chief that started since: made again,
-    // freshly signed (common/security/auth.h kStartMargin).
-    if (IsSignedBeforeStart(st)) {
-      refused = st;
-    } else {
-      return !refused.ok() && absl::IsDeadlineExceeded(st)
-                 ? SignedBeforeStartUntilDeadline(refused)
-                 : st;
-    }
-    if (absl::Now() + backoff >= deadline) return SignedBeforeStartUntilDeadline(refused);
-    if (stop != nullptr && stop->WaitFor(backoff)) return absl::CancelledError(stop->reason());
-    if (stop == nullptr) absl::SleepFor(backoff);
-    backoff = std::min(2 * backoff, absl::Seconds(1));
-  }
+    return FromGrpcStatus(status, what);
+  }, stop);
 }
 
 absl::Status GrpcChiefClient::ReportProgress(const ProgressReport& report, ProgressResponse* response) {

@@ -11,7 +11,6 @@
 #include "common/base/bfloat16.h"
 #include "common/rpc/call_window.h"
 #include "common/rpc/fan_out.h"
-#include "common/security/auth.h"
 #include "common/base/embedding_ids.h"
 #include "common/rpc/rpc.h"
 #include "common/base/status_macros.h"
@@ -162,22 +161,8 @@ absl::Status GrpcPsClient::InitializeAll(const TrainingConfig& config, uint64_t 
   // before it started (common/security/auth.h kStartMargin): made again,
   // freshly signed (parts that landed answer ALREADY_EXISTS: fine).
   const absl::Time deadline = absl::Now() + startup_timeout;
-  absl::Duration backoff = absl::Milliseconds(50);
-  absl::Status refused;  // the last such refusal
-  for (;;) {
-    absl::Status st = InitializeOnce(calls, deadline - absl::Now());
-    if (IsSignedBeforeStart(st)) {
-      refused = st;
-    } else {
-      // A last try cut short by the deadline: the refusal says more.
-      return !refused.ok() && absl::IsDeadlineExceeded(st)
-                 ? SignedBeforeStartUntilDeadline(refused)
-                 : st;
-    }
-    if (absl::Now() + backoff >= deadline) return SignedBeforeStartUntilDeadline(refused);
-    absl::SleepFor(backoff);
-    backoff = std::min(2 * backoff, absl::Seconds(1));
-  }
+  return RetrySignedBeforeStart(deadline,
+                                [&] { return InitializeOnce(calls, deadline - absl::Now()); });
 }
 
 absl::Status GrpcPsClient::InitializeOnce(const InitializeCalls& calls, absl::Duration timeout) {

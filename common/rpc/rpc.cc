@@ -223,6 +223,29 @@ absl::Status RetryWithBackoff(const std::string& what, absl::Duration total,
   }
 }
 
+absl::Status RetrySignedBeforeStart(absl::Time deadline,
+                                    const std::function<absl::Status()>& attempt,
+                                    StopSignal* stop) {
+  absl::Duration backoff = absl::Milliseconds(50);
+  absl::Status refused;  // the last such refusal
+  for (;;) {
+    absl::Status st = attempt();
+    if (!IsSignedBeforeStart(st)) {
+      // A last try cut short by the deadline: the refusal says more.
+      return !refused.ok() && absl::IsDeadlineExceeded(st) ? SignedBeforeStartUntilDeadline(refused)
+                                                            : st;
+    }
+    refused = st;
+    if (absl::Now() + backoff >= deadline) return SignedBeforeStartUntilDeadline(refused);
+    if (stop == nullptr) {
+      absl::SleepFor(backoff);
+    } else if (stop->WaitFor(backoff)) {
+      return absl::CancelledError(stop->reason());
+    }
+    backoff = std::min(2 * backoff, absl::Seconds(1));
+  }
+}
+
 int64_t DefaultInflightBytes(int64_t memory_bytes) {
   return std::clamp<int64_t>(memory_bytes / 8, kMinInflightBytes, ServerLimits().inflight_bytes);
 }

@@ -81,6 +81,16 @@ absl::Status RetryWithBackoff(const std::string& what, absl::Duration total,
                               const std::function<absl::Status()>& attempt,
                               absl::Duration max_backoff = absl::Seconds(2));
 
+// Makes `attempt` again while a server refuses it as signed before it
+// started (common/security/auth.h IsSignedBeforeStart: a call signed, then
+// kept waiting for a server that came up since), freshly signed each time,
+// backing off 50 ms doubling to 1 s, until `deadline`; `stop` (may be null)
+// ends the wait CANCELLED. Refused so until the deadline, or a last try cut
+// short by it: SignedBeforeStartUntilDeadline. Any other result is returned.
+absl::Status RetrySignedBeforeStart(absl::Time deadline,
+                                    const std::function<absl::Status()>& attempt,
+                                    StopSignal* stop = nullptr);
+
 // What one server may hold at once. gRPC's resource quota bounds the memory
 // of the messages its transports are receiving and sending: as it fills,
 // gRPC shrinks the flow-control windows (senders slow down), and past it

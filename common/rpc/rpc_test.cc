@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
+#include "common/base/shutdown.h"
 #include "common/rpc/rpc_stats.h"
 #include "common/rpc/wire_frame.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -82,6 +83,49 @@ TEST_CASE("retry with backoff retries UNAVAILABLE until it succeeds", "[rpc]") {
   });
   CHECK(st.ok());
   CHECK(calls == 3);
+}
+
+TEST_CASE("a call refused as signed before its server started is made again, to a deadline",
+          "[rpc]") {
+  const absl::Status before =
+      absl::UnavailableError("Initialize: signed 3s before this server started (...)");
+  REQUIRE(IsSignedBeforeStart(before));
+  int calls = 0;
+  // Refused twice, then admitted.
+  CHECK(RetrySignedBeforeStart(absl::Now() + absl::Seconds(10), [&] {
+          return ++calls < 3 ? before : absl::OkStatus();
+        }).ok());
+  CHECK(calls == 3);
+  // Another error: returned at once.
+  calls = 0;
+  absl::Status other = RetrySignedBeforeStart(absl::Now() + absl::Seconds(10), [&] {
+    ++calls;
+    return absl::PermissionDeniedError("no");
+  });
+  CHECK(absl::IsPermissionDenied(other));
+  CHECK(calls == 1);
+  // Refused until the deadline: DEADLINE_EXCEEDED naming the clocks, within it.
+  const absl::Time start = absl::Now();
+  absl::Status until = RetrySignedBeforeStart(start + absl::Milliseconds(300), [&] { return before; });
+  CHECK(absl::IsDeadlineExceeded(until));
+  CHECK_FALSE(IsSignedBeforeStart(until));
+  CHECK(std::string(until.message()).find("clocks") != std::string::npos);
+  CHECK(absl::Now() - start < absl::Seconds(2));
+  // A last try cut short by the deadline says what came before it.
+  calls = 0;
+  absl::Status cut = RetrySignedBeforeStart(absl::Now() + absl::Seconds(10), [&] {
+    return ++calls == 1 ? before : absl::DeadlineExceededError("deadline");
+  });
+  CHECK(absl::IsDeadlineExceeded(cut));
+  CHECK(std::string(cut.message()).find("before this server started") != std::string::npos);
+  // A stop ends the wait.
+  StopSignal stop;
+  stop.Stop("stopping");
+  calls = 0;
+  CHECK(absl::IsCancelled(
+      RetrySignedBeforeStart(absl::Now() + absl::Seconds(10), [&] { ++calls; return before; },
+                             &stop)));
+  CHECK(calls == 1);
 }
 
 TEST_CASE("retry gives up at once on errors that retrying cannot fix", "[rpc]") {

@@ -267,8 +267,10 @@ absl::StatusOr<RunStart> StartRun(const RunContext& run, const ChiefStart& start
     RETURN_IF_ERROR(ps->InitializeAll(config, run.fingerprint, run.cluster.num_workers(),
                                       /*start_step=*/0, model->Initialize(config.seed()),
                                       run.startup_timeout));
-    LOG_INFO("initialised variables on {} parameter server(s) from seed {}",
-             run.cluster.num_ps(), config.seed());
+    LOG_INFO("initialised variables on {} parameter server(s) from {}", run.cluster.num_ps(),
+             config.model().has_external()
+                 ? config.model().external().variables()
+                 : absl::StrCat("seed ", config.seed()));
   }
   if (found.taking_over) SetAsideAbandonedCheckpoints(config, found.run.step);
   chief->MarkInitialized(found.run.step,

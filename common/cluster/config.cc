@@ -161,6 +161,37 @@ absl::Status ValidateModel(TrainingConfig* c, const std::string& source) {
   return absl::OkStatus();
 }
 
+// An external model: its variables file named; the data is the workers'
+// own (their script reads it), so the config names no files, only the
+// batch each worker computes a step on (for the learning rate's scaling
+// and the throughput figures).
+absl::Status ValidateExternal(const TrainingConfig& c, const std::string& source) {
+  if (c.model().external().variables().empty()) {
+    return FieldError(source, "model.external.variables",
+                      "expected the .safetensors file of the model's variables "
+                      "(pstrain.torch.write_variables writes it)");
+  }
+  const DataConfig& d = c.data();
+  for (const std::string* f : {&d.train_images(), &d.train_labels(), &d.test_images(),
+                               &d.test_labels(), &d.train_csv(), &d.test_csv(), &d.train_tsv(),
+                               &d.test_tsv()}) {
+    if (!f->empty()) {
+      return FieldError(source, "data",
+                        absl::StrCat("names a file (", *f, ") with model.external: its workers "
+                                     "read their own data; give only data { batch_size }"));
+    }
+  }
+  if (d.format() != IDX) {
+    return FieldError(source, "data.format", "is not used with model.external (the workers "
+                                             "read their own data)");
+  }
+  if (d.batch_size() <= 0 || d.batch_size() > (1 << 20)) {
+    return FieldError(source, "data.batch_size",
+                      "expected 1..1048576: the examples each worker computes a step on");
+  }
+  return absl::OkStatus();
+}
+
 // The data: the files of its format, malformed lines, prefetch, batch size.
 absl::Status ValidateData(DataConfig* d, const std::string& source) {
   if (d->format() == IDX) {
@@ -307,12 +338,16 @@ absl::Status ValidateCheckpoint(CheckpointConfig* ckpt, const std::string& sourc
 absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& source) {
   if (c->model().model_case() == ModelConfig::MODEL_NOT_SET) {
     return FieldError(source, "model",
-                      "expected model { mlp { ... } }, model { sequential { ... } } or "
-                      "model { click_through { ... } }");
+                      "expected model { mlp { ... } }, model { sequential { ... } }, "
+                      "model { click_through { ... } } or model { external { ... } }");
   }
   RETURN_IF_ERROR(ValidateModel(c, source));
-  RETURN_IF_ERROR(ExpandModelConfig(c->model(), source).status());
-  RETURN_IF_ERROR(ValidateData(c->mutable_data(), source));
+  if (c->model().has_external()) {
+    RETURN_IF_ERROR(ValidateExternal(*c, source));
+  } else {
+    RETURN_IF_ERROR(ExpandModelConfig(c->model(), source).status());
+    RETURN_IF_ERROR(ValidateData(c->mutable_data(), source));
+  }
   if (c->max_steps() <= 0) return FieldError(source, "max_steps", "expected a positive count");
   RETURN_IF_ERROR(ValidateAndFillOptimizerDefaults(c->mutable_optimizer(), c->max_steps(), source));
   if (c->mode_case() == TrainingConfig::MODE_NOT_SET) c->mutable_sync();

@@ -9,6 +9,8 @@
 #include "common/cluster/config.h"
 #include "common/cluster/sizing.h"
 #include "common/base/status_macros.h"
+#include "common/storage/env.h"
+#include "common/storage/safetensors_reader.h"
 #include "worker/model/cpu_ops.h"
 
 namespace pstrain {
@@ -81,6 +83,16 @@ absl::Status CheckConfiguredModelFits(const TrainingConfig& config, int num_ps,
 }
 
 absl::StatusOr<std::vector<VariableSpec>> ModelVariables(const ModelConfig& config) {
+  if (config.has_external()) {
+    ASSIGN_OR_RETURN(SafetensorsIndex index,
+                     ReadSafetensorsIndex(Env::Default(), config.external().variables(),
+                                          kMaxExternalVariablesBytes));
+    std::vector<VariableSpec> vars;
+    for (SafetensorsEntry& e : index.entries) {
+      vars.push_back(VariableSpec{std::move(e.name), std::move(e.shape)});
+    }
+    return vars;
+  }
   ASSIGN_OR_RETURN(Built b, BuildLayers(config));
   std::vector<VariableSpec> vars;
   for (const auto& layer : b.layers) {
@@ -89,7 +101,30 @@ absl::StatusOr<std::vector<VariableSpec>> ModelVariables(const ModelConfig& conf
   return vars;
 }
 
+absl::StatusOr<std::unique_ptr<Model>> Model::CreateExternal(const ExternalModelConfig& config,
+                                                              Backend* backend) {
+  std::unique_ptr<Model> m(new Model(backend, /*input_dim=*/0));
+  std::vector<std::string> names;
+  ASSIGN_OR_RETURN(m->external_values_, ReadSafetensors(Env::Default(), config.variables(),
+                                                        kMaxExternalVariablesBytes, &names));
+  for (size_t v = 0; v < names.size(); ++v) {
+    m->param_offsets_.push_back(m->param_count_);
+    m->param_count_ += static_cast<size_t>(m->external_values_[v].num_elements());
+    m->variables_.push_back(VariableSpec{names[v], m->external_values_[v].shape()});
+  }
+  RETURN_IF_ERROR(m->Allocate());
+  return m;
+}
+
+absl::Status Model::CheckComputable() const {
+  if (!external()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "an external model (model.external) has no layers here: its own framework's workers "
+      "compute it (pstrain launch --worker_cmd, docs/pytorch.md)");
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelConfig& config, Backend* backend) {
+  if (config.has_external()) return CreateExternal(config.external(), backend);
   ASSIGN_OR_RETURN(Built b, BuildLayers(config));
   std::unique_ptr<Model> m(new Model(backend, b.input_dim));
   m->layers_ = std::move(b.layers);
@@ -179,11 +214,16 @@ std::string Model::Summary() const {
     absl::StrAppend(&s, " -> ", layer->name());
     if (!layer->Variables().empty()) absl::StrAppend(&s, "(", layer->output_dim(), ")");
   }
+  if (external()) {
+    return absl::StrCat("external (", variables_.size(), " variables from a file; its layers in "
+                        "the workers' own framework); ", param_count_, " parameters");
+  }
   absl::StrAppend(&s, " -> ", loss_->name(), "; ", param_count_, " parameters");
   return s;
 }
 
 std::vector<Tensor> Model::Initialize(uint64_t seed) const {
+  if (external()) return external_values_;
   std::vector<Tensor> params;
   for (size_t i = 0; i < variables_.size(); ++i) {
     const VariableSpec& v = variables_[i];
@@ -323,6 +363,7 @@ absl::Status Model::ComputeGradients(const float* x, const int32_t* labels, int 
 
 absl::Status Model::BeginStage(const int32_t* labels, int batch) {
   staged_rows_ = 0;
+  RETURN_IF_ERROR(CheckComputable());
   if (batch <= 0) return absl::InvalidArgumentError("empty batch");
   RETURN_IF_ERROR(CheckLabels(labels, batch));
   return EnsureRows(batch);
@@ -449,6 +490,7 @@ absl::Status Model::FinishStep(float* loss) {
 absl::Status Model::Evaluate(const float* x, const int32_t* labels, int64_t n, EvalResult* result) {
   *result = EvalResult();
   staged_rows_ = 0;  // evaluation reuses the step's buffers
+  RETURN_IF_ERROR(CheckComputable());
   RETURN_IF_ERROR(CheckLabels(labels, n));
   const int64_t chunk = 512;
   double total = 0;

@@ -13,6 +13,11 @@
 // `model { sequential { ... } }`, or give a named shape (like `mlp`) a
 // message in proto/config.proto and its expansion in ExpandModelConfig.
 //
+// An external model (model { external { variables: FILE } }, a PyTorch
+// module's) is only its variables: no layers here, its initial values read
+// from the file, its passes refused (the user's own workers compute them).
+// The chief initialises, checkpoints and saves it like any other.
+//
 // A Model belongs to one thread at a time. The math is deterministic on the
 // CPU for a fixed BLAS thread count.
 #ifndef PSTRAIN_WORKER_MODEL_MODEL_H_
@@ -44,8 +49,12 @@ struct EvalResult {
   double accuracy() const { return count > 0 ? static_cast<double>(correct) / count : 0; }
 };
 
-// The variables of a model config, without building it (for placement).
+// The variables of a model config, without building it (for placement); an
+// external model's read from its file's header.
 absl::StatusOr<std::vector<VariableSpec>> ModelVariables(const ModelConfig& config);
+
+// The largest variables file an external model may name (64 GiB).
+inline constexpr int64_t kMaxExternalVariablesBytes = int64_t{64} << 30;
 
 // The model of `config`, placed on `num_ps` servers, against the message cap
 // and this machine's memory (common/cluster/sizing.h), before anything is allocated
@@ -61,15 +70,18 @@ class Model {
 
   Backend* backend() const { return backend_; }
   const std::vector<VariableSpec>& variables() const { return variables_; }
+  // Defined outside pstrain (model.external): variables only.
+  bool external() const { return loss_ == nullptr; }
   int input_dim() const { return input_dim_; }
-  int output_dim() const { return loss_->classes(); }
+  int output_dim() const { return external() ? 0 : loss_->classes(); }
   // Labels are integers in [0, num_labels()).
-  int num_labels() const { return loss_->num_labels(); }
+  int num_labels() const { return external() ? 0 : loss_->num_labels(); }
   // "784 -> dense0(128) -> relu0 -> dense1(10) -> softmax_cross_entropy; 101770 parameters".
   std::string Summary() const;
 
   // Deterministic initial values from `seed`: Glorot-uniform for matrices,
-  // zeros for vectors; each variable has its own generator.
+  // zeros for vectors; each variable has its own generator. An external
+  // model's: its file's values (the seed unused).
   std::vector<Tensor> Initialize(uint64_t seed) const;
 
   // Host memory of variable v's parameters; write them, then Upload.
@@ -141,7 +153,11 @@ class Model {
 
  private:
   Model(Backend* backend, int input_dim) : backend_(backend), input_dim_(input_dim) {}
+  static absl::StatusOr<std::unique_ptr<Model>> CreateExternal(const ExternalModelConfig& config,
+                                                               Backend* backend);
   absl::Status Allocate();
+  // FAILED_PRECONDITION for a pass of an external model.
+  absl::Status CheckComputable() const;
   absl::Status EnsureRows(int rows);
   absl::Status CheckLabels(const int32_t* labels, int64_t n) const;
   // Runs every layer forward; the logits end in activations_.back().
@@ -172,6 +188,7 @@ class Model {
   DeviceArray<float> input_grad_, host_input_grad_;
   std::unique_ptr<LossLayer> loss_;
   std::vector<VariableSpec> variables_;
+  std::vector<Tensor> external_values_;  // an external model's initial values
   std::vector<size_t> param_offsets_;  // per variable, in floats
   size_t param_count_ = 0;
   int max_width_ = 0;  // widest layer output

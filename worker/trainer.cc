@@ -23,6 +23,7 @@
 #include "worker/model/device.h"
 #include "worker/model/embedding_bag.h"
 #include "worker/model/model.h"
+#include "worker/rejoin.h"
 
 namespace pstrain {
 namespace {
@@ -38,44 +39,14 @@ double Millis(absl::Duration d, int64_t steps) {
 }
 
 // A restarted worker (session > 0) claims its session on every server and
-// goes on where its data stood. Async: at its last push the servers took
-// (the newest cursor of theirs: a batch applied on only some servers is not
-// trained again), its steps and dropout seeds counting on from the pushes
-// applied (`steps_before`). Sync: at the cursor of the last step it helped
-// complete on the server furthest behind, so it computes the open step's
-// gradient from the batch its earlier process had (servers take a
-// partition it had pushed already once).
+// goes on where its data stood (worker/rejoin.h); async, its steps and
+// dropout seeds count on from the pushes applied (`steps_before`).
 absl::Status Rejoin(PsClient* ps, int worker, int32_t session, bool sync,
                     DataPartition* partition, int64_t* steps_before) {
-  DataCursor resume_at{0, 0};
-  bool have_cursor = false;
-  int64_t min_version = std::numeric_limits<int64_t>::max(), max_version = -1;
-  for (int s = 0; s < ps->num_servers(); ++s) {
-    PsStatusResponse st;
-    // Claiming the session fences off any earlier process of this worker
-    // still alive (hung, not dead), and the cursor read with it already
-    // counts each push of that process the server took.
-    RETURN_IF_ERROR(ps->ClaimSession(s, session, &st));
-    if (worker >= st.workers_size()) continue;
-    const WorkerProgress& wp = st.workers(worker);
-    *steps_before = std::max(*steps_before, wp.pushes_applied());
-    const DataCursor c{wp.cursor_epoch(), wp.cursor_position()};
-    bool take;
-    if (sync) {
-      take = st.version() < min_version;
-      max_version = std::max(max_version, st.version());
-      min_version = std::min(min_version, st.version());
-    } else {
-      take = !have_cursor || std::make_pair(c.epoch, c.position) >
-                                 std::make_pair(resume_at.epoch, resume_at.position);
-    }
-    if (take) {
-      have_cursor = wp.has_cursor();
-      if (have_cursor) resume_at = c;
-    }
-  }
-  if (have_cursor) {
-    RETURN_IF_ERROR(partition->Restore(resume_at));
+  ASSIGN_OR_RETURN(const RejoinPoint point, ClaimSession(ps, worker, session, sync));
+  *steps_before = std::max(*steps_before, point.pushes_applied);
+  if (point.cursor.has_value()) {
+    RETURN_IF_ERROR(partition->Restore(*point.cursor));
   } else {
     LOG_WARN("no server has this worker's data cursor (none of its pushes completed a step "
              "there): its data starts where the run's did");
@@ -83,14 +54,14 @@ absl::Status Rejoin(PsClient* ps, int worker, int32_t session, bool sync,
   LOG_INFO("rejoined the running job after a restart (session {}): {}data goes on at epoch {}, "
            "position {}",
            session,
-           sync ? absl::StrCat("at step ", min_version, "; ")
+           sync ? absl::StrCat("at step ", point.min_version, "; ")
                 : absl::StrCat(*steps_before, " of this worker's pushes were applied; "),
            partition->cursor().epoch, partition->cursor().position);
-  if (sync && max_version > min_version) {
+  if (sync && point.max_version > point.min_version) {
     LOG_WARN("the servers are at steps {} to {}: the step its earlier process left open was "
              "completed on some of them, so this step's gradient is computed from newer "
              "parameters there than its earlier process had",
-             min_version, max_version);
+             point.min_version, point.max_version);
   }
   return absl::OkStatus();
 }
@@ -244,6 +215,12 @@ class Trainer {
 };
 
 absl::Status Trainer::SetUp() {
+  if (config_.model().has_external()) {
+    return absl::FailedPreconditionError(
+        "model.external: this model is defined outside pstrain, and its workers are the "
+        "user's own processes (pstrain launch --worker_cmd \"python train.py\", "
+        "docs/pytorch.md), not this C++ worker");
+  }
   RETURN_IF_ERROR(CheckConfiguredModelFits(config_, cluster_.num_ps(),
                                            absl::StrCat("worker:", options_.worker)));
   ASSIGN_OR_RETURN(DeviceSpec device_spec,

@@ -7,7 +7,9 @@
 namespace pstrain {
 
 void InitLogging(const std::string& task, const std::string& level) {
-  auto logger = spdlog::stderr_logger_mt("pstrain");
+  // A second call (a process's second worker session) sets the same logger up again.
+  auto logger = spdlog::get("pstrain");
+  if (logger == nullptr) logger = spdlog::stderr_logger_mt("pstrain");
   // %L is the one-letter level; the task is fixed per process.
   logger->set_pattern("%Y-%m-%d %H:%M:%S.%e " + task + " %L %v");
   spdlog::level::level_enum lvl = spdlog::level::from_str(level);

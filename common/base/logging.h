@@ -1,7 +1,8 @@
 // Process-wide logging through spdlog: one line per event, each carrying the
 // task ("ps:1", "worker:0", "chief:0", "pstrain") so interleaved logs stay readable.
-// InitLogging is called once from main() before any other thread starts; the
-// logger itself is thread-safe.
+// InitLogging is called from main() before any other thread starts (and
+// again by each worker session a Python process opens, worker/session.h);
+// the logger itself is thread-safe.
 #ifndef PSTRAIN_COMMON_BASE_LOGGING_H_
 #define PSTRAIN_COMMON_BASE_LOGGING_H_
 

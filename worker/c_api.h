@@ -1,0 +1,86 @@
+/* pstrain's C API: a worker whose model is computed by the caller (a
+ * PyTorch script, through the Python package `pstrain`, which loads
+ * libpstrain.so with ctypes), over worker/session.h. Plain C, so that any
+ * CPython (or any language with a C FFI) loads it without a build of its
+ * own, as ps-lite's and TensorFlow's C APIs.
+ *
+ * Every call that can fail returns 0 on success or an error code (those of
+ * absl::StatusCode / gRPC: 3 INVALID_ARGUMENT, 4 DEADLINE_EXCEEDED, 9
+ * FAILED_PRECONDITION, 14 UNAVAILABLE, 16 UNAUTHENTICATED, ...) and, when
+ * `error` is not NULL, sets *error to a message naming what was wrong, to
+ * be released with pstrain_free. Buffers are the caller's: float32, C
+ * order, each variable's whole tensor; the session never keeps a pointer
+ * past the call.
+ *
+ * A session belongs to one thread at a time; one session per process.
+ */
+#ifndef PSTRAIN_WORKER_C_API_H_
+#define PSTRAIN_WORKER_C_API_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PSTRAIN_C_API_VERSION 1
+
+typedef struct pstrain_session pstrain_session;
+
+/* PSTRAIN_C_API_VERSION of the library loaded. */
+int pstrain_api_version(void);
+
+/* Opens a worker session: argv[0..argc) are the worker binary's flags
+ * ("--cluster_spec=FILE", "--task=N", "--config=FILE", credentials, ...;
+ * without --cluster_spec the task comes from TF_CONFIG), registers with the
+ * chief and returns the session, or NULL with *error set. */
+pstrain_session* pstrain_open(int argc, const char* const* argv, int* code, char** error);
+/* Sends the final report to the chief and releases the session. */
+int pstrain_close(pstrain_session* s, char** error);
+void pstrain_free(void* p);
+
+int pstrain_worker(const pstrain_session* s);
+int pstrain_num_workers(const pstrain_session* s);
+int pstrain_sync(const pstrain_session* s);
+int64_t pstrain_start_step(const pstrain_session* s);
+/* 1 and *epoch, *position set when the data goes on from a cursor (a
+ * resumed run, a restarted process), else 0. */
+int pstrain_start_cursor(const pstrain_session* s, int64_t* epoch, int64_t* position);
+int64_t pstrain_local_steps(const pstrain_session* s);
+/* The per-worker batch of the config's data section. */
+int pstrain_batch_size(const pstrain_session* s);
+int64_t pstrain_max_steps(const pstrain_session* s);
+/* The run's seed (the config's). */
+uint64_t pstrain_seed(const pstrain_session* s);
+
+int pstrain_num_variables(const pstrain_session* s);
+/* Variable v's name (valid while the session is), its rank and shape. */
+const char* pstrain_variable_name(const pstrain_session* s, int v);
+int pstrain_variable_rank(const pstrain_session* s, int v);
+int64_t pstrain_variable_dim(const pstrain_session* s, int v, int d);
+
+/* Reads every variable v into dst[v]. *finished = 1: the servers reached
+ * max_steps (nothing read). *step: the version read. */
+int pstrain_pull(pstrain_session* s, float* const* dst, int n, int* finished, int64_t* step,
+                 char** error);
+/* Pushes src[v], variable v's gradient, for the step last pulled, with the
+ * step's mean loss, its examples and where the data stands after its batch
+ * (epoch, position). *end = 1: training is over. */
+int pstrain_push(pstrain_session* s, const float* const* src, int n, float loss, int64_t examples,
+                 int64_t cursor_epoch, int64_t cursor_position, double compute_seconds, int* end,
+                 char** error);
+
+/* An embedding table's width, or -1 (and *error) for an unknown table. */
+int pstrain_table_dim(const pstrain_session* s, const char* table, char** error);
+/* Rows of `table` for ids[0..n) into out (n x dim floats), and their
+ * gradients pushed (sync: before the step's pstrain_push). */
+int pstrain_pull_rows(pstrain_session* s, const char* table, const uint64_t* ids, int64_t n,
+                      float* out, char** error);
+int pstrain_push_rows(pstrain_session* s, const char* table, const uint64_t* ids, int64_t n,
+                      const float* grads, char** error);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* PSTRAIN_WORKER_C_API_H_ */

@@ -1,0 +1,289 @@
+#include "worker/session.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/flags/commandlineflag.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/client/grpc_ps_client.h"
+#include "common/cluster/config.h"
+#include "common/observability/monitoring.h"
+#include "common/rpc/rpc.h"
+#include "worker/model/model.h"
+#include "worker/rejoin.h"
+#include "worker/worker_metrics.h"
+
+namespace pstrain {
+namespace {
+
+constexpr int kReportEvery = 10;
+
+// Sets each "--name=value" (or "--name" for a boolean) through Abseil's
+// registry, as the worker binary's command line would; `saved` gets each
+// flag's value before (Abseil's FlagSaver would log a line per flag).
+absl::Status SetFlags(const std::vector<std::string>& args,
+                      std::vector<std::pair<absl::CommandLineFlag*, std::string>>* saved) {
+  for (const std::string& arg : args) {
+    if (!absl::StartsWith(arg, "--")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", arg, "\": expected a flag, --name=value"));
+    }
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": not a worker flag"));
+    }
+    std::string value = eq == std::string::npos ? "true" : arg.substr(eq + 1);
+    if (eq == std::string::npos && !flag->IsOfType<bool>()) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, ": expected --", name, "=VALUE"));
+    }
+    saved->emplace_back(flag, flag->CurrentValue());
+    std::string error;
+    if (!flag->ParseFrom(value, &error)) {
+      return absl::InvalidArgumentError(absl::StrCat("--", name, "=", value, ": ", error));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Open(
+    const std::vector<std::string>& args) {
+  std::unique_ptr<WorkerSession> s(new WorkerSession());
+  // The flags go back to what they were once the setup has read them: a
+  // second session in this process starts from the defaults too.
+  std::vector<std::pair<absl::CommandLineFlag*, std::string>> saved;
+  absl::Status set = SetFlags(args, &saved);
+  if (set.ok() && absl::GetFlag(FLAGS_job) != kWorkerJob) {
+    set = absl::InvalidArgumentError(
+        absl::StrCat("--job=", absl::GetFlag(FLAGS_job), ": a session is a worker's"));
+  }
+  if (set.ok()) {
+    absl::StatusOr<DaemonSetup> setup =
+        SetUpDaemon(kWorkerJob, /*config_required=*/true, std::getenv("TF_CONFIG"));
+    if (setup.ok()) s->setup_ = std::move(*setup);
+    set = setup.status();
+  }
+  for (auto it = saved.rbegin(); it != saved.rend(); ++it) {
+    std::string ignored;
+    it->first->ParseFrom(it->second, &ignored);
+  }
+  RETURN_IF_ERROR(set);
+  RETURN_IF_ERROR(s->Start());
+  return s;
+}
+
+WorkerSession::~WorkerSession() {
+  if (!closed_ && ps_ != nullptr) {
+    if (absl::Status st = Close(); !st.ok()) LOG_WARN("final report to the chief failed: {}", st);
+  }
+}
+
+absl::Status WorkerSession::Start() {
+  const TrainingConfig& config = *setup_.config;
+  const ClusterSpec& cluster = setup_.task.cluster;
+  sync_ = IsSyncMode(config);
+  rpc_timeout_ = absl::Milliseconds(config.rpc().rpc_timeout_ms());
+  step_timeout_ = absl::Milliseconds(config.rpc().step_timeout_ms());
+  startup_timeout_ = absl::Milliseconds(config.rpc().startup_timeout_ms());
+  const std::string task = setup_.task.task.ToString();
+  RETURN_IF_ERROR(CheckConfiguredModelFits(config, cluster.num_ps(), task));
+  ASSIGN_OR_RETURN(variables_, ModelVariables(config.model()));
+  ASSIGN_OR_RETURN(placement_, Placement::Compute(variables_, cluster.num_ps(),
+                                                  config.placement().partition_min_bytes(),
+                                                  config.placement().partition_max_bytes()));
+  if (!setup_.metrics_address.empty()) {
+    ASSIGN_OR_RETURN(
+        monitoring_,
+        MonitoringServer::Start(
+            setup_.metrics_address, {WorkerMetrics(&stats_), ProcessMetrics(), RpcMetrics()},
+            [this]() -> std::string {
+              return stats_.registered ? "" : "registering with the chief";
+            },
+            {{"job", kWorkerJob}, {"task", std::to_string(worker())}}, setup_.auth.tls));
+    LOG_INFO("metrics on {}", monitoring_->url());
+  }
+  // The worker's connections (worker/trainer.h), with its settings.
+  WorkerConnections connections = GrpcConnections(config, cluster, worker());
+  chief_ = std::move(connections.chief);
+  RETURN_IF_ERROR(chief_->RegisterWorker(worker(), ConfigFingerprint(config), startup_timeout_,
+                                         &registration_, /*previous_incarnation=*/0,
+                                         /*session=*/0, &stop_));
+  LOG_INFO("registered with the chief: incarnation {:x}, starting at step {}; {} variables, {} "
+           "mode",
+           registration_.incarnation(), registration_.start_step(), variables_.size(),
+           sync_ ? "sync" : "async");
+  stats_.registered = true;
+  ps_ = connections.connect(*placement_, registration_);
+  min_versions_.assign(ps_->num_servers(), registration_.start_step());
+  steps_before_ = registration_.local_steps_before();
+  if (registration_.has_cursor()) {
+    start_cursor_ = DataCursor{registration_.cursor_epoch(), registration_.cursor_position()};
+  }
+  if (registration_.rejoin()) {
+    ASSIGN_OR_RETURN(const RejoinPoint point,
+                     ClaimSession(ps_.get(), worker(), registration_.session(), sync_));
+    steps_before_ = std::max(steps_before_, point.pushes_applied);
+    if (point.cursor.has_value()) start_cursor_ = point.cursor;
+    LOG_INFO("rejoined the running job after a restart (session {}): data goes on at {}",
+             registration_.session(),
+             start_cursor_.has_value()
+                 ? absl::StrCat("epoch ", start_cursor_->epoch, ", position ",
+                                start_cursor_->position)
+                 : std::string("the run's start"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerSession::Pull(absl::Span<float* const> dst, bool* finished, int64_t* step) {
+  if (closed_) return absl::FailedPreconditionError("the session is closed");
+  if (dst.size() != variables_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("a pull into ", dst.size(),
+                                                   " buffers; the model has ",
+                                                   variables_.size(), " variables"));
+  }
+  const absl::Time t0 = absl::Now();
+  RETURN_IF_ERROR(ps_->PullInto(sync_ ? min_versions_ : std::vector<int64_t>(), step_timeout_,
+                                std::vector<float*>(dst.begin(), dst.end()), &pulled_));
+  pull_time_ += absl::Now() - t0;
+  *finished = pulled_.finished;
+  pulled_for_push_ = !pulled_.finished;
+  steps_ = pulled_.versions;
+  if (sync_ && !steps_.empty()) {
+    // One step for every server, the oldest version pulled (as the C++
+    // trainer: a server already past it drops the gradient).
+    steps_.assign(steps_.size(), *std::min_element(steps_.begin(), steps_.end()));
+  }
+  if (step != nullptr) *step = steps_.empty() ? 0 : *std::min_element(steps_.begin(), steps_.end());
+  return absl::OkStatus();
+}
+
+absl::Status WorkerSession::Push(absl::Span<const float* const> src, const StepReport& report,
+                                 bool* end) {
+  *end = false;
+  if (closed_) return absl::FailedPreconditionError("the session is closed");
+  if (!pulled_for_push_) {
+    return absl::FailedPreconditionError("a push without a pull before it: each step pulls the "
+                                         "variables, computes, then pushes");
+  }
+  if (src.size() != variables_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("a push of ", src.size(),
+                                                   " gradients; the model has ",
+                                                   variables_.size(), " variables"));
+  }
+  if (report.examples < 0 || report.cursor.epoch < 0 || report.cursor.position < 0) {
+    return absl::InvalidArgumentError("a push's examples and data cursor must be >= 0");
+  }
+  const absl::Time t0 = absl::Now();
+  // A checkpoint at the step this push completes records where the data
+  // stands after this batch.
+  ps_->set_data_cursor(report.cursor.epoch, report.cursor.position);
+  RETURN_IF_ERROR(
+      ps_->PushFrom(steps_, std::vector<const float*>(src.begin(), src.end()), &outcomes_));
+  push_time_ += absl::Now() - t0;
+  compute_time_ += absl::Seconds(report.compute_seconds);
+  pulled_for_push_ = false;
+  int servers_finished = 0;
+  for (int s = 0; s < ps_->num_servers(); ++s) {
+    if (outcomes_[s] == FINISHED) ++servers_finished;
+    if (outcomes_[s] == DROPPED_STALE) ++dropped_;
+    min_versions_[s] = steps_[s] + 1;
+  }
+  *end = servers_finished == ps_->num_servers();
+  ++local_steps_;
+  examples_ += report.examples;
+  loss_sum_ += report.loss;
+  ++loss_count_;
+  stats_.steps.fetch_add(1, std::memory_order_relaxed);
+  stats_.examples.fetch_add(report.examples, std::memory_order_relaxed);
+  stats_.gradients_dropped_stale.store(dropped_, std::memory_order_relaxed);
+  stats_.pull_ns.store(absl::ToInt64Nanoseconds(pull_time_), std::memory_order_relaxed);
+  stats_.compute_ns.store(absl::ToInt64Nanoseconds(compute_time_), std::memory_order_relaxed);
+  stats_.push_ns.store(absl::ToInt64Nanoseconds(push_time_), std::memory_order_relaxed);
+  if (local_steps_ % kReportEvery != 0) return absl::OkStatus();
+  bool stop_requested = false;
+  absl::Status st = Report(false, &stop_requested);
+  // A report late while this process was paused is only late; a chief
+  // that stays silent fails the run on the third (as the C++ trainer).
+  if (absl::IsDeadlineExceeded(st) && ++late_reports_ < 3) {
+    LOG_WARN("progress report to the chief timed out ({} in a row); training on: {}",
+             late_reports_, st);
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(st);
+  late_reports_ = 0;
+  if (stop_requested) *end = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> WorkerSession::TableDim(const std::string& table) const {
+  for (const EmbeddingTableConfig& t : config().embedding_tables()) {
+    if (t.name() == table) return t.dim();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("no embedding table \"", table, "\" in the config's embedding_tables"));
+}
+
+absl::Status WorkerSession::PullRows(const std::string& table, absl::Span<const uint64_t> ids,
+                                     float* out) {
+  if (closed_) return absl::FailedPreconditionError("the session is closed");
+  ASSIGN_OR_RETURN(const int dim, TableDim(table));
+  if (!pulled_for_push_) {
+    return absl::FailedPreconditionError("rows pulled outside a step: pull the variables first");
+  }
+  return ps_->PullRows(table, dim, ids, sync_ ? steps_[0] : 0, step_timeout_, out);
+}
+
+absl::Status WorkerSession::PushRows(const std::string& table, absl::Span<const uint64_t> ids,
+                                     const float* grads) {
+  if (closed_) return absl::FailedPreconditionError("the session is closed");
+  ASSIGN_OR_RETURN(const int dim, TableDim(table));
+  if (!pulled_for_push_) {
+    return absl::FailedPreconditionError("rows pushed outside a step: pull the variables first");
+  }
+  return ps_->PushRows(table, dim, ids, grads, steps_, &row_outcomes_);
+}
+
+absl::Status WorkerSession::Report(bool done, bool* stop_requested) {
+  ProgressReport r;
+  r.set_incarnation(registration_.incarnation());
+  r.set_worker(worker());
+  r.set_session(registration_.session());
+  r.set_global_step(pulled_.versions.empty()
+                        ? registration_.start_step()
+                        : *std::min_element(pulled_.versions.begin(), pulled_.versions.end()));
+  r.set_local_steps(steps_before_ + local_steps_);
+  r.set_loss(loss_count_ > 0 ? static_cast<float>(loss_sum_ / loss_count_) : 0.0f);
+  r.set_examples(examples_);
+  r.set_done(done);
+  r.set_pull_seconds(absl::ToDoubleSeconds(pull_time_));
+  r.set_compute_seconds(absl::ToDoubleSeconds(compute_time_));
+  r.set_push_seconds(absl::ToDoubleSeconds(push_time_));
+  ProgressResponse resp;
+  RETURN_IF_ERROR(chief_->ReportProgress(r, &resp));
+  *stop_requested = resp.stop();
+  loss_sum_ = 0;
+  loss_count_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status WorkerSession::Close() {
+  if (closed_) return absl::OkStatus();
+  closed_ = true;
+  bool ignored;
+  absl::Status st = Report(true, &ignored);
+  LOG_INFO("done after {} local steps ({} examples, {} stale gradients dropped)", local_steps_,
+           examples_, dropped_);
+  return st;
+}
+
+}  // namespace pstrain

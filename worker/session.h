@@ -1,0 +1,140 @@
+// A worker whose model lives outside this process's code: a user's own
+// training script (PyTorch, through the C API of worker/c_api.h and the
+// Python package `pstrain`) that computes the gradients itself and uses this
+// session for everything else the C++ trainer does around its model:
+// the task, config and credentials resolved as the worker binary resolves
+// them (its flags, or TF_CONFIG), registration with the chief, the
+// variables' placement, pulls into and pushes from the caller's memory
+// with the step bookkeeping of sync and async mode, the data cursor a
+// checkpoint records, progress reports, /metrics, and a restarted
+// process's rejoin.
+//
+// One step is Pull, the caller's compute, Push. Sync: each pull waits for
+// the version after this worker's last push, and a push is stamped with
+// the oldest version pulled. Async: a pull takes the servers' current
+// versions and a push is stamped with them (the servers hold back a worker
+// that runs past the staleness bound).
+//
+// What it does not do yet: follow a rollback of the job (a step that fails
+// on a lost server returns its error; under pstrain launch
+// --restart=on-failure the process is restarted and rejoins).
+//
+// One session per process at a time (the credentials and transport
+// security are the process's); a session belongs to one thread at a time.
+#ifndef PSTRAIN_WORKER_SESSION_H_
+#define PSTRAIN_WORKER_SESSION_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/base/shutdown.h"
+#include "common/client/chief_client.h"
+#include "common/client/ps_client.h"
+#include "common/cluster/placement.h"
+#include "common/runtime/daemon.h"
+#include "proto/config.pb.h"
+#include "worker/data/partition.h"
+#include "worker/trainer.h"
+
+namespace pstrain {
+
+class MonitoringServer;
+
+class WorkerSession {
+ public:
+  // `args`: the worker binary's flags ("--cluster_spec=FILE", "--task=N",
+  // "--config=FILE", "--auth_token_file=FILE", "--tls_dir=DIR",
+  // "--metrics_address=HOST:PORT", "--log_level=LEVEL", ...); without
+  // --cluster_spec the task comes from TF_CONFIG. An unknown flag or a bad
+  // value is INVALID_ARGUMENT naming it. Registers with the chief (waiting
+  // up to rpc.startup_timeout_ms for it) before it returns.
+  static absl::StatusOr<std::unique_ptr<WorkerSession>> Open(const std::vector<std::string>& args);
+  ~WorkerSession();
+
+  const TrainingConfig& config() const { return *setup_.config; }
+  int worker() const { return setup_.task.task.index; }
+  int num_workers() const { return setup_.task.cluster.num_workers(); }
+  bool sync() const { return sync_; }
+  // The model's variables, in placement order (an external model's: its
+  // file's order).
+  const std::vector<VariableSpec>& variables() const { return variables_; }
+  // Where the data goes on: a resumed run's checkpoint cursor, a restarted
+  // process's own, or none (start at the beginning).
+  std::optional<DataCursor> start_cursor() const { return start_cursor_; }
+  int64_t start_step() const { return registration_.start_step(); }
+  // This worker's steps so far (a restarted process's include its earlier
+  // one's).
+  int64_t local_steps() const { return steps_before_ + local_steps_; }
+
+  // Reads every variable into dst[v] (num_elements floats each). *finished:
+  // the servers reached max_steps (nothing was read; stop training).
+  // *step (optional): the version read (sync: the step this worker
+  // computes next).
+  absl::Status Pull(absl::Span<float* const> dst, bool* finished, int64_t* step = nullptr);
+
+  struct StepReport {
+    float loss = 0;
+    int64_t examples = 0;
+    // Where this worker's data stands after the batch the push is for.
+    DataCursor cursor;
+    double compute_seconds = 0;  // the caller's forward and backward
+  };
+  // Pushes src[v] (variable v's gradient) for the step last pulled.
+  // *end: training is over (every server reached max_steps, or the chief
+  // asked to stop). Reports progress every 10 steps.
+  absl::Status Push(absl::Span<const float* const> src, const StepReport& report, bool* end);
+
+  // Embedding rows of `table` (the config's embedding_tables), as the C++
+  // worker's bags use them: PullRows reads ids' rows into out[i * dim, ...)
+  // at the step last pulled; PushRows sends their gradients for it (sync:
+  // before the step's dense Push).
+  absl::Status PullRows(const std::string& table, absl::Span<const uint64_t> ids, float* out);
+  absl::Status PushRows(const std::string& table, absl::Span<const uint64_t> ids,
+                        const float* grads);
+  // A table's width (INVALID_ARGUMENT naming an unknown one).
+  absl::StatusOr<int> TableDim(const std::string& table) const;
+
+  // The final report to the chief (done). Once; the destructor does it
+  // otherwise.
+  absl::Status Close();
+
+ private:
+  WorkerSession() = default;
+  absl::Status Start();
+  absl::Status Report(bool done, bool* stop_requested);
+
+  DaemonSetup setup_;
+  StopSignal stop_;
+  bool sync_ = true;
+  absl::Duration rpc_timeout_, step_timeout_, startup_timeout_;
+  std::vector<VariableSpec> variables_;
+  std::optional<Placement> placement_;
+  std::unique_ptr<ChiefClient> chief_;
+  std::unique_ptr<PsClient> ps_;
+  RegisterWorkerResponse registration_;
+  std::optional<DataCursor> start_cursor_;
+  WorkerStats stats_;
+  std::unique_ptr<MonitoringServer> monitoring_;
+
+  PsClient::PullResult pulled_;
+  bool pulled_for_push_ = false;  // a Pull since the last Push
+  std::vector<int64_t> min_versions_, steps_;
+  std::vector<PushOutcome> outcomes_, row_outcomes_;
+  int64_t steps_before_ = 0, local_steps_ = 0, examples_ = 0, dropped_ = 0;
+  double loss_sum_ = 0;
+  int loss_count_ = 0;
+  int late_reports_ = 0;
+  absl::Duration pull_time_, compute_time_, push_time_;
+  bool closed_ = false;
+};
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_WORKER_SESSION_H_

@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/security/auth.h"
 #include "common/client/chief_client.h"
@@ -175,6 +176,7 @@ class Supervisor {
  private:
   absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(const TaskId& id, const std::string& host,
                                                     bool restarted_alone);
+  std::string WorkerTfConfig(int index) const;
   // Starts every task of this machine; a failure (in `failed`) stops those started.
   bool StartAll(Attempt* failed);
   void RestartDue();
@@ -220,7 +222,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Supervisor::Spawn(const TaskId& id,
                                                               const std::string& host,
                                                               bool restarted_alone) {
   SpawnOptions so;
-  so.argv = {bin_for_job_.at(id.job), "--cluster_spec=" + options_.cluster_spec,
+  const bool user_worker = id.job == kWorkerJob && !options_.worker_cmd.empty();
+  so.argv = {user_worker ? std::string("/bin/sh") : bin_for_job_.at(id.job), "--cluster_spec=" + options_.cluster_spec,
              "--job=" + id.job, absl::StrCat("--task=", id.index),
              "--config=" + options_.config};
   so.argv.insert(so.argv.end(), options_.task_flags.begin(), options_.task_flags.end());
@@ -243,7 +246,25 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Supervisor::Spawn(const TaskId& id,
     so.argv.push_back(absl::StrCat("--metrics_address=", ipv4 ? host : "127.0.0.1", ":0"));
   }
   so.capture_output = true;
+  if (user_worker) {
+    // The user's command, told what the worker binary would be told.
+    so.extra_env.push_back(absl::StrCat(
+        "PSTRAIN_WORKER_ARGS=",
+        absl::StrJoin(std::vector<std::string>(so.argv.begin() + 1, so.argv.end()), "\n")));
+    so.extra_env.push_back(absl::StrCat("TF_CONFIG=", WorkerTfConfig(id.index)));
+    so.argv = {"/bin/sh", "-c", options_.worker_cmd};
+  }
   return Subprocess::Spawn(so);
+}
+
+// TensorFlow's TF_CONFIG for worker `index`: the spec's cluster and the task.
+std::string Supervisor::WorkerTfConfig(int index) const {
+  nlohmann::json cluster = nlohmann::json::object();
+  for (const TaskId& id : cluster_.AllTasks()) {
+    cluster[id.job].push_back(cluster_.address(id.job, id.index));
+  }
+  nlohmann::json tf = {{"cluster", cluster}, {"task", {{"type", kWorkerJob}, {"index", index}}}};
+  return tf.dump();
 }
 
 // Each local task serves /metrics where the spec's "pstrain" extras say,
@@ -697,6 +718,7 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
       {kChiefJob, "chief"}, {kPsJob, "ps_server"}, {kWorkerJob, "worker"}};
   std::map<std::string, std::string> bin_for_job;
   for (const auto& [job, name] : binaries) {
+    if (job == std::string(kWorkerJob) && !options.worker_cmd.empty()) continue;
     std::string path = FindBinary(options.bin_dir, job == std::string(kPsJob) ? "ps_server" : job,
                                   name);
     if (path.empty()) {
@@ -707,6 +729,12 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
     bin_for_job[job] = path;
   }
 
+  if (config->model().has_external() && options.worker_cmd.empty()) {
+    std::cerr << "pstrain launch: model.external is computed by the user's own workers: give "
+                 "their command with --worker_cmd (e.g. --worker_cmd \"python3 train.py\", "
+                 "docs/pytorch.md)\n";
+    return 2;
+  }
   if (options.max_restarts > 0 && config->checkpoint().dir().empty()) {
     std::cerr << "pstrain launch: --restart=on-failure restarts the job from its latest "
                  "checkpoint: set checkpoint.dir in the config\n";

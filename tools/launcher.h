@@ -57,6 +57,13 @@ struct LaunchOptions {
   // The cluster secret every task and the launcher sign with, instead of
   // the spec's (and of one made for the run).
   std::string secret_file;
+  // The workers are this shell command (e.g. "python3 train.py", a model
+  // of the user's own: model { external { ... } }) instead of the worker
+  // binary, run by /bin/sh in the launch's directory with the flags the
+  // worker binary would get in PSTRAIN_WORKER_ARGS (one per line; the
+  // Python package's pstrain.Session reads them) and the task in
+  // TF_CONFIG. Supervised, logged and restarted as the C++ workers.
+  std::string worker_cmd;
   // Passed to every task (the run's secret, --insecure); set by Launch.
   std::vector<std::string> task_flags;
   // Where the tasks' metrics addresses are kept as they report them

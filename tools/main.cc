@@ -274,6 +274,10 @@ int LaunchCommand(const std::vector<std::string>& argv) {
                              "--slurm, on a trusted network only"}},
       {"tls_dir", {"", "--slurm: mutual TLS from this directory of pstrain certs (written with "
                        "--ps and --workers for a Slurm job: hosts are known only at start)"}},
+      {"worker_cmd", {"", "run this shell command as each worker instead of the worker binary "
+                          "(a model of your own, model { external { ... } }: e.g. \"python3 "
+                          "train.py\"); it gets the worker's flags in PSTRAIN_WORKER_ARGS and "
+                          "the task in TF_CONFIG (docs/pytorch.md)"}},
   };
   if (WantsHelp(argv)) {
     std::cout << "pstrain launch flags:\n" << Args::Usage(flags);
@@ -297,6 +301,7 @@ int LaunchCommand(const std::vector<std::string>& argv) {
   o.overwrite = args->GetBool("overwrite");
   o.insecure = args->GetBool("insecure");
   o.secret_file = args->Get("auth_secret_file");
+  o.worker_cmd = args->Get("worker_cmd");
   if (o.insecure && !o.secret_file.empty()) {
     return Fail("launch", "--insecure and --auth_secret_file: choose one");
   }

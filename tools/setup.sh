@@ -29,8 +29,11 @@ pstrain_install_deps() {
 # podman, runc, netavark, aardvark-dns, iptables and mmdebstrap build the
 # Kubernetes image's runtime stage from a Debian 12 made from Debian's archive
 # and run its pods (tests/k8s_test, tests/k8s/pods.py).
+# python3-torch (CPU) and python3-sklearn (its digits) run the PyTorch
+# workers of tests/torch_worker_test and examples/digits_cnn.
 PSTRAIN_TEST_PACKAGES=(slurmctld slurmd slurm-client munge prometheus openssl bazel-skylib libtsan2 patch iproute2
-                       lld podman runc netavark aardvark-dns iptables mmdebstrap)
+                       lld podman runc netavark aardvark-dns iptables mmdebstrap
+                       python3-torch python3-sklearn)
 pstrain_install_test_deps() {
   PSTRAIN_APT_FLAGS=--no-install-recommends pstrain_apt_install "${PSTRAIN_TEST_PACKAGES[@]}"
 }

@@ -1,0 +1,14 @@
+"""pstrain's Python client: a worker of your own on a pstrain cluster.
+
+pstrain.Session (pstrain/session.py) is the worker side over libpstrain.so
+(registration, pulls, pushes, embedding rows, progress); pstrain.torch puts
+a PyTorch nn.Module on it. Guide: docs/pytorch.md.
+"""
+from .session import (DeadlineExceededError, Error, FailedPreconditionError,
+                      InvalidArgumentError, PermissionDeniedError, Session,
+                      UnauthenticatedError, UnavailableError, Variable)
+from .safetensors import write_safetensors
+
+__all__ = ["Session", "Variable", "Error", "InvalidArgumentError", "UnauthenticatedError",
+           "PermissionDeniedError", "UnavailableError", "DeadlineExceededError",
+           "FailedPreconditionError", "write_safetensors"]

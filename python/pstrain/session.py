@@ -1,0 +1,289 @@
+"""A worker of a pstrain cluster whose model this process computes.
+
+    import pstrain
+    with pstrain.Session() as s:            # the task from pstrain launch --worker_cmd
+        params = {v.name: numpy.empty(v.shape, numpy.float32) for v in s.variables}
+        while not s.pull(params):           # True: the servers reached max_steps
+            grads, loss = compute(params)   # the caller's forward and backward
+            if s.push(grads, loss=loss, examples=batch, cursor=(epoch, position)):
+                break
+
+Buffers are NumPy arrays or PyTorch CPU tensors, float32, C-contiguous, one
+per variable with its exact shape, given as a dict by name or a list in the
+variables' order. They are read and written in place (no copy on the
+Python side); anything else is refused with a ValueError or TypeError
+naming the variable before any call leaves.
+"""
+import ctypes
+import os
+
+from . import _native
+
+__all__ = ["Session", "Variable", "Error", "InvalidArgumentError", "UnauthenticatedError",
+           "PermissionDeniedError", "UnavailableError", "DeadlineExceededError",
+           "FailedPreconditionError"]
+
+
+class Error(RuntimeError):
+    """A failure the library returned: .code is its status code (gRPC's)."""
+
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+class InvalidArgumentError(Error, ValueError):
+    pass
+
+
+class DeadlineExceededError(Error, TimeoutError):
+    pass
+
+
+class FailedPreconditionError(Error):
+    pass
+
+
+class PermissionDeniedError(Error, PermissionError):
+    pass
+
+
+class UnavailableError(Error, ConnectionError):
+    pass
+
+
+class UnauthenticatedError(Error, PermissionError):
+    pass
+
+
+_BY_CODE = {3: InvalidArgumentError, 4: DeadlineExceededError, 7: PermissionDeniedError,
+            9: FailedPreconditionError, 14: UnavailableError, 16: UnauthenticatedError}
+
+
+def _raise(code, err):
+    message = _native.take_error(err) or f"status code {code}"
+    raise _BY_CODE.get(code, Error)(code, message)
+
+
+class Variable:
+    """A variable of the model: its name and shape (a tuple)."""
+
+    __slots__ = ("name", "shape", "index")
+
+    def __init__(self, name, shape, index):
+        self.name, self.shape, self.index = name, shape, index
+
+    @property
+    def size(self):
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    def __repr__(self):
+        return f"Variable({self.name!r}, {self.shape})"
+
+
+def _worker_args():
+    """The flags pstrain launch --worker_cmd passes (one per line), else none
+    (the task then comes from TF_CONFIG)."""
+    env = os.environ.get("PSTRAIN_WORKER_ARGS", "")
+    return [a for a in env.split("\n") if a]
+
+
+def _pointer(buf, var, what, writable):
+    """The address of `buf` after checking it fits `var`."""
+    mod = type(buf).__module__
+    if mod.startswith("torch"):
+        if getattr(buf, "is_cuda", False):
+            raise TypeError(f"{what} {var.name!r}: a CUDA tensor; pass a CPU tensor "
+                            "(pstrain.torch stages CUDA modules through pinned host memory)")
+        if str(buf.dtype) != "torch.float32":
+            raise TypeError(f"{what} {var.name!r}: dtype {buf.dtype}, expected torch.float32")
+        if tuple(buf.shape) != var.shape:
+            raise ValueError(f"{what} {var.name!r}: shape {tuple(buf.shape)}, the cluster's "
+                             f"variable is {var.shape}")
+        if not buf.is_contiguous():
+            raise ValueError(f"{what} {var.name!r}: not contiguous (call .contiguous())")
+        return buf.data_ptr()
+    if hasattr(buf, "__array_interface__") and hasattr(buf, "ctypes"):
+        if str(buf.dtype) != "float32":
+            raise TypeError(f"{what} {var.name!r}: dtype {buf.dtype}, expected float32")
+        if tuple(buf.shape) != var.shape:
+            raise ValueError(f"{what} {var.name!r}: shape {tuple(buf.shape)}, the cluster's "
+                             f"variable is {var.shape}")
+        if not buf.flags["C_CONTIGUOUS"]:
+            raise ValueError(f"{what} {var.name!r}: not C-contiguous "
+                             "(numpy.ascontiguousarray makes a copy that is)")
+        if writable and not buf.flags["WRITEABLE"]:
+            raise ValueError(f"{what} {var.name!r}: read-only")
+        return buf.ctypes.data
+    raise TypeError(f"{what} {var.name!r}: a {type(buf).__name__}; expected a NumPy array or a "
+                    "PyTorch CPU tensor")
+
+
+class Session:
+    """A worker session: registered with the chief when constructed.
+
+    args: the worker binary's flags (["--cluster_spec=F", "--task=0",
+    "--config=C", ...]); default: those pstrain launch --worker_cmd put in
+    PSTRAIN_WORKER_ARGS.
+    """
+
+    def __init__(self, args=None):
+        self._lib = _native.lib()
+        args = list(_worker_args() if args is None else args)
+        argv = (ctypes.c_char_p * max(1, len(args)))(*[a.encode() for a in args])
+        code, err = ctypes.c_int(0), ctypes.c_void_p()
+        handle = self._lib.pstrain_open(len(args), argv, ctypes.byref(code), ctypes.byref(err))
+        if not handle:
+            _raise(code.value, err)
+        self._s = handle
+        lib = self._lib
+        self.variables = []
+        for v in range(lib.pstrain_num_variables(handle)):
+            rank = lib.pstrain_variable_rank(handle, v)
+            shape = tuple(lib.pstrain_variable_dim(handle, v, d) for d in range(rank))
+            name = lib.pstrain_variable_name(handle, v).decode()
+            self.variables.append(Variable(name, shape, v))
+        self._by_name = {v.name: v for v in self.variables}
+        self.worker = lib.pstrain_worker(handle)
+        self.num_workers = lib.pstrain_num_workers(handle)
+        self.sync = bool(lib.pstrain_sync(handle))
+        self.batch_size = lib.pstrain_batch_size(handle)
+        self.max_steps = lib.pstrain_max_steps(handle)
+        self.seed = lib.pstrain_seed(handle)
+        self.start_step = lib.pstrain_start_step(handle)
+        epoch, position = ctypes.c_int64(0), ctypes.c_int64(0)
+        has = lib.pstrain_start_cursor(handle, ctypes.byref(epoch), ctypes.byref(position))
+        # Where this worker's data goes on: (epoch, position), or None.
+        self.start_cursor = (epoch.value, position.value) if has else None
+        self.step = self.start_step
+        self._n = len(self.variables)
+        self._ptrs = (ctypes.c_void_p * max(1, self._n))()
+
+    # -- buffers -----------------------------------------------------------
+    def _fill(self, buffers, what, writable):
+        """Every buffer's address into self._ptrs, each checked first."""
+        if isinstance(buffers, dict):
+            missing = [v.name for v in self.variables if v.name not in buffers]
+            extra = [k for k in buffers if k not in self._by_name]
+            if missing or extra:
+                raise ValueError(
+                    f"the {what}s do not match the cluster's variables: " +
+                    "; ".join(p for p in (
+                        f"missing {', '.join(missing)}" if missing else "",
+                        f"not variables of the model: {', '.join(map(str, extra))}" if extra
+                        else "") if p))
+            ordered = [buffers[v.name] for v in self.variables]
+        else:
+            ordered = list(buffers)
+            if len(ordered) != self._n:
+                raise ValueError(f"{len(ordered)} {what}s for the cluster's {self._n} variables")
+        addrs = [_pointer(b, v, what, writable) for b, v in zip(ordered, self.variables)]
+        for i, a in enumerate(addrs):
+            self._ptrs[i] = a
+
+    def _live(self):
+        if self._s is None:
+            raise FailedPreconditionError(9, "the session is closed")
+
+    # -- a step ------------------------------------------------------------
+    def pull(self, params):
+        """Reads every variable into `params` (in place). True when the
+        servers reached max_steps (nothing read: training is over)."""
+        self._live()
+        self._fill(params, "parameter", writable=True)
+        finished, step, err = ctypes.c_int(0), ctypes.c_int64(0), ctypes.c_void_p()
+        code = self._lib.pstrain_pull(self._s, self._ptrs, self._n, ctypes.byref(finished),
+                                      ctypes.byref(step), ctypes.byref(err))
+        if code:
+            _raise(code, err)
+        self.step = step.value
+        return bool(finished.value)
+
+    def push(self, grads, loss=0.0, examples=0, cursor=(0, 0), compute_seconds=0.0):
+        """Pushes every variable's gradient for the step last pulled, with
+        the step's loss, its examples, and where the data stands after its
+        batch (epoch, position: a checkpoint records it, a resume or a
+        restart gets it back as start_cursor). True when training is over."""
+        self._live()
+        self._fill(grads, "gradient", writable=False)
+        epoch, position = (int(c) for c in cursor)
+        end, err = ctypes.c_int(0), ctypes.c_void_p()
+        code = self._lib.pstrain_push(self._s, self._ptrs, self._n, float(loss), int(examples),
+                                      epoch, position, float(compute_seconds),
+                                      ctypes.byref(end), ctypes.byref(err))
+        if code:
+            _raise(code, err)
+        return bool(end.value)
+
+    # -- embedding rows ----------------------------------------------------
+    def table_dim(self, table):
+        self._live()
+        err = ctypes.c_void_p()
+        dim = self._lib.pstrain_table_dim(self._s, table.encode(), ctypes.byref(err))
+        if dim < 0:
+            _raise(3, err)
+        return dim
+
+    def _rows(self, table, ids, values, what, writable):
+        import numpy
+        dim = self.table_dim(table)
+        if not (isinstance(ids, numpy.ndarray) and ids.dtype == numpy.uint64 and ids.ndim == 1
+                and ids.flags["C_CONTIGUOUS"]):
+            raise TypeError(f"table {table!r}: ids must be a contiguous 1-D numpy.uint64 array")
+        var = Variable(f"{table} {what}", (len(ids), dim), -1)
+        return dim, _pointer(values, var, "rows of", writable)
+
+    def pull_rows(self, table, ids, out=None):
+        """The rows of `ids` (numpy.uint64) of embedding table `table`, at
+        the step last pulled, into `out` ([len(ids), dim] float32; a new
+        array when None)."""
+        import numpy
+        self._live()
+        if out is None:
+            out = numpy.empty((len(ids), self.table_dim(table)), numpy.float32)
+        _, addr = self._rows(table, ids, out, "values", writable=True)
+        err = ctypes.c_void_p()
+        code = self._lib.pstrain_pull_rows(self._s, table.encode(), ids.ctypes.data, len(ids),
+                                           addr, ctypes.byref(err))
+        if code:
+            _raise(code, err)
+        return out
+
+    def push_rows(self, table, ids, grads):
+        """The gradients of the rows of `ids` (sync: before the step's push)."""
+        self._live()
+        _, addr = self._rows(table, ids, grads, "gradients", writable=False)
+        err = ctypes.c_void_p()
+        code = self._lib.pstrain_push_rows(self._s, table.encode(), ids.ctypes.data, len(ids),
+                                           addr, ctypes.byref(err))
+        if code:
+            _raise(code, err)
+
+    # -- the end -----------------------------------------------------------
+    def close(self):
+        """The final report to the chief; the session ends."""
+        if self._s is None:
+            return
+        handle, self._s = self._s, None
+        err = ctypes.c_void_p()
+        code = self._lib.pstrain_close(handle, ctypes.byref(err))
+        if code:
+            _raise(code, err)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+    def __del__(self):
+        if getattr(self, "_s", None) is not None:
+            try:
+                self.close()
+            except Exception:  # pylint: disable=broad-except
+                pass
+

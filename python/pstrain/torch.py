@@ -1,0 +1,158 @@
+"""A PyTorch nn.Module trained on a pstrain cluster.
+
+The module's parameters live on the parameter servers; each step this
+process pulls them into the module, runs its own forward and backward, and
+pushes the gradients, which the servers aggregate (sync: the mean over the
+workers' pushes) and apply with the config's optimizer, exactly as for
+pstrain's C++ workers. Buffers (BatchNorm's running statistics) stay local
+to each worker.
+
+    module = Net()
+    pstrain.torch.write_variables(module, "net.safetensors")   # once, before the launch
+    ...
+    with pstrain.torch.DistributedModule(module) as dm:         # in each worker
+        while not dm.pull():
+            loss = loss_fn(module(x), y)
+            loss.backward()
+            if dm.push(loss.item(), examples=len(x), cursor=(0, dm.step + 1)):
+                break
+
+CPU parameters are read and written in place (the pull writes into each
+parameter's storage, the push reads each .grad's); CUDA parameters go
+through pinned host memory, one copy each way per step.
+"""
+import torch
+
+from .safetensors import write_safetensors
+from .session import Session
+
+__all__ = ["DistributedModule", "trainable_parameters", "write_variables"]
+
+
+def trainable_parameters(module):
+    """The (name, parameter) pairs the servers hold: every parameter that
+    requires a gradient, in the module's order, each shared one once."""
+    return [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+
+
+def write_variables(module, path):
+    """Writes the module's trainable parameters to `path` (.safetensors,
+    float32, in the module's order): the file model { external { variables:
+    ... } } names, from which the chief initialises the servers."""
+    tensors = {}
+    for name, p in trainable_parameters(module):
+        if p.dtype != torch.float32:
+            raise TypeError(f"parameter {name!r}: dtype {p.dtype}; pstrain's variables are "
+                            "float32 (module.float())")
+        tensors[name] = p.detach().to("cpu").contiguous().numpy()
+    write_safetensors(path, tensors, metadata={"format": "pt",
+                                               "framework": f"torch {torch.__version__}"})
+
+
+def _as_variable(t):
+    """A 0-d tensor as the [1] variable it is stored as."""
+    return t.reshape(1) if t.dim() == 0 else t
+
+
+class DistributedModule:
+    """`module`'s trainable parameters on the cluster of `session` (default:
+    a new pstrain.Session from pstrain launch --worker_cmd's flags).
+
+    Refuses, naming the parameter, a module whose parameters do not match
+    the cluster's variables (a missing or extra name, another shape, a dtype
+    other than float32), before anything is sent."""
+
+    def __init__(self, module, session=None):
+        self.module = module
+        self.session = session if session is not None else Session()
+        own = dict(trainable_parameters(module))
+        names = [v.name for v in self.session.variables]
+        missing = [n for n in names if n not in own]
+        extra = [n for n in own if n not in set(names)]
+        if missing or extra:
+            parts = []
+            if missing:
+                parts.append("the cluster's variables " + ", ".join(missing) +
+                             " are not parameters of this module")
+            if extra:
+                parts.append("parameters " + ", ".join(extra) +
+                             " are not variables of the cluster's model")
+            raise ValueError("the module does not match the cluster's variables: " +
+                             "; ".join(parts) + " (write the variables file from this module: "
+                             "pstrain.torch.write_variables)")
+        self._params, self._pull, self._grad, self._staged = [], [], [], []
+        for v in self.session.variables:
+            p = own[v.name]
+            if p.dtype != torch.float32:
+                raise TypeError(f"parameter {v.name!r}: dtype {p.dtype}, expected torch.float32")
+            shape = tuple(_as_variable(p).shape)
+            if shape != v.shape:
+                raise ValueError(f"parameter {v.name!r}: shape {tuple(p.shape)}, the cluster's "
+                                 f"variable is {v.shape}")
+            self._params.append(p)
+            staged = p.device.type != "cpu" or not p.is_contiguous()
+            self._staged.append(staged)
+            if staged:
+                pin = p.device.type == "cuda"
+                self._pull.append(torch.empty(v.shape, dtype=torch.float32, pin_memory=pin))
+                self._grad.append(torch.empty(v.shape, dtype=torch.float32, pin_memory=pin))
+            else:
+                self._pull.append(_as_variable(p.data))
+                self._grad.append(None)
+
+    @property
+    def step(self):
+        """The version last pulled (sync: the step being computed)."""
+        return self.session.step
+
+    @property
+    def worker(self):
+        return self.session.worker
+
+    @property
+    def num_workers(self):
+        return self.session.num_workers
+
+    def pull(self):
+        """The servers' parameters into the module. True when training is
+        over (the servers reached max_steps; the module is unchanged)."""
+        if self.session.pull(self._pull):
+            return True
+        with torch.no_grad():
+            for p, buf, staged in zip(self._params, self._pull, self._staged):
+                if staged:
+                    p.copy_(buf.view(p.shape), non_blocking=True)
+        return False
+
+    def push(self, loss=0.0, examples=0, cursor=(0, 0), compute_seconds=0.0):
+        """Every parameter's .grad (zeros where it has none) to the servers,
+        and the grads cleared for the next step. True when training is over."""
+        grads = []
+        for i, p in enumerate(self._params):
+            g = p.grad
+            if g is None:
+                g = torch.zeros_like(p)
+            if self._staged[i] or g.device.type != "cpu" or not g.is_contiguous():
+                buf = self._grad[i]
+                if buf is None:
+                    buf = self._grad[i] = torch.empty(self.session.variables[i].shape,
+                                                      dtype=torch.float32)
+                buf.view(g.shape).copy_(g)
+                grads.append(buf)
+            else:
+                grads.append(_as_variable(g))
+        end = self.session.push(grads, loss=loss, examples=examples, cursor=cursor,
+                                compute_seconds=compute_seconds)
+        for p in self._params:
+            p.grad = None
+        return end
+
+    def close(self):
+        self.session.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False

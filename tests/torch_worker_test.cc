@@ -1,0 +1,210 @@
+// PyTorch workers on pstrain's servers (issue 50): a user's script started
+// by `pstrain launch --worker_cmd`, the Python package over libpstrain.so,
+// and the chief of an external model (model { external { ... } }).
+//
+// Needs Debian's python3-torch and python3-sklearn (tools/setup.sh installs
+// them for the tests); without them each case skips for want of "python".
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "catch2/catch.hpp"
+#include "common/storage/env.h"
+#include "common/storage/safetensors_reader.h"
+#include "common/storage/tensor_file.h"
+#include "common/testing/skip.h"
+#include "tests/cluster_testlib.h"
+
+namespace pstrain {
+namespace {
+
+using testing::Binary;
+using testing::BinDir;
+using testing::CommandResult;
+
+// Where the test's data dependencies are in its runfiles.
+std::string Runfile(const std::string& rel) { return BinDir() + "/" + rel; }
+
+// The Python with torch, NumPy and scikit-learn, or "" (the case skips).
+std::string TorchPython() {
+  const testing::PythonReaders py = testing::PythonWithModules("torch, numpy, sklearn");
+  if (!py.error.empty()) {
+    testing::SkipCase("python", "PyTorch workers: " + py.error);
+    return "";
+  }
+  return py.python;
+}
+
+// The shell command that runs `script` (with `args`) as a worker.
+std::string WorkerCommand(const std::string& python, const std::string& script,
+                          const std::string& args = "") {
+  return absl::StrCat("PSTRAIN_LIB=", Runfile("worker/libpstrain.so"), " ", python, " ",
+                      Runfile(script), args.empty() ? "" : " ", args);
+}
+
+std::string ExternalConfig(const std::string& dir, const std::string& variables, int max_steps,
+                           int batch, const std::string& optimizer, const std::string& extra = "") {
+  return testing::WriteFile(
+      dir + "/train.pbtxt",
+      absl::StrCat("model { external { variables: \"", variables, "\" } }\n",
+                   "data { batch_size: ", batch, " }\n", "max_steps: ", max_steps, "\n",
+                   "optimizer { ", optimizer, " }\n", "output_dir: \"", dir, "/out\"\n",
+                   "rpc { startup_timeout_ms: 60000 }\n", extra));
+}
+
+CommandResult Launch(const std::string& spec, const std::string& config,
+                     const std::string& worker_cmd, const std::vector<std::string>& more = {}) {
+  std::vector<std::string> argv = {Binary("tools/pstrain"), "launch",     "--cluster_spec", spec,
+                                   "--config",              config,       "--bin_dir",      BinDir(),
+                                   "--progress=false",      "--worker_cmd", worker_cmd};
+  argv.insert(argv.end(), more.begin(), more.end());
+  return testing::RunCommand(argv, absl::Seconds(240));
+}
+
+// ||a - b|| / ||b|| for each variable of `b`, which `a` must hold too.
+std::map<std::string, double> RelativeDistances(const std::string& final_model,
+                                                const std::string& reference) {
+  auto got = ReadTensorFile(Env::Default(), final_model);
+  REQUIRE(got.ok());
+  std::vector<std::string> names;
+  auto want = ReadSafetensors(Env::Default(), reference, int64_t{1} << 30, &names);
+  REQUIRE(want.ok());
+  std::map<std::string, double> out;
+  for (size_t v = 0; v < names.size(); ++v) {
+    INFO(names[v]);
+    REQUIRE(got->count(names[v]) == 1);
+    const Tensor& a = got->at(names[v]);
+    const Tensor& b = (*want)[v];
+    REQUIRE(a.shape() == b.shape());
+    double diff = 0, norm = 0;
+    for (int64_t i = 0; i < b.num_elements(); ++i) {
+      diff += std::pow(double{a.data()[i]} - b.data()[i], 2);
+      norm += std::pow(double{b.data()[i]}, 2);
+    }
+    out[names[v]] = std::sqrt(diff) / std::max(std::sqrt(norm), 1e-30);
+  }
+  return out;
+}
+
+TEST_CASE("2 PyTorch workers of batch b end where one PyTorch process of batch 2b does") {
+  const std::string python = TorchPython();
+  if (python.empty()) return;
+  const auto [optimizer, reference_flags] =
+      GENERATE(std::pair<std::string, std::string>{"learning_rate: 0.1 sgd {}",
+                                                   "--optimizer sgd --lr 0.1"},
+               std::pair<std::string, std::string>{"learning_rate: 0.01 adam {}",
+                                                   "--optimizer adam --lr 0.01"});
+  INFO(optimizer);
+  const std::string dir = testing::FreshTempDir("torch_equivalence");
+  const std::string script = "examples/digits_cnn/train.py";
+  const std::string variables = dir + "/cnn.safetensors";
+  CommandResult r = testing::RunCommand(
+      {python, Runfile(script), "--write_variables", variables}, absl::Seconds(120));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::string config = ExternalConfig(dir, variables, 50, 16, optimizer);
+  const std::string spec = testing::WriteClusterSpec(dir, /*ps=*/2, /*workers=*/2);
+  r = Launch(spec, config, WorkerCommand(python, script));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("worker 0: trained to step 50") != std::string::npos);
+  CHECK(r.output.find("worker 1: trained to step 50") != std::string::npos);
+  CHECK(r.output.find("initialised variables on 2 parameter server(s) from " + variables) !=
+        std::string::npos);
+
+  const std::string reference = dir + "/reference.safetensors";
+  CommandResult ref = testing::RunCommand(
+      {"/bin/sh", "-c",
+       absl::StrCat(python, " ", Runfile(script), " --reference --batch 32 --steps 50 ",
+                    reference_flags, " --out ", reference)},
+      absl::Seconds(120));
+  INFO(ref.output);
+  REQUIRE(ref.exit_code == 0);
+  const auto distances = RelativeDistances(dir + "/out/model_final.pst", reference);
+  CHECK(distances.size() == 8);
+  for (const auto& [name, d] : distances) {
+    INFO(name << ": relative distance " << d);
+    CHECK(d < 1e-5);
+  }
+  // And the model did train: the final values are not the initial ones.
+  const auto moved = RelativeDistances(dir + "/out/model_final.pst", variables);
+  for (const auto& [name, d] : moved) {
+    INFO(name << " moved by " << d);
+    CHECK(d > 1e-3);
+  }
+}
+
+TEST_CASE("bad input from Python is refused by name and reaches no server; no credentials, "
+          "no registration") {
+  const std::string python = TorchPython();
+  if (python.empty()) return;
+  const std::string dir = testing::FreshTempDir("torch_probe");
+  const std::string variables = dir + "/cnn.safetensors";
+  CommandResult r = testing::RunCommand(
+      {python, Runfile("examples/digits_cnn/train.py"), "--write_variables", variables},
+      absl::Seconds(120));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::string config =
+      ExternalConfig(dir, variables, 3, 8, "learning_rate: 0.5 sgd {}");
+  const std::string spec = testing::WriteClusterSpec(dir, /*ps=*/1, /*workers=*/1);
+  r = Launch(spec, config, WorkerCommand(python, "tests/torch/probe.py", variables));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("PROBE OK") != std::string::npos);
+  CHECK(r.output.find("refused as expected: UnauthenticatedError") != std::string::npos);
+}
+
+TEST_CASE("an external model's config and launch are checked before anything starts") {
+  const std::string dir = testing::FreshTempDir("torch_config");
+  const std::string spec = testing::WriteClusterSpec(dir, /*ps=*/1, /*workers=*/1);
+  // No --worker_cmd: the C++ worker cannot compute it.
+  const std::string variables = dir + "/v.safetensors";
+  {
+    // A one-variable file written by hand: [2] float32.
+    std::string bytes(8, '\0');
+    const std::string header = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+    bytes[0] = static_cast<char>(header.size());
+    bytes += header + std::string(8, '\0');
+    testing::WriteFile(variables, bytes);
+  }
+  const std::string config = ExternalConfig(dir, variables, 3, 8, "learning_rate: 0.1 sgd {}");
+  CommandResult r = testing::RunCommand({Binary("tools/pstrain"), "launch", "--cluster_spec", spec,
+                                         "--config", config, "--bin_dir", BinDir()},
+                                        absl::Seconds(30));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("give their command with --worker_cmd") != std::string::npos);
+  // A config that names data files, and one without the variables.
+  const std::string with_data = testing::WriteFile(
+      dir + "/with_data.pbtxt",
+      absl::StrCat("model { external { variables: \"", variables, "\" } }\n",
+                   "data { batch_size: 8 train_csv: \"x.csv\" }\nmax_steps: 3\n"));
+  r = testing::RunCommand({Binary("tools/pstrain"), "plan", "--cluster_spec", spec, "--config",
+                           with_data},
+                          absl::Seconds(30));
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("with model.external: its workers read their own data") !=
+        std::string::npos);
+  // The C++ worker, started by hand on an external model, says what runs it.
+  r = testing::RunCommand({Binary("worker/worker"), "--cluster_spec=" + spec, "--task=0",
+                           "--config=" + config, "--insecure"},
+                          absl::Seconds(30));
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("not this C++ worker") != std::string::npos);
+  // A variables file that is not one.
+  testing::WriteFile(variables, "not a safetensors file at all");
+  r = testing::RunCommand({Binary("tools/pstrain"), "plan", "--cluster_spec", spec, "--config",
+                           config},
+                          absl::Seconds(30));
+  INFO(r.output);
+  CHECK(r.exit_code != 0);
+  CHECK(r.output.find("not a float32 .safetensors file") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace pstrain

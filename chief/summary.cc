@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/str_format.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/cluster/config.h"
@@ -67,11 +68,13 @@ absl::Status WriteRunOutputs(const RunContext& run, PsClient* ps, Chief* chief,
   auto per_step_ms = [&progress](double seconds) {
     return progress.local_steps() > 0 ? 1000.0 * seconds / progress.local_steps() : 0.0;
   };
+  const bool evaluated = final_eval.result.count > 0;
   nlohmann::json summary = {
       {"global_step", final_eval.step},
       {"max_steps", run.config.max_steps()},
-      {"eval_accuracy", final_eval.result.accuracy()},
-      {"eval_loss", final_eval.result.loss},
+      // Null where nothing was evaluated (no held-out data; an external model).
+      {"eval_accuracy", evaluated ? nlohmann::json(final_eval.result.accuracy()) : nlohmann::json()},
+      {"eval_loss", evaluated ? nlohmann::json(final_eval.result.loss) : nlohmann::json()},
       {"eval_examples", final_eval.result.count},
       {"eval_auc", final_eval.auc ? nlohmann::json(*final_eval.auc) : nlohmann::json()},
       {"eval_log_loss",
@@ -102,9 +105,12 @@ absl::Status WriteRunOutputs(const RunContext& run, PsClient* ps, Chief* chief,
   };
   RETURN_IF_ERROR(WriteFileAtomically(env, JoinPath(run.config.output_dir(), "summary.json"),
                                       summary.dump(2) + "\n"));
-  LOG_INFO("training finished at step {} in {:.1f}s: eval accuracy {:.4f}, eval loss {:.4f}; "
-           "model written to {}",
-           final_eval.step, train_seconds, final_eval.result.accuracy(), final_eval.result.loss,
+  LOG_INFO("training finished at step {} in {:.1f}s: {}; model written to {}", final_eval.step,
+           train_seconds,
+           evaluated ? absl::StrFormat("eval accuracy %.4f, eval loss %.4f",
+                                       final_eval.result.accuracy(), final_eval.result.loss)
+                     : absl::StrFormat("no held-out data to evaluate on, train loss %.4f",
+                                       progress.train_loss()),
            model_path);
   return absl::OkStatus();
 }

@@ -7,19 +7,20 @@
 namespace pstrain {
 
 std::string FinishedLines(const nlohmann::json& j, const std::string& output_dir) {
-  if (!j.is_object() || !j.contains("eval_accuracy") || !j["eval_accuracy"].is_number()) {
-    return "";
-  }
+  if (!j.is_object() || !j.contains("global_step") || !j["global_step"].is_number()) return "";
   auto number = [&j](const char* key) {
     return j.contains(key) && j[key].is_number() ? j[key].get<double>() : 0.0;
   };
   const bool has_auc = j.contains("eval_auc") && j["eval_auc"].is_number();
+  const bool has_accuracy = j.contains("eval_accuracy") && j["eval_accuracy"].is_number();
   const std::string held_out =
-      has_auc ? absl::StrFormat("held-out AUC %.4f, log loss %.4f (accuracy %.4f)",
-                                number("eval_auc"), number("eval_log_loss"),
-                                number("eval_accuracy"))
-              : absl::StrFormat("held-out accuracy %.4f, loss %.4f", number("eval_accuracy"),
-                                number("eval_loss"));
+      has_auc        ? absl::StrFormat("held-out AUC %.4f, log loss %.4f (accuracy %.4f)",
+                                       number("eval_auc"), number("eval_log_loss"),
+                                       number("eval_accuracy"))
+      : has_accuracy ? absl::StrFormat("held-out accuracy %.4f, loss %.4f",
+                                       number("eval_accuracy"), number("eval_loss"))
+                     : absl::StrFormat("no held-out evaluation, train loss %.4f",
+                                       number("train_loss"));
   const std::string model = JoinPath(output_dir, "model_final.pst");
   std::string out = absl::StrFormat(
       "pstrain launch: finished: step %d, %s, %.1f s of training, %.0f examples/s\n",

@@ -1,6 +1,7 @@
 // The closing lines of `pstrain launch`: a classifier's accuracy, a
 // click-through model's AUC and log loss first, the model file and the
-// command that exports it, the step's split; nothing without an evaluation.
+// command that exports it, the step's split; a run without an evaluation
+// says so; nothing without a summary.
 #include "tools/run_report.h"
 
 #include <string>
@@ -40,9 +41,21 @@ TEST_CASE("run report: a click-through run leads with its AUC and log loss", "[l
   CHECK(out.find("a worker's step") == std::string::npos);  // no split reported
 }
 
-TEST_CASE("run report: nothing without an evaluation", "[launch][report]") {
+TEST_CASE("run report: a run with nothing to evaluate on says so, with its train loss",
+          "[launch][report]") {
+  const std::string out = FinishedLines(
+      nlohmann::json::parse(R"({"global_step": 300, "eval_accuracy": null, "eval_loss": null,
+        "train_loss": 0.25, "train_seconds": 4.4, "examples_per_sec": 2182})"),
+      "cnn_output");
+  INFO(out);
+  CHECK(out.find("finished: step 300, no held-out evaluation, train loss 0.2500, 4.4 s of "
+                 "training, 2182 examples/s\n") != std::string::npos);
+  CHECK(out.find("accuracy") == std::string::npos);
+}
+
+TEST_CASE("run report: nothing without a summary", "[launch][report]") {
   CHECK(FinishedLines(nlohmann::json::parse("{}"), "out").empty());
-  CHECK(FinishedLines(nlohmann::json::parse(R"({"eval_accuracy": "x"})"), "out").empty());
+  CHECK(FinishedLines(nlohmann::json::parse(R"({"global_step": "x"})"), "out").empty());
   CHECK(FinishedLines(nlohmann::json::parse("[1]"), "out").empty());
   CHECK(FinishedLines(nlohmann::json::parse("x", nullptr, false), "out").empty());
 }

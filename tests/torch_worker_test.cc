@@ -157,6 +157,43 @@ TEST_CASE("bad input from Python is refused by name and reaches no server; no cr
   CHECK(r.output.find("refused as expected: UnauthenticatedError") != std::string::npos);
 }
 
+TEST_CASE("the wheel installs with pip into a fresh environment, and its workers train") {
+  const std::string python = TorchPython();
+  if (python.empty()) return;
+  const std::string dir = testing::FreshTempDir("torch_wheel");
+  // A virtual environment of Debian's Python that sees its torch and NumPy.
+  const std::string venv = dir + "/venv";
+  CommandResult r = testing::RunCommand(
+      {"/usr/bin/python3", "-m", "venv", "--system-site-packages", venv}, absl::Seconds(120));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::string venv_python = venv + "/bin/python";
+  r = testing::RunCommand({venv_python, "-m", "pip", "install", "--quiet", "--no-index",
+                           "--no-deps", Runfile("python/pstrain-0.1.0-py3-none-linux_x86_64.whl")},
+                          absl::Seconds(120));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  r = testing::RunCommand({venv_python, "-c",
+                           "import pstrain, pstrain._native as n; n.lib(); print(pstrain.__file__)"},
+                          absl::Seconds(60));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find(venv + "/lib/") != std::string::npos);
+  const std::string variables = dir + "/cnn.safetensors";
+  r = testing::RunCommand(
+      {venv_python, Runfile("examples/digits_cnn/train.py"), "--write_variables", variables},
+      absl::Seconds(120));
+  REQUIRE(r.exit_code == 0);
+  const std::string config = ExternalConfig(dir, variables, 20, 16, "learning_rate: 0.1 sgd {}");
+  const std::string spec = testing::WriteClusterSpec(dir, /*ps=*/1, /*workers=*/2);
+  // No PSTRAIN_LIB: the installed package finds the library inside itself.
+  r = Launch(spec, config,
+             absl::StrCat(venv_python, " ", Runfile("examples/digits_cnn/train.py")));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("worker 1: trained to step 20") != std::string::npos);
+}
+
 TEST_CASE("an external model's config and launch are checked before anything starts") {
   const std::string dir = testing::FreshTempDir("torch_config");
   const std::string spec = testing::WriteClusterSpec(dir, /*ps=*/1, /*workers=*/1);

@@ -18,7 +18,8 @@ failure; the exit status is the number that failed.
   directory, so a later block may use what an earlier one wrote. The
   scratch directory holds a copy of configs/ whose cluster specs name free
   loopback ports (the shipped ones name fixed ports, which a shared machine
-  may have taken), and `pstrain` on the PATH is the one built in bazel-bin.
+  may have taken), a copy of examples/, and tools/ (a link to the
+  repository's), and `pstrain` on the PATH is the one built in bazel-bin.
 - config-reference: docs/config-reference.md is what
   tools/config_reference.py makes of proto/config.proto.
 """
@@ -157,6 +158,9 @@ def run_page(page, pstrain):
     scratch = tempfile.mkdtemp(prefix="pstrain_docs_")
     try:
         scratch_configs(scratch)
+        shutil.copytree(os.path.join(ROOT, "examples"), os.path.join(scratch, "examples"),
+                        ignore=shutil.ignore_patterns("__pycache__", "BUILD.bazel"))
+        os.symlink(os.path.join(ROOT, "tools"), os.path.join(scratch, "tools"))
         bin_dir = os.path.join(scratch, ".bin")
         os.mkdir(bin_dir)
         os.symlink(pstrain, os.path.join(bin_dir, "pstrain"))

@@ -22,8 +22,12 @@ import numpy
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
-import pstrain  # noqa: E402
+try:
+    import pstrain
+except ImportError:  # run from pstrain's source tree, the package not installed
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                    "python"))
+    import pstrain
 import pstrain.torch  # noqa: E402
 
 

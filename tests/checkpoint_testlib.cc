@@ -142,8 +142,9 @@ void CopyCheckpoint(const std::string& from_dir, int64_t step, const std::string
   }
 }
 
-void LaunchAndKillAll(const Job& job, const std::string& dir, const std::function<bool()>& ready) {
-  std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir);
+void LaunchAndKillAll(const Job& job, const std::string& dir, const std::function<bool()>& ready,
+                      const std::vector<std::string>& flags) {
+  std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir, flags);
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
   while (!ready() && absl::Now() < deadline && launch->running()) {
     absl::SleepFor(absl::Milliseconds(5));

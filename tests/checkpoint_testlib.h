@@ -57,7 +57,9 @@ void CopyCheckpoint(const std::string& from_dir, int64_t step, const std::string
 
 // Starts the job under `pstrain launch` and, once `ready()` holds (or 120 s
 // pass, or the launch ends), kills every process of it with SIGKILL.
-void LaunchAndKillAll(const Job& job, const std::string& dir, const std::function<bool()>& ready);
+// `flags`: more flags of the launch.
+void LaunchAndKillAll(const Job& job, const std::string& dir, const std::function<bool()>& ready,
+                      const std::vector<std::string>& flags = {});
 
 }  // namespace testing
 }  // namespace pstrain

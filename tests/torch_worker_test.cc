@@ -4,6 +4,9 @@
 //
 // Needs Debian's python3-torch and python3-sklearn (tools/setup.sh installs
 // them for the tests); without them each case skips for want of "python".
+#include <dirent.h>
+#include <signal.h>
+
 #include <cmath>
 #include <map>
 #include <string>
@@ -11,10 +14,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
+#include "absl/time/clock.h"
+#include "common/storage/checkpoint.h"
 #include "common/storage/env.h"
 #include "common/storage/safetensors_reader.h"
 #include "common/storage/tensor_file.h"
 #include "common/testing/skip.h"
+#include "tests/checkpoint_testlib.h"
 #include "tests/cluster_testlib.h"
 
 namespace pstrain {
@@ -134,6 +140,106 @@ TEST_CASE("2 PyTorch workers of batch b end where one PyTorch process of batch 2
     INFO(name << " moved by " << d);
     CHECK(d > 1e-3);
   }
+}
+
+// Pids of the processes of worker `task` that `pstrain launch --worker_cmd`
+// started for the cluster of `spec` (its shell and the Python under it): the
+// task is in their environment, not on their command line.
+std::vector<int> WorkerProcesses(const std::string& spec, int task) {
+  std::vector<int> pids;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return pids;
+  while (dirent* e = ::readdir(proc)) {
+    const int pid = std::atoi(e->d_name);
+    if (pid <= 0) continue;
+    const std::string environ =
+        Env::Default()->ReadFile(absl::StrCat("/proc/", pid, "/environ")).value_or("");
+    if (environ.find("PSTRAIN_WORKER_ARGS=--cluster_spec=" + spec + "\n--job=worker\n--task=" +
+                     std::to_string(task) + "\n") != std::string::npos) {
+      pids.push_back(pid);
+    }
+  }
+  ::closedir(proc);
+  return pids;
+}
+
+TEST_CASE("--restart=on-failure: a PyTorch worker killed with kill -9 rejoins where it stood; "
+          "sync ends bitwise as if never killed, and a resumed run too") {
+  const std::string python = TorchPython();
+  if (python.empty()) return;
+  const int steps = testing::SanitizedSteps(1500, 600);
+  auto job_in = [&](const std::string& name) {
+    const std::string dir = testing::FreshTempDir(name);
+    const std::string variables = dir + "/cnn.safetensors";
+    CommandResult r = testing::RunCommand(
+        {python, Runfile("examples/digits_cnn/train.py"), "--write_variables", variables},
+        absl::Seconds(120));
+    REQUIRE(r.exit_code == 0);
+    testing::Job job;
+    job.config = ExternalConfig(
+        dir, variables, steps, 16, "learning_rate: 0.01 adam {}",
+        absl::StrCat("checkpoint { dir: \"", dir, "/ckpt\" every_steps: 100 }\n"));
+    job.spec = testing::WriteClusterSpec(dir, /*ps=*/2, /*workers=*/2);
+    job.out = dir + "/out";
+    return std::make_pair(dir, job);
+  };
+  const std::string worker_cmd = WorkerCommand(python, "examples/digits_cnn/train.py");
+
+  // The run never killed.
+  const auto [ref_dir, ref] = job_in("torch_rejoin_reference");
+  CommandResult r = Launch(ref.spec, ref.config, worker_cmd);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const TensorMap want = testing::FinalModel(ref);
+
+  // Worker 1 killed once a checkpoint of step 300 exists.
+  const auto [dir, job] = job_in("torch_rejoin");
+  std::unique_ptr<Subprocess> launch =
+      testing::SpawnLaunch(job, dir, {"--restart=on-failure", "--worker_cmd", worker_cmd});
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (ReadPointer(Env::Default(), dir + "/ckpt").value_or(0) < 300 && absl::Now() < deadline &&
+         launch->running()) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const std::vector<int> pids = WorkerProcesses(job.spec, 1);
+  REQUIRE_FALSE(pids.empty());
+  for (int pid : pids) ::kill(pid, SIGKILL);
+  std::optional<int> code = launch->Wait(absl::Seconds(180));
+  if (!code.has_value()) launch->Stop(absl::Seconds(5));
+  const std::string out = Env::Default()->ReadFile(dir + "/launch.out").value_or("");
+  INFO(out);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  CHECK(out.find("worker:1 exited with code 137") != std::string::npos);
+  CHECK(out.find("restarting it alone, the others go on (restart 1 of 3)") != std::string::npos);
+  const std::string w1 = Env::Default()->ReadFile(job.out + "/logs/worker-1.log").value_or("");
+  CHECK(w1.find("rejoined the running job after a restart (session 1): data goes on at epoch 0, "
+                "position ") != std::string::npos);
+  CHECK(w1.find("worker 1: trained to step " + std::to_string(steps)) != std::string::npos);
+  testing::CheckSameModel(testing::FinalModel(job), want);
+
+  // Every process killed mid-run, then the run resumed from its checkpoint.
+  const auto [resumed_dir, resumed] = job_in("torch_resume");
+  // (The workers first: their command lines do not name the spec, and
+  // left alive they would join the resumed run on the same ports.)
+  testing::LaunchAndKillAll(
+      resumed, resumed_dir,
+      [d = resumed_dir, spec = resumed.spec]() {
+        if (ReadPointer(Env::Default(), d + "/ckpt").value_or(0) < 500) return false;
+        for (int task : {0, 1}) {
+          for (int pid : WorkerProcesses(spec, task)) ::kill(pid, SIGKILL);
+        }
+        return true;
+      },
+      {"--worker_cmd", worker_cmd});
+  for (int task : {0, 1}) {
+    for (int pid : WorkerProcesses(resumed.spec, task)) ::kill(pid, SIGKILL);
+  }
+  r = Launch(resumed.spec, resumed.config, worker_cmd, {"--resume"});
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("from the checkpoint of step") != std::string::npos);
+  testing::CheckSameModel(testing::FinalModel(resumed), want);
 }
 
 TEST_CASE("bad input from Python is refused by name and reaches no server; no credentials, "

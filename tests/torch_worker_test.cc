@@ -300,6 +300,27 @@ TEST_CASE("the wheel installs with pip into a fresh environment, and its workers
   CHECK(r.output.find("worker 1: trained to step 20") != std::string::npos);
 }
 
+TEST_CASE("over mutual TLS, PyTorch workers authenticate with their certificates and train") {
+  const std::string python = TorchPython();
+  if (python.empty()) return;
+  const std::string dir = testing::FreshTempDir("torch_tls");
+  const std::string variables = dir + "/cnn.safetensors";
+  CommandResult r = testing::RunCommand(
+      {python, Runfile("examples/digits_cnn/train.py"), "--write_variables", variables},
+      absl::Seconds(120));
+  REQUIRE(r.exit_code == 0);
+  const std::string spec = testing::WriteClusterSpec(dir, /*ps=*/1, /*workers=*/2);
+  testing::UseMutualTls(dir, spec);
+  const std::string config = ExternalConfig(dir, variables, 20, 16, "learning_rate: 0.1 sgd {}");
+  r = Launch(spec, config, WorkerCommand(python, "examples/digits_cnn/train.py"));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("worker 1: trained to step 20") != std::string::npos);
+  const std::string w0 = Env::Default()->ReadFile(dir + "/out/logs/worker-0.log").value_or("");
+  INFO(w0);
+  CHECK(w0.find("mutual TLS on: this task's certificate is worker:0's") != std::string::npos);
+}
+
 TEST_CASE("an external model's config and launch are checked before anything starts") {
   const std::string dir = testing::FreshTempDir("torch_config");
   const std::string spec = testing::WriteClusterSpec(dir, /*ps=*/1, /*workers=*/1);

@@ -35,6 +35,14 @@ std::string Runfile(const std::string& rel) { return BinDir() + "/" + rel; }
 
 // The Python with torch, NumPy and scikit-learn, or "" (the case skips).
 std::string TorchPython() {
+  if (testing::kSanitized) {
+    // A sanitizer's libpstrain.so needs its runtime in the process before
+    // it, which CPython does not have ("undefined symbol: __asan_...").
+    testing::SkipCase("unsanitized", "PyTorch workers load libpstrain.so into CPython; this "
+                                     "build's is instrumented (the default and CPU-only builds "
+                                     "run these cases)");
+    return "";
+  }
   const testing::PythonReaders py = testing::PythonWithModules("torch, numpy, sklearn");
   if (!py.error.empty()) {
     testing::SkipCase("python", "PyTorch workers: " + py.error);

@@ -1,6 +1,7 @@
 #include "worker/session.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <utility>
 
@@ -181,7 +182,13 @@ absl::Status WorkerSession::Push(absl::Span<const float* const> src, const StepR
                                                    variables_.size(), " variables"));
   }
   if (report.examples < 0 || report.cursor.epoch < 0 || report.cursor.position < 0) {
-    return absl::InvalidArgumentError("a push's examples and data cursor must be >= 0");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a push's examples and data cursor must be >= 0 (examples ", report.examples,
+        ", cursor ", report.cursor.epoch, ", ", report.cursor.position, ")"));
+  }
+  if (!std::isfinite(report.compute_seconds) || report.compute_seconds < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("compute_seconds ", report.compute_seconds, ": expected seconds >= 0"));
   }
   const absl::Time t0 = absl::Now();
   // A checkpoint at the step this push completes records where the data

@@ -80,25 +80,34 @@ class DistributedModule:
             raise ValueError("the module does not match the cluster's variables: " +
                              "; ".join(parts) + " (write the variables file from this module: "
                              "pstrain.torch.write_variables)")
-        self._params, self._pull, self._grad, self._staged = [], [], [], []
-        for v in self.session.variables:
-            p = own[v.name]
+        self._params = [own[v.name] for v in self.session.variables]
+        self._pull = [None] * len(self._params)
+        self._grad = [None] * len(self._params)
+        self._staged = [False] * len(self._params)
+        self._bind()
+
+    def _bind(self):
+        """Where each parameter is pulled into: its own storage (a CPU,
+        contiguous one), else a host buffer (pinned for CUDA). Checked at
+        every pull, so a module moved (.to(), .cuda()) after construction
+        is followed."""
+        for i, (p, v) in enumerate(zip(self._params, self.session.variables)):
             if p.dtype != torch.float32:
                 raise TypeError(f"parameter {v.name!r}: dtype {p.dtype}, expected torch.float32")
-            shape = tuple(_as_variable(p).shape)
-            if shape != v.shape:
+            if tuple(_as_variable(p).shape) != v.shape:
                 raise ValueError(f"parameter {v.name!r}: shape {tuple(p.shape)}, the cluster's "
                                  f"variable is {v.shape}")
-            self._params.append(p)
             staged = p.device.type != "cpu" or not p.is_contiguous()
-            self._staged.append(staged)
             if staged:
-                pin = p.device.type == "cuda"
-                self._pull.append(torch.empty(v.shape, dtype=torch.float32, pin_memory=pin))
-                self._grad.append(torch.empty(v.shape, dtype=torch.float32, pin_memory=pin))
-            else:
-                self._pull.append(_as_variable(p.data))
-                self._grad.append(None)
+                if not self._staged[i] or self._pull[i] is None:
+                    pin = p.device.type == "cuda"
+                    self._pull[i] = torch.empty(v.shape, dtype=torch.float32, pin_memory=pin)
+                    self._grad[i] = torch.empty(v.shape, dtype=torch.float32, pin_memory=pin)
+            elif self._staged[i] or self._pull[i] is None or \
+                    self._pull[i].data_ptr() != p.data_ptr():
+                self._pull[i] = _as_variable(p.data)
+                self._grad[i] = None
+            self._staged[i] = staged
 
     @property
     def step(self):
@@ -116,6 +125,7 @@ class DistributedModule:
     def pull(self):
         """The servers' parameters into the module. True when training is
         over (the servers reached max_steps; the module is unchanged)."""
+        self._bind()
         if self.session.pull(self._pull):
             return True
         with torch.no_grad():

@@ -113,8 +113,19 @@ for k, v in initial.items():
 expect_raises(pstrain.InvalidArgumentError, "no embedding table",
               lambda: session.pull_rows("none", numpy.zeros(1, numpy.uint64)))
 
+# A module whose parameters get new storage after the wrap (as .to() does)
+# is followed: the pull lands in the new storage.
+dm = pstrain.torch.DistributedModule(model, session)
+with torch.no_grad():
+    for _, p in pstrain.torch.trainable_parameters(model):
+        p.data = torch.zeros_like(p.data)
+check(not dm.pull(), "the servers finished before any step")
+for name, p in pstrain.torch.trainable_parameters(model):
+    check(numpy.array_equal(p.detach().numpy(), initial[name]),
+          f"{name}: the pull did not reach the parameter's new storage")
+
 # Then train to the end: zero gradients leave the model as it was.
-with pstrain.torch.DistributedModule(model, session) as dm:
+with dm:
     while not dm.pull():
         if dm.push(0.0, examples=1, cursor=(0, dm.step + 1)):
             break

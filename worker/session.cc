@@ -15,9 +15,11 @@
 #include "common/base/status_macros.h"
 #include "common/client/grpc_ps_client.h"
 #include "common/cluster/config.h"
+#include "common/cluster/sizing.h"
 #include "common/observability/monitoring.h"
 #include "common/rpc/rpc.h"
 #include "worker/model/model.h"
+#include "worker/progress.h"
 #include "worker/rejoin.h"
 #include "worker/worker_metrics.h"
 
@@ -93,15 +95,14 @@ absl::Status WorkerSession::Start() {
   const TrainingConfig& config = *setup_.config;
   const ClusterSpec& cluster = setup_.task.cluster;
   sync_ = IsSyncMode(config);
-  rpc_timeout_ = absl::Milliseconds(config.rpc().rpc_timeout_ms());
   step_timeout_ = absl::Milliseconds(config.rpc().step_timeout_ms());
-  startup_timeout_ = absl::Milliseconds(config.rpc().startup_timeout_ms());
-  const std::string task = setup_.task.task.ToString();
-  RETURN_IF_ERROR(CheckConfiguredModelFits(config, cluster.num_ps(), task));
+  const absl::Duration startup_timeout = absl::Milliseconds(config.rpc().startup_timeout_ms());
+  // (CheckConfiguredModelFits, with the variables read and placed once.)
   ASSIGN_OR_RETURN(variables_, ModelVariables(config.model()));
   ASSIGN_OR_RETURN(placement_, Placement::Compute(variables_, cluster.num_ps(),
                                                   config.placement().partition_min_bytes(),
                                                   config.placement().partition_max_bytes()));
+  RETURN_IF_ERROR(CheckModelFits(variables_, *placement_, setup_.task.task.ToString()));
   if (!setup_.metrics_address.empty()) {
     ASSIGN_OR_RETURN(
         monitoring_,
@@ -116,7 +117,7 @@ absl::Status WorkerSession::Start() {
   // The worker's connections (worker/trainer.h), with its settings.
   WorkerConnections connections = GrpcConnections(config, cluster, worker());
   chief_ = std::move(connections.chief);
-  RETURN_IF_ERROR(chief_->RegisterWorker(worker(), ConfigFingerprint(config), startup_timeout_,
+  RETURN_IF_ERROR(chief_->RegisterWorker(worker(), ConfigFingerprint(config), startup_timeout,
                                          &registration_, /*previous_incarnation=*/0,
                                          /*session=*/0, &stop_));
   LOG_INFO("registered with the chief: incarnation {:x}, starting at step {}; {} variables, {} "
@@ -126,14 +127,14 @@ absl::Status WorkerSession::Start() {
   stats_.registered = true;
   ps_ = connections.connect(*placement_, registration_);
   min_versions_.assign(ps_->num_servers(), registration_.start_step());
-  steps_before_ = registration_.local_steps_before();
+  tally_.steps_before = registration_.local_steps_before();
   if (registration_.has_cursor()) {
     start_cursor_ = DataCursor{registration_.cursor_epoch(), registration_.cursor_position()};
   }
   if (registration_.rejoin()) {
     ASSIGN_OR_RETURN(const RejoinPoint point,
                      ClaimSession(ps_.get(), worker(), registration_.session(), sync_));
-    steps_before_ = std::max(steps_before_, point.pushes_applied);
+    tally_.steps_before = std::max(tally_.steps_before, point.pushes_applied);
     if (point.cursor.has_value()) start_cursor_ = point.cursor;
     LOG_INFO("rejoined the running job after a restart (session {}): data goes on at {}",
              registration_.session(),
@@ -155,7 +156,7 @@ absl::Status WorkerSession::Pull(absl::Span<float* const> dst, bool* finished, i
   const absl::Time t0 = absl::Now();
   RETURN_IF_ERROR(ps_->PullInto(sync_ ? min_versions_ : std::vector<int64_t>(), step_timeout_,
                                 std::vector<float*>(dst.begin(), dst.end()), &pulled_));
-  pull_time_ += absl::Now() - t0;
+  tally_.pull += absl::Now() - t0;
   *finished = pulled_.finished;
   pulled_for_push_ = !pulled_.finished;
   steps_ = pulled_.versions;
@@ -196,38 +197,18 @@ absl::Status WorkerSession::Push(absl::Span<const float* const> src, const StepR
   ps_->set_data_cursor(report.cursor.epoch, report.cursor.position);
   RETURN_IF_ERROR(
       ps_->PushFrom(steps_, std::vector<const float*>(src.begin(), src.end()), &outcomes_));
-  push_time_ += absl::Now() - t0;
-  compute_time_ += absl::Seconds(report.compute_seconds);
+  tally_.push += absl::Now() - t0;
+  tally_.compute += absl::Seconds(report.compute_seconds);
   pulled_for_push_ = false;
-  int servers_finished = 0;
-  for (int s = 0; s < ps_->num_servers(); ++s) {
-    if (outcomes_[s] == FINISHED) ++servers_finished;
-    if (outcomes_[s] == DROPPED_STALE) ++dropped_;
-    min_versions_[s] = steps_[s] + 1;
-  }
-  *end = servers_finished == ps_->num_servers();
-  ++local_steps_;
-  examples_ += report.examples;
-  loss_sum_ += report.loss;
-  ++loss_count_;
-  stats_.steps.fetch_add(1, std::memory_order_relaxed);
-  stats_.examples.fetch_add(report.examples, std::memory_order_relaxed);
-  stats_.gradients_dropped_stale.store(dropped_, std::memory_order_relaxed);
-  stats_.pull_ns.store(absl::ToInt64Nanoseconds(pull_time_), std::memory_order_relaxed);
-  stats_.compute_ns.store(absl::ToInt64Nanoseconds(compute_time_), std::memory_order_relaxed);
-  stats_.push_ns.store(absl::ToInt64Nanoseconds(push_time_), std::memory_order_relaxed);
-  if (local_steps_ % kReportEvery != 0) return absl::OkStatus();
+  *end = CountPushOutcomes(outcomes_, steps_, &min_versions_, &tally_);
+  tally_.CountStep(report.examples, report.loss, &stats_);
+  if (tally_.local_steps % kReportEvery != 0) return absl::OkStatus();
   bool stop_requested = false;
-  absl::Status st = Report(false, &stop_requested);
-  // A report late while this process was paused is only late; a chief
-  // that stays silent fails the run on the third (as the C++ trainer).
-  if (absl::IsDeadlineExceeded(st) && ++late_reports_ < 3) {
-    LOG_WARN("progress report to the chief timed out ({} in a row); training on: {}",
-             late_reports_, st);
-    return absl::OkStatus();
-  }
-  RETURN_IF_ERROR(st);
-  late_reports_ = 0;
+  // A chief that stays silent fails the run on the third late report.
+  RETURN_IF_ERROR(ForgiveLateReport(SendProgress(chief_.get(), registration_, worker(),
+                                                 pulled_.versions, /*done=*/false, &tally_,
+                                                 &stop_requested),
+                                    &tally_));
   if (stop_requested) *end = true;
   return absl::OkStatus();
 }
@@ -260,36 +241,14 @@ absl::Status WorkerSession::PushRows(const std::string& table, absl::Span<const 
   return ps_->PushRows(table, dim, ids, grads, steps_, &row_outcomes_);
 }
 
-absl::Status WorkerSession::Report(bool done, bool* stop_requested) {
-  ProgressReport r;
-  r.set_incarnation(registration_.incarnation());
-  r.set_worker(worker());
-  r.set_session(registration_.session());
-  r.set_global_step(pulled_.versions.empty()
-                        ? registration_.start_step()
-                        : *std::min_element(pulled_.versions.begin(), pulled_.versions.end()));
-  r.set_local_steps(steps_before_ + local_steps_);
-  r.set_loss(loss_count_ > 0 ? static_cast<float>(loss_sum_ / loss_count_) : 0.0f);
-  r.set_examples(examples_);
-  r.set_done(done);
-  r.set_pull_seconds(absl::ToDoubleSeconds(pull_time_));
-  r.set_compute_seconds(absl::ToDoubleSeconds(compute_time_));
-  r.set_push_seconds(absl::ToDoubleSeconds(push_time_));
-  ProgressResponse resp;
-  RETURN_IF_ERROR(chief_->ReportProgress(r, &resp));
-  *stop_requested = resp.stop();
-  loss_sum_ = 0;
-  loss_count_ = 0;
-  return absl::OkStatus();
-}
-
 absl::Status WorkerSession::Close() {
   if (closed_) return absl::OkStatus();
   closed_ = true;
   bool ignored;
-  absl::Status st = Report(true, &ignored);
-  LOG_INFO("done after {} local steps ({} examples, {} stale gradients dropped)", local_steps_,
-           examples_, dropped_);
+  absl::Status st = SendProgress(chief_.get(), registration_, worker(), pulled_.versions,
+                                 /*done=*/true, &tally_, &ignored);
+  LOG_INFO("done after {} local steps ({} examples, {} stale gradients dropped)", tally_.local_steps,
+           tally_.examples, tally_.dropped);
   return st;
 }
 

@@ -41,6 +41,7 @@
 #include "common/runtime/daemon.h"
 #include "proto/config.pb.h"
 #include "worker/data/partition.h"
+#include "worker/progress.h"
 #include "worker/trainer.h"
 
 namespace pstrain {
@@ -71,7 +72,7 @@ class WorkerSession {
   int64_t start_step() const { return registration_.start_step(); }
   // This worker's steps so far (a restarted process's include its earlier
   // one's).
-  int64_t local_steps() const { return steps_before_ + local_steps_; }
+  int64_t local_steps() const { return tally_.steps_before + tally_.local_steps; }
 
   // Reads every variable into dst[v] (num_elements floats each). *finished:
   // the servers reached max_steps (nothing was read; stop training).
@@ -108,12 +109,11 @@ class WorkerSession {
  private:
   WorkerSession() = default;
   absl::Status Start();
-  absl::Status Report(bool done, bool* stop_requested);
 
   DaemonSetup setup_;
   StopSignal stop_;
   bool sync_ = true;
-  absl::Duration rpc_timeout_, step_timeout_, startup_timeout_;
+  absl::Duration step_timeout_;
   std::vector<VariableSpec> variables_;
   std::optional<Placement> placement_;
   std::unique_ptr<ChiefClient> chief_;
@@ -127,11 +127,7 @@ class WorkerSession {
   bool pulled_for_push_ = false;  // a Pull since the last Push
   std::vector<int64_t> min_versions_, steps_;
   std::vector<PushOutcome> outcomes_, row_outcomes_;
-  int64_t steps_before_ = 0, local_steps_ = 0, examples_ = 0, dropped_ = 0;
-  double loss_sum_ = 0;
-  int loss_count_ = 0;
-  int late_reports_ = 0;
-  absl::Duration pull_time_, compute_time_, push_time_;
+  WorkerTally tally_;
   bool closed_ = false;
 };
 

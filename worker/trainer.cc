@@ -23,6 +23,7 @@
 #include "worker/model/device.h"
 #include "worker/model/embedding_bag.h"
 #include "worker/model/model.h"
+#include "worker/progress.h"
 #include "worker/rejoin.h"
 
 namespace pstrain {
@@ -177,9 +178,10 @@ class Trainer {
   // The step's push, from its start to its end (before ps_ goes).
   std::unique_ptr<PsClient::Push> push_;
   std::vector<int64_t> min_versions_;
-  // This worker's steps before a restart: in async mode the servers' count
-  // of its pushes applied (exact); in sync mode what it had reported.
-  int64_t steps_before_ = 0;
+  // What it has trained and where its time went. tally_.steps_before, its
+  // steps before a restart: in async mode the servers' count of its pushes
+  // applied (exact); in sync mode what it had reported.
+  WorkerTally tally_;
   Prefetcher::Allocator pinned_;
   std::unique_ptr<Prefetcher> batches_;
   // Pulls land in the model's host parameter block (pinned on CUDA) and
@@ -201,17 +203,11 @@ class Trainer {
   std::vector<float> rows_, row_grads_, bagged_;
   std::vector<PushOutcome> row_outcomes_;
 
-  int64_t local_steps_ = 0, examples_ = 0, dropped_ = 0;
   // prefetched: answered from a pull sent ahead (with the last push, or
   // with rpc.async_prefetch as the last step began)
   int64_t pulls_ = 0, prefetched_ = 0;
-  double loss_sum_ = 0;
-  int loss_count_ = 0;
-  int late_reports_ = 0;
   int rollbacks_ = 0;
   bool chief_lost_ = false;  // the step failed on its report to the chief
-  // Where the worker's time goes, for the closing log line.
-  absl::Duration pull_time_, data_wait_, compute_time_, push_time_;
 };
 
 absl::Status Trainer::SetUp() {
@@ -238,10 +234,10 @@ absl::Status Trainer::SetUp() {
                                                   config_.placement().partition_max_bytes()));
   ps_ = connect_(*placement_, reg_);
   min_versions_.assign(ps_->num_servers(), reg_.start_step());
-  steps_before_ = reg_.local_steps_before();
+  tally_.steps_before = reg_.local_steps_before();
   if (reg_.rejoin()) {
-    RETURN_IF_ERROR(
-        Rejoin(ps_.get(), options_.worker, reg_.session(), sync_, &*partition_, &steps_before_));
+    RETURN_IF_ERROR(Rejoin(ps_.get(), options_.worker, reg_.session(), sync_, &*partition_,
+                           &tally_.steps_before));
   }
   // Batches are assembled ahead on a thread of their own, into pinned memory
   // on CUDA so that their copy to the device runs at full speed.
@@ -340,28 +336,8 @@ void Trainer::SetUpOverlap() {
 }
 
 absl::Status Trainer::Report(bool done, bool* stop_requested) {
-  ProgressReport r;
-  r.set_incarnation(reg_.incarnation());
-  r.set_worker(options_.worker);
-  r.set_session(reg_.session());
-  r.set_global_step(pulled_.versions.empty()
-                        ? reg_.start_step()
-                        : *std::min_element(pulled_.versions.begin(), pulled_.versions.end()));
-  // A restarted worker's steps include its earlier process's.
-  r.set_local_steps(steps_before_ + local_steps_);
-  r.set_loss(loss_count_ > 0 ? static_cast<float>(loss_sum_ / loss_count_) : 0.0f);
-  r.set_examples(examples_);
-  r.set_done(done);
-  r.set_pull_seconds(absl::ToDoubleSeconds(pull_time_));
-  r.set_data_seconds(absl::ToDoubleSeconds(data_wait_));
-  r.set_compute_seconds(absl::ToDoubleSeconds(compute_time_));
-  r.set_push_seconds(absl::ToDoubleSeconds(push_time_));
-  ProgressResponse resp;
-  RETURN_IF_ERROR(chief_->ReportProgress(r, &resp));
-  *stop_requested = resp.stop();
-  loss_sum_ = 0;
-  loss_count_ = 0;
-  return absl::OkStatus();
+  return SendProgress(chief_.get(), reg_, options_.worker, pulled_.versions, done, &tally_,
+                      stop_requested);
 }
 
 // One step: pull, compute, push, and every report_every steps a report.
@@ -375,7 +351,7 @@ absl::Status Trainer::TrainStep(bool* end) {
   prefetched_ += ps_->counters().prefetched_pulls - prefetched_before;
   ++pulls_;
   absl::Time t1 = absl::Now();
-  pull_time_ += t1 - t0;
+  tally_.pull += t1 - t0;
   if (pulled_.finished) {
     *end = true;
     return absl::OkStatus();
@@ -387,7 +363,7 @@ absl::Status Trainer::TrainStep(bool* end) {
   Prefetcher::Batch batch;
   RETURN_IF_ERROR(batches_->Next(step_timeout_, &batch));
   t0 = absl::Now();
-  data_wait_ += t0 - t1;
+  tally_.data += t0 - t1;
   // Sync: one step for every server, the oldest version pulled. With backup
   // workers the servers can be a step apart while pushes are in flight; a
   // server already past this step drops the gradient, the lagging one takes
@@ -405,9 +381,9 @@ absl::Status Trainer::TrainStep(bool* end) {
   float loss = 0;
   RETURN_IF_ERROR(Compute(batch, steps, &loss));
   t1 = absl::Now();
-  compute_time_ += t1 - t0;
+  tally_.compute += t1 - t0;
   RETURN_IF_ERROR(PushRest(steps));
-  push_time_ += absl::Now() - t1;
+  tally_.push += absl::Now() - t1;
   return Count(batch, steps, loss, end);
 }
 
@@ -447,7 +423,8 @@ absl::Status Trainer::Compute(const Prefetcher::Batch& batch, const std::vector<
   }
   if (computed.ok()) computed = model_->UploadParameters();
   const uint64_t seed =
-      StepSeed(config_.seed(), options_.worker, sync_ ? steps[0] : steps_before_ + local_steps_);
+      StepSeed(config_.seed(), options_.worker,
+               sync_ ? steps[0] : tally_.steps_before + tally_.local_steps);
   if (computed.ok() && device_bags_) {
     computed = model_->StageBatchWith(batch.y, batch.rows, [&](float* x_device) {
       return device_bags_->Forward(sparse_, unique_, rows_.data(), batch.x, x_device);
@@ -513,38 +490,15 @@ absl::Status Trainer::PushRest(const std::vector<int64_t>& steps) {
 // The step's outcome counted, and every report_every steps a report.
 absl::Status Trainer::Count(const Prefetcher::Batch& batch, const std::vector<int64_t>& steps,
                             float loss, bool* end) {
-  int servers_finished = 0;
-  for (int s = 0; s < ps_->num_servers(); ++s) {
-    if (outcomes_[s] == FINISHED) ++servers_finished;
-    if (outcomes_[s] == DROPPED_STALE) ++dropped_;
-    min_versions_[s] = steps[s] + 1;
-  }
-  *end = servers_finished == ps_->num_servers();
-  ++local_steps_;
-  examples_ += batch.rows;
-  stats_->steps.fetch_add(1, std::memory_order_relaxed);
-  stats_->examples.fetch_add(batch.rows, std::memory_order_relaxed);
-  stats_->gradients_dropped_stale.store(dropped_, std::memory_order_relaxed);
-  stats_->pull_ns.store(absl::ToInt64Nanoseconds(pull_time_), std::memory_order_relaxed);
-  stats_->data_ns.store(absl::ToInt64Nanoseconds(data_wait_), std::memory_order_relaxed);
-  stats_->compute_ns.store(absl::ToInt64Nanoseconds(compute_time_), std::memory_order_relaxed);
-  stats_->push_ns.store(absl::ToInt64Nanoseconds(push_time_), std::memory_order_relaxed);
-  loss_sum_ += loss;
-  ++loss_count_;
-  if (local_steps_ % options_.report_every != 0) return absl::OkStatus();
+  *end = CountPushOutcomes(outcomes_, steps, &min_versions_, &tally_);
+  tally_.CountStep(batch.rows, loss, stats_);
+  if (tally_.local_steps % options_.report_every != 0) return absl::OkStatus();
   ReadDeviceMemory();
   bool stop_requested = false;
-  absl::Status st = Report(false, &stop_requested);
-  // A report whose deadline passed while this process was paused is
-  // only late; a chief that stays silent fails the run on the third.
-  if (absl::IsDeadlineExceeded(st) && ++late_reports_ < 3) {
-    LOG_WARN("progress report to the chief timed out ({} in a row); training on: {}",
-             late_reports_, st);
-  } else {
-    chief_lost_ = !st.ok();
-    RETURN_IF_ERROR(st);
-    late_reports_ = 0;
-  }
+  // A chief that stays silent fails the run on the third late report.
+  absl::Status st = ForgiveLateReport(Report(false, &stop_requested), &tally_);
+  chief_lost_ = !st.ok();
+  RETURN_IF_ERROR(st);
   if (stop_requested) *end = true;
   return absl::OkStatus();
 }
@@ -643,20 +597,20 @@ void Trainer::LogSummary() const {
   LOG_INFO(
       "done after {} local steps ({} examples, data cursor epoch {} position {}, {} stale "
       "gradients dropped, {} rollback(s) followed)",
-      local_steps_, examples_, cursor.epoch, cursor.position, dropped_, rollbacks_);
+      tally_.local_steps, tally_.examples, cursor.epoch, cursor.position, tally_.dropped, rollbacks_);
   LOG_INFO("pulls sent {}: {} of {}",
            async_prefetch_ ? "a step ahead" : "with the previous step's push", prefetched_, pulls_);
   const double total =
-      absl::ToDoubleSeconds(pull_time_ + data_wait_ + compute_time_ + push_time_);
+      absl::ToDoubleSeconds(tally_.pull + tally_.data + tally_.compute + tally_.push);
   auto share = [total](absl::Duration d) {
     return total > 0 ? 100.0 * absl::ToDoubleSeconds(d) / total : 0.0;
   };
   LOG_INFO(
       "time per step: pull {:.2f} ms ({:.0f}%), waiting for data {:.2f} ms ({:.0f}%), "
       "compute {:.2f} ms ({:.0f}%), push {:.2f} ms ({:.0f}%)",
-      Millis(pull_time_, local_steps_), share(pull_time_), Millis(data_wait_, local_steps_),
-      share(data_wait_), Millis(compute_time_, local_steps_), share(compute_time_),
-      Millis(push_time_, local_steps_), share(push_time_));
+      Millis(tally_.pull, tally_.local_steps), share(tally_.pull), Millis(tally_.data, tally_.local_steps),
+      share(tally_.data), Millis(tally_.compute, tally_.local_steps), share(tally_.compute),
+      Millis(tally_.push, tally_.local_steps), share(tally_.push));
 }
 
 absl::Status Trainer::Run() {

@@ -19,26 +19,9 @@
 #include "common/client/ps_client.h"
 #include "common/cluster/placement.h"
 #include "proto/config.pb.h"
+#include "worker/progress.h"
 
 namespace pstrain {
-
-// What the training loop has done so far, for the worker's metrics: plain
-// atomics the loop adds to once a step, read at scrape time.
-struct WorkerStats {
-  std::atomic<bool> registered{false};
-  std::atomic<int64_t> steps{0};
-  std::atomic<int64_t> examples{0};
-  std::atomic<int64_t> gradients_dropped_stale{0};
-  // Nanoseconds spent per phase of a step.
-  std::atomic<int64_t> pull_ns{0};
-  std::atomic<int64_t> data_ns{0};
-  std::atomic<int64_t> compute_ns{0};
-  std::atomic<int64_t> push_ns{0};
-  // On a GPU: the device's memory in use (by every process on it) and its
-  // size, read at start and at each progress report. Zero on the CPU.
-  std::atomic<int64_t> device_memory_used{0};
-  std::atomic<int64_t> device_memory_total{0};
-};
 
 struct WorkerOptions {
   int worker = 0;

@@ -58,6 +58,18 @@ std::string WorkerCommand(const std::string& python, const std::string& script,
                       Runfile(script), args.empty() ? "" : " ", args);
 }
 
+// The digits CNN's initial variables, written by the example's script with
+// `python` into dir/cnn.safetensors (it must succeed); the file's path.
+std::string WriteCnnVariables(const std::string& python, const std::string& dir) {
+  const std::string variables = dir + "/cnn.safetensors";
+  CommandResult r = testing::RunCommand(
+      {python, Runfile("examples/digits_cnn/train.py"), "--write_variables", variables},
+      absl::Seconds(120));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  return variables;
+}
+
 std::string ExternalConfig(const std::string& dir, const std::string& variables, int max_steps,
                            int batch, const std::string& optimizer, const std::string& extra = "") {
   return testing::WriteFile(
@@ -113,14 +125,10 @@ TEST_CASE("2 PyTorch workers of batch b end where one PyTorch process of batch 2
   INFO(optimizer);
   const std::string dir = testing::FreshTempDir("torch_equivalence");
   const std::string script = "examples/digits_cnn/train.py";
-  const std::string variables = dir + "/cnn.safetensors";
-  CommandResult r = testing::RunCommand(
-      {python, Runfile(script), "--write_variables", variables}, absl::Seconds(120));
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
+  const std::string variables = WriteCnnVariables(python, dir);
   const std::string config = ExternalConfig(dir, variables, 50, 16, optimizer);
   const std::string spec = testing::WriteClusterSpec(dir, /*ps=*/2, /*workers=*/2);
-  r = Launch(spec, config, WorkerCommand(python, script));
+  CommandResult r = Launch(spec, config, WorkerCommand(python, script));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("worker 0: trained to step 50") != std::string::npos);
@@ -178,11 +186,7 @@ TEST_CASE("--restart=on-failure: a PyTorch worker killed with kill -9 rejoins wh
   const int steps = testing::SanitizedSteps(1500, 600);
   auto job_in = [&](const std::string& name) {
     const std::string dir = testing::FreshTempDir(name);
-    const std::string variables = dir + "/cnn.safetensors";
-    CommandResult r = testing::RunCommand(
-        {python, Runfile("examples/digits_cnn/train.py"), "--write_variables", variables},
-        absl::Seconds(120));
-    REQUIRE(r.exit_code == 0);
+    const std::string variables = WriteCnnVariables(python, dir);
     testing::Job job;
     job.config = ExternalConfig(
         dir, variables, steps, 16, "learning_rate: 0.01 adam {}",
@@ -255,16 +259,12 @@ TEST_CASE("bad input from Python is refused by name and reaches no server; no cr
   const std::string python = TorchPython();
   if (python.empty()) return;
   const std::string dir = testing::FreshTempDir("torch_probe");
-  const std::string variables = dir + "/cnn.safetensors";
-  CommandResult r = testing::RunCommand(
-      {python, Runfile("examples/digits_cnn/train.py"), "--write_variables", variables},
-      absl::Seconds(120));
-  INFO(r.output);
-  REQUIRE(r.exit_code == 0);
+  const std::string variables = WriteCnnVariables(python, dir);
   const std::string config =
       ExternalConfig(dir, variables, 3, 8, "learning_rate: 0.5 sgd {}");
   const std::string spec = testing::WriteClusterSpec(dir, /*ps=*/1, /*workers=*/1);
-  r = Launch(spec, config, WorkerCommand(python, "tests/torch/probe.py", variables));
+  CommandResult r =
+      Launch(spec, config, WorkerCommand(python, "tests/torch/probe.py", variables));
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("PROBE OK") != std::string::npos);
@@ -293,11 +293,7 @@ TEST_CASE("the wheel installs with pip into a fresh environment, and its workers
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find(venv + "/lib/") != std::string::npos);
-  const std::string variables = dir + "/cnn.safetensors";
-  r = testing::RunCommand(
-      {venv_python, Runfile("examples/digits_cnn/train.py"), "--write_variables", variables},
-      absl::Seconds(120));
-  REQUIRE(r.exit_code == 0);
+  const std::string variables = WriteCnnVariables(venv_python, dir);
   const std::string config = ExternalConfig(dir, variables, 20, 16, "learning_rate: 0.1 sgd {}");
   const std::string spec = testing::WriteClusterSpec(dir, /*ps=*/1, /*workers=*/2);
   // No PSTRAIN_LIB: the installed package finds the library inside itself.
@@ -312,15 +308,11 @@ TEST_CASE("over mutual TLS, PyTorch workers authenticate with their certificates
   const std::string python = TorchPython();
   if (python.empty()) return;
   const std::string dir = testing::FreshTempDir("torch_tls");
-  const std::string variables = dir + "/cnn.safetensors";
-  CommandResult r = testing::RunCommand(
-      {python, Runfile("examples/digits_cnn/train.py"), "--write_variables", variables},
-      absl::Seconds(120));
-  REQUIRE(r.exit_code == 0);
+  const std::string variables = WriteCnnVariables(python, dir);
   const std::string spec = testing::WriteClusterSpec(dir, /*ps=*/1, /*workers=*/2);
   testing::UseMutualTls(dir, spec);
   const std::string config = ExternalConfig(dir, variables, 20, 16, "learning_rate: 0.1 sgd {}");
-  r = Launch(spec, config, WorkerCommand(python, "examples/digits_cnn/train.py"));
+  CommandResult r = Launch(spec, config, WorkerCommand(python, "examples/digits_cnn/train.py"));
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("worker 1: trained to step 20") != std::string::npos);

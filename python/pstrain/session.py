@@ -65,6 +65,14 @@ def _raise(code, err):
     raise _BY_CODE.get(code, Error)(code, message)
 
 
+def _call(fn, *args):
+    """fn(*args, char** error), raising the error it returns."""
+    err = ctypes.c_void_p()
+    code = fn(*args, ctypes.byref(err))
+    if code:
+        _raise(code, err)
+
+
 class Variable:
     """A variable of the model: its name and shape (a tuple)."""
 
@@ -194,11 +202,9 @@ class Session:
         servers reached max_steps (nothing read: training is over)."""
         self._live()
         self._fill(params, "parameter", writable=True)
-        finished, step, err = ctypes.c_int(0), ctypes.c_int64(0), ctypes.c_void_p()
-        code = self._lib.pstrain_pull(self._s, self._ptrs, self._n, ctypes.byref(finished),
-                                      ctypes.byref(step), ctypes.byref(err))
-        if code:
-            _raise(code, err)
+        finished, step = ctypes.c_int(0), ctypes.c_int64(0)
+        _call(self._lib.pstrain_pull, self._s, self._ptrs, self._n, ctypes.byref(finished),
+              ctypes.byref(step))
         self.step = step.value
         return bool(finished.value)
 
@@ -210,12 +216,9 @@ class Session:
         self._live()
         self._fill(grads, "gradient", writable=False)
         epoch, position = (int(c) for c in cursor)
-        end, err = ctypes.c_int(0), ctypes.c_void_p()
-        code = self._lib.pstrain_push(self._s, self._ptrs, self._n, float(loss), int(examples),
-                                      epoch, position, float(compute_seconds),
-                                      ctypes.byref(end), ctypes.byref(err))
-        if code:
-            _raise(code, err)
+        end = ctypes.c_int(0)
+        _call(self._lib.pstrain_push, self._s, self._ptrs, self._n, float(loss), int(examples),
+              epoch, position, float(compute_seconds), ctypes.byref(end))
         return bool(end.value)
 
     # -- embedding rows ----------------------------------------------------
@@ -228,13 +231,14 @@ class Session:
         return dim
 
     def _rows(self, table, ids, values, what, writable):
+        """The address of `values` after checking it holds the rows of `ids`."""
         import numpy
         dim = self.table_dim(table)
         if not (isinstance(ids, numpy.ndarray) and ids.dtype == numpy.uint64 and ids.ndim == 1
                 and ids.flags["C_CONTIGUOUS"]):
             raise TypeError(f"table {table!r}: ids must be a contiguous 1-D numpy.uint64 array")
         var = Variable(f"{table} {what}", (len(ids), dim), -1)
-        return dim, _pointer(values, var, "rows of", writable)
+        return _pointer(values, var, "rows of", writable)
 
     def pull_rows(self, table, ids, out=None):
         """The rows of `ids` (numpy.uint64) of embedding table `table`, at
@@ -244,23 +248,17 @@ class Session:
         self._live()
         if out is None:
             out = numpy.empty((len(ids), self.table_dim(table)), numpy.float32)
-        _, addr = self._rows(table, ids, out, "values", writable=True)
-        err = ctypes.c_void_p()
-        code = self._lib.pstrain_pull_rows(self._s, table.encode(), ids.ctypes.data, len(ids),
-                                           addr, ctypes.byref(err))
-        if code:
-            _raise(code, err)
+        addr = self._rows(table, ids, out, "values", writable=True)
+        _call(self._lib.pstrain_pull_rows, self._s, table.encode(), ids.ctypes.data, len(ids),
+              addr)
         return out
 
     def push_rows(self, table, ids, grads):
         """The gradients of the rows of `ids` (sync: before the step's push)."""
         self._live()
-        _, addr = self._rows(table, ids, grads, "gradients", writable=False)
-        err = ctypes.c_void_p()
-        code = self._lib.pstrain_push_rows(self._s, table.encode(), ids.ctypes.data, len(ids),
-                                           addr, ctypes.byref(err))
-        if code:
-            _raise(code, err)
+        addr = self._rows(table, ids, grads, "gradients", writable=False)
+        _call(self._lib.pstrain_push_rows, self._s, table.encode(), ids.ctypes.data, len(ids),
+              addr)
 
     # -- the end -----------------------------------------------------------
     def close(self):
@@ -268,10 +266,7 @@ class Session:
         if self._s is None:
             return
         handle, self._s = self._s, None
-        err = ctypes.c_void_p()
-        code = self._lib.pstrain_close(handle, ctypes.byref(err))
-        if code:
-            _raise(code, err)
+        _call(self._lib.pstrain_close, handle)
 
     def __enter__(self):
         return self

@@ -40,7 +40,18 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const SpawnOptions
   for (const std::string& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   std::vector<char*> envp;
-  for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
+  // extra_env wins over an inherited variable of the same name (getenv
+  // takes the first of two).
+  auto overridden = [&options](const char* e) {
+    for (const std::string& x : options.extra_env) {
+      const size_t eq = x.find('=');
+      if (eq != std::string::npos && std::strncmp(e, x.c_str(), eq + 1) == 0) return true;
+    }
+    return false;
+  };
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (!overridden(*e)) envp.push_back(*e);
+  }
   for (const std::string& e : options.extra_env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
   const pid_t parent = ::getpid();

@@ -30,6 +30,27 @@ TEST_CASE("output can be captured through a pipe", "[subprocess]") {
   CHECK((*p)->Wait(absl::Seconds(10)).value_or(-1) == 0);
 }
 
+TEST_CASE("extra_env wins over an inherited variable of the same name", "[subprocess]") {
+  ::setenv("PSTRAIN_SUBPROCESS_TEST", "inherited", 1);
+  ::setenv("PSTRAIN_SUBPROCESS_TEST_KEPT", "kept", 1);
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c",
+            "env | grep -c '^PSTRAIN_SUBPROCESS_TEST='; echo \"$PSTRAIN_SUBPROCESS_TEST "
+            "$PSTRAIN_SUBPROCESS_TEST_KEPT\""};
+  o.extra_env = {"PSTRAIN_SUBPROCESS_TEST=mine", "NOT_AN_ASSIGNMENT"};
+  o.capture_output = true;
+  auto p = Subprocess::Spawn(o);
+  REQUIRE(p.ok());
+  std::string out;
+  char buf[256];
+  ssize_t n;
+  while ((n = ::read((*p)->output_fd(), buf, sizeof(buf))) > 0) out.append(buf, n);
+  CHECK(out == "1\nmine kept\n");
+  CHECK((*p)->Wait(absl::Seconds(10)).value_or(-1) == 0);
+  ::unsetenv("PSTRAIN_SUBPROCESS_TEST");
+  ::unsetenv("PSTRAIN_SUBPROCESS_TEST_KEPT");
+}
+
 TEST_CASE("wait has a deadline and stop kills a stubborn child", "[subprocess]") {
   auto p = Subprocess::Spawn({{"/bin/sh", "-c", "trap '' TERM; sleep 30"}});
   REQUIRE(p.ok());

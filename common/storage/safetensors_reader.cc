@@ -15,6 +15,12 @@ namespace {
 constexpr int64_t kMaxHeaderBytes = int64_t{16} << 20;
 constexpr int kMaxRank = 8;
 
+// A value from the file, quoted in a message: at most 64 bytes of it.
+std::string Quote(const std::string& v) {
+  return v.size() <= 64 ? absl::StrCat("\"", v, "\"")
+                         : absl::StrCat("\"", v.substr(0, 64), "...\"");
+}
+
 absl::Status Bad(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": not a float32 .safetensors file: ", what));
 }
@@ -27,14 +33,14 @@ bool Printable(const std::string& s) {
 
 absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::string& name,
                                             const nlohmann::json& e, int64_t data_start) {
-  const std::string where = absl::StrCat("tensor \"", name, "\"");
+  const std::string where = absl::StrCat("tensor ", Quote(name));
   if (!e.is_object()) return Bad(path, absl::StrCat(where, " is not an object"));
   if (!e.contains("dtype") || !e["dtype"].is_string()) {
     return Bad(path, absl::StrCat(where, " has no dtype"));
   }
   const std::string dtype = e["dtype"].get<std::string>();
   if (dtype != "F32") {
-    return Bad(path, absl::StrCat(where, " is ", dtype,
+    return Bad(path, absl::StrCat(where, " is ", Quote(dtype),
                                   "; pstrain's variables are float32 (F32): convert it first"));
   }
   if (!e.contains("shape") || !e["shape"].is_array()) {
@@ -50,8 +56,9 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(const std::string& path, const std::
   int64_t elements = 1;
   for (const nlohmann::json& d : shape) {
     if (!d.is_number_integer() || d.get<int64_t>() < 1) {
-      return Bad(path, absl::StrCat(where, " has a dimension that is not a positive count: ",
-                                    d.dump()));
+      // (Its type, not its text: dumping a deeply nested value recurses.)
+      return Bad(path, absl::StrCat(where, " has a dimension that is not a positive count (",
+                                    d.is_number_integer() ? "<= 0" : d.type_name(), ")"));
     }
     const int64_t dim = d.get<int64_t>();
     if (elements > std::numeric_limits<int64_t>::max() / 4 / dim) {
@@ -123,7 +130,8 @@ absl::StatusOr<SafetensorsIndex> ReadSafetensorsIndex(Env* env, const std::strin
   int64_t at = data_start;
   for (const SafetensorsEntry& e : index.entries) {
     if (e.offset != at) {
-      return Bad(path, absl::StrCat("tensor \"", e.name, "\" starts at byte ", e.offset - data_start,
+      return Bad(path, absl::StrCat("tensor ", Quote(e.name), " starts at byte ",
+                                    e.offset - data_start,
                                     " of the data, not where the one before it ends (",
                                     at - data_start, "): overlapping or a gap"));
     }

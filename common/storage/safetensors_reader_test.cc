@@ -66,7 +66,7 @@ TEST_CASE("hostile or foreign safetensors files are refused naming what is wrong
   };
   const std::string four = Floats({1, 2, 3, 4});
   CHECK_THAT(refused(R"({"w":{"dtype":"F16","shape":[4],"data_offsets":[0,8]}})", four.substr(0, 8)),
-             Catch::Contains("\"w\" is F16"));
+             Catch::Contains("\"w\" is \"F16\""));
   CHECK_THAT(refused(R"({"w":{"dtype":"F32","shape":[],"data_offsets":[0,4]}})", four.substr(0, 4)),
              Catch::Contains("rank 0"));
   CHECK_THAT(refused(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", ""),
@@ -82,6 +82,17 @@ TEST_CASE("hostile or foreign safetensors files are refused naming what is wrong
              Catch::Contains("overlapping"));
   CHECK_THAT(refused(R"({"w":{"dtype":"F32","shape":[8],"data_offsets":[0,32]}})", four),
              Catch::Contains("the file at"));
+  // A dimension nested a million deep (quoting it would recurse through
+  // every level), and a dtype of a megabyte (quoted to 64 bytes).
+  CHECK_THAT(refused(R"({"w":{"dtype":"F32","shape":[)" + std::string(1 << 20, '[') +
+                         std::string(1 << 20, ']') + R"(],"data_offsets":[0,4]}})",
+                     four.substr(0, 4)),
+             Catch::Contains("not a positive count (array)"));
+  const std::string long_dtype =
+      refused(R"({"w":{"dtype":")" + std::string(1 << 20, 'x') + R"(","shape":[1],)"
+              R"("data_offsets":[0,4]}})",
+              four.substr(0, 4));
+  CHECK(long_dtype.size() < 400);
   CHECK_THAT(refused("[1,2]", ""), Catch::Contains("not a JSON object"));
   CHECK_THAT(refused("{\"w\":", ""), Catch::Contains("not a JSON object"));
   CHECK_THAT(refused("{}", ""), Catch::Contains("no tensors"));

@@ -99,13 +99,19 @@ def _worker_args():
     return [a for a in env.split("\n") if a]
 
 
+def _torch_strided(buf):
+    import torch  # only reached with a torch tensor in hand
+    return torch.strided
+
+
 def _pointer(buf, var, what, writable):
     """The address of `buf` after checking it fits `var`."""
     mod = type(buf).__module__
     if mod.startswith("torch"):
-        if getattr(buf, "is_cuda", False):
-            raise TypeError(f"{what} {var.name!r}: a CUDA tensor; pass a CPU tensor "
-                            "(pstrain.torch stages CUDA modules through pinned host memory)")
+        if buf.device.type != "cpu" or buf.layout != _torch_strided(buf):
+            raise TypeError(f"{what} {var.name!r}: a {buf.device.type} tensor of layout "
+                            f"{buf.layout}; pass a dense CPU tensor (pstrain.torch stages "
+                            "device modules through pinned host memory)")
         if str(buf.dtype) != "torch.float32":
             raise TypeError(f"{what} {var.name!r}: dtype {buf.dtype}, expected torch.float32")
         if tuple(buf.shape) != var.shape:
@@ -172,7 +178,9 @@ class Session:
 
     # -- buffers -----------------------------------------------------------
     def _fill(self, buffers, what, writable):
-        """Every buffer's address into self._ptrs, each checked first."""
+        """Every buffer's address into self._ptrs, each checked first; returns
+        the buffers, which the caller holds until the C call has returned (a
+        temporary, such as a generator's g.contiguous(), would be freed)."""
         if isinstance(buffers, dict):
             missing = [v.name for v in self.variables if v.name not in buffers]
             extra = [k for k in buffers if k not in self._by_name]
@@ -191,6 +199,7 @@ class Session:
         addrs = [_pointer(b, v, what, writable) for b, v in zip(ordered, self.variables)]
         for i, a in enumerate(addrs):
             self._ptrs[i] = a
+        return ordered
 
     def _live(self):
         if self._s is None:
@@ -201,7 +210,7 @@ class Session:
         """Reads every variable into `params` (in place). True when the
         servers reached max_steps (nothing read: training is over)."""
         self._live()
-        self._fill(params, "parameter", writable=True)
+        held = self._fill(params, "parameter", writable=True)  # noqa: F841 (alive until the call ends)
         finished, step = ctypes.c_int(0), ctypes.c_int64(0)
         _call(self._lib.pstrain_pull, self._s, self._ptrs, self._n, ctypes.byref(finished),
               ctypes.byref(step))
@@ -214,7 +223,7 @@ class Session:
         batch (epoch, position: a checkpoint records it, a resume or a
         restart gets it back as start_cursor). True when training is over."""
         self._live()
-        self._fill(grads, "gradient", writable=False)
+        held = self._fill(grads, "gradient", writable=False)  # noqa: F841 (alive until the call ends)
         epoch, position = (int(c) for c in cursor)
         end = ctypes.c_int(0)
         _call(self._lib.pstrain_push, self._s, self._ptrs, self._n, float(loss), int(examples),

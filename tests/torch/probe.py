@@ -94,6 +94,10 @@ expect_raises(ValueError, "not variables of the model: bogus",
               lambda: session.pull({**params, "bogus": params[first.name]}))
 expect_raises(TypeError, first.name,
               lambda: session.pull({**params, first.name: [0.0] * first.size}))
+# A tensor not in host memory (here the meta device's) never reaches C.
+expect_raises(TypeError, first.name,
+              lambda: session.pull({**params,
+                                    first.name: torch.empty(first.shape, device="meta")}))
 
 check(not session.pull(params), "the servers finished before any step")
 for k, v in initial.items():

@@ -253,6 +253,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Supervisor::Spawn(const TaskId& id,
         absl::StrJoin(std::vector<std::string>(so.argv.begin() + 1, so.argv.end()), "\n")));
     so.extra_env.push_back(absl::StrCat("TF_CONFIG=", WorkerTfConfig(id.index)));
     so.argv = {"/bin/sh", "-c", options_.worker_cmd};
+    // A stop or restart reaches what the shell started, not the shell alone.
+    so.process_group = true;
   }
   return Subprocess::Spawn(so);
 }

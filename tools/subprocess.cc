@@ -61,6 +61,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const SpawnOptions
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) _exit(127);  // the parent died before prctl
+    if (options.process_group) ::setpgid(0, 0);
     int out = options.capture_output ? pipe_fds[1] : file_fd;
     if (out >= 0) {
       ::dup2(out, STDOUT_FILENO);
@@ -76,8 +77,11 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const SpawnOptions
     ::execve(argv[0], argv.data(), envp.data());
     _exit(127);
   }
+  // (Also here: a signal sent before the child ran its setpgid reaches it.)
+  if (options.process_group) ::setpgid(pid, pid);
   std::unique_ptr<Subprocess> proc(new Subprocess());
   proc->pid_ = pid;
+  proc->process_group_ = options.process_group;
   proc->pidfd_ = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
   if (options.capture_output) {
     ::close(pipe_fds[1]);
@@ -94,7 +98,7 @@ Subprocess::~Subprocess() {
 }
 
 void Subprocess::Signal(int sig) {
-  if (running()) ::kill(pid_, sig);
+  if (running()) ::kill(process_group_ ? -pid_ : pid_, sig);
 }
 
 void Subprocess::CloseOutput() {
@@ -136,9 +140,15 @@ std::optional<int> Subprocess::Wait(absl::Duration timeout) {
 int Subprocess::Stop(absl::Duration grace) {
   if (!running()) return *exit_code_;
   Signal(SIGTERM);
-  if (std::optional<int> code = Wait(grace)) return *code;
-  Signal(SIGKILL);
-  std::optional<int> code = Wait(absl::Seconds(10));
+  std::optional<int> code = Wait(grace);
+  if (!code.has_value()) {
+    Signal(SIGKILL);
+    code = Wait(absl::Seconds(10));
+  }
+  // The leader is gone; a member of its group that outlived it (one that
+  // ignored SIGTERM) is not left behind. (The group's id stays taken while
+  // any member lives, so this reaches no other process.)
+  if (process_group_) ::kill(-pid_, SIGKILL);
   return code.value_or(255);
 }
 

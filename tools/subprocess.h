@@ -25,6 +25,11 @@ struct SpawnOptions {
   bool capture_output = false;
   std::string output_file;
   std::vector<std::string> extra_env;  // "KEY=VALUE"
+  // The child leads a process group of its own, and Signal and Stop reach
+  // the whole group: a shell command's own children (`sh -c "cd d &&
+  // python train.py"`) are signalled with it, and none is left running
+  // once the shell is stopped.
+  bool process_group = false;
 };
 
 class Subprocess {
@@ -38,6 +43,7 @@ class Subprocess {
   int output_fd() const { return output_fd_; }  // -1 unless capturing
   int pidfd() const { return pidfd_; }          // readable once the child exits
   bool running() const { return !exit_code_.has_value(); }
+  // To the child (its whole group with SpawnOptions::process_group).
   void Signal(int sig);
   // Waits up to `timeout` for the child to exit. Returns its exit code
   // (128 + signal number when killed by a signal) or nullopt if still running.
@@ -47,6 +53,8 @@ class Subprocess {
   // daemon's clean stop on SIGTERM is).
   bool killed_by_signal() const { return killed_by_signal_; }
   // SIGTERM, then SIGKILL after `grace`; always reaps. Returns the exit code.
+  // With a process group, what is left of the group once its leader exited
+  // is killed too.
   int Stop(absl::Duration grace);
   void CloseOutput();
 
@@ -57,6 +65,7 @@ class Subprocess {
   int output_fd_ = -1;
   std::optional<int> exit_code_;
   bool killed_by_signal_ = false;
+  bool process_group_ = false;
 };
 
 }  // namespace pstrain

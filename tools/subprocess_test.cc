@@ -3,6 +3,11 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <fstream>
+#include <string>
+
+#include "absl/time/clock.h"
+
 #include "catch2/catch.hpp"
 
 namespace pstrain {
@@ -58,6 +63,63 @@ TEST_CASE("wait has a deadline and stop kills a stubborn child", "[subprocess]")
   int code = (*p)->Stop(absl::Milliseconds(200));
   CHECK(code == 128 + SIGKILL);
   CHECK_FALSE((*p)->running());
+}
+
+// Whether `pid` still runs (a zombie waiting for init to reap it does not).
+bool Alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z';
+}
+
+TEST_CASE("a process group's shell and the command it runs are stopped together",
+          "[subprocess]") {
+  // The shell runs its command as a child (not the last command: no exec).
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", "sleep 300 & echo $!; wait; echo never"};
+  o.capture_output = true;
+  o.process_group = true;
+  auto p = Subprocess::Spawn(o);
+  REQUIRE(p.ok());
+  std::string out;
+  char buf[64];
+  ssize_t n;
+  while (out.find('\n') == std::string::npos &&
+         (n = ::read((*p)->output_fd(), buf, sizeof(buf))) > 0) {
+    out.append(buf, n);
+  }
+  const pid_t child = std::stoi(out);
+  CHECK(::getpgid(child) == (*p)->pid());
+  CHECK(Alive(child));
+  CHECK((*p)->Stop(absl::Seconds(5)) == 128 + SIGTERM);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Alive(child) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  CHECK_FALSE(Alive(child));
+}
+
+TEST_CASE("a process group member that ignores SIGTERM is killed once its shell is gone",
+          "[subprocess]") {
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", "(trap '' TERM; sleep 300) & echo $!; wait"};
+  o.capture_output = true;
+  o.process_group = true;
+  auto p = Subprocess::Spawn(o);
+  REQUIRE(p.ok());
+  std::string out;
+  char buf[64];
+  ssize_t n;
+  while (out.find('\n') == std::string::npos &&
+         (n = ::read((*p)->output_fd(), buf, sizeof(buf))) > 0) {
+    out.append(buf, n);
+  }
+  const pid_t child = std::stoi(out);
+  CHECK(Alive(child));
+  (*p)->Stop(absl::Seconds(5));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Alive(child) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  CHECK_FALSE(Alive(child));
 }
 
 TEST_CASE("a missing executable is a clear error", "[subprocess]") {

@@ -254,6 +254,73 @@ TEST_CASE("--restart=on-failure: a PyTorch worker killed with kill -9 rejoins wh
   testing::CheckSameModel(testing::FinalModel(resumed), want);
 }
 
+TEST_CASE("a PyTorch worker whose script fails is not counted as done: restarted, it trains "
+          "to the end; a stopped launch leaves none of a shell command's processes") {
+  const std::string python = TorchPython();
+  if (python.empty()) return;
+  // One worker: a failing script taken for done would be every worker
+  // done, and the chief would end the run at the step it failed.
+  const int steps = 200;
+  auto job_in = [&](const std::string& name, int max_steps) {
+    const std::string dir = testing::FreshTempDir(name);
+    const std::string variables = WriteCnnVariables(python, dir);
+    testing::Job job;
+    job.config = ExternalConfig(
+        dir, variables, max_steps, 16, "learning_rate: 0.1 sgd {}",
+        absl::StrCat("checkpoint { dir: \"", dir, "/ckpt\" every_steps: 20 }\n"));
+    job.spec = testing::WriteClusterSpec(dir, /*ps=*/1, /*workers=*/1);
+    job.out = dir + "/out";
+    return std::make_pair(dir, job);
+  };
+  {
+    const auto [dir, job] = job_in("torch_fail_once", steps);
+    // A compound command: the shell stays, the script is its child.
+    const std::string cmd =
+        WorkerCommand(python, "tests/torch/fail_once.py", dir + "/failed 50") + "; exit $?";
+    std::unique_ptr<Subprocess> launch =
+        testing::SpawnLaunch(job, dir, {"--restart=on-failure", "--worker_cmd", cmd});
+    std::optional<int> code = launch->Wait(absl::Seconds(180));
+    if (!code.has_value()) launch->Stop(absl::Seconds(5));
+    const std::string out = Env::Default()->ReadFile(dir + "/launch.out").value_or("");
+    const std::string w0 = Env::Default()->ReadFile(job.out + "/logs/worker-0.log").value_or("");
+    INFO(out);
+    INFO(w0);
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+    CHECK(out.find("worker:0 exited with code 1") != std::string::npos);
+    CHECK(w0.find("failing on purpose at step 50") != std::string::npos);
+    CHECK(w0.find("without a final report: the session was not closed") != std::string::npos);
+    CHECK(w0.find("rejoined the running job after a restart") != std::string::npos);
+    CHECK(w0.find("worker 0: trained to step " + std::to_string(steps)) != std::string::npos);
+    CHECK(ReadPointer(Env::Default(), dir + "/ckpt").value_or(0) == steps);
+  }
+  {
+    // Stopped mid-run (as Ctrl-C does): the shell and the script it
+    // started both end with the launch.
+    const auto [dir, job] = job_in("torch_stopped", 1000000);
+    const std::string cmd =
+        WorkerCommand(python, "examples/digits_cnn/train.py") + "; exit $?";
+    std::unique_ptr<Subprocess> launch = testing::SpawnLaunch(job, dir, {"--worker_cmd", cmd});
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    while (ReadPointer(Env::Default(), dir + "/ckpt").value_or(0) < 20 &&
+           absl::Now() < deadline && launch->running()) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    REQUIRE(WorkerProcesses(job.spec, 0).size() == 2);  // the shell and python
+    launch->Stop(absl::Seconds(30));
+    const absl::Time gone = absl::Now() + absl::Seconds(5);  // (signalled; on their way out)
+    while (!WorkerProcesses(job.spec, 0).empty() && absl::Now() < gone) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    CHECK(WorkerProcesses(job.spec, 0).empty());
+    // Ended by the launch's signal, not left to fail on its own once the
+    // servers had gone (what an orphaned script does, with a traceback).
+    const std::string w0 = Env::Default()->ReadFile(job.out + "/logs/worker-0.log").value_or("");
+    INFO(w0);
+    CHECK(w0.find("Traceback") == std::string::npos);
+  }
+}
+
 TEST_CASE("bad input from Python is refused by name and reaches no server; no credentials, "
           "no registration") {
   const std::string python = TorchPython();

@@ -72,6 +72,13 @@ int pstrain_close(pstrain_session* s, char** error) {
   return rc;
 }
 
+void pstrain_abandon(pstrain_session* s) {
+  try {
+    delete s;
+  } catch (...) {  // (a destructor's logging: nothing to tell the caller)
+  }
+}
+
 void pstrain_free(void* p) { std::free(p); }
 
 int pstrain_worker(const pstrain_session* s) { return s->session->worker(); }

@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-#define PSTRAIN_C_API_VERSION 1
+#define PSTRAIN_C_API_VERSION 2
 
 typedef struct pstrain_session pstrain_session;
 
@@ -35,8 +35,14 @@ int pstrain_api_version(void);
  * without --cluster_spec the task comes from TF_CONFIG), registers with the
  * chief and returns the session, or NULL with *error set. */
 pstrain_session* pstrain_open(int argc, const char* const* argv, int* code, char** error);
-/* Sends the final report to the chief and releases the session. */
+/* Sends the final report to the chief (this worker finished its training)
+ * and releases the session. */
 int pstrain_close(pstrain_session* s, char** error);
+/* Releases the session without the final report: the caller failed or is
+ * ending early. The chief does not count this worker as done (as a C++
+ * worker that fails); under pstrain launch --restart=on-failure the
+ * process is restarted and rejoins. */
+void pstrain_abandon(pstrain_session* s);
 void pstrain_free(void* p);
 
 int pstrain_worker(const pstrain_session* s);

@@ -87,7 +87,9 @@ absl::StatusOr<std::unique_ptr<WorkerSession>> WorkerSession::Open(
 
 WorkerSession::~WorkerSession() {
   if (!closed_ && ps_ != nullptr) {
-    if (absl::Status st = Close(); !st.ok()) LOG_WARN("final report to the chief failed: {}", st);
+    LOG_WARN("leaving after {} local steps without a final report: the session was not closed "
+             "(the training script failed or stopped early)",
+             tally_.local_steps);
   }
 }
 
@@ -117,9 +119,9 @@ absl::Status WorkerSession::Start() {
   // The worker's connections (worker/trainer.h), with its settings.
   WorkerConnections connections = GrpcConnections(config, cluster, worker());
   chief_ = std::move(connections.chief);
-  RETURN_IF_ERROR(chief_->RegisterWorker(worker(), ConfigFingerprint(config), startup_timeout,
-                                         &registration_, /*previous_incarnation=*/0,
-                                         /*session=*/0, &stop_));
+  RETURN_IF_ERROR(chief_->RegisterWorker(worker(), RunFingerprint(config, variables_),
+                                         startup_timeout, &registration_,
+                                         /*previous_incarnation=*/0, /*session=*/0, &stop_));
   LOG_INFO("registered with the chief: incarnation {:x}, starting at step {}; {} variables, {} "
            "mode",
            registration_.incarnation(), registration_.start_step(), variables_.size(),

@@ -102,8 +102,12 @@ class WorkerSession {
   // A table's width (INVALID_ARGUMENT naming an unknown one).
   absl::StatusOr<int> TableDim(const std::string& table) const;
 
-  // The final report to the chief (done). Once; the destructor does it
-  // otherwise.
+  // The final report to the chief (done): this worker has finished its
+  // training. Once. A session destroyed without it (the caller's step
+  // failed, the process is ending on an error) sends none, as a C++ worker
+  // that fails: the chief does not count a worker that failed as done, and
+  // under pstrain launch --restart=on-failure the process is restarted and
+  // rejoins.
   absl::Status Close();
 
  private:

@@ -8,7 +8,7 @@ import ctypes
 import os
 import threading
 
-API_VERSION = 1
+API_VERSION = 2
 
 _lock = threading.Lock()
 _lib = None
@@ -24,6 +24,7 @@ _SIGNATURES = {
     "pstrain_api_version": (_c_int, []),
     "pstrain_open": (_c_void_p, [_c_int, _c_char_pp, ctypes.POINTER(_c_int), _err]),
     "pstrain_close": (_c_int, [_c_void_p, _err]),
+    "pstrain_abandon": (None, [_c_void_p]),
     "pstrain_free": (None, [_c_void_p]),
     "pstrain_worker": (_c_int, [_c_void_p]),
     "pstrain_num_workers": (_c_int, [_c_void_p]),
@@ -75,14 +76,16 @@ def lib():
                 tried.append(path)
                 continue
             handle = ctypes.CDLL(path)
-            for name, (restype, argtypes) in _SIGNATURES.items():
-                fn = getattr(handle, name)
-                fn.restype = restype
-                fn.argtypes = argtypes
+            handle.pstrain_api_version.restype = _c_int
+            handle.pstrain_api_version.argtypes = []
             version = handle.pstrain_api_version()
             if version != API_VERSION:
                 raise ImportError(f"{path} has pstrain's C API version {version}; this package "
                                   f"speaks {API_VERSION}: install the two from one build")
+            for name, (restype, argtypes) in _SIGNATURES.items():
+                fn = getattr(handle, name)
+                fn.restype = restype
+                fn.argtypes = argtypes
             _lib = handle
             return _lib
         raise ImportError("libpstrain.so not found (looked at " + ", ".join(tried) +

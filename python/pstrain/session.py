@@ -153,6 +153,7 @@ class Session:
         if not handle:
             _raise(code.value, err)
         self._s = handle
+        self._pid = os.getpid()
         lib = self._lib
         self.variables = []
         for v in range(lib.pstrain_num_variables(handle)):
@@ -271,23 +272,38 @@ class Session:
 
     # -- the end -----------------------------------------------------------
     def close(self):
-        """The final report to the chief; the session ends."""
+        """The final report to the chief: this worker finished its training.
+        The session ends."""
         if self._s is None:
             return
         handle, self._s = self._s, None
         _call(self._lib.pstrain_close, handle)
 
+    def abandon(self):
+        """Ends the session without the final report: this worker failed or
+        stops early. The chief does not count it as done; under pstrain
+        launch --restart=on-failure the process is restarted and rejoins.
+        In a process forked after the session opened, the session is the
+        parent's: the child leaves it untouched."""
+        handle, self._s = getattr(self, "_s", None), None
+        if handle is not None and os.getpid() == self._pid:
+            self._lib.pstrain_abandon(handle)
+
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, exc_type, exc, tb):
+        # An exception out of the block is a failed worker, not a finished one.
+        if exc_type is None:
+            self.close()
+        else:
+            self.abandon()
         return False
 
     def __del__(self):
-        if getattr(self, "_s", None) is not None:
-            try:
-                self.close()
-            except Exception:  # pylint: disable=broad-except
-                pass
+        # Not closed: a worker that never said it finished.
+        try:
+            self.abandon()
+        except Exception:  # pylint: disable=broad-except (an interpreter shutting down)
+            pass
 

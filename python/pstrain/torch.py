@@ -84,6 +84,9 @@ class DistributedModule:
         self._pull = [None] * len(self._params)
         self._grad = [None] * len(self._params)
         self._staged = [False] * len(self._params)
+        # The host-to-device copies of the last pull, still reading the
+        # pinned buffers the next pull writes (a CUDA event), or None.
+        self._copied = None
         self._bind()
 
     def _bind(self):
@@ -125,13 +128,25 @@ class DistributedModule:
     def pull(self):
         """The servers' parameters into the module. True when training is
         over (the servers reached max_steps; the module is unchanged)."""
+        if self._copied is not None:
+            # The last pull's copies out of the pinned buffers have finished
+            # before this one overwrites them.
+            self._copied.synchronize()
+            self._copied = None
         self._bind()
         if self.session.pull(self._pull):
             return True
+        on_cuda = False
         with torch.no_grad():
             for p, buf, staged in zip(self._params, self._pull, self._staged):
                 if staged:
+                    # Asynchronous from pinned memory, ordered before the
+                    # forward on the current stream.
                     p.copy_(buf.view(p.shape), non_blocking=True)
+                    on_cuda = on_cuda or p.device.type == "cuda"
+        if on_cuda:
+            self._copied = torch.cuda.Event()
+            self._copied.record()
         return False
 
     def push(self, loss=0.0, examples=0, cursor=(0, 0), compute_seconds=0.0):
@@ -158,11 +173,15 @@ class DistributedModule:
         return end
 
     def close(self):
+        """The final report: this worker finished (Session.close)."""
         self.session.close()
+
+    def abandon(self):
+        """The session ends without the final report (Session.abandon)."""
+        self.session.abandon()
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
-        return False
+    def __exit__(self, exc_type, exc, tb):
+        return self.session.__exit__(exc_type, exc, tb)

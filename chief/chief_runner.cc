@@ -126,7 +126,7 @@ absl::Status RunChief(const TrainingConfig& config, const ClusterSpec& cluster, 
   LOG_INFO("model: {}", model->Summary());
   ASSIGN_OR_RETURN(const Placement placement, PlaceVariables(config, cluster, *model));
   ASSIGN_OR_RETURN(const std::optional<Dataset> test, LoadTestSet(config, *model));
-  const RunContext run(config, cluster, placement);
+  const RunContext run(config, cluster, placement, RunFingerprint(config, model->variables()));
 
   GrpcPsClient ps(cluster, &placement, /*worker=*/-1, run.rpc_timeout);
   ps.set_incarnation(incarnation);

@@ -22,6 +22,7 @@
 #include "common/rpc/rpc.h"
 #include "common/base/shutdown.h"
 #include "worker/model/cpu_ops.h"
+#include "worker/model/model.h"
 
 ABSL_FLAG(std::string, cluster_spec, "", "cluster spec JSON file (else TF_CONFIG)");
 ABSL_FLAG(std::string, job, "chief", "job name; must be chief");
@@ -56,8 +57,15 @@ int main(int argc, char** argv) {
   uint64_t incarnation = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   if (incarnation == 0) incarnation = 1;
 
+  // Workers registering are compared with it (an external model's: with
+  // its variables file's names and shapes too).
+  auto variables = pstrain::ModelVariables(config->model());
+  if (!variables.ok()) {
+    std::cerr << "chief: " << variables.status().message() << "\n";
+    return 2;
+  }
   pstrain::Chief chief(task->cluster.num_workers(), config->max_steps(), incarnation,
-                       pstrain::ConfigFingerprint(*config), /*start_step=*/0);
+                       pstrain::RunFingerprint(*config, *variables), /*start_step=*/0);
   // Off without a secret or TLS.
   pstrain::Authorizer auth(setup->auth.secret, task->cluster, task->task.ToString(),
                           setup->auth.tls != nullptr);

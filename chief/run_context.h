@@ -16,11 +16,13 @@
 namespace pstrain {
 
 struct RunContext {
-  RunContext(const TrainingConfig& config, const ClusterSpec& cluster, const Placement& placement)
+  // `fingerprint`: RunFingerprint(config, the model's variables).
+  RunContext(const TrainingConfig& config, const ClusterSpec& cluster, const Placement& placement,
+             uint64_t fingerprint)
       : config(config),
         cluster(cluster),
         placement(placement),
-        fingerprint(ConfigFingerprint(config)),
+        fingerprint(fingerprint),
         rpc_timeout(absl::Milliseconds(config.rpc().rpc_timeout_ms())),
         step_timeout(absl::Milliseconds(config.rpc().step_timeout_ms())),
         startup_timeout(absl::Milliseconds(config.rpc().startup_timeout_ms())) {}
@@ -28,7 +30,7 @@ struct RunContext {
   const TrainingConfig& config;
   const ClusterSpec& cluster;
   const Placement& placement;
-  // ConfigFingerprint(config): what the servers and checkpoints are tagged with.
+  // RunFingerprint: what the servers and checkpoints are tagged with.
   const uint64_t fingerprint;
   const absl::Duration rpc_timeout;
   const absl::Duration step_timeout;

@@ -57,7 +57,8 @@ TrainingConfig DriverConfig(const std::string& name, int max_steps, int every = 
 // runs on a thread of its own beside them.
 absl::Status RunDriver(InProcessCluster* c, const ChiefStart& start,
                        const std::function<void()>& during = nullptr) {
-  const RunContext run(c->config, c->cluster, c->placement);
+  const RunContext run(c->config, c->cluster, c->placement,
+                       RunFingerprint(c->config, c->model->variables()));
   auto test = LoadDataset(Env::Default(), c->config.data(), DataSplit::kTest,
                           c->model->input_dim(), c->model->num_labels());
   REQUIRE(test.ok());

@@ -502,6 +502,18 @@ absl::Status ValidateAndFillOptimizerDefaults(OptimizerConfig* o, int64_t max_st
   return absl::OkStatus();
 }
 
+namespace {
+
+uint64_t Fnv1a(absl::string_view bytes, uint64_t h = 1469598103934665603ULL) {
+  for (unsigned char ch : bytes) {
+    h ^= ch;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+}  // namespace
+
 uint64_t ConfigFingerprint(const TrainingConfig& config) {
   std::string bytes;
   {
@@ -510,10 +522,17 @@ uint64_t ConfigFingerprint(const TrainingConfig& config) {
     out.SetSerializationDeterministic(true);
     config.SerializeToCodedStream(&out);
   }
-  uint64_t h = 1469598103934665603ULL;  // FNV-1a 64
-  for (unsigned char ch : bytes) {
-    h ^= ch;
-    h *= 1099511628211ULL;
+  return Fnv1a(bytes);
+}
+
+uint64_t RunFingerprint(const TrainingConfig& config, const std::vector<VariableSpec>& variables) {
+  uint64_t h = ConfigFingerprint(config);
+  if (!config.model().has_external()) return h;
+  for (const VariableSpec& v : variables) {
+    // Length-prefixed name, rank, dims: no two lists read the same.
+    std::string bytes = absl::StrCat(v.name.size(), ":", v.name, "/", v.shape.size());
+    for (int64_t d : v.shape) absl::StrAppend(&bytes, ",", d);
+    h = Fnv1a(bytes + ";", h);
   }
   return h;
 }

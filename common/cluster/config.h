@@ -7,8 +7,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/cluster/placement.h"
 #include "proto/config.pb.h"
 
 namespace pstrain {
@@ -30,6 +32,14 @@ absl::Status ValidateAndFillOptimizerDefaults(OptimizerConfig* optimizer, int64_
                                               const std::string& source);
 
 uint64_t ConfigFingerprint(const TrainingConfig& config);
+
+// What a run's tasks compare and its servers and checkpoints are tagged
+// with: ConfigFingerprint(config), and for an external model the names and
+// shapes of its variables too (read from its file): the config names the
+// file by path alone, so two scripts that wrote different modules to the
+// same path would otherwise pass as one run. For a built-in model,
+// ConfigFingerprint(config) itself (its variables follow from the config).
+uint64_t RunFingerprint(const TrainingConfig& config, const std::vector<VariableSpec>& variables);
 
 bool IsSyncMode(const TrainingConfig& config);
 

@@ -256,5 +256,26 @@ TEST_CASE("fingerprints are stable and tell configs apart", "[config]") {
   CHECK(ConfigFingerprint(*a) != ConfigFingerprint(*b));
 }
 
+TEST_CASE("an external model's run fingerprint covers its variables' names and shapes",
+          "[config]") {
+  auto builtin = ParseTrainingConfig(kGood, "a");
+  REQUIRE(builtin.ok());
+  const std::vector<VariableSpec> vars = {{"fc.weight", {10, 64}}, {"fc.bias", {10}}};
+  // A built-in model's variables follow from its config.
+  CHECK(RunFingerprint(*builtin, vars) == ConfigFingerprint(*builtin));
+
+  TrainingConfig external = *builtin;
+  external.mutable_model()->Clear();
+  external.mutable_model()->mutable_external()->set_variables("/tmp/net.safetensors");
+  const uint64_t base = RunFingerprint(external, vars);
+  CHECK(base != ConfigFingerprint(external));
+  CHECK(RunFingerprint(external, vars) == base);
+  CHECK(RunFingerprint(external, {{"fc.weight", {10, 64}}, {"fc.bias", {11}}}) != base);
+  CHECK(RunFingerprint(external, {{"fc.weight", {640}}, {"fc.bias", {10}}}) != base);
+  CHECK(RunFingerprint(external, {{"fc.bias", {10}}, {"fc.weight", {10, 64}}}) != base);
+  CHECK(RunFingerprint(external, {{"fc.weigh", {10, 64}}, {"fc.bias", {10}}}) != base);
+  CHECK(RunFingerprint(external, {{"fc.weight", {10, 64}}}) != base);
+}
+
 }  // namespace
 }  // namespace pstrain

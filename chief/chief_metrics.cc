@@ -59,6 +59,18 @@ class ChiefCollector : public prometheus::Collectable {
       one("pstrain_chief_eval_loss", "Held-out loss at the latest evaluation.", MetricType::Gauge,
           s.eval_loss());
     }
+    if (s.eval_metrics_size() > 0) {
+      prometheus::MetricFamily reported =
+          Family("pstrain_chief_eval_metric",
+                 "Each metric of the latest evaluation a worker reported (a model the chief does "
+                 "not compute), by name; its step is pstrain_chief_eval_step.",
+                 MetricType::Gauge);
+      for (const EvalMetric& m : s.eval_metrics()) {
+        AddMetric(&reported, {{"name", m.name()}, {"worker", std::to_string(s.eval_worker())}},
+                  m.value());
+      }
+      out.push_back(std::move(reported));
+    }
     one("pstrain_chief_rollbacks_total",
         "Rollbacks of the running job to a checkpoint: a restarted parameter server's, or an "
         "operator's restore.",

@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
+#include "common/base/status_macros.h"
+#include "common/client/eval_report.h"
 
 namespace pstrain {
 
@@ -167,6 +169,8 @@ absl::Status Chief::ReportProgress(const ProgressReport& report, ProgressRespons
   // The step-time split is only for display: a value that cannot be one
   // (negative after a wall-clock step, NaN, beyond a year) is ignored, never
   // a reason to refuse the report that carries the worker's progress.
+  // A bad evaluation refuses the report whole: the worker hears why.
+  RETURN_IF_ERROR(CheckEvalReport(report));
   std::array<double, 4> phases = {report.pull_seconds(), report.data_seconds(),
                                   report.compute_seconds(), report.push_seconds()};
   for (double& s : phases) {
@@ -195,11 +199,13 @@ absl::Status Chief::ReportProgress(const ProgressReport& report, ProgressRespons
   if (report.local_steps() > 0 && report.loss() > 0) ws.loss = report.loss();
   ws.done = report.done();
   claimed_step_ = std::max(claimed_step_, report.global_step());
+  if (report.eval_size() > 0) TakeEvalLocked(report);
   response->set_stop(stop_requested_ || (max_steps_ > 0 && global_step_ >= max_steps_));
   return absl::OkStatus();
 }
 
 void Chief::GetStatus(ChiefStatusResponse* r) {
+  r->Clear();
   absl::MutexLock lock(&mu_);
   r->set_state(state_);
   r->set_global_step(global_step_);
@@ -235,6 +241,16 @@ void Chief::GetStatus(ChiefStatusResponse* r) {
   r->set_eval_step(eval_step_);
   r->set_eval_accuracy(eval_accuracy_);
   r->set_eval_loss(eval_loss_);
+  r->set_eval_worker(-1);
+  if (eval_by_worker_ && latest_worker_eval_.has_value()) {
+    r->set_eval_worker(latest_worker_eval_->worker);
+    r->set_eval_examples(latest_worker_eval_->examples);
+    for (const auto& [name, value] : latest_worker_eval_->metrics) {
+      EvalMetric* m = r->add_eval_metrics();
+      m->set_name(name);
+      m->set_value(value);
+    }
+  }
   r->set_rollbacks(rollbacks_);
   r->set_rolled_back_to(rolled_back_to_);
 }
@@ -442,8 +458,46 @@ absl::Time Chief::last_progress() {
   return last_progress_;
 }
 
+std::optional<double> Chief::WorkerEval::Get(const std::string& name) const {
+  for (const auto& [n, v] : metrics) {
+    if (n == name) return v;
+  }
+  return std::nullopt;
+}
+
+void Chief::TakeEvalLocked(const ProgressReport& report) {
+  WorkerEval e;
+  e.worker = report.worker();
+  e.step = report.eval_step();
+  e.examples = report.eval_examples();
+  for (const EvalMetric& m : report.eval()) e.metrics.emplace_back(m.name(), m.value());
+  eval_step_ = e.step;
+  eval_accuracy_ = static_cast<float>(e.Get("accuracy").value_or(0));
+  eval_loss_ = static_cast<float>(e.Get("loss").value_or(0));
+  eval_by_worker_ = true;
+  latest_worker_eval_ = e;
+  if (pending_evals_.size() >= static_cast<size_t>(kMaxPendingEvals)) {
+    pending_evals_.erase(pending_evals_.begin());
+    ++evals_dropped_;
+  }
+  pending_evals_.push_back(std::move(e));
+}
+
+std::vector<Chief::WorkerEval> Chief::TakeWorkerEvals(int64_t* dropped) {
+  absl::MutexLock lock(&mu_);
+  *dropped = evals_dropped_;
+  evals_dropped_ = 0;
+  return std::exchange(pending_evals_, {});
+}
+
+std::optional<Chief::WorkerEval> Chief::latest_worker_eval() {
+  absl::MutexLock lock(&mu_);
+  return latest_worker_eval_;
+}
+
 void Chief::SetEval(int64_t step, float accuracy, float loss) {
   absl::MutexLock lock(&mu_);
+  eval_by_worker_ = false;
   eval_step_ = step;
   eval_accuracy_ = accuracy;
   eval_loss_ = loss;

@@ -7,9 +7,11 @@
 #define PSTRAIN_CHIEF_CHIEF_STATE_H_
 
 #include <array>
-#include <memory>
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -57,6 +59,24 @@ class Chief {
   absl::Time last_progress();
   void SetEval(int64_t step, float accuracy, float loss);
   void SetState(const std::string& state);
+
+  // --- Evaluations the workers ran themselves (ProgressReport.eval: a
+  // model the chief does not compute). The latest is the run's evaluation
+  // (GetStatus: eval_metrics, eval_step, eval_accuracy and eval_loss from
+  // its "accuracy" and "loss").
+  struct WorkerEval {
+    int worker = 0;
+    int64_t step = 0;
+    int64_t examples = 0;
+    std::vector<std::pair<std::string, double>> metrics;  // in the report's order
+    std::optional<double> Get(const std::string& name) const;
+  };
+  // The evaluations reported since the last call, oldest first: the
+  // driver logs them and writes them to TensorBoard. At most
+  // kMaxPendingEvals wait; *dropped gets how many older ones made room.
+  static constexpr int kMaxPendingEvals = 64;
+  std::vector<WorkerEval> TakeWorkerEvals(int64_t* dropped);
+  std::optional<WorkerEval> latest_worker_eval();
 
   // --- Rollbacks of the running job to a checkpoint (a restarted parameter
   // server's, or an operator's `pstrain checkpoint restore`), by the driver.
@@ -111,6 +131,7 @@ class Chief {
   CheckpointStats checkpoint_stats();
 
  private:
+  void TakeEvalLocked(const ProgressReport& report) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct WorkerState {
     bool registered = false;
     bool done = false;
@@ -178,6 +199,10 @@ class Chief {
   float eval_accuracy_ ABSL_GUARDED_BY(mu_) = 0;
   float eval_loss_ ABSL_GUARDED_BY(mu_) = 0;
   CheckpointStats checkpoints_ ABSL_GUARDED_BY(mu_);
+  std::optional<WorkerEval> latest_worker_eval_ ABSL_GUARDED_BY(mu_);
+  bool eval_by_worker_ ABSL_GUARDED_BY(mu_) = false;  // eval_* are latest_worker_eval_'s
+  std::vector<WorkerEval> pending_evals_ ABSL_GUARDED_BY(mu_);
+  int64_t evals_dropped_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pstrain

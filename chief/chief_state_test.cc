@@ -142,6 +142,81 @@ TEST_CASE("all workers done ends the wait", "[chief]") {
   CHECK(chief.AllWorkersDone());
 }
 
+TEST_CASE("a worker's evaluation becomes the run's; a bad one refuses the report and changes "
+          "nothing", "[chief]") {
+  Chief chief(2, 100, 9, 5, 0);
+  chief.MarkInitialized();
+  ProgressResponse resp;
+  ChiefStatusResponse s;
+  chief.GetStatus(&s);
+  CHECK(s.eval_step() == -1);
+  CHECK(s.eval_metrics_size() == 0);
+  CHECK(s.eval_worker() == -1);
+
+  ProgressReport r = Report(1, 40);
+  r.set_local_steps(40);
+  r.set_eval_step(40);
+  r.set_eval_examples(360);
+  auto add = [](ProgressReport* p, const std::string& name, double value) {
+    EvalMetric* m = p->add_eval();
+    m->set_name(name);
+    m->set_value(value);
+  };
+  add(&r, "accuracy", 0.93);
+  add(&r, "loss", 0.25);
+  add(&r, "top_3", 0.99);
+  REQUIRE(chief.ReportProgress(r, &resp).ok());
+  chief.GetStatus(&s);
+  CHECK(s.eval_step() == 40);
+  CHECK(s.eval_accuracy() == Approx(0.93));
+  CHECK(s.eval_loss() == Approx(0.25));
+  CHECK(s.eval_worker() == 1);
+  CHECK(s.eval_examples() == 360);
+  REQUIRE(s.eval_metrics_size() == 3);
+  CHECK(s.eval_metrics(2).name() == "top_3");
+
+  // Refused whole, naming the metric: neither the evaluation nor the
+  // report's progress is taken.
+  ProgressReport bad = Report(0, 60);
+  bad.set_local_steps(60);
+  bad.set_eval_step(60);
+  add(&bad, "accuracy", std::nan(""));
+  absl::Status st = chief.ReportProgress(bad, &resp);
+  CHECK(absl::IsInvalidArgument(st));
+  CHECK(std::string(st.message()).find("accuracy: nan is not finite") != std::string::npos);
+  chief.GetStatus(&s);
+  CHECK(s.eval_step() == 40);
+  CHECK(s.local_steps() == 40);
+  CHECK(chief.WaitForStep(50, absl::Milliseconds(1)) == 40);
+
+  // The driver takes each evaluation once, oldest first; the latest stays.
+  r.set_eval_step(50);
+  r.mutable_eval(0)->set_value(0.95);
+  REQUIRE(chief.ReportProgress(r, &resp).ok());
+  int64_t dropped = -1;
+  std::vector<Chief::WorkerEval> taken = chief.TakeWorkerEvals(&dropped);
+  CHECK(dropped == 0);
+  REQUIRE(taken.size() == 2);
+  CHECK(taken[0].step == 40);
+  CHECK(taken[1].step == 50);
+  CHECK(taken[1].Get("accuracy") == Approx(0.95));
+  CHECK_FALSE(taken[1].Get("recall").has_value());
+  CHECK(chief.TakeWorkerEvals(&dropped).empty());
+  REQUIRE(chief.latest_worker_eval().has_value());
+  CHECK(chief.latest_worker_eval()->step == 50);
+  for (int i = 0; i < Chief::kMaxPendingEvals + 3; ++i) {
+    REQUIRE(chief.ReportProgress(r, &resp).ok());
+  }
+  CHECK(chief.TakeWorkerEvals(&dropped).size() == Chief::kMaxPendingEvals);
+  CHECK(dropped == 3);
+
+  // The chief's own evaluation takes over.
+  chief.SetEval(70, 0.5f, 1.0f);
+  chief.GetStatus(&s);
+  CHECK(s.eval_worker() == -1);
+  CHECK(s.eval_metrics_size() == 0);
+}
+
 TEST_CASE("the chief sums the workers' step-time split; a bad split is ignored, the report "
           "taken", "[chief]") {
   Chief chief(2, 100, 9, 5, 0);

@@ -220,6 +220,7 @@ absl::Status Driver::Train() {
       chief_->SetState("finishing");  // before the last commit: tasks may leave from here on
     }
     RETURN_IF_ERROR(CheckProgress(poll.down, step));
+    RecordWorkerEvals();
     if (evals_.Due(step)) {
       ASSIGN_OR_RETURN(bool evaluated, EvaluateAt(step));
       if (!evaluated) continue;
@@ -231,15 +232,38 @@ absl::Status Driver::Train() {
   }
 }
 
+void Driver::RecordWorkerEvals() {
+  int64_t dropped = 0;
+  for (const Chief::WorkerEval& e : chief_->TakeWorkerEvals(&dropped)) {
+    std::vector<std::pair<std::string, double>> scalars;
+    std::string line;
+    for (const auto& [name, value] : e.metrics) {
+      scalars.emplace_back("eval/" + name, value);
+      absl::StrAppendFormat(&line, "%s%s %.4f", line.empty() ? "" : ", ", name, value);
+    }
+    LOG_INFO("step {}/{}: worker {}'s evaluation ({} examples): {}", e.step, max_steps_, e.worker,
+             e.examples, line);
+    events_.Write(e.step, scalars);
+  }
+  if (dropped > 0) {
+    LOG_WARN("{} evaluations reported by workers were not logged: more than {} arrived between "
+             "two rounds of the chief",
+             dropped, Chief::kMaxPendingEvals);
+  }
+}
+
 absl::Status Driver::Finish() {
   chief_->RequestStop();
   chief_->SetState("finishing");  // also when the loop ended otherwise
   if (adopted_ == 0 && !chief_->WaitForWorkersDone(run_.step_timeout)) {
     LOG_WARN("not every worker reported done within {}", absl::FormatDuration(run_.step_timeout));
   }
+  RecordWorkerEvals();  // (their last, sent before they reported done)
   ASSIGN_OR_RETURN(Evaluation final_eval, Evaluate(ps_, model_, run_.config, test_, &params_));
-  chief_->SetEval(final_eval.step, final_eval.result.accuracy(), final_eval.result.loss);
-  events_.WriteEvalScalars(final_eval);
+  if (final_eval.result.count > 0) {
+    chief_->SetEval(final_eval.step, final_eval.result.accuracy(), final_eval.result.loss);
+    events_.WriteEvalScalars(final_eval);
+  }
   events_.Sync();
   // The workers can end before their reports carried the last step: commit
   // what the servers reached (the final evaluation pulled their version).

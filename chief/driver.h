@@ -63,7 +63,9 @@ class Driver {
         init_from_(start.init_from),
         adopted_(begun.adopted),
         max_steps_(run.config.max_steps()),
-        evals_(run.config.eval_every_steps(), max_steps_, begun.step),
+        // Without held-out data the chief has nothing to evaluate: no
+        // periodic pull (an external model's workers report their own).
+        evals_(test != nullptr ? run.config.eval_every_steps() : 0, max_steps_, begun.step),
         schedule_(run, ps, chief, begun.step, begun.adopted != 0),
         events_(run.config.output_dir(), begun.step),
         down_since_(ps->num_servers(), absl::InfiniteFuture()) {}
@@ -87,6 +89,9 @@ class Driver {
   absl::Status CheckProgress(int down, int64_t step);
   // false: put off (a server lost meanwhile; the rollback takes it up).
   absl::StatusOr<bool> EvaluateAt(int64_t step);
+  // The evaluations workers reported since the last call: logged and
+  // written to TensorBoard.
+  void RecordWorkerEvals();
 
   const RunContext& run_;
   Model* const model_;

@@ -2,8 +2,10 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
@@ -13,6 +15,17 @@
 #include "nlohmann/json.hpp"
 
 namespace pstrain {
+namespace {
+
+std::string WorkerMetricsLine(const Chief::WorkerEval& e) {
+  std::string line;
+  for (const auto& [name, value] : e.metrics) {
+    absl::StrAppendFormat(&line, "%s%s %.4f", line.empty() ? "" : ", ", name, value);
+  }
+  return line;
+}
+
+}  // namespace
 
 absl::Status WriteRunOutputs(const RunContext& run, PsClient* ps, Chief* chief,
                              const Evaluation& final_eval, const std::vector<const float*>& values,
@@ -69,13 +82,33 @@ absl::Status WriteRunOutputs(const RunContext& run, PsClient* ps, Chief* chief,
     return progress.local_steps() > 0 ? 1000.0 * seconds / progress.local_steps() : 0.0;
   };
   const bool evaluated = final_eval.result.count > 0;
+  // A model the chief does not compute: the workers' latest evaluation.
+  const std::optional<Chief::WorkerEval> worker_eval =
+      evaluated ? std::nullopt : chief->latest_worker_eval();
+  auto worker_metric = [&worker_eval](const char* name) {
+    std::optional<double> v = worker_eval ? worker_eval->Get(name) : std::nullopt;
+    return v ? nlohmann::json(*v) : nlohmann::json();
+  };
+  nlohmann::json worker_metrics = nlohmann::json::object();
+  if (worker_eval) {
+    for (const auto& [name, value] : worker_eval->metrics) worker_metrics[name] = value;
+  }
   nlohmann::json summary = {
       {"global_step", final_eval.step},
       {"max_steps", run.config.max_steps()},
-      // Null where nothing was evaluated (no held-out data; an external model).
-      {"eval_accuracy", evaluated ? nlohmann::json(final_eval.result.accuracy()) : nlohmann::json()},
-      {"eval_loss", evaluated ? nlohmann::json(final_eval.result.loss) : nlohmann::json()},
-      {"eval_examples", final_eval.result.count},
+      // The chief's evaluation, else the workers' latest (its "accuracy"
+      // and "loss"); null where nothing was evaluated.
+      {"eval_accuracy",
+       evaluated ? nlohmann::json(final_eval.result.accuracy()) : worker_metric("accuracy")},
+      {"eval_loss", evaluated ? nlohmann::json(final_eval.result.loss) : worker_metric("loss")},
+      {"eval_examples", worker_eval ? worker_eval->examples : final_eval.result.count},
+      {"eval_step", evaluated ? nlohmann::json(final_eval.step)
+                    : worker_eval ? nlohmann::json(worker_eval->step)
+                                  : nlohmann::json()},
+      // Every metric of a worker's evaluation, by name ({} without one),
+      // and who ran it (null: the chief, or nobody).
+      {"eval_metrics", worker_metrics},
+      {"eval_worker", worker_eval ? nlohmann::json(worker_eval->worker) : nlohmann::json()},
       {"eval_auc", final_eval.auc ? nlohmann::json(*final_eval.auc) : nlohmann::json()},
       {"eval_log_loss",
        final_eval.auc ? nlohmann::json(final_eval.log_loss) : nlohmann::json()},
@@ -109,8 +142,11 @@ absl::Status WriteRunOutputs(const RunContext& run, PsClient* ps, Chief* chief,
            train_seconds,
            evaluated ? absl::StrFormat("eval accuracy %.4f, eval loss %.4f",
                                        final_eval.result.accuracy(), final_eval.result.loss)
-                     : absl::StrFormat("no held-out data to evaluate on, train loss %.4f",
-                                       progress.train_loss()),
+           : worker_eval
+               ? absl::StrCat("worker ", worker_eval->worker, "'s evaluation at step ",
+                              worker_eval->step, ": ", WorkerMetricsLine(*worker_eval))
+               : absl::StrFormat("no held-out data to evaluate on, train loss %.4f",
+                                 progress.train_loss()),
            model_path);
   return absl::OkStatus();
 }

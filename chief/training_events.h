@@ -36,11 +36,11 @@ class TrainingEvents {
   // last point was under a second ago or at this step or later.
   void WriteTrainScalars(int64_t step, Chief* chief);
   void WriteEvalScalars(const Evaluation& e);
+  // Scalars of one step: e.g. a worker's evaluation, "eval/<metric>".
+  void Write(int64_t step, const std::vector<std::pair<std::string, double>>& scalars);
   void Sync();
 
  private:
-  void Write(int64_t step, const std::vector<std::pair<std::string, double>>& scalars);
-
   std::unique_ptr<EventWriter> events_;  // null: none (could not write)
   int64_t step_at_scalars_;
   absl::Time time_at_scalars_;

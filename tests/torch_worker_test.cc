@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "catch2/catch.hpp"
 #include "absl/time/clock.h"
 #include "common/storage/checkpoint.h"
@@ -20,6 +21,7 @@
 #include "common/storage/safetensors_reader.h"
 #include "common/storage/tensor_file.h"
 #include "common/testing/skip.h"
+#include "nlohmann/json.hpp"
 #include "tests/checkpoint_testlib.h"
 #include "tests/cluster_testlib.h"
 
@@ -156,6 +158,66 @@ TEST_CASE("2 PyTorch workers of batch b end where one PyTorch process of batch 2
     INFO(name << " moved by " << d);
     CHECK(d > 1e-3);
   }
+}
+
+TEST_CASE("a PyTorch worker's own evaluation reaches the chief's log, TensorBoard, "
+          "summary.json and the launch's last line") {
+  const std::string python = TorchPython();
+  if (python.empty()) return;
+  const std::string dir = testing::FreshTempDir("torch_eval");
+  const std::string variables = WriteCnnVariables(python, dir);
+  // eval_every_steps for a model the chief cannot evaluate: it does not pull.
+  const std::string config = ExternalConfig(dir, variables, 300, 16, "learning_rate: 0.01 adam {}",
+                                            "eval_every_steps: 50\n");
+  const std::string spec = testing::WriteClusterSpec(dir, /*ps=*/2, /*workers=*/2);
+  CommandResult r = Launch(
+      spec, config, WorkerCommand(python, "examples/digits_cnn/train.py", "--eval_every 100"));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  const std::string chief = Env::Default()->ReadFile(dir + "/out/logs/chief-0.log").value_or("");
+  INFO(chief);
+  for (int step : {100, 200}) {
+    CHECK(chief.find(absl::StrCat("step ", step, "/300: worker 0's evaluation (297 examples): "
+                                  "accuracy ")) != std::string::npos);
+  }
+  CHECK(chief.find("eval accuracy") == std::string::npos);  // the chief evaluated nothing
+  CHECK(chief.find("worker 0's evaluation at step 299: accuracy ") != std::string::npos);
+
+  auto summary = nlohmann::json::parse(
+      Env::Default()->ReadFile(dir + "/out/summary.json").value_or("{}"), nullptr, false);
+  INFO(summary.dump());
+  REQUIRE(summary.is_object());
+  CHECK(summary["eval_step"] == 299);
+  CHECK(summary["eval_worker"] == 0);
+  CHECK(summary["eval_examples"] == 297);
+  REQUIRE(summary["eval_metrics"].contains("accuracy"));
+  const double accuracy = summary["eval_metrics"]["accuracy"].get<double>();
+  CHECK(accuracy > 0.8);  // (about 0.91: examples/digits_cnn/README.md)
+  CHECK(summary["eval_accuracy"].get<double>() == accuracy);
+  CHECK(summary["eval_loss"].get<double>() == summary["eval_metrics"]["loss"].get<double>());
+  CHECK(r.output.find(absl::StrFormat("finished: step 300, held-out accuracy %.4f", accuracy)) !=
+        std::string::npos);
+
+  const testing::PythonReaders py =
+      testing::PythonWithModules("tensorboard.backend.event_processing.event_accumulator");
+  if (!py.error.empty()) {
+    testing::SkipCase("python", "the TensorBoard check: " + py.error);
+    return;
+  }
+  CommandResult tb = testing::RunCommand(
+      {py.python, "-c",
+       "import sys\n"
+       "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n"
+       "a = EventAccumulator(sys.argv[1]); a.Reload()\n"
+       "acc = [(p.step, round(p.value, 4)) for p in a.Scalars('eval/accuracy')]\n"
+       "loss = [p.step for p in a.Scalars('eval/loss')]\n"
+       "print('accuracy', acc, 'loss', loss)\n"
+       "assert [s for s, _ in acc] == [100, 200, 299] and loss == [100, 200, 299]\n"
+       "assert acc[-1][1] == round(float(sys.argv[2]), 4)\n",
+       dir + "/out/events", absl::StrCat(accuracy)},
+      absl::Seconds(120));
+  INFO(tb.output);
+  CHECK(tb.exit_code == 0);
 }
 
 // Pids of the processes of worker `task` that `pstrain launch --worker_cmd`

@@ -5,6 +5,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -178,6 +179,23 @@ int pstrain_push_rows(pstrain_session* s, const char* table, const uint64_t* ids
       return absl::InvalidArgumentError("no table, ids or gradients");
     }
     return s->session->PushRows(table, absl::MakeConstSpan(ids, n), grads);
+  });
+}
+
+int pstrain_report_eval(pstrain_session* s, const char* const* names, const double* values, int n,
+                        int64_t step, int64_t examples, char** error) {
+  return Guard(error, [&]() -> absl::Status {
+    if (n <= 0 || names == nullptr || values == nullptr) {
+      return absl::InvalidArgumentError("an evaluation of no metrics");
+    }
+    pstrain::WorkerEvaluation eval;
+    eval.step = step;
+    eval.examples = examples;
+    for (int i = 0; i < n; ++i) {
+      if (names[i] == nullptr) return absl::InvalidArgumentError("a null metric name");
+      eval.metrics.emplace_back(names[i], values[i]);
+    }
+    return s->session->ReportEval(std::move(eval));
   });
 }
 

@@ -85,6 +85,13 @@ int pstrain_pull_rows(pstrain_session* s, const char* table, const uint64_t* ids
 int pstrain_push_rows(pstrain_session* s, const char* table, const uint64_t* ids, int64_t n,
                       const float* grads, char** error);
 
+/* An evaluation the caller ran: metrics names[i] = values[i] (i < n; names
+ * of letters, digits and underscores, values finite), at version `step`
+ * (< 0: the one the last pull read), on `examples` examples. Sent to the chief at
+ * once: its log, /metrics, TensorBoard (eval/NAME) and summary.json. */
+int pstrain_report_eval(pstrain_session* s, const char* const* names, const double* values, int n,
+                        int64_t step, int64_t examples, char** error);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,6 +4,7 @@
 
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
+#include "common/client/eval_report.h"
 
 namespace pstrain {
 
@@ -35,7 +36,8 @@ bool CountPushOutcomes(const std::vector<PushOutcome>& outcomes,
 
 absl::Status SendProgress(ChiefClient* chief, const RegisterWorkerResponse& registration,
                           int worker, const std::vector<int64_t>& pulled_versions, bool done,
-                          WorkerTally* tally, bool* stop_requested) {
+                          WorkerTally* tally, bool* stop_requested,
+                          const WorkerEvaluation* eval) {
   ProgressReport r;
   r.set_incarnation(registration.incarnation());
   r.set_worker(worker);
@@ -52,6 +54,16 @@ absl::Status SendProgress(ChiefClient* chief, const RegisterWorkerResponse& regi
   r.set_data_seconds(absl::ToDoubleSeconds(tally->data));
   r.set_compute_seconds(absl::ToDoubleSeconds(tally->compute));
   r.set_push_seconds(absl::ToDoubleSeconds(tally->push));
+  if (eval != nullptr) {
+    r.set_eval_step(eval->step);
+    r.set_eval_examples(eval->examples);
+    for (const auto& [name, value] : eval->metrics) {
+      EvalMetric* m = r.add_eval();
+      m->set_name(name);
+      m->set_value(value);
+    }
+    RETURN_IF_ERROR(CheckEvalReport(r));
+  }
   ProgressResponse resp;
   RETURN_IF_ERROR(chief->ReportProgress(r, &resp));
   *stop_requested = resp.stop();

@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -64,9 +66,17 @@ bool CountPushOutcomes(const std::vector<PushOutcome>& outcomes,
 // `registration`'s incarnation and session, its global step the oldest of
 // `pulled_versions` (none yet: the start step), and restarts the loss mean.
 // *stop_requested: the chief asks the worker to stop.
+// `eval` (optional): an evaluation this worker ran, sent with the report
+// (checked first: INVALID_ARGUMENT naming a bad metric, nothing sent).
+struct WorkerEvaluation {
+  int64_t step = 0;  // the version evaluated
+  int64_t examples = 0;
+  std::vector<std::pair<std::string, double>> metrics;
+};
 absl::Status SendProgress(ChiefClient* chief, const RegisterWorkerResponse& registration,
                           int worker, const std::vector<int64_t>& pulled_versions, bool done,
-                          WorkerTally* tally, bool* stop_requested);
+                          WorkerTally* tally, bool* stop_requested,
+                          const WorkerEvaluation* eval = nullptr);
 
 // A report that failed by its deadline while this process may have been
 // paused is only late: up to two in a row are logged and forgiven (OK);

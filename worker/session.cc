@@ -168,6 +168,9 @@ absl::Status WorkerSession::Pull(absl::Span<float* const> dst, bool* finished, i
     steps_.assign(steps_.size(), *std::min_element(steps_.begin(), steps_.end()));
   }
   if (step != nullptr) *step = steps_.empty() ? 0 : *std::min_element(steps_.begin(), steps_.end());
+  if (!pulled_.finished && !pulled_.versions.empty()) {
+    read_step_ = *std::min_element(pulled_.versions.begin(), pulled_.versions.end());
+  }
   return absl::OkStatus();
 }
 
@@ -241,6 +244,14 @@ absl::Status WorkerSession::PushRows(const std::string& table, absl::Span<const 
     return absl::FailedPreconditionError("rows pushed outside a step: pull the variables first");
   }
   return ps_->PushRows(table, dim, ids, grads, steps_, &row_outcomes_);
+}
+
+absl::Status WorkerSession::ReportEval(WorkerEvaluation eval) {
+  if (closed_) return absl::FailedPreconditionError("the session is closed");
+  if (eval.step < 0) eval.step = read_step_.value_or(registration_.start_step());
+  bool ignored;  // (a stop is heard at the next push)
+  return SendProgress(chief_.get(), registration_, worker(), pulled_.versions, /*done=*/false,
+                      &tally_, &ignored, &eval);
 }
 
 absl::Status WorkerSession::Close() {

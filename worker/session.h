@@ -102,6 +102,14 @@ class WorkerSession {
   // A table's width (INVALID_ARGUMENT naming an unknown one).
   absl::StatusOr<int> TableDim(const std::string& table) const;
 
+  // An evaluation the caller ran (its own metrics: "accuracy", "loss", ...)
+  // sent to the chief at once: it lands in the chief's log, /metrics,
+  // TensorBoard (eval/<name>) and summary.json. eval.step < 0: the version
+  // the last pull read (one that found training over reads nothing).
+  // INVALID_ARGUMENT naming a bad metric (common/client/eval_report.h),
+  // nothing sent.
+  absl::Status ReportEval(WorkerEvaluation eval);
+
   // The final report to the chief (done): this worker has finished its
   // training. Once. A session destroyed without it (the caller's step
   // failed, the process is ending on an error) sends none, as a C++ worker
@@ -129,6 +137,7 @@ class WorkerSession {
 
   PsClient::PullResult pulled_;
   bool pulled_for_push_ = false;  // a Pull since the last Push
+  std::optional<int64_t> read_step_;  // the version the last Pull that read values read
   std::vector<int64_t> min_versions_, steps_;
   std::vector<PushOutcome> outcomes_, row_outcomes_;
   WorkerTally tally_;

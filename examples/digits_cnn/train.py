@@ -66,9 +66,12 @@ def batch_of(x, y, step, global_batch, first, size):
     return x[idx], y[idx]
 
 
-def accuracy(model, x, y):
+def evaluate(model, x, y):
+    """Held-out accuracy and mean cross-entropy."""
     with torch.no_grad():
-        return (model(x).argmax(1) == y).float().mean().item()
+        out = model(x)
+        return {"accuracy": (out.argmax(1) == y).float().mean().item(),
+                "loss": nn.functional.cross_entropy(out, y).item()}
 
 
 def make_model(seed):
@@ -85,6 +88,10 @@ def run_worker(args):
         global_batch = b * dm.num_workers
         started = time.time()
         while not dm.pull():
+            if dm.worker == 0 and args.eval_every > 0 and dm.step > 0 and \
+                    dm.step % args.eval_every == 0:
+                # Worker 0 scores what it pulled on the held-out split.
+                dm.report_eval(evaluate(model, tx, ty), examples=len(ty))
             t0 = time.perf_counter()
             bx, by = batch_of(x, y, dm.step, global_batch, dm.worker * b, b)
             loss = loss_fn(model(bx), by)
@@ -95,8 +102,12 @@ def run_worker(args):
             if dm.push(loss.item(), examples=b, cursor=(0, dm.step + 1),
                        compute_seconds=compute):
                 break
+        final = evaluate(model, tx, ty)
+        if dm.worker == 0:
+            # (The servers' last step is not pulled: the last pull's values.)
+            dm.report_eval(final, examples=len(ty))
         print(f"worker {dm.worker}: trained to step {dm.step} in {time.time() - started:.1f} s; "
-              f"held-out accuracy of its last pull {accuracy(model, tx, ty):.4f}", flush=True)
+              f"held-out accuracy of its last pull {final['accuracy']:.4f}", flush=True)
 
 
 def run_reference(args):
@@ -130,6 +141,9 @@ def main():
     p.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--out", help="--reference: write the trained variables here")
+    p.add_argument("--eval_every", type=int, default=100,
+                   help="worker 0 reports a held-out evaluation every this many steps (0: only "
+                        "at the end)")
     args = p.parse_args()
     torch.set_num_threads(1)
     if args.write_variables:

@@ -46,6 +46,8 @@ _SIGNATURES = {
     "pstrain_table_dim": (_c_int, [_c_void_p, ctypes.c_char_p, _err]),
     "pstrain_pull_rows": (_c_int, [_c_void_p, ctypes.c_char_p, _c_void_p, _c_i64, _c_void_p,
                                    _err]),
+    "pstrain_report_eval": (_c_int, [_c_void_p, _c_char_pp, ctypes.POINTER(_c_double), _c_int,
+                                     _c_i64, _c_i64, _err]),
     "pstrain_push_rows": (_c_int, [_c_void_p, ctypes.c_char_p, _c_void_p, _c_i64, _c_void_p,
                                    _err]),
 }

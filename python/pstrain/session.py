@@ -270,6 +270,35 @@ class Session:
         _call(self._lib.pstrain_push_rows, self._s, table.encode(), ids.ctypes.data, len(ids),
               addr)
 
+    # -- evaluation --------------------------------------------------------
+    def report_eval(self, metrics, examples=0, step=None):
+        """Sends an evaluation this worker ran to the chief: `metrics`, a
+        dict of name -> number ({"accuracy": 0.97, "loss": 0.1}; names of
+        letters, digits and underscores), at `step` (default: the version
+        the last pull read; a pull that found training over reads none), on `examples` examples. It lands in the chief's log,
+        /metrics (pstrain_chief_eval_metric), TensorBoard (eval/NAME) and
+        summary.json (eval_metrics; "accuracy" and "loss" also as
+        eval_accuracy and eval_loss). Typically one worker evaluates, on a
+        held-out set, every so many steps and once at the end, before close()."""
+        self._live()
+        if not isinstance(metrics, dict) or not metrics:
+            raise ValueError("report_eval: metrics must be a non-empty dict of name -> number")
+        names, values = [], []
+        for name, value in metrics.items():
+            if not isinstance(name, str):
+                raise TypeError(f"report_eval: metric name {name!r} is not a str")
+            try:
+                values.append(float(value))
+            except (TypeError, ValueError):
+                raise TypeError(f"report_eval: metric {name!r}: {value!r} is not a number") \
+                    from None
+            names.append(name.encode())
+        n = len(names)
+        c_names = (ctypes.c_char_p * n)(*names)
+        c_values = (ctypes.c_double * n)(*values)
+        _call(self._lib.pstrain_report_eval, self._s, c_names, c_values, n,
+              -1 if step is None else int(step), int(examples))
+
     # -- the end -----------------------------------------------------------
     def close(self):
         """The final report to the chief: this worker finished its training.

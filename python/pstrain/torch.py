@@ -172,6 +172,10 @@ class DistributedModule:
             p.grad = None
         return end
 
+    def report_eval(self, metrics, examples=0, step=None):
+        """An evaluation this worker ran, to the chief (Session.report_eval)."""
+        self.session.report_eval(metrics, examples=examples, step=step)
+
     def close(self):
         """The final report: this worker finished (Session.close)."""
         self.session.close()

@@ -114,6 +114,16 @@ expect_raises(ValueError, "1 gradients", lambda: session.push([grads[first.name]
 check(not session.pull(params), "the servers finished before any step")
 for k, v in initial.items():
     check(numpy.array_equal(params[k], v), f"{k} changed by a refused push")
+# Bad evaluations: refused by the library before anything is sent.
+expect_raises(pstrain.InvalidArgumentError, "loss: nan is not finite",
+              lambda: session.report_eval({"accuracy": 0.5, "loss": float("nan")}))
+expect_raises(pstrain.InvalidArgumentError, '"eval/acc"', lambda: session.report_eval({"eval/acc": 1}))
+expect_raises(pstrain.InvalidArgumentError, "at most 16",
+              lambda: session.report_eval({f"m{i}": 0 for i in range(17)}))
+expect_raises(pstrain.InvalidArgumentError, "-3 examples",
+              lambda: session.report_eval({"accuracy": 0.5}, examples=-3))
+expect_raises(ValueError, "non-empty dict", lambda: session.report_eval({}))
+expect_raises(TypeError, "'x' is not a number", lambda: session.report_eval({"acc": "x"}))
 expect_raises(pstrain.InvalidArgumentError, "no embedding table",
               lambda: session.pull_rows("none", numpy.zeros(1, numpy.uint64)))
 

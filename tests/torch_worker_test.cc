@@ -290,7 +290,15 @@ TEST_CASE("--restart=on-failure: a PyTorch worker killed with kill -9 rejoins wh
   CHECK(w1.find("rejoined the running job after a restart (session 1): data goes on at epoch 0, "
                 "position ") != std::string::npos);
   CHECK(w1.find("worker 1: trained to step " + std::to_string(steps)) != std::string::npos);
-  testing::CheckSameModel(testing::FinalModel(job), want);
+  // The restarted worker recomputed the open step from the same batch and
+  // parameters: the run ends as one never interrupted. Unless the kill fell
+  // between two servers completing the step (inside its push): the worker
+  // says so, as the C++ worker does (tests/recovery_test).
+  if (w1.find("the servers are at steps") != std::string::npos) {
+    WARN("the kill fell between the servers' completions of a step: not compared bitwise");
+  } else {
+    testing::CheckSameModel(testing::FinalModel(job), want);
+  }
 
   // Every process killed mid-run, then the run resumed from its checkpoint.
   const auto [resumed_dir, resumed] = job_in("torch_resume");

@@ -144,6 +144,13 @@ absl::Status WorkerSession::Start() {
                  ? absl::StrCat("epoch ", start_cursor_->epoch, ", position ",
                                 start_cursor_->position)
                  : std::string("the run's start"));
+    if (sync_ && point.max_version > point.min_version) {
+      // (As the C++ trainer says it: worker/trainer.cc.)
+      LOG_WARN("the servers are at steps {} to {}: the step its earlier process left open was "
+               "completed on some of them, so this step's gradient is computed from newer "
+               "parameters there than its earlier process had",
+               point.min_version, point.max_version);
+    }
   }
   return absl::OkStatus();
 }

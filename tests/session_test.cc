@@ -1,0 +1,244 @@
+// A worker session (worker/session.h) through its C API (worker/c_api.h),
+// in this test's own process against a real chief and parameter servers:
+// what the Python package does over ctypes, here in C++ so that the
+// sanitizer builds run it (CPython cannot load their instrumented library:
+// tests/torch_worker_test skips there).
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "catch2/catch.hpp"
+#include "common/storage/env.h"
+#include "common/storage/tensor_file.h"
+#include "nlohmann/json.hpp"
+#include "tests/cluster_testlib.h"
+#include "tools/subprocess.h"
+#include "tools/tensor_export.h"
+#include "worker/c_api.h"
+
+namespace pstrain {
+namespace {
+
+using testing::Binary;
+
+// The error a call returned, taken (freed, and the pointer cleared).
+std::string Take(char*& error) {
+  std::string s = error != nullptr ? error : "";
+  pstrain_free(error);
+  error = nullptr;
+  return s;
+}
+
+struct Cluster {
+  std::string dir, spec, config;
+  std::vector<std::unique_ptr<Subprocess>> tasks;
+};
+
+// A chief and `ps` servers (started by hand: no secret) for an external
+// model of w [4, 3] and b [3], SGD at learning rate 0.5, `steps` sync steps
+// of 1 worker.
+Cluster StartCluster(const std::string& name, int ps, int steps) {
+  Cluster c;
+  c.dir = testing::FreshTempDir(name);
+  std::vector<float> w(12), b(3);
+  for (int i = 0; i < 12; ++i) w[i] = 0.25f * static_cast<float>(i) - 1.0f;
+  for (int i = 0; i < 3; ++i) b[i] = static_cast<float>(i);
+  const std::string variables = c.dir + "/vars.safetensors";
+  REQUIRE(WriteSafetensors(Env::Default(), variables,
+                           {{"w", {4, 3}, w.data()}, {"b", {3}, b.data()}}, {})
+              .ok());
+  c.config = testing::WriteFile(
+      c.dir + "/train.pbtxt",
+      absl::StrCat("model { external { variables: \"", variables, "\" } }\n",
+                   "data { batch_size: 4 }\nmax_steps: ", steps, "\n",
+                   "optimizer { learning_rate: 0.5 sgd {} }\n", "output_dir: \"", c.dir,
+                   "/out\"\nrpc { startup_timeout_ms: 60000 }\n"));
+  c.spec = testing::WriteClusterSpec(c.dir, ps, /*workers=*/1);
+  for (int i = 0; i < ps; ++i) {
+    SpawnOptions so;
+    so.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + c.spec,
+               absl::StrCat("--task=", i)};
+    so.output_file = absl::StrCat(c.dir, "/ps", i, ".log");
+    auto p = Subprocess::Spawn(so);
+    REQUIRE(p.ok());
+    c.tasks.push_back(std::move(*p));
+  }
+  SpawnOptions so;
+  so.argv = {Binary("chief/chief"), "--cluster_spec=" + c.spec, "--config=" + c.config};
+  so.output_file = c.dir + "/chief.log";
+  auto chief = Subprocess::Spawn(so);
+  REQUIRE(chief.ok());
+  c.tasks.push_back(std::move(*chief));
+  return c;
+}
+
+pstrain_session* Open(const Cluster& c, std::vector<std::string> more = {}) {
+  std::vector<std::string> args = {"--cluster_spec=" + c.spec, "--task=0", "--config=" + c.config};
+  args.insert(args.end(), more.begin(), more.end());
+  std::vector<const char*> argv;
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  int code = -1;
+  char* error = nullptr;
+  pstrain_session* s = pstrain_open(static_cast<int>(argv.size()), argv.data(), &code, &error);
+  INFO(Take(error));
+  CHECK(code == (s != nullptr ? 0 : code));
+  return s;
+}
+
+TEST_CASE("a session trains an external model through the C API: pulls, pushes, an "
+          "evaluation, the final report; bad calls are refused by name and change nothing") {
+  const int steps = 12;
+  Cluster c = StartCluster("session_sgd", /*ps=*/2, steps);
+
+  // A flag the worker does not have: refused before anything is sent.
+  {
+    const char* argv[] = {"--no_such_flag=1"};
+    int code = 0;
+    char* error = nullptr;
+    CHECK(pstrain_open(1, argv, &code, &error) == nullptr);
+    CHECK(code == 3);
+    CHECK(Take(error).find("--no_such_flag: not a worker flag") != std::string::npos);
+  }
+
+  pstrain_session* s = Open(c);
+  REQUIRE(s != nullptr);
+  REQUIRE(pstrain_num_variables(s) == 2);
+  CHECK(std::string(pstrain_variable_name(s, 0)) == "w");
+  CHECK(pstrain_variable_rank(s, 0) == 2);
+  CHECK(pstrain_variable_dim(s, 0, 1) == 3);
+  CHECK(pstrain_variable_name(s, 2) == nullptr);
+  CHECK(pstrain_variable_dim(s, 1, 1) == -1);
+  CHECK(pstrain_sync(s) == 1);
+  CHECK(pstrain_max_steps(s) == steps);
+  CHECK(pstrain_batch_size(s) == 4);
+
+  std::vector<float> w(12), b(3), gw(12), gb(3);
+  float* dst[] = {w.data(), b.data()};
+  const float* src[] = {gw.data(), gb.data()};
+  int finished = 0, end = 0;
+  int64_t step = -1;
+  char* error = nullptr;
+
+  // Out of order, or the wrong count: refused, nothing sent.
+  CHECK(pstrain_push(s, src, 2, 0, 4, 0, 0, 0, &end, &error) == 9);
+  CHECK(Take(error).find("a push without a pull before it") != std::string::npos);
+  CHECK(pstrain_pull(s, dst, 1, &finished, &step, &error) == 3);
+  CHECK(Take(error).find("a pull into 1 buffers; the model has 2 variables") != std::string::npos);
+
+  // The expected values, as the servers apply SGD: v -= 0.5 * g.
+  std::vector<float> want_w(12), want_b(3);
+  for (int i = 0; i < 12; ++i) want_w[i] = 0.25f * static_cast<float>(i) - 1.0f;
+  for (int i = 0; i < 3; ++i) want_b[i] = static_cast<float>(i);
+  int trained = 0;
+  while (true) {
+    REQUIRE(pstrain_pull(s, dst, 2, &finished, &step, &error) == 0);
+    if (finished) break;
+    CHECK(step == trained);
+    CHECK(w == want_w);
+    CHECK(b == want_b);
+    // A gradient that depends on the values: 0.1 * v + the step.
+    for (int i = 0; i < 12; ++i) gw[i] = 0.1f * w[i] + static_cast<float>(step);
+    for (int i = 0; i < 3; ++i) gb[i] = 0.1f * b[i] - 1.0f;
+    if (trained == 5) {
+      // A bad report: refused before anything leaves, the step still open.
+      CHECK(pstrain_push(s, src, 2, 0.5f, -1, 0, 0, 0, &end, &error) == 3);
+      CHECK(Take(error).find("examples and data cursor must be >= 0") != std::string::npos);
+      const char* names[] = {"accuracy", "loss"};
+      const double bad[] = {0.5, std::nan("")};
+      CHECK(pstrain_report_eval(s, names, bad, 2, -1, 10, &error) == 3);
+      CHECK(Take(error).find("evaluation metric loss: nan is not finite") != std::string::npos);
+      const char* bad_name[] = {"eval/accuracy"};
+      CHECK(pstrain_report_eval(s, bad_name, bad, 1, -1, 10, &error) == 3);
+      CHECK(Take(error).find("\"eval/accuracy\"") != std::string::npos);
+      const double good[] = {0.75, 0.125};
+      CHECK(pstrain_report_eval(s, names, good, 2, -1, 40, &error) == 0);
+    }
+    REQUIRE(pstrain_push(s, src, 2, 1.0f / static_cast<float>(step + 1), 4, 0, 4 * (step + 1),
+                         0.001, &end, &error) == 0);
+    for (int i = 0; i < 12; ++i) want_w[i] -= 0.5f * gw[i];
+    for (int i = 0; i < 3; ++i) want_b[i] -= 0.5f * gb[i];
+    ++trained;
+    if (end) break;
+  }
+  CHECK(trained == steps);
+  CHECK(pstrain_local_steps(s) == steps);
+  const char* names[] = {"accuracy", "loss"};
+  const double final_eval[] = {0.875, 0.0625};
+  CHECK(pstrain_report_eval(s, names, final_eval, 2, -1, 40, &error) == 0);
+  CHECK(pstrain_close(s, &error) == 0);
+  CHECK(error == nullptr);
+
+  // The chief ends the run once the worker reported done.
+  std::optional<int> code = c.tasks.back()->Wait(absl::Seconds(60));
+  const std::string chief_log = Env::Default()->ReadFile(c.dir + "/chief.log").value_or("");
+  INFO(chief_log);
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  CHECK(chief_log.find("step 5/12: worker 0's evaluation (40 examples): accuracy 0.7500, loss "
+                       "0.1250") != std::string::npos);
+  auto model = ReadTensorFile(Env::Default(), c.dir + "/out/model_final.pst");
+  REQUIRE(model.ok());
+  CHECK(model->at("w").values() == want_w);
+  CHECK(model->at("b").values() == want_b);
+  auto summary = nlohmann::json::parse(
+      Env::Default()->ReadFile(c.dir + "/out/summary.json").value_or("{}"), nullptr, false);
+  INFO(summary.dump());
+  CHECK(summary["global_step"] == steps);
+  CHECK(summary["eval_step"] == steps - 1);  // the last pull that read values
+  CHECK(summary["eval_accuracy"] == 0.875);
+  CHECK(summary["eval_metrics"]["loss"] == 0.0625);
+  CHECK(summary["worker_steps"] == steps);
+}
+
+TEST_CASE("a session abandoned is not counted as done: a new process of the worker rejoins and "
+          "finishes the run") {
+  const int steps = 6;
+  Cluster c = StartCluster("session_abandon", /*ps=*/1, steps);
+  std::vector<float> w(12), b(3), gw(12, 1.0f), gb(3, 1.0f);
+  float* dst[] = {w.data(), b.data()};
+  const float* src[] = {gw.data(), gb.data()};
+  int finished = 0, end = 0;
+  int64_t step = 0;
+  char* error = nullptr;
+
+  pstrain_session* s = Open(c);
+  REQUIRE(s != nullptr);
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(pstrain_pull(s, dst, 2, &finished, &step, &error) == 0);
+    REQUIRE(pstrain_push(s, src, 2, 1.0f, 4, 0, i + 1, 0, &end, &error) == 0);
+  }
+  pstrain_abandon(s);  // as an exception out of Python's `with` block
+  // Not done: the chief is still running, waiting for the worker.
+  CHECK_FALSE(c.tasks.back()->Wait(absl::Seconds(2)).has_value());
+
+  // The worker's next process (the launcher's restart) rejoins where it
+  // stood and trains to the end.
+  pstrain_session* again = Open(c);
+  REQUIRE(again != nullptr);
+  int64_t epoch = -1, position = -1;
+  CHECK(pstrain_start_cursor(again, &epoch, &position) == 1);
+  CHECK(position == 3);  // (its steps count on from its reports: none in 3 steps)
+  int trained = 0;
+  while (pstrain_pull(again, dst, 2, &finished, &step, &error) == 0 && !finished) {
+    CHECK(step == 3 + trained);
+    REQUIRE(pstrain_push(again, src, 2, 1.0f, 4, 0, step + 1, 0, &end, &error) == 0);
+    ++trained;
+    if (end) break;
+  }
+  CHECK(trained == 3);
+  CHECK(pstrain_close(again, &error) == 0);
+  std::optional<int> code = c.tasks.back()->Wait(absl::Seconds(60));
+  INFO(Env::Default()->ReadFile(c.dir + "/chief.log").value_or(""));
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  auto model = ReadTensorFile(Env::Default(), c.dir + "/out/model_final.pst");
+  REQUIRE(model.ok());
+  // Six steps of gradient 1 at learning rate 0.5 from b = [0, 1, 2].
+  CHECK(model->at("b").values() == std::vector<float>{-3.0f, -2.0f, -1.0f});
+}
+
+}  // namespace
+}  // namespace pstrain

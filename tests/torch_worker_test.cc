@@ -220,6 +220,46 @@ TEST_CASE("a PyTorch worker's own evaluation reaches the chief's log, TensorBoar
   CHECK(tb.exit_code == 0);
 }
 
+TEST_CASE("a DLRM-style PyTorch model with its embeddings on 2 servers reaches the ground "
+          "truth's AUC within 0.02") {
+  const std::string python = TorchPython();
+  if (python.empty()) return;
+  auto data = testing::CriteoData("torch_dlrm_data", {"--train=400000", "--test=20000",
+                                                      "--values_per_field=100", "--seed=5"});
+  REQUIRE(data.ok());
+  const auto& [data_dir, truth_auc] = *data;
+  const std::string dir = testing::FreshTempDir("torch_dlrm");
+  const std::string script = "examples/dlrm/train.py";
+  const std::string variables = dir + "/dlrm.safetensors";
+  CommandResult w = testing::RunCommand(
+      {python, Runfile(script), "--write_variables", variables}, absl::Seconds(120));
+  INFO(w.output);
+  REQUIRE(w.exit_code == 0);
+  const int steps = 800;
+  const std::string config = testing::WriteFile(
+      dir + "/dlrm.pbtxt",
+      absl::StrCat("model { external { variables: \"", variables, "\" } }\n",
+                   "embedding_tables { name: \"features\" dim: 16 }\n",
+                   "data { batch_size: 256 }\nmax_steps: ", steps, "\n",
+                   "optimizer { learning_rate: 0.003 adam {} }\n", "output_dir: \"", dir,
+                   "/out\"\nrpc { startup_timeout_ms: 60000 }\n"));
+  const std::string spec = testing::WriteClusterSpec(dir, /*ps=*/2, /*workers=*/2);
+  CommandResult r =
+      Launch(spec, config, WorkerCommand(python, script, "--data " + data_dir + " --eval_every 0"));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  auto summary = nlohmann::json::parse(
+      Env::Default()->ReadFile(dir + "/out/summary.json").value_or("{}"), nullptr, false);
+  INFO(summary.dump());
+  REQUIRE(summary["eval_metrics"].contains("auc"));
+  const double auc = summary["eval_metrics"]["auc"].get<double>();
+  WARN("DLRM on 2 servers: held-out AUC " << auc << ", the ground truth's " << truth_auc);
+  CHECK(auc > truth_auc - 0.02);
+  CHECK(summary["eval_step"] == steps - 1);
+  // The table's rows are on both servers (every id seen, about 26 x 100).
+  CHECK(summary["embedding_tables"]["features"]["rows"].get<int64_t>() > 2000);
+}
+
 // Pids of the processes of worker `task` that `pstrain launch --worker_cmd`
 // started for the cluster of `spec` (its shell and the Python under it): the
 // task is in their environment, not on their command line.

@@ -21,12 +21,13 @@ CPU parameters are read and written in place (the pull writes into each
 parameter's storage, the push reads each .grad's); CUDA parameters go
 through pinned host memory, one copy each way per step.
 """
+import numpy
 import torch
 
 from .safetensors import write_safetensors
 from .session import Session
 
-__all__ = ["DistributedModule", "trainable_parameters", "write_variables"]
+__all__ = ["DistributedModule", "EmbeddingBag", "trainable_parameters", "write_variables"]
 
 
 def trainable_parameters(module):
@@ -52,6 +53,88 @@ def write_variables(module, path):
 def _as_variable(t):
     """A 0-d tensor as the [1] variable it is stored as."""
     return t.reshape(1) if t.dim() == 0 else t
+
+
+class EmbeddingBag(torch.nn.Module):
+    """torch.nn.EmbeddingBag over an embedding table of the cluster's config
+    (embedding_tables { name dim }), whose rows live on the parameter
+    servers: each forward pulls the rows of its batch's unique ids (at the
+    step last pulled), and DistributedModule.push sends one gradient row per
+    unique id (sync: with the step, before the dense gradients), which the
+    servers apply with the config's optimizer, as for pstrain's C++ click-
+    through model. A table's rows are created on a server at their first
+    lookup (the table's initializer).
+
+        bag = pstrain.torch.EmbeddingBag("features", dim=16, mode="sum")
+        out = bag(ids, offsets)     # ids: int64 or uint64, 1-D; offsets: bag starts
+
+    Holds no parameters of its own: write_variables leaves it out, and the
+    DistributedModule that wraps a module holding it binds it to its session.
+    `dim` is checked against the table's when bound."""
+
+    def __init__(self, table, dim, mode="sum"):
+        super().__init__()
+        if mode not in ("sum", "mean"):
+            raise ValueError(f"EmbeddingBag {table!r}: mode {mode!r}; pstrain's tables bag by "
+                             "'sum' or 'mean'")
+        self.table, self.dim, self.mode = table, int(dim), mode
+        self._session = None
+        self._pending = []  # (unique ids, their rows as leaves) of forwards since the last push
+
+    def _bind(self, session):
+        dim = session.table_dim(self.table)
+        if dim != self.dim:
+            raise ValueError(f"EmbeddingBag {self.table!r}: dim {self.dim}, the cluster's table "
+                             f"has dim {dim}")
+        self._session = session
+
+    def forward(self, ids, offsets):
+        if self._session is None:
+            raise RuntimeError(f"EmbeddingBag {self.table!r} is not bound to a session: wrap "
+                               "the module holding it in pstrain.torch.DistributedModule")
+        if isinstance(ids, torch.Tensor):
+            ids = ids.detach().to("cpu").numpy()
+        ids = numpy.ascontiguousarray(ids)
+        if ids.ndim != 1 or ids.dtype.kind not in "iu":
+            raise TypeError(f"EmbeddingBag {self.table!r}: ids must be a 1-D integer array, "
+                            f"not {ids.dtype} of shape {ids.shape}")
+        unique, inverse = numpy.unique(ids.astype(numpy.uint64, copy=False), return_inverse=True)
+        rows = torch.from_numpy(self._session.pull_rows(self.table, unique))
+        if torch.is_grad_enabled():  # (an evaluation under no_grad pushes nothing)
+            rows.requires_grad_(True)
+            self._pending.append((unique, rows))
+        offsets = torch.as_tensor(offsets, dtype=torch.int64)
+        index = torch.from_numpy(inverse.astype(numpy.int64).reshape(-1))
+        return torch.nn.functional.embedding_bag(index, rows, offsets, mode=self.mode)
+
+    def _take(self):
+        """(ids, row gradients) of every forward since the last push."""
+        pending, self._pending = self._pending, []
+        out = []
+        for unique, rows in pending:
+            grad = rows.grad
+            out.append((unique, (grad if grad is not None else torch.zeros_like(rows)).numpy()))
+        return out
+
+
+def _push_rows(session, bags):
+    """One push of row gradients per table per step: the gradients of every
+    forward of every bag over it, summed per id (as the C++ worker sends one
+    row per unique id)."""
+    by_table = {}
+    for bag in bags:
+        by_table.setdefault(bag.table, []).extend(bag._take())
+    for table, parts in by_table.items():
+        if not parts:
+            continue
+        if len(parts) == 1:
+            ids, grads = parts[0]
+        else:
+            ids, inverse = numpy.unique(numpy.concatenate([p[0] for p in parts]),
+                                        return_inverse=True)
+            grads = numpy.zeros((len(ids), parts[0][1].shape[1]), numpy.float32)
+            numpy.add.at(grads, inverse.reshape(-1), numpy.concatenate([p[1] for p in parts]))
+        session.push_rows(table, ids, numpy.ascontiguousarray(grads, dtype=numpy.float32))
 
 
 class DistributedModule:
@@ -81,6 +164,10 @@ class DistributedModule:
                              "; ".join(parts) + " (write the variables file from this module: "
                              "pstrain.torch.write_variables)")
         self._params = [own[v.name] for v in self.session.variables]
+        # Its embedding bags: their rows on the servers, by table.
+        self._bags = [m for m in module.modules() if isinstance(m, EmbeddingBag)]
+        for bag in self._bags:
+            bag._bind(self.session)
         self._pull = [None] * len(self._params)
         self._grad = [None] * len(self._params)
         self._staged = [False] * len(self._params)
@@ -134,6 +221,8 @@ class DistributedModule:
             self._copied.synchronize()
             self._copied = None
         self._bind()
+        for bag in self._bags:  # (a step abandoned before its push)
+            bag._pending.clear()
         if self.session.pull(self._pull):
             return True
         on_cuda = False
@@ -166,6 +255,8 @@ class DistributedModule:
                 grads.append(buf)
             else:
                 grads.append(_as_variable(g))
+        # (Sync: the rows join the step before the dense push.)
+        _push_rows(self.session, self._bags)
         end = self.session.push(grads, loss=loss, examples=examples, cursor=cursor,
                                 compute_seconds=compute_seconds)
         for p in self._params:

@@ -103,6 +103,17 @@ TEST_CASE("a session trains an external model through the C API: pulls, pushes, 
     CHECK(Take(error).find("--no_such_flag: not a worker flag") != std::string::npos);
   }
 
+  {
+    char* error = nullptr;
+    int end = 0;
+    CHECK(pstrain_push(nullptr, nullptr, 0, 0, 0, 0, 0, 0, &end, &error) == 3);
+    CHECK(Take(error) == "no session (NULL)");
+    CHECK(pstrain_table_dim(nullptr, "t", &error) == -1);
+    CHECK(Take(error) == "no session (NULL)");
+    CHECK(pstrain_close(nullptr, &error) == 0);  // as free(NULL)
+    pstrain_abandon(nullptr);
+  }
+
   pstrain_session* s = Open(c);
   REQUIRE(s != nullptr);
   REQUIRE(pstrain_num_variables(s) == 2);

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <memory>
 #include <string>
 #include <utility>
@@ -32,13 +33,18 @@ int Fail(const absl::Status& st, char** error) {
   return static_cast<int>(st.code());
 }
 
-// Exceptions never cross into C (a bad_alloc becomes RESOURCE_EXHAUSTED).
+// Exceptions never cross into C (a bad_alloc becomes RESOURCE_EXHAUSTED,
+// any other INTERNAL).
 template <typename F>
 int Guard(char** error, F f) {
   try {
     return Fail(f(), error);
-  } catch (const std::exception& e) {
+  } catch (const std::bad_alloc& e) {
     return Fail(absl::ResourceExhaustedError(e.what()), error);
+  } catch (const std::exception& e) {
+    return Fail(absl::InternalError(e.what()), error);
+  } catch (...) {
+    return Fail(absl::InternalError("an exception of unknown type"), error);
   }
 }
 
@@ -122,6 +128,7 @@ int64_t pstrain_variable_dim(const pstrain_session* s, int v, int d) {
 int pstrain_pull(pstrain_session* s, float* const* dst, int n, int* finished, int64_t* step,
                  char** error) {
   return Guard(error, [&]() -> absl::Status {
+    if (s == nullptr) return absl::InvalidArgumentError("no session (NULL)");
     if (n < 0 || (n > 0 && dst == nullptr)) return absl::InvalidArgumentError("no buffers");
     for (int v = 0; v < n; ++v) {
       if (dst[v] == nullptr) return absl::InvalidArgumentError("a null buffer");
@@ -137,6 +144,7 @@ int pstrain_push(pstrain_session* s, const float* const* src, int n, float loss,
                  int64_t cursor_epoch, int64_t cursor_position, double compute_seconds, int* end,
                  char** error) {
   return Guard(error, [&]() -> absl::Status {
+    if (s == nullptr) return absl::InvalidArgumentError("no session (NULL)");
     if (n < 0 || (n > 0 && src == nullptr)) return absl::InvalidArgumentError("no buffers");
     for (int v = 0; v < n; ++v) {
       if (src[v] == nullptr) return absl::InvalidArgumentError("a null buffer");
@@ -154,6 +162,10 @@ int pstrain_push(pstrain_session* s, const float* const* src, int n, float loss,
 }
 
 int pstrain_table_dim(const pstrain_session* s, const char* table, char** error) {
+  if (s == nullptr) {
+    Fail(absl::InvalidArgumentError("no session (NULL)"), error);
+    return -1;
+  }
   auto dim = s->session->TableDim(table == nullptr ? "" : table);
   if (!dim.ok()) {
     Fail(dim.status(), error);
@@ -165,6 +177,7 @@ int pstrain_table_dim(const pstrain_session* s, const char* table, char** error)
 int pstrain_pull_rows(pstrain_session* s, const char* table, const uint64_t* ids, int64_t n,
                       float* out, char** error) {
   return Guard(error, [&]() -> absl::Status {
+    if (s == nullptr) return absl::InvalidArgumentError("no session (NULL)");
     if (table == nullptr || n < 0 || (n > 0 && (ids == nullptr || out == nullptr))) {
       return absl::InvalidArgumentError("no table, ids or output");
     }
@@ -175,6 +188,7 @@ int pstrain_pull_rows(pstrain_session* s, const char* table, const uint64_t* ids
 int pstrain_push_rows(pstrain_session* s, const char* table, const uint64_t* ids, int64_t n,
                       const float* grads, char** error) {
   return Guard(error, [&]() -> absl::Status {
+    if (s == nullptr) return absl::InvalidArgumentError("no session (NULL)");
     if (table == nullptr || n < 0 || (n > 0 && (ids == nullptr || grads == nullptr))) {
       return absl::InvalidArgumentError("no table, ids or gradients");
     }
@@ -185,6 +199,7 @@ int pstrain_push_rows(pstrain_session* s, const char* table, const uint64_t* ids
 int pstrain_report_eval(pstrain_session* s, const char* const* names, const double* values, int n,
                         int64_t step, int64_t examples, char** error) {
   return Guard(error, [&]() -> absl::Status {
+    if (s == nullptr) return absl::InvalidArgumentError("no session (NULL)");
     if (n <= 0 || names == nullptr || values == nullptr) {
       return absl::InvalidArgumentError("an evaluation of no metrics");
     }

@@ -12,7 +12,9 @@
  * order, each variable's whole tensor; the session never keeps a pointer
  * past the call.
  *
- * A session belongs to one thread at a time; one session per process.
+ * A session belongs to one thread at a time; one session per process. A
+ * NULL session is refused (INVALID_ARGUMENT) by the calls that return a
+ * code; the accessors take a session pstrain_open returned.
  */
 #ifndef PSTRAIN_WORKER_C_API_H_
 #define PSTRAIN_WORKER_C_API_H_

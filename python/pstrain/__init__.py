@@ -4,11 +4,13 @@ pstrain.Session (pstrain/session.py) is the worker side over libpstrain.so
 (registration, pulls, pushes, embedding rows, progress); pstrain.torch puts
 a PyTorch nn.Module on it. Guide: docs/pytorch.md.
 """
-from .session import (DeadlineExceededError, Error, FailedPreconditionError,
-                      InvalidArgumentError, PermissionDeniedError, Session,
-                      UnauthenticatedError, UnavailableError, Variable)
+from .session import (CancelledError, DeadlineExceededError, Error, FailedPreconditionError,
+                      InvalidArgumentError, NotFoundError, PermissionDeniedError,
+                      ResourceExhaustedError, Session, UnauthenticatedError, UnavailableError,
+                      Variable)
 from .safetensors import write_safetensors
 
 __all__ = ["Session", "Variable", "Error", "InvalidArgumentError", "UnauthenticatedError",
            "PermissionDeniedError", "UnavailableError", "DeadlineExceededError",
-           "FailedPreconditionError", "write_safetensors"]
+           "FailedPreconditionError", "NotFoundError", "ResourceExhaustedError",
+           "CancelledError", "write_safetensors"]

@@ -21,7 +21,8 @@ from . import _native
 
 __all__ = ["Session", "Variable", "Error", "InvalidArgumentError", "UnauthenticatedError",
            "PermissionDeniedError", "UnavailableError", "DeadlineExceededError",
-           "FailedPreconditionError"]
+           "FailedPreconditionError", "NotFoundError", "ResourceExhaustedError",
+           "CancelledError"]
 
 
 class Error(RuntimeError):
@@ -56,7 +57,20 @@ class UnauthenticatedError(Error, PermissionError):
     pass
 
 
-_BY_CODE = {3: InvalidArgumentError, 4: DeadlineExceededError, 7: PermissionDeniedError,
+class NotFoundError(Error, FileNotFoundError):
+    pass
+
+
+class ResourceExhaustedError(Error):
+    pass
+
+
+class CancelledError(Error):
+    pass
+
+
+_BY_CODE = {1: CancelledError, 3: InvalidArgumentError, 4: DeadlineExceededError,
+            5: NotFoundError, 7: PermissionDeniedError, 8: ResourceExhaustedError,
             9: FailedPreconditionError, 14: UnavailableError, 16: UnauthenticatedError}
 
 
@@ -90,6 +104,22 @@ class Variable:
 
     def __repr__(self):
         return f"Variable({self.name!r}, {self.shape})"
+
+
+_INT64_MAX = (1 << 63) - 1
+
+
+def _int64(what, value):
+    """`value` as an int in [0, 2**63): ctypes would wrap a larger one silently."""
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{what}: {value!r} is not an integer") from None
+    if v != value:
+        raise TypeError(f"{what}: {value!r} is not an integer")
+    if not 0 <= v <= _INT64_MAX:
+        raise ValueError(f"{what}: {v} out of range (0 to 2**63 - 1)")
+    return v
 
 
 def _worker_args():
@@ -225,10 +255,11 @@ class Session:
         restart gets it back as start_cursor). True when training is over."""
         self._live()
         held = self._fill(grads, "gradient", writable=False)  # noqa: F841 (alive until the call ends)
-        epoch, position = (int(c) for c in cursor)
+        epoch, position = (_int64(f"push: cursor[{i}]", c) for i, c in enumerate(cursor))
         end = ctypes.c_int(0)
-        _call(self._lib.pstrain_push, self._s, self._ptrs, self._n, float(loss), int(examples),
-              epoch, position, float(compute_seconds), ctypes.byref(end))
+        _call(self._lib.pstrain_push, self._s, self._ptrs, self._n, float(loss),
+              _int64("push: examples", examples), epoch, position, float(compute_seconds),
+              ctypes.byref(end))
         return bool(end.value)
 
     # -- embedding rows ----------------------------------------------------
@@ -297,7 +328,8 @@ class Session:
         c_names = (ctypes.c_char_p * n)(*names)
         c_values = (ctypes.c_double * n)(*values)
         _call(self._lib.pstrain_report_eval, self._s, c_names, c_values, n,
-              -1 if step is None else int(step), int(examples))
+              -1 if step is None else _int64("report_eval: step", step),
+              _int64("report_eval: examples", examples))
 
     # -- the end -----------------------------------------------------------
     def close(self):

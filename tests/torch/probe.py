@@ -111,6 +111,13 @@ expect_raises(TypeError, first.name,
               lambda: session.push({**grads, first.name: grads[first.name].astype(numpy.float16)},
                                    examples=1))
 expect_raises(ValueError, "1 gradients", lambda: session.push([grads[first.name]], examples=1))
+# Integers that would wrap in C: refused in Python.
+expect_raises(ValueError, "push: examples: 18446744073709551617 out of range",
+              lambda: session.push(grads, examples=2**64 + 1))
+expect_raises(ValueError, "push: cursor[1]: -1 out of range",
+              lambda: session.push(grads, examples=1, cursor=(0, -1)))
+expect_raises(TypeError, "push: examples: 1.5 is not an integer",
+              lambda: session.push(grads, examples=1.5))
 check(not session.pull(params), "the servers finished before any step")
 for k, v in initial.items():
     check(numpy.array_equal(params[k], v), f"{k} changed by a refused push")
@@ -120,7 +127,7 @@ expect_raises(pstrain.InvalidArgumentError, "loss: nan is not finite",
 expect_raises(pstrain.InvalidArgumentError, '"eval/acc"', lambda: session.report_eval({"eval/acc": 1}))
 expect_raises(pstrain.InvalidArgumentError, "at most 16",
               lambda: session.report_eval({f"m{i}": 0 for i in range(17)}))
-expect_raises(pstrain.InvalidArgumentError, "-3 examples",
+expect_raises(ValueError, "report_eval: examples: -3 out of range",
               lambda: session.report_eval({"accuracy": 0.5}, examples=-3))
 expect_raises(ValueError, "non-empty dict", lambda: session.report_eval({}))
 expect_raises(TypeError, "'x' is not a number", lambda: session.report_eval({"acc": "x"}))

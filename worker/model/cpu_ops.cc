@@ -53,10 +53,9 @@ std::string BlasCoreTypeOverride() {
 void ReexecWithFittingBlasCore(const char* program, char** argv) {
   const std::string fits = BlasCoreTypeOverride();
   if (fits.empty()) return;
-  std::fprintf(stderr,
-               "%s: OpenBLAS took this CPU for %s (a VM hiding the CPU's model?); running again "
-               "with OPENBLAS_CORETYPE=%s\n",
-               program, BlasCoreName().c_str(), fits.c_str());
+  // Said in the worker's log (its compute device line), not on stderr: a
+  // command's own output (an error, a table) stays what it is on any CPU.
+  if (::setenv(kBlasCoreReplacedEnv, BlasCoreName().c_str(), 1) != 0) return;
   if (::setenv("OPENBLAS_CORETYPE", fits.c_str(), 1) != 0) return;
   ::execv("/proc/self/exe", argv);
   std::fprintf(stderr, "%s: exec /proc/self/exe failed (%s); going on with %s's kernels\n",

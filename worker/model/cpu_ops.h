@@ -38,11 +38,14 @@ std::string BlasCoreName();
 // OPENBLAS_CORETYPE is already set.
 std::string BlasCoreTypeOverride();
 // Called first in main (before any thread starts): where
-// BlasCoreTypeOverride() names a core type, sets OPENBLAS_CORETYPE, says so
-// on stderr under `program`'s name and executes this binary again with the
-// same arguments, so that OpenBLAS loads with kernels that fit. Returns only
+// BlasCoreTypeOverride() names a core type, sets OPENBLAS_CORETYPE (and
+// kBlasCoreReplacedEnv to the core OpenBLAS had chosen, which a worker's
+// log names on its compute device line) and executes this binary again
+// with the same arguments, so that OpenBLAS loads with kernels that fit.
+// Nothing on stderr: a command's output is the same on any CPU. Returns only
 // where nothing needed doing or the exec failed (then the slow kernels stay,
 // and OpenDevice's warning says so).
+inline constexpr char kBlasCoreReplacedEnv[] = "PSTRAIN_OPENBLAS_REPLACED_CORE";
 void ReexecWithFittingBlasCore(const char* program, char** argv);
 // The same decision from its inputs: OpenBLAS's core name, the CPU's
 // features and OPENBLAS_CORETYPE's value (nullptr when unset).

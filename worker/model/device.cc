@@ -1,5 +1,6 @@
 #include "worker/model/device.h"
 
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +16,11 @@ OpenedDevice Cpu(int threads, std::string reason) {
   OpenedDevice out;
   out.backend = NewCpuBackend(threads);
   out.reason = std::move(reason);
+  if (const char* was = std::getenv(cpu::kBlasCoreReplacedEnv); was != nullptr && *was != '\0') {
+    absl::StrAppend(&out.reason, "; OpenBLAS had taken this CPU for ", was,
+                    " (a VM hiding its model?): pstrain set OPENBLAS_CORETYPE=",
+                    cpu::BlasCoreName());
+  }
   if (std::string fits = cpu::BlasCoreTypeOverride(); !fits.empty()) {
     out.warning = absl::StrCat("OpenBLAS runs its ", cpu::BlasCoreName(),
                                " kernels on a CPU that has ", fits == "SkylakeX" ? "AVX-512" : "AVX2",

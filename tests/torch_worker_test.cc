@@ -340,6 +340,46 @@ TEST_CASE("--restart=on-failure: a PyTorch worker killed with kill -9 rejoins wh
     testing::CheckSameModel(testing::FinalModel(job), want);
   }
 
+  // A server killed: restarted alone, every server rolls back to the latest
+  // checkpoint, and the PyTorch workers follow without a restart.
+  {
+    const auto [ps_dir, ps_job] = job_in("torch_ps_killed");
+    std::unique_ptr<Subprocess> ps_launch =
+        testing::SpawnLaunch(ps_job, ps_dir, {"--restart=on-failure", "--worker_cmd", worker_cmd});
+    const absl::Time until = absl::Now() + absl::Seconds(120);
+    while (ReadPointer(Env::Default(), ps_dir + "/ckpt").value_or(0) < 300 &&
+           absl::Now() < until && ps_launch->running()) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    const std::vector<int> ps1 =
+        testing::ProcessesMatching(absl::StrCat("--cluster_spec=", ps_job.spec, " --job=ps --task=1"));
+    REQUIRE(ps1.size() == 1);
+    REQUIRE(::kill(ps1[0], SIGKILL) == 0);
+    std::optional<int> ps_code = ps_launch->Wait(absl::Seconds(180));
+    if (!ps_code.has_value()) ps_launch->Stop(absl::Seconds(5));
+    const std::string ps_out = Env::Default()->ReadFile(ps_dir + "/launch.out").value_or("");
+    INFO(ps_out);
+    REQUIRE(ps_code.has_value());
+    CHECK(*ps_code == 0);
+    CHECK(ps_out.find("ps:1 exited with code 137") != std::string::npos);
+    CHECK(ps_out.find("restarting it alone, the others go on from the latest checkpoint") !=
+          std::string::npos);
+    CHECK(ps_out.find("worker:0 exited") == std::string::npos);  // no worker restarted
+    CHECK(ps_out.find("worker:1 exited") == std::string::npos);
+    for (int task : {0, 1}) {
+      const std::string log = Env::Default()
+                                  ->ReadFile(absl::StrCat(ps_job.out, "/logs/worker-", task, ".log"))
+                                  .value_or("");
+      INFO(log);
+      CHECK(log.find("the job was rolled back to step ") != std::string::npos);
+      CHECK(log.find(absl::StrCat("worker ", task, ": trained to step ", steps)) !=
+            std::string::npos);
+    }
+    // Back from the checkpoint's values, slots and step: where the run never
+    // interrupted ends.
+    testing::CheckSameModel(testing::FinalModel(ps_job), want);
+  }
+
   // Every process killed mid-run, then the run resumed from its checkpoint.
   const auto [resumed_dir, resumed] = job_in("torch_resume");
   // (The workers first: their command lines do not name the spec, and

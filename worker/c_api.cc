@@ -100,6 +100,7 @@ int pstrain_start_cursor(const pstrain_session* s, int64_t* epoch, int64_t* posi
   return 1;
 }
 int64_t pstrain_local_steps(const pstrain_session* s) { return s->session->local_steps(); }
+int pstrain_rollbacks(const pstrain_session* s) { return s->session->rollbacks(); }
 int pstrain_batch_size(const pstrain_session* s) {
   return s->session->config().data().batch_size();
 }

@@ -55,6 +55,10 @@ int64_t pstrain_start_step(const pstrain_session* s);
  * resumed run, a restarted process), else 0. */
 int pstrain_start_cursor(const pstrain_session* s, int64_t* epoch, int64_t* position);
 int64_t pstrain_local_steps(const pstrain_session* s);
+/* Rollbacks of the job this session followed (a lost server's: a pull or
+ * push that failed on it waited for the rollback and went on from its step;
+ * pstrain_start_cursor is then where the data goes on). */
+int pstrain_rollbacks(const pstrain_session* s);
 /* The per-worker batch of the config's data section. */
 int pstrain_batch_size(const pstrain_session* s);
 int64_t pstrain_max_steps(const pstrain_session* s);

@@ -10,6 +10,9 @@
 #include <optional>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/base/shutdown.h"
+#include "common/client/chief_client.h"
 #include "common/client/ps_client.h"
 #include "worker/data/partition.h"
 
@@ -31,6 +34,24 @@ struct RejoinPoint {
 // Claims `session` for worker `worker` on every server of `ps` and reads
 // where it stood.
 absl::StatusOr<RejoinPoint> ClaimSession(PsClient* ps, int worker, int32_t session, bool sync);
+
+// Waits until the chief answers, up to `timeout`; a stop ends the wait
+// (CANCELLED).
+absl::Status WaitForChief(ChiefClient* chief, absl::Duration timeout, StopSignal* stop);
+
+// After a step failed with `cause` on `registration`'s incarnation (a lost
+// server: the chief may be rolling the job back to a checkpoint): registers
+// again as the same process, which the chief answers once its rollback is
+// done, into *again (its start step and this worker's cursor are where to
+// go on from). `chief_lost`: the step failed on its report to the chief,
+// which is waited for first (as it is when it does not take the
+// registration). Returns OK to follow; CANCELLED on a stop; else `cause`,
+// where there is no rollback to follow.
+absl::Status RegisterAfterFailure(ChiefClient* chief, int worker, uint64_t fingerprint,
+                                  const RegisterWorkerResponse& registration, bool chief_lost,
+                                  absl::Duration startup_timeout, absl::Duration step_timeout,
+                                  StopSignal* stop, const absl::Status& cause,
+                                  RegisterWorkerResponse* again);
 
 }  // namespace pstrain
 

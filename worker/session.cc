@@ -98,7 +98,7 @@ absl::Status WorkerSession::Start() {
   const ClusterSpec& cluster = setup_.task.cluster;
   sync_ = IsSyncMode(config);
   step_timeout_ = absl::Milliseconds(config.rpc().step_timeout_ms());
-  const absl::Duration startup_timeout = absl::Milliseconds(config.rpc().startup_timeout_ms());
+  startup_timeout_ = absl::Milliseconds(config.rpc().startup_timeout_ms());
   // (CheckConfiguredModelFits, with the variables read and placed once.)
   ASSIGN_OR_RETURN(variables_, ModelVariables(config.model()));
   ASSIGN_OR_RETURN(placement_, Placement::Compute(variables_, cluster.num_ps(),
@@ -119,15 +119,16 @@ absl::Status WorkerSession::Start() {
   // The worker's connections (worker/trainer.h), with its settings.
   WorkerConnections connections = GrpcConnections(config, cluster, worker());
   chief_ = std::move(connections.chief);
-  RETURN_IF_ERROR(chief_->RegisterWorker(worker(), RunFingerprint(config, variables_),
-                                         startup_timeout, &registration_,
+  connect_ = std::move(connections.connect);
+  fingerprint_ = RunFingerprint(config, variables_);
+  RETURN_IF_ERROR(chief_->RegisterWorker(worker(), fingerprint_, startup_timeout_, &registration_,
                                          /*previous_incarnation=*/0, /*session=*/0, &stop_));
   LOG_INFO("registered with the chief: incarnation {:x}, starting at step {}; {} variables, {} "
            "mode",
            registration_.incarnation(), registration_.start_step(), variables_.size(),
            sync_ ? "sync" : "async");
   stats_.registered = true;
-  ps_ = connections.connect(*placement_, registration_);
+  ps_ = connect_(*placement_, registration_);
   min_versions_.assign(ps_->num_servers(), registration_.start_step());
   tally_.steps_before = registration_.local_steps_before();
   if (registration_.has_cursor()) {
@@ -162,6 +163,43 @@ absl::Status WorkerSession::Pull(absl::Span<float* const> dst, bool* finished, i
                                                    " buffers; the model has ",
                                                    variables_.size(), " variables"));
   }
+  absl::Status st = PullOnce(dst, finished, step);
+  if (st.ok()) return st;
+  // Followed, the pull reads the rolled-back values.
+  RETURN_IF_ERROR(FollowRollback(st));
+  return PullOnce(dst, finished, step);
+}
+
+absl::Status WorkerSession::FollowRollback(const absl::Status& cause) {
+  if (!MayHaveLostPeer(cause) && !absl::IsFailedPrecondition(cause) &&
+      !absl::IsAborted(cause)) {
+    return cause;
+  }
+  RegisterWorkerResponse again;
+  RETURN_IF_ERROR(RegisterAfterFailure(chief_.get(), worker(), fingerprint_, registration_,
+                                       std::exchange(chief_lost_, false), startup_timeout_,
+                                       step_timeout_, &stop_, cause, &again));
+  LOG_WARN("the job was rolled back to step {} (this worker's step had failed: {}); going on "
+           "from there",
+           again.start_step(), cause);
+  registration_ = again;
+  ps_ = connect_(*placement_, registration_);
+  min_versions_.assign(ps_->num_servers(), registration_.start_step());
+  pulled_ = PsClient::PullResult();
+  pulled_for_push_ = false;
+  steps_.clear();
+  read_step_.reset();
+  start_cursor_ = registration_.has_cursor()
+                      ? DataCursor{registration_.cursor_epoch(), registration_.cursor_position()}
+                      : DataCursor{0, 0};
+  ++rollbacks_;
+  LOG_INFO("data cursor after the rollback: epoch {}, position {}", start_cursor_->epoch,
+           start_cursor_->position);
+  return absl::OkStatus();
+}
+
+absl::Status WorkerSession::PullOnce(absl::Span<float* const> dst, bool* finished,
+                                     int64_t* step) {
   const absl::Time t0 = absl::Now();
   RETURN_IF_ERROR(ps_->PullInto(sync_ ? min_versions_ : std::vector<int64_t>(), step_timeout_,
                                 std::vector<float*>(dst.begin(), dst.end()), &pulled_));
@@ -207,8 +245,13 @@ absl::Status WorkerSession::Push(absl::Span<const float* const> src, const StepR
   // A checkpoint at the step this push completes records where the data
   // stands after this batch.
   ps_->set_data_cursor(report.cursor.epoch, report.cursor.position);
-  RETURN_IF_ERROR(
-      ps_->PushFrom(steps_, std::vector<const float*>(src.begin(), src.end()), &outcomes_));
+  if (absl::Status pushed =
+          ps_->PushFrom(steps_, std::vector<const float*>(src.begin(), src.end()), &outcomes_);
+      !pushed.ok()) {
+    // Followed, the step is dropped: the next pull reads the step rolled
+    // back to.
+    return FollowRollback(pushed);
+  }
   tally_.push += absl::Now() - t0;
   tally_.compute += absl::Seconds(report.compute_seconds);
   pulled_for_push_ = false;
@@ -217,10 +260,14 @@ absl::Status WorkerSession::Push(absl::Span<const float* const> src, const StepR
   if (tally_.local_steps % kReportEvery != 0) return absl::OkStatus();
   bool stop_requested = false;
   // A chief that stays silent fails the run on the third late report.
-  RETURN_IF_ERROR(ForgiveLateReport(SendProgress(chief_.get(), registration_, worker(),
-                                                 pulled_.versions, /*done=*/false, &tally_,
-                                                 &stop_requested),
-                                    &tally_));
+  if (absl::Status reported = ForgiveLateReport(
+          SendProgress(chief_.get(), registration_, worker(), pulled_.versions, /*done=*/false,
+                       &tally_, &stop_requested),
+          &tally_);
+      !reported.ok()) {
+    chief_lost_ = true;
+    return FollowRollback(reported);
+  }
   if (stop_requested) *end = true;
   return absl::OkStatus();
 }

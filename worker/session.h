@@ -15,9 +15,12 @@
 // versions and a push is stamped with them (the servers hold back a worker
 // that runs past the staleness bound).
 //
-// What it does not do yet: follow a rollback of the job (a step that fails
-// on a lost server returns its error; under pstrain launch
-// --restart=on-failure the process is restarted and rejoins).
+// A rollback of the job (a server lost and restarted: the chief puts every
+// server back to the latest checkpoint) is followed as the C++ trainer
+// follows it: a Pull or Push that fails on the lost server registers again,
+// waits for the rollback, and goes on from its step (a Pull then reads the
+// rolled-back values; a Push's step is dropped). rollbacks() counts them,
+// and start_cursor() is then where the data goes on.
 //
 // One session per process at a time (the credentials and transport
 // security are the process's); a session belongs to one thread at a time.
@@ -25,6 +28,7 @@
 #define PSTRAIN_WORKER_SESSION_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -68,7 +72,10 @@ class WorkerSession {
   const std::vector<VariableSpec>& variables() const { return variables_; }
   // Where the data goes on: a resumed run's checkpoint cursor, a restarted
   // process's own, or none (start at the beginning).
+  // After a rollback: the cursor this worker's data stood at in its checkpoint.
   std::optional<DataCursor> start_cursor() const { return start_cursor_; }
+  // Rollbacks of the job this session followed.
+  int rollbacks() const { return rollbacks_; }
   int64_t start_step() const { return registration_.start_step(); }
   // This worker's steps so far (a restarted process's include its earlier
   // one's).
@@ -121,6 +128,10 @@ class WorkerSession {
  private:
   WorkerSession() = default;
   absl::Status Start();
+  absl::Status PullOnce(absl::Span<float* const> dst, bool* finished, int64_t* step);
+  // A step failed with `cause`: where the job is rolling back, registers
+  // again and goes on from its step (OK); else returns `cause`.
+  absl::Status FollowRollback(const absl::Status& cause);
 
   DaemonSetup setup_;
   StopSignal stop_;
@@ -128,7 +139,13 @@ class WorkerSession {
   absl::Duration step_timeout_;
   std::vector<VariableSpec> variables_;
   std::optional<Placement> placement_;
+  absl::Duration startup_timeout_;
+  uint64_t fingerprint_ = 0;
   std::unique_ptr<ChiefClient> chief_;
+  std::function<std::unique_ptr<PsClient>(const Placement&, const RegisterWorkerResponse&)>
+      connect_;
+  bool chief_lost_ = false;  // the last report to the chief failed
+  int rollbacks_ = 0;
   std::unique_ptr<PsClient> ps_;
   RegisterWorkerResponse registration_;
   std::optional<DataCursor> start_cursor_;

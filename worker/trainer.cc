@@ -67,31 +67,6 @@ absl::Status Rejoin(PsClient* ps, int worker, int32_t session, bool sync,
   return absl::OkStatus();
 }
 
-// Waits until the chief answers, up to `timeout`; a stop ends the wait.
-absl::Status WaitForChief(ChiefClient* chief, absl::Duration timeout, StopSignal* stop) {
-  const absl::Time deadline = absl::Now() + timeout;
-  for (bool told = false;;) {
-    ChiefStatusResponse status;
-    absl::Status st = chief->GetStatus(&status);
-    if (st.ok()) {
-      if (told) LOG_INFO("the chief answers again (state: {})", status.state());
-      return absl::OkStatus();
-    }
-    if (!MayHaveLostPeer(st)) return st;
-    if (!told) {
-      LOG_WARN("the chief does not answer ({}); waiting up to {} for it to come back", st,
-               absl::FormatDuration(timeout));
-      told = true;
-    }
-    if (absl::Now() >= deadline) {
-      return absl::UnavailableError(absl::StrCat("the chief has not answered for ",
-                                                 absl::FormatDuration(timeout),
-                                                 " (rpc.startup_timeout_ms): ", st.message()));
-    }
-    if (stop->WaitFor(absl::Milliseconds(100))) return absl::CancelledError(stop->reason());
-  }
-}
-
 // The training loop over the state it keeps: set up once (device, model,
 // data, registration, client), then steps until the job is done, following
 // any rollback of the job. Lives on the worker's main thread; the
@@ -136,7 +111,6 @@ class Trainer {
                      bool* end);
   absl::Status FollowRollback(const absl::Status& cause);
   absl::Status RegisterAgain(const absl::Status& cause, RegisterWorkerResponse* again);
-  absl::Status WaitForChiefToFollow();
   void LogSummary() const;
 
   const TrainingConfig& config_;
@@ -506,52 +480,12 @@ absl::Status Trainer::Count(const Prefetcher::Batch& batch, const std::vector<in
 // The chief itself may be gone (the step failed on its report): a restarted
 // one takes the run over from its latest checkpoint. Up to the startup
 // timeout for one to answer, asking in short calls (a stop is seen).
-absl::Status Trainer::WaitForChiefToFollow() {
-  absl::Status up = WaitForChief(chief_.get(), startup_timeout_, stop_);
-  if (!up.ok() && !(absl::IsCancelled(up) && stop_->stopped())) {
-    LOG_WARN("no chief to follow ({}): the step's failure stands", up);
-  }
-  return up;
-}
-
-// Registers again on the incarnation the step failed on: the chief answers
-// once its rollback is done. Returns `cause` where there is none to follow.
+// Registers again on the incarnation the step failed on
+// (worker/rejoin.h): the chief answers once its rollback is done.
 absl::Status Trainer::RegisterAgain(const absl::Status& cause, RegisterWorkerResponse* again) {
-  bool waited = false;
-  if (chief_lost_) {
-    chief_lost_ = false;
-    waited = true;
-    if (absl::Status up = WaitForChiefToFollow(); !up.ok()) {
-      return absl::IsCancelled(up) && stop_->stopped() ? up : cause;
-    }
-  }
-  // The chief may wait up to the startup timeout for a lost server to come
-  // back, and as long again to put the checkpoint on every server.
-  const absl::Duration wait = 2 * startup_timeout_ + step_timeout_;
-  auto register_again = [&]() {
-    return chief_->RegisterWorker(options_.worker, fingerprint_, wait, again, reg_.incarnation(),
-                                  reg_.session(), stop_);
-  };
-  absl::Status st = register_again();
-  // A restarted chief may have taken the run over (the servers refused
-  // this step on its new incarnation) before any report of this worker
-  // failed: a report that only timed out, its connection to the dead
-  // chief gone silent, leaves the channel backing off from refused
-  // connects, and the call fails at once (seen with a chief's container
-  // killed, tests/k8s_test). Wait for the chief as above and ask again.
-  if (!waited && absl::IsUnavailable(st)) {
-    LOG_WARN("the chief did not take the registration ({}); waiting for it", st);
-    if (absl::Status up = WaitForChiefToFollow(); !up.ok()) {
-      return absl::IsCancelled(up) && stop_->stopped() ? up : cause;
-    }
-    st = register_again();
-  }
-  if (absl::IsCancelled(st) && stop_->stopped()) return st;
-  if (!st.ok()) {
-    LOG_WARN("no rollback to follow ({}): the step's failure stands", st);
-    return cause;
-  }
-  return absl::OkStatus();
+  const bool chief_lost = std::exchange(chief_lost_, false);
+  return RegisterAfterFailure(chief_.get(), options_.worker, fingerprint_, reg_, chief_lost,
+                              startup_timeout_, step_timeout_, stop_, cause, again);
 }
 
 // A step that failed as a lost server fails it (refused on the old

@@ -32,6 +32,7 @@ _SIGNATURES = {
     "pstrain_start_step": (_c_i64, [_c_void_p]),
     "pstrain_start_cursor": (_c_int, [_c_void_p, ctypes.POINTER(_c_i64), ctypes.POINTER(_c_i64)]),
     "pstrain_local_steps": (_c_i64, [_c_void_p]),
+    "pstrain_rollbacks": (_c_int, [_c_void_p]),
     "pstrain_batch_size": (_c_int, [_c_void_p]),
     "pstrain_max_steps": (_c_i64, [_c_void_p]),
     "pstrain_seed": (_c_u64, [_c_void_p]),

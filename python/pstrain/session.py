@@ -199,13 +199,28 @@ class Session:
         self.max_steps = lib.pstrain_max_steps(handle)
         self.seed = lib.pstrain_seed(handle)
         self.start_step = lib.pstrain_start_step(handle)
-        epoch, position = ctypes.c_int64(0), ctypes.c_int64(0)
-        has = lib.pstrain_start_cursor(handle, ctypes.byref(epoch), ctypes.byref(position))
-        # Where this worker's data goes on: (epoch, position), or None.
-        self.start_cursor = (epoch.value, position.value) if has else None
+        self.start_cursor = self._cursor()
         self.step = self.start_step
+        self._rollbacks = 0
         self._n = len(self.variables)
         self._ptrs = (ctypes.c_void_p * max(1, self._n))()
+
+    def _cursor(self):
+        """Where this worker's data goes on: (epoch, position), or None."""
+        epoch, position = ctypes.c_int64(0), ctypes.c_int64(0)
+        has = self._lib.pstrain_start_cursor(self._s, ctypes.byref(epoch),
+                                             ctypes.byref(position))
+        return (epoch.value, position.value) if has else None
+
+    @property
+    def rollbacks(self):
+        """Rollbacks of the job this session followed: a pull or push that
+        failed on a lost server waited for the chief to put every server
+        back to the latest checkpoint and went on from its step (`step`
+        goes back; `start_cursor` is where the data goes on). A loop whose
+        batches follow `step` needs nothing more; one that reads a stream
+        repositions it when this count moves."""
+        return self._rollbacks
 
     # -- buffers -----------------------------------------------------------
     def _fill(self, buffers, what, writable):
@@ -246,6 +261,7 @@ class Session:
         _call(self._lib.pstrain_pull, self._s, self._ptrs, self._n, ctypes.byref(finished),
               ctypes.byref(step))
         self.step = step.value
+        self._note_rollback()
         return bool(finished.value)
 
     def push(self, grads, loss=0.0, examples=0, cursor=(0, 0), compute_seconds=0.0):
@@ -260,7 +276,14 @@ class Session:
         _call(self._lib.pstrain_push, self._s, self._ptrs, self._n, float(loss),
               _int64("push: examples", examples), epoch, position, float(compute_seconds),
               ctypes.byref(end))
+        self._note_rollback()
         return bool(end.value)
+
+    def _note_rollback(self):
+        n = self._lib.pstrain_rollbacks(self._s)
+        if n != self._rollbacks:
+            self._rollbacks = n
+            self.start_cursor = self._cursor()
 
     # -- embedding rows ----------------------------------------------------
     def table_dim(self, table):

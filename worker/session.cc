@@ -266,7 +266,11 @@ absl::Status WorkerSession::Push(absl::Span<const float* const> src, const StepR
           &tally_);
       !reported.ok()) {
     chief_lost_ = true;
-    return FollowRollback(reported);
+    absl::Status followed = FollowRollback(reported);
+    chief_lost_ = false;
+    // (The servers finished, and then were rolled back: they start over.)
+    if (followed.ok()) *end = false;
+    return followed;
   }
   if (stop_requested) *end = true;
   return absl::OkStatus();
@@ -304,8 +308,13 @@ absl::Status WorkerSession::ReportEval(WorkerEvaluation eval) {
   if (closed_) return absl::FailedPreconditionError("the session is closed");
   if (eval.step < 0) eval.step = read_step_.value_or(registration_.start_step());
   bool ignored;  // (a stop is heard at the next push)
-  return SendProgress(chief_.get(), registration_, worker(), pulled_.versions, /*done=*/false,
-                      &tally_, &ignored, &eval);
+  absl::Status st = SendProgress(chief_.get(), registration_, worker(), pulled_.versions,
+                                 /*done=*/false, &tally_, &ignored, &eval);
+  if (st.ok() || absl::IsInvalidArgument(st)) return st;
+  // The chief late, restarting or rolling the job back: the evaluation is
+  // lost, not the worker (the next step follows any rollback).
+  LOG_WARN("the evaluation at step {} did not reach the chief: {}", eval.step, st);
+  return absl::OkStatus();
 }
 
 absl::Status WorkerSession::Close() {

@@ -20,7 +20,9 @@
 // follows it: a Pull or Push that fails on the lost server registers again,
 // waits for the rollback, and goes on from its step (a Pull then reads the
 // rolled-back values; a Push's step is dropped). rollbacks() counts them,
-// and start_cursor() is then where the data goes on.
+// and start_cursor() is then where the data goes on. PullRows and PushRows
+// do not follow one: their error stands (the process, restarted under
+// pstrain launch --restart=on-failure, rejoins).
 //
 // One session per process at a time (the credentials and transport
 // security are the process's); a session belongs to one thread at a time.
@@ -114,7 +116,8 @@ class WorkerSession {
   // TensorBoard (eval/<name>) and summary.json. eval.step < 0: the version
   // the last pull read (one that found training over reads nothing).
   // INVALID_ARGUMENT naming a bad metric (common/client/eval_report.h),
-  // nothing sent.
+  // nothing sent. An evaluation the chief does not take for another reason
+  // (late, restarting, a rollback under way) is logged and dropped: OK.
   absl::Status ReportEval(WorkerEvaluation eval);
 
   // The final report to the chief (done): this worker has finished its

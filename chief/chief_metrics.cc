@@ -54,10 +54,22 @@ class ChiefCollector : public prometheus::Collectable {
     if (s.eval_step() >= 0) {
       one("pstrain_chief_eval_step", "The step of the latest evaluation.", MetricType::Gauge,
           static_cast<double>(s.eval_step()));
-      one("pstrain_chief_eval_accuracy", "Held-out accuracy at the latest evaluation.",
-          MetricType::Gauge, s.eval_accuracy());
-      one("pstrain_chief_eval_loss", "Held-out loss at the latest evaluation.", MetricType::Gauge,
-          s.eval_loss());
+      // A worker's evaluation has them only where it named them.
+      auto reported = [&s](const std::string& name) {
+        if (s.eval_metrics_size() == 0) return true;  // the chief's own
+        for (const EvalMetric& m : s.eval_metrics()) {
+          if (m.name() == name) return true;
+        }
+        return false;
+      };
+      if (reported("accuracy")) {
+        one("pstrain_chief_eval_accuracy", "Held-out accuracy at the latest evaluation.",
+            MetricType::Gauge, s.eval_accuracy());
+      }
+      if (reported("loss")) {
+        one("pstrain_chief_eval_loss", "Held-out loss at the latest evaluation.",
+            MetricType::Gauge, s.eval_loss());
+      }
     }
     if (s.eval_metrics_size() > 0) {
       prometheus::MetricFamily reported =

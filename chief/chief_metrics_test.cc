@@ -56,6 +56,21 @@ TEST_CASE("a worker's evaluation is on /metrics, each metric by name", "[chief]"
   CHECK(Samples(families, "pstrain_chief_eval_step") == std::map<std::string, double>{{"", 30}});
   CHECK(Samples(families, "pstrain_chief_eval_accuracy") ==
         std::map<std::string, double>{{"", 0.875}});
+
+  // An evaluation without "accuracy" or "loss" (a click model's AUC): no
+  // accuracy or loss of 0 on /metrics.
+  ProgressReport auc = r;
+  auc.clear_eval();
+  auc.set_eval_step(40);
+  EvalMetric* m = auc.add_eval();
+  m->set_name("auc");
+  m->set_value(0.75);
+  REQUIRE(chief.ReportProgress(auc, &resp).ok());
+  const auto later = metrics->Collect();
+  CHECK(Samples(later, "pstrain_chief_eval_metric") ==
+        std::map<std::string, double>{{"name=auc,worker=1", 0.75}});
+  CHECK(Samples(later, "pstrain_chief_eval_accuracy").empty());
+  CHECK(Samples(later, "pstrain_chief_eval_loss").empty());
 }
 
 }  // namespace

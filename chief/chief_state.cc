@@ -472,6 +472,8 @@ void Chief::TakeEvalLocked(const ProgressReport& report) {
   e.examples = report.eval_examples();
   for (const EvalMetric& m : report.eval()) e.metrics.emplace_back(m.name(), m.value());
   eval_step_ = e.step;
+  // (GetStatus's eval_accuracy and eval_loss; 0 where the evaluation has
+  // none, and /metrics and the launch's progress line then leave them out.)
   eval_accuracy_ = static_cast<float>(e.Get("accuracy").value_or(0));
   eval_loss_ = static_cast<float>(e.Get("loss").value_or(0));
   eval_by_worker_ = true;

@@ -125,7 +125,11 @@ void DrainOutput(Task* t, bool verbose, bool* progress_shown) {
 std::string FormatProgress(const ChiefStatusResponse& s, absl::Duration elapsed) {
   std::string line = absl::StrFormat("step %d/%d", s.global_step(), s.max_steps());
   if (s.train_loss() > 0) absl::StrAppendFormat(&line, "  loss %.4f", s.train_loss());
-  if (s.eval_step() >= 0) {
+  if (s.eval_step() >= 0 && s.eval_metrics_size() > 0) {
+    // A worker's evaluation: its first metric, by name.
+    absl::StrAppendFormat(&line, "  eval %s %.4f@%d", s.eval_metrics(0).name(),
+                          s.eval_metrics(0).value(), s.eval_step());
+  } else if (s.eval_step() >= 0) {
     absl::StrAppendFormat(&line, "  eval acc %.4f@%d", s.eval_accuracy(), s.eval_step());
   }
   if (s.examples_per_sec() > 0) absl::StrAppendFormat(&line, "  %.0f ex/s", s.examples_per_sec());
@@ -252,6 +256,9 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Supervisor::Spawn(const TaskId& id,
         "PSTRAIN_WORKER_ARGS=",
         absl::StrJoin(std::vector<std::string>(so.argv.begin() + 1, so.argv.end()), "\n")));
     so.extra_env.push_back(absl::StrCat("TF_CONFIG=", WorkerTfConfig(id.index)));
+    // Its output goes through a pipe: Python would hold its prints in a
+    // buffer, out of the log until it exits (or lost if it is killed).
+    so.extra_env.push_back("PYTHONUNBUFFERED=1");
     so.argv = {"/bin/sh", "-c", options_.worker_cmd};
     // A stop or restart reaches what the shell started, not the shell alone.
     so.process_group = true;

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 extern char** environ;
 
@@ -61,7 +62,13 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(const SpawnOptions
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (::getppid() != parent) _exit(127);  // the parent died before prctl
-    if (options.process_group) ::setpgid(0, 0);
+    if (options.process_group) {
+      ::setpgid(0, 0);
+      // In a group of its own it is not the terminal's foreground: a read
+      // of the terminal would stop it (SIGTTIN). Its stdin is empty.
+      const int null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+      if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
+    }
     int out = options.capture_output ? pipe_fds[1] : file_fd;
     if (out >= 0) {
       ::dup2(out, STDOUT_FILENO);
@@ -134,22 +141,35 @@ std::optional<int> Subprocess::Wait(absl::Duration timeout) {
   } else {
     exit_code_ = 255;
   }
+  // A group whose leader exited on its own: what it left running goes too.
+  if (process_group_ && !stopping_) EndGroup(absl::InfinitePast());
   return exit_code_;
 }
 
 int Subprocess::Stop(absl::Duration grace) {
   if (!running()) return *exit_code_;
+  const absl::Time grace_end = absl::Now() + grace;
+  stopping_ = true;  // (Wait leaves the group to the grace below)
   Signal(SIGTERM);
   std::optional<int> code = Wait(grace);
   if (!code.has_value()) {
     Signal(SIGKILL);
     code = Wait(absl::Seconds(10));
   }
-  // The leader is gone; a member of its group that outlived it (one that
-  // ignored SIGTERM) is not left behind. (The group's id stays taken while
-  // any member lives, so this reaches no other process.)
-  if (process_group_) ::kill(-pid_, SIGKILL);
+  stopping_ = false;
+  // The leader is gone; the rest of its group has what is left of the
+  // grace to end on SIGTERM, then is killed: none is left behind.
+  if (process_group_) EndGroup(grace_end);
   return code.value_or(255);
+}
+
+void Subprocess::EndGroup(absl::Time deadline) {
+  // (The group's id stays taken while any member lives, so these signals
+  // reach no other process.)
+  while (::kill(-pid_, 0) == 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ::kill(-pid_, SIGKILL);
 }
 
 }  // namespace pstrain

@@ -28,7 +28,8 @@ struct SpawnOptions {
   // The child leads a process group of its own, and Signal and Stop reach
   // the whole group: a shell command's own children (`sh -c "cd d &&
   // python train.py"`) are signalled with it, and none is left running
-  // once the shell is stopped.
+  // once the shell is stopped or has exited. Its stdin is /dev/null (not
+  // the terminal's foreground group, a read there would stop it).
   bool process_group = false;
 };
 
@@ -53,8 +54,8 @@ class Subprocess {
   // daemon's clean stop on SIGTERM is).
   bool killed_by_signal() const { return killed_by_signal_; }
   // SIGTERM, then SIGKILL after `grace`; always reaps. Returns the exit code.
-  // With a process group, what is left of the group once its leader exited
-  // is killed too.
+  // With a process group, the group's other members have what is left of
+  // `grace` after the leader exited, then are killed.
   int Stop(absl::Duration grace);
   void CloseOutput();
 
@@ -66,6 +67,9 @@ class Subprocess {
   std::optional<int> exit_code_;
   bool killed_by_signal_ = false;
   bool process_group_ = false;
+  bool stopping_ = false;  // in Stop
+  // Waits until the group has no member or `deadline`, then kills what is left.
+  void EndGroup(absl::Time deadline);
 };
 
 }  // namespace pstrain

@@ -122,6 +122,26 @@ TEST_CASE("a process group member that ignores SIGTERM is killed once its shell 
   CHECK_FALSE(Alive(child));
 }
 
+TEST_CASE("what a process group's shell left running when it exited goes with it; its stdin is "
+          "empty", "[subprocess]") {
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", "sleep 300 >/dev/null 2>&1 & echo $!; read line; echo \"read: $?\""};
+  o.capture_output = true;
+  o.process_group = true;
+  auto p = Subprocess::Spawn(o);
+  REQUIRE(p.ok());
+  std::string out;
+  char buf[64];
+  ssize_t n;
+  while ((n = ::read((*p)->output_fd(), buf, sizeof(buf))) > 0) out.append(buf, n);
+  const pid_t child = std::stoi(out);
+  CHECK(out.find("read: 1") != std::string::npos);  // end of file at once
+  CHECK((*p)->Wait(absl::Seconds(10)).value_or(-1) == 0);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (Alive(child) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  CHECK_FALSE(Alive(child));
+}
+
 TEST_CASE("a missing executable is a clear error", "[subprocess]") {
   auto p = Subprocess::Spawn({{"/nonexistent/binary"}});
   CHECK(absl::IsNotFound(p.status()));

@@ -5,6 +5,7 @@ the order of their data, common/storage/safetensors_reader.h)."""
 import json
 import os
 import struct
+import tempfile
 
 import numpy
 
@@ -34,12 +35,24 @@ def write_safetensors(path, tensors, metadata=None):
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * ((8 - len(text) % 8) % 8)
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for _, a in arrays:
-            f.write(a.astype("<f4", copy=False).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    # A temporary file of its own beside `path` (two writers, e.g. every
+    # worker of a launch writing the same file, never share one), made
+    # without following a link planted at its name.
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(struct.pack("<Q", len(text)))
+            f.write(text)
+            for _, a in arrays:
+                f.write(a.astype("<f4", copy=False).tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -361,6 +361,8 @@ class Session:
         if self._s is None:
             return
         handle, self._s = self._s, None
+        if os.getpid() != self._pid:
+            return  # a forked child: the session is its parent's
         _call(self._lib.pstrain_close, handle)
 
     def abandon(self):

@@ -103,18 +103,19 @@ class EmbeddingBag(torch.nn.Module):
         if torch.is_grad_enabled():  # (an evaluation under no_grad pushes nothing)
             rows.requires_grad_(True)
             self._pending.append((unique, rows))
-        offsets = torch.as_tensor(offsets, dtype=torch.int64)
-        index = torch.from_numpy(inverse.astype(numpy.int64).reshape(-1))
-        return torch.nn.functional.embedding_bag(index, rows, offsets, mode=self.mode)
+        # Computed where the offsets are (a CUDA module's device): the rows
+        # go up, their gradient comes back to the host leaf.
+        device = offsets.device if isinstance(offsets, torch.Tensor) else torch.device("cpu")
+        offsets = torch.as_tensor(offsets, dtype=torch.int64, device=device)
+        index = torch.from_numpy(inverse.astype(numpy.int64).reshape(-1)).to(device)
+        return torch.nn.functional.embedding_bag(index, rows.to(device), offsets, mode=self.mode)
 
     def _take(self):
         """(ids, row gradients) of every forward since the last push."""
         pending, self._pending = self._pending, []
-        out = []
-        for unique, rows in pending:
-            grad = rows.grad
-            out.append((unique, (grad if grad is not None else torch.zeros_like(rows)).numpy()))
-        return out
+        # Rows that got no gradient (a forward whose output the loss did not
+        # use) are not pushed: a zero gradient still moves Adam's state.
+        return [(unique, rows.grad.numpy()) for unique, rows in pending if rows.grad is not None]
 
 
 def _push_rows(session, bags):
@@ -172,8 +173,8 @@ class DistributedModule:
         self._grad = [None] * len(self._params)
         self._staged = [False] * len(self._params)
         # The host-to-device copies of the last pull, still reading the
-        # pinned buffers the next pull writes (a CUDA event), or None.
-        self._copied = None
+        # pinned buffers the next pull writes (a CUDA event per device).
+        self._copied = []
         self._bind()
 
     def _bind(self):
@@ -215,27 +216,29 @@ class DistributedModule:
     def pull(self):
         """The servers' parameters into the module. True when training is
         over (the servers reached max_steps; the module is unchanged)."""
-        if self._copied is not None:
-            # The last pull's copies out of the pinned buffers have finished
-            # before this one overwrites them.
-            self._copied.synchronize()
-            self._copied = None
+        # The last pull's copies out of the pinned buffers have finished
+        # before this one overwrites them.
+        for event in self._copied:
+            event.synchronize()
+        self._copied = []
         self._bind()
         for bag in self._bags:  # (a step abandoned before its push)
             bag._pending.clear()
         if self.session.pull(self._pull):
             return True
-        on_cuda = False
+        devices = set()
         with torch.no_grad():
             for p, buf, staged in zip(self._params, self._pull, self._staged):
                 if staged:
                     # Asynchronous from pinned memory, ordered before the
-                    # forward on the current stream.
+                    # forward on the device's current stream.
                     p.copy_(buf.view(p.shape), non_blocking=True)
-                    on_cuda = on_cuda or p.device.type == "cuda"
-        if on_cuda:
-            self._copied = torch.cuda.Event()
-            self._copied.record()
+                    if p.device.type == "cuda":
+                        devices.add(p.device)
+        for device in devices:  # an event on each device's stream
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            self._copied.append(event)
         return False
 
     def push(self, loss=0.0, examples=0, cursor=(0, 0), compute_seconds=0.0):

@@ -44,6 +44,8 @@ def check(cond, what):
 
 
 variables_file = sys.argv[1]
+# pstrain launch --worker_cmd: prints reach the log as they are made.
+check(os.environ.get("PYTHONUNBUFFERED") == "1", "PYTHONUNBUFFERED is not 1 in a worker_cmd")
 args = [a for a in os.environ["PSTRAIN_WORKER_ARGS"].split("\n") if a]
 
 # No credentials: the chief refuses the registration.

@@ -105,7 +105,9 @@ Subprocess::~Subprocess() {
 }
 
 void Subprocess::Signal(int sig) {
-  if (running()) ::kill(process_group_ ? -pid_ : pid_, sig);
+  if (!running()) return;
+  if (sig == SIGTERM && term_sent_at_ == absl::InfiniteFuture()) term_sent_at_ = absl::Now();
+  ::kill(process_group_ ? -pid_ : pid_, sig);
 }
 
 void Subprocess::CloseOutput() {
@@ -141,8 +143,13 @@ std::optional<int> Subprocess::Wait(absl::Duration timeout) {
   } else {
     exit_code_ = 255;
   }
-  // A group whose leader exited on its own: what it left running goes too.
-  if (process_group_ && !stopping_) EndGroup(absl::InfinitePast());
+  // A group whose leader exited: what it left running goes too, at once
+  // where it exited on its own, after the grace where it was asked to stop
+  // (a script's SIGTERM handler may outlive the shell that ran it).
+  if (process_group_ && !stopping_) {
+    EndGroup(term_sent_at_ == absl::InfiniteFuture() ? absl::InfinitePast()
+                                                    : term_sent_at_ + kGroupGrace);
+  }
   return exit_code_;
 }
 

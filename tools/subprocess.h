@@ -44,7 +44,9 @@ class Subprocess {
   int output_fd() const { return output_fd_; }  // -1 unless capturing
   int pidfd() const { return pidfd_; }          // readable once the child exits
   bool running() const { return !exit_code_.has_value(); }
-  // To the child (its whole group with SpawnOptions::process_group).
+  // To the child (its whole group with SpawnOptions::process_group). Once
+  // a group's leader is reaped after a SIGTERM, the rest of the group has
+  // kGroupGrace from that SIGTERM, then is killed.
   void Signal(int sig);
   // Waits up to `timeout` for the child to exit. Returns its exit code
   // (128 + signal number when killed by a signal) or nullopt if still running.
@@ -68,6 +70,10 @@ class Subprocess {
   bool killed_by_signal_ = false;
   bool process_group_ = false;
   bool stopping_ = false;  // in Stop
+  absl::Time term_sent_at_ = absl::InfiniteFuture();  // the first SIGTERM's
+  // What a group's other members have after a SIGTERM, once the leader is
+  // gone (pstrain launch's StopAll grace).
+  static constexpr absl::Duration kGroupGrace = absl::Seconds(5);
   // Waits until the group has no member or `deadline`, then kills what is left.
   void EndGroup(absl::Time deadline);
 };

@@ -142,6 +142,27 @@ TEST_CASE("what a process group's shell left running when it exited goes with it
   CHECK_FALSE(Alive(child));
 }
 
+TEST_CASE("a process group member handling SIGTERM gets its grace after the shell is gone",
+          "[subprocess]") {
+  // The member takes 0.3 s to leave on SIGTERM, and says so; the shell
+  // leaves at once.
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c",
+            "(trap 'sleep 0.3; echo member done; exit 0' TERM; sleep 300 & wait) & wait"};
+  o.capture_output = true;
+  o.process_group = true;
+  auto p = Subprocess::Spawn(o);
+  REQUIRE(p.ok());
+  absl::SleepFor(absl::Milliseconds(300));  // (the traps set)
+  (*p)->Signal(SIGTERM);
+  REQUIRE((*p)->Wait(absl::Seconds(10)).has_value());
+  std::string out;
+  char buf[64];
+  ssize_t n;
+  while ((n = ::read((*p)->output_fd(), buf, sizeof(buf))) > 0) out.append(buf, n);
+  CHECK(out == "member done\n");
+}
+
 TEST_CASE("a missing executable is a clear error", "[subprocess]") {
   auto p = Subprocess::Spawn({{"/nonexistent/binary"}});
   CHECK(absl::IsNotFound(p.status()));

@@ -13,6 +13,34 @@
 namespace pstrain {
 namespace {
 
+// The child's captured output: to its end, or up to its first newline.
+std::string ReadOutput(Subprocess* p, bool first_line = false) {
+  std::string out;
+  char buf[256];
+  ssize_t n;
+  while (!(first_line && out.find('\n') != std::string::npos) &&
+         (n = ::read(p->output_fd(), buf, sizeof(buf))) > 0) {
+    out.append(buf, n);
+  }
+  return out;
+}
+
+// Whether `pid` still runs (a zombie waiting for init to reap it does not).
+bool Alive(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z';
+}
+
+// Whether `pid` ends (or is a zombie) within `timeout`.
+bool GoneWithin(pid_t pid, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (Alive(pid) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
+  return !Alive(pid);
+}
+
 TEST_CASE("a child's exit code is returned", "[subprocess]") {
   auto p = Subprocess::Spawn({{"/bin/sh", "-c", "exit 3"}});
   REQUIRE(p.ok());
@@ -27,10 +55,7 @@ TEST_CASE("output can be captured through a pipe", "[subprocess]") {
   o.capture_output = true;
   auto p = Subprocess::Spawn(o);
   REQUIRE(p.ok());
-  std::string out;
-  char buf[256];
-  ssize_t n;
-  while ((n = ::read((*p)->output_fd(), buf, sizeof(buf))) > 0) out.append(buf, n);
+  const std::string out = ReadOutput(p->get());
   CHECK(out == "hello\nerr\n");
   CHECK((*p)->Wait(absl::Seconds(10)).value_or(-1) == 0);
 }
@@ -46,10 +71,7 @@ TEST_CASE("extra_env wins over an inherited variable of the same name", "[subpro
   o.capture_output = true;
   auto p = Subprocess::Spawn(o);
   REQUIRE(p.ok());
-  std::string out;
-  char buf[256];
-  ssize_t n;
-  while ((n = ::read((*p)->output_fd(), buf, sizeof(buf))) > 0) out.append(buf, n);
+  const std::string out = ReadOutput(p->get());
   CHECK(out == "1\nmine kept\n");
   CHECK((*p)->Wait(absl::Seconds(10)).value_or(-1) == 0);
   ::unsetenv("PSTRAIN_SUBPROCESS_TEST");
@@ -65,15 +87,6 @@ TEST_CASE("wait has a deadline and stop kills a stubborn child", "[subprocess]")
   CHECK_FALSE((*p)->running());
 }
 
-// Whether `pid` still runs (a zombie waiting for init to reap it does not).
-bool Alive(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  const size_t paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'Z';
-}
-
 TEST_CASE("a process group's shell and the command it runs are stopped together",
           "[subprocess]") {
   // The shell runs its command as a child (not the last command: no exec).
@@ -83,20 +96,12 @@ TEST_CASE("a process group's shell and the command it runs are stopped together"
   o.process_group = true;
   auto p = Subprocess::Spawn(o);
   REQUIRE(p.ok());
-  std::string out;
-  char buf[64];
-  ssize_t n;
-  while (out.find('\n') == std::string::npos &&
-         (n = ::read((*p)->output_fd(), buf, sizeof(buf))) > 0) {
-    out.append(buf, n);
-  }
+  const std::string out = ReadOutput(p->get(), /*first_line=*/true);
   const pid_t child = std::stoi(out);
   CHECK(::getpgid(child) == (*p)->pid());
   CHECK(Alive(child));
   CHECK((*p)->Stop(absl::Seconds(5)) == 128 + SIGTERM);
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (Alive(child) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
-  CHECK_FALSE(Alive(child));
+  CHECK(GoneWithin(child, absl::Seconds(10)));
 }
 
 TEST_CASE("a process group member that ignores SIGTERM is killed once its shell is gone",
@@ -107,19 +112,11 @@ TEST_CASE("a process group member that ignores SIGTERM is killed once its shell 
   o.process_group = true;
   auto p = Subprocess::Spawn(o);
   REQUIRE(p.ok());
-  std::string out;
-  char buf[64];
-  ssize_t n;
-  while (out.find('\n') == std::string::npos &&
-         (n = ::read((*p)->output_fd(), buf, sizeof(buf))) > 0) {
-    out.append(buf, n);
-  }
+  const std::string out = ReadOutput(p->get(), /*first_line=*/true);
   const pid_t child = std::stoi(out);
   CHECK(Alive(child));
   (*p)->Stop(absl::Seconds(5));
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (Alive(child) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
-  CHECK_FALSE(Alive(child));
+  CHECK(GoneWithin(child, absl::Seconds(10)));
 }
 
 TEST_CASE("what a process group's shell left running when it exited goes with it; its stdin is "
@@ -130,16 +127,11 @@ TEST_CASE("what a process group's shell left running when it exited goes with it
   o.process_group = true;
   auto p = Subprocess::Spawn(o);
   REQUIRE(p.ok());
-  std::string out;
-  char buf[64];
-  ssize_t n;
-  while ((n = ::read((*p)->output_fd(), buf, sizeof(buf))) > 0) out.append(buf, n);
+  const std::string out = ReadOutput(p->get());
   const pid_t child = std::stoi(out);
   CHECK(out.find("read: 1") != std::string::npos);  // end of file at once
   CHECK((*p)->Wait(absl::Seconds(10)).value_or(-1) == 0);
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (Alive(child) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(10));
-  CHECK_FALSE(Alive(child));
+  CHECK(GoneWithin(child, absl::Seconds(10)));
 }
 
 TEST_CASE("a process group member handling SIGTERM gets its grace after the shell is gone",
@@ -156,10 +148,7 @@ TEST_CASE("a process group member handling SIGTERM gets its grace after the shel
   absl::SleepFor(absl::Milliseconds(300));  // (the traps set)
   (*p)->Signal(SIGTERM);
   REQUIRE((*p)->Wait(absl::Seconds(10)).has_value());
-  std::string out;
-  char buf[64];
-  ssize_t n;
-  while ((n = ::read((*p)->output_fd(), buf, sizeof(buf))) > 0) out.append(buf, n);
+  const std::string out = ReadOutput(p->get());
   CHECK(out == "member done\n");
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
@@ -463,6 +464,14 @@ std::optional<double> Chief::WorkerEval::Get(const std::string& name) const {
     if (n == name) return v;
   }
   return std::nullopt;
+}
+
+std::string Chief::WorkerEval::MetricsLine() const {
+  std::string line;
+  for (const auto& [name, value] : metrics) {
+    absl::StrAppendFormat(&line, "%s%s %.4f", line.empty() ? "" : ", ", name, value);
+  }
+  return line;
 }
 
 void Chief::TakeEvalLocked(const ProgressReport& report) {

@@ -70,6 +70,8 @@ class Chief {
     int64_t examples = 0;
     std::vector<std::pair<std::string, double>> metrics;  // in the report's order
     std::optional<double> Get(const std::string& name) const;
+    // "accuracy 0.9663, loss 0.0990": the log's and the summary's line.
+    std::string MetricsLine() const;
   };
   // The evaluations reported since the last call, oldest first: the
   // driver logs them and writes them to TensorBoard. At most

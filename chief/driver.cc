@@ -236,13 +236,9 @@ void Driver::RecordWorkerEvals() {
   int64_t dropped = 0;
   for (const Chief::WorkerEval& e : chief_->TakeWorkerEvals(&dropped)) {
     std::vector<std::pair<std::string, double>> scalars;
-    std::string line;
-    for (const auto& [name, value] : e.metrics) {
-      scalars.emplace_back("eval/" + name, value);
-      absl::StrAppendFormat(&line, "%s%s %.4f", line.empty() ? "" : ", ", name, value);
-    }
+    for (const auto& [name, value] : e.metrics) scalars.emplace_back("eval/" + name, value);
     LOG_INFO("step {}/{}: worker {}'s evaluation ({} examples): {}", e.step, max_steps_, e.worker,
-             e.examples, line);
+             e.examples, e.MetricsLine());
     events_.Write(e.step, scalars);
   }
   if (dropped > 0) {

@@ -15,17 +15,6 @@
 #include "nlohmann/json.hpp"
 
 namespace pstrain {
-namespace {
-
-std::string WorkerMetricsLine(const Chief::WorkerEval& e) {
-  std::string line;
-  for (const auto& [name, value] : e.metrics) {
-    absl::StrAppendFormat(&line, "%s%s %.4f", line.empty() ? "" : ", ", name, value);
-  }
-  return line;
-}
-
-}  // namespace
 
 absl::Status WriteRunOutputs(const RunContext& run, PsClient* ps, Chief* chief,
                              const Evaluation& final_eval, const std::vector<const float*>& values,
@@ -144,7 +133,7 @@ absl::Status WriteRunOutputs(const RunContext& run, PsClient* ps, Chief* chief,
                                        final_eval.result.accuracy(), final_eval.result.loss)
            : worker_eval
                ? absl::StrCat("worker ", worker_eval->worker, "'s evaluation at step ",
-                              worker_eval->step, ": ", WorkerMetricsLine(*worker_eval))
+                              worker_eval->step, ": ", worker_eval->MetricsLine())
                : absl::StrFormat("no held-out data to evaluate on, train loss %.4f",
                                  progress.train_loss()),
            model_path);

@@ -207,15 +207,13 @@ absl::Status WorkerSession::PullOnce(absl::Span<float* const> dst, bool* finishe
   *finished = pulled_.finished;
   pulled_for_push_ = !pulled_.finished;
   steps_ = pulled_.versions;
-  if (sync_ && !steps_.empty()) {
-    // One step for every server, the oldest version pulled (as the C++
-    // trainer: a server already past it drops the gradient).
-    steps_.assign(steps_.size(), *std::min_element(steps_.begin(), steps_.end()));
-  }
-  if (step != nullptr) *step = steps_.empty() ? 0 : *std::min_element(steps_.begin(), steps_.end());
-  if (!pulled_.finished && !pulled_.versions.empty()) {
-    read_step_ = *std::min_element(pulled_.versions.begin(), pulled_.versions.end());
-  }
+  const int64_t oldest =
+      steps_.empty() ? 0 : *std::min_element(steps_.begin(), steps_.end());
+  // Sync: one step for every server, the oldest version pulled (as the C++
+  // trainer: a server already past it drops the gradient).
+  if (sync_) steps_.assign(steps_.size(), oldest);
+  if (step != nullptr) *step = oldest;
+  if (!pulled_.finished && !steps_.empty()) read_step_ = oldest;
   return absl::OkStatus();
 }
 

@@ -243,9 +243,7 @@ absl::Status WorkerSession::Push(absl::Span<const float* const> src, const StepR
   // A checkpoint at the step this push completes records where the data
   // stands after this batch.
   ps_->set_data_cursor(report.cursor.epoch, report.cursor.position);
-  if (absl::Status pushed =
-          ps_->PushFrom(steps_, std::vector<const float*>(src.begin(), src.end()), &outcomes_);
-      !pushed.ok()) {
+  if (absl::Status pushed = PushAndPrefetch(src); !pushed.ok()) {
     // Followed, the step is dropped: the next pull reads the step rolled
     // back to.
     return FollowRollback(pushed);
@@ -272,6 +270,21 @@ absl::Status WorkerSession::Push(absl::Span<const float* const> src, const StepR
   }
   if (stop_requested) *end = true;
   return absl::OkStatus();
+}
+
+absl::Status WorkerSession::PushAndPrefetch(absl::Span<const float* const> src) {
+  ASSIGN_OR_RETURN(std::unique_ptr<PsClient::Push> push,
+                   ps_->StartPush(steps_, std::vector<const float*>(src.begin(), src.end())));
+  // Sync, as the C++ trainer: the next step's pull leaves with this push,
+  // and each server answers each of its calls as soon as the partitions it
+  // names are applied, while the rest of the push still travels; the next
+  // Pull takes the replies (or pulls again when they are not good for it).
+  if (sync_ && !config().rpc().sequential()) {
+    std::vector<int64_t> next(steps_.size());
+    for (size_t s = 0; s < steps_.size(); ++s) next[s] = steps_[s] + 1;
+    ps_->PrefetchPull(next, step_timeout_);
+  }
+  return push->Wait(&outcomes_);
 }
 
 absl::StatusOr<int> WorkerSession::TableDim(const std::string& table) const {

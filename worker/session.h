@@ -132,6 +132,9 @@ class WorkerSession {
   WorkerSession() = default;
   absl::Status Start();
   absl::Status PullOnce(absl::Span<float* const> dst, bool* finished, int64_t* step);
+  // The push of the step last pulled; sync (not rpc.sequential), the next
+  // step's pull leaves with it.
+  absl::Status PushAndPrefetch(absl::Span<const float* const> src);
   // A step failed with `cause`: where the job is rolling back, registers
   // again and goes on from its step (OK); else returns `cause`.
   absl::Status FollowRollback(const absl::Status& cause);

@@ -587,5 +587,52 @@ TEST_CASE("an external model's config and launch are checked before anything sta
   CHECK(r.output.find("not a float32 .safetensors file") != std::string::npos);
 }
 
+// The benchmark of docs/benchmarks.md, as a user runs it, at its smallest:
+// every setup of its table runs and prints a figure (no figure is judged
+// here: performance lives in the benchmark, not in tests).
+TEST_CASE("tools/torch_bench.py runs every setup, prints its tables and writes its CSV",
+          "[bench]") {
+  const std::string python = TorchPython();
+  if (python.empty()) return;
+  const std::string dir = testing::FreshTempDir("torch_bench");
+  const std::string csv = dir + "/bench.csv";
+  const std::vector<std::string> bench = {"/usr/bin/env",
+                                          "PSTRAIN_LIB=" + Runfile("worker/libpstrain.so"),
+                                          python,
+                                          Runfile("tools/torch_bench.py"),
+                                          "--pstrain=" + Binary("tools/pstrain"),
+                                          "--bin_dir=" + BinDir(),
+                                          "--python=" + python};
+  std::vector<std::string> argv = bench;
+  argv.insert(argv.end(), {"--models=mlp", "--reps=1", "--seconds=0.01", "--csv=" + csv});
+  CommandResult r = testing::RunCommand(argv, absl::Seconds(400));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  for (const char* line : {"784-2048-2048-10   PyTorch alone, compute only", "pstrain, PyTorch workers",
+                           "pstrain, C++ worker", "torch.distributed.rpc PS",
+                           "PyTorch workers / C++ worker", "PyTorch workers / RPC PS",
+                           "the worker's wait on pulls + pushes"}) {
+    CHECK(r.output.find(line) != std::string::npos);
+  }
+  const std::string table = Env::Default()->ReadFile(csv).value_or("");
+  INFO(table);
+  // One positive figure per setup (and the two waits).
+  for (const char* measure : {"compute", "torch1", "torch2", "cpp1", "cpp2", "rpc1", "rpc2",
+                              "wait_torch1", "wait_cpp1"}) {
+    INFO(measure);
+    const std::string prefix = absl::StrCat("mlp,", measure, ",cpu,0,");
+    const size_t at = table.find(prefix);
+    REQUIRE(at != std::string::npos);
+    CHECK(std::stod(table.substr(at + prefix.size())) > 0);
+  }
+  argv = bench;
+  argv.push_back("--models=resnet");
+  r = testing::RunCommand(argv, absl::Seconds(60));
+  INFO(r.output);
+  CHECK(r.exit_code == 2);
+  CHECK(r.output.find("--models 'resnet': a comma-separated list of cnn, mlp") !=
+        std::string::npos);
+}
+
 }  // namespace
 }  // namespace pstrain

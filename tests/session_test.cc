@@ -3,6 +3,8 @@
 // what the Python package does over ctypes, here in C++ so that the
 // sanitizer builds run it (CPython cannot load their instrumented library:
 // tests/torch_worker_test skips there).
+#include <signal.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -10,7 +12,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "catch2/catch.hpp"
+#include "common/storage/checkpoint.h"
 #include "common/storage/env.h"
 #include "common/storage/tensor_file.h"
 #include "nlohmann/json.hpp"
@@ -37,10 +41,21 @@ struct Cluster {
   std::vector<std::unique_ptr<Subprocess>> tasks;
 };
 
+// Starts parameter server `task` of `c`'s spec (again, after it was lost).
+std::unique_ptr<Subprocess> StartServer(const Cluster& c, int task) {
+  SpawnOptions so;
+  so.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + c.spec,
+             absl::StrCat("--task=", task)};
+  so.output_file = absl::StrCat(c.dir, "/ps", task, "-", c.tasks.size(), ".log");
+  auto p = Subprocess::Spawn(so);
+  REQUIRE(p.ok());
+  return std::move(*p);
+}
+
 // A chief and `ps` servers (started by hand: no secret) for an external
 // model of w [4, 3] and b [3], SGD at learning rate 0.5, `steps` sync steps
-// of 1 worker.
-Cluster StartCluster(const std::string& name, int ps, int steps) {
+// of 1 worker; `extra`: more of the config (with "DIR" for its directory).
+Cluster StartCluster(const std::string& name, int ps, int steps, const std::string& extra = "") {
   Cluster c;
   c.dir = testing::FreshTempDir(name);
   std::vector<float> w(12), b(3);
@@ -55,17 +70,10 @@ Cluster StartCluster(const std::string& name, int ps, int steps) {
       absl::StrCat("model { external { variables: \"", variables, "\" } }\n",
                    "data { batch_size: 4 }\nmax_steps: ", steps, "\n",
                    "optimizer { learning_rate: 0.5 sgd {} }\n", "output_dir: \"", c.dir,
-                   "/out\"\nrpc { startup_timeout_ms: 60000 }\n"));
+                   "/out\"\nrpc { startup_timeout_ms: 60000 }\n",
+                   absl::StrReplaceAll(extra, {{"DIR", c.dir}})));
   c.spec = testing::WriteClusterSpec(c.dir, ps, /*workers=*/1);
-  for (int i = 0; i < ps; ++i) {
-    SpawnOptions so;
-    so.argv = {Binary("ps_server/ps_server"), "--cluster_spec=" + c.spec,
-               absl::StrCat("--task=", i)};
-    so.output_file = absl::StrCat(c.dir, "/ps", i, ".log");
-    auto p = Subprocess::Spawn(so);
-    REQUIRE(p.ok());
-    c.tasks.push_back(std::move(*p));
-  }
+  for (int i = 0; i < ps; ++i) c.tasks.push_back(StartServer(c, i));
   SpawnOptions so;
   so.argv = {Binary("chief/chief"), "--cluster_spec=" + c.spec, "--config=" + c.config};
   so.output_file = c.dir + "/chief.log";
@@ -249,6 +257,101 @@ TEST_CASE("a session abandoned is not counted as done: a new process of the work
   REQUIRE(model.ok());
   // Six steps of gradient 1 at learning rate 0.5 from b = [0, 1, 2].
   CHECK(model->at("b").values() == std::vector<float>{-3.0f, -2.0f, -1.0f});
+}
+
+// A server lost and started again under a step's rows: the session follows
+// the job's rollback to the latest checkpoint (as for a pull or push of the
+// variables), and the call says the step is dropped (ABORTED); the next
+// pull reads the step rolled back to. Once under a pull of rows, once under
+// a push of their gradients.
+TEST_CASE("a rollback under a pull or push of embedding rows is followed: the step is dropped, "
+          "the next pull reads the step rolled back to") {
+  const int steps = 30;
+  Cluster c = StartCluster("session_rows_rollback", /*ps=*/2, steps,
+                           "embedding_tables { name: \"t\" dim: 2 }\n"
+                           "checkpoint { dir: \"DIR/ckpt\" every_steps: 5 }\n");
+  pstrain_session* s = Open(c);
+  REQUIRE(s != nullptr);
+  std::vector<float> w(12), b(3), gw(12, 0.0f), gb(3, 1.0f);
+  float* dst[] = {w.data(), b.data()};
+  const float* src[] = {gw.data(), gb.data()};
+  // 64 ids: rows on both servers.
+  std::vector<uint64_t> ids(64);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = 1000 + 7 * i;
+  std::vector<float> rows(2 * ids.size()), row_grads(rows.size(), 0.25f);
+  int finished = 0, end = 0;
+  int64_t step = -1;
+  char* error = nullptr;
+  // One whole step: pull, rows, their gradients, push.
+  auto train_step = [&]() {
+    REQUIRE(pstrain_pull(s, dst, 2, &finished, &step, &error) == 0);
+    REQUIRE_FALSE(finished);
+    REQUIRE(pstrain_pull_rows(s, "t", ids.data(), 64, rows.data(), &error) == 0);
+    REQUIRE(pstrain_push_rows(s, "t", ids.data(), 64, row_grads.data(), &error) == 0);
+    REQUIRE(pstrain_push(s, src, 2, 1.0f, 4, 0, step + 1, 0, &end, &error) == 0);
+  };
+  // ps:1 killed and started again once the checkpoint of step `at` is
+  // committed (the chief commits up to the step the worker's reports, every
+  // 10 steps, confirm).
+  auto lose_server = [&](int64_t at) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (ReadPointer(Env::Default(), c.dir + "/ckpt").value_or(0) < at &&
+           absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    REQUIRE(ReadPointer(Env::Default(), c.dir + "/ckpt").value_or(0) == at);
+    c.tasks[1]->Signal(SIGKILL);
+    REQUIRE(c.tasks[1]->Wait(absl::Seconds(10)).has_value());
+    c.tasks[1] = StartServer(c, 1);
+  };
+
+  for (int i = 0; i < 10; ++i) train_step();
+  // Under a pull of rows: step 10 pulled, then the server lost.
+  REQUIRE(pstrain_pull(s, dst, 2, &finished, &step, &error) == 0);
+  CHECK(step == 10);
+  lose_server(5);
+  CHECK(pstrain_pull_rows(s, "t", ids.data(), 64, rows.data(), &error) == 10);
+  std::string why = Take(error);
+  CHECK(why.find("step dropped: the job was rolled back to step 5 while this step's rows were "
+                 "pulled or pushed") != std::string::npos);
+  CHECK(pstrain_rollbacks(s) == 1);
+  // The step went with it: its push is refused, nothing of it sent.
+  CHECK(pstrain_push(s, src, 2, 1.0f, 4, 0, 11, 0, &end, &error) == 9);
+  CHECK(Take(error).find("a push without a pull before it") != std::string::npos);
+  for (int i = 0; i < 10; ++i) {
+    train_step();
+    CHECK(step == 5 + i);  // from the step rolled back to
+  }
+
+  // Under a push of row gradients: step 15 pulled, its rows read, then the
+  // server lost.
+  REQUIRE(pstrain_pull(s, dst, 2, &finished, &step, &error) == 0);
+  CHECK(step == 15);
+  REQUIRE(pstrain_pull_rows(s, "t", ids.data(), 64, rows.data(), &error) == 0);
+  lose_server(10);
+  CHECK(pstrain_push_rows(s, "t", ids.data(), 64, row_grads.data(), &error) == 10);
+  why = Take(error);
+  CHECK(why.find("step dropped: the job was rolled back to step 10") != std::string::npos);
+  CHECK(pstrain_rollbacks(s) == 2);
+  while (true) {
+    REQUIRE(pstrain_pull(s, dst, 2, &finished, &step, &error) == 0);
+    if (finished) break;
+    REQUIRE(pstrain_pull_rows(s, "t", ids.data(), 64, rows.data(), &error) == 0);
+    REQUIRE(pstrain_push_rows(s, "t", ids.data(), 64, row_grads.data(), &error) == 0);
+    REQUIRE(pstrain_push(s, src, 2, 1.0f, 4, 0, step + 1, 0, &end, &error) == 0);
+    if (end) break;
+  }
+  CHECK(pstrain_close(s, &error) == 0);
+  std::optional<int> code = c.tasks.back()->Wait(absl::Seconds(60));
+  INFO(Env::Default()->ReadFile(c.dir + "/chief.log").value_or(""));
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  for (int i = 0; i < 2; ++i) c.tasks[i]->Wait(absl::Seconds(30));
+  auto model = ReadTensorFile(Env::Default(), c.dir + "/out/model_final.pst");
+  REQUIRE(model.ok());
+  // Thirty steps of gradient 1 at learning rate 0.5 from b = [0, 1, 2]:
+  // the steps rolled back and the dropped ones counted none.
+  CHECK(model->at("b").values() == std::vector<float>{-15.0f, -14.0f, -13.0f});
 }
 
 }  // namespace

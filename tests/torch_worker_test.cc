@@ -587,6 +587,22 @@ TEST_CASE("an external model's config and launch are checked before anything sta
   CHECK(r.output.find("not a float32 .safetensors file") != std::string::npos);
 }
 
+// pstrain.torch's side of a step dropped by a rollback (tests/session_test
+// has the library's): an EmbeddingBag whose pull of rows, or a
+// DistributedModule whose push of row gradients, is told "step dropped"
+// goes on, pushes nothing of the step, and the next steps train.
+TEST_CASE("a step dropped under an EmbeddingBag's rows pushes nothing and training goes on") {
+  const std::string python = TorchPython();
+  if (python.empty()) return;
+  CommandResult r = testing::RunCommand(
+      {"/usr/bin/env", "PSTRAIN_LIB=" + Runfile("worker/libpstrain.so"), python,
+       Runfile("tests/torch/dropped_step.py")},
+      absl::Seconds(120));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("DROPPED OK") != std::string::npos);
+}
+
 // The benchmark of docs/benchmarks.md, as a user runs it, at its smallest:
 // every setup of its table runs and prints a figure (no figure is judged
 // here: performance lives in the benchmark, not in tests).

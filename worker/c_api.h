@@ -85,7 +85,9 @@ int pstrain_push(pstrain_session* s, const float* const* src, int n, float loss,
 /* An embedding table's width, or -1 (and *error) for an unknown table. */
 int pstrain_table_dim(const pstrain_session* s, const char* table, char** error);
 /* Rows of `table` for ids[0..n) into out (n x dim floats), and their
- * gradients pushed (sync: before the step's pstrain_push). */
+ * gradients pushed (sync: before the step's pstrain_push). 10 ABORTED: the
+ * job rolled back under the call, which followed it; the step is dropped
+ * (its push would be refused): pull again. */
 int pstrain_pull_rows(pstrain_session* s, const char* table, const uint64_t* ids, int64_t n,
                       float* out, char** error);
 int pstrain_push_rows(pstrain_session* s, const char* table, const uint64_t* ids, int64_t n,

@@ -302,7 +302,8 @@ absl::Status WorkerSession::PullRows(const std::string& table, absl::Span<const 
   if (!pulled_for_push_) {
     return absl::FailedPreconditionError("rows pulled outside a step: pull the variables first");
   }
-  return ps_->PullRows(table, dim, ids, sync_ ? steps_[0] : 0, step_timeout_, out);
+  absl::Status st = ps_->PullRows(table, dim, ids, sync_ ? steps_[0] : 0, step_timeout_, out);
+  return st.ok() ? st : DropStepAfter(st);
 }
 
 absl::Status WorkerSession::PushRows(const std::string& table, absl::Span<const uint64_t> ids,
@@ -312,7 +313,16 @@ absl::Status WorkerSession::PushRows(const std::string& table, absl::Span<const 
   if (!pulled_for_push_) {
     return absl::FailedPreconditionError("rows pushed outside a step: pull the variables first");
   }
-  return ps_->PushRows(table, dim, ids, grads, steps_, &row_outcomes_);
+  absl::Status st = ps_->PushRows(table, dim, ids, grads, steps_, &row_outcomes_);
+  return st.ok() ? st : DropStepAfter(st);
+}
+
+absl::Status WorkerSession::DropStepAfter(const absl::Status& cause) {
+  RETURN_IF_ERROR(FollowRollback(cause));
+  return absl::AbortedError(absl::StrCat(
+      "step dropped: the job was rolled back to step ", registration_.start_step(),
+      " while this step's rows were pulled or pushed (", cause.message(),
+      "); pull the variables again"));
 }
 
 absl::Status WorkerSession::ReportEval(WorkerEvaluation eval) {

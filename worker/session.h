@@ -20,9 +20,10 @@
 // follows it: a Pull or Push that fails on the lost server registers again,
 // waits for the rollback, and goes on from its step (a Pull then reads the
 // rolled-back values; a Push's step is dropped). rollbacks() counts them,
-// and start_cursor() is then where the data goes on. PullRows and PushRows
-// do not follow one: their error stands (the process, restarted under
-// pstrain launch --restart=on-failure, rejoins).
+// and start_cursor() is then where the data goes on. A PullRows or PushRows
+// that fails so follows it too, and returns ABORTED ("step dropped"): the
+// caller's step is gone with its rows, and the next Pull reads the step
+// rolled back to.
 //
 // One session per process at a time (the credentials and transport
 // security are the process's); a session belongs to one thread at a time.
@@ -104,7 +105,8 @@ class WorkerSession {
   // Embedding rows of `table` (the config's embedding_tables), as the C++
   // worker's bags use them: PullRows reads ids' rows into out[i * dim, ...)
   // at the step last pulled; PushRows sends their gradients for it (sync:
-  // before the step's dense Push).
+  // before the step's dense Push). ABORTED: the job rolled back under the
+  // call, which followed it; the step is dropped (Pull again).
   absl::Status PullRows(const std::string& table, absl::Span<const uint64_t> ids, float* out);
   absl::Status PushRows(const std::string& table, absl::Span<const uint64_t> ids,
                         const float* grads);
@@ -138,6 +140,11 @@ class WorkerSession {
   // A step failed with `cause`: where the job is rolling back, registers
   // again and goes on from its step (OK); else returns `cause`.
   absl::Status FollowRollback(const absl::Status& cause);
+  // A pull or push of rows failed with `cause`: where the job is rolling
+  // back, follows it and returns ABORTED ("step dropped: ..."; the step's
+  // rows and gradients are gone with it, the next Pull reads the step
+  // rolled back to); else returns `cause`.
+  absl::Status DropStepAfter(const absl::Status& cause);
 
   DaemonSetup setup_;
   StopSignal stop_;

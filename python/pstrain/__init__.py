@@ -4,7 +4,7 @@ pstrain.Session (pstrain/session.py) is the worker side over libpstrain.so
 (registration, pulls, pushes, embedding rows, progress); pstrain.torch puts
 a PyTorch nn.Module on it. Guide: docs/pytorch.md.
 """
-from .session import (CancelledError, DeadlineExceededError, Error, FailedPreconditionError,
+from .session import (AbortedError, CancelledError, DeadlineExceededError, Error, FailedPreconditionError,
                       InvalidArgumentError, NotFoundError, PermissionDeniedError,
                       ResourceExhaustedError, Session, UnauthenticatedError, UnavailableError,
                       Variable)
@@ -13,4 +13,4 @@ from .safetensors import write_safetensors
 __all__ = ["Session", "Variable", "Error", "InvalidArgumentError", "UnauthenticatedError",
            "PermissionDeniedError", "UnavailableError", "DeadlineExceededError",
            "FailedPreconditionError", "NotFoundError", "ResourceExhaustedError",
-           "CancelledError", "write_safetensors"]
+           "CancelledError", "AbortedError", "write_safetensors"]

@@ -22,7 +22,7 @@ from . import _native
 __all__ = ["Session", "Variable", "Error", "InvalidArgumentError", "UnauthenticatedError",
            "PermissionDeniedError", "UnavailableError", "DeadlineExceededError",
            "FailedPreconditionError", "NotFoundError", "ResourceExhaustedError",
-           "CancelledError"]
+           "CancelledError", "AbortedError"]
 
 
 class Error(RuntimeError):
@@ -69,9 +69,16 @@ class CancelledError(Error):
     pass
 
 
+class AbortedError(Error):
+    """pull_rows or push_rows: the job rolled back under the call (a server
+    lost and restarted), and the session followed it; the step is dropped
+    with its rows, and the next pull() reads the step rolled back to."""
+
+
 _BY_CODE = {1: CancelledError, 3: InvalidArgumentError, 4: DeadlineExceededError,
             5: NotFoundError, 7: PermissionDeniedError, 8: ResourceExhaustedError,
-            9: FailedPreconditionError, 14: UnavailableError, 16: UnauthenticatedError}
+            9: FailedPreconditionError, 10: AbortedError, 14: UnavailableError,
+            16: UnauthenticatedError}
 
 
 def _raise(code, err):
@@ -307,7 +314,8 @@ class Session:
     def pull_rows(self, table, ids, out=None):
         """The rows of `ids` (numpy.uint64) of embedding table `table`, at
         the step last pulled, into `out` ([len(ids), dim] float32; a new
-        array when None)."""
+        array when None). AbortedError: the job rolled back under the call
+        and the session followed it; the step is dropped, pull again."""
         import numpy
         self._live()
         if out is None:
@@ -318,7 +326,8 @@ class Session:
         return out
 
     def push_rows(self, table, ids, grads):
-        """The gradients of the rows of `ids` (sync: before the step's push)."""
+        """The gradients of the rows of `ids` (sync: before the step's push).
+        AbortedError: as pull_rows's (the step is dropped, pull again)."""
         self._live()
         addr = self._rows(table, ids, grads, "gradients", writable=False)
         _call(self._lib.pstrain_push_rows, self._s, table.encode(), ids.ctypes.data, len(ids),

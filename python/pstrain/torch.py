@@ -25,7 +25,7 @@ import numpy
 import torch
 
 from .safetensors import write_safetensors
-from .session import Session
+from .session import AbortedError, Session
 
 __all__ = ["DistributedModule", "EmbeddingBag", "trainable_parameters", "write_variables"]
 
@@ -79,14 +79,15 @@ class EmbeddingBag(torch.nn.Module):
                              "'sum' or 'mean'")
         self.table, self.dim, self.mode = table, int(dim), mode
         self._session = None
+        self._owner = None  # the DistributedModule bound to
         self._pending = []  # (unique ids, their rows as leaves) of forwards since the last push
 
-    def _bind(self, session):
-        dim = session.table_dim(self.table)
+    def _bind(self, owner):
+        dim = owner.session.table_dim(self.table)
         if dim != self.dim:
             raise ValueError(f"EmbeddingBag {self.table!r}: dim {self.dim}, the cluster's table "
                              f"has dim {dim}")
-        self._session = session
+        self._session, self._owner = owner.session, owner
 
     def forward(self, ids, offsets):
         if self._session is None:
@@ -99,8 +100,22 @@ class EmbeddingBag(torch.nn.Module):
             raise TypeError(f"EmbeddingBag {self.table!r}: ids must be a 1-D integer array, "
                             f"not {ids.dtype} of shape {ids.shape}")
         unique, inverse = numpy.unique(ids.astype(numpy.uint64, copy=False), return_inverse=True)
-        rows = torch.from_numpy(self._session.pull_rows(self.table, unique))
-        if torch.is_grad_enabled():  # (an evaluation under no_grad pushes nothing)
+        dropped = self._owner._dropped
+        if not dropped:
+            try:
+                rows = torch.from_numpy(self._session.pull_rows(self.table, unique))
+            except AbortedError:
+                # The job rolled back under the pull and the session followed
+                # it: the step is dropped (push() sends nothing, the next pull
+                # reads the step rolled back to). The forward goes on over
+                # zeros so that the caller's step ends as any other.
+                self._owner._dropped = dropped = True
+        if dropped:
+            # (A leaf as the rows are, so that a backward works as always;
+            # its gradient goes nowhere.)
+            rows = torch.zeros((len(unique), self.dim), dtype=torch.float32,
+                               requires_grad=torch.is_grad_enabled())
+        elif torch.is_grad_enabled():  # (an evaluation under no_grad pushes nothing)
             rows.requires_grad_(True)
             self._pending.append((unique, rows))
         # Computed where the offsets are (a CUDA module's device): the rows
@@ -167,8 +182,11 @@ class DistributedModule:
         self._params = [own[v.name] for v in self.session.variables]
         # Its embedding bags: their rows on the servers, by table.
         self._bags = [m for m in module.modules() if isinstance(m, EmbeddingBag)]
+        # A rollback the session followed under a bag's pull of rows (or
+        # the push of their gradients) drops the step.
+        self._dropped = False
         for bag in self._bags:
-            bag._bind(self.session)
+            bag._bind(self)
         self._pull = [None] * len(self._params)
         self._grad = [None] * len(self._params)
         self._staged = [False] * len(self._params)
@@ -224,6 +242,7 @@ class DistributedModule:
         self._bind()
         for bag in self._bags:  # (a step abandoned before its push)
             bag._pending.clear()
+        self._dropped = False
         if self.session.pull(self._pull):
             return True
         devices = set()
@@ -259,7 +278,18 @@ class DistributedModule:
             else:
                 grads.append(_as_variable(g))
         # (Sync: the rows join the step before the dense push.)
-        _push_rows(self.session, self._bags)
+        if not self._dropped:
+            try:
+                _push_rows(self.session, self._bags)
+            except AbortedError:
+                self._dropped = True
+        if self._dropped:
+            # The step went with a rollback: nothing of it is pushed.
+            for bag in self._bags:
+                bag._pending.clear()
+            for p in self._params:
+                p.grad = None
+            return False
         end = self.session.push(grads, loss=loss, examples=examples, cursor=cursor,
                                 compute_seconds=compute_seconds)
         for p in self._params:

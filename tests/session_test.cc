@@ -53,9 +53,11 @@ std::unique_ptr<Subprocess> StartServer(const Cluster& c, int task) {
 }
 
 // A chief and `ps` servers (started by hand: no secret) for an external
-// model of w [4, 3] and b [3], SGD at learning rate 0.5, `steps` sync steps
-// of 1 worker; `extra`: more of the config (with "DIR" for its directory).
-Cluster StartCluster(const std::string& name, int ps, int steps, const std::string& extra = "") {
+// model of w [4, 3] and b [3], `steps` sync steps of 1 worker; `extra`:
+// more of the config (with "DIR" for its directory); `optimizer`: the
+// optimizer section's fields (SGD at learning rate 0.5).
+Cluster StartCluster(const std::string& name, int ps, int steps, const std::string& extra = "",
+                     const std::string& optimizer = "learning_rate: 0.5 sgd {}") {
   Cluster c;
   c.dir = testing::FreshTempDir(name);
   std::vector<float> w(12), b(3);
@@ -69,7 +71,7 @@ Cluster StartCluster(const std::string& name, int ps, int steps, const std::stri
       c.dir + "/train.pbtxt",
       absl::StrCat("model { external { variables: \"", variables, "\" } }\n",
                    "data { batch_size: 4 }\nmax_steps: ", steps, "\n",
-                   "optimizer { learning_rate: 0.5 sgd {} }\n", "output_dir: \"", c.dir,
+                   "optimizer { ", optimizer, " }\n", "output_dir: \"", c.dir,
                    "/out\"\nrpc { startup_timeout_ms: 60000 }\n",
                    absl::StrReplaceAll(extra, {{"DIR", c.dir}})));
   c.spec = testing::WriteClusterSpec(c.dir, ps, /*workers=*/1);
@@ -352,6 +354,55 @@ TEST_CASE("a rollback under a pull or push of embedding rows is followed: the st
   // Thirty steps of gradient 1 at learning rate 0.5 from b = [0, 1, 2]:
   // the steps rolled back and the dropped ones counted none.
   CHECK(model->at("b").values() == std::vector<float>{-15.0f, -14.0f, -13.0f});
+}
+
+// optimizer.clip_global_norm, as the C++ worker applies it (on the worker,
+// before the push): the step's whole gradient, dense and rows together,
+// scaled by min(1, c / its L2 norm).
+TEST_CASE("clip_global_norm: a session scales a step's dense and row gradients together by "
+          "their global norm") {
+  const int steps = 2;
+  Cluster c = StartCluster("session_clip", /*ps=*/2, steps,
+                           "embedding_tables { name: \"t\" dim: 2 }\n",
+                           "learning_rate: 0.5 sgd {} clip_global_norm: 1");
+  pstrain_session* s = Open(c);
+  REQUIRE(s != nullptr);
+  std::vector<float> w(12), b(3), gw(12, 1.0f), gb(3, 1.0f);
+  float* dst[] = {w.data(), b.data()};
+  const float* src[] = {gw.data(), gb.data()};
+  std::vector<uint64_t> ids = {11, 12};
+  std::vector<float> rows(4), after(4), row_grads(4, 1.0f);
+  int finished = 0, end = 0;
+  int64_t step = -1;
+  char* error = nullptr;
+  // Step 0: 12 + 3 + 4 gradients of 1, a norm of sqrt(19): scaled to 1.
+  REQUIRE(pstrain_pull(s, dst, 2, &finished, &step, &error) == 0);
+  const std::vector<float> b0 = b;
+  REQUIRE(pstrain_pull_rows(s, "t", ids.data(), 2, rows.data(), &error) == 0);
+  REQUIRE(pstrain_push_rows(s, "t", ids.data(), 2, row_grads.data(), &error) == 0);
+  REQUIRE(pstrain_push(s, src, 2, 1.0f, 4, 0, 1, 0, &end, &error) == 0);
+  const double scale = 1.0 / std::sqrt(19.0);
+  REQUIRE(pstrain_pull(s, dst, 2, &finished, &step, &error) == 0);
+  REQUIRE(pstrain_pull_rows(s, "t", ids.data(), 2, after.data(), &error) == 0);
+  for (int i = 0; i < 3; ++i) CHECK(b0[i] - b[i] == Approx(0.5 * scale).epsilon(1e-5));
+  for (int i = 0; i < 4; ++i) CHECK(rows[i] - after[i] == Approx(0.5 * scale).epsilon(1e-4));
+  // Step 1: a norm under 1 is left as it is.
+  for (float& g : gw) g = 0.01f;
+  for (float& g : gb) g = 0.01f;
+  for (float& g : row_grads) g = 0.01f;
+  const std::vector<float> b1 = b;
+  REQUIRE(pstrain_push_rows(s, "t", ids.data(), 2, row_grads.data(), &error) == 0);
+  REQUIRE(pstrain_push(s, src, 2, 1.0f, 4, 0, 2, 0, &end, &error) == 0);
+  CHECK(pstrain_close(s, &error) == 0);
+  std::optional<int> code = c.tasks.back()->Wait(absl::Seconds(60));
+  INFO(Env::Default()->ReadFile(c.dir + "/chief.log").value_or(""));
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  auto model = ReadTensorFile(Env::Default(), c.dir + "/out/model_final.pst");
+  REQUIRE(model.ok());
+  for (int i = 0; i < 3; ++i) {
+    CHECK(b1[i] - model->at("b").values()[i] == Approx(0.005).epsilon(1e-4));
+  }
 }
 
 }  // namespace

@@ -98,6 +98,7 @@ absl::Status WorkerSession::Start() {
   const ClusterSpec& cluster = setup_.task.cluster;
   sync_ = IsSyncMode(config);
   step_timeout_ = absl::Milliseconds(config.rpc().step_timeout_ms());
+  clip_norm_ = config.optimizer().clip_global_norm();
   startup_timeout_ = absl::Milliseconds(config.rpc().startup_timeout_ms());
   // (CheckConfiguredModelFits, with the variables read and placed once.)
   ASSIGN_OR_RETURN(variables_, ModelVariables(config.model()));
@@ -163,6 +164,7 @@ absl::Status WorkerSession::Pull(absl::Span<float* const> dst, bool* finished, i
                                                    " buffers; the model has ",
                                                    variables_.size(), " variables"));
   }
+  held_rows_.clear();  // (a step left without its push)
   absl::Status st = PullOnce(dst, finished, step);
   if (st.ok()) return st;
   // Followed, the pull reads the rolled-back values.
@@ -187,6 +189,7 @@ absl::Status WorkerSession::FollowRollback(const absl::Status& cause) {
   min_versions_.assign(ps_->num_servers(), registration_.start_step());
   pulled_ = PsClient::PullResult();
   pulled_for_push_ = false;
+  held_rows_.clear();
   steps_.clear();
   read_step_.reset();
   start_cursor_ = registration_.has_cursor()
@@ -243,7 +246,10 @@ absl::Status WorkerSession::Push(absl::Span<const float* const> src, const StepR
   // A checkpoint at the step this push completes records where the data
   // stands after this batch.
   ps_->set_data_cursor(report.cursor.epoch, report.cursor.position);
-  if (absl::Status pushed = PushAndPrefetch(src); !pushed.ok()) {
+  std::vector<const float*> grads(src.begin(), src.end());
+  absl::Status pushed = ClipAndPushHeldRows(&grads);
+  if (pushed.ok()) pushed = PushAndPrefetch(grads);
+  if (!pushed.ok()) {
     // Followed, the step is dropped: the next pull reads the step rolled
     // back to.
     return FollowRollback(pushed);
@@ -269,6 +275,43 @@ absl::Status WorkerSession::Push(absl::Span<const float* const> src, const StepR
     return followed;
   }
   if (stop_requested) *end = true;
+  return absl::OkStatus();
+}
+
+absl::Status WorkerSession::ClipAndPushHeldRows(std::vector<const float*>* src) {
+  if (clip_norm_ <= 0) return absl::OkStatus();
+  double sum = 0;
+  for (size_t v = 0; v < src->size(); ++v) {
+    const float* g = (*src)[v];
+    for (int64_t i = 0, n = variables_[v].num_elements(); i < n; ++i) {
+      sum += static_cast<double>(g[i]) * g[i];
+    }
+  }
+  for (const HeldRows& rows : held_rows_) {
+    for (const float g : rows.grads) sum += static_cast<double>(g) * g;
+  }
+  // As the C++ trainer (Model::ClipGradientsByGlobalNorm): a norm that is
+  // not finite leaves the gradients as they are.
+  const double norm = std::sqrt(sum);
+  if (std::isfinite(norm) && norm > clip_norm_) {
+    const float scale = static_cast<float>(clip_norm_ / norm);
+    clipped_.resize(src->size());
+    for (size_t v = 0; v < src->size(); ++v) {
+      const float* g = (*src)[v];
+      clipped_[v].resize(variables_[v].num_elements());
+      for (size_t i = 0; i < clipped_[v].size(); ++i) clipped_[v][i] = g[i] * scale;
+      (*src)[v] = clipped_[v].data();
+    }
+    for (HeldRows& rows : held_rows_) {
+      for (float& g : rows.grads) g *= scale;
+    }
+  }
+  std::vector<HeldRows> held = std::move(held_rows_);
+  held_rows_.clear();
+  for (const HeldRows& rows : held) {
+    RETURN_IF_ERROR(ps_->PushRows(rows.table, rows.dim, rows.ids, rows.grads.data(), steps_,
+                                  &row_outcomes_));
+  }
   return absl::OkStatus();
 }
 
@@ -312,6 +355,13 @@ absl::Status WorkerSession::PushRows(const std::string& table, absl::Span<const 
   ASSIGN_OR_RETURN(const int dim, TableDim(table));
   if (!pulled_for_push_) {
     return absl::FailedPreconditionError("rows pushed outside a step: pull the variables first");
+  }
+  if (clip_norm_ > 0) {
+    // Held for the Push, which clips them with the dense gradients.
+    const size_t n = ids.size() * static_cast<size_t>(dim);
+    held_rows_.push_back(
+        {table, dim, std::vector<uint64_t>(ids.begin(), ids.end()), std::vector<float>(grads, grads + n)});
+    return absl::OkStatus();
   }
   absl::Status st = ps_->PushRows(table, dim, ids, grads, steps_, &row_outcomes_);
   return st.ok() ? st : DropStepAfter(st);

@@ -105,8 +105,10 @@ class WorkerSession {
   // Embedding rows of `table` (the config's embedding_tables), as the C++
   // worker's bags use them: PullRows reads ids' rows into out[i * dim, ...)
   // at the step last pulled; PushRows sends their gradients for it (sync:
-  // before the step's dense Push). ABORTED: the job rolled back under the
-  // call, which followed it; the step is dropped (Pull again).
+  // before the step's dense Push; with optimizer.clip_global_norm, held
+  // until the Push, which clips both together). ABORTED: the job rolled
+  // back under the call, which followed it; the step is dropped (Pull
+  // again).
   absl::Status PullRows(const std::string& table, absl::Span<const uint64_t> ids, float* out);
   absl::Status PushRows(const std::string& table, absl::Span<const uint64_t> ids,
                         const float* grads);
@@ -137,6 +139,10 @@ class WorkerSession {
   // The push of the step last pulled; sync (not rpc.sequential), the next
   // step's pull leaves with it.
   absl::Status PushAndPrefetch(absl::Span<const float* const> src);
+  // optimizer.clip_global_norm: scales the held rows in place and the
+  // dense gradients `src` into clipped_ (pointing *src there) where the
+  // global norm of both exceeds it, then pushes the held rows.
+  absl::Status ClipAndPushHeldRows(std::vector<const float*>* src);
   // A step failed with `cause`: where the job is rolling back, registers
   // again and goes on from its step (OK); else returns `cause`.
   absl::Status FollowRollback(const absl::Status& cause);
@@ -170,6 +176,18 @@ class WorkerSession {
   std::optional<int64_t> read_step_;  // the version the last Pull that read values read
   std::vector<int64_t> min_versions_, steps_;
   std::vector<PushOutcome> outcomes_, row_outcomes_;
+  // optimizer.clip_global_norm (0: off). On, a step's row gradients are
+  // held until its Push, which scales them with the dense gradients by the
+  // global norm of both, as the C++ trainer does, and sends the rows first.
+  float clip_norm_ = 0;
+  struct HeldRows {
+    std::string table;
+    int dim = 0;
+    std::vector<uint64_t> ids;
+    std::vector<float> grads;
+  };
+  std::vector<HeldRows> held_rows_;
+  std::vector<std::vector<float>> clipped_;  // the dense gradients, scaled
   WorkerTally tally_;
   bool closed_ = false;
 };

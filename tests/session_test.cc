@@ -54,10 +54,11 @@ std::unique_ptr<Subprocess> StartServer(const Cluster& c, int task) {
 
 // A chief and `ps` servers (started by hand: no secret) for an external
 // model of w [4, 3] and b [3], `steps` sync steps of 1 worker; `extra`:
-// more of the config (with "DIR" for its directory); `optimizer`: the
-// optimizer section's fields (SGD at learning rate 0.5).
+// more of the config (with "DIR" for its directory); `optimizer` and
+// `rpc`: the fields of those sections (SGD at learning rate 0.5).
 Cluster StartCluster(const std::string& name, int ps, int steps, const std::string& extra = "",
-                     const std::string& optimizer = "learning_rate: 0.5 sgd {}") {
+                     const std::string& optimizer = "learning_rate: 0.5 sgd {}",
+                     const std::string& rpc = "") {
   Cluster c;
   c.dir = testing::FreshTempDir(name);
   std::vector<float> w(12), b(3);
@@ -72,7 +73,7 @@ Cluster StartCluster(const std::string& name, int ps, int steps, const std::stri
       absl::StrCat("model { external { variables: \"", variables, "\" } }\n",
                    "data { batch_size: 4 }\nmax_steps: ", steps, "\n",
                    "optimizer { ", optimizer, " }\n", "output_dir: \"", c.dir,
-                   "/out\"\nrpc { startup_timeout_ms: 60000 }\n",
+                   "/out\"\nrpc { startup_timeout_ms: 60000 ", rpc, " }\n",
                    absl::StrReplaceAll(extra, {{"DIR", c.dir}})));
   c.spec = testing::WriteClusterSpec(c.dir, ps, /*workers=*/1);
   for (int i = 0; i < ps; ++i) c.tasks.push_back(StartServer(c, i));
@@ -402,6 +403,70 @@ TEST_CASE("clip_global_norm: a session scales a step's dense and row gradients t
   REQUIRE(model.ok());
   for (int i = 0; i < 3; ++i) {
     CHECK(b1[i] - model->at("b").values()[i] == Approx(0.005).epsilon(1e-4));
+  }
+}
+
+// Async, as the C++ worker: a pull sees the worker's own last push (the
+// next step's pull leaves with the push, answered once the server applied
+// it), so one worker trains as sequential SGD, value for value; with
+// rpc.async_prefetch the pull leaves a step ahead, and every push but the
+// first is one update stale.
+TEST_CASE("async: a session's pull sees its own last push; with rpc.async_prefetch every push "
+          "but the first is one update stale") {
+  const int steps = 12;
+  for (const bool prefetch : {false, true}) {
+    INFO("async_prefetch " << prefetch);
+    Cluster c = StartCluster(prefetch ? "session_async_prefetch" : "session_async", /*ps=*/2,
+                             steps, "async {}\n", "learning_rate: 0.5 sgd {}",
+                             prefetch ? "async_prefetch: true" : "");
+    pstrain_session* s = Open(c);
+    REQUIRE(s != nullptr);
+    CHECK(pstrain_sync(s) == 0);
+    std::vector<float> w(12), b(3), gw(12), gb(3);
+    float* dst[] = {w.data(), b.data()};
+    const float* src[] = {gw.data(), gb.data()};
+    int finished = 0, end = 0;
+    int64_t step = -1;
+    char* error = nullptr;
+    std::vector<float> want_w(12), want_b(3);
+    for (int i = 0; i < 12; ++i) want_w[i] = 0.25f * static_cast<float>(i) - 1.0f;
+    for (int i = 0; i < 3; ++i) want_b[i] = static_cast<float>(i);
+    int trained = 0;
+    while (trained < steps) {
+      REQUIRE(pstrain_pull(s, dst, 2, &finished, &step, &error) == 0);
+      if (finished) break;
+      if (!prefetch) {
+        CHECK(w == want_w);
+        CHECK(b == want_b);
+      }
+      for (int i = 0; i < 12; ++i) gw[i] = 0.1f * w[i] + 1.0f;
+      for (int i = 0; i < 3; ++i) gb[i] = 0.1f * b[i] - 1.0f;
+      REQUIRE(pstrain_push(s, src, 2, 1.0f, 4, 0, 4 * (trained + 1), 0, &end, &error) == 0);
+      for (int i = 0; i < 12; ++i) want_w[i] -= 0.5f * gw[i];
+      for (int i = 0; i < 3; ++i) want_b[i] -= 0.5f * gb[i];
+      ++trained;
+      if (end) break;
+    }
+    CHECK(trained == steps);
+    CHECK(pstrain_close(s, &error) == 0);
+    std::optional<int> code = c.tasks.back()->Wait(absl::Seconds(60));
+    INFO(Env::Default()->ReadFile(c.dir + "/chief.log").value_or(""));
+    REQUIRE(code.has_value());
+    CHECK(*code == 0);
+    auto summary = nlohmann::json::parse(
+        Env::Default()->ReadFile(c.dir + "/out/summary.json").value_or("{}"), nullptr, false);
+    INFO(summary.dump());
+    REQUIRE(summary["async_staleness_mean"].is_number());
+    const double staleness = summary["async_staleness_mean"].get<double>();
+    if (prefetch) {
+      CHECK(staleness == Approx(11.0 / 12.0));
+    } else {
+      CHECK(staleness == 0);
+      auto model = ReadTensorFile(Env::Default(), c.dir + "/out/model_final.pst");
+      REQUIRE(model.ok());
+      CHECK(model->at("w").values() == want_w);
+      CHECK(model->at("b").values() == want_b);
+    }
   }
 }
 

@@ -217,6 +217,12 @@ absl::Status WorkerSession::PullOnce(absl::Span<float* const> dst, bool* finishe
   if (sync_) steps_.assign(steps_.size(), oldest);
   if (step != nullptr) *step = oldest;
   if (!pulled_.finished && !steps_.empty()) read_step_ = oldest;
+  // rpc.async_prefetch: the next step's pull leaves now and travels while
+  // this step computes and pushes; the next Pull takes its replies as they
+  // are, without this step's push in them (the C++ trainer's TrainStep).
+  if (!sync_ && !pulled_.finished && config().rpc().async_prefetch()) {
+    ps_->PrefetchPull({}, step_timeout_, {}, /*as_is=*/true);
+  }
   return absl::OkStatus();
 }
 
@@ -318,14 +324,27 @@ absl::Status WorkerSession::ClipAndPushHeldRows(std::vector<const float*>* src) 
 absl::Status WorkerSession::PushAndPrefetch(absl::Span<const float* const> src) {
   ASSIGN_OR_RETURN(std::unique_ptr<PsClient::Push> push,
                    ps_->StartPush(steps_, std::vector<const float*>(src.begin(), src.end())));
-  // Sync, as the C++ trainer: the next step's pull leaves with this push,
-  // and each server answers each of its calls as soon as the partitions it
-  // names are applied, while the rest of the push still travels; the next
-  // Pull takes the replies (or pulls again when they are not good for it).
-  if (sync_ && !config().rpc().sequential()) {
+  // As the C++ trainer (Trainer::PushFirstLayers, PushRest), the next
+  // step's pull leaves with this push; the next Pull takes the replies (or
+  // pulls again when they are not good for it). Sync: each server answers
+  // each of its calls as soon as the partitions it names are applied,
+  // while the rest of the push still travels. Async (not
+  // rpc.async_prefetch, whose pull left with the last Pull): once it has
+  // applied this push (its count of this worker's pushes plus one), so the
+  // pull sees it; not before the first push this client made.
+  const bool overlap = !config().rpc().sequential();
+  if (sync_ && overlap) {
     std::vector<int64_t> next(steps_.size());
     for (size_t s = 0; s < steps_.size(); ++s) next[s] = steps_[s] + 1;
     ps_->PrefetchPull(next, step_timeout_);
+  } else if (!sync_ && overlap && !config().rpc().async_prefetch()) {
+    const std::vector<int64_t>& own = ps_->own_pushes();
+    if (!own.empty() && *std::min_element(own.begin(), own.end()) >= 0) {
+      RETURN_IF_ERROR(push->Ready(0, src.size()));
+      std::vector<int64_t> after(own.size());
+      for (size_t s = 0; s < own.size(); ++s) after[s] = own[s] + 1;
+      ps_->PrefetchPull({}, step_timeout_, after);
+    }
   }
   return push->Wait(&outcomes_);
 }

@@ -136,8 +136,9 @@ class WorkerSession {
   WorkerSession() = default;
   absl::Status Start();
   absl::Status PullOnce(absl::Span<float* const> dst, bool* finished, int64_t* step);
-  // The push of the step last pulled; sync (not rpc.sequential), the next
-  // step's pull leaves with it.
+  // The push of the step last pulled; the next step's pull leaves with it
+  // (not with rpc.sequential, nor rpc.async_prefetch's, which left with the
+  // step's Pull).
   absl::Status PushAndPrefetch(absl::Span<const float* const> src);
   // optimizer.clip_global_norm: scales the held rows in place and the
   // dense gradients `src` into clipped_ (pointing *src there) where the

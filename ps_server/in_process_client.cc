@@ -242,6 +242,10 @@ class InProcessPsClient::InProcessPush final : public PsClient::Push {
     return absl::OkStatus();
   }
 
+  void SetSource(size_t v, const float* source) override {
+    if (v < sources_.size() && !pushed_[v]) sources_[v] = source;
+  }
+
   absl::Status Wait(std::vector<PushOutcome>* outcomes) override {
     if (client_ == nullptr) return absl::FailedPreconditionError("Push::Wait after the push ended");
     InProcessPsClient* client = client_;

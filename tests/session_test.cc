@@ -470,5 +470,79 @@ TEST_CASE("async: a session's pull sees its own last push; with rpc.async_prefet
   }
 }
 
+// Gradients that leave before the push (pstrain_push_ready: the backward
+// pass is past them), as the C++ worker pushes layer by layer: the step
+// ends as a whole push would, and what would break it is refused.
+TEST_CASE("pstrain_push_ready sends a step's final gradients before its push; the step ends as "
+          "one whole push") {
+  const int steps = 4;
+  Cluster c = StartCluster("session_push_ready", /*ps=*/2, steps,
+                           "embedding_tables { name: \"t\" dim: 2 }\n");
+  pstrain_session* s = Open(c);
+  REQUIRE(s != nullptr);
+  CHECK(pstrain_push_streams(s) == 1);
+  std::vector<float> w(12), b(3), gw(12), gb(3);
+  float* dst[] = {w.data(), b.data()};
+  const float* src[] = {gw.data(), gb.data()};
+  std::vector<uint64_t> ids = {5};
+  std::vector<float> row_grads(2, 1.0f);
+  int finished = 0, end = 0;
+  int64_t step = -1;
+  char* error = nullptr;
+  const int first[] = {1};
+  const float* first_src[] = {gb.data()};
+  // Before a pull: refused.
+  CHECK(pstrain_push_ready(s, first, first_src, 1, &error) == 9);
+  CHECK(Take(error).find("gradients ready outside a step") != std::string::npos);
+  std::vector<float> want_w(12), want_b(3);
+  for (int i = 0; i < 12; ++i) want_w[i] = 0.25f * static_cast<float>(i) - 1.0f;
+  for (int i = 0; i < 3; ++i) want_b[i] = static_cast<float>(i);
+  for (int trained = 0; trained < steps; ++trained) {
+    REQUIRE(pstrain_pull(s, dst, 2, &finished, &step, &error) == 0);
+    REQUIRE_FALSE(finished);
+    CHECK(w == want_w);
+    CHECK(b == want_b);
+    for (int i = 0; i < 12; ++i) gw[i] = 0.1f * w[i] + static_cast<float>(step);
+    for (int i = 0; i < 3; ++i) gb[i] = 0.1f * b[i] - 1.0f;
+    // b's gradient first (the last layer's, as a backward pass has it).
+    REQUIRE(pstrain_push_ready(s, first, first_src, 1, &error) == 0);
+    if (trained == 1) {
+      const int bad[] = {2};
+      CHECK(pstrain_push_ready(s, bad, first_src, 1, &error) == 3);
+      CHECK(Take(error).find("variable 2 ready; the model has 2 variables") != std::string::npos);
+      // What would break the step: rows after gradients left, a new pull.
+      CHECK(pstrain_push_rows(s, "t", ids.data(), 1, row_grads.data(), &error) == 9);
+      CHECK(Take(error).find("rows pushed after some of this step's gradients left") !=
+            std::string::npos);
+      CHECK(pstrain_pull(s, dst, 2, &finished, &step, &error) == 9);
+      CHECK(Take(error).find("a pull after some of this step's gradients left") !=
+            std::string::npos);
+    }
+    REQUIRE(pstrain_push(s, src, 2, 1.0f, 4, 0, step + 1, 0, &end, &error) == 0);
+    for (int i = 0; i < 12; ++i) want_w[i] -= 0.5f * gw[i];
+    for (int i = 0; i < 3; ++i) want_b[i] -= 0.5f * gb[i];
+  }
+  CHECK(pstrain_close(s, &error) == 0);
+  std::optional<int> code = c.tasks.back()->Wait(absl::Seconds(60));
+  INFO(Env::Default()->ReadFile(c.dir + "/chief.log").value_or(""));
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+  auto model = ReadTensorFile(Env::Default(), c.dir + "/out/model_final.pst");
+  REQUIRE(model.ok());
+  CHECK(model->at("w").values() == want_w);
+  CHECK(model->at("b").values() == want_b);
+
+  // With clip_global_norm (the whole gradient first) nothing leaves early.
+  Cluster clipped = StartCluster("session_push_ready_clip", /*ps=*/1, 1, "",
+                                 "learning_rate: 0.5 sgd {} clip_global_norm: 10");
+  pstrain_session* cs = Open(clipped);
+  REQUIRE(cs != nullptr);
+  CHECK(pstrain_push_streams(cs) == 0);
+  REQUIRE(pstrain_pull(cs, dst, 2, &finished, &step, &error) == 0);
+  CHECK(pstrain_push_ready(cs, first, first_src, 1, &error) == 0);  // (the push sends it)
+  REQUIRE(pstrain_push(cs, src, 2, 1.0f, 4, 0, 1, 0, &end, &error) == 0);
+  CHECK(pstrain_close(cs, &error) == 0);
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -130,13 +130,21 @@ TEST_CASE("2 PyTorch workers of batch b end where one PyTorch process of batch 2
   const std::string variables = WriteCnnVariables(python, dir);
   const std::string config = ExternalConfig(dir, variables, 50, 16, optimizer);
   const std::string spec = testing::WriteClusterSpec(dir, /*ps=*/2, /*workers=*/2);
-  CommandResult r = Launch(spec, config, WorkerCommand(python, script));
+  // With Adam every gradient leaves during the backward pass, as it is
+  // final (a bucket of 0 bytes); with SGD the CNN's (under the default
+  // bucket of 1 MiB) leave with the push.
+  const bool streamed = optimizer.find("adam") != std::string::npos;
+  CommandResult r = Launch(spec, config,
+                           absl::StrCat(streamed ? "PSTRAIN_PUSH_BUCKET_BYTES=0 " : "",
+                                        WorkerCommand(python, script)));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   CHECK(r.output.find("worker 0: trained to step 50") != std::string::npos);
   CHECK(r.output.find("worker 1: trained to step 50") != std::string::npos);
   CHECK(r.output.find("initialised variables on 2 parameter server(s) from " + variables) !=
         std::string::npos);
+  const std::string w1 = Env::Default()->ReadFile(dir + "/out/logs/worker-1.log").value_or("");
+  CHECK((w1.find("gradients leave during the backward pass") != std::string::npos) == streamed);
 
   const std::string reference = dir + "/reference.safetensors";
   CommandResult ref = testing::RunCommand(
@@ -601,6 +609,22 @@ TEST_CASE("a step dropped under an EmbeddingBag's rows pushes nothing and traini
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("DROPPED OK") != std::string::npos);
+}
+
+// pstrain.torch's gradients that leave during the backward pass (the
+// equivalence case above runs them on a cluster): each once, final, as
+// buckets fill; a second backward pass in a step, or a gradient changed
+// after it left, refused by name.
+TEST_CASE("gradients leave during the backward pass once each, final; misuse is refused") {
+  const std::string python = TorchPython();
+  if (python.empty()) return;
+  CommandResult r = testing::RunCommand(
+      {"/usr/bin/env", "PSTRAIN_LIB=" + Runfile("worker/libpstrain.so"), python,
+       Runfile("tests/torch/overlap.py")},
+      absl::Seconds(120));
+  INFO(r.output);
+  CHECK(r.exit_code == 0);
+  CHECK(r.output.find("OVERLAP OK") != std::string::npos);
 }
 
 // The benchmark of docs/benchmarks.md, as a user runs it, at its smallest:

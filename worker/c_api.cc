@@ -162,6 +162,21 @@ int pstrain_push(pstrain_session* s, const float* const* src, int n, float loss,
   });
 }
 
+int pstrain_push_ready(pstrain_session* s, const int* vars, const float* const* src, int n,
+                       char** error) {
+  return Guard(error, [&]() -> absl::Status {
+    if (s == nullptr) return absl::InvalidArgumentError("no session (NULL)");
+    if (n < 0 || (n > 0 && (vars == nullptr || src == nullptr))) {
+      return absl::InvalidArgumentError("no buffers");
+    }
+    return s->session->PushReady(absl::MakeConstSpan(vars, n), absl::MakeConstSpan(src, n));
+  });
+}
+
+int pstrain_push_streams(const pstrain_session* s) {
+  return s->session->streams_pushes() ? 1 : 0;
+}
+
 int pstrain_table_dim(const pstrain_session* s, const char* table, char** error) {
   if (s == nullptr) {
     Fail(absl::InvalidArgumentError("no session (NULL)"), error);

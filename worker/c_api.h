@@ -9,8 +9,8 @@
  * FAILED_PRECONDITION, 14 UNAVAILABLE, 16 UNAUTHENTICATED, ...) and, when
  * `error` is not NULL, sets *error to a message naming what was wrong, to
  * be released with pstrain_free. Buffers are the caller's: float32, C
- * order, each variable's whole tensor; the session never keeps a pointer
- * past the call.
+ * order, each variable's whole tensor; the session keeps no pointer past
+ * the call (but pstrain_push_ready's, until the step's push).
  *
  * A session belongs to one thread at a time; one session per process. A
  * NULL session is refused (INVALID_ARGUMENT) by the calls that return a
@@ -25,7 +25,7 @@
 extern "C" {
 #endif
 
-#define PSTRAIN_C_API_VERSION 2
+#define PSTRAIN_C_API_VERSION 3
 
 typedef struct pstrain_session pstrain_session;
 
@@ -81,6 +81,19 @@ int pstrain_pull(pstrain_session* s, float* const* dst, int n, int* finished, in
 int pstrain_push(pstrain_session* s, const float* const* src, int n, float loss, int64_t examples,
                  int64_t cursor_epoch, int64_t cursor_position, double compute_seconds, int* end,
                  char** error);
+
+/* Variables vars[0..n) of the step last pulled have their final gradients
+ * in src[0..n) (the backward pass is past them): their calls leave now, as
+ * the C++ worker pushes layer by layer. Unlike the other calls' buffers,
+ * these must stay unchanged until the step's pstrain_push returns, which
+ * sends the rest. Does nothing where pstrain_push_streams is 0. A step's
+ * rows go before its first pstrain_push_ready. */
+int pstrain_push_ready(pstrain_session* s, const int* vars, const float* const* src, int n,
+                       char** error);
+/* 1 where pstrain_push_ready sends gradients early (sync mode; not with
+ * rpc.sequential or optimizer.clip_global_norm, which needs the whole
+ * gradient first), else 0. */
+int pstrain_push_streams(const pstrain_session* s);
 
 /* An embedding table's width, or -1 (and *error) for an unknown table. */
 int pstrain_table_dim(const pstrain_session* s, const char* table, char** error);

@@ -164,6 +164,11 @@ absl::Status WorkerSession::Pull(absl::Span<float* const> dst, bool* finished, i
                                                    " buffers; the model has ",
                                                    variables_.size(), " variables"));
   }
+  if (push_ != nullptr) {
+    return absl::FailedPreconditionError(
+        "a pull after some of this step's gradients left (PushReady) and before its push: push "
+        "the step first");
+  }
   held_rows_.clear();  // (a step left without its push)
   absl::Status st = PullOnce(dst, finished, step);
   if (st.ok()) return st;
@@ -185,6 +190,7 @@ absl::Status WorkerSession::FollowRollback(const absl::Status& cause) {
            "from there",
            again.start_step(), cause);
   registration_ = again;
+  push_.reset();  // (before its client goes)
   ps_ = connect_(*placement_, registration_);
   min_versions_.assign(ps_->num_servers(), registration_.start_step());
   pulled_ = PsClient::PullResult();
@@ -321,9 +327,46 @@ absl::Status WorkerSession::ClipAndPushHeldRows(std::vector<const float*>* src) 
   return absl::OkStatus();
 }
 
-absl::Status WorkerSession::PushAndPrefetch(absl::Span<const float* const> src) {
-  ASSIGN_OR_RETURN(std::unique_ptr<PsClient::Push> push,
-                   ps_->StartPush(steps_, std::vector<const float*>(src.begin(), src.end())));
+bool WorkerSession::streams_pushes() const {
+  return sync_ && !config().rpc().sequential() && clip_norm_ == 0;
+}
+
+absl::Status WorkerSession::PushReady(absl::Span<const int> vars,
+                                      absl::Span<const float* const> src) {
+  if (closed_) return absl::FailedPreconditionError("the session is closed");
+  if (!pulled_for_push_) {
+    return absl::FailedPreconditionError(
+        "gradients ready outside a step: pull the variables first");
+  }
+  if (vars.size() != src.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(vars.size(), " variables ready with ",
+                                                   src.size(), " gradients"));
+  }
+  for (size_t i = 0; i < vars.size(); ++i) {
+    if (vars[i] < 0 || static_cast<size_t>(vars[i]) >= variables_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("variable ", vars[i], " ready; the model has ",
+                                                     variables_.size(), " variables"));
+    }
+    if (src[i] == nullptr) return absl::InvalidArgumentError("a null gradient");
+  }
+  if (!streams_pushes()) return absl::OkStatus();  // the Push sends them
+  if (!streamed_) {
+    LOG_INFO("gradients leave during the backward pass as they are final (PushReady), as the C++ "
+             "worker pushes layer by layer");
+    streamed_ = true;
+  }
+  if (push_ == nullptr) RETURN_IF_ERROR(StartStepPush({}));
+  for (size_t i = 0; i < vars.size(); ++i) {
+    push_->SetSource(vars[i], src[i]);
+    RETURN_IF_ERROR(push_->Ready(vars[i], vars[i] + 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerSession::StartStepPush(absl::Span<const float* const> src) {
+  std::vector<const float*> sources(variables_.size(), nullptr);
+  if (!src.empty()) sources.assign(src.begin(), src.end());
+  ASSIGN_OR_RETURN(push_, ps_->StartPush(steps_, sources));
   // As the C++ trainer (Trainer::PushFirstLayers, PushRest), the next
   // step's pull leaves with this push; the next Pull takes the replies (or
   // pulls again when they are not good for it). Sync: each server answers
@@ -340,13 +383,25 @@ absl::Status WorkerSession::PushAndPrefetch(absl::Span<const float* const> src) 
   } else if (!sync_ && overlap && !config().rpc().async_prefetch()) {
     const std::vector<int64_t>& own = ps_->own_pushes();
     if (!own.empty() && *std::min_element(own.begin(), own.end()) >= 0) {
-      RETURN_IF_ERROR(push->Ready(0, src.size()));
+      RETURN_IF_ERROR(push_->Ready(0, variables_.size()));
       std::vector<int64_t> after(own.size());
       for (size_t s = 0; s < own.size(); ++s) after[s] = own[s] + 1;
       ps_->PrefetchPull({}, step_timeout_, after);
     }
   }
-  return push->Wait(&outcomes_);
+  return absl::OkStatus();
+}
+
+absl::Status WorkerSession::PushAndPrefetch(absl::Span<const float* const> src) {
+  if (push_ == nullptr) {
+    RETURN_IF_ERROR(StartStepPush(src));
+  } else {
+    // (Streamed: the variables not started yet.)
+    for (size_t v = 0; v < src.size(); ++v) push_->SetSource(v, src[v]);
+  }
+  absl::Status waited = push_->Wait(&outcomes_);
+  push_.reset();
+  return waited;
 }
 
 absl::StatusOr<int> WorkerSession::TableDim(const std::string& table) const {
@@ -374,6 +429,13 @@ absl::Status WorkerSession::PushRows(const std::string& table, absl::Span<const 
   ASSIGN_OR_RETURN(const int dim, TableDim(table));
   if (!pulled_for_push_) {
     return absl::FailedPreconditionError("rows pushed outside a step: pull the variables first");
+  }
+  if (push_ != nullptr) {
+    // (The dense gradients that left may complete the step on a server
+    // before its rows arrive.)
+    return absl::FailedPreconditionError(
+        "rows pushed after some of this step's gradients left (PushReady): push a step's rows "
+        "first");
   }
   if (clip_norm_ > 0) {
     // Held for the Push, which clips them with the dense gradients.

@@ -102,6 +102,17 @@ class WorkerSession {
   // asked to stop). Reports progress every 10 steps.
   absl::Status Push(absl::Span<const float* const> src, const StepReport& report, bool* end);
 
+  // Variables vars[i] of the step last pulled have their final gradients
+  // in src[i] (the backward pass is past them): their calls leave now, as
+  // the C++ worker pushes layer by layer. The memory must stay unchanged
+  // until the step's Push returns, which sends the rest (its src for these
+  // variables is not read again). Only where streams_pushes(); elsewhere
+  // (async, rpc.sequential, clip_global_norm, which needs the whole
+  // gradient first) nothing leaves before the Push. A step's rows must be
+  // pushed before its first PushReady.
+  absl::Status PushReady(absl::Span<const int> vars, absl::Span<const float* const> src);
+  bool streams_pushes() const;
+
   // Embedding rows of `table` (the config's embedding_tables), as the C++
   // worker's bags use them: PullRows reads ids' rows into out[i * dim, ...)
   // at the step last pulled; PushRows sends their gradients for it (sync:
@@ -136,9 +147,13 @@ class WorkerSession {
   WorkerSession() = default;
   absl::Status Start();
   absl::Status PullOnce(absl::Span<float* const> dst, bool* finished, int64_t* step);
-  // The push of the step last pulled; the next step's pull leaves with it
-  // (not with rpc.sequential, nor rpc.async_prefetch's, which left with the
-  // step's Pull).
+  // Starts the push of the step last pulled (push_) from `src` (empty:
+  // sources named later), and the next step's pull with it (not with
+  // rpc.sequential, nor rpc.async_prefetch's, which left with the step's
+  // Pull).
+  absl::Status StartStepPush(absl::Span<const float* const> src);
+  // The rest of the step's push (all of it unless PushReady started it),
+  // and its end.
   absl::Status PushAndPrefetch(absl::Span<const float* const> src);
   // optimizer.clip_global_norm: scales the held rows in place and the
   // dense gradients `src` into clipped_ (pointing *src there) where the
@@ -177,6 +192,10 @@ class WorkerSession {
   std::optional<int64_t> read_step_;  // the version the last Pull that read values read
   std::vector<int64_t> min_versions_, steps_;
   std::vector<PushOutcome> outcomes_, row_outcomes_;
+  // The step's push, from the first PushReady (or the Push) to its end
+  // (declared after ps_: it goes first).
+  std::unique_ptr<PsClient::Push> push_;
+  bool streamed_ = false;  // a PushReady sent gradients early (said once)
   // optimizer.clip_global_norm (0: off). On, a step's row gradients are
   // held until its Push, which scales them with the dense gradients by the
   // global norm of both, as the C++ trainer does, and sends the rows first.

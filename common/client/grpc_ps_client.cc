@@ -62,6 +62,9 @@ class GrpcPsClient::GrpcPush final : public PsClient::Push {
   ~GrpcPush() override { Abandon(); }
 
   absl::Status Ready(size_t first, size_t end) override;
+  void SetSource(size_t v, const float* source) override {
+    if (v < batch_->sources.size() && !batch_->pushed[v]) batch_->sources[v] = source;
+  }
   absl::Status Wait(std::vector<PushOutcome>* outcomes) override;
   // Waits for (or cancels) the calls in flight and sends nothing more.
   void Abandon();

@@ -119,6 +119,9 @@ class PsClient {
     // that their gradients are final, and returns at once. Variables already
     // started are skipped. Pushes started piecemeal are for sync servers.
     virtual absl::Status Ready(size_t first, size_t end) = 0;
+    // Names variable v's gradient memory (where StartPush had none: null),
+    // before its Ready or Wait. A variable already started keeps its own.
+    virtual void SetSource(size_t v, const float* source) = 0;
     // Sends whatever is left, waits for every call, and says what each
     // server did: outcomes[s] is APPLIED when a call completed the step (or,
     // async, the push), else ACCUMULATED, FINISHED or DROPPED_STALE. The
@@ -127,7 +130,8 @@ class PsClient {
   };
   // Starts a push of sources[v] (variable v's full gradient), stamped with
   // steps[s] for server s (the version pulled from it). The memory must stay
-  // unchanged until the push ends. FAILED_PRECONDITION while another push of
+  // unchanged until the push ends; a null source is named later
+  // (Push::SetSource), before that variable is started. FAILED_PRECONDITION while another push of
   // this client is under way.
   virtual absl::StatusOr<std::unique_ptr<Push>> StartPush(
       const std::vector<int64_t>& steps, const std::vector<const float*>& sources) = 0;

@@ -8,7 +8,7 @@ import ctypes
 import os
 import threading
 
-API_VERSION = 2
+API_VERSION = 3
 
 _lock = threading.Lock()
 _lib = None
@@ -44,6 +44,9 @@ _SIGNATURES = {
                               ctypes.POINTER(_c_int), ctypes.POINTER(_c_i64), _err]),
     "pstrain_push": (_c_int, [_c_void_p, ctypes.POINTER(_c_void_p), _c_int, _c_float, _c_i64,
                               _c_i64, _c_i64, _c_double, ctypes.POINTER(_c_int), _err]),
+    "pstrain_push_ready": (_c_int, [_c_void_p, ctypes.POINTER(_c_int), ctypes.POINTER(_c_void_p),
+                                    _c_int, _err]),
+    "pstrain_push_streams": (_c_int, [_c_void_p]),
     "pstrain_table_dim": (_c_int, [_c_void_p, ctypes.c_char_p, _err]),
     "pstrain_pull_rows": (_c_int, [_c_void_p, ctypes.c_char_p, _c_void_p, _c_i64, _c_void_p,
                                    _err]),

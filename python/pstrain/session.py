@@ -211,6 +211,7 @@ class Session:
         self._rollbacks = 0
         self._n = len(self.variables)
         self._ptrs = (ctypes.c_void_p * max(1, self._n))()
+        self._ready_held = []  # push_ready's gradients, alive until the step's push
 
     def _cursor(self):
         """Where this worker's data goes on: (epoch, position), or None."""
@@ -283,8 +284,42 @@ class Session:
         _call(self._lib.pstrain_push, self._s, self._ptrs, self._n, float(loss),
               _int64("push: examples", examples), epoch, position, float(compute_seconds),
               ctypes.byref(end))
+        self._ready_held = []
         self._note_rollback()
         return bool(end.value)
+
+    @property
+    def streams_pushes(self):
+        """True where push_ready sends gradients before the step's push
+        (sync mode; not with rpc.sequential, nor with the optimizer's
+        clip_global_norm, which needs the whole gradient first)."""
+        return bool(self._lib.pstrain_push_streams(self._s))
+
+    def push_ready(self, ready):
+        """`ready`: {variable (name or index): its gradient} of the step last
+        pulled, final (the backward pass is past them): their calls leave
+        now, while the rest of the backward pass computes, as pstrain's C++
+        worker pushes layer by layer. The gradients must stay unchanged
+        until the step's push() returns (the session holds them until
+        then); push() sends the rest and reads none of these again. A
+        step's rows (push_rows) go before its first push_ready. Does
+        nothing where not streams_pushes."""
+        self._live()
+        n = len(ready)
+        index, ptrs = (ctypes.c_int * max(1, n))(), (ctypes.c_void_p * max(1, n))()
+        for k, (key, grad) in enumerate(ready.items()):
+            if isinstance(key, str):
+                if key not in self._by_name:
+                    raise ValueError(f"push_ready: {key!r} is not a variable of the model")
+                var = self._by_name[key]
+            else:
+                if not 0 <= key < self._n:
+                    raise ValueError(f"push_ready: variable {key}; the model has {self._n}")
+                var = self.variables[key]
+            ptrs[k] = _pointer(grad, var, "gradient", writable=False)
+            index[k] = var.index
+        _call(self._lib.pstrain_push_ready, self._s, index, ptrs, n)
+        self._ready_held.extend(ready.values())
 
     def _note_rollback(self):
         n = self._lib.pstrain_rollbacks(self._s)

@@ -21,6 +21,8 @@ CPU parameters are read and written in place (the pull writes into each
 parameter's storage, the push reads each .grad's); CUDA parameters go
 through pinned host memory, one copy each way per step.
 """
+import os
+
 import numpy
 import torch
 
@@ -161,7 +163,7 @@ class DistributedModule:
     the cluster's variables (a missing or extra name, another shape, a dtype
     other than float32), before anything is sent."""
 
-    def __init__(self, module, session=None):
+    def __init__(self, module, session=None, overlap=True, bucket_bytes=None):
         self.module = module
         self.session = session if session is not None else Session()
         own = dict(trainable_parameters(module))
@@ -194,6 +196,72 @@ class DistributedModule:
         # pinned buffers the next pull writes (a CUDA event per device).
         self._copied = []
         self._bind()
+        self._set_up_overlap(overlap, bucket_bytes)
+
+    def _set_up_overlap(self, overlap, bucket_bytes):
+        """Gradients that leave during the backward pass: a hook after each
+        parameter's gradient accumulation (its AccumulateGrad node, run once
+        per backward pass with the parameter's whole gradient) marks it
+        ready, and every bucket_bytes of ready gradients go to the servers
+        (Session.push_ready) while the backward pass goes on, as pstrain's
+        C++ worker pushes layer by layer. Not with embedding bags (a step's
+        rows go first) nor where the session sends nothing early."""
+        if bucket_bytes is None:
+            bucket_bytes = int(os.environ.get("PSTRAIN_PUSH_BUCKET_BYTES", 1 << 20))
+        self._bucket_bytes = bucket_bytes
+        self._streaming = bool(overlap) and not self._bags and \
+            bool(getattr(self.session, "streams_pushes", False))
+        self._in_step = False  # between a pull that read values and its push
+        self._ready, self._ready_bytes = [], 0  # ready, not yet sent
+        self._sent = {}  # variable index -> (gradient, its version, its address) sent early
+        self._accumulators = []  # (kept alive: the hooks are on them)
+        if not self._streaming:
+            return
+        for i, p in enumerate(self._params):
+            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+            accumulator.register_hook(self._ready_hook(i))
+            self._accumulators.append(accumulator)
+
+    def _ready_hook(self, i):
+        def hook(*unused):
+            self._gradient_ready(i)
+        return hook
+
+    def _gradient_ready(self, i):
+        if not self._in_step:
+            return  # (a backward pass outside a step sends nothing)
+        name = self.session.variables[i].name
+        if i in self._sent or i in self._ready:
+            raise RuntimeError(
+                f"pstrain.torch: parameter {name!r} got a second gradient in step {self.step}, "
+                "after its first was final (two backward passes in one step?): its gradient "
+                "leaves for the servers during the backward pass; for gradients accumulated "
+                "over several passes, DistributedModule(..., overlap=False)")
+        g = self._params[i].grad
+        if g is None or self._staged[i] or g.device.type != "cpu" or not g.is_contiguous() or \
+                g.dtype != torch.float32:
+            return  # (push() stages it)
+        self._ready.append(i)
+        self._ready_bytes += g.numel() * 4
+        if self._ready_bytes >= self._bucket_bytes:
+            ready = {j: _as_variable(self._params[j].grad) for j in self._ready}
+            self.session.push_ready(ready)
+            for j, grad in ready.items():
+                self._sent[j] = (grad, grad._version, grad.data_ptr())
+            self._ready, self._ready_bytes = [], 0
+
+    def _check_sent(self):
+        """The gradients that left early are what push() would send."""
+        for i, (_, version, address) in self._sent.items():
+            g = self._params[i].grad
+            if g is None or g.data_ptr() != address or g._version != version:
+                raise RuntimeError(
+                    f"pstrain.torch: parameter {self.session.variables[i].name!r}: its gradient "
+                    "changed after it left for the servers during the backward pass (changed in "
+                    "place or replaced after loss.backward(): clipping or scaling in the script?)."
+                    " Clip with the config's optimizer.clip_global_norm, or change gradients in "
+                    "the backward pass; or DistributedModule(..., overlap=False) sends them after "
+                    "it")
 
     def _bind(self):
         """Where each parameter is pulled into: its own storage (a CPU,
@@ -243,8 +311,11 @@ class DistributedModule:
         for bag in self._bags:  # (a step abandoned before its push)
             bag._pending.clear()
         self._dropped = False
+        self._in_step = False
+        self._ready, self._ready_bytes, self._sent = [], 0, {}
         if self.session.pull(self._pull):
             return True
+        self._in_step = True
         devices = set()
         with torch.no_grad():
             for p, buf, staged in zip(self._params, self._pull, self._staged):
@@ -263,6 +334,7 @@ class DistributedModule:
     def push(self, loss=0.0, examples=0, cursor=(0, 0), compute_seconds=0.0):
         """Every parameter's .grad (zeros where it has none) to the servers,
         and the grads cleared for the next step. True when training is over."""
+        self._check_sent()
         grads = []
         for i, p in enumerate(self._params):
             g = p.grad
@@ -289,9 +361,12 @@ class DistributedModule:
                 bag._pending.clear()
             for p in self._params:
                 p.grad = None
+            self._in_step = False
             return False
         end = self.session.push(grads, loss=loss, examples=examples, cursor=cursor,
                                 compute_seconds=compute_seconds)
+        self._in_step = False
+        self._ready, self._ready_bytes, self._sent = [], 0, {}
         for p in self._params:
             p.grad = None
         return end

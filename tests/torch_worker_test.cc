@@ -648,10 +648,10 @@ TEST_CASE("tools/torch_bench.py runs every setup, prints its tables and writes i
   CommandResult r = testing::RunCommand(argv, absl::Seconds(400));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  for (const char* line : {"784-2048-2048-10   PyTorch alone, compute only", "pstrain, PyTorch workers",
-                           "pstrain, C++ worker", "torch.distributed.rpc PS",
-                           "PyTorch workers / C++ worker", "PyTorch workers / RPC PS",
-                           "the worker's wait on pulls + pushes"}) {
+  for (const char* line :
+       {"784-2048-2048-10   PyTorch alone, compute only", "pstrain, PyTorch workers",
+        "pstrain, C++ worker", "torch.distributed.rpc PS", "PyTorch workers / C++ worker",
+        "PyTorch workers / RPC PS", "the worker's wait on pulls + pushes"}) {
     CHECK(r.output.find(line) != std::string::npos);
   }
   const std::string table = Env::Default()->ReadFile(csv).value_or("");

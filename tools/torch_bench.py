@@ -337,82 +337,96 @@ def run_bench(args):
 
 
 def bench_in(args, work):
-    if True:
-        sys.path.insert(0, os.path.join(ROOT, "python"))
-        import pstrain.torch
-        for name in args.models:
-            pstrain.torch.write_variables(make_model(name), os.path.join(work, f"{name}.safetensors"))
-        if "mlp" in args.models:
-            subprocess.run([args.pstrain, "datagen", f"--out={os.path.join(work, 'digits')}",
-                            "--train=8192", "--test=64"], check=True, stdout=subprocess.DEVNULL)
-        where = args.device
-        if args.device == "cpu":
-            where += " (1 thread each"
-            if os.environ.get("OPENBLAS_CORETYPE"):
-                where += f", OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']}"
-            where += ")"
+    sys.path.insert(0, os.path.join(ROOT, "python"))
+    import pstrain.torch
+    for name in args.models:
+        pstrain.torch.write_variables(make_model(name), os.path.join(work, f"{name}.safetensors"))
+    if "mlp" in args.models:
+        subprocess.run([args.pstrain, "datagen", f"--out={os.path.join(work, 'digits')}",
+                        "--train=8192", "--test=64"], check=True, stdout=subprocess.DEVNULL)
+    where = args.device
+    if args.device == "cpu":
+        where += " (1 thread each"
+        if os.environ.get("OPENBLAS_CORETYPE"):
+            where += f", OPENBLAS_CORETYPE={os.environ['OPENBLAS_CORETYPE']}"
+        where += ")"
+    print(f"== sync examples/s, batch {BATCH} per worker, SGD, workers on {where}; "
+          f"median [min-max] of {args.reps} ==", flush=True)
+    print(f"{'model':<18} {'setup':<30} {'1 ps + 1 worker':<26} {'2 ps + 2 workers':<26}",
+          flush=True)
+    rows = []
+    for name in args.models:
+        r = measure(args, work, name)
+        print_model(name, r)
+        rows.append((name, r))
+    print_ratios(rows)
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["model", "measure", "device", "rep", "value"])
+            for name, r in rows:
+                for measure_name, values in r.items():
+                    for rep, v in enumerate(values):
+                        w.writerow([name, measure_name, args.device, rep, f"{v:.3f}"])
+        print(f"\nwrote {args.csv}")
 
-        print(f"== sync examples/s, batch {BATCH} per worker, SGD, workers on {where}; "
-              f"median [min-max] of {args.reps} ==", flush=True)
-        header = f"{'model':<18} {'setup':<30} {'1 ps + 1 worker':<26} {'2 ps + 2 workers':<26}"
-        print(header, flush=True)
-        rows = []
-        for name in args.models:
-            r = {k: [] for k in ("compute", "torch1", "torch2", "cpp1", "cpp2", "rpc1", "rpc2",
-                                 "wait_torch1", "wait_cpp1")}
-            for _ in range(args.reps):
-                c = compute_only(name, args.device, args.seconds)
-                r["compute"].append(c)
-                steps = max(20, min(3000, int(args.seconds * c / BATCH)))
-                ex, w = pstrain_run(args, work, name, 1, 1, steps, torch_workers=True)
-                r["torch1"].append(ex)
-                r["wait_torch1"].append(w)
-                r["torch2"].append(pstrain_run(args, work, name, 2, 2, steps, True)[0])
-                if name == "mlp":
-                    ex, w = pstrain_run(args, work, name, 1, 1, steps, torch_workers=False)
-                    r["cpp1"].append(ex)
-                    r["wait_cpp1"].append(w)
-                    r["cpp2"].append(pstrain_run(args, work, name, 2, 2, steps, False)[0])
-                r["rpc1"].append(rpc_run(args, name, 1, steps))
-                r["rpc2"].append(rpc_run(args, name, 2, steps))
-            label = model_label(name)
-            lines = [("PyTorch alone, compute only", fmt(r["compute"]), ""),
-                     ("pstrain, PyTorch workers", fmt(r["torch1"]), fmt(r["torch2"])),
-                     ("pstrain, C++ worker", fmt(r["cpp1"]) if r["cpp1"] else "- (no conv)",
-                      fmt(r["cpp2"]) if r["cpp2"] else "-"),
-                     ("torch.distributed.rpc PS", fmt(r["rpc1"]), fmt(r["rpc2"]) + " (1 ps)")]
-            for i, (setup, one, two) in enumerate(lines):
-                print(f"{label if i == 0 else '':<18} {setup:<30} {one:<26} {two:<26}",
-                      flush=True)
-            rows.append((name, r))
-        print(f"\n== ratios of medians (goals: PyTorch workers >= 0.9x the C++ worker at "
-              f"784-2048-2048-10, >= 2x the RPC parameter server) ==")
-        print(f"{'model':<18} {'ratio':<36} {'1 + 1':>8} {'2 + 2':>8}")
-        for name, r in rows:
-            pairs = [("PyTorch workers / compute only", "torch1", "compute", "torch2", "compute"),
-                     ("PyTorch workers / C++ worker", "torch1", "cpp1", "torch2", "cpp2"),
-                     ("PyTorch workers / RPC PS", "torch1", "rpc1", "torch2", "rpc2")]
-            for i, (what, a1, b1, a2, b2) in enumerate(pairs):
-                x1, x2 = ratio(r[a1], r[b1]), ratio(r[a2], r[b2])
-                if x1 is None:
-                    continue
-                print(f"{model_label(name) if i == 0 else '':<18} {what:<36} {x1:>7.2f}x "
-                      f"{x2:>7.2f}x")
-        waits = [(name, r) for name, r in rows if r["wait_cpp1"]]
-        if waits:
-            print("\n== 1 ps + 1 worker: the worker's wait on pulls + pushes, ms per step ==")
-            for name, r in waits:
-                print(f"{model_label(name):<18} PyTorch worker {statistics.median(r['wait_torch1']):.2f}"
-                      f"   C++ worker {statistics.median(r['wait_cpp1']):.2f}")
-        if args.csv:
-            with open(args.csv, "w", newline="") as f:
-                w = csv.writer(f)
-                w.writerow(["model", "measure", "device", "rep", "value"])
-                for name, r in rows:
-                    for measure, values in r.items():
-                        for rep, v in enumerate(values):
-                            w.writerow([name, measure, args.device, rep, f"{v:.3f}"])
-            print(f"\nwrote {args.csv}")
+
+def measure(args, work, name):
+    """Every setup's figures for one model, the setups interleaved in each
+    repetition: {measure: [one value per repetition]}."""
+    r = {k: [] for k in ("compute", "torch1", "torch2", "cpp1", "cpp2", "rpc1", "rpc2",
+                         "wait_torch1", "wait_cpp1")}
+    for _ in range(args.reps):
+        c = compute_only(name, args.device, args.seconds)
+        r["compute"].append(c)
+        steps = max(20, min(3000, int(args.seconds * c / BATCH)))
+        ex, w = pstrain_run(args, work, name, 1, 1, steps, torch_workers=True)
+        r["torch1"].append(ex)
+        r["wait_torch1"].append(w)
+        r["torch2"].append(pstrain_run(args, work, name, 2, 2, steps, True)[0])
+        if name == "mlp":
+            ex, w = pstrain_run(args, work, name, 1, 1, steps, torch_workers=False)
+            r["cpp1"].append(ex)
+            r["wait_cpp1"].append(w)
+            r["cpp2"].append(pstrain_run(args, work, name, 2, 2, steps, False)[0])
+        r["rpc1"].append(rpc_run(args, name, 1, steps))
+        r["rpc2"].append(rpc_run(args, name, 2, steps))
+    return r
+
+
+def print_model(name, r):
+    lines = [("PyTorch alone, compute only", fmt(r["compute"]), ""),
+             ("pstrain, PyTorch workers", fmt(r["torch1"]), fmt(r["torch2"])),
+             ("pstrain, C++ worker", fmt(r["cpp1"]) if r["cpp1"] else "- (no conv)",
+              fmt(r["cpp2"]) if r["cpp2"] else "-"),
+             ("torch.distributed.rpc PS", fmt(r["rpc1"]), fmt(r["rpc2"]) + " (1 ps)")]
+    for i, (setup, one, two) in enumerate(lines):
+        print(f"{model_label(name) if i == 0 else '':<18} {setup:<30} {one:<26} {two:<26}",
+              flush=True)
+
+
+def print_ratios(rows):
+    print("\n== ratios of medians (goals: PyTorch workers >= 0.9x the C++ worker at "
+          "784-2048-2048-10, >= 2x the RPC parameter server) ==")
+    print(f"{'model':<18} {'ratio':<36} {'1 + 1':>8} {'2 + 2':>8}")
+    for name, r in rows:
+        pairs = [("PyTorch workers / compute only", "torch1", "compute", "torch2", "compute"),
+                 ("PyTorch workers / C++ worker", "torch1", "cpp1", "torch2", "cpp2"),
+                 ("PyTorch workers / RPC PS", "torch1", "rpc1", "torch2", "rpc2")]
+        for i, (what, a1, b1, a2, b2) in enumerate(pairs):
+            x1, x2 = ratio(r[a1], r[b1]), ratio(r[a2], r[b2])
+            if x1 is None:
+                continue
+            print(f"{model_label(name) if i == 0 else '':<18} {what:<36} {x1:>7.2f}x "
+                  f"{x2:>7.2f}x")
+    waits = [(name, r) for name, r in rows if r["wait_cpp1"]]
+    if waits:
+        print("\n== 1 ps + 1 worker: the worker's wait on pulls + pushes, ms per step ==")
+        for name, r in waits:
+            torch_wait = statistics.median(r["wait_torch1"])
+            cpp_wait = statistics.median(r["wait_cpp1"])
+            print(f"{model_label(name):<18} PyTorch worker {torch_wait:.2f}   "
+                  f"C++ worker {cpp_wait:.2f}")
 
 
 # OpenBLAS's x86 cores older than AVX2, as worker/model/cpu_ops.cc lists them.

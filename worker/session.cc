@@ -440,8 +440,8 @@ absl::Status WorkerSession::PushRows(const std::string& table, absl::Span<const 
   if (clip_norm_ > 0) {
     // Held for the Push, which clips them with the dense gradients.
     const size_t n = ids.size() * static_cast<size_t>(dim);
-    held_rows_.push_back(
-        {table, dim, std::vector<uint64_t>(ids.begin(), ids.end()), std::vector<float>(grads, grads + n)});
+    held_rows_.push_back({table, dim, std::vector<uint64_t>(ids.begin(), ids.end()),
+                          std::vector<float>(grads, grads + n)});
     return absl::OkStatus();
   }
   absl::Status st = ps_->PushRows(table, dim, ids, grads, steps_, &row_outcomes_);

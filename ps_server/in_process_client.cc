@@ -289,7 +289,7 @@ class InProcessPsClient::InProcessPush final : public PsClient::Push {
   InProcessPsClient* client_;  // null once the push is over
   const uint64_t seq_;         // PushRequest.push_seq
   const std::vector<int64_t> steps_;
-  const std::vector<const float*> sources_;
+  std::vector<const float*> sources_;  // (SetSource names the null ones)
   std::vector<char> pushed_;       // per variable
   std::vector<char> server_used_;  // per server
   PushReplies replies_;

@@ -141,6 +141,24 @@ TEST_CASE("a push handle: parts as they are ready, one push at a time, abandoned
   CHECK(w->StartPush({1, 1}, Sources(g)).ok());
 }
 
+TEST_CASE("a push's sources named later: each read when its variable starts", "[in_process]") {
+  Cluster c(Config(true, 1), /*workers=*/1);
+  auto w = c.Client(0);
+  const std::vector<Tensor> g = Filled(2), other = Filled(5);
+  auto push = w->StartPush({0, 0}, {nullptr, nullptr});
+  REQUIRE(push.ok());
+  (*push)->SetSource(1, other[1].data());
+  REQUIRE((*push)->Ready(1, 2).ok());
+  (*push)->SetSource(1, g[1].data());  // started: keeps its own
+  (*push)->SetSource(0, g[0].data());
+  std::vector<PushOutcome> out;
+  REQUIRE((*push)->Wait(&out).ok());
+  const std::vector<Tensor> after = c.Pull({1, 1});
+  // SGD at 0.5: w by the gradient named last (2), b by the one named first (5).
+  for (int64_t i = 0; i < 16; ++i) CHECK(after[0].values()[i] == c.init[0].values()[i] - 1);
+  CHECK(after[1].values()[0] == c.init[1].values()[0] - 2.5f);
+}
+
 TEST_CASE("a push handle that outlives its client is detached: it sends nothing more",
           "[in_process]") {
   Cluster c(Config(true, 1), /*workers=*/1);

@@ -34,6 +34,23 @@ bool CountPushOutcomes(const std::vector<PushOutcome>& outcomes,
   return finished == outcomes.size();
 }
 
+void PrefetchNextSyncPull(PsClient* ps, const std::vector<int64_t>& steps, absl::Duration wait) {
+  std::vector<int64_t> next(steps.size());
+  for (size_t s = 0; s < steps.size(); ++s) next[s] = steps[s] + 1;
+  ps->PrefetchPull(next, wait);
+}
+
+absl::Status PrefetchPullAfterPush(PsClient* ps, PsClient::Push* push, size_t num_variables,
+                                   absl::Duration wait) {
+  const std::vector<int64_t>& own = ps->own_pushes();
+  if (own.empty() || *std::min_element(own.begin(), own.end()) < 0) return absl::OkStatus();
+  RETURN_IF_ERROR(push->Ready(0, num_variables));
+  std::vector<int64_t> after(own.size());
+  for (size_t s = 0; s < own.size(); ++s) after[s] = own[s] + 1;
+  ps->PrefetchPull({}, wait, after);
+  return absl::OkStatus();
+}
+
 absl::Status SendProgress(ChiefClient* chief, const RegisterWorkerResponse& registration,
                           int worker, const std::vector<int64_t>& pulled_versions, bool done,
                           WorkerTally* tally, bool* stop_requested,

@@ -14,6 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/client/chief_client.h"
+#include "common/client/ps_client.h"
 #include "proto/chief_service.pb.h"
 #include "proto/ps_service.pb.h"
 
@@ -61,6 +62,20 @@ struct WorkerTally {
 bool CountPushOutcomes(const std::vector<PushOutcome>& outcomes,
                        const std::vector<int64_t>& steps, std::vector<int64_t>* min_versions,
                        WorkerTally* tally);
+
+// The next step's pull, sent with a step's push (PsClient::PrefetchPull),
+// as the trainer and a session overlap them; the next PullInto takes the
+// replies. Sync: each server answers each call as soon as the partitions
+// it names are applied at steps[s] + 1, while this step still computes and
+// pushes.
+void PrefetchNextSyncPull(PsClient* ps, const std::vector<int64_t>& steps, absl::Duration wait);
+// Async: `push`'s calls leave (all `num_variables`), then the pull, which
+// each server answers once it has applied the push (its count of this
+// worker's pushes, known from the last push's replies, plus one): the pull
+// sees it, a round trip sooner. Nothing before the first push this client
+// made.
+absl::Status PrefetchPullAfterPush(PsClient* ps, PsClient::Push* push, size_t num_variables,
+                                   absl::Duration wait);
 
 // Sends worker `worker`'s report of `tally` (`done`: it is leaving) on
 // `registration`'s incarnation and session, its global step the oldest of

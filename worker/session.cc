@@ -368,26 +368,14 @@ absl::Status WorkerSession::StartStepPush(absl::Span<const float* const> src) {
   if (!src.empty()) sources.assign(src.begin(), src.end());
   ASSIGN_OR_RETURN(push_, ps_->StartPush(steps_, sources));
   // As the C++ trainer (Trainer::PushFirstLayers, PushRest), the next
-  // step's pull leaves with this push; the next Pull takes the replies (or
-  // pulls again when they are not good for it). Sync: each server answers
-  // each of its calls as soon as the partitions it names are applied,
-  // while the rest of the push still travels. Async (not
-  // rpc.async_prefetch, whose pull left with the last Pull): once it has
-  // applied this push (its count of this worker's pushes plus one), so the
-  // pull sees it; not before the first push this client made.
-  const bool overlap = !config().rpc().sequential();
-  if (sync_ && overlap) {
-    std::vector<int64_t> next(steps_.size());
-    for (size_t s = 0; s < steps_.size(); ++s) next[s] = steps_[s] + 1;
-    ps_->PrefetchPull(next, step_timeout_);
-  } else if (!sync_ && overlap && !config().rpc().async_prefetch()) {
-    const std::vector<int64_t>& own = ps_->own_pushes();
-    if (!own.empty() && *std::min_element(own.begin(), own.end()) >= 0) {
-      RETURN_IF_ERROR(push_->Ready(0, variables_.size()));
-      std::vector<int64_t> after(own.size());
-      for (size_t s = 0; s < own.size(); ++s) after[s] = own[s] + 1;
-      ps_->PrefetchPull({}, step_timeout_, after);
-    }
+  // step's pull leaves with this push (async: not with
+  // rpc.async_prefetch, whose pull left with the step's Pull).
+  if (config().rpc().sequential()) return absl::OkStatus();
+  if (sync_) {
+    PrefetchNextSyncPull(ps_.get(), steps_, step_timeout_);
+  } else if (!config().rpc().async_prefetch()) {
+    RETURN_IF_ERROR(
+        PrefetchPullAfterPush(ps_.get(), push_.get(), variables_.size(), step_timeout_));
   }
   return absl::OkStatus();
 }

@@ -366,14 +366,7 @@ absl::Status Trainer::TrainStep(bool* end) {
 // next step's pull goes out now.
 absl::Status Trainer::PushFirstLayers(const std::vector<int64_t>& steps) {
   ASSIGN_OR_RETURN(push_, ps_->StartPush(steps, grad_src_));
-  // With the overlap each server answers each of the pull's calls once the
-  // partitions it names are applied, while this step still computes and
-  // pushes; the next PullInto takes the replies.
-  if (overlap_) {
-    std::vector<int64_t> next(steps.size());
-    for (size_t s = 0; s < steps.size(); ++s) next[s] = steps[s] + 1;
-    ps_->PrefetchPull(next, step_timeout_);
-  }
+  if (overlap_) PrefetchNextSyncPull(ps_.get(), steps, step_timeout_);
   return absl::OkStatus();
 }
 
@@ -442,18 +435,9 @@ absl::Status Trainer::Compute(const Prefetcher::Batch& batch, const std::vector<
 absl::Status Trainer::PushRest(const std::vector<int64_t>& steps) {
   if (!sync_) {
     ASSIGN_OR_RETURN(push_, ps_->StartPush(steps, grad_src_));
-    // With the overlap the push's calls leave, and then the next step's
-    // pull: each server answers it once it has applied this push (its
-    // count of this worker's pushes, known from the last push's replies,
-    // plus one), so the pull sees it as one made after the push would,
-    // a round trip sooner. Not before the first push a client made.
-    const std::vector<int64_t>& own = ps_->own_pushes();
-    if (overlap_ && !async_prefetch_ && !own.empty() &&
-        *std::min_element(own.begin(), own.end()) >= 0) {
-      RETURN_IF_ERROR(push_->Ready(0, grad_src_.size()));
-      std::vector<int64_t> after(own.size());
-      for (size_t s = 0; s < own.size(); ++s) after[s] = own[s] + 1;
-      ps_->PrefetchPull({}, step_timeout_, after);
+    if (overlap_ && !async_prefetch_) {
+      RETURN_IF_ERROR(
+          PrefetchPullAfterPush(ps_.get(), push_.get(), grad_src_.size(), step_timeout_));
     }
   }
   absl::Status pushed = push_->Wait(&outcomes_);

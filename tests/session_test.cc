@@ -86,6 +86,22 @@ Cluster StartCluster(const std::string& name, int ps, int steps, const std::stri
   return c;
 }
 
+// The chief ends the run once its worker closed the session: it exits 0
+// within a minute.
+void ExpectChiefDone(const Cluster& c) {
+  std::optional<int> code = c.tasks.back()->Wait(absl::Seconds(60));
+  INFO(Env::Default()->ReadFile(c.dir + "/chief.log").value_or(""));
+  REQUIRE(code.has_value());
+  CHECK(*code == 0);
+}
+
+// The final model the chief wrote.
+TensorMap FinalModel(const Cluster& c) {
+  auto model = ReadTensorFile(Env::Default(), c.dir + "/out/model_final.pst");
+  REQUIRE(model.ok());
+  return *std::move(model);
+}
+
 pstrain_session* Open(const Cluster& c, std::vector<std::string> more = {}) {
   std::vector<std::string> args = {"--cluster_spec=" + c.spec, "--task=0", "--config=" + c.config};
   args.insert(args.end(), more.begin(), more.end());
@@ -193,18 +209,14 @@ TEST_CASE("a session trains an external model through the C API: pulls, pushes, 
   CHECK(pstrain_close(s, &error) == 0);
   CHECK(error == nullptr);
 
-  // The chief ends the run once the worker reported done.
-  std::optional<int> code = c.tasks.back()->Wait(absl::Seconds(60));
+  ExpectChiefDone(c);
   const std::string chief_log = Env::Default()->ReadFile(c.dir + "/chief.log").value_or("");
   INFO(chief_log);
-  REQUIRE(code.has_value());
-  CHECK(*code == 0);
   CHECK(chief_log.find("step 5/12: worker 0's evaluation (40 examples): accuracy 0.7500, loss "
                        "0.1250") != std::string::npos);
-  auto model = ReadTensorFile(Env::Default(), c.dir + "/out/model_final.pst");
-  REQUIRE(model.ok());
-  CHECK(model->at("w").values() == want_w);
-  CHECK(model->at("b").values() == want_b);
+  const TensorMap model = FinalModel(c);
+  CHECK(model.at("w").values() == want_w);
+  CHECK(model.at("b").values() == want_b);
   auto summary = nlohmann::json::parse(
       Env::Default()->ReadFile(c.dir + "/out/summary.json").value_or("{}"), nullptr, false);
   INFO(summary.dump());
@@ -252,14 +264,10 @@ TEST_CASE("a session abandoned is not counted as done: a new process of the work
   }
   CHECK(trained == 3);
   CHECK(pstrain_close(again, &error) == 0);
-  std::optional<int> code = c.tasks.back()->Wait(absl::Seconds(60));
-  INFO(Env::Default()->ReadFile(c.dir + "/chief.log").value_or(""));
-  REQUIRE(code.has_value());
-  CHECK(*code == 0);
-  auto model = ReadTensorFile(Env::Default(), c.dir + "/out/model_final.pst");
-  REQUIRE(model.ok());
+  ExpectChiefDone(c);
+  const TensorMap model = FinalModel(c);
   // Six steps of gradient 1 at learning rate 0.5 from b = [0, 1, 2].
-  CHECK(model->at("b").values() == std::vector<float>{-3.0f, -2.0f, -1.0f});
+  CHECK(model.at("b").values() == std::vector<float>{-3.0f, -2.0f, -1.0f});
 }
 
 // A server lost and started again under a step's rows: the session follows
@@ -336,25 +344,17 @@ TEST_CASE("a rollback under a pull or push of embedding rows is followed: the st
   why = Take(error);
   CHECK(why.find("step dropped: the job was rolled back to step 10") != std::string::npos);
   CHECK(pstrain_rollbacks(s) == 2);
-  while (true) {
-    REQUIRE(pstrain_pull(s, dst, 2, &finished, &step, &error) == 0);
-    if (finished) break;
-    REQUIRE(pstrain_pull_rows(s, "t", ids.data(), 64, rows.data(), &error) == 0);
-    REQUIRE(pstrain_push_rows(s, "t", ids.data(), 64, row_grads.data(), &error) == 0);
-    REQUIRE(pstrain_push(s, src, 2, 1.0f, 4, 0, step + 1, 0, &end, &error) == 0);
-    if (end) break;
-  }
+  // Steps 10 to 29 from the step rolled back to; then the servers are done.
+  for (int i = 0; i < 20; ++i) train_step();
+  REQUIRE(pstrain_pull(s, dst, 2, &finished, &step, &error) == 0);
+  CHECK(finished == 1);
   CHECK(pstrain_close(s, &error) == 0);
-  std::optional<int> code = c.tasks.back()->Wait(absl::Seconds(60));
-  INFO(Env::Default()->ReadFile(c.dir + "/chief.log").value_or(""));
-  REQUIRE(code.has_value());
-  CHECK(*code == 0);
+  ExpectChiefDone(c);
   for (int i = 0; i < 2; ++i) c.tasks[i]->Wait(absl::Seconds(30));
-  auto model = ReadTensorFile(Env::Default(), c.dir + "/out/model_final.pst");
-  REQUIRE(model.ok());
+  const TensorMap model = FinalModel(c);
   // Thirty steps of gradient 1 at learning rate 0.5 from b = [0, 1, 2]:
   // the steps rolled back and the dropped ones counted none.
-  CHECK(model->at("b").values() == std::vector<float>{-15.0f, -14.0f, -13.0f});
+  CHECK(model.at("b").values() == std::vector<float>{-15.0f, -14.0f, -13.0f});
 }
 
 // optimizer.clip_global_norm, as the C++ worker applies it (on the worker,
@@ -395,14 +395,10 @@ TEST_CASE("clip_global_norm: a session scales a step's dense and row gradients t
   REQUIRE(pstrain_push_rows(s, "t", ids.data(), 2, row_grads.data(), &error) == 0);
   REQUIRE(pstrain_push(s, src, 2, 1.0f, 4, 0, 2, 0, &end, &error) == 0);
   CHECK(pstrain_close(s, &error) == 0);
-  std::optional<int> code = c.tasks.back()->Wait(absl::Seconds(60));
-  INFO(Env::Default()->ReadFile(c.dir + "/chief.log").value_or(""));
-  REQUIRE(code.has_value());
-  CHECK(*code == 0);
-  auto model = ReadTensorFile(Env::Default(), c.dir + "/out/model_final.pst");
-  REQUIRE(model.ok());
+  ExpectChiefDone(c);
+  const TensorMap model = FinalModel(c);
   for (int i = 0; i < 3; ++i) {
-    CHECK(b1[i] - model->at("b").values()[i] == Approx(0.005).epsilon(1e-4));
+    CHECK(b1[i] - model.at("b").values()[i] == Approx(0.005).epsilon(1e-4));
   }
 }
 
@@ -449,10 +445,7 @@ TEST_CASE("async: a session's pull sees its own last push; with rpc.async_prefet
     }
     CHECK(trained == steps);
     CHECK(pstrain_close(s, &error) == 0);
-    std::optional<int> code = c.tasks.back()->Wait(absl::Seconds(60));
-    INFO(Env::Default()->ReadFile(c.dir + "/chief.log").value_or(""));
-    REQUIRE(code.has_value());
-    CHECK(*code == 0);
+    ExpectChiefDone(c);
     auto summary = nlohmann::json::parse(
         Env::Default()->ReadFile(c.dir + "/out/summary.json").value_or("{}"), nullptr, false);
     INFO(summary.dump());
@@ -465,10 +458,9 @@ TEST_CASE("async: a session's pull sees its own last push; with rpc.async_prefet
       CHECK(staleness <= 11.0 / 12.0 + 1e-9);
     } else {
       CHECK(staleness == 0);
-      auto model = ReadTensorFile(Env::Default(), c.dir + "/out/model_final.pst");
-      REQUIRE(model.ok());
-      CHECK(model->at("w").values() == want_w);
-      CHECK(model->at("b").values() == want_b);
+      const TensorMap model = FinalModel(c);
+      CHECK(model.at("w").values() == want_w);
+      CHECK(model.at("b").values() == want_b);
     }
   }
 }
@@ -526,14 +518,10 @@ TEST_CASE("pstrain_push_ready sends a step's final gradients before its push; th
     for (int i = 0; i < 3; ++i) want_b[i] -= 0.5f * gb[i];
   }
   CHECK(pstrain_close(s, &error) == 0);
-  std::optional<int> code = c.tasks.back()->Wait(absl::Seconds(60));
-  INFO(Env::Default()->ReadFile(c.dir + "/chief.log").value_or(""));
-  REQUIRE(code.has_value());
-  CHECK(*code == 0);
-  auto model = ReadTensorFile(Env::Default(), c.dir + "/out/model_final.pst");
-  REQUIRE(model.ok());
-  CHECK(model->at("w").values() == want_w);
-  CHECK(model->at("b").values() == want_b);
+  ExpectChiefDone(c);
+  const TensorMap model = FinalModel(c);
+  CHECK(model.at("w").values() == want_w);
+  CHECK(model.at("b").values() == want_b);
 
   // With clip_global_norm (the whole gradient first) nothing leaves early.
   Cluster clipped = StartCluster("session_push_ready_clip", /*ps=*/1, 1, "",

@@ -60,6 +60,13 @@ std::string WorkerCommand(const std::string& python, const std::string& script,
                       Runfile(script), args.empty() ? "" : " ", args);
 }
 
+// The command line that runs `script` of the runfiles with `python`, the
+// package finding this build's library.
+std::vector<std::string> ScriptArgv(const std::string& python, const std::string& script) {
+  return {"/usr/bin/env", "PSTRAIN_LIB=" + Runfile("worker/libpstrain.so"), python,
+          Runfile(script)};
+}
+
 // The digits CNN's initial variables, written by the example's script with
 // `python` into dir/cnn.safetensors (it must succeed); the file's path.
 std::string WriteCnnVariables(const std::string& python, const std::string& dir) {
@@ -602,10 +609,8 @@ TEST_CASE("an external model's config and launch are checked before anything sta
 TEST_CASE("a step dropped under an EmbeddingBag's rows pushes nothing and training goes on") {
   const std::string python = TorchPython();
   if (python.empty()) return;
-  CommandResult r = testing::RunCommand(
-      {"/usr/bin/env", "PSTRAIN_LIB=" + Runfile("worker/libpstrain.so"), python,
-       Runfile("tests/torch/dropped_step.py")},
-      absl::Seconds(120));
+  CommandResult r =
+      testing::RunCommand(ScriptArgv(python, "tests/torch/dropped_step.py"), absl::Seconds(120));
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("DROPPED OK") != std::string::npos);
@@ -618,10 +623,8 @@ TEST_CASE("a step dropped under an EmbeddingBag's rows pushes nothing and traini
 TEST_CASE("gradients leave during the backward pass once each, final; misuse is refused") {
   const std::string python = TorchPython();
   if (python.empty()) return;
-  CommandResult r = testing::RunCommand(
-      {"/usr/bin/env", "PSTRAIN_LIB=" + Runfile("worker/libpstrain.so"), python,
-       Runfile("tests/torch/overlap.py")},
-      absl::Seconds(120));
+  CommandResult r =
+      testing::RunCommand(ScriptArgv(python, "tests/torch/overlap.py"), absl::Seconds(120));
   INFO(r.output);
   CHECK(r.exit_code == 0);
   CHECK(r.output.find("OVERLAP OK") != std::string::npos);
@@ -636,13 +639,9 @@ TEST_CASE("tools/torch_bench.py runs every setup, prints its tables and writes i
   if (python.empty()) return;
   const std::string dir = testing::FreshTempDir("torch_bench");
   const std::string csv = dir + "/bench.csv";
-  const std::vector<std::string> bench = {"/usr/bin/env",
-                                          "PSTRAIN_LIB=" + Runfile("worker/libpstrain.so"),
-                                          python,
-                                          Runfile("tools/torch_bench.py"),
-                                          "--pstrain=" + Binary("tools/pstrain"),
-                                          "--bin_dir=" + BinDir(),
-                                          "--python=" + python};
+  std::vector<std::string> bench = ScriptArgv(python, "tools/torch_bench.py");
+  bench.insert(bench.end(), {"--pstrain=" + Binary("tools/pstrain"), "--bin_dir=" + BinDir(),
+                             "--python=" + python});
   std::vector<std::string> argv = bench;
   argv.insert(argv.end(), {"--models=mlp", "--reps=1", "--seconds=0.01", "--csv=" + csv});
   CommandResult r = testing::RunCommand(argv, absl::Seconds(400));

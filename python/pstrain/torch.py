@@ -213,7 +213,7 @@ class DistributedModule:
             bool(getattr(self.session, "streams_pushes", False))
         self._in_step = False  # between a pull that read values and its push
         self._ready, self._ready_bytes = [], 0  # ready, not yet sent
-        self._sent = {}  # variable index -> (gradient, its version, its address) sent early
+        self._sent = {}  # variable index -> (its gradient's version, address) when sent early
         self._accumulators = []  # (kept alive: the hooks are on them)
         if not self._streaming:
             return
@@ -246,13 +246,13 @@ class DistributedModule:
         if self._ready_bytes >= self._bucket_bytes:
             ready = {j: _as_variable(self._params[j].grad) for j in self._ready}
             self.session.push_ready(ready)
-            for j, grad in ready.items():
-                self._sent[j] = (grad, grad._version, grad.data_ptr())
+            for j, grad in ready.items():  # (the session holds them until the push)
+                self._sent[j] = (grad._version, grad.data_ptr())
             self._ready, self._ready_bytes = [], 0
 
     def _check_sent(self):
         """The gradients that left early are what push() would send."""
-        for i, (_, version, address) in self._sent.items():
+        for i, (version, address) in self._sent.items():
             g = self._params[i].grad
             if g is None or g.data_ptr() != address or g._version != version:
                 raise RuntimeError(

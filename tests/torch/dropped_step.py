@@ -16,13 +16,8 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import pstrain  # noqa: E402
 import pstrain.torch  # noqa: E402
+from checks import check, finish  # noqa: E402
 
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
 
 
 class Var:
@@ -104,11 +99,7 @@ def main():
     check(session.calls.count(("push_rows", 0)) == 1, "one push of rows per table per step")
     check(session.calls.count(("pull_rows", 2)) == 2, "the step after a drop pulls its rows")
     check(not any(bag._pending for bag in (net.bag, net.second)), "rows pending after the run")
-    if failures:
-        for f in failures:
-            print("FAILED:", f, flush=True)
-        sys.exit(1)
-    print("DROPPED OK", flush=True)
+    finish("DROPPED")
 
 
 if __name__ == "__main__":

@@ -15,13 +15,8 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
 import pstrain.torch  # noqa: E402
+from checks import check, expect_raises, finish  # noqa: E402
 
-failures = []
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
 
 
 class Var:
@@ -56,16 +51,6 @@ class StandIn:
 def make():
     torch.manual_seed(3)
     return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-
-
-def expect_raises(needle, fn):
-    try:
-        fn()
-    except RuntimeError as e:
-        check(needle in str(e), f"RuntimeError without {needle!r}: {e}")
-        print(f"refused as expected: {e}", flush=True)
-        return
-    failures.append(f"expected a RuntimeError ({needle}), nothing raised")
 
 
 def main():
@@ -127,7 +112,7 @@ def main():
     # Two backward passes in one step: refused at the second.
     dm.pull()
     loss_of(net).backward()
-    expect_raises("got a second gradient in step 0", lambda: loss_of(net).backward())
+    expect_raises(RuntimeError, "got a second gradient in step 0", lambda: loss_of(net).backward())
 
     # A gradient changed after it left: refused at the push.
     net = make()
@@ -136,14 +121,10 @@ def main():
     dm.pull()
     loss_of(net).backward()
     torch.nn.utils.clip_grad_norm_(net.parameters(), 1e-3)
-    expect_raises("changed after it left for the servers", dm.push)
+    expect_raises(RuntimeError, "changed after it left for the servers", dm.push)
     check(session.pushed == [], "a push went out after a changed gradient")
 
-    if failures:
-        for f in failures:
-            print("FAILED:", f, flush=True)
-        sys.exit(1)
-    print("OVERLAP OK", flush=True)
+    finish("OVERLAP")
 
 
 if __name__ == "__main__":

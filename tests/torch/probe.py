@@ -19,29 +19,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import pstrain  # noqa: E402
 import pstrain.torch  # noqa: E402
 import train as digits  # noqa: E402
-
-failures = []
-
-
-def expect_raises(kind, needle, fn):
-    try:
-        fn()
-    except kind as e:  # pylint: disable=broad-except
-        if needle not in str(e):
-            failures.append(f"{kind.__name__} without {needle!r}: {e}")
-        else:
-            print(f"refused as expected: {type(e).__name__}: {e}", flush=True)
-        return
-    except Exception as e:  # pylint: disable=broad-except
-        failures.append(f"expected {kind.__name__} ({needle}), got {type(e).__name__}: {e}")
-        return
-    failures.append(f"expected {kind.__name__} ({needle}), nothing raised")
-
-
-def check(cond, what):
-    if not cond:
-        failures.append(what)
-
+from checks import check, expect_raises, finish  # noqa: E402
 
 variables_file = sys.argv[1]
 # pstrain launch --worker_cmd: prints reach the log as they are made.
@@ -155,7 +133,4 @@ with dm:
 for name, p in pstrain.torch.trainable_parameters(model):
     check(numpy.array_equal(p.detach().numpy(), initial[name]), f"{name} moved")
 
-if failures:
-    print("PROBE FAILED:\n  " + "\n  ".join(failures), flush=True)
-    sys.exit(1)
-print("PROBE OK", flush=True)
+finish("PROBE")

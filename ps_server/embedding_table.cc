@@ -114,6 +114,7 @@ void EmbeddingTable::FindRows(Shard* s, absl::Span<const uint64_t> ids, const ui
     // Lookups and updates write the row's last-touched step (updates its
     // count too): another random line each, prefetched for writing.
     __builtin_prefetch(s->touched.data() + row, 1);
+    __builtin_prefetch(s->changed.data() + row, 1);
     if (with_slots) {
       __builtin_prefetch(s->updates.data() + row, 1);
       for (const std::vector<float>& slot : s->slots) prefetch(slot.data() + at);
@@ -137,6 +138,7 @@ int64_t EmbeddingTable::FindOrCreate(Shard* s, uint64_t id, bool create) {
     s->updates.push_back(0);
     s->touched.push_back(0);
     s->row_ids.push_back(0);
+    s->changed.push_back(0);
   }
   const size_t at = static_cast<size_t>(row) * dim;
   InitialRow(options_.seed, id, dim, options_.init_scale, s->values.data() + at);
@@ -145,7 +147,9 @@ int64_t EmbeddingTable::FindOrCreate(Shard* s, uint64_t id, bool create) {
   }
   s->updates[row] = 0;
   s->row_ids[row] = id;
+  s->changed[row] = generation();
   s->index.emplace(id, row);
+  if (!s->deleted.empty()) s->deleted.erase(id);
   return row;
 }
 
@@ -154,6 +158,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const uint64_t> ids, int64_t step
   const int dim = options_.dim;
   const int admit = options_.admit_after;
   const size_t row_bytes = sizeof(float) * dim;
+  const uint32_t generation = this->generation();
   std::vector<int64_t> rows;
   ForEachShardGroup(
       ids, [&](Shard* s, const uint32_t* pos, size_t count) ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -180,9 +185,29 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const uint64_t> ids, int64_t step
             }
           }
           s->touched[row] = step;
+          s->changed[row] = generation;
           std::memcpy(dst, s->values.data() + static_cast<size_t>(row) * dim, row_bytes);
         }
       });
+  return absl::OkStatus();
+}
+
+absl::Status EmbeddingTable::Peek(absl::Span<const uint64_t> ids, float* out) const {
+  if (absl::Status st = CheckIds(ids); !st.ok()) return st;
+  const size_t dim = static_cast<size_t>(options_.dim);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    float* dst = out + i * dim;
+    const Shard& s = shards_[ShardOf(ids[i])];
+    absl::MutexLock lock(&s.mu);
+    auto it = s.index.find(ids[i]);
+    if (it != s.index.end()) {
+      std::copy_n(s.values.begin() + static_cast<size_t>(it->second) * dim, dim, dst);
+    } else if (options_.admit_after > 1) {
+      std::fill(dst, dst + dim, 0.0f);
+    } else {
+      InitialRow(options_.seed, ids[i], options_.dim, options_.init_scale, dst);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -215,6 +240,7 @@ absl::Status EmbeddingTable::ApplyGradients(absl::Span<const uint64_t> ids, cons
   }
   if (clip_value > 0) ClipByValue(sum.data(), static_cast<int64_t>(sum.size()), clip_value);
   const bool needs_admission = options_.admit_after > 1;
+  const uint32_t generation = this->generation();
   std::vector<int64_t> rows;
   ForEachShardGroup(
       unique, [&](Shard* s, const uint32_t* pos, size_t count) ABSL_NO_THREAD_SAFETY_ANALYSIS {
@@ -234,6 +260,7 @@ absl::Status EmbeddingTable::ApplyGradients(absl::Span<const uint64_t> ids, cons
           optimizer_->ApplyRange(values, values, sum.data() + static_cast<size_t>(i) * dim, dim,
                                  &s->slots, row * static_cast<int64_t>(dim), update);
           s->touched[row] = step;
+          s->changed[row] = generation;
         }
       });
   return absl::OkStatus();
@@ -255,13 +282,44 @@ absl::Status EmbeddingTable::CheckGradients(absl::Span<const uint64_t> ids,
   return absl::OkStatus();
 }
 
-EmbeddingTable::Rows EmbeddingTable::ExportRows() const {
+EmbeddingTable::Rows EmbeddingTable::ExportRows() const { return Export(0); }
+
+EmbeddingTable::Rows EmbeddingTable::ExportChangedRows(uint32_t after) const {
+  // Generations start at 1: a delta on "generation 0" would be every row.
+  return Export(std::max<uint32_t>(after, 1));
+}
+
+uint32_t EmbeddingTable::EndGeneration() {
+  return generation_.fetch_add(1, std::memory_order_relaxed);
+}
+
+void EmbeddingTable::ForgetDeletedThrough(uint32_t through) {
+  for (Shard& s : shards_) {
+    absl::MutexLock lock(&s.mu);
+    absl::erase_if(s.deleted, [through](const auto& d) { return d.second <= through; });
+  }
+}
+
+EmbeddingTable::Rows EmbeddingTable::Export(uint32_t after) const {
   const size_t dim = static_cast<size_t>(options_.dim);
   Rows out;
   out.slots.resize(row_slot_init_.size());
   for (const Shard& s : shards_) {
     absl::MutexLock lock(&s.mu);
-    std::vector<std::pair<uint64_t, uint32_t>> rows(s.index.begin(), s.index.end());
+    std::vector<std::pair<uint64_t, uint32_t>> rows;
+    if (after == 0) {
+      rows.assign(s.index.begin(), s.index.end());
+    } else {
+      // A scan of the stamps, in row order (a freed row's stamp is 0).
+      for (size_t row = 0; row < s.changed.size(); ++row) {
+        if (s.changed[row] > after) rows.emplace_back(s.row_ids[row], static_cast<uint32_t>(row));
+      }
+      const size_t first = out.deleted.size();
+      for (const auto& [id, generation] : s.deleted) {
+        if (generation > after) out.deleted.push_back(id);
+      }
+      std::sort(out.deleted.begin() + first, out.deleted.end());
+    }
     std::sort(rows.begin(), rows.end());
     const size_t at = out.ids.size();
     out.ids.resize(at + rows.size());
@@ -323,6 +381,7 @@ absl::Status EmbeddingTable::ImportRows(absl::Span<const uint64_t> ids, const fl
     }
     s.updates[row] = slots.empty() || updates.empty() ? 0 : updates[i];
     s.touched[row] = touched.empty() ? 0 : touched[i];
+    s.changed[row] = generation();
     s.sightings.erase(id);
   }
   return absl::OkStatus();
@@ -338,11 +397,14 @@ int64_t EmbeddingTable::Expire(int64_t step, bool force) {
     return 0;
   }
   const int64_t oldest = step - options_.expire_after_steps;
+  const uint32_t generation = this->generation();
   int64_t dropped = 0;
   for (Shard& s : shards_) {
     absl::MutexLock lock(&s.mu);
     for (auto it = s.index.begin(); it != s.index.end();) {
       if (s.touched[it->second] < oldest) {
+        s.deleted[it->first] = generation;
+        s.changed[it->second] = 0;  // in no delta while free
         s.free_rows.push_back(it->second);
         s.index.erase(it++);
         ++s.expired;

@@ -63,6 +63,12 @@ class EmbeddingTable {
   // reads as zeros), and marks them touched at `step`. Refuses, changing
   // nothing, when an id is outside a fixed-size table.
   absl::Status Lookup(absl::Span<const uint64_t> ids, int64_t step, float* out);
+  // Reads the rows of `ids` into `out` as Lookup would, changing nothing: a
+  // row that does not exist reads as it would be created (or zeros where
+  // admission would not create it yet), and no row is marked touched. For
+  // readers outside training (the chief's evaluation), whose timing must
+  // not change what training does.
+  absl::Status Peek(absl::Span<const uint64_t> ids, float* out) const;
 
   // Applies gradient rows grads[i * dim, ...) for `ids`: duplicate ids are
   // summed first (in the order given), the sum is multiplied by `scale` and
@@ -96,8 +102,24 @@ class EmbeddingTable {
     std::vector<float> values;
     OptimizerSlots slots;
     std::vector<int64_t> updates, touched;
+    std::vector<uint64_t> deleted;  // ExportChangedRows: ids dropped, ascending per shard
   };
   Rows ExportRows() const;
+
+  // Incremental saves. Every change to a row (created, looked up, updated,
+  // imported) and every row dropped (expired) is stamped with the table's
+  // current generation, which starts at 1; EndGeneration() starts the next
+  // one and returns the one that ended. A save calls it while no row
+  // changes (a checkpoint's cut), so generation g holds exactly the changes
+  // between save g - 1 and save g.
+  uint32_t EndGeneration();
+  // The rows changed in generations after `after` (as ExportRows has them),
+  // and in `deleted` the ids dropped since then that are not rows again:
+  // what a save after the one that ended generation `after` must add to it.
+  Rows ExportChangedRows(uint32_t after) const;
+  // Forgets the dropped ids stamped `through` or earlier: no save to come
+  // is a delta on a save before that.
+  void ForgetDeletedThrough(uint32_t through);
   // Sets rows from a checkpoint, creating them where absent; `slots` empty
   // gives the rows fresh optimizer state (update counts 0), else it must
   // have one buffer per slot of ids.size() x dim. `updates` and `touched`
@@ -121,6 +143,8 @@ class EmbeddingTable {
     std::vector<int64_t> updates ABSL_GUARDED_BY(mu);
     std::vector<int64_t> touched ABSL_GUARDED_BY(mu);
     std::vector<uint64_t> row_ids ABSL_GUARDED_BY(mu);
+    std::vector<uint32_t> changed ABSL_GUARDED_BY(mu);  // the generation of its last change
+    absl::flat_hash_map<uint64_t, uint32_t> deleted ABSL_GUARDED_BY(mu);  // id -> generation
     std::vector<uint32_t> free_rows ABSL_GUARDED_BY(mu);
     absl::flat_hash_map<uint64_t, int32_t> sightings ABSL_GUARDED_BY(mu);  // admission
     int64_t expired ABSL_GUARDED_BY(mu) = 0;
@@ -139,12 +163,18 @@ class EmbeddingTable {
   // shard, with that shard locked (once per call).
   template <typename F>
   void ForEachShardGroup(absl::Span<const uint64_t> ids, F visit);
+  // ExportRows (every row) and ExportChangedRows (`after` > 0).
+  Rows Export(uint32_t after) const;
+  uint32_t generation() const { return generation_.load(std::memory_order_relaxed); }
 
   const Options options_;
   const Optimizer* const optimizer_;
   OptimizerSlots row_slot_init_;  // one row's initial slot values
   std::array<Shard, kShards> shards_;
   std::atomic<int64_t> next_sweep_{0};
+  // Changed only while no row changes (EndGeneration); read under the
+  // shards' locks, which order it.
+  std::atomic<uint32_t> generation_{1};
 };
 
 }  // namespace pstrain

@@ -4,6 +4,7 @@
 // spread over servers.
 #include "ps_server/embedding_table.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <map>
@@ -356,6 +357,83 @@ TEST_CASE("rows exported for a checkpoint import into another table bitwise", "[
   const std::vector<uint64_t> out_of_range = {1, 100};
   CHECK(!d.ImportRows(out_of_range, values.data(), {}, {}, {}).ok());
   CHECK(d.stats().rows == 0);
+}
+
+TEST_CASE("a save's delta holds the rows changed since the save before and the ids dropped",
+          "[embedding][checkpoint][incremental]") {
+  auto adam = MakeOptimizer("learning_rate: 0.1 adam {}");
+  EmbeddingTable::Options o = Table(2);
+  o.expire_after_steps = 10;
+  EmbeddingTable t(o, adam.get());
+  const std::vector<float> g = {0.5f, -1};
+  for (uint64_t id = 0; id < 100; ++id) Row(t, id, 0);  // 100 rows, all touched at 0
+  const uint32_t first = t.EndGeneration();  // a full save: every row
+  CHECK(t.ExportRows().ids.size() == 100);
+
+  // Between saves: 3 rows updated, one looked up, one created; then rows
+  // untouched since 0 expire at 12, except those 5.
+  for (uint64_t id : {3, 50, 97}) REQUIRE(t.ApplyGradients({id}, g.data(), 1, 0.1f, 0, 5).ok());
+  Row(t, 7, 6);
+  Row(t, 1000, 6);
+  REQUIRE(t.Expire(12, true) == 96);
+  const uint32_t second = t.EndGeneration();
+  CHECK(second == first + 1);
+  EmbeddingTable::Rows delta = t.ExportChangedRows(first);
+  std::sort(delta.ids.begin(), delta.ids.end());
+  CHECK(delta.ids == std::vector<uint64_t>{3, 7, 50, 97, 1000});
+  CHECK(delta.values.size() == 5 * 2);
+  CHECK(delta.slots.size() == 2);
+  CHECK(delta.deleted.size() == 96);
+  CHECK(std::count(delta.deleted.begin(), delta.deleted.end(), 3) == 0);
+
+  // Nothing changed since: an empty delta. A dropped id created again is a
+  // row of the next delta, not a drop.
+  CHECK(t.ExportChangedRows(second).ids.empty());
+  CHECK(t.ExportChangedRows(second).deleted.empty());
+  Row(t, 0, 13);
+  const uint32_t third = t.EndGeneration();
+  EmbeddingTable::Rows next = t.ExportChangedRows(second);
+  CHECK(next.ids == std::vector<uint64_t>{0});
+  CHECK(next.deleted.empty());
+  // Against the first save, both deltas together (id 0 is a row again).
+  CHECK(t.ExportChangedRows(first).ids.size() == 6);
+  CHECK(t.ExportChangedRows(first).deleted.size() == 95);
+  // Drops stamped at or before a save no delta rests on are forgotten.
+  t.ForgetDeletedThrough(third);
+  CHECK(t.ExportChangedRows(first).deleted.empty());
+  // Imported rows count as changed.
+  const EmbeddingTable::Rows all = t.ExportRows();
+  REQUIRE(t.ImportRows({all.ids[0]}, all.values.data(), {}, {}, {}).ok());
+  CHECK(t.ExportChangedRows(third).ids == std::vector<uint64_t>{all.ids[0]});
+}
+
+TEST_CASE("a peek reads rows as a lookup would and changes nothing", "[embedding]") {
+  auto sgd = MakeOptimizer("learning_rate: 1 sgd {}");
+  EmbeddingTable::Options o = Table(2);
+  o.expire_after_steps = 10;
+  EmbeddingTable t(o, sgd.get());
+  const std::vector<float> g = {1, 1};
+  REQUIRE(t.ApplyGradients({5}, g.data(), 1, 1, 0, 0).ok());
+  const uint32_t saved = t.EndGeneration();
+  std::vector<float> out(4);
+  const std::vector<uint64_t> ids = {5, 6};
+  REQUIRE(t.Peek(ids, out.data()).ok());
+  std::vector<float> five(2), six(2);
+  InitialRow(o.seed, 5, 2, 0.5f, five.data());
+  InitialRow(o.seed, 6, 2, 0.5f, six.data());
+  CHECK(out == std::vector<float>{five[0] - 1, five[1] - 1, six[0], six[1]});  // 6 as created
+  CHECK(t.stats().rows == 1);                     // but it is not
+  CHECK(t.ExportChangedRows(saved).ids.empty());  // nor is 5 touched
+  CHECK(t.Expire(11, true) == 1);                 // so it expires at 0 + 10
+  // Not admitted yet: zeros, and the peek is no sighting.
+  o.admit_after = 2;
+  EmbeddingTable a(o, sgd.get());
+  REQUIRE(a.Peek(ids, out.data()).ok());
+  CHECK(out == std::vector<float>(4, 0.0f));
+  CHECK(a.stats().pending_ids == 0);
+  // Ids outside a fixed-size table are refused, as for a lookup.
+  EmbeddingTable f(Table(2, 4), sgd.get());
+  CHECK(f.Peek(ids, out.data()).code() == absl::StatusCode::kOutOfRange);
 }
 
 }  // namespace

@@ -58,11 +58,14 @@ uint64_t ParameterServer::StartPullRows(const PullRowsRequest& request, PullRows
       wait.set_worker(request.worker());
       wait.set_min_version(request.min_version());
       wait.set_timeout_ms(request.timeout_ms());
-      PullCallback lookup = [this, model = model_, table, ids, done = std::move(done)](
+      // The chief's lookups (its evaluation) change nothing: when they
+      // come must not change what training does.
+      const bool peek = request.worker() < 0;
+      PullCallback lookup = [this, model = model_, table, ids, peek, done = std::move(done)](
                                 absl::Status status, PullReply reply) {
         PulledRows rows;
         if (status.ok()) {
-          absl::StatusOr<PulledRows> found = rows_.Lookup(*table, *ids, reply.version);
+          absl::StatusOr<PulledRows> found = rows_.Lookup(*table, *ids, reply.version, peek);
           status = found.status();
           if (found.ok()) rows = *std::move(found);
         }

@@ -89,13 +89,15 @@ std::shared_ptr<std::vector<float>> RowStore::BufferPool::Take(int64_t floats) {
 }
 
 absl::StatusOr<PulledRows> RowStore::Lookup(const ServerModel::Table& table,
-                                            const std::vector<uint64_t>& ids, int64_t version) {
+                                            const std::vector<uint64_t>& ids, int64_t version,
+                                            bool peek) {
   PulledRows rows;
   rows.version = version;
   rows.dim = table.rows->dim();
   rows.floats = static_cast<int64_t>(ids.size()) * rows.dim;
   rows.values = buffers_->Take(rows.floats);
-  RETURN_IF_ERROR(table.rows->Lookup(ids, version, rows.values->data()));
+  RETURN_IF_ERROR(peek ? table.rows->Peek(ids, rows.values->data())
+                       : table.rows->Lookup(ids, version, rows.values->data()));
   return rows;
 }
 

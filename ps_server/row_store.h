@@ -62,9 +62,12 @@ class RowStore {
                                           const std::vector<uint64_t>& ids,
                                           std::vector<float>* grads);
 
-  // `ids`' rows of `table` at `version`, in a pooled buffer.
+  // `ids`' rows of `table` at `version`, in a pooled buffer. `peek`: for a
+  // reader outside training (the chief), the table unchanged
+  // (EmbeddingTable::Peek).
   absl::StatusOr<PulledRows> Lookup(const ServerModel::Table& table,
-                                    const std::vector<uint64_t>& ids, int64_t version);
+                                    const std::vector<uint64_t>& ids, int64_t version,
+                                    bool peek = false);
 
   // Sync (the server's lock held): stages worker `w`'s row gradients for
   // the open step `step`; RESOURCE_EXHAUSTED past kMaxRowsPerRequest rows a

@@ -21,19 +21,16 @@
 #include "absl/time/clock.h"
 #include "common/base/crc32c.h"
 #include "common/base/status_macros.h"
+#include "common/storage/checkpoint_rows.h"
 #include "google/protobuf/text_format.h"
 
 namespace pstrain {
 namespace {
 
-// a + b for progress totals of lengths a manifest states (negative ones
-// count as 0; the sum stops at the largest int64 instead of overflowing).
-int64_t SaturatingAdd(int64_t a, int64_t b) {
-  b = std::max<int64_t>(b, 0);
-  return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max() : a + b;
-}
+using checkpoint_internal::kShardMagic;
+using checkpoint_internal::RangeFits;
+using checkpoint_internal::SaturatingAdd;
 
-constexpr char kShardMagic[8] = {'P', 'S', 'T', 'S', 'H', 'R', 'D', '1'};
 constexpr int64_t kAlign = 64;
 constexpr char kCrcPrefix[] = "crc32c: ";
 
@@ -52,13 +49,6 @@ int64_t CheckedElements(const google::protobuf::RepeatedField<int64_t>& shape) {
     n *= d;
   }
   return n;
-}
-
-// [offset, offset + length) lies in a shard of `shard_bytes`, past its magic
-// (written without overflow: the manifest is outside input).
-bool RangeFits(int64_t offset, int64_t length, int64_t shard_bytes) {
-  return length >= 0 && offset >= static_cast<int64_t>(sizeof(kShardMagic)) &&
-         offset <= shard_bytes && length <= shard_bytes - offset;
 }
 
 // Steps, shards, ranges and shapes that make sense, before any byte is read.
@@ -125,80 +115,7 @@ absl::Status CheckManifest(const CheckpointManifest& m) {
       return absl::DataLossError(absl::StrCat("table ", t.name(), " listed twice"));
     }
   }
-  std::set<std::pair<std::string, int>> seen;
-  for (const CheckpointRows& r : m.rows()) {
-    const std::string what = absl::StrCat("table ", r.table(), " rows of shard ", r.shard());
-    auto t = tables.find(r.table());
-    if (t == tables.end()) return absl::DataLossError(absl::StrCat(what, ": not a listed table"));
-    if (r.shard() < 0 || r.shard() >= m.num_shards() || r.rows() < 0 ||
-        r.rows() > (int64_t{1} << 40) || !seen.emplace(r.table(), r.shard()).second) {
-      return absl::DataLossError(absl::StrCat(what, ": bad shard, count or a repeat"));
-    }
-    if (r.slots_size() != t->second->slot_names_size()) {
-      return absl::DataLossError(absl::StrCat(what, ": ", r.slots_size(), " slots, the table has ",
-                                              t->second->slot_names_size()));
-    }
-    const int64_t floats = r.rows() * t->second->dim() * static_cast<int64_t>(sizeof(float));
-    const int64_t shard_bytes = m.shards(r.shard()).bytes();
-    auto fits = [&](const ByteRange& b, int64_t want) {
-      return b.length() == want && RangeFits(b.offset(), b.length(), shard_bytes);
-    };
-    bool ok = fits(r.ids(), r.rows() * 8) && fits(r.values(), floats) &&
-              fits(r.updates(), r.rows() * 8) && fits(r.touched(), r.rows() * 8);
-    for (const ByteRange& b : r.slots()) ok = ok && fits(b, floats);
-    if (!ok) {
-      return absl::DataLossError(
-          absl::StrCat(what, ": a byte range does not fit its row count and shard"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Reads `range` of a shard into `dst` and checks its CRC32C.
-absl::Status ReadRangeInto(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
-                           int shard, const ByteRange& range, const std::string& what,
-                           void* dst) {
-  const std::string file = m.shards(shard).file();
-  absl::Status st = env->ReadFileRangeInto(JoinPath(ckpt_dir, file), range.offset(),
-                                           range.length(), static_cast<char*>(dst));
-  if (!st.ok()) return absl::DataLossError(absl::StrCat(file, ": ", what, ": ", st.message()));
-  if (Crc32c(dst, static_cast<size_t>(range.length())) != range.crc32c()) {
-    return absl::DataLossError(absl::StrCat(file, ": ", what, ": CRC32C mismatch (corrupted)"));
-  }
-  return absl::OkStatus();
-}
-
-// DATA_LOSS when an id of `table` appears twice (sorts `ids`).
-absl::Status CheckUniqueIds(const std::string& table, std::vector<uint64_t>* ids) {
-  std::sort(ids->begin(), ids->end());
-  auto dup = std::adjacent_find(ids->begin(), ids->end());
-  if (dup == ids->end()) return absl::OkStatus();
-  return absl::DataLossError(absl::StrCat("table ", table, ": id ", *dup, " is in two shards"));
-}
-
-// Appends shard rows `r` to `t` (every range read and checked).
-absl::Status ReadRows(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
-                      const CheckpointRows& r, RestoredTable* t) {
-  const size_t n = static_cast<size_t>(r.rows()), at = t->ids.size();
-  const std::string what = absl::StrCat("table ", r.table());
-  t->ids.resize(at + n);
-  t->values.resize((at + n) * t->dim);
-  t->updates.resize(at + n);
-  t->touched.resize(at + n);
-  RETURN_IF_ERROR(ReadRangeInto(env, ckpt_dir, m, r.shard(), r.ids(), what + " ids",
-                                t->ids.data() + at));
-  RETURN_IF_ERROR(ReadRangeInto(env, ckpt_dir, m, r.shard(), r.values(), what + " values",
-                                t->values.data() + at * t->dim));
-  for (int s = 0; s < r.slots_size(); ++s) {
-    t->slots[s].resize((at + n) * t->dim);
-    RETURN_IF_ERROR(ReadRangeInto(env, ckpt_dir, m, r.shard(), r.slots(s),
-                                  absl::StrCat(what, " slot ", s), t->slots[s].data() + at * t->dim));
-  }
-  RETURN_IF_ERROR(ReadRangeInto(env, ckpt_dir, m, r.shard(), r.updates(), what + " updates",
-                                t->updates.data() + at));
-  RETURN_IF_ERROR(ReadRangeInto(env, ckpt_dir, m, r.shard(), r.touched(), what + " touched",
-                                t->touched.data() + at));
-  return absl::OkStatus();
+  return checkpoint_internal::CheckRowEntries(m);
 }
 
 // Where each variable's partitions sit: values and slots of each, by first row.
@@ -327,6 +244,11 @@ absl::StatusOr<std::vector<CheckpointTensor>> WriteShard(
       for (const float* slot : r.slots) RETURN_IF_ERROR(range(slot, floats, e.add_slots()));
       RETURN_IF_ERROR(range(r.updates, n * 8, e.mutable_updates()));
       RETURN_IF_ERROR(range(r.touched, n * 8, e.mutable_touched()));
+      if (r.delta) {
+        e.set_delta(true);
+        e.set_deleted(r.deleted);
+        RETURN_IF_ERROR(range(r.deleted_ids, r.deleted * 8, e.mutable_deleted_ids()));
+      }
       rows_out.push_back(std::move(e));
     }
     return absl::OkStatus();
@@ -453,15 +375,9 @@ std::vector<std::string> VerifyCheckpoint(Env* env, const std::string& ckpt_dir,
   // Bytes to check: every tensor and row range the manifest names (summed
   // saturating: the lengths are the manifest's, checked only below).
   auto add = SaturatingAdd;
-  auto rows_bytes = [&add](const CheckpointRows& r) {
-    int64_t b = add(add(add(r.ids().length(), r.values().length()), r.updates().length()),
-                    r.touched().length());
-    for (const ByteRange& s : r.slots()) b = add(b, s.length());
-    return b;
-  };
   int64_t total = 0, done = 0;
   for (const CheckpointTensor& t : m->tensors()) total = add(total, t.length());
-  for (const CheckpointRows& r : m->rows()) total = add(total, rows_bytes(r));
+  for (const CheckpointRows& r : m->rows()) total = add(total, checkpoint_internal::RowsBytes(r));
   auto checked = [&](int64_t bytes) {
     done = add(done, bytes);
     if (progress) progress(done, total);
@@ -481,21 +397,23 @@ std::vector<std::string> VerifyCheckpoint(Env* env, const std::string& ckpt_dir,
     tables[t.name()].slots.resize(t.slot_names_size());
   }
   std::map<std::string, std::vector<uint64_t>> ids;  // every shard's, per table
-  for (const CheckpointRows& r : m->rows()) {
-    if (shard_ok[r.shard()]) {
-      RestoredTable t;  // one shard's rows at a time
-      t.dim = tables[r.table()].dim;
-      t.slots.resize(r.slots_size());
-      if (absl::Status st = ReadRows(env, ckpt_dir, *m, r, &t); !st.ok()) {
+  for (const auto& [key, links] : checkpoint_internal::ChainsOf(*m)) {
+    const auto& [table, shard] = key;
+    if (shard_ok[shard]) {
+      RestoredTable t;  // one shard's rows at a time, its chain replayed
+      t.dim = tables[table].dim;
+      t.slots.resize(tables[table].slots.size());
+      if (absl::Status st = checkpoint_internal::ReadRowChain(env, ckpt_dir, *m, links, &t);
+          !st.ok()) {
         problems.push_back(std::string(st.message()));
       } else {
-        ids[r.table()].insert(ids[r.table()].end(), t.ids.begin(), t.ids.end());
+        ids[table].insert(ids[table].end(), t.ids.begin(), t.ids.end());
       }
     }
-    checked(rows_bytes(r));
+    for (const CheckpointRows* r : links) checked(checkpoint_internal::RowsBytes(*r));
   }
   for (auto& [name, all] : ids) {
-    if (absl::Status st = CheckUniqueIds(name, &all); !st.ok()) {
+    if (absl::Status st = checkpoint_internal::CheckUniqueIds(name, &all); !st.ok()) {
       problems.push_back(std::string(st.message()));
     }
   }
@@ -524,7 +442,10 @@ absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(Env* env, const std:
     info.path = path;
     absl::StatusOr<CheckpointManifest> m = ReadManifest(env, path);
     info.complete = m.ok();
-    if (m.ok()) info.unix_time_ms = m->unix_time_ms();
+    if (m.ok()) {
+      info.unix_time_ms = m->unix_time_ms();
+      info.chain.assign(m->chain().begin(), m->chain().end());
+    }
     if (absl::StatusOr<std::vector<std::string>> files = env->ListDir(path); files.ok()) {
       for (const std::string& f : *files) {
         info.bytes += env->FileSize(JoinPath(path, f)).value_or(0);
@@ -573,9 +494,15 @@ absl::Status CommitAndPrune(Env* env, const std::string& dir, int64_t latest, in
   }
   std::reverse(kept.begin(), kept.end());
   RETURN_IF_ERROR(WritePointer(env, dir, latest, kept));
+  // A kept checkpoint's chain (the earlier ones its rows are read from,
+  // complete or not) stays with it.
+  std::set<int64_t> needed(kept.begin(), kept.end());
+  for (const CheckpointInfo& info : all) {
+    if (needed.count(info.step) != 0) needed.insert(info.chain.begin(), info.chain.end());
+  }
   absl::Status first_error;
   for (const CheckpointInfo& info : all) {
-    if (info.step >= latest || std::count(kept.begin(), kept.end(), info.step) > 0) continue;
+    if (info.step >= latest || needed.count(info.step) > 0) continue;
     absl::Status st = DeleteRecursively(env, info.path);
     if (!st.ok() && first_error.ok()) first_error = st;
   }
@@ -713,12 +640,13 @@ absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& c
     rt.optimizer = t.optimizer();
     rt.slots.resize(t.slot_names_size());
   }
-  for (const CheckpointRows& r : m.rows()) {
-    RETURN_IF_ERROR(ReadRows(env, ckpt_dir, m, r, &out.tables.at(r.table())));
+  for (const auto& [key, links] : checkpoint_internal::ChainsOf(m)) {
+    RETURN_IF_ERROR(checkpoint_internal::ReadRowChain(env, ckpt_dir, m, links,
+                                                      &out.tables.at(key.first)));
   }
   for (const auto& [name, t] : out.tables) {
     std::vector<uint64_t> ids = t.ids;
-    if (absl::Status st = CheckUniqueIds(name, &ids); !st.ok()) {
+    if (absl::Status st = checkpoint_internal::CheckUniqueIds(name, &ids); !st.ok()) {
       return absl::DataLossError(absl::StrCat(ckpt_dir, ": ", st.message()));
     }
   }

@@ -57,7 +57,9 @@ struct ShardTensor {
 
 // One server's rows of an embedding table to write: `rows` ids, and for
 // each rows x dim floats of values and of every slot (the table's slot
-// order), an update count and the step it was last touched at.
+// order), an update count and the step it was last touched at. A delta
+// (the rows changed since the server's save before) also has the `deleted`
+// ids dropped since.
 struct ShardRows {
   std::string table;
   int dim = 0;
@@ -67,6 +69,9 @@ struct ShardRows {
   std::vector<const float*> slots;
   const int64_t* updates = nullptr;
   const int64_t* touched = nullptr;
+  bool delta = false;
+  int64_t deleted = 0;
+  const uint64_t* deleted_ids = nullptr;
 };
 
 // Writes shard `shard` of `num_shards` into `ckpt_dir` (created if needed),
@@ -106,6 +111,7 @@ struct CheckpointInfo {
   bool complete = false;  // a manifest that reads back
   int64_t bytes = 0;      // every file in it
   int64_t unix_time_ms = 0;
+  std::vector<int64_t> chain;  // the earlier checkpoints its rows are read from
 };
 // The ckpt-<step> directories in `dir`, by ascending step.
 absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(Env* env, const std::string& dir);
@@ -117,8 +123,10 @@ absl::Status WritePointer(Env* env, const std::string& dir, int64_t latest,
 absl::StatusOr<int64_t> ReadPointer(Env* env, const std::string& dir);
 
 // After a checkpoint at `latest` is complete: keeps the newest `keep`
-// complete ones up to it, deletes the older ones and any incomplete one
-// older than it, and rewrites the pointer. Never deletes `latest`.
+// complete ones up to it and the chains of their rows (the earlier
+// checkpoints they read, complete or not), deletes the other older ones
+// and any incomplete one older than it that no kept one needs, and
+// rewrites the pointer. Never deletes `latest`.
 absl::Status CommitAndPrune(Env* env, const std::string& dir, int64_t latest, int keep);
 
 // A rollback to `step`: the checkpoints of `dir` past it belong to the

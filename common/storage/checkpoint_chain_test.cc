@@ -1,0 +1,265 @@
+// Incremental rows (checkpoint.full_every): a server's rows as a chain of a
+// full save and deltas in earlier checkpoints' shard files, replayed on
+// load; verify naming a missing or damaged link; pruning that keeps a kept
+// checkpoint's chain; and manifests whose chains make no sense refused.
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "catch2/catch.hpp"
+#include "common/storage/checkpoint.h"
+#include "common/storage/env.h"
+#include "common/testing/temp_dir.h"
+
+namespace pstrain {
+namespace {
+
+constexpr int kDim = 2;
+
+// One link of one server's chain: the rows it holds (each value derived
+// from the id and the link's step) and, for a delta, the ids dropped.
+struct Link {
+  int64_t step = 0;
+  bool delta = false;
+  std::vector<uint64_t> ids;
+  std::vector<uint64_t> deleted;
+};
+
+float ValueOf(uint64_t id, int64_t step, int k) {
+  return static_cast<float>(id) + static_cast<float>(step) / 1000 + static_cast<float>(k) / 10;
+}
+
+// Writes `link` as checkpoint ckpt-<step> of one server under `dir`, its
+// manifest listing `chain` (the links before it, as a chief lists them) and
+// then its own; appends its own entry (named) to `chain`.
+void WriteLink(const std::string& dir, const Link& link, std::vector<CheckpointRows>* chain) {
+  const size_t n = link.ids.size();
+  std::vector<float> values(n * kDim), m(n * kDim), v(n * kDim);
+  for (size_t i = 0; i < n; ++i) {
+    for (int k = 0; k < kDim; ++k) {
+      values[i * kDim + k] = ValueOf(link.ids[i], link.step, k);
+      m[i * kDim + k] = 2 * values[i * kDim + k];
+      v[i * kDim + k] = 3 * values[i * kDim + k];
+    }
+  }
+  const std::vector<int64_t> updates(n, link.step), touched(n, link.step + 1);
+  ShardRows r;
+  r.table = "ads";
+  r.dim = kDim;
+  r.rows = static_cast<int64_t>(n);
+  r.ids = link.ids.data();
+  r.values = values.data();
+  r.slots = {m.data(), v.data()};
+  r.updates = updates.data();
+  r.touched = touched.data();
+  r.delta = link.delta;
+  r.deleted = static_cast<int64_t>(link.deleted.size());
+  r.deleted_ids = link.deleted.data();
+  const std::string ckpt = JoinPath(dir, CheckpointDirName(link.step));
+  int64_t bytes = 0;
+  std::vector<CheckpointRows> own;
+  REQUIRE(WriteShard(Env::Default(), ckpt, 0, 1, {}, &bytes, {r}, &own).ok());
+  CheckpointManifest mf;
+  mf.set_step(link.step);
+  mf.set_num_shards(1);
+  mf.set_num_workers(1);
+  mf.set_optimizer("adam");
+  ShardFile* f = mf.add_shards();
+  f->set_shard(0);
+  f->set_file(ShardFileName(0, 1));
+  f->set_bytes(bytes);
+  CheckpointTable* t = mf.add_tables();
+  t->set_name("ads");
+  t->set_dim(kDim);
+  t->set_optimizer("adam");
+  t->add_slot_names("m");
+  t->add_slot_names("v");
+  if (!link.delta) chain->clear();
+  for (const CheckpointRows& c : *chain) {
+    *mf.add_rows() = c;
+    REQUIRE(c.checkpoint().rfind("ckpt-", 0) == 0);
+    mf.add_chain(std::stoll(c.checkpoint().substr(5)));
+  }
+  *mf.add_rows() = own[0];
+  REQUIRE(WriteManifest(Env::Default(), ckpt, mf).ok());
+  own[0].set_checkpoint(CheckpointDirName(link.step));
+  chain->push_back(own[0]);
+}
+
+// ckpt-10: rows 1..4 in full; ckpt-20: 2 and 5 changed, 3 dropped;
+// ckpt-30: 3 back, 1 dropped (and 9, created and dropped between saves);
+// ckpt-40: in full again. Returns the directory.
+std::string WriteChain(const std::string& name) {
+  const std::string dir = testing::NewTempDir(name);
+  std::vector<CheckpointRows> chain;
+  WriteLink(dir, {10, false, {1, 2, 3, 4}, {}}, &chain);
+  WriteLink(dir, {20, true, {5, 2}, {3}}, &chain);
+  WriteLink(dir, {30, true, {3}, {1, 9}}, &chain);
+  return dir;
+}
+
+// id -> the step of the link its row came from; every value, slot, count
+// and step checked against it.
+std::map<uint64_t, int64_t> RowsOf(const RestoredCheckpoint& c) {
+  const RestoredTable& t = c.tables.at("ads");
+  std::map<uint64_t, int64_t> out;
+  for (size_t i = 0; i < t.ids.size(); ++i) {
+    const int64_t step = t.updates[i];
+    for (int k = 0; k < kDim; ++k) {
+      CHECK(t.values[i * kDim + k] == ValueOf(t.ids[i], step, k));
+      CHECK(t.slots[0][i * kDim + k] == 2 * ValueOf(t.ids[i], step, k));
+      CHECK(t.slots[1][i * kDim + k] == 3 * ValueOf(t.ids[i], step, k));
+    }
+    CHECK(t.touched[i] == step + 1);
+    CHECK(out.emplace(t.ids[i], step).second);
+  }
+  return out;
+}
+
+TEST_CASE("a chain of a full save and deltas loads as the rows the server held",
+          "[checkpoint][rows][incremental]") {
+  const std::string dir = WriteChain("chain");
+  for (int64_t step : {10, 20, 30}) {
+    CHECK(VerifyCheckpoint(Env::Default(), JoinPath(dir, CheckpointDirName(step))).empty());
+  }
+  auto c10 = LoadCheckpoint(Env::Default(), JoinPath(dir, "ckpt-10"));
+  auto c20 = LoadCheckpoint(Env::Default(), JoinPath(dir, "ckpt-20"));
+  auto c30 = LoadCheckpoint(Env::Default(), JoinPath(dir, "ckpt-30"));
+  REQUIRE(c10.ok());
+  REQUIRE(c20.ok());
+  REQUIRE(c30.ok());
+  CHECK(RowsOf(*c10) == std::map<uint64_t, int64_t>{{1, 10}, {2, 10}, {3, 10}, {4, 10}});
+  CHECK(RowsOf(*c20) == std::map<uint64_t, int64_t>{{1, 10}, {2, 20}, {4, 10}, {5, 20}});
+  CHECK(RowsOf(*c30) == std::map<uint64_t, int64_t>{{2, 20}, {3, 30}, {4, 10}, {5, 20}});
+  CHECK(std::vector<int64_t>(c30->manifest.chain().begin(), c30->manifest.chain().end()) ==
+        std::vector<int64_t>{10, 20});
+  auto list = ListCheckpoints(Env::Default(), dir);
+  REQUIRE(list.ok());
+  REQUIRE(list->size() == 3);
+  CHECK(list->back().chain == std::vector<int64_t>{10, 20});
+}
+
+TEST_CASE("pruning keeps a kept checkpoint's chain, complete or not, and no more",
+          "[checkpoint][rows][incremental]") {
+  const std::string dir = WriteChain("chain-prune");
+  // ckpt-20 as if its commit had failed: no manifest, still a link of 30.
+  REQUIRE(Env::Default()->DeleteFile(JoinPath(dir, "ckpt-20/manifest")).ok());
+  REQUIRE(Env::Default()->CreateDirs(JoinPath(dir, "ckpt-25")).ok());  // incomplete, no link
+  REQUIRE(CommitAndPrune(Env::Default(), dir, 30, 1).ok());
+  CHECK(Env::Default()->IsDirectory(JoinPath(dir, "ckpt-10")));
+  CHECK(Env::Default()->IsDirectory(JoinPath(dir, "ckpt-20")));
+  CHECK_FALSE(Env::Default()->IsDirectory(JoinPath(dir, "ckpt-25")));
+  CHECK(VerifyCheckpoint(Env::Default(), JoinPath(dir, "ckpt-30")).empty());
+  // A full save at 40: the old chain goes.
+  std::vector<CheckpointRows> chain;
+  WriteLink(dir, {40, false, {7}, {}}, &chain);
+  REQUIRE(CommitAndPrune(Env::Default(), dir, 40, 1).ok());
+  auto list = ListCheckpoints(Env::Default(), dir);
+  REQUIRE(list.ok());
+  REQUIRE(list->size() == 1);
+  CHECK(list->front().step == 40);
+}
+
+TEST_CASE("a missing or damaged link is named, and the newest good checkpoint restores",
+          "[checkpoint][rows][incremental][faults]") {
+  {
+    const std::string dir = WriteChain("chain-missing");
+    REQUIRE(DeleteRecursively(Env::Default(), JoinPath(dir, "ckpt-20")).ok());
+    const std::vector<std::string> problems =
+        VerifyCheckpoint(Env::Default(), JoinPath(dir, "ckpt-30"));
+    REQUIRE(problems.size() == 1);
+    CHECK(problems[0].find("ckpt-20/shard-0-of-1: ") == 0);
+    CHECK(problems[0].find("it must stay beside it") != std::string::npos);
+    std::vector<std::string> skipped;
+    std::string path;
+    auto c = LoadLatestGoodCheckpoint(Env::Default(), dir, &skipped, &path);
+    REQUIRE(c.ok());
+    CHECK(path == JoinPath(dir, "ckpt-10"));
+    REQUIRE(skipped.size() == 1);
+    CHECK(skipped[0].find("ckpt-30: ") == 0);
+  }
+  {
+    const std::string dir = WriteChain("chain-damaged");
+    auto m = ReadManifest(Env::Default(), JoinPath(dir, "ckpt-30"));
+    REQUIRE(m.ok());
+    const CheckpointRows& own = m->rows(m->rows_size() - 1);
+    REQUIRE(own.deleted() == 2);
+    const std::string shard = JoinPath(dir, "ckpt-30/shard-0-of-1");
+    auto bytes = Env::Default()->ReadFile(shard);
+    REQUIRE(bytes.ok());
+    (*bytes)[own.deleted_ids().offset() + 3] ^= 1;
+    REQUIRE(Env::Default()->WriteFile(shard, *bytes, false).ok());
+    const std::vector<std::string> problems =
+        VerifyCheckpoint(Env::Default(), JoinPath(dir, "ckpt-30"));
+    REQUIRE(problems.size() == 1);
+    CHECK(problems[0] == "shard-0-of-1: table ads dropped ids: CRC32C mismatch (corrupted)");
+    // A link cut short (torn) is found by its ranges, before any read.
+    const std::string link = JoinPath(dir, "ckpt-10/shard-0-of-1");
+    auto whole = Env::Default()->ReadFile(link);
+    REQUIRE(whole.ok());
+    REQUIRE(Env::Default()->WriteFile(link, whole->substr(0, whole->size() - 8), false).ok());
+    const std::string torn =
+        absl::StrJoin(VerifyCheckpoint(Env::Default(), JoinPath(dir, "ckpt-20")), "; ");
+    CHECK(torn.find("ckpt-10/shard-0-of-1: table ads") != std::string::npos);
+    CHECK(torn.find("truncated or torn") != std::string::npos);
+  }
+}
+
+TEST_CASE("a manifest whose chain makes no sense is refused before any read",
+          "[checkpoint][rows][incremental]") {
+  const std::string dir = WriteChain("chain-bad");
+  const std::string ckpt = JoinPath(dir, "ckpt-30");
+  auto good = ReadManifest(Env::Default(), ckpt);
+  REQUIRE(good.ok());
+  REQUIRE(good->rows_size() == 3);
+  auto refused = [&](const std::string& why, const std::function<void(CheckpointManifest*)>& f) {
+    INFO(why);
+    CheckpointManifest bad = *good;
+    f(&bad);
+    REQUIRE(WriteManifest(Env::Default(), ckpt, bad).ok());
+    auto m = ReadManifest(Env::Default(), ckpt);
+    CHECK(m.status().code() == absl::StatusCode::kDataLoss);
+    return std::string(m.status().message());
+  };
+  CHECK(refused("no full save", [](CheckpointManifest* m) {
+          m->mutable_rows()->DeleteSubrange(0, 1);
+          m->clear_chain();
+          m->add_chain(20);
+        }).find("a delta with no full save before it") != std::string::npos);
+  CHECK(refused("a link outside the chain", [](CheckpointManifest* m) {
+          m->mutable_rows(1)->set_checkpoint("ckpt-15");
+        }).find("not a checkpoint of the chain") != std::string::npos);
+  CHECK(refused("a path for a name", [](CheckpointManifest* m) {
+          m->mutable_rows(1)->set_checkpoint("../ckpt-20");
+        }).find("not a checkpoint of the chain") != std::string::npos);
+  CHECK(refused("a chain step no link reads", [](CheckpointManifest* m) {
+          m->add_chain(25);
+        }).find("chain: lists a checkpoint no rows are read from") != std::string::npos);
+  CHECK(refused("a chain after this step", [](CheckpointManifest* m) {
+          m->add_chain(35);
+        }).find("not before this checkpoint's") != std::string::npos);
+  CHECK(refused("links out of order", [](CheckpointManifest* m) {
+          m->mutable_rows()->SwapElements(1, 2);
+        }).find("out of step order") != std::string::npos);
+  CHECK(refused("no link of its own", [](CheckpointManifest* m) {
+          m->mutable_rows()->RemoveLast();
+        }).find("no link of this checkpoint's own") != std::string::npos);
+  CHECK(refused("drops in a full save", [](CheckpointManifest* m) {
+          m->mutable_rows(0)->set_deleted(1);
+        }).find("dropped ids in a full save") != std::string::npos);
+  CHECK(refused("a second full save", [](CheckpointManifest* m) {
+          m->mutable_rows(2)->set_delta(false);
+          m->mutable_rows(2)->set_deleted(0);
+          m->mutable_rows(2)->clear_deleted_ids();
+        }).find("a second full save") != std::string::npos);
+  CHECK(refused("dropped ids that do not fit", [](CheckpointManifest* m) {
+          m->mutable_rows(2)->set_deleted(3);
+        }).find("does not fit") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace pstrain

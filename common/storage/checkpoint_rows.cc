@@ -1,0 +1,302 @@
+#include "common/storage/checkpoint_rows.h"
+
+#include <algorithm>
+#include <limits>
+#include <set>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "common/base/crc32c.h"
+#include "common/base/status_macros.h"
+
+namespace pstrain {
+namespace checkpoint_internal {
+namespace {
+
+constexpr int64_t kMaxRows = int64_t{1} << 40;
+
+// The step a link's checkpoint name stands for; -1 when it is not one
+// ("ckpt-<step>", canonical: nothing else may lead a reader elsewhere).
+int64_t LinkStep(const std::string& name) {
+  absl::string_view rest = name;
+  int64_t step = 0;
+  if (!absl::ConsumePrefix(&rest, "ckpt-") || !absl::SimpleAtoi(rest, &step) || step < 0 ||
+      CheckpointDirName(step) != name) {
+    return -1;
+  }
+  return step;
+}
+
+// Where a link's bytes are: its shard file, opened checked.
+struct LinkFile {
+  std::string path;
+  std::string name;  // for messages: "shard-0-of-2" or "ckpt-100/shard-0-of-2"
+  int64_t bytes = 0;
+};
+
+absl::StatusOr<LinkFile> OpenLink(Env* env, const std::string& ckpt_dir,
+                                  const CheckpointManifest& m, const CheckpointRows& r) {
+  LinkFile f;
+  const std::string file = ShardFileName(r.shard(), m.num_shards());
+  if (r.checkpoint().empty()) {
+    f.path = JoinPath(ckpt_dir, file);
+    f.name = file;
+  } else {
+    std::string dir = ckpt_dir;
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    f.path = JoinPath(JoinPath(Dirname(dir), r.checkpoint()), file);
+    f.name = JoinPath(r.checkpoint(), file);
+  }
+  auto lost = [&f, &r](absl::string_view why) {
+    return absl::DataLossError(absl::StrCat(
+        f.name, ": ", why,
+        r.checkpoint().empty()
+            ? ""
+            : " (a link of this checkpoint's embedding rows: it must stay beside it)"));
+  };
+  if (absl::Status st = CheckContainedFile(f.path, std::numeric_limits<int64_t>::max());
+      !st.ok()) {
+    return lost(st.message());
+  }
+  absl::StatusOr<int64_t> size = env->FileSize(f.path);
+  if (!size.ok()) return lost(size.status().message());
+  f.bytes = *size;
+  absl::StatusOr<std::string> magic = env->ReadFileRange(f.path, 0, sizeof(kShardMagic));
+  if (!magic.ok() || *magic != absl::string_view(kShardMagic, sizeof(kShardMagic))) {
+    return lost("not a shard file (bad header)");
+  }
+  return f;
+}
+
+// Reads `range` of `f` into `dst` and checks its CRC32C.
+absl::Status ReadRange(Env* env, const LinkFile& f, const ByteRange& range,
+                       const std::string& what, void* dst) {
+  if (!RangeFits(range.offset(), range.length(), f.bytes)) {
+    return absl::DataLossError(absl::StrCat(f.name, ": ", what, ": byte range ", range.offset(),
+                                            "+", range.length(), " past the file's ", f.bytes,
+                                            " bytes (truncated or torn)"));
+  }
+  absl::Status st = env->ReadFileRangeInto(f.path, range.offset(), range.length(),
+                                           static_cast<char*>(dst));
+  if (!st.ok()) return absl::DataLossError(absl::StrCat(f.name, ": ", what, ": ", st.message()));
+  if (Crc32c(dst, static_cast<size_t>(range.length())) != range.crc32c()) {
+    return absl::DataLossError(absl::StrCat(f.name, ": ", what, ": CRC32C mismatch (corrupted)"));
+  }
+  return absl::OkStatus();
+}
+
+// Appends link `r`'s rows to `t` (every range read and checked).
+absl::Status ReadLinkRows(Env* env, const LinkFile& f, const CheckpointRows& r, RestoredTable* t) {
+  const size_t n = static_cast<size_t>(r.rows()), at = t->ids.size();
+  const std::string what = absl::StrCat("table ", r.table());
+  t->ids.resize(at + n);
+  t->values.resize((at + n) * t->dim);
+  t->updates.resize(at + n);
+  t->touched.resize(at + n);
+  RETURN_IF_ERROR(ReadRange(env, f, r.ids(), what + " ids", t->ids.data() + at));
+  RETURN_IF_ERROR(
+      ReadRange(env, f, r.values(), what + " values", t->values.data() + at * t->dim));
+  for (int s = 0; s < r.slots_size(); ++s) {
+    t->slots[s].resize((at + n) * t->dim);
+    RETURN_IF_ERROR(ReadRange(env, f, r.slots(s), absl::StrCat(what, " slot ", s),
+                              t->slots[s].data() + at * t->dim));
+  }
+  RETURN_IF_ERROR(ReadRange(env, f, r.updates(), what + " updates", t->updates.data() + at));
+  RETURN_IF_ERROR(ReadRange(env, f, r.touched(), what + " touched", t->touched.data() + at));
+  return absl::OkStatus();
+}
+
+// Row `from` of `src` into row `to` of `dst` (the same dim and slots).
+void CopyRow(const RestoredTable& src, size_t from, RestoredTable* dst, size_t to) {
+  const size_t dim = static_cast<size_t>(src.dim);
+  dst->ids[to] = src.ids[from];
+  std::copy_n(src.values.begin() + from * dim, dim, dst->values.begin() + to * dim);
+  for (size_t k = 0; k < src.slots.size(); ++k) {
+    std::copy_n(src.slots[k].begin() + from * dim, dim, dst->slots[k].begin() + to * dim);
+  }
+  dst->updates[to] = src.updates[from];
+  dst->touched[to] = src.touched[from];
+}
+
+void ResizeRows(RestoredTable* t, size_t n) {
+  t->ids.resize(n);
+  t->values.resize(n * t->dim);
+  for (auto& slot : t->slots) slot.resize(n * t->dim);
+  t->updates.resize(n);
+  t->touched.resize(n);
+}
+
+}  // namespace
+
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  b = std::max<int64_t>(b, 0);
+  return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max() : a + b;
+}
+
+bool RangeFits(int64_t offset, int64_t length, int64_t shard_bytes) {
+  return length >= 0 && offset >= static_cast<int64_t>(sizeof(kShardMagic)) &&
+         offset <= shard_bytes && length <= shard_bytes - offset;
+}
+
+absl::Status CheckRowEntries(const CheckpointManifest& m) {
+  std::map<std::string, const CheckpointTable*> tables;
+  for (const CheckpointTable& t : m.tables()) tables.emplace(t.name(), &t);
+  std::set<int64_t> chain;
+  for (int64_t s : m.chain()) {
+    if (s < 0 || s >= m.step() || (!chain.empty() && s <= *chain.rbegin())) {
+      return absl::DataLossError(absl::StrCat(
+          "chain: step ", s, " is not ascending or not before this checkpoint's"));
+    }
+    chain.insert(s);
+  }
+  std::set<int64_t> named;
+  std::map<std::pair<std::string, int>, int64_t> last;  // (table, shard): the last link's step
+  for (const CheckpointRows& r : m.rows()) {
+    const std::string what = absl::StrCat("table ", r.table(), " rows of shard ", r.shard(),
+                                          r.checkpoint().empty() ? "" : " in ", r.checkpoint());
+    auto t = tables.find(r.table());
+    if (t == tables.end()) return absl::DataLossError(absl::StrCat(what, ": not a listed table"));
+    if (r.shard() < 0 || r.shard() >= m.num_shards() || r.rows() < 0 || r.rows() > kMaxRows ||
+        r.deleted() < 0 || r.deleted() > kMaxRows) {
+      return absl::DataLossError(absl::StrCat(what, ": bad shard or count"));
+    }
+    if (r.slots_size() != t->second->slot_names_size()) {
+      return absl::DataLossError(absl::StrCat(what, ": ", r.slots_size(), " slots, the table has ",
+                                              t->second->slot_names_size()));
+    }
+    int64_t step = m.step();
+    if (!r.checkpoint().empty()) {
+      step = LinkStep(r.checkpoint());
+      if (step < 0 || chain.count(step) == 0) {
+        return absl::DataLossError(absl::StrCat(what, ": not a checkpoint of the chain"));
+      }
+      named.insert(step);
+    }
+    auto [it, first] = last.try_emplace({r.table(), r.shard()}, step);
+    if (first && r.delta()) {
+      return absl::DataLossError(absl::StrCat(what, ": a delta with no full save before it"));
+    }
+    if (!first && !r.delta()) {
+      return absl::DataLossError(absl::StrCat(what, ": a second full save, or a repeat"));
+    }
+    if (!first && step <= it->second) {
+      return absl::DataLossError(absl::StrCat(what, ": links out of step order"));
+    }
+    it->second = step;
+    if (!r.delta() && (r.deleted() != 0 || r.deleted_ids().length() != 0)) {
+      return absl::DataLossError(absl::StrCat(what, ": dropped ids in a full save"));
+    }
+    const int64_t floats = r.rows() * t->second->dim() * static_cast<int64_t>(sizeof(float));
+    // This checkpoint's own ranges lie in its shard file; a link's are
+    // checked against its file when read.
+    const int64_t shard_bytes = r.checkpoint().empty() ? m.shards(r.shard()).bytes()
+                                                       : std::numeric_limits<int64_t>::max();
+    auto fits = [&](const ByteRange& b, int64_t want) {
+      return b.length() == want && RangeFits(b.offset(), b.length(), shard_bytes);
+    };
+    bool ok = fits(r.ids(), r.rows() * 8) && fits(r.values(), floats) &&
+              fits(r.updates(), r.rows() * 8) && fits(r.touched(), r.rows() * 8);
+    for (const ByteRange& b : r.slots()) ok = ok && fits(b, floats);
+    if (r.delta()) ok = ok && fits(r.deleted_ids(), r.deleted() * 8);
+    if (!ok) {
+      return absl::DataLossError(
+          absl::StrCat(what, ": a byte range does not fit its row count and shard"));
+    }
+  }
+  for (const auto& [key, step] : last) {
+    if (step != m.step()) {
+      return absl::DataLossError(absl::StrCat("table ", key.first, " rows of shard ", key.second,
+                                              ": no link of this checkpoint's own"));
+    }
+  }
+  if (named != chain) {
+    return absl::DataLossError("chain: lists a checkpoint no rows are read from");
+  }
+  return absl::OkStatus();
+}
+
+RowChains ChainsOf(const CheckpointManifest& m) {
+  RowChains chains;
+  for (const CheckpointRows& r : m.rows()) chains[{r.table(), r.shard()}].push_back(&r);
+  return chains;
+}
+
+int64_t RowsBytes(const CheckpointRows& r) {
+  int64_t b = 0;
+  for (int64_t n : {r.ids().length(), r.values().length(), r.updates().length(),
+                    r.touched().length(), r.deleted_ids().length()}) {
+    b = SaturatingAdd(b, n);
+  }
+  for (const ByteRange& s : r.slots()) b = SaturatingAdd(b, s.length());
+  return b;
+}
+
+absl::Status CheckUniqueIds(const std::string& table, std::vector<uint64_t>* ids) {
+  std::sort(ids->begin(), ids->end());
+  auto dup = std::adjacent_find(ids->begin(), ids->end());
+  if (dup == ids->end()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat("table ", table, ": id ", *dup, " is in two shards"));
+}
+
+absl::Status ReadRowChain(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
+                          const std::vector<const CheckpointRows*>& links, RestoredTable* out) {
+  if (links.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(LinkFile first, OpenLink(env, ckpt_dir, m, *links[0]));
+  if (links.size() == 1) return ReadLinkRows(env, first, *links[0], out);  // a full save
+  RestoredTable cur;
+  cur.dim = out->dim;
+  cur.slots.resize(out->slots.size());
+  RETURN_IF_ERROR(ReadLinkRows(env, first, *links[0], &cur));
+  absl::flat_hash_map<uint64_t, size_t> at;
+  at.reserve(cur.ids.size());
+  auto twice = [](const LinkFile& f, const CheckpointRows& r, uint64_t id) {
+    return absl::DataLossError(
+        absl::StrCat(f.name, ": table ", r.table(), ": id ", id, " twice in one save"));
+  };
+  for (size_t i = 0; i < cur.ids.size(); ++i) {
+    if (!at.emplace(cur.ids[i], i).second) return twice(first, *links[0], cur.ids[i]);
+  }
+  for (size_t l = 1; l < links.size(); ++l) {
+    const CheckpointRows& r = *links[l];
+    ASSIGN_OR_RETURN(LinkFile f, OpenLink(env, ckpt_dir, m, r));
+    RestoredTable delta;
+    delta.dim = out->dim;
+    delta.slots.resize(out->slots.size());
+    RETURN_IF_ERROR(ReadLinkRows(env, f, r, &delta));
+    std::vector<uint64_t> deleted(static_cast<size_t>(r.deleted()));
+    RETURN_IF_ERROR(ReadRange(env, f, r.deleted_ids(),
+                              absl::StrCat("table ", r.table(), " dropped ids"), deleted.data()));
+    // Dropped rows leave (the last row takes the place of each), then the
+    // changed ones replace theirs or join.
+    for (uint64_t id : deleted) {
+      auto it = at.find(id);
+      if (it == at.end()) continue;  // created and dropped between two saves
+      const size_t pos = it->second, last = cur.ids.size() - 1;
+      at.erase(it);
+      if (pos != last) {
+        CopyRow(cur, last, &cur, pos);
+        at[cur.ids[pos]] = pos;
+      }
+      ResizeRows(&cur, last);
+    }
+    std::vector<uint64_t> sorted = delta.ids;
+    std::sort(sorted.begin(), sorted.end());
+    if (auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end()) {
+      return twice(f, r, *dup);
+    }
+    for (size_t i = 0; i < delta.ids.size(); ++i) {
+      auto [it, fresh] = at.try_emplace(delta.ids[i], cur.ids.size());
+      if (fresh) ResizeRows(&cur, cur.ids.size() + 1);
+      CopyRow(delta, i, &cur, it->second);
+    }
+  }
+  const size_t base = out->ids.size();
+  ResizeRows(out, base + cur.ids.size());
+  for (size_t i = 0; i < cur.ids.size(); ++i) CopyRow(cur, i, out, base + i);
+  return absl::OkStatus();
+}
+
+}  // namespace checkpoint_internal
+}  // namespace pstrain

@@ -2,12 +2,15 @@
 
 #include <algorithm>
 #include <limits>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
@@ -41,6 +44,7 @@ absl::Status WriteCheckpointManifest(const RunContext& run, PsClient* ps, int64_
     for (int64_t d : vp.spec.shape) v->add_shape(d);
   }
   int64_t bytes = 0;
+  std::set<int64_t> chain;  // the earlier checkpoints the servers' rows deltas rest on
   for (int s = 0; s < ps->num_servers(); ++s) {
     GetShardResponse shard;
     RETURN_IF_ERROR(ps->GetShard(s, step, timeout, &shard));
@@ -73,17 +77,32 @@ absl::Status WriteCheckpointManifest(const RunContext& run, PsClient* ps, int64_
       if (r.shard() != s) {
         return absl::InternalError(absl::StrCat("server ", s, " saved rows as shard ", r.shard()));
       }
+      if (!r.checkpoint().empty()) {
+        absl::string_view name = r.checkpoint();
+        int64_t link = 0;
+        if (!absl::ConsumePrefix(&name, "ckpt-") || !absl::SimpleAtoi(name, &link) ||
+            link < 0 || link >= step) {
+          return absl::InternalError(absl::StrCat("server ", s, " saved rows resting on \"",
+                                                  r.checkpoint(), "\""));
+        }
+        chain.insert(link);
+      }
       *m.add_rows() = std::move(r);
     }
     if (s == 0) *m.mutable_tables() = shard.tables();
   }
   *total_bytes = bytes;
+  for (int64_t link : chain) m.add_chain(link);
   RETURN_IF_ERROR(WriteManifest(Env::Default(), ckpt_dir, m));
   RETURN_IF_ERROR(CommitAndPrune(Env::Default(), dir, step, config.checkpoint().keep()));
+  const std::string rows =
+      chain.empty() ? std::string()
+                    : absl::StrCat("; its embedding rows are deltas on ", chain.size(),
+                                   " earlier checkpoint(s) from ckpt-", *chain.begin());
   LOG_INFO("checkpoint step {}: {} committed ({:.1f} MB in {} shard(s), {:.3f} s after the step's "
-           "shards were asked for)",
+           "shards were asked for{})",
            step, ckpt_dir, bytes / 1e6, ps->num_servers(),
-           absl::ToDoubleSeconds(absl::Now() - start));
+           absl::ToDoubleSeconds(absl::Now() - start), rows);
   return absl::OkStatus();
 }
 

@@ -201,7 +201,11 @@ void ParameterServer::MaybeSnapshotLocked(int64_t version) {
 }
 
 void ParameterServer::CutLocked(int64_t step, const std::vector<StepCursor>& cursors) {
-  snapshots_.Enqueue(CutShard(*model_, step, incarnation_, cursors));
+  snapshots_.Enqueue(CutShard(*model_, step, incarnation_, cursors, PlanRowsLocked(step)));
+}
+
+RowsPlan ParameterServer::PlanRowsLocked(int64_t step) const {
+  return snapshots_.PlanRows(step, model_->checkpoint_full_every, model_->max_steps);
 }
 
 absl::Status ParameterServer::AwaitPushesReleasedLocked(const std::shared_ptr<Model>& model,
@@ -267,7 +271,8 @@ absl::Status ParameterServer::Snapshot(const SnapshotRequest& request,
         " push(es) or parts still applying or awaiting parts after ",
         absl::FormatDuration(timeout)));
   }
-  std::unique_ptr<ShardSnapshot> cut = CutShard(*model_, step, incarnation_, async_.cursors());
+  std::unique_ptr<ShardSnapshot> cut =
+      CutShard(*model_, step, incarnation_, async_.cursors(), PlanRowsLocked(step));
   holding_pushes_ = false;  // waiting pushes go on as mu_ is released
   const absl::Duration pause = absl::Now() - start;
   cut->pause_seconds = absl::ToDoubleSeconds(pause);  // the hold, the cut's copy included

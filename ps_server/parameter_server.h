@@ -407,6 +407,8 @@ class ParameterServer {
   // pushes held).
   void CutLocked(int64_t step, const std::vector<StepCursor>& cursors)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // How a cut of `step` saves the embedding rows (checkpoint.full_every).
+  RowsPlan PlanRowsLocked(int64_t step) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits while an async cut holds pushes (up to max_wait_); UNAVAILABLE or
   // FAILED_PRECONDITION when the server shut down or `model` was replaced.
   absl::Status AwaitPushesReleasedLocked(const std::shared_ptr<Model>& model, const char* what)

@@ -176,6 +176,7 @@ absl::StatusOr<std::shared_ptr<ServerModel>> NewServerModel(const InitializeRequ
   if (!config.checkpoint().dir().empty()) {
     model->checkpoint_dir = config.checkpoint().dir();
     model->checkpoint_every = config.checkpoint().every_steps();
+    model->checkpoint_full_every = config.checkpoint().full_every();
     if (request.num_servers() < 1 || request.server_index() < 0 ||
         request.server_index() >= request.num_servers()) {
       return absl::InvalidArgumentError(absl::StrCat("Initialize: server ", request.server_index(),

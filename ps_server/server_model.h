@@ -149,6 +149,7 @@ struct ServerModel {
   // Checkpoints: where, how often (0: never), and which shard this is.
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
+  int checkpoint_full_every = 0;  // rows in full every this many saves (0, 1: every save)
   int shard = 0;
   int num_shards = 1;
 };

@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/storage/checkpoint.h"
 #include "common/storage/env.h"
@@ -38,6 +39,9 @@ absl::StatusOr<GetShardResponse> WriteShardSnapshot(const ShardSnapshot& snap) {
     for (const std::vector<float>& slot : t.rows.slots) r.slots.push_back(slot.data());
     r.updates = t.rows.updates.data();
     r.touched = t.rows.touched.data();
+    r.delta = snap.rows_base_step >= 0;
+    r.deleted = static_cast<int64_t>(t.rows.deleted.size());
+    r.deleted_ids = t.rows.deleted.data();
     rows.push_back(std::move(r));
   }
   const absl::Time start = absl::Now();
@@ -55,6 +59,7 @@ absl::StatusOr<GetShardResponse> WriteShardSnapshot(const ShardSnapshot& snap) {
   r.set_file(ShardFileName(snap.shard, snap.num_shards));
   r.set_bytes(bytes);
   for (CheckpointTensor& e : *entries) *r.add_tensors() = std::move(e);
+  for (const CheckpointRows& e : snap.rows_chain) *r.add_rows() = e;
   for (CheckpointRows& e : row_entries) *r.add_rows() = std::move(e);
   for (const ShardSnapshot::TableRows& t : snap.tables) {
     CheckpointTable* ct = r.add_tables();
@@ -65,9 +70,20 @@ absl::StatusOr<GetShardResponse> WriteShardSnapshot(const ShardSnapshot& snap) {
   }
   for (const WorkerCursor& c : snap.cursors) *r.add_cursors() = c;
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  LOG_INFO("checkpoint step {}: wrote {} ({:.1f} MB) in {:.3f} s ({:.2f} GB/s); taking it "
+  int64_t saved = 0, deleted = 0;
+  for (const ShardSnapshot::TableRows& t : snap.tables) {
+    saved += static_cast<int64_t>(t.rows.ids.size());
+    deleted += static_cast<int64_t>(t.rows.deleted.size());
+  }
+  const std::string what =
+      snap.tables.empty() ? std::string()
+      : snap.rows_base_step < 0
+          ? absl::StrCat(", ", saved, " embedding rows in full")
+          : absl::StrCat(", a delta on step ", snap.rows_base_step, ": ", saved,
+                         " embedding rows changed, ", deleted, " dropped");
+  LOG_INFO("checkpoint step {}: wrote {} ({:.1f} MB{}) in {:.3f} s ({:.2f} GB/s); taking it "
            "paused this server {:.2f} ms",
-           snap.step, JoinPath(snap.dir, r.file()), bytes / 1e6, seconds,
+           snap.step, JoinPath(snap.dir, r.file()), bytes / 1e6, what, seconds,
            seconds > 0 ? bytes / seconds / 1e9 : 0.0, snap.pause_seconds * 1e3);
   return r;
 }

@@ -33,22 +33,30 @@ struct ShardSnapshot {
     OptimizerSlots slots;                               // a copy
   };
   std::vector<Part> parts;
-  // Each embedding table's rows on this server (copied).
+  // Each embedding table's rows on this server (copied): every row, or,
+  // for a delta, the rows changed since the cut of `rows_base_step` and the
+  // ids dropped since.
   struct TableRows {
     std::string table;
     int dim = 0;
     std::string optimizer;  // its kind
     std::vector<std::string> slot_names;
     EmbeddingTable::Rows rows;
+    uint32_t generation = 0;  // the table's generation this cut ended
   };
   std::vector<TableRows> tables;
+  int64_t rows_base_step = -1;  // -1: the rows in full
+  // A delta's links before it (the full save first), as written: set by
+  // the writer, which knows them once the cut before is written.
+  std::vector<CheckpointRows> rows_chain;
   std::vector<WorkerCursor> cursors;
   // How long taking it held the server's lock: the pause a save costs.
   double pause_seconds = 0;
 };
 
 // Writes the shard durably and describes it for the chief's manifest (the
-// partitions' first rows are left 0: the chief knows the placement). Logs
+// partitions' first rows are left 0: the chief knows the placement; the
+// rows' entries are the chain's links before this one, then its own). Logs
 // the outcome.
 absl::StatusOr<GetShardResponse> WriteShardSnapshot(const ShardSnapshot& snap);
 

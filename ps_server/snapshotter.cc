@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/base/logging.h"
 #include "common/storage/checkpoint.h"
 #include "common/storage/env.h"
 
@@ -12,7 +13,8 @@ namespace pstrain {
 
 std::unique_ptr<ShardSnapshot> CutShard(const ServerModel& model, int64_t step,
                                         uint64_t incarnation,
-                                        const std::vector<StepCursor>& cursors) {
+                                        const std::vector<StepCursor>& cursors,
+                                        const RowsPlan& plan) {
   const absl::Time start = absl::Now();
   auto snap = std::make_unique<ShardSnapshot>();
   snap->step = step;
@@ -39,13 +41,21 @@ std::unique_ptr<ShardSnapshot> CutShard(const ServerModel& model, int64_t step,
   }
   // Rows are copied shard by shard of each table (no row update runs: sync
   // applies rows at the step's end, async row pushes are held too).
+  bool delta = plan.base_step >= 0 && !model.tables.empty();
+  for (const auto& [name, t] : model.tables) delta = delta && plan.base_generations.count(name);
+  snap->rows_base_step = delta ? plan.base_step : -1;
   for (const auto& [name, t] : model.tables) {
     ShardSnapshot::TableRows rows;
     rows.table = name;
     rows.dim = t->rows->dim();
     rows.optimizer = t->optimizer_kind;
     rows.slot_names = t->optimizer->slot_names();
-    rows.rows = t->rows->ExportRows();
+    rows.generation = t->rows->EndGeneration();
+    // Ids dropped before the base are in no save to come: this one rests
+    // on the base, later ones on this one (or are full).
+    const uint32_t base = delta ? plan.base_generations.at(name) : rows.generation;
+    rows.rows = delta ? t->rows->ExportChangedRows(base) : t->rows->ExportRows();
+    t->rows->ForgetDeletedThrough(base);
     snap->tables.push_back(std::move(rows));
   }
   for (size_t w = 0; w < cursors.size(); ++w) {
@@ -83,10 +93,38 @@ void Snapshotter::Reset(uint64_t incarnation) {
   written_.clear();
   writing_ = -1;
   forgotten_through_ = -1;
+  last_cut_.reset();
+  last_full_cut_ = -1;
+  chain_broken_ = false;
+  written_chain_.reset();
+}
+
+RowsPlan Snapshotter::PlanRows(int64_t step, int full_every, int64_t last_step) const {
+  absl::MutexLock lock(&mu_);
+  RowsPlan plan;
+  if (full_every <= 1 || step == last_step || !last_cut_.has_value() || chain_broken_ ||
+      last_cut_->links >= full_every || last_cut_->step >= step) {
+    return plan;
+  }
+  plan.base_step = last_cut_->step;
+  plan.base_generations = last_cut_->generations;
+  return plan;
 }
 
 void Snapshotter::Enqueue(std::unique_ptr<ShardSnapshot> snap) {
   absl::MutexLock lock(&mu_);
+  if (snap->incarnation == incarnation_) {
+    LastCut cut;
+    cut.step = snap->step;
+    for (const ShardSnapshot::TableRows& t : snap->tables) cut.generations[t.table] = t.generation;
+    const bool delta = snap->rows_base_step >= 0;
+    cut.links = delta && last_cut_.has_value() ? last_cut_->links + 1 : 1;
+    if (!delta) {
+      last_full_cut_ = snap->step;
+      chain_broken_ = false;
+    }
+    last_cut_ = std::move(cut);
+  }
   queue_.push_back(std::move(snap));
 }
 
@@ -170,9 +208,25 @@ void Snapshotter::WriterLoop() {
     // Still taken while written (its incarnation's: a Reset meanwhile
     // makes it another run's).
     writing_ = snap->incarnation == incarnation_ ? snap->step : -1;
+    // A delta rests on the cut before it, written just before (cuts are
+    // written in order): its links are that one's chain.
+    absl::Status unwritten_base;
+    if (snap->rows_base_step >= 0) {
+      if (snap->incarnation == incarnation_ && written_chain_.has_value() &&
+          written_chain_->step == snap->rows_base_step) {
+        snap->rows_chain = written_chain_->links;
+      } else {
+        unwritten_base = absl::FailedPreconditionError(absl::StrCat(
+            "checkpoint step ", snap->step, ": its embedding rows are a delta on step ",
+            snap->rows_base_step, ", whose shard was not written; the next save writes them "
+            "in full"));
+        LOG_WARN("{}", unwritten_base.message());
+      }
+    }
     mu_.Unlock();
     const absl::Time start = absl::Now();
-    absl::StatusOr<GetShardResponse> result = WriteShardSnapshot(*snap);
+    absl::StatusOr<GetShardResponse> result =
+        unwritten_base.ok() ? WriteShardSnapshot(*snap) : unwritten_base;
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     const int64_t step = snap->step;
     const uint64_t incarnation = snap->incarnation;
@@ -180,6 +234,21 @@ void Snapshotter::WriterLoop() {
     snap.reset();  // drops the version buffers before retaking the lock
     mu_.Lock();
     writing_ = -1;
+    if (incarnation == incarnation_) {
+      if (result.ok()) {
+        WrittenChain chain;
+        chain.step = step;
+        for (CheckpointRows r : result->rows()) {
+          if (r.checkpoint().empty()) r.set_checkpoint(CheckpointDirName(step));
+          chain.links.push_back(std::move(r));
+        }
+        written_chain_ = std::move(chain);
+      } else {
+        written_chain_.reset();
+        // The chain being cut rests on this one: the next cut is full.
+        if (step >= last_full_cut_) chain_broken_ = true;
+      }
+    }
     if (result.ok()) {
       ++stats_.written;
       stats_.bytes = result->bytes();

@@ -18,6 +18,8 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
+#include <string>
 #include <set>
 #include <thread>
 #include <vector>
@@ -33,15 +35,25 @@
 
 namespace pstrain {
 
+// How a cut saves the embedding rows: in full, or as a delta on the cut
+// before (Snapshotter::PlanRows).
+struct RowsPlan {
+  int64_t base_step = -1;  // -1: in full
+  std::map<std::string, uint32_t> base_generations;  // per table: what its cut ended
+};
+
 // Takes `model`'s partitions and table rows as they stand, for checkpoint
-// `step` of run `incarnation`, with `cursors` (one per worker). The caller
+// `step` of run `incarnation`, with `cursors` (one per worker), the rows as
+// `plan` says (in full when a table has no base generation). The caller
 // sees to it that no apply runs meanwhile (sync: a step boundary; async:
 // pushes held): the values are the current buffers themselves (never
 // recycled while referenced) and the slots and rows are copied. The copy is
-// the save's pause of the server, recorded in pause_seconds.
+// the save's pause of the server, recorded in pause_seconds. Each table's
+// generation ends here.
 std::unique_ptr<ShardSnapshot> CutShard(const ServerModel& model, int64_t step,
                                         uint64_t incarnation,
-                                        const std::vector<StepCursor>& cursors);
+                                        const std::vector<StepCursor>& cursors,
+                                        const RowsPlan& plan = {});
 
 class Snapshotter {
  public:
@@ -65,6 +77,14 @@ class Snapshotter {
   // ones are dropped (a shard of the run before still being written is
   // dropped when done), and so are scheduled steps and a failure.
   void Reset(uint64_t incarnation);
+
+  // Incremental rows (checkpoint.full_every = `full_every` > 1): a cut of
+  // `step` is a delta on this run's cut before it, unless there is none,
+  // a write since the last full cut failed, the chain has `full_every` links
+  // already, or `step` is `last_step` (a run's last checkpoint stands
+  // alone). Each server's chain is its own sequence of cuts: a delta's
+  // writer fails it when the cut it rests on was not written.
+  RowsPlan PlanRows(int64_t step, int full_every, int64_t last_step) const;
 
   // Queues a cut for the writer.
   void Enqueue(std::unique_ptr<ShardSnapshot> snap);
@@ -126,6 +146,24 @@ class Snapshotter {
   // Cuts are written in step order, so no step up to it is still to come.
   int64_t forgotten_through_ ABSL_GUARDED_BY(mu_) = -1;
   Stats stats_ ABSL_GUARDED_BY(mu_);
+  // The rows' chain, on the cutting side: the last cut of this run (its
+  // step, each table's generation, its links counting the full one), and
+  // the step of the last full cut; `chain_broken_`: a write since failed.
+  struct LastCut {
+    int64_t step = -1;
+    std::map<std::string, uint32_t> generations;
+    int links = 0;
+  };
+  std::optional<LastCut> last_cut_ ABSL_GUARDED_BY(mu_);
+  int64_t last_full_cut_ ABSL_GUARDED_BY(mu_) = -1;
+  bool chain_broken_ ABSL_GUARDED_BY(mu_) = false;
+  // On the writing side: the last cut written, with every link of its chain
+  // (its own included) as the manifest lists them.
+  struct WrittenChain {
+    int64_t step = -1;
+    std::vector<CheckpointRows> links;
+  };
+  std::optional<WrittenChain> written_chain_ ABSL_GUARDED_BY(mu_);
   std::thread writer_;
 };
 

@@ -268,5 +268,85 @@ TEST_CASE("snapshotter: cuts the chief schedules are taken once, and at most 64 
   CHECK(snapshots.Schedule(2000).ok());
 }
 
+// The model of Model(), with an embedding table "t" of 2 floats (SGD).
+void AddTable(ServerModel* model) {
+  auto table = std::make_unique<ServerModel::Table>();
+  OptimizerConfig sgd;
+  sgd.set_learning_rate(1);
+  sgd.mutable_sgd();
+  auto opt = CreateOptimizer(sgd);
+  REQUIRE(opt.ok());
+  table->optimizer = std::move(*opt);
+  table->optimizer_kind = "sgd";
+  EmbeddingTable::Options o;
+  o.name = "t";
+  o.dim = 2;
+  table->rows = std::make_unique<EmbeddingTable>(o, table->optimizer.get());
+  model->tables.emplace("t", std::move(table));
+}
+
+// Looks up `ids` in table "t" (creating them) at `step`.
+void Touch(ServerModel* model, std::vector<uint64_t> ids, int64_t step) {
+  std::vector<float> out(ids.size() * 2);
+  REQUIRE(model->tables.at("t")->rows->Lookup(ids, step, out.data()).ok());
+}
+
+TEST_CASE("snapshotter: rows are saved in full every full_every cuts, deltas between; a "
+          "failed write breaks the chain", "[ps][snapshot][incremental]") {
+  const std::string dir = TestDir("chain");
+  auto model = Model(dir);
+  AddTable(model.get());
+  Snapshotter snapshots;
+  snapshots.Reset(kRun);
+  auto cut = [&](int64_t step) {
+    snapshots.Enqueue(CutShard(*model, step, kRun, {}, snapshots.PlanRows(step, 3, 10)));
+    auto shard = snapshots.Await(kRun, step, absl::Seconds(30));
+    REQUIRE(shard.ok());
+    return *shard;
+  };
+  Touch(model.get(), {1, 2, 3}, 0);
+  GetShardResponse s1 = cut(1);
+  REQUIRE(s1.rows_size() == 1);
+  CHECK_FALSE(s1.rows(0).delta());
+  CHECK(s1.rows(0).rows() == 3);
+  Touch(model.get(), {2}, 1);
+  GetShardResponse s2 = cut(2);
+  REQUIRE(s2.rows_size() == 2);  // the full save at 1, then its own
+  CHECK(s2.rows(0).checkpoint() == "ckpt-1");
+  CHECK_FALSE(s2.rows(0).delta());
+  CHECK(s2.rows(1).checkpoint().empty());
+  CHECK(s2.rows(1).delta());
+  CHECK(s2.rows(1).rows() == 1);
+  GetShardResponse s3 = cut(3);  // nothing changed: an empty delta
+  REQUIRE(s3.rows_size() == 3);
+  CHECK(s3.rows(1).checkpoint() == "ckpt-2");
+  CHECK(s3.rows(2).rows() == 0);
+  GetShardResponse s4 = cut(4);  // three links: full again
+  REQUIRE(s4.rows_size() == 1);
+  CHECK_FALSE(s4.rows(0).delta());
+  CHECK(s4.rows(0).rows() == 3);
+  CHECK(snapshots.PlanRows(10, 3, 10).base_step == -1);  // the run's last stands alone
+  CHECK(snapshots.PlanRows(5, 3, 10).base_step == 4);
+  CHECK(snapshots.PlanRows(5, 0, 10).base_step == -1);  // full_every 0: always full
+  // Written outside the checkpoint directory (a file in the way): the
+  // write fails, the delta on it fails too, and the cut after is full.
+  const std::string blocked = JoinPath(dir, CheckpointDirName(5));
+  REQUIRE(Env::Default()->WriteFile(blocked, "in the way", false).ok());
+  snapshots.Enqueue(CutShard(*model, 5, kRun, {}, snapshots.PlanRows(5, 3, 10)));
+  snapshots.Enqueue(CutShard(*model, 6, kRun, {}, snapshots.PlanRows(6, 3, 10)));
+  CHECK_FALSE(snapshots.Await(kRun, 5, absl::Seconds(30)).ok());
+  auto s6 = snapshots.Await(kRun, 6, absl::Seconds(30));
+  REQUIRE_FALSE(s6.ok());
+  CHECK(absl::StrContains(s6.status().message(), "a delta on step 5, whose shard was not written"));
+  CHECK(snapshots.PlanRows(7, 3, 10).base_step == -1);
+  GetShardResponse s7 = cut(7);
+  REQUIRE(s7.rows_size() == 1);
+  CHECK(s7.rows(0).rows() == 3);
+  CHECK(snapshots.PlanRows(8, 3, 10).base_step == 7);
+  // A new run starts its chain afresh.
+  snapshots.Reset(kRun + 1);
+  CHECK(snapshots.PlanRows(8, 3, 10).base_step == -1);
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -44,6 +44,7 @@ using testing::ConfigOptions;
 using testing::BitwiseEqual;
 using testing::CheckSameCheckpoint;
 using testing::CheckSameModel;
+using testing::CheckSameTables;
 using testing::CheckpointOptions;
 using testing::ChiefLog;
 using testing::CopyCheckpoint;
@@ -350,42 +351,6 @@ TEST_CASE("an async run checkpoints with pushes held briefly and resumes after k
   const nlohmann::json j = nlohmann::json::parse(*summary);
   CHECK(j["global_step"].get<int64_t>() == steps);
   CHECK(j["eval_accuracy"].get<double>() >= 0.85);
-}
-
-// Every row of every table, by id: values, slots, update count bitwise.
-void CheckSameTables(const std::string& got_dir, const std::string& want_dir) {
-  auto got = LoadCheckpoint(Env::Default(), got_dir);
-  auto want = LoadCheckpoint(Env::Default(), want_dir);
-  REQUIRE(got.ok());
-  REQUIRE(want.ok());
-  REQUIRE(got->tables.size() == want->tables.size());
-  for (const auto& [name, w] : want->tables) {
-    INFO("table " << name);
-    REQUIRE(got->tables.count(name) == 1);
-    const RestoredTable& g = got->tables.at(name);
-    REQUIRE(g.ids.size() == w.ids.size());
-    REQUIRE(g.slots.size() == w.slots.size());
-    std::map<uint64_t, size_t> at;
-    for (size_t i = 0; i < g.ids.size(); ++i) at[g.ids[i]] = i;
-    const size_t dim = static_cast<size_t>(w.dim);
-    int64_t differ = 0;
-    for (size_t i = 0; i < w.ids.size(); ++i) {
-      auto it = at.find(w.ids[i]);
-      if (it == at.end()) {
-        ++differ;
-        continue;
-      }
-      const size_t j = it->second;
-      bool same = std::memcmp(&g.values[j * dim], &w.values[i * dim], dim * 4) == 0 &&
-                  g.updates[j] == w.updates[i];
-      for (size_t k = 0; k < w.slots.size(); ++k) {
-        same = same && std::memcmp(&g.slots[k][j * dim], &w.slots[k][i * dim], dim * 4) == 0;
-      }
-      if (!same) ++differ;
-    }
-    CHECK(differ == 0);
-    CHECK(w.ids.size() > 100);
-  }
 }
 
 TEST_CASE("embedding rows and their Adam slots resume bitwise after kill -9, and onto 3 servers",

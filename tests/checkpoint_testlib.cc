@@ -129,6 +129,41 @@ void CheckSameCheckpoint(const std::string& got_dir, const std::string& want_dir
   }
 }
 
+void CheckSameTables(const std::string& got_dir, const std::string& want_dir) {
+  auto got = LoadCheckpoint(Env::Default(), got_dir);
+  auto want = LoadCheckpoint(Env::Default(), want_dir);
+  REQUIRE(got.ok());
+  REQUIRE(want.ok());
+  REQUIRE(got->tables.size() == want->tables.size());
+  for (const auto& [name, w] : want->tables) {
+    INFO("table " << name);
+    REQUIRE(got->tables.count(name) == 1);
+    const RestoredTable& g = got->tables.at(name);
+    REQUIRE(g.ids.size() == w.ids.size());
+    REQUIRE(g.slots.size() == w.slots.size());
+    std::map<uint64_t, size_t> at;
+    for (size_t i = 0; i < g.ids.size(); ++i) at[g.ids[i]] = i;
+    const size_t dim = static_cast<size_t>(w.dim);
+    int64_t differ = 0;
+    for (size_t i = 0; i < w.ids.size(); ++i) {
+      auto it = at.find(w.ids[i]);
+      if (it == at.end()) {
+        ++differ;
+        continue;
+      }
+      const size_t j = it->second;
+      bool same = std::memcmp(&g.values[j * dim], &w.values[i * dim], dim * 4) == 0 &&
+                  g.updates[j] == w.updates[i] && g.touched[j] == w.touched[i];
+      for (size_t k = 0; k < w.slots.size(); ++k) {
+        same = same && std::memcmp(&g.slots[k][j * dim], &w.slots[k][i * dim], dim * 4) == 0;
+      }
+      if (!same) ++differ;
+    }
+    CHECK(differ == 0);
+    CHECK(w.ids.size() > 100);
+  }
+}
+
 void CopyCheckpoint(const std::string& from_dir, int64_t step, const std::string& to_dir) {
   const std::string from = JoinPath(from_dir, CheckpointDirName(step));
   const std::string to = JoinPath(to_dir, CheckpointDirName(step));

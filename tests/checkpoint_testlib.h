@@ -53,6 +53,10 @@ std::unique_ptr<Subprocess> SpawnLaunch(const Job& job, const std::string& dir,
 // Values, slots and update counts of two checkpoints, variable by variable.
 void CheckSameCheckpoint(const std::string& got_dir, const std::string& want_dir);
 
+// Every row of every table, by id: values, slots, update counts and
+// last-touched steps bitwise (each table more than 100 rows).
+void CheckSameTables(const std::string& got_dir, const std::string& want_dir);
+
 void CopyCheckpoint(const std::string& from_dir, int64_t step, const std::string& to_dir);
 
 // Starts the job under `pstrain launch` and, once `ready()` holds (or 120 s

@@ -82,9 +82,16 @@ int List(const std::string& dir, std::ostream& out, std::ostream& err) {
         c.complete ? absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixMillis(c.unix_time_ms),
                                       absl::UTCTimeZone())
                    : "-";
-    out << absl::StrFormat("%-10d %-20s %10.2f  %-10s%s\n", c.step, when, c.bytes / 1048576.0,
+    const std::string rests =
+        c.chain.empty()
+            ? std::string()
+            : absl::StrCat("  rows: deltas on ", absl::StrJoin(c.chain, ", ",
+                                                               [](std::string* o, int64_t s) {
+                                                                 o->append(CheckpointDirName(s));
+                                                               }));
+    out << absl::StrFormat("%-10d %-20s %10.2f  %-10s%s%s\n", c.step, when, c.bytes / 1048576.0,
                            c.complete ? "complete" : "incomplete",
-                           latest.ok() && *latest == c.step ? "  latest" : "");
+                           latest.ok() && *latest == c.step ? "  latest" : "", rests);
   }
   if (all->empty()) out << "(no checkpoints in " << dir << ")\n";
   return 0;
@@ -165,6 +172,7 @@ int Inspect(const std::string& ckpt, bool json, std::ostream& out, std::ostream&
       {"optimizer", m.optimizer()},
       {"slots", std::vector<std::string>(m.slot_names().begin(), m.slot_names().end())},
       {"unix_time_ms", m.unix_time_ms()},
+      {"chain", std::vector<int64_t>(m.chain().begin(), m.chain().end())},
   };
   j["cursors"] = nlohmann::json::array();
   for (const WorkerCursor& w : m.cursors()) {
@@ -230,6 +238,12 @@ int Inspect(const std::string& ckpt, bool json, std::ostream& out, std::ostream&
     out << "embedding table " << t["name"].get<std::string>() << ": " << t["rows"].get<int64_t>()
         << " rows of width " << t["dim"].get<int>() << ", optimizer "
         << t["optimizer"].get<std::string>() << "\n";
+  }
+  if (m.chain_size() > 0) {
+    out << "embedding rows: deltas on "
+        << absl::StrJoin(m.chain(), ", ",
+                         [](std::string* o, int64_t s) { o->append(CheckpointDirName(s)); })
+        << " (beside it), replayed\n";
   }
   return 0;
 }

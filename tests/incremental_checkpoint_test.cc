@@ -1,0 +1,169 @@
+// Incremental checkpoints of embedding rows end to end (checkpoint.full_every):
+// the real chief, ps_server and worker binaries under `pstrain launch` on
+// free loopback ports, always reaped. A run whose saves between full ones
+// write only the rows changed (and the ids expired) loads, at every step, as
+// bitwise the same model as a run saving everything; resumes from a delta
+// to the same end; and its damaged or missing links are named by verify and
+// skipped by a resume.
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "catch2/catch.hpp"
+#include "common/storage/checkpoint.h"
+#include "common/storage/env.h"
+#include "tests/checkpoint_testlib.h"
+#include "tests/cluster_testlib.h"
+#include "tools/subprocess.h"
+
+namespace pstrain {
+namespace {
+
+using testing::Binary;
+using testing::CheckSameCheckpoint;
+using testing::CheckSameTables;
+using testing::ChiefLog;
+using testing::CommandResult;
+using testing::ConfigOptions;
+using testing::CopyCheckpoint;
+using testing::Job;
+using testing::RunJobOk;
+using testing::WriteJob;
+
+constexpr int kSteps = 300;
+
+ConfigOptions Options(const std::string& data_dir, const std::string& ckpt_dir, int full_every) {
+  ConfigOptions o = testing::ClickThroughOptions(data_dir);
+  o.batch_size = 64;
+  o.learning_rate = 0.003f;
+  o.max_steps = kSteps;
+  // Rows untouched for 40 steps expire: deltas carry dropped ids too.
+  o.extra = absl::StrCat(
+      "embedding_tables { name: \"features\" dim: 16 expire_after_steps: 40 }\n"
+      "checkpoint { dir: \"",
+      ckpt_dir, "\" every_steps: 50 keep: 100 full_every: ", full_every, " }\n");
+  return o;
+}
+
+std::string Ckpt(const std::string& dir, int64_t step) {
+  return JoinPath(dir, CheckpointDirName(step));
+}
+
+TEST_CASE("rows saved as deltas load, resume and verify as full saves of the same steps",
+          "[checkpoint][rows][incremental]") {
+  auto data = testing::CriteoData("incr_ctr_data", {"--train=20000", "--test=2000",
+                                                    "--values_per_field=200", "--seed=7"});
+  INFO(data.status().message());
+  REQUIRE(data.ok());
+  const std::string ref_dir = testing::FreshTempDir("incr_ref");
+  const std::string ref_ckpt = JoinPath(ref_dir, "ckpt");
+  RunJobOk(WriteJob(ref_dir, Options(data->first, ref_ckpt, 0), 2), false);
+  const std::string dir = testing::FreshTempDir("incr_run");
+  const std::string ckpt = JoinPath(dir, "ckpt");
+  const Job job = WriteJob(dir, Options(data->first, ckpt, 3), 2);
+  RunJobOk(job, false);
+  {
+    const std::string log = ChiefLog(job);
+    INFO(log);
+    CHECK(log.find("its embedding rows are deltas on 2 earlier checkpoint(s) from ckpt-50") !=
+          std::string::npos);
+  }
+
+  // Three saves a chain (a full one, two deltas); the run's last stands alone.
+  const std::vector<std::vector<int64_t>> chains = {{}, {50}, {50, 100}, {}, {200}, {}};
+  int64_t deleted = 0;
+  for (int64_t step = 50; step <= kSteps; step += 50) {
+    INFO("step " << step);
+    auto m = ReadManifest(Env::Default(), Ckpt(ckpt, step));
+    REQUIRE(m.ok());
+    CHECK(std::vector<int64_t>(m->chain().begin(), m->chain().end()) == chains[step / 50 - 1]);
+    for (const CheckpointRows& r : m->rows()) {
+      // The chain's first link is its full save, the others deltas.
+      const bool full = m->chain().empty() ? r.checkpoint().empty()
+                                           : r.checkpoint() == CheckpointDirName(m->chain(0));
+      CHECK(r.delta() == !full);
+      if (r.checkpoint().empty()) deleted += r.deleted();
+    }
+    CHECK(VerifyCheckpoint(Env::Default(), Ckpt(ckpt, step)).empty());
+    CheckSameTables(Ckpt(ckpt, step), Ckpt(ref_ckpt, step));
+    CheckSameCheckpoint(Ckpt(ckpt, step), Ckpt(ref_ckpt, step));
+  }
+  CHECK(deleted > 0);  // expired rows left through deltas, and loaded as gone
+
+  // The CLI shows the chain, and the rows as they stand at the step.
+  CommandResult inspect = testing::RunCommand(
+      {Binary("tools/pstrain"), "checkpoint", "inspect", Ckpt(ckpt, 150)}, absl::Seconds(60));
+  INFO(inspect.output);
+  CHECK(inspect.exit_code == 0);
+  CHECK(inspect.output.find("embedding rows: deltas on ckpt-50, ckpt-100 (beside it)") !=
+        std::string::npos);
+  auto want = LoadCheckpoint(Env::Default(), Ckpt(ref_ckpt, 150));
+  REQUIRE(want.ok());
+  CHECK(inspect.output.find(absl::StrCat("embedding table features: ",
+                                         want->tables.at("features").ids.size(), " rows")) !=
+        std::string::npos);
+  CommandResult list = testing::RunCommand(
+      {Binary("tools/pstrain"), "checkpoint", "list", ckpt}, absl::Seconds(60));
+  CHECK(list.output.find("rows: deltas on ckpt-200") != std::string::npos);
+
+  SECTION("a resume from a delta ends bitwise where the run never stopped") {
+    const std::string dir2 = testing::FreshTempDir("incr_resume");
+    const std::string ckpt2 = JoinPath(dir2, "ckpt");
+    CopyCheckpoint(ckpt, 200, ckpt2);
+    CopyCheckpoint(ckpt, 250, ckpt2);
+    const Job resumed = WriteJob(dir2, Options(data->first, ckpt2, 3), 2);
+    RunJobOk(resumed, true);
+    const std::string log2 = ChiefLog(resumed);
+    INFO(log2);
+    CHECK(log2.find("resume: from " + Ckpt(ckpt2, 250)) != std::string::npos);
+    CheckSameTables(Ckpt(ckpt2, kSteps), Ckpt(ref_ckpt, kSteps));
+    CheckSameCheckpoint(Ckpt(ckpt2, kSteps), Ckpt(ref_ckpt, kSteps));
+  }
+
+  SECTION("a missing or corrupted link is named, and the save before it restores") {
+    const std::string dir2 = testing::FreshTempDir("incr_damaged");
+    const std::string ckpt2 = JoinPath(dir2, "ckpt");
+    CopyCheckpoint(ckpt, 200, ckpt2);
+    CopyCheckpoint(ckpt, 250, ckpt2);
+    // A byte of ckpt-250's own delta rows flipped.
+    auto m = ReadManifest(Env::Default(), Ckpt(ckpt2, 250));
+    REQUIRE(m.ok());
+    const CheckpointRows* own = nullptr;
+    for (const CheckpointRows& r : m->rows()) {
+      if (r.checkpoint().empty() && r.delta() && r.rows() > 0) own = &r;
+    }
+    REQUIRE(own != nullptr);
+    const std::string shard = JoinPath(Ckpt(ckpt2, 250), ShardFileName(own->shard(), 2));
+    auto bytes = Env::Default()->ReadFile(shard);
+    REQUIRE(bytes.ok());
+    (*bytes)[own->values().offset() + 5] ^= 0x40;
+    REQUIRE(Env::Default()->WriteFile(shard, *bytes, false).ok());
+    const std::string problems =
+        absl::StrJoin(VerifyCheckpoint(Env::Default(), Ckpt(ckpt2, 250)), "; ");
+    CHECK(problems.find("CRC32C mismatch") != std::string::npos);
+    std::vector<std::string> skipped;
+    std::string path;
+    auto loaded = LoadLatestGoodCheckpoint(Env::Default(), ckpt2, &skipped, &path);
+    REQUIRE(loaded.ok());
+    CHECK(path == Ckpt(ckpt2, 200));
+    REQUIRE(skipped.size() == 1);
+    CHECK(skipped[0].find("ckpt-250: ") == 0);
+
+    // The full save it rests on gone: verify (and `pstrain checkpoint
+    // verify`) name the link and say it must stay beside it.
+    REQUIRE(Env::Default()->WriteFile(shard, *Env::Default()->ReadFile(
+        JoinPath(Ckpt(ckpt, 250), ShardFileName(own->shard(), 2))), false).ok());
+    REQUIRE(VerifyCheckpoint(Env::Default(), Ckpt(ckpt2, 250)).empty());
+    REQUIRE(DeleteRecursively(Env::Default(), Ckpt(ckpt2, 200)).ok());
+    CommandResult v = testing::RunCommand(
+        {Binary("tools/pstrain"), "checkpoint", "verify", Ckpt(ckpt2, 250)}, absl::Seconds(60));
+    INFO(v.output);
+    CHECK(v.exit_code != 0);
+    CHECK(v.output.find("ckpt-200/shard-") != std::string::npos);
+    CHECK(v.output.find("it must stay beside it") != std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -114,7 +114,6 @@ void EmbeddingTable::FindRows(Shard* s, absl::Span<const uint64_t> ids, const ui
     // Lookups and updates write the row's last-touched step (updates its
     // count too): another random line each, prefetched for writing.
     __builtin_prefetch(s->touched.data() + row, 1);
-    __builtin_prefetch(s->changed.data() + row, 1);
     if (with_slots) {
       __builtin_prefetch(s->updates.data() + row, 1);
       for (const std::vector<float>& slot : s->slots) prefetch(slot.data() + at);
@@ -136,9 +135,8 @@ int64_t EmbeddingTable::FindOrCreate(Shard* s, uint64_t id, bool create) {
     GrowRows(&s->values, s->values.size() + dim);
     for (auto& slot : s->slots) GrowRows(&slot, slot.size() + dim);
     s->updates.push_back(0);
-    s->touched.push_back(0);
+    s->touched.push_back({});
     s->row_ids.push_back(0);
-    s->changed.push_back(0);
   }
   const size_t at = static_cast<size_t>(row) * dim;
   InitialRow(options_.seed, id, dim, options_.init_scale, s->values.data() + at);
@@ -147,7 +145,7 @@ int64_t EmbeddingTable::FindOrCreate(Shard* s, uint64_t id, bool create) {
   }
   s->updates[row] = 0;
   s->row_ids[row] = id;
-  s->changed[row] = generation();
+  s->touched[row] = {0, generation()};
   s->index.emplace(id, row);
   if (!s->deleted.empty()) s->deleted.erase(id);
   return row;
@@ -184,8 +182,7 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const uint64_t> ids, int64_t step
               continue;
             }
           }
-          s->touched[row] = step;
-          s->changed[row] = generation;
+          s->touched[row] = {step, generation};
           std::memcpy(dst, s->values.data() + static_cast<size_t>(row) * dim, row_bytes);
         }
       });
@@ -259,8 +256,7 @@ absl::Status EmbeddingTable::ApplyGradients(absl::Span<const uint64_t> ids, cons
           float* values = s->values.data() + static_cast<size_t>(row) * dim;
           optimizer_->ApplyRange(values, values, sum.data() + static_cast<size_t>(i) * dim, dim,
                                  &s->slots, row * static_cast<int64_t>(dim), update);
-          s->touched[row] = step;
-          s->changed[row] = generation;
+          s->touched[row] = {step, generation};
         }
       });
   return absl::OkStatus();
@@ -311,8 +307,10 @@ EmbeddingTable::Rows EmbeddingTable::Export(uint32_t after) const {
       rows.assign(s.index.begin(), s.index.end());
     } else {
       // A scan of the stamps, in row order (a freed row's stamp is 0).
-      for (size_t row = 0; row < s.changed.size(); ++row) {
-        if (s.changed[row] > after) rows.emplace_back(s.row_ids[row], static_cast<uint32_t>(row));
+      for (size_t row = 0; row < s.touched.size(); ++row) {
+        if (s.touched[row].generation > after) {
+          rows.emplace_back(s.row_ids[row], static_cast<uint32_t>(row));
+        }
       }
       const size_t first = out.deleted.size();
       for (const auto& [id, generation] : s.deleted) {
@@ -335,7 +333,7 @@ EmbeddingTable::Rows EmbeddingTable::Export(uint32_t after) const {
         std::copy_n(s.slots[k].begin() + row * dim, dim, out.slots[k].begin() + to);
       }
       out.updates[at + j] = s.updates[row];
-      out.touched[at + j] = s.touched[row];
+      out.touched[at + j] = s.touched[row].step;
     }
   }
   return out;
@@ -380,8 +378,7 @@ absl::Status EmbeddingTable::ImportRows(absl::Span<const uint64_t> ids, const fl
       std::copy_n(from, dim, s.slots[k].begin() + row * dim);
     }
     s.updates[row] = slots.empty() || updates.empty() ? 0 : updates[i];
-    s.touched[row] = touched.empty() ? 0 : touched[i];
-    s.changed[row] = generation();
+    s.touched[row] = {touched.empty() ? 0 : touched[i], generation()};
     s.sightings.erase(id);
   }
   return absl::OkStatus();
@@ -402,9 +399,9 @@ int64_t EmbeddingTable::Expire(int64_t step, bool force) {
   for (Shard& s : shards_) {
     absl::MutexLock lock(&s.mu);
     for (auto it = s.index.begin(); it != s.index.end();) {
-      if (s.touched[it->second] < oldest) {
+      if (s.touched[it->second].step < oldest) {
         s.deleted[it->first] = generation;
-        s.changed[it->second] = 0;  // in no delta while free
+        s.touched[it->second].generation = 0;  // in no delta while free
         s.free_rows.push_back(it->second);
         s.index.erase(it++);
         ++s.expired;

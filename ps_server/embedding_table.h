@@ -135,15 +135,20 @@ class EmbeddingTable {
 
  private:
   static constexpr int kShards = 16;
+  struct Touch {
+    int64_t step = 0;
+    uint32_t generation = 0;  // 0: a free row, in no delta
+  };
   struct Shard {
     mutable absl::Mutex mu;
     absl::flat_hash_map<uint64_t, uint32_t> index ABSL_GUARDED_BY(mu);  // id -> row
     std::vector<float> values ABSL_GUARDED_BY(mu);  // row-major, dim per row
     OptimizerSlots slots ABSL_GUARDED_BY(mu);       // each row-major like values
     std::vector<int64_t> updates ABSL_GUARDED_BY(mu);
-    std::vector<int64_t> touched ABSL_GUARDED_BY(mu);
+    // The step each row was last touched at, and the generation of its last
+    // change, side by side: a lookup writes both in one cache line.
+    std::vector<Touch> touched ABSL_GUARDED_BY(mu);
     std::vector<uint64_t> row_ids ABSL_GUARDED_BY(mu);
-    std::vector<uint32_t> changed ABSL_GUARDED_BY(mu);  // the generation of its last change
     absl::flat_hash_map<uint64_t, uint32_t> deleted ABSL_GUARDED_BY(mu);  // id -> generation
     std::vector<uint32_t> free_rows ABSL_GUARDED_BY(mu);
     absl::flat_hash_map<uint64_t, int32_t> sightings ABSL_GUARDED_BY(mu);  // admission

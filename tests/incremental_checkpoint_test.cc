@@ -165,5 +165,31 @@ TEST_CASE("rows saved as deltas load, resume and verify as full saves of the sam
   }
 }
 
+TEST_CASE("pstrain bench --suites=tables saves a table in full and as a delta",
+          "[checkpoint][bench][incremental]") {
+  const std::string dir = testing::FreshTempDir("tables_bench");
+  CommandResult r = testing::RunCommand({Binary("tools/pstrain"), "bench", "--suites=tables",
+                                         "--table_rows=20000", "--reps=1", "--out=" + dir},
+                                        absl::Seconds(120));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("== tables: one server's save of 20000 rows x 16 floats") !=
+        std::string::npos);
+  // The delta is the 1% changed: 200 rows.
+  CHECK(r.output.find("delta (1% changed)                    200") != std::string::npos);
+  CHECK(r.output.find("x faster") != std::string::npos);
+  auto csv = Env::Default()->ReadFile(JoinPath(dir, "bench.csv"));
+  REQUIRE(csv.ok());
+  CHECK(csv->find("tables,full_save_seconds,") != std::string::npos);
+  CHECK(csv->find("tables,delta_save_seconds,") != std::string::npos);
+  auto names = Env::Default()->ListDir(dir);
+  REQUIRE(names.ok());
+  for (const std::string& n : *names) CHECK((n == "bench.csv" || n == "bench.png"));
+  CommandResult bad = testing::RunCommand(
+      {Binary("tools/pstrain"), "bench", "--suites=tables", "--table_rows=5"}, absl::Seconds(30));
+  CHECK(bad.exit_code != 0);
+  CHECK(bad.output.find("--table_rows: expected 100..2000000000") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -36,10 +36,11 @@ struct BenchOptions {
   int64_t call_bytes = 4 << 20;       // wire: partitions and calls of up to this (0: one)
   std::vector<int> connections = {1};  // wire: TCP connections per server, each a row
   int train_connections = 0;          // train: rpc.connections_per_server (0: its default)
-  std::vector<std::string> suites;    // "wire", "apply", "train", "sparse", "checkpoint"
+  std::vector<std::string> suites;    // "wire", "apply", "train", "sparse", "checkpoint", "tables"
   int64_t sparse_rows = 1000000;      // sparse: rows in the table (width 64)
   int64_t checkpoint_mib = 1024;      // checkpoint: the model's size
-  std::string checkpoint_dir;         // checkpoint: where to write ("" = out_dir or /tmp)
+  std::string checkpoint_dir;         // checkpoint, tables: where to write ("" = out_dir or /tmp)
+  int64_t table_rows = 2000000;       // tables: rows in the table (width 16, Adam)
   std::vector<std::string> models;    // train: hidden layer widths, "512-512"
   bool bfloat16 = false;              // wire and train: bfloat16 on the wire
   bool async_training = false;        // train: async instead of sync

@@ -739,10 +739,13 @@ int BenchCommand(const std::vector<std::string>& argv) {
                   "comma-separated: wire (pull+push vs gRPC echo, TCP, memcpy), apply (server "
                   "optimizers vs a += b), train (sync examples/s vs compute alone), sparse "
                   "(embedding rows: table lookup vs a hash map, PullRows/PushRows vs echo), "
-                  "checkpoint (write and restore vs dd conv=fsync; not in the default set)"}},
+                  "checkpoint (write and restore vs dd conv=fsync; not in the default set), "
+                  "tables (an embedding table's save in full and as a delta; not in the "
+                  "default set)"}},
+      {"table_rows", {"2000000", "tables: rows in the table (16 floats, Adam)"}},
       {"sparse_rows", {"1000000", "sparse: rows in the table (width 64)"}},
       {"checkpoint_mib", {"1024", "checkpoint: the model's size in MiB"}},
-      {"checkpoint_dir", {"", "checkpoint: where to write (default: --out, else /tmp)"}},
+      {"checkpoint_dir", {"", "checkpoint, tables: where to write (default: --out, else /tmp)"}},
       {"models", {"128,512-512,2048-2048", "train: hidden layers of each 784-...-10 MLP"}},
       {"sizes", {"4096,65536,1048576,4194304,16777216,67108864",
                  "bytes per pull and per push (wire suite)"}},
@@ -852,6 +855,11 @@ int BenchCommand(const std::vector<std::string>& argv) {
   }
   o.checkpoint_mib = *checkpoint_mib;
   o.checkpoint_dir = args->Get("checkpoint_dir");
+  auto table_rows = args->GetInt("table_rows");
+  if (!table_rows.ok() || *table_rows < 100 || *table_rows > 2000000000) {
+    return Fail("bench", "--table_rows: expected 100..2000000000");
+  }
+  o.table_rows = *table_rows;
   return RunBench(o, &stop);
 }
 

@@ -144,7 +144,7 @@ struct Suite {
 };
 constexpr Suite kSuites[] = {
     {"wire", WireSuite},     {"apply", ApplySuite},           {"train", TrainSuite},
-    {"sparse", SparseSuite}, {"checkpoint", CheckpointSuite},
+    {"sparse", SparseSuite}, {"checkpoint", CheckpointSuite}, {"tables", TablesSuite},
 };
 
 absl::Status RunSuite(const std::string& name, BenchContext* ctx) {

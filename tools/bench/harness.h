@@ -113,6 +113,7 @@ absl::Status ApplySuite(BenchContext* ctx);       // tools/bench/apply.cc
 absl::Status TrainSuite(BenchContext* ctx);       // tools/bench/train.cc
 absl::Status SparseSuite(BenchContext* ctx);      // tools/bench/sparse.cc
 absl::Status CheckpointSuite(BenchContext* ctx);  // tools/bench/checkpoint.cc
+absl::Status TablesSuite(BenchContext* ctx);      // tools/bench/tables.cc
 
 }  // namespace pstrain::bench
 

@@ -165,6 +165,49 @@ TEST_CASE("rows saved as deltas load, resume and verify as full saves of the sam
   }
 }
 
+TEST_CASE("an async run's cuts chain their rows too, and resume from a delta",
+          "[checkpoint][rows][incremental][async]") {
+  auto data = testing::CriteoData("incr_async_data", {"--train=20000", "--test=2000",
+                                                      "--values_per_field=200", "--seed=7"});
+  INFO(data.status().message());
+  REQUIRE(data.ok());
+  const std::string dir = testing::FreshTempDir("incr_async");
+  const std::string ckpt = JoinPath(dir, "ckpt");
+  ConfigOptions o = Options(data->first, ckpt, 2);
+  o.sync = false;
+  const Job job = WriteJob(dir, o, 2);
+  RunJobOk(job, false);
+  auto all = ListCheckpoints(Env::Default(), ckpt);
+  REQUIRE(all.ok());
+  int deltas = 0;
+  for (const CheckpointInfo& c : *all) {
+    INFO(c.path);
+    CHECK(c.complete);
+    CHECK(VerifyCheckpoint(Env::Default(), c.path).empty());
+    deltas += c.chain.empty() ? 0 : 1;
+  }
+  CHECK(deltas >= 2);
+  CHECK(all->back().chain.empty());  // the last one stands alone
+  // Resumed from its newest delta (the checkpoints after it set aside):
+  // the rows restored are the delta's.
+  int64_t from = -1;
+  for (const CheckpointInfo& c : *all) {
+    if (!c.chain.empty()) from = c.step;
+  }
+  REQUIRE(from > 0);
+  std::vector<std::string> moved;
+  REQUIRE(SetAsideCheckpointsAfter(Env::Default(), ckpt, from, &moved).ok());
+  auto want = LoadCheckpoint(Env::Default(), Ckpt(ckpt, from));
+  REQUIRE(want.ok());
+  RunJobOk(job, true);
+  const std::string log = ChiefLog(job);
+  INFO(log);
+  CHECK(log.find("resume: from " + Ckpt(ckpt, from)) != std::string::npos);
+  CHECK(log.find(absl::StrCat("embedding table features: ",
+                              want->tables.at("features").ids.size(), " rows")) !=
+        std::string::npos);
+}
+
 TEST_CASE("pstrain bench --suites=tables saves a table in full and as a delta",
           "[checkpoint][bench][incremental]") {
   const std::string dir = testing::FreshTempDir("tables_bench");

@@ -87,8 +87,26 @@ absl::Status ReadRange(Env* env, const LinkFile& f, const ByteRange& range,
   return absl::OkStatus();
 }
 
+// Every range of link `r` lies in its file: checked before anything is
+// sized from its counts (a link's ranges were not checked against its
+// file's size with the manifest).
+absl::Status CheckLinkRanges(const LinkFile& f, const CheckpointRows& r) {
+  std::vector<ByteRange> ranges = {r.ids(), r.values(), r.updates(), r.touched()};
+  ranges.insert(ranges.end(), r.slots().begin(), r.slots().end());
+  if (r.delta()) ranges.push_back(r.deleted_ids());
+  for (const ByteRange& b : ranges) {
+    if (!RangeFits(b.offset(), b.length(), f.bytes)) {
+      return absl::DataLossError(absl::StrCat(f.name, ": table ", r.table(), ": byte range ",
+                                              b.offset(), "+", b.length(), " past the file's ",
+                                              f.bytes, " bytes (truncated or torn)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Appends link `r`'s rows to `t` (every range read and checked).
 absl::Status ReadLinkRows(Env* env, const LinkFile& f, const CheckpointRows& r, RestoredTable* t) {
+  RETURN_IF_ERROR(CheckLinkRanges(f, r));
   const size_t n = static_cast<size_t>(r.rows()), at = t->ids.size();
   const std::string what = absl::StrCat("table ", r.table());
   t->ids.resize(at + n);

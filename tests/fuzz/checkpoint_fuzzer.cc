@@ -1,6 +1,7 @@
 // libFuzzer target: a whole checkpoint directory whose manifest (its CRC
-// made right, so the fuzzer reaches the checks behind it), shard files and
-// pointer file say anything: reading it never crashes or hangs, verify and a
+// made right, so the fuzzer reaches the checks behind it), shard files (and
+// an earlier checkpoint's, which its rows may rest on) and pointer file say
+// anything: reading it never crashes or hangs, verify and a
 // load agree (one loads exactly what the other passes), and a resume
 // (LoadLatestGoodCheckpoint, LatestGoodCheckpoint) takes the checkpoint
 // exactly when it verifies.
@@ -45,11 +46,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)pstrain::DeleteRecursively(env, root);
   if (!env->CreateDirs(dir).ok()) std::abort();
   if (!pstrain::WriteManifest(env, dir, manifest).ok()) return 0;
+  // ckpt-0 beside it holds shard files and no manifest: what the links of
+  // an incremental chain (CheckpointRows.checkpoint "ckpt-0") read.
+  const std::string before = pstrain::JoinPath(root, "ckpt-0");
+  if (!env->CreateDirs(before).ok()) std::abort();
   for (int s = 0; s < manifest.num_shards() && s >= 0; ++s) {
-    std::string shard = rest;
-    if (!shard.empty()) std::rotate(shard.begin(), shard.begin() + s % shard.size(), shard.end());
-    (void)env->WriteFile(pstrain::JoinPath(dir, pstrain::ShardFileName(s, manifest.num_shards())),
-                         shard, /*sync=*/false);
+    for (int k = 0; k < 2; ++k) {
+      std::string shard = rest;
+      if (!shard.empty()) {
+        std::rotate(shard.begin(), shard.begin() + (s + k) % shard.size(), shard.end());
+      }
+      (void)env->WriteFile(
+          pstrain::JoinPath(k == 0 ? dir : before, pstrain::ShardFileName(s, manifest.num_shards())),
+          shard, /*sync=*/false);
+    }
   }
   if (!pointer.empty()) {
     (void)env->WriteFile(pstrain::JoinPath(root, pstrain::kPointerFile), pointer, false);
@@ -66,8 +76,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string resumed_path;
   absl::StatusOr<pstrain::RestoredCheckpoint> resumed =
       pstrain::LoadLatestGoodCheckpoint(env, root, nullptr, &resumed_path);
-  // ckpt-1 is the directory's only checkpoint: both take it exactly when it
-  // verifies.
+  // ckpt-1 is the directory's only complete checkpoint: both take it
+  // exactly when it verifies.
   if (latest.ok() != verifies || resumed.ok() != verifies) std::abort();
   if (resumed.ok() && (resumed_path != dir || *latest != dir)) std::abort();
   return 0;

@@ -30,12 +30,48 @@ bool IsHex(absl::string_view s) {
 
 }  // namespace
 
+std::string ParseCriteoLine(absl::string_view line, float* dense, uint64_t* ids,
+                            int64_t* empty_fields) {
+  constexpr int kFields = 1 + kCriteoIntegerFields + kCriteoCategoricalFields;
+  std::vector<absl::string_view> fields = absl::StrSplit(line, '\t');
+  int64_t empty = 0;
+  if (fields.size() != kFields) {
+    return absl::StrCat("expected ", kFields, " tab-separated fields, found ", fields.size());
+  }
+  if (fields[0] != "0" && fields[0] != "1") {
+    return absl::StrCat("label ", Quote(fields[0]), " is not 0 or 1");
+  }
+  for (int j = 0; j < kCriteoIntegerFields; ++j) {
+    absl::string_view f = fields[1 + j];
+    if (f.empty()) {
+      dense[j] = 0.0f;
+      ++empty;
+      continue;
+    }
+    int64_t v = 0;
+    auto [end, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
+    if (ec != std::errc() || end != f.data() + f.size()) {
+      return absl::StrCat("integer field ", j + 1, " is not an integer: ", Quote(f));
+    }
+    dense[j] = static_cast<float>(std::log1p(static_cast<double>(std::max<int64_t>(v, 0))));
+  }
+  for (int j = 0; j < kCriteoCategoricalFields; ++j) {
+    absl::string_view f = fields[1 + kCriteoIntegerFields + j];
+    if (!f.empty() && !IsHex(f)) {
+      return absl::StrCat("categorical field ", j + 1, " is not 1-16 hex digits: ", Quote(f));
+    }
+    empty += f.empty();
+    ids[j] = FeatureId(j, f.data(), f.size());
+  }
+  if (empty_fields != nullptr) *empty_fields += empty;
+  return "";
+}
+
 absl::StatusOr<Dataset> LoadCriteoDataset(Env* env, const std::string& path, int max_malformed,
                                           CriteoStats* stats) {
   CriteoStats local;
   if (stats == nullptr) stats = &local;
   *stats = CriteoStats();
-  constexpr int kFields = 1 + kCriteoIntegerFields + kCriteoCategoricalFields;
   ASSIGN_OR_RETURN(std::string text, env->ReadFile(path));
   Dataset d;
   d.dim = kCriteoIntegerFields;
@@ -48,38 +84,8 @@ absl::StatusOr<Dataset> LoadCriteoDataset(Env* env, const std::string& path, int
     line = absl::StripSuffix(line, "\r");
     if (line.find_first_not_of(" \t") == absl::string_view::npos) continue;
     ++stats->lines;
-    std::vector<absl::string_view> fields = absl::StrSplit(line, '\t');
-    std::string reason;
     int64_t empty = 0;
-    if (fields.size() != kFields) {
-      reason = absl::StrCat("expected ", kFields, " tab-separated fields, found ", fields.size());
-    } else if (fields[0] != "0" && fields[0] != "1") {
-      reason = absl::StrCat("label ", Quote(fields[0]), " is not 0 or 1");
-    } else {
-      for (int j = 0; j < kCriteoIntegerFields && reason.empty(); ++j) {
-        absl::string_view f = fields[1 + j];
-        if (f.empty()) {
-          dense[j] = 0.0f;
-          ++empty;
-          continue;
-        }
-        int64_t v = 0;
-        auto [end, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
-        if (ec != std::errc() || end != f.data() + f.size()) {
-          reason = absl::StrCat("integer field ", j + 1, " is not an integer: ", Quote(f));
-        } else {
-          dense[j] = static_cast<float>(std::log1p(static_cast<double>(std::max<int64_t>(v, 0))));
-        }
-      }
-      for (int j = 0; j < kCriteoCategoricalFields && reason.empty(); ++j) {
-        absl::string_view f = fields[1 + kCriteoIntegerFields + j];
-        if (!f.empty() && !IsHex(f)) {
-          reason = absl::StrCat("categorical field ", j + 1, " is not 1-16 hex digits: ", Quote(f));
-        }
-        empty += f.empty();
-        ids[j] = FeatureId(j, f.data(), f.size());
-      }
-    }
+    const std::string reason = ParseCriteoLine(line, dense, ids, &empty);
     if (!reason.empty()) {
       ++stats->malformed;
       if (stats->malformed > max_malformed) {
@@ -93,7 +99,7 @@ absl::StatusOr<Dataset> LoadCriteoDataset(Env* env, const std::string& path, int
     stats->empty_fields += empty;
     d.x.insert(d.x.end(), dense, dense + kCriteoIntegerFields);
     d.ids.insert(d.ids.end(), ids, ids + kCriteoCategoricalFields);
-    d.y.push_back(fields[0] == "1" ? 1 : 0);
+    d.y.push_back(line[0] == '1' ? 1 : 0);
     ++d.size;
   }
   if (d.size == 0) return absl::InvalidArgumentError(absl::StrCat(path, ": no data lines"));

@@ -32,6 +32,12 @@ struct CriteoStats {
   int64_t empty_fields = 0;
 };
 
+// One line (without its newline or CR) into 13 dense features and 26 ids;
+// "" when it is good, else why it is malformed. `empty_fields` (when given)
+// gains the line's empty fields.
+std::string ParseCriteoLine(absl::string_view line, float* dense, uint64_t* ids,
+                            int64_t* empty_fields = nullptr);
+
 absl::StatusOr<Dataset> LoadCriteoDataset(Env* env, const std::string& path, int max_malformed,
                                           CriteoStats* stats = nullptr);
 

@@ -26,6 +26,11 @@ void DataPartition::Reshuffle() {
   }
 }
 
+absl::Status DataPartition::Next(float* x, int32_t* y, uint64_t* ids) {
+  NextBatch(x, y, ids);
+  return absl::OkStatus();
+}
+
 void DataPartition::NextBatch(float* x, int32_t* y, uint64_t* ids) {
   const int dim = data_->dim;
   const int fields = data_->id_fields;

@@ -13,38 +13,35 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "worker/data/batch_source.h"
 #include "worker/data/dataset.h"
 
 namespace pstrain {
 
-struct DataCursor {
-  int64_t epoch = 0;
-  int64_t position = 0;  // examples of this epoch already handed out
-  bool operator==(const DataCursor& o) const { return epoch == o.epoch && position == o.position; }
-  bool operator!=(const DataCursor& o) const { return !(*this == o); }
-};
-
-class DataPartition {
+class DataPartition : public BatchSource {
  public:
   DataPartition(const Dataset* data, int worker, int num_workers, int batch_size, bool shuffle,
                 uint64_t seed);
 
   int64_t size() const { return static_cast<int64_t>(indices_.size()); }
-  int batch_size() const { return batch_size_; }
-  int dim() const { return data_->dim; }
-  int id_fields() const { return data_->id_fields; }
+  int batch_size() const override { return batch_size_; }
+  int dim() const override { return data_->dim; }
+  int id_fields() const override { return data_->id_fields; }
 
   // Writes the next batch_size() examples: x [batch_size, dim], y [batch_size],
   // and, when `ids` is given, their categorical ids [batch_size, id_fields].
   // The partition must not be empty.
   void NextBatch(float* x, int32_t* y, uint64_t* ids = nullptr);
   void NextBatch(std::vector<float>* x, std::vector<int32_t>* y);
+  // NextBatch, as a BatchSource (never fails).
+  absl::Status Next(float* x, int32_t* y, uint64_t* ids) override;
 
-  DataCursor cursor() const { return {epoch_, position_}; }
+  // The epoch, and the examples of it already handed out.
+  DataCursor cursor() const override { return {epoch_, position_}; }
   int64_t epoch() const { return epoch_; }
   int64_t position() const { return position_; }
   // Continues from `cursor`, as the partition that produced it would.
-  absl::Status Restore(const DataCursor& cursor);
+  absl::Status Restore(const DataCursor& cursor) override;
 
  private:
   void Reshuffle();

@@ -6,10 +6,10 @@
 
 namespace pstrain {
 
-Prefetcher::Prefetcher(DataPartition* partition, Allocator allocator)
-    : partition_(partition), allocator_(std::move(allocator)) {}
+Prefetcher::Prefetcher(BatchSource* source, Allocator allocator)
+    : source_(source), allocator_(std::move(allocator)) {}
 
-absl::StatusOr<std::unique_ptr<Prefetcher>> Prefetcher::Create(DataPartition* partition, int depth,
+absl::StatusOr<std::unique_ptr<Prefetcher>> Prefetcher::Create(BatchSource* source, int depth,
                                                                Allocator allocator) {
   if (depth < 1) return absl::InvalidArgumentError("prefetch depth must be at least 1");
   if (!allocator.alloc || !allocator.free) {
@@ -21,11 +21,11 @@ absl::StatusOr<std::unique_ptr<Prefetcher>> Prefetcher::Create(DataPartition* pa
     };
     allocator.free = [](void* p) { ::operator delete(p, std::align_val_t(64)); };
   }
-  std::unique_ptr<Prefetcher> p(new Prefetcher(partition, std::move(allocator)));
-  const size_t rows = static_cast<size_t>(partition->batch_size());
+  std::unique_ptr<Prefetcher> p(new Prefetcher(source, std::move(allocator)));
+  const size_t rows = static_cast<size_t>(source->batch_size());
   p->slots_.resize(depth);
   for (Slot& s : p->slots_) {
-    absl::StatusOr<void*> x = p->allocator_.alloc(rows * partition->dim() * sizeof(float));
+    absl::StatusOr<void*> x = p->allocator_.alloc(rows * source->dim() * sizeof(float));
     absl::StatusOr<void*> y = x.ok() ? p->allocator_.alloc(rows * sizeof(int32_t)) : x;
     if (!x.ok() || !y.ok()) {
       if (x.ok()) p->allocator_.free(*x);
@@ -35,11 +35,11 @@ absl::StatusOr<std::unique_ptr<Prefetcher>> Prefetcher::Create(DataPartition* pa
     }
     s.x = static_cast<float*>(*x);
     s.y = static_cast<int32_t*>(*y);
-    s.ids.resize(rows * partition->id_fields());
+    s.ids.resize(rows * source->id_fields());
   }
   {
     absl::MutexLock lock(&p->mu_);
-    p->consumed_ = partition->cursor();
+    p->consumed_ = source->cursor();
   }
   p->thread_ = std::thread([raw = p.get()] { raw->Produce(); });
   return p;
@@ -50,6 +50,7 @@ Prefetcher::~Prefetcher() {
     absl::MutexLock lock(&mu_);
     stop_ = true;
   }
+  source_->Cancel();  // a stream waiting for its next part
   if (thread_.joinable()) thread_.join();
   FreeSlots();
 }
@@ -78,10 +79,14 @@ void Prefetcher::Produce() {
     }
     // The slot is free: only this thread touches it until it is published.
     Slot& s = slots_[slot];
-    s.start = partition_->cursor();
-    partition_->NextBatch(s.x, s.y, s.ids.empty() ? nullptr : s.ids.data());
-    s.end = partition_->cursor();
+    s.start = source_->cursor();
+    absl::Status st = source_->Next(s.x, s.y, s.ids.empty() ? nullptr : s.ids.data());
+    s.end = source_->cursor();
     absl::MutexLock lock(&mu_);
+    if (!st.ok()) {
+      failed_ = std::move(st);
+      return;
+    }
     next_in_ = (next_in_ + 1) % depth;
     ++ready_;
   }
@@ -92,11 +97,12 @@ absl::Status Prefetcher::Next(absl::Duration timeout, Batch* batch) {
   if (held_) {
     return absl::FailedPreconditionError("Prefetcher::Next before the last batch was released");
   }
-  auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return ready_ > 0; };
+  auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return ready_ > 0 || !failed_.ok(); };
   if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
     return absl::DeadlineExceededError(
         absl::StrCat("no batch ready within ", absl::FormatDuration(timeout)));
   }
+  if (ready_ == 0) return failed_;
   const Slot& s = slots_[next_out_];
   next_out_ = (next_out_ + 1) % static_cast<int>(slots_.size());
   --ready_;
@@ -104,10 +110,10 @@ absl::Status Prefetcher::Next(absl::Duration timeout, Batch* batch) {
   consumed_ = s.end;
   batch->x = s.x;
   batch->y = s.y;
-  batch->rows = partition_->batch_size();
-  batch->dim = partition_->dim();
+  batch->rows = source_->batch_size();
+  batch->dim = source_->dim();
   batch->ids = s.ids.empty() ? nullptr : s.ids.data();
-  batch->id_fields = partition_->id_fields();
+  batch->id_fields = source_->id_fields();
   batch->start = s.start;
   batch->end = s.end;
   return absl::OkStatus();

@@ -1,7 +1,10 @@
 #include "worker/data/prefetcher.h"
 
+#include <atomic>
+
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
+#include "worker/data/partition.h"
 
 namespace pstrain {
 namespace {
@@ -94,6 +97,56 @@ TEST_CASE("the allocator's memory is used and given back", "[prefetcher]") {
   }
   CHECK(total == 6);  // x and y for each of 3 slots
   CHECK(live == 0);
+}
+
+// Two batches, then an error; or, `waits`, a wait until cancelled.
+class FailingSource : public BatchSource {
+ public:
+  explicit FailingSource(bool waits) : waits_(waits) {}
+  int batch_size() const override { return 1; }
+  int dim() const override { return 1; }
+  int id_fields() const override { return 0; }
+  absl::Status Next(float* x, int32_t* y, uint64_t*) override {
+    if (waits_) {
+      while (!cancelled_) absl::SleepFor(absl::Milliseconds(1));
+      return absl::CancelledError("cancelled");
+    }
+    if (n_ == 2) return absl::DataLossError("the source broke");
+    *x = static_cast<float>(n_++);
+    *y = 0;
+    return absl::OkStatus();
+  }
+  DataCursor cursor() const override { return {0, n_}; }
+  absl::Status Restore(const DataCursor&) override { return absl::OkStatus(); }
+  void Cancel() override { cancelled_ = true; }
+
+ private:
+  const bool waits_;
+  int64_t n_ = 0;
+  std::atomic<bool> cancelled_{false};
+};
+
+TEST_CASE("a source's error comes after its batches; destruction cancels a waiting source",
+          "[data][prefetch]") {
+  FailingSource failing(false);
+  auto p = Prefetcher::Create(&failing, 4);
+  REQUIRE(p.ok());
+  Prefetcher::Batch batch;
+  for (float want : {0.0f, 1.0f}) {
+    REQUIRE((*p)->Next(absl::Seconds(10), &batch).ok());
+    CHECK(batch.x[0] == want);
+    (*p)->Release();
+  }
+  const absl::Status st = (*p)->Next(absl::Seconds(10), &batch);
+  CHECK(st.code() == absl::StatusCode::kDataLoss);
+  CHECK((*p)->consumed_cursor() == DataCursor{0, 2});
+
+  FailingSource waiting(true);
+  auto q = Prefetcher::Create(&waiting, 2);
+  REQUIRE(q.ok());
+  CHECK((*q)->Next(absl::Milliseconds(20), &batch).code() ==
+        absl::StatusCode::kDeadlineExceeded);
+  q->reset();  // returns: the source was cancelled
 }
 
 }  // namespace

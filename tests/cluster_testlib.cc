@@ -95,7 +95,8 @@ std::string ConfigText(const ConfigOptions& o) {
                                 : o.model;
   std::string data;
   if (!o.data.empty()) {
-    data = absl::StrCat("data { ", o.data, " batch_size: ", o.batch_size, " shuffle: true }\n");
+    data = absl::StrCat("data { ", o.data, " batch_size: ", o.batch_size,
+                        o.shuffle ? " shuffle: true" : "", " }\n");
   } else if (o.csv) {
     const std::string c = DigitsCsvDir();
     data = absl::StrCat("data {\n  format: CSV\n  train_csv: \"", c, "/train.csv\"\n  test_csv: \"",

@@ -64,6 +64,7 @@ struct ConfigOptions {
   std::string model;           // a `model { ... }` body replacing the MLP, e.g. "sequential {...}"
   bool csv = false;            // read DigitsCsvDir() instead of the IDX files
   std::string data;            // a `data { ... }` body replacing the digits (e.g. CRITEO)
+  bool shuffle = true;         // with `data`: its shuffle
   std::string extra;           // more config lines (e.g. embedding_tables { ... })
   std::string rpc_extra;       // more fields of the rpc { } block (e.g. "sequential: true")
   int max_malformed_lines = 0;

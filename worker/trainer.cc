@@ -17,6 +17,7 @@
 #include "common/rpc/rpc.h"
 #include "common/base/status_macros.h"
 #include "worker/data/loader.h"
+#include "worker/data/part_stream.h"
 #include "worker/data/partition.h"
 #include "worker/data/prefetcher.h"
 #include "worker/model/cpu_ops.h"
@@ -43,7 +44,7 @@ double Millis(absl::Duration d, int64_t steps) {
 // goes on where its data stood (worker/rejoin.h); async, its steps and
 // dropout seeds count on from the pushes applied (`steps_before`).
 absl::Status Rejoin(PsClient* ps, int worker, int32_t session, bool sync,
-                    DataPartition* partition, int64_t* steps_before) {
+                    BatchSource* partition, int64_t* steps_before) {
   ASSIGN_OR_RETURN(const RejoinPoint point, ClaimSession(ps, worker, session, sync));
   *steps_before = std::max(*steps_before, point.pushes_applied);
   if (point.cursor.has_value()) {
@@ -52,12 +53,13 @@ absl::Status Rejoin(PsClient* ps, int worker, int32_t session, bool sync,
     LOG_WARN("no server has this worker's data cursor (none of its pushes completed a step "
              "there): its data starts where the run's did");
   }
-  LOG_INFO("rejoined the running job after a restart (session {}): {}data goes on at epoch {}, "
-           "position {}",
+  LOG_INFO("rejoined the running job after a restart (session {}): {}data goes on at {} {}, "
+           "{} {}",
            session,
            sync ? absl::StrCat("at step ", point.min_version, "; ")
                 : absl::StrCat(*steps_before, " of this worker's pushes were applied; "),
-           partition->cursor().epoch, partition->cursor().position);
+           partition->epoch_name(), partition->cursor().epoch, partition->position_name(),
+           partition->cursor().position);
   if (sync && point.max_version > point.min_version) {
     LOG_WARN("the servers are at steps {} to {}: the step its earlier process left open was "
              "completed on some of them, so this step's gradient is computed from newer "
@@ -142,7 +144,9 @@ class Trainer {
   Backend* backend_ = nullptr;
   std::unique_ptr<Model> model_;
   Dataset data_;
-  std::optional<DataPartition> partition_;
+  // The training data: a partition of `data_`, or a directory's parts as
+  // they come (data.train_dir).
+  std::unique_ptr<BatchSource> partition_;
   const std::function<std::unique_ptr<PsClient>(const Placement&, const RegisterWorkerResponse&)>
       connect_;
   const std::unique_ptr<ChiefClient> chief_;
@@ -210,7 +214,7 @@ absl::Status Trainer::SetUp() {
   min_versions_.assign(ps_->num_servers(), reg_.start_step());
   tally_.steps_before = reg_.local_steps_before();
   if (reg_.rejoin()) {
-    RETURN_IF_ERROR(Rejoin(ps_.get(), options_.worker, reg_.session(), sync_, &*partition_,
+    RETURN_IF_ERROR(Rejoin(ps_.get(), options_.worker, reg_.session(), sync_, partition_.get(),
                            &tally_.steps_before));
   }
   // Batches are assembled ahead on a thread of their own, into pinned memory
@@ -218,7 +222,7 @@ absl::Status Trainer::SetUp() {
   pinned_.alloc = [backend = backend_](size_t bytes) { return backend->AllocateHost(bytes); };
   pinned_.free = [backend = backend_](void* p) { backend->FreeHost(p); };
   ASSIGN_OR_RETURN(batches_,
-                   Prefetcher::Create(&*partition_, config_.data().prefetch_batches(), pinned_));
+                   Prefetcher::Create(partition_.get(), config_.data().prefetch_batches(), pinned_));
   param_dst_ = model_->host_parameter_pointers();
   grad_src_ = model_->host_gradient_pointers();
   RETURN_IF_ERROR(SetUpBags());
@@ -227,17 +231,33 @@ absl::Status Trainer::SetUp() {
 }
 
 absl::Status Trainer::LoadData() {
-  ASSIGN_OR_RETURN(data_, LoadDataset(Env::Default(), config_.data(), DataSplit::kTrain,
-                                      model_->input_dim(), model_->num_labels()));
-  partition_.emplace(&data_, options_.worker, cluster_.num_workers(), config_.data().batch_size(),
-                     config_.data().shuffle(), config_.seed());
-  if (partition_->size() == 0) {
+  const DataConfig& d = config_.data();
+  if (!d.train_dir().empty()) {
+    PartStream::Options o;
+    o.dir = d.train_dir();
+    o.worker = options_.worker;
+    o.num_workers = cluster_.num_workers();
+    o.batch_size = d.batch_size();
+    o.max_malformed = d.max_malformed_lines() < 0 ? 0 : d.max_malformed_lines();
+    ASSIGN_OR_RETURN(partition_, PartStream::Open(Env::Default(), o));
+    LOG_INFO("training data: the parts of {} as they come (part-<n>, in order), every {} line "
+             "this worker's; {} mode",
+             d.train_dir(), cluster_.num_workers() == 1 ? "" : absl::StrCat(cluster_.num_workers(), "th"),
+             sync_ ? "sync" : "async");
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(data_, LoadDataset(Env::Default(), d, DataSplit::kTrain, model_->input_dim(),
+                                      model_->num_labels()));
+  auto partition = std::make_unique<DataPartition>(&data_, options_.worker, cluster_.num_workers(),
+                                                   d.batch_size(), d.shuffle(), config_.seed());
+  if (partition->size() == 0) {
     return absl::FailedPreconditionError(absl::StrCat("worker ", options_.worker, " of ",
                                                       cluster_.num_workers(),
                                                       ": no examples in the training data"));
   }
-  LOG_INFO("{} training examples in this worker's partition of {}; {} mode", partition_->size(),
+  LOG_INFO("{} training examples in this worker's partition of {}; {} mode", partition->size(),
            data_.size, sync_ ? "sync" : "async");
+  partition_ = std::move(partition);
   return absl::OkStatus();
 }
 
@@ -251,8 +271,8 @@ absl::Status Trainer::Register() {
   if (reg_.has_cursor()) {
     // Resuming from a checkpoint: the data goes on where it stood at its step.
     RETURN_IF_ERROR(partition_->Restore({reg_.cursor_epoch(), reg_.cursor_position()}));
-    LOG_INFO("data cursor restored: epoch {}, position {}", reg_.cursor_epoch(),
-             reg_.cursor_position());
+    LOG_INFO("data cursor restored: {} {}, {} {}", partition_->epoch_name(), reg_.cursor_epoch(),
+             partition_->position_name(), reg_.cursor_position());
   }
   return absl::OkStatus();
 }
@@ -335,7 +355,14 @@ absl::Status Trainer::TrainStep(bool* end) {
   // they are, without this step's push in them.
   if (async_prefetch_) ps_->PrefetchPull({}, step_timeout_, {}, /*as_is=*/true);
   Prefetcher::Batch batch;
-  RETURN_IF_ERROR(batches_->Next(step_timeout_, &batch));
+  if (absl::Status got = batches_->Next(step_timeout_, &batch); !got.ok()) {
+    if (absl::IsDeadlineExceeded(got) && !config_.data().train_dir().empty()) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          got.message(), ": no new lines in ", config_.data().train_dir(),
+          " (a worker waits for data at most rpc.step_timeout_ms, as for a step)"));
+    }
+    return got;
+  }
   t0 = absl::Now();
   tally_.data += t0 - t1;
   // Sync: one step for every server, the oldest version pulled. With backup
@@ -496,7 +523,7 @@ absl::Status Trainer::FollowRollback(const absl::Status& cause) {
                                           ? DataCursor{reg_.cursor_epoch(), reg_.cursor_position()}
                                           : DataCursor{0, 0}));
   ASSIGN_OR_RETURN(batches_,
-                   Prefetcher::Create(&*partition_, config_.data().prefetch_batches(), pinned_));
+                   Prefetcher::Create(partition_.get(), config_.data().prefetch_batches(), pinned_));
   ps_ = connect_(*placement_, reg_);
   min_versions_.assign(ps_->num_servers(), reg_.start_step());
   pulled_ = PsClient::PullResult();
@@ -506,16 +533,18 @@ absl::Status Trainer::FollowRollback(const absl::Status& cause) {
   // cursor it started at is its consumed one (read under its lock; reading
   // the partition's raced with that thread, found by ThreadSanitizer).
   const DataCursor at = batches_->consumed_cursor();
-  LOG_INFO("data cursor after the rollback: epoch {}, position {}", at.epoch, at.position);
+  LOG_INFO("data cursor after the rollback: {} {}, {} {}", partition_->epoch_name(), at.epoch,
+           partition_->position_name(), at.position);
   return absl::OkStatus();
 }
 
 void Trainer::LogSummary() const {
   const DataCursor cursor = batches_->consumed_cursor();
   LOG_INFO(
-      "done after {} local steps ({} examples, data cursor epoch {} position {}, {} stale "
-      "gradients dropped, {} rollback(s) followed)",
-      tally_.local_steps, tally_.examples, cursor.epoch, cursor.position, tally_.dropped, rollbacks_);
+      "done after {} local steps ({} examples, data cursor {} {} {} {}, {} stale gradients "
+      "dropped, {} rollback(s) followed)",
+      tally_.local_steps, tally_.examples, partition_->epoch_name(), cursor.epoch,
+      partition_->position_name(), cursor.position, tally_.dropped, rollbacks_);
   LOG_INFO("pulls sent {}: {} of {}",
            async_prefetch_ ? "a step ahead" : "with the previous step's push", prefetched_, pulls_);
   const double total =

@@ -174,7 +174,7 @@ absl::Status ValidateExternal(const TrainingConfig& c, const std::string& source
   const DataConfig& d = c.data();
   for (const std::string* f : {&d.train_images(), &d.train_labels(), &d.test_images(),
                                &d.test_labels(), &d.train_csv(), &d.test_csv(), &d.train_tsv(),
-                               &d.test_tsv()}) {
+                               &d.test_tsv(), &d.train_dir()}) {
     if (!f->empty()) {
       return FieldError(source, "data",
                         absl::StrCat("names a file (", *f, ") with model.external: its workers "
@@ -194,6 +194,9 @@ absl::Status ValidateExternal(const TrainingConfig& c, const std::string& source
 
 // The data: the files of its format, malformed lines, prefetch, batch size.
 absl::Status ValidateData(DataConfig* d, const std::string& source) {
+  if (!d->train_dir().empty() && d->format() != CRITEO) {
+    return FieldError(source, "data.train_dir", "is read with format: CRITEO only");
+  }
   if (d->format() == IDX) {
     if (d->train_images().empty() || d->train_labels().empty()) {
       return FieldError(source, "data.train_images/train_labels", "expected IDX file paths");
@@ -207,7 +210,14 @@ absl::Status ValidateData(DataConfig* d, const std::string& source) {
       return FieldError(source, "data.csv_label_column", "expected a column index >= 0");
     }
   } else if (d->format() == CRITEO) {
-    if (d->train_tsv().empty()) return FieldError(source, "data.train_tsv", "expected a TSV path");
+    if (d->train_tsv().empty() == d->train_dir().empty()) {
+      return FieldError(source, "data.train_tsv/train_dir",
+                        "expected one: a TSV file, or a directory of part files to follow");
+    }
+    if (!d->train_dir().empty() && d->shuffle()) {
+      return FieldError(source, "data.shuffle",
+                        "does not apply to data.train_dir (parts are read in order, once)");
+    }
   } else {
     return FieldError(source, "data.format", "expected IDX, CSV or CRITEO");
   }

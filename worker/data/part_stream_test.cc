@@ -104,19 +104,26 @@ TEST_CASE("a stream waits for parts to come and grow; a torn last line waits for
           "[data][stream]") {
   const std::string dir = FreshDir("stream_wait");
   auto s = Open(dir, 0, 1, 4);
-  std::thread writer([&dir] {
+  // Catch's assertions are the test thread's alone: the writer keeps its
+  // outcomes for after the join.
+  std::vector<absl::Status> written;
+  std::thread writer([&dir, &written] {
+    auto write = [&](const std::string& name, const std::string& text) {
+      written.push_back(Env::Default()->WriteFile(JoinPath(dir, name), text, false));
+    };
     absl::SleepFor(absl::Milliseconds(50));
     const std::string two = Lines(0, 2);
-    Write(dir, "part-0", two + Line(2).substr(0, 10));  // the third line torn
+    write("part-0", two + Line(2).substr(0, 10));  // the third line torn
     absl::SleepFor(absl::Milliseconds(50));
-    Write(dir, "part-0", two + Line(2));  // completed
+    write("part-0", two + Line(2));  // completed
     absl::SleepFor(absl::Milliseconds(50));
-    Write(dir, "part-1", Lines(3, 2));
+    write("part-1", Lines(3, 2));
   });
   const absl::Time start = absl::Now();
   CHECK(Batch(s.get()) == std::vector<int>{0, 1, 2, 3});
   CHECK(absl::Now() - start >= absl::Milliseconds(100));
   writer.join();
+  for (const absl::Status& st : written) CHECK(st.ok());
   CHECK(s->cursor() == DataCursor{1, 1});  // one line of part 1 passed
   // A part is complete once a later one exists: its last line needs no
   // newline then.

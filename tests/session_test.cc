@@ -20,7 +20,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/cluster_testlib.h"
 #include "tools/subprocess.h"
-#include "tools/tensor_export.h"
+#include "common/storage/tensor_export.h"
 #include "worker/c_api.h"
 
 namespace pstrain {

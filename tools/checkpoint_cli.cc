@@ -27,7 +27,7 @@
 #include "common/base/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "tools/operator.h"
-#include "tools/tensor_export.h"
+#include "common/storage/tensor_export.h"
 
 namespace pstrain {
 namespace {

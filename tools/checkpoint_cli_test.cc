@@ -18,7 +18,7 @@
 #include "common/storage/tensor_file.h"
 #include "nlohmann/json.hpp"
 #include "tools/local_ports.h"
-#include "tools/tensor_export.h"
+#include "common/storage/tensor_export.h"
 
 namespace pstrain {
 namespace {

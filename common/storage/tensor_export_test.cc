@@ -1,4 +1,4 @@
-#include "tools/tensor_export.h"
+#include "common/storage/tensor_export.h"
 
 
 #include <cstring>

@@ -11,8 +11,8 @@
 //                 the header's order
 // Both are written through Env, streamed tensor by tensor, to "path.tmp",
 // fsynced and renamed over `path`: a reader never sees half a file.
-#ifndef PSTRAIN_TOOLS_TENSOR_EXPORT_H_
-#define PSTRAIN_TOOLS_TENSOR_EXPORT_H_
+#ifndef PSTRAIN_COMMON_STORAGE_TENSOR_EXPORT_H_
+#define PSTRAIN_COMMON_STORAGE_TENSOR_EXPORT_H_
 
 #include <cstdint>
 #include <map>
@@ -50,4 +50,4 @@ absl::Status WriteSafetensors(Env* env, const std::string& path,
 
 }  // namespace pstrain
 
-#endif  // PSTRAIN_TOOLS_TENSOR_EXPORT_H_
+#endif  // PSTRAIN_COMMON_STORAGE_TENSOR_EXPORT_H_

@@ -576,8 +576,11 @@ absl::StatusOr<RestoredCheckpoint> LoadLatestGoodCheckpoint(Env* env, const std:
   return std::move(*loaded);
 }
 
-absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& ckpt_dir,
-                                                  const CheckpointProgress& progress) {
+namespace {
+
+// LoadCheckpoint; its embedding rows only when `rows`.
+absl::StatusOr<RestoredCheckpoint> Load(Env* env, const std::string& ckpt_dir,
+                                        const CheckpointProgress& progress, bool rows) {
   RestoredCheckpoint out;
   ASSIGN_OR_RETURN(out.manifest, ReadManifest(env, ckpt_dir));
   const CheckpointManifest& m = out.manifest;
@@ -634,6 +637,7 @@ absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& c
   reader();
   for (std::thread& t : pool) t.join();
   for (const absl::Status& st : errors) RETURN_IF_ERROR(st);
+  if (!rows) return out;
   for (const CheckpointTable& t : m.tables()) {
     RestoredTable& rt = out.tables[t.name()];
     rt.dim = t.dim();
@@ -649,6 +653,55 @@ absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& c
     if (absl::Status st = checkpoint_internal::CheckUniqueIds(name, &ids); !st.ok()) {
       return absl::DataLossError(absl::StrCat(ckpt_dir, ": ", st.message()));
     }
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& ckpt_dir,
+                                                  const CheckpointProgress& progress) {
+  return Load(env, ckpt_dir, progress, /*rows=*/true);
+}
+
+absl::StatusOr<RestoredCheckpoint> LoadCheckpointVariables(Env* env, const std::string& ckpt_dir) {
+  return Load(env, ckpt_dir, nullptr, /*rows=*/false);
+}
+
+absl::StatusOr<std::map<std::string, TableChanges>> LoadTableChanges(Env* env,
+                                                                     const std::string& ckpt_dir,
+                                                                     int64_t since) {
+  ASSIGN_OR_RETURN(CheckpointManifest m, ReadManifest(env, ckpt_dir));
+  std::vector<bool> shard_ok;
+  if (std::vector<std::string> problems = ShardFileProblems(env, ckpt_dir, m, &shard_ok);
+      !problems.empty()) {
+    return absl::DataLossError(absl::StrCat(ckpt_dir, ": ", absl::StrJoin(problems, "; ")));
+  }
+  std::map<std::string, TableChanges> out;
+  for (const CheckpointTable& t : m.tables()) {
+    TableChanges& c = out[t.name()];
+    c.full = since < 0;
+    c.rows.dim = t.dim();
+    c.rows.optimizer = t.optimizer();
+    c.rows.slots.resize(t.slot_names_size());
+  }
+  const checkpoint_internal::RowChains chains = checkpoint_internal::ChainsOf(m);
+  // A table is a delta only when every server's chain reaches back to `since`.
+  for (const auto& [key, links] : chains) {
+    if (checkpoint_internal::FirstLinkStep(m, links) > since) out.at(key.first).full = true;
+  }
+  for (const auto& [key, links] : chains) {
+    TableChanges& c = out.at(key.first);
+    RETURN_IF_ERROR(c.full ? checkpoint_internal::ReadRowChain(env, ckpt_dir, m, links, &c.rows)
+                           : checkpoint_internal::ReadRowChainSince(env, ckpt_dir, m, links,
+                                                                    since, &c.rows, &c.deleted));
+  }
+  for (auto& [name, c] : out) {
+    std::vector<uint64_t> ids = c.rows.ids;
+    if (absl::Status st = checkpoint_internal::CheckUniqueIds(name, &ids); !st.ok()) {
+      return absl::DataLossError(absl::StrCat(ckpt_dir, ": ", st.message()));
+    }
+    std::sort(c.deleted.begin(), c.deleted.end());
   }
   return out;
 }

@@ -171,6 +171,23 @@ struct RestoredCheckpoint {
 // threads, one call at a time.
 absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& ckpt_dir,
                                                   const CheckpointProgress& progress = nullptr);
+// The variables alone (values, slots, counts), its embedding rows not read
+// (`tables` empty).
+absl::StatusOr<RestoredCheckpoint> LoadCheckpointVariables(Env* env, const std::string& ckpt_dir);
+
+// What a table of a checkpoint changed since the checkpoint of step `since`
+// (beside it, in its rows' chain): the rows changed since (as they stand)
+// and the ids dropped since and not back, sorted; or, `full`, every row,
+// when some server's chain starts after `since` (or `since` < 0).
+struct TableChanges {
+  bool full = false;
+  RestoredTable rows;
+  std::vector<uint64_t> deleted;
+};
+absl::StatusOr<std::map<std::string, TableChanges>> LoadTableChanges(Env* env,
+                                                                     const std::string& ckpt_dir,
+                                                                     int64_t since);
+
 // The newest checkpoint in `dir` that loads whole, read once (LoadCheckpoint
 // checks as it reads what VerifyCheckpoint checks); `path` gets where it is.
 // Each newer one that does not load is described in `skipped`. NOT_FOUND when

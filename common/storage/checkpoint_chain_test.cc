@@ -2,6 +2,7 @@
 // full save and deltas in earlier checkpoints' shard files, replayed on
 // load; verify naming a missing or damaged link; pruning that keeps a kept
 // checkpoint's chain; and manifests whose chains make no sense refused.
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -207,6 +208,43 @@ TEST_CASE("a missing or damaged link is named, and the newest good checkpoint re
     CHECK(torn.find("ckpt-10/shard-0-of-1: table ads") != std::string::npos);
     CHECK(torn.find("truncated or torn") != std::string::npos);
   }
+}
+
+TEST_CASE("a table's changes since an earlier checkpoint of its chain, or all its rows",
+          "[checkpoint][rows][incremental]") {
+  const std::string dir = WriteChain("chain-since");
+  const std::string ckpt = JoinPath(dir, "ckpt-30");
+  auto ids = [](const TableChanges& c) {
+    std::vector<uint64_t> out = c.rows.ids;
+    std::sort(out.begin(), out.end());
+    return out;
+  };
+  auto since20 = LoadTableChanges(Env::Default(), ckpt, 20);
+  REQUIRE(since20.ok());
+  const TableChanges& a = since20->at("ads");
+  CHECK_FALSE(a.full);
+  CHECK(ids(a) == std::vector<uint64_t>{3});
+  CHECK(a.deleted == std::vector<uint64_t>{1, 9});  // 9: created and dropped in between
+  auto since10 = LoadTableChanges(Env::Default(), ckpt, 10);
+  REQUIRE(since10.ok());
+  const TableChanges& b = since10->at("ads");
+  CHECK_FALSE(b.full);
+  CHECK(ids(b) == std::vector<uint64_t>{2, 3, 5});  // 3 dropped at 20, back at 30
+  CHECK(b.deleted == std::vector<uint64_t>{1, 9});
+  RestoredCheckpoint as_read;
+  as_read.tables["ads"] = b.rows;
+  CHECK(RowsOf(as_read) == std::map<uint64_t, int64_t>{{2, 20}, {3, 30}, {5, 20}});
+  for (int64_t since : {-1, 5}) {  // before the chain's full save: every row
+    auto all = LoadTableChanges(Env::Default(), ckpt, since);
+    REQUIRE(all.ok());
+    CHECK(all->at("ads").full);
+    CHECK(ids(all->at("ads")) == std::vector<uint64_t>{2, 3, 4, 5});
+    CHECK(all->at("ads").deleted.empty());
+  }
+  auto vars = LoadCheckpointVariables(Env::Default(), ckpt);
+  REQUIRE(vars.ok());
+  CHECK(vars->tables.empty());
+  CHECK(vars->manifest.step() == 30);
 }
 
 TEST_CASE("a manifest whose chain makes no sense is refused before any read",

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -258,61 +259,120 @@ absl::Status CheckUniqueIds(const std::string& table, std::vector<uint64_t>* ids
   return absl::DataLossError(absl::StrCat("table ", table, ": id ", *dup, " is in two shards"));
 }
 
+namespace {
+
+// A table being replayed: its rows and where each id's row is.
+struct Replay {
+  RestoredTable rows;
+  absl::flat_hash_map<uint64_t, size_t> at;
+  // With `track_gone`: the ids dropped and not back since the replay began.
+  bool track_gone = false;
+  absl::flat_hash_set<uint64_t> gone;
+};
+
+absl::Status TwiceInOneSave(const LinkFile& f, const CheckpointRows& r, uint64_t id) {
+  return absl::DataLossError(
+      absl::StrCat(f.name, ": table ", r.table(), ": id ", id, " twice in one save"));
+}
+
+// Applies delta link `r`: its dropped rows leave (the last row takes the
+// place of each), then its changed rows replace theirs or join.
+absl::Status ApplyDelta(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
+                        const CheckpointRows& r, Replay* replay) {
+  RestoredTable& cur = replay->rows;
+  ASSIGN_OR_RETURN(LinkFile f, OpenLink(env, ckpt_dir, m, r));
+  RestoredTable delta;
+  delta.dim = cur.dim;
+  delta.slots.resize(cur.slots.size());
+  RETURN_IF_ERROR(ReadLinkRows(env, f, r, &delta));
+  std::vector<uint64_t> deleted(static_cast<size_t>(r.deleted()));
+  RETURN_IF_ERROR(ReadRange(env, f, r.deleted_ids(),
+                            absl::StrCat("table ", r.table(), " dropped ids"), deleted.data()));
+  for (uint64_t id : deleted) {
+    if (replay->track_gone) replay->gone.insert(id);
+    auto it = replay->at.find(id);
+    if (it == replay->at.end()) continue;  // created and dropped between two saves
+    const size_t pos = it->second, last = cur.ids.size() - 1;
+    replay->at.erase(it);
+    if (pos != last) {
+      CopyRow(cur, last, &cur, pos);
+      replay->at[cur.ids[pos]] = pos;
+    }
+    ResizeRows(&cur, last);
+  }
+  std::vector<uint64_t> sorted = delta.ids;
+  std::sort(sorted.begin(), sorted.end());
+  if (auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end()) {
+    return TwiceInOneSave(f, r, *dup);
+  }
+  for (size_t i = 0; i < delta.ids.size(); ++i) {
+    if (replay->track_gone) replay->gone.erase(delta.ids[i]);
+    auto [it, fresh] = replay->at.try_emplace(delta.ids[i], cur.ids.size());
+    if (fresh) ResizeRows(&cur, cur.ids.size() + 1);
+    CopyRow(delta, i, &cur, it->second);
+  }
+  return absl::OkStatus();
+}
+
+// Appends `rows` to `out`.
+void AppendRows(const RestoredTable& rows, RestoredTable* out) {
+  const size_t base = out->ids.size();
+  ResizeRows(out, base + rows.ids.size());
+  for (size_t i = 0; i < rows.ids.size(); ++i) CopyRow(rows, i, out, base + i);
+}
+
+// The step of the checkpoint that holds link `r` of `m`.
+int64_t StepOf(const CheckpointManifest& m, const CheckpointRows& r) {
+  return r.checkpoint().empty() ? m.step() : LinkStep(r.checkpoint());
+}
+
+}  // namespace
+
 absl::Status ReadRowChain(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
                           const std::vector<const CheckpointRows*>& links, RestoredTable* out) {
   if (links.empty()) return absl::OkStatus();
   ASSIGN_OR_RETURN(LinkFile first, OpenLink(env, ckpt_dir, m, *links[0]));
   if (links.size() == 1) return ReadLinkRows(env, first, *links[0], out);  // a full save
-  RestoredTable cur;
-  cur.dim = out->dim;
-  cur.slots.resize(out->slots.size());
-  RETURN_IF_ERROR(ReadLinkRows(env, first, *links[0], &cur));
-  absl::flat_hash_map<uint64_t, size_t> at;
-  at.reserve(cur.ids.size());
-  auto twice = [](const LinkFile& f, const CheckpointRows& r, uint64_t id) {
-    return absl::DataLossError(
-        absl::StrCat(f.name, ": table ", r.table(), ": id ", id, " twice in one save"));
-  };
-  for (size_t i = 0; i < cur.ids.size(); ++i) {
-    if (!at.emplace(cur.ids[i], i).second) return twice(first, *links[0], cur.ids[i]);
+  Replay replay;
+  replay.rows.dim = out->dim;
+  replay.rows.slots.resize(out->slots.size());
+  RETURN_IF_ERROR(ReadLinkRows(env, first, *links[0], &replay.rows));
+  replay.at.reserve(replay.rows.ids.size());
+  for (size_t i = 0; i < replay.rows.ids.size(); ++i) {
+    if (!replay.at.emplace(replay.rows.ids[i], i).second) {
+      return TwiceInOneSave(first, *links[0], replay.rows.ids[i]);
+    }
   }
   for (size_t l = 1; l < links.size(); ++l) {
-    const CheckpointRows& r = *links[l];
-    ASSIGN_OR_RETURN(LinkFile f, OpenLink(env, ckpt_dir, m, r));
-    RestoredTable delta;
-    delta.dim = out->dim;
-    delta.slots.resize(out->slots.size());
-    RETURN_IF_ERROR(ReadLinkRows(env, f, r, &delta));
-    std::vector<uint64_t> deleted(static_cast<size_t>(r.deleted()));
-    RETURN_IF_ERROR(ReadRange(env, f, r.deleted_ids(),
-                              absl::StrCat("table ", r.table(), " dropped ids"), deleted.data()));
-    // Dropped rows leave (the last row takes the place of each), then the
-    // changed ones replace theirs or join.
-    for (uint64_t id : deleted) {
-      auto it = at.find(id);
-      if (it == at.end()) continue;  // created and dropped between two saves
-      const size_t pos = it->second, last = cur.ids.size() - 1;
-      at.erase(it);
-      if (pos != last) {
-        CopyRow(cur, last, &cur, pos);
-        at[cur.ids[pos]] = pos;
-      }
-      ResizeRows(&cur, last);
-    }
-    std::vector<uint64_t> sorted = delta.ids;
-    std::sort(sorted.begin(), sorted.end());
-    if (auto dup = std::adjacent_find(sorted.begin(), sorted.end()); dup != sorted.end()) {
-      return twice(f, r, *dup);
-    }
-    for (size_t i = 0; i < delta.ids.size(); ++i) {
-      auto [it, fresh] = at.try_emplace(delta.ids[i], cur.ids.size());
-      if (fresh) ResizeRows(&cur, cur.ids.size() + 1);
-      CopyRow(delta, i, &cur, it->second);
-    }
+    RETURN_IF_ERROR(ApplyDelta(env, ckpt_dir, m, *links[l], &replay));
   }
-  const size_t base = out->ids.size();
-  ResizeRows(out, base + cur.ids.size());
-  for (size_t i = 0; i < cur.ids.size(); ++i) CopyRow(cur, i, out, base + i);
+  AppendRows(replay.rows, out);
+  return absl::OkStatus();
+}
+
+int64_t FirstLinkStep(const CheckpointManifest& m,
+                      const std::vector<const CheckpointRows*>& links) {
+  return links.empty() ? m.step() : StepOf(m, *links[0]);
+}
+
+absl::Status ReadRowChainSince(Env* env, const std::string& ckpt_dir,
+                               const CheckpointManifest& m,
+                               const std::vector<const CheckpointRows*>& links, int64_t since,
+                               RestoredTable* out, std::vector<uint64_t>* deleted) {
+  if (since < FirstLinkStep(m, links)) {
+    return absl::InternalError("ReadRowChainSince: the chain does not reach back that far");
+  }
+  Replay replay;
+  replay.rows.dim = out->dim;
+  replay.rows.slots.resize(out->slots.size());
+  replay.track_gone = true;
+  for (const CheckpointRows* r : links) {
+    if (StepOf(m, *r) > since) RETURN_IF_ERROR(ApplyDelta(env, ckpt_dir, m, *r, &replay));
+  }
+  AppendRows(replay.rows, out);
+  const size_t at = deleted->size();
+  deleted->insert(deleted->end(), replay.gone.begin(), replay.gone.end());
+  std::sort(deleted->begin() + at, deleted->end());
   return absl::OkStatus();
 }
 

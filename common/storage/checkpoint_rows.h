@@ -55,6 +55,20 @@ int64_t RowsBytes(const CheckpointRows& r);
 absl::Status ReadRowChain(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
                           const std::vector<const CheckpointRows*>& links, RestoredTable* out);
 
+// The step of the checkpoint holding a chain's full save (`m`'s own step
+// for a chain of one link, or none).
+int64_t FirstLinkStep(const CheckpointManifest& m,
+                      const std::vector<const CheckpointRows*>& links);
+
+// What changed in one chain since the checkpoint of step `since` (at or
+// after its full save): the rows of its links after that step, replayed,
+// appended to `out`, and the ids dropped since and not back appended
+// (sorted) to `deleted`.
+absl::Status ReadRowChainSince(Env* env, const std::string& ckpt_dir,
+                               const CheckpointManifest& m,
+                               const std::vector<const CheckpointRows*>& links, int64_t since,
+                               RestoredTable* out, std::vector<uint64_t>* deleted);
+
 // DATA_LOSS when an id of `table` appears twice (sorts `ids`).
 absl::Status CheckUniqueIds(const std::string& table, std::vector<uint64_t>* ids);
 

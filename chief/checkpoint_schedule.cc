@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "chief/serving_snapshot.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/cluster/config.h"
@@ -114,6 +115,16 @@ absl::Status CommitCheckpoint(const RunContext& run, PsClient* ps, int64_t step,
   int64_t bytes = 0;
   absl::Status st = WriteCheckpointManifest(run, ps, step, timeout, &bytes);
   chief->RecordCheckpoint(st.ok(), step, bytes, absl::ToDoubleSeconds(absl::Now() - start));
+  const CheckpointConfig& c = run.config.checkpoint();
+  if (st.ok() && !c.serving_dir().empty()) {
+    // Training goes on without it: the checkpoint is there.
+    if (absl::Status snap = WriteServingSnapshot(
+            Env::Default(), c.serving_dir(), JoinPath(c.dir(), CheckpointDirName(step)), step);
+        !snap.ok()) {
+      LOG_WARN("serving snapshot of step {} failed (the checkpoint is committed): {}", step,
+               snap);
+    }
+  }
   return st;
 }
 

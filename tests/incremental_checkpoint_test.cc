@@ -5,14 +5,17 @@
 // bitwise the same model as a run saving everything; resumes from a delta
 // to the same end; and its damaged or missing links are named by verify and
 // skipped by a resume.
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "catch2/catch.hpp"
+#include "chief/serving_snapshot.h"
 #include "common/storage/checkpoint.h"
 #include "common/storage/env.h"
+#include "common/testing/skip.h"
 #include "tests/checkpoint_testlib.h"
 #include "tests/cluster_testlib.h"
 #include "tools/subprocess.h"
@@ -33,7 +36,8 @@ using testing::WriteJob;
 
 constexpr int kSteps = 300;
 
-ConfigOptions Options(const std::string& data_dir, const std::string& ckpt_dir, int full_every) {
+ConfigOptions Options(const std::string& data_dir, const std::string& ckpt_dir, int full_every,
+                      const std::string& serving_dir = "") {
   ConfigOptions o = testing::ClickThroughOptions(data_dir);
   o.batch_size = 64;
   o.learning_rate = 0.003f;
@@ -42,7 +46,8 @@ ConfigOptions Options(const std::string& data_dir, const std::string& ckpt_dir, 
   o.extra = absl::StrCat(
       "embedding_tables { name: \"features\" dim: 16 expire_after_steps: 40 }\n"
       "checkpoint { dir: \"",
-      ckpt_dir, "\" every_steps: 50 keep: 100 full_every: ", full_every, " }\n");
+      ckpt_dir, "\" every_steps: 50 keep: 100 full_every: ", full_every,
+      serving_dir.empty() ? "" : absl::StrCat(" serving_dir: \"", serving_dir, "\""), " }\n");
   return o;
 }
 
@@ -61,7 +66,8 @@ TEST_CASE("rows saved as deltas load, resume and verify as full saves of the sam
   RunJobOk(WriteJob(ref_dir, Options(data->first, ref_ckpt, 0), 2), false);
   const std::string dir = testing::FreshTempDir("incr_run");
   const std::string ckpt = JoinPath(dir, "ckpt");
-  const Job job = WriteJob(dir, Options(data->first, ckpt, 3), 2);
+  const std::string serving = JoinPath(dir, "serving");
+  const Job job = WriteJob(dir, Options(data->first, ckpt, 3, serving), 2);
   RunJobOk(job, false);
   {
     const std::string log = ChiefLog(job);
@@ -106,6 +112,46 @@ TEST_CASE("rows saved as deltas load, resume and verify as full saves of the sam
   CommandResult list = testing::RunCommand(
       {Binary("tools/pstrain"), "checkpoint", "list", ckpt}, absl::Seconds(60));
   CHECK(list.output.find("rows: deltas on ckpt-200") != std::string::npos);
+
+  SECTION("serving snapshots: tables as deltas, read back outside pstrain as the export") {
+    // The run's last checkpoint is full, so its snapshot is too, and the
+    // ones before it are gone.
+    auto names = Env::Default()->ListDir(serving);
+    REQUIRE(names.ok());
+    std::sort(names->begin(), names->end());
+    CHECK(*names == std::vector<std::string>{"latest", "step-300"});
+    // Written one by one from the run's checkpoints up to ckpt-250: 50 in
+    // full, 100 and 150 deltas, 200 in full (the three before go), 250 a
+    // delta on 200.
+    const std::string serving2 = JoinPath(dir, "serving2");
+    for (int64_t step = 50; step <= 250; step += 50) {
+      REQUIRE(WriteServingSnapshot(Env::Default(), serving2, Ckpt(ckpt, step), step).ok());
+    }
+    auto names2 = Env::Default()->ListDir(serving2);
+    REQUIRE(names2.ok());
+    std::sort(names2->begin(), names2->end());
+    CHECK(*names2 == std::vector<std::string>{"latest", "step-200", "step-250"});
+    const testing::PythonReaders py = testing::PythonWithModules("numpy, safetensors.numpy");
+    if (!py.error.empty()) {
+      testing::SkipCase("python", py.error);
+      return;
+    }
+    const std::string out = JoinPath(dir, "export250");
+    CommandResult e = testing::RunCommand({Binary("tools/pstrain"), "checkpoint", "export",
+                                           Ckpt(ckpt, 250), "--format=safetensors",
+                                           "--out=" + out},
+                                          absl::Seconds(60));
+    INFO(e.output);
+    REQUIRE(e.exit_code == 0);
+    CommandResult r = testing::RunCommand(
+        {py.python, Binary("tools/serving_reader.py"), serving2, "--compare",
+         JoinPath(out, "model.safetensors")},
+        absl::Seconds(60));
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find("(the full snapshot of step-200 and 1 delta(s))") != std::string::npos);
+    CHECK(r.output.find("the same as the export") != std::string::npos);
+  }
 
   SECTION("a resume from a delta ends bitwise where the run never stopped") {
     const std::string dir2 = testing::FreshTempDir("incr_resume");

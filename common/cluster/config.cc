@@ -340,6 +340,10 @@ absl::Status ValidateCheckpoint(CheckpointConfig* ckpt, const std::string& sourc
   if (ckpt->dir().empty() && ckpt->every_seconds() > 0) {
     return FieldError(source, "checkpoint.every_seconds", "set without checkpoint.dir");
   }
+  if (ckpt->dir().empty() && !ckpt->serving_dir().empty()) {
+    return FieldError(source, "checkpoint.serving_dir",
+                      "set without checkpoint.dir (a snapshot is written from each checkpoint)");
+  }
   if (ckpt->full_every() < 0 || ckpt->full_every() > 1000) {
     return FieldError(source, "checkpoint.full_every",
                       "expected 0..1000 (0 or 1: every save writes every row)");

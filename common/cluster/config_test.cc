@@ -189,6 +189,9 @@ TEST_CASE("checkpoint settings are checked and keep defaults to 3", "[config][ch
            Case{"checkpoint { every_steps: 10 }", "without checkpoint.dir"},
            Case{"checkpoint { every_seconds: 10 }", "without checkpoint.dir"},
            Case{"checkpoint { dir: \"ck\" every_seconds: -1 }", "checkpoint.every_seconds"},
+           Case{"checkpoint { dir: \"ck\" full_every: -1 }", "checkpoint.full_every"},
+           Case{"checkpoint { dir: \"ck\" full_every: 1001 }", "checkpoint.full_every"},
+           Case{"checkpoint { serving_dir: \"s\" }", "checkpoint.serving_dir: set without"},
        }) {
     INFO(k.extra);
     auto bad = ParseTrainingConfig(std::string(kGood) + k.extra + "\n", "x.pbtxt");

@@ -131,7 +131,8 @@ absl::Status WriteServingSnapshot(Env* env, const std::string& serving_dir,
     }
   }
   LOG_INFO("serving snapshot {}: {} dense variable(s), {} table row(s) {}{} in {:.3f} s", dir,
-           dense.size(), rows, all_full ? "in full" : absl::StrCat("changed since ", SnapshotName(base)),
+           dense.size(), rows,
+           all_full ? "in full" : absl::StrCat("changed since ", SnapshotName(base)),
            deleted > 0 ? absl::StrCat(", ", deleted, " dropped") : "",
            absl::ToDoubleSeconds(absl::Now() - start));
   return absl::OkStatus();

@@ -332,8 +332,17 @@ TEST_CASE("snapshotter: rows are saved in full every full_every cuts, deltas bet
   // write fails, the delta on it fails too, and the cut after is full.
   const std::string blocked = JoinPath(dir, CheckpointDirName(5));
   REQUIRE(Env::Default()->WriteFile(blocked, "in the way", false).ok());
-  snapshots.Enqueue(CutShard(*model, 5, kRun, {}, snapshots.PlanRows(5, 3, 10)));
-  snapshots.Enqueue(CutShard(*model, 6, kRun, {}, snapshots.PlanRows(6, 3, 10)));
+  std::unique_ptr<ShardSnapshot> cut5 =
+      CutShard(*model, 5, kRun, {}, snapshots.PlanRows(5, 3, 10));
+  // Cut 6 planned as a delta on 5 before 5's write fails (planned after it
+  // fails, it is full: the writer may be that quick).
+  RowsPlan on5;
+  on5.base_step = 5;
+  for (const ShardSnapshot::TableRows& t : cut5->tables) {
+    on5.base_generations[t.table] = t.generation;
+  }
+  snapshots.Enqueue(std::move(cut5));
+  snapshots.Enqueue(CutShard(*model, 6, kRun, {}, on5));
   CHECK_FALSE(snapshots.Await(kRun, 5, absl::Seconds(30)).ok());
   auto s6 = snapshots.Await(kRun, 6, absl::Seconds(30));
   REQUIRE_FALSE(s6.ok());

@@ -222,7 +222,8 @@ absl::Status Trainer::SetUp() {
   pinned_.alloc = [backend = backend_](size_t bytes) { return backend->AllocateHost(bytes); };
   pinned_.free = [backend = backend_](void* p) { backend->FreeHost(p); };
   ASSIGN_OR_RETURN(batches_,
-                   Prefetcher::Create(partition_.get(), config_.data().prefetch_batches(), pinned_));
+                   Prefetcher::Create(partition_.get(), config_.data().prefetch_batches(),
+                                      pinned_));
   param_dst_ = model_->host_parameter_pointers();
   grad_src_ = model_->host_gradient_pointers();
   RETURN_IF_ERROR(SetUpBags());
@@ -240,10 +241,9 @@ absl::Status Trainer::LoadData() {
     o.batch_size = d.batch_size();
     o.max_malformed = d.max_malformed_lines() < 0 ? 0 : d.max_malformed_lines();
     ASSIGN_OR_RETURN(partition_, PartStream::Open(Env::Default(), o));
-    LOG_INFO("training data: the parts of {} as they come (part-<n>, in order), every {} line "
-             "this worker's; {} mode",
-             d.train_dir(), cluster_.num_workers() == 1 ? "" : absl::StrCat(cluster_.num_workers(), "th"),
-             sync_ ? "sync" : "async");
+    LOG_INFO("training data: the parts of {} as they come (part-<n>, in order), line i of "
+             "each this worker's when i % {} == {}; {} mode",
+             d.train_dir(), cluster_.num_workers(), options_.worker, sync_ ? "sync" : "async");
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(data_, LoadDataset(Env::Default(), d, DataSplit::kTrain, model_->input_dim(),
@@ -523,7 +523,8 @@ absl::Status Trainer::FollowRollback(const absl::Status& cause) {
                                           ? DataCursor{reg_.cursor_epoch(), reg_.cursor_position()}
                                           : DataCursor{0, 0}));
   ASSIGN_OR_RETURN(batches_,
-                   Prefetcher::Create(partition_.get(), config_.data().prefetch_batches(), pinned_));
+                   Prefetcher::Create(partition_.get(), config_.data().prefetch_batches(),
+                                      pinned_));
   ps_ = connect_(*placement_, reg_);
   min_versions_.assign(ps_->num_servers(), reg_.start_step());
   pulled_ = PsClient::PullResult();

@@ -78,7 +78,8 @@ absl::Status PartStream::ReadMore(int64_t* got) {
                                             at, " were read): parts must only grow"));
   }
   if (size == at) return absl::OkStatus();
-  ASSIGN_OR_RETURN(std::string more, env_->ReadFileRange(path, at, std::min(size - at, kReadBytes)));
+  ASSIGN_OR_RETURN(std::string more,
+                   env_->ReadFileRange(path, at, std::min(size - at, kReadBytes)));
   *got = static_cast<int64_t>(more.size());
   buffer_ += more;
   return absl::OkStatus();

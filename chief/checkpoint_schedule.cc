@@ -8,9 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "chief/serving_snapshot.h"
 #include "common/base/logging.h"
@@ -79,10 +77,8 @@ absl::Status WriteCheckpointManifest(const RunContext& run, PsClient* ps, int64_
         return absl::InternalError(absl::StrCat("server ", s, " saved rows as shard ", r.shard()));
       }
       if (!r.checkpoint().empty()) {
-        absl::string_view name = r.checkpoint();
-        int64_t link = 0;
-        if (!absl::ConsumePrefix(&name, "ckpt-") || !absl::SimpleAtoi(name, &link) ||
-            link < 0 || link >= step) {
+        const int64_t link = CheckpointStepOf(r.checkpoint());
+        if (link < 0 || link >= step) {
           return absl::InternalError(absl::StrCat("server ", s, " saved rows resting on \"",
                                                   r.checkpoint(), "\""));
         }

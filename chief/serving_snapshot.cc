@@ -63,10 +63,8 @@ int64_t BaseStep(Env* env, const std::string& serving_dir, const std::string& ck
       !env->IsDirectory(JoinPath(serving_dir, SnapshotName(latest.step)))) {
     return -1;
   }
-  std::string parent = ckpt_dir;
-  while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
   absl::StatusOr<CheckpointManifest> base =
-      ReadManifest(env, JoinPath(Dirname(parent), CheckpointDirName(latest.step)));
+      ReadManifest(env, SiblingCheckpointDir(ckpt_dir, latest.step));
   if (!base.ok() || base->unix_time_ms() != latest.checkpoint_time_ms) return -1;
   return latest.step;
 }

@@ -181,6 +181,22 @@ absl::StatusOr<std::map<std::string, std::map<int64_t, PartitionEntries>>> Index
 
 std::string CheckpointDirName(int64_t step) { return absl::StrCat("ckpt-", step); }
 
+int64_t CheckpointStepOf(absl::string_view name) {
+  absl::string_view rest = name;
+  int64_t step = 0;
+  if (!absl::ConsumePrefix(&rest, "ckpt-") || !absl::SimpleAtoi(rest, &step) || step < 0 ||
+      CheckpointDirName(step) != name) {
+    return -1;
+  }
+  return step;
+}
+
+std::string SiblingCheckpointDir(const std::string& ckpt_dir, int64_t step) {
+  std::string dir = ckpt_dir;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  return JoinPath(Dirname(dir), CheckpointDirName(step));
+}
+
 std::string ShardFileName(int shard, int num_shards) {
   return absl::StrCat("shard-", shard, "-of-", num_shards);
 }
@@ -429,12 +445,8 @@ absl::StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(Env* env, const std:
   ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(dir));
   std::vector<CheckpointInfo> out;
   for (const std::string& name : names) {
-    absl::string_view rest = name;
-    int64_t step = 0;
-    if (!absl::ConsumePrefix(&rest, "ckpt-") || !absl::SimpleAtoi(rest, &step) || step < 0 ||
-        CheckpointDirName(step) != name) {
-      continue;
-    }
+    const int64_t step = CheckpointStepOf(name);
+    if (step < 0) continue;
     const std::string path = JoinPath(dir, name);
     if (!env->IsDirectory(path)) continue;
     CheckpointInfo info;

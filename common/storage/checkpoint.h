@@ -26,12 +26,18 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/storage/env.h"
 #include "proto/checkpoint.pb.h"
 
 namespace pstrain {
 
 std::string CheckpointDirName(int64_t step);  // "ckpt-<step>"
+// The step of a checkpoint directory's name, canonical ("ckpt-<step>", no
+// sign or leading zeros); -1 for any other name.
+int64_t CheckpointStepOf(absl::string_view name);
+// The checkpoint of `step` beside `ckpt_dir` (in the same directory).
+std::string SiblingCheckpointDir(const std::string& ckpt_dir, int64_t step);
 std::string ShardFileName(int shard, int num_shards);  // "shard-<i>-of-<n>"
 constexpr char kManifestFile[] = "manifest";
 constexpr char kPointerFile[] = "checkpoint";

@@ -19,16 +19,8 @@ namespace {
 constexpr int64_t kMaxRows = int64_t{1} << 40;
 
 // The step a link's checkpoint name stands for; -1 when it is not one
-// ("ckpt-<step>", canonical: nothing else may lead a reader elsewhere).
-int64_t LinkStep(const std::string& name) {
-  absl::string_view rest = name;
-  int64_t step = 0;
-  if (!absl::ConsumePrefix(&rest, "ckpt-") || !absl::SimpleAtoi(rest, &step) || step < 0 ||
-      CheckpointDirName(step) != name) {
-    return -1;
-  }
-  return step;
-}
+// (canonical: nothing else may lead a reader elsewhere).
+int64_t LinkStep(const std::string& name) { return CheckpointStepOf(name); }
 
 // Where a link's bytes are: its shard file, opened checked.
 struct LinkFile {
@@ -45,9 +37,7 @@ absl::StatusOr<LinkFile> OpenLink(Env* env, const std::string& ckpt_dir,
     f.path = JoinPath(ckpt_dir, file);
     f.name = file;
   } else {
-    std::string dir = ckpt_dir;
-    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-    f.path = JoinPath(JoinPath(Dirname(dir), r.checkpoint()), file);
+    f.path = JoinPath(SiblingCheckpointDir(ckpt_dir, LinkStep(r.checkpoint())), file);
     f.name = JoinPath(r.checkpoint(), file);
   }
   auto lost = [&f, &r](absl::string_view why) {

@@ -7,8 +7,6 @@
 // page cache when the machine has room for it; the table says so). Writes in
 // --checkpoint_dir, else --out, else /tmp; at most 3 repetitions.
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -59,11 +57,8 @@ absl::Status WriteCheckpoint(Env* env, const std::string& ckpt,
 absl::Status CheckpointSuite(BenchContext* ctx) {
   const BenchOptions& o = ctx->options();
   Env* env = Env::Default();
-  const std::string base = !o.checkpoint_dir.empty() ? o.checkpoint_dir
-                           : !o.out_dir.empty()      ? o.out_dir
-                                                     : "/tmp";
-  const std::string dir = JoinPath(base, absl::StrCat("pstrain-bench-ckpt-", ::getpid()));
-  RETURN_IF_ERROR(env->CreateDirs(dir));
+  std::string base;
+  ASSIGN_OR_RETURN(const std::string dir, ScratchDir(o, "ckpt", &base));
   const int64_t total = o.checkpoint_mib << 20;
   const int shards = 2;
   // Partitions of up to 16 MiB, as the placement splits a large model.

@@ -111,6 +111,14 @@ absl::Status StartEcho(std::unique_ptr<Subprocess>* proc, std::string* address) 
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ScratchDir(const BenchOptions& o, const std::string& suite,
+                                       std::string* base) {
+  *base = !o.checkpoint_dir.empty() ? o.checkpoint_dir : !o.out_dir.empty() ? o.out_dir : "/tmp";
+  const std::string dir = JoinPath(*base, absl::StrCat("pstrain-bench-", suite, "-", ::getpid()));
+  RETURN_IF_ERROR(Env::Default()->CreateDirs(dir));
+  return dir;
+}
+
 absl::Status StartServers(const std::string& bin_dir, int n, const std::string& dir,
                           std::vector<std::unique_ptr<Subprocess>>* procs,
                           std::optional<ClusterSpec>* cluster) {

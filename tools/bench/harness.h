@@ -65,6 +65,12 @@ absl::Status StartServers(const std::string& bin_dir, int n, const std::string& 
                           std::vector<std::unique_ptr<Subprocess>>* procs,
                           std::optional<ClusterSpec>* cluster);
 
+// Where the checkpoint and tables suites write: --checkpoint_dir, else
+// --out, else /tmp (in `base`), in a folder of this process's own
+// ("pstrain-bench-<suite>-<pid>"), created.
+absl::StatusOr<std::string> ScratchDir(const BenchOptions& o, const std::string& suite,
+                                       std::string* base);
+
 // One row of bench.csv. `gbps` holds the figure whatever its unit (the
 // sparse suite's Mrows/s, the train suite's examples/s).
 struct CsvRow {

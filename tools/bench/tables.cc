@@ -8,8 +8,6 @@
 // stream of lookups touches them) and saves the delta the same way. Writes
 // in --checkpoint_dir, else --out, else /tmp; at most 3 repetitions.
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -72,11 +70,8 @@ absl::StatusOr<Save> SaveRows(EmbeddingTable* table, bool delta, uint32_t after,
 absl::Status TablesSuite(BenchContext* ctx) {
   const BenchOptions& o = ctx->options();
   Env* env = Env::Default();
-  const std::string base = !o.checkpoint_dir.empty() ? o.checkpoint_dir
-                           : !o.out_dir.empty()      ? o.out_dir
-                                                     : "/tmp";
-  const std::string dir = JoinPath(base, absl::StrCat("pstrain-bench-tables-", ::getpid()));
-  RETURN_IF_ERROR(env->CreateDirs(dir));
+  std::string base;
+  ASSIGN_OR_RETURN(const std::string dir, ScratchDir(o, "tables", &base));
   OptimizerConfig oc;
   oc.set_learning_rate(0.01f);
   oc.mutable_adam();

@@ -590,9 +590,10 @@ absl::StatusOr<RestoredCheckpoint> LoadLatestGoodCheckpoint(Env* env, const std:
 
 namespace {
 
-// LoadCheckpoint; its embedding rows only when `rows`.
+// LoadCheckpoint; the optimizer slots and the embedding rows only when
+// `state` (what a restore needs and a reader of values does not).
 absl::StatusOr<RestoredCheckpoint> Load(Env* env, const std::string& ckpt_dir,
-                                        const CheckpointProgress& progress, bool rows) {
+                                        const CheckpointProgress& progress, bool state) {
   RestoredCheckpoint out;
   ASSIGN_OR_RETURN(out.manifest, ReadManifest(env, ckpt_dir));
   const CheckpointManifest& m = out.manifest;
@@ -609,7 +610,7 @@ absl::StatusOr<RestoredCheckpoint> Load(Env* env, const std::string& ckpt_dir,
     rv.shape.assign(v.shape().begin(), v.shape().end());
     const int64_t total = Elements(v.shape());
     rv.values.resize(total);
-    rv.slots.assign(m.slot_names_size(), std::vector<float>(total));
+    if (state) rv.slots.assign(m.slot_names_size(), std::vector<float>(total));
     int64_t at = 0;
     for (const auto& [first, e] : index[v.name()]) {
       const int64_t n = e.values->length() / static_cast<int64_t>(sizeof(float));
@@ -617,7 +618,7 @@ absl::StatusOr<RestoredCheckpoint> Load(Env* env, const std::string& ckpt_dir,
         return absl::DataLossError(absl::StrCat(v.name(), ": partitions exceed the variable"));
       }
       reads.emplace_back(e.values, rv.values.data() + at);
-      for (int s = 0; s < m.slot_names_size(); ++s) {
+      for (int s = 0; state && s < m.slot_names_size(); ++s) {
         reads.emplace_back(e.slots.at(m.slot_names(s)), rv.slots[s].data() + at);
       }
       rv.updates = std::max(rv.updates, e.values->updates());
@@ -649,7 +650,7 @@ absl::StatusOr<RestoredCheckpoint> Load(Env* env, const std::string& ckpt_dir,
   reader();
   for (std::thread& t : pool) t.join();
   for (const absl::Status& st : errors) RETURN_IF_ERROR(st);
-  if (!rows) return out;
+  if (!state) return out;
   for (const CheckpointTable& t : m.tables()) {
     RestoredTable& rt = out.tables[t.name()];
     rt.dim = t.dim();
@@ -673,11 +674,11 @@ absl::StatusOr<RestoredCheckpoint> Load(Env* env, const std::string& ckpt_dir,
 
 absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& ckpt_dir,
                                                   const CheckpointProgress& progress) {
-  return Load(env, ckpt_dir, progress, /*rows=*/true);
+  return Load(env, ckpt_dir, progress, /*state=*/true);
 }
 
 absl::StatusOr<RestoredCheckpoint> LoadCheckpointVariables(Env* env, const std::string& ckpt_dir) {
-  return Load(env, ckpt_dir, nullptr, /*rows=*/false);
+  return Load(env, ckpt_dir, nullptr, /*state=*/false);
 }
 
 absl::StatusOr<std::map<std::string, TableChanges>> LoadTableChanges(Env* env,

@@ -177,8 +177,8 @@ struct RestoredCheckpoint {
 // threads, one call at a time.
 absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& ckpt_dir,
                                                   const CheckpointProgress& progress = nullptr);
-// The variables alone (values, slots, counts), its embedding rows not read
-// (`tables` empty).
+// The variables' values alone (and update counts): neither their optimizer
+// slots (`slots` empty) nor the embedding rows (`tables` empty) are read.
 absl::StatusOr<RestoredCheckpoint> LoadCheckpointVariables(Env* env, const std::string& ckpt_dir);
 
 // What a table of a checkpoint changed since the checkpoint of step `since`

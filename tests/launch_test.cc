@@ -23,6 +23,7 @@
 #include "common/client/chief_client.h"
 #include "common/cluster/cluster_spec.h"
 #include "common/cluster/config.h"
+#include "common/cluster/sizing.h"
 #include "common/storage/env.h"
 #include "common/rpc/rpc.h"
 #include "tools/subprocess.h"
@@ -713,6 +714,33 @@ embedding_tables { name: "user" dim: 8 num_rows: 1000000 optimizer { learning_ra
   CHECK(r.output.find("ps:0 49.9") != std::string::npos);
   CHECK(r.output.find("ps:1 50.0") != std::string::npos);
   CHECK(r.output.find("memory, at least: ps:0 ") != std::string::npos);
+  // One worker's and the chief's calls: the daemons' default holds them.
+  CHECK(r.output.find("messages in flight at the busiest server, at most: ") !=
+        std::string::npos);
+  CHECK(r.output.find(" here holds them") != std::string::npos);
+
+  // 40 workers of a 784-4096-4096-10 model on one server: each direction of
+  // each caller has 16 calls of 4 MiB in flight (64 MiB, less than the
+  // share), 81 of them: 5,184 MiB, more than the default (at most 2 GiB), so
+  // pstrain launch raises it, up to half the machine.
+  const std::string many = testing::WriteClusterSpec(dir, 1, 40);
+  ConfigOptions big;
+  big.hidden_units = {4096, 4096};
+  big.output_dir = JoinPath(dir, "big");
+  const std::string big_config = testing::WriteFile(JoinPath(dir, "big.pbtxt"),
+                                                    testing::ConfigText(big));
+  r = testing::RunCommand(
+      {Binary("tools/pstrain"), "plan", "--cluster_spec=" + many, "--config=" + big_config},
+      absl::Seconds(30));
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("messages in flight at the busiest server, at most: 5.1 GiB (40 worker(s)' "
+                      "pulls and pushes and the chief's pulls, 16 calls each way of up to "
+                      "4.0 MiB)") != std::string::npos);
+  const int64_t half_machine_mib = PhysicalMemoryBytes() / 2 >> 20;
+  CHECK(r.output.find(absl::StrCat("pstrain launch gives the servers --max_inflight_mib=",
+                                   std::min<int64_t>(5184, half_machine_mib))) !=
+        std::string::npos);
 
   // Without its files, plan names the flags (it used to say "cluster spec :
   // cannot open file", an empty name).

@@ -24,10 +24,8 @@
 #include "common/security/auth.h"
 #include "common/cluster/cluster_spec.h"
 #include "common/cluster/config.h"
-#include "common/base/embedding_ids.h"
 #include "common/storage/env.h"
 #include "common/rpc/grpc_lifetime.h"
-#include "common/cluster/placement.h"
 #include "common/rpc/rpc.h"
 #include "common/cluster/sizing.h"
 #include "common/cluster/slurm.h"
@@ -38,21 +36,19 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
-#include "ps_server/optimizer.h"
 #include "tools/args.h"
 #include "tools/bench.h"
 #include "tools/checkpoint_cli.h"
 #include "tools/datagen.h"
 #include "tools/k8s_manifest.h"
 #include "tools/launcher.h"
+#include "tools/plan.h"
 #include "tools/prometheus_config.h"
 #include "worker/model/cpu_ops.h"
-#include "worker/model/model.h"
 
 namespace pstrain {
 namespace {
@@ -92,53 +88,6 @@ bool WantsHelp(const std::vector<std::string>& argv) {
     if (a == "--help" || a == "-h") return true;
   }
   return false;
-}
-
-// What `pstrain plan` prints and `pstrain launch` checks: the model's
-// variables, their placement on the spec's servers, the servers' optimizer.
-struct ModelPlan {
-  std::vector<VariableSpec> variables;
-  Placement placement;
-  std::unique_ptr<Optimizer> optimizer;
-};
-
-absl::StatusOr<ModelPlan> PlanModel(const ClusterSpec& cluster, const TrainingConfig& config) {
-  ModelPlan plan;
-  ASSIGN_OR_RETURN(plan.variables, ModelVariables(config.model()));
-  ASSIGN_OR_RETURN(plan.placement,
-                   Placement::Compute(plan.variables, cluster.num_ps(),
-                                      config.placement().partition_min_bytes(),
-                                      config.placement().partition_max_bytes()));
-  ASSIGN_OR_RETURN(plan.optimizer, CreateOptimizer(config.optimizer()));
-  return plan;
-}
-
-// The plan against the message cap and this machine's memory: each
-// process's own need, and the tasks `pstrain launch` would start here
-// together. `out`, when set, gets the figures.
-absl::Status CheckPlanFits(const ClusterSpec& cluster, const ModelPlan& plan, std::ostream* out) {
-  const int64_t copies = 1 + static_cast<int64_t>(plan.optimizer->slot_names().size());
-  RETURN_IF_ERROR(
-      CheckPartitionsFitMessages(plan.placement, kMaxMessageBytes, static_cast<int>(copies)));
-  const int64_t machine = PhysicalMemoryBytes();
-  const int64_t model_process = ModelProcessBytes(plan.variables);
-  int64_t local = 0;
-  std::vector<std::string> per_ps;
-  for (const TaskId& t : cluster.AllTasks()) {
-    const int64_t need = t.job == kPsJob ? plan.placement.server_bytes()[t.index] * copies
-                                         : model_process;
-    RETURN_IF_ERROR(CheckMemory(t.ToString(), need, machine));
-    if (t.job == kPsJob) per_ps.push_back(absl::StrCat(t.ToString(), " ", FormatBytes(need)));
-    auto hp = ParseHostPort(cluster.address(t.job, t.index));
-    if (hp.ok() && IsThisMachine(hp->host)) local += need;
-  }
-  if (out != nullptr) {
-    *out << "memory, at least: " << absl::StrJoin(per_ps, ", ") << " (values and slots), chief "
-         << FormatBytes(model_process) << ", each worker " << FormatBytes(model_process)
-         << "; the tasks on this machine together " << FormatBytes(local) << " of its "
-         << FormatBytes(machine) << "\n";
-  }
-  return CheckMemory("the spec's tasks on this machine together", local, machine);
 }
 
 // `srun ... pstrain launch --slurm`: this rank's task of a cluster derived
@@ -247,7 +196,9 @@ int LaunchCommand(const std::vector<std::string>& argv) {
       {"metrics", {"true", "each local task serves /metrics, /healthz and /readyz on a free "
                            "port (printed as each task reports it)"}},
       {"max_inflight_mib", {"", "passed to the servers and the chief: memory for RPC messages "
-                                "in flight, MiB (at least 512; default: theirs)"}},
+                                "in flight, MiB (at least 512; default: theirs, raised to what "
+                                "the job's calls need, up to half the machine, as pstrain plan "
+                                "prints)"}},
       {"max_rpc_threads", {"", "passed to the servers and the chief: threads for synchronous "
                                "RPC handlers, 4..65536 (default: theirs)"}},
       {"max_concurrent_calls", {"", "passed to the servers: data calls served at once, at "
@@ -344,6 +295,11 @@ int LaunchCommand(const std::vector<std::string>& argv) {
       absl::StatusOr<ModelPlan> plan = PlanModel(*cluster, *config);
       absl::Status st = plan.ok() ? CheckPlanFits(*cluster, *plan, nullptr) : plan.status();
       if (!st.ok()) return Fail("launch", std::string(st.message()));
+      if (args->Get("max_inflight_mib").empty()) {
+        if (const int64_t mib = LaunchInflightMib(*cluster, *config, *plan); mib > 0) {
+          o.server_flags.push_back(absl::StrCat("--max_inflight_mib=", mib));
+        }
+      }
       // A worker may be paused as long as its push may wait; a server that
       // dropped it sooner would fail a step the deadlines allow.
       const int64_t longest_wait = config->rpc().step_timeout_ms() + config->rpc().rpc_timeout_ms();
@@ -697,37 +653,7 @@ int PlanCommand(const std::vector<std::string>& argv) {
   if (!config.ok()) return Fail("plan", std::string(config.status().message()));
   auto plan = PlanModel(*cluster, *config);
   if (!plan.ok()) return Fail("plan", std::string(plan.status().message()));
-  std::cout << plan->placement.DebugString();
-  const std::vector<std::string> slots = plan->optimizer->slot_names();
-  std::cout << "optimizer " << plan->optimizer->name() << " on the servers: "
-            << (slots.empty() ? std::string("no slots")
-                              : absl::StrCat(slots.size(), " slot(s) (", absl::StrJoin(slots, ", "),
-                                             "), each the size of its variable"))
-            << "; server memory is " << 1 + slots.size() << "x the parameters above\n";
-  const int n = cluster->num_ps();
-  for (const EmbeddingTableConfig& t : config->embedding_tables()) {
-    auto table_opt = CreateOptimizer(t.has_optimizer() ? t.optimizer() : config->optimizer());
-    if (!table_opt.ok()) return Fail("plan", std::string(table_opt.status().message()));
-    const int64_t row_bytes =
-        int64_t{4} * t.dim() * (1 + static_cast<int64_t>((*table_opt)->slot_names().size()));
-    // Each server's share of ids, counted by the hash the client routes
-    // with: every id of a fixed-size table (up to 10M), or 1M sample ids.
-    const bool exact = t.num_rows() > 0 && t.num_rows() <= 10000000;
-    const int64_t count = exact ? t.num_rows() : 1000000;
-    std::vector<int64_t> share(n, 0);
-    for (int64_t id = 0; id < count; ++id) ++share[ServerForId(static_cast<uint64_t>(id), n)];
-    std::cout << "table " << t.name() << ": "
-              << (t.num_rows() > 0 ? absl::StrCat(t.num_rows(), " rows")
-                                   : std::string("hashed (rows on first touch)"))
-              << " of " << t.dim() << " floats, " << row_bytes << " bytes per row with "
-              << (*table_opt)->name() << "'s slots; ids spread by hash:";
-    for (int s = 0; s < n; ++s) {
-      std::cout << absl::StrFormat(" ps:%d %.2f%%", s, 100.0 * share[s] / count);
-      if (exact) std::cout << " (" << share[s] * row_bytes / 1024 / 1024 << " MiB)";
-    }
-    std::cout << (exact ? "\n" : " of any id set\n");
-  }
-  if (absl::Status st = CheckPlanFits(*cluster, *plan, &std::cout); !st.ok()) {
+  if (absl::Status st = PrintPlan(*cluster, *config, *plan, std::cout); !st.ok()) {
     return Fail("plan", std::string(st.message()));
   }
   return 0;

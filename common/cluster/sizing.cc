@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <fstream>
 #include <limits>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -98,6 +99,33 @@ int64_t ModelProcessBytes(const std::vector<VariableSpec>& variables) {
     elements += n;
   }
   return elements * 4 * 2;
+}
+
+int64_t JobInflightBytes(const Placement& placement, int num_workers, int calls_in_flight,
+                         int64_t call_bytes, int wire_bytes_per_float) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  const int n = placement.num_servers();
+  std::vector<int64_t> share(n, 0), largest_part(n, 0);
+  for (const VariablePlacement& vp : placement.variables()) {
+    const int64_t row_bytes = vp.spec.row_elements() * wire_bytes_per_float;
+    for (const Partition& part : vp.partitions) {
+      if (part.server < 0 || part.server >= n) continue;
+      const int64_t bytes = part.num_rows() * row_bytes;
+      share[part.server] = share[part.server] > kMax - bytes ? kMax : share[part.server] + bytes;
+      largest_part[part.server] = std::max(largest_part[part.server], bytes);
+    }
+  }
+  const int64_t callers = 2 * int64_t{std::max(0, num_workers)} + 1;
+  int64_t need = 0;
+  for (int s = 0; s < n; ++s) {
+    const int64_t call = std::max(call_bytes, largest_part[s]);
+    const int64_t in_flight = calls_in_flight > 0 && call > kMax / calls_in_flight
+                                  ? kMax
+                                  : int64_t{std::max(0, calls_in_flight)} * call;
+    const int64_t direction = std::min(share[s], in_flight);
+    need = std::max(need, direction > kMax / callers ? kMax : callers * direction);
+  }
+  return need;
 }
 
 absl::Status CheckModelFits(const std::vector<VariableSpec>& variables,

@@ -1,6 +1,8 @@
 #include "common/cluster/sizing.h"
 
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "catch2/catch.hpp"
 
@@ -45,6 +47,35 @@ TEST_CASE("a partition beyond one message is refused, naming it and the fix; a s
   m = std::string(st.message());
   CHECK(m.find("(512 rows of 256.0 KiB) x 3 with its optimizer slots") != std::string::npos);
   CHECK(m.find("partition_max_bytes to at most 85.0 MiB") != std::string::npos);
+}
+
+TEST_CASE("a job's message memory at a server: every caller's calls in flight, at most its share",
+          "[sizing]") {
+  // 784-128-10 on one server: each direction of each caller carries the
+  // whole share at once (16 calls of 4 MiB are more than it).
+  std::vector<VariableSpec> small = {{"k1", {784, 128}}, {"b1", {128}}, {"k2", {128, 10}},
+                                     {"b2", {10}}};
+  auto one = Placement::Compute(small, 1, 256 << 10, 4 << 20);
+  REQUIRE(one.ok());
+  const int64_t share = (784 * 128 + 128 + 128 * 10 + 10) * 4;
+  CHECK(one->server_bytes()[0] == share);
+  // Two workers' pulls and pushes and the chief's pulls: 5 directions.
+  CHECK(JobInflightBytes(*one, 2, 16, 4 << 20, 4) == 5 * share);
+  CHECK(JobInflightBytes(*one, 2, 16, 4 << 20, 2) == 5 * share / 2);
+  // 16 GiB over 2 servers in 64 MiB partitions: a call is one partition, 16
+  // of them in flight are 1 GiB a direction, less than the 8 GiB share.
+  std::vector<VariableSpec> big = {{"w", {65536, 65536}}};
+  auto two = Placement::Compute(big, 2, 1 << 20, 64 << 20);
+  REQUIRE(two.ok());
+  CHECK(JobInflightBytes(*two, 16, 16, 4 << 20, 4) == 33 * (int64_t{1} << 30));
+  CHECK(JobInflightBytes(*two, 16, 16, 4 << 20, 2) == 33 * (int64_t{512} << 20));
+  CHECK(JobInflightBytes(*two, 16, 1, 4 << 20, 4) == 33 * (int64_t{64} << 20));
+  // Calls larger than the partitions: 4 calls of 256 MiB.
+  CHECK(JobInflightBytes(*two, 1, 4, 256 << 20, 4) == 3 * (int64_t{1} << 30));
+  // Past int64: saturates, never wraps to something small.
+  CHECK(JobInflightBytes(*two, 1 << 30, 1 << 30, int64_t{1} << 40, 4) ==
+        std::numeric_limits<int64_t>::max());
+  CHECK(JobInflightBytes(*two, 0, 16, 4 << 20, 4) == int64_t{1} << 30);
 }
 
 TEST_CASE("a process's memory is checked against the machine's", "[sizing]") {

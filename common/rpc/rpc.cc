@@ -250,6 +250,11 @@ int64_t DefaultInflightBytes(int64_t memory_bytes) {
   return std::clamp<int64_t>(memory_bytes / 8, kMinInflightBytes, ServerLimits().inflight_bytes);
 }
 
+int64_t JobInflightQuota(int64_t job_bytes, int64_t memory_bytes) {
+  const int64_t floor = DefaultInflightBytes(memory_bytes);
+  return std::max(floor, std::min(job_bytes, memory_bytes / 2));
+}
+
 absl::Status ValidateServerLimits(const ServerLimits& limits) {
   if (limits.inflight_bytes < kMinInflightBytes) {
     return absl::InvalidArgumentError(

@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
@@ -74,6 +76,17 @@ TEST_CASE("the default in-flight memory is an eighth of the machine's, 512 MiB..
   CHECK(DefaultInflightBytes(int64_t{1} << 40) == 2 * kGiB);
   CHECK(DefaultInflightBytes(0) == kMinInflightBytes);   // unknown: still two messages
   CHECK(ValidateServerLimits(ServerLimits{DefaultInflightBytes(0)}).ok());
+}
+
+TEST_CASE("a job's in-flight memory: the default, raised to its calls' need up to half the "
+          "machine", "[rpc]") {
+  constexpr int64_t kMiB = int64_t{1} << 20, kGiB = int64_t{1} << 30;
+  CHECK(JobInflightQuota(10 * kMiB, 24 * kGiB) == 2 * kGiB);  // a small job: the default
+  CHECK(JobInflightQuota(5 * kGiB, 24 * kGiB) == 5 * kGiB);   // 16 workers of a large model
+  CHECK(JobInflightQuota(33 * kGiB, 24 * kGiB) == 12 * kGiB);  // never past half the machine
+  CHECK(JobInflightQuota(3 * kGiB, 2 * kGiB) == 1 * kGiB);
+  CHECK(JobInflightQuota(3 * kGiB, 512 * kMiB) == 512 * kMiB);  // nor below two messages
+  CHECK(JobInflightQuota(std::numeric_limits<int64_t>::max(), 0) == kMinInflightBytes);
 }
 
 TEST_CASE("retry with backoff retries UNAVAILABLE until it succeeds", "[rpc]") {

@@ -136,7 +136,9 @@ CheckpointSchedule::CheckpointSchedule(const RunContext& run, PsClient* ps, Chie
       period_(absl::Seconds(run.config.checkpoint().every_seconds())),
       last_save_(absl::Now()),
       step_at_save_(start_step),
-      last_cut_(start_step) {
+      step_time_(last_save_),
+      last_cut_(start_step),
+      committed_(start_step) {
   // Servers adopted at their end: the last step's cut is theirs to commit,
   // unless the earlier process did.
   bool last_committed = false;
@@ -163,6 +165,9 @@ int64_t CheckpointSchedule::next_sync_cut() const {
 void CheckpointSchedule::Saved(int64_t step, const absl::Status& status) {
   if (status.ok()) {
     last_save_ = absl::Now();
+    committed_ = std::max(committed_, step);
+    step_at_save_ = step;
+    step_time_ = last_save_;
   } else {
     LOG_WARN("checkpoint step {} failed, training goes on (the next one is retried): {}", step,
              status);
@@ -215,6 +220,14 @@ void CheckpointSchedule::TimedSave(int64_t step) {
     AsyncCut(step);
     return;
   }
+  const std::optional<int64_t> at = AskCut(step);
+  if (at.has_value()) {
+    LOG_INFO("checkpoint: {} since the last one; the servers cut at step {}",
+             absl::FormatDuration(period_), *at);
+  }
+}
+
+std::optional<int64_t> CheckpointSchedule::AskCut(int64_t step) {
   int64_t furthest = step;
   for (int s = 0; s < ps_->num_servers(); ++s) {
     PsStatusResponse status;
@@ -222,19 +235,33 @@ void CheckpointSchedule::TimedSave(int64_t step) {
   }
   // Far enough ahead that no server passes it before the request lands:
   // 10 steps, or the steps of 200 ms at the rate since the last save.
-  const double per_second = (step - step_at_save_) / absl::ToDoubleSeconds(period_);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - step_time_);
+  const double per_second = seconds > 0 ? (step - step_at_save_) / seconds : 0;
   const int64_t at = furthest + std::max<int64_t>(10, static_cast<int64_t>(per_second * 0.2));
   step_at_save_ = step;
-  if (at >= next_ckpt_ || at >= max_steps_) return;  // a cut comes by then anyway
+  step_time_ = absl::Now();
+  if (at >= next_ckpt_ || at >= max_steps_) return std::nullopt;  // a cut comes by then anyway
   std::vector<SnapshotResponse> ignored;
   absl::Status st = ps_->SnapshotAll(at, run_.rpc_timeout, &ignored);
   if (!st.ok()) {
     Saved(at, st);
-    return;
+    return std::nullopt;
   }
   asked_.insert(at);
-  LOG_INFO("checkpoint: {} since the last one; the servers cut at step {}",
-           absl::FormatDuration(period_), at);
+  return at;
+}
+
+std::optional<int64_t> CheckpointSchedule::SaveOnStop(int64_t step) {
+  if (!checkpoints_ || step >= max_steps_ || step <= committed_) return std::nullopt;
+  if (!sync_) {
+    AsyncCut(step);
+    return committed_ == step ? std::optional<int64_t>(step) : std::nullopt;
+  }
+  if (std::optional<int64_t> at = AskCut(step); at.has_value()) return at;
+  // A cut is due before one asked for now would be (or the last step's):
+  // that one is the save.
+  const int64_t due = next_sync_cut();
+  return due <= max_steps_ ? std::optional<int64_t>(due) : std::nullopt;
 }
 
 void CheckpointSchedule::Restart(int64_t step) {
@@ -243,6 +270,8 @@ void CheckpointSchedule::Restart(int64_t step) {
   last_cut_ = step;
   step_at_save_ = step;
   last_save_ = absl::Now();
+  step_time_ = last_save_;
+  committed_ = step;
 }
 
 }  // namespace pstrain

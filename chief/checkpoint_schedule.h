@@ -12,6 +12,7 @@
 #define PSTRAIN_CHIEF_CHECKPOINT_SCHEDULE_H_
 
 #include <cstdint>
+#include <optional>
 #include <set>
 
 #include "absl/status/status.h"
@@ -44,12 +45,26 @@ class CheckpointSchedule {
   // checkpoint.every_seconds: async, a cut at once; sync, asks every server
   // for a cut a few steps past the furthest one, committed when reached.
   void TimedSave(int64_t step);
+  // A run stopped at `step` saves what it trained since its last
+  // checkpoint: async, a cut now, committed before this returns; sync, a
+  // cut the servers are asked for a few steps past the furthest one (or
+  // the one due before it), which CommitDue commits once the workers reach
+  // it. Returns the step whose commit the stop waits for (committed()
+  // reaches it), or nullopt where there is nothing to save or the ask failed
+  // (logged).
+  std::optional<int64_t> SaveOnStop(int64_t step);
+  // The newest step committed by this schedule, or the start step.
+  int64_t committed() const { return committed_; }
   // After a rollback to `step`: the schedule from there.
   void Restart(int64_t step);
 
  private:
   int64_t NextAfter(int64_t step) const;
   void AsyncCut(int64_t step);
+  // Sync: asks every server for a cut past the furthest one's version, by
+  // a margin at the rate since step_at_save_; nullopt where a due cut comes
+  // first or the ask failed.
+  std::optional<int64_t> AskCut(int64_t step);
   void Saved(int64_t step, const absl::Status& status);
 
   const RunContext& run_;
@@ -64,10 +79,13 @@ class CheckpointSchedule {
   // Sync: cut steps the time trigger asked the servers for.
   std::set<int64_t> asked_;
   absl::Time last_save_;
+  // The step of the last save or ask, and when: the rate of steps since.
   int64_t step_at_save_;
+  absl::Time step_time_;
   // Async: the last cut's step. Never cut at or before it: after a resume
   // that is the checkpoint resumed from, whose files a new cut would replace.
   int64_t last_cut_;
+  int64_t committed_;
 };
 
 }  // namespace pstrain

@@ -180,7 +180,7 @@ absl::StatusOr<bool> Driver::EvaluateAt(int64_t step) {
 absl::Status Driver::Train() {
   started_ = absl::Now();
   for (;;) {
-    if (stop_->stopped()) {
+    if (stop_->stopped() && StopNow(chief_->global_step())) {
       chief_->RequestStop();
       chief_->SetState("stopped");
       return absl::CancelledError(stop_->reason());
@@ -191,9 +191,11 @@ absl::Status Driver::Train() {
     // they pulled; without every server's answer nothing is confirmed.
     // At least every 250 ms the servers are polled: the heartbeat that finds
     // one restarted (or gone) within a quarter second.
-    chief_->WaitForStep(std::min(evals_.next(), schedule_.next_sync_cut()),
+    chief_->WaitForStep(stop_save_.began ? schedule_.next_sync_cut()
+                                         : std::min(evals_.next(), schedule_.next_sync_cut()),
                         absl::Milliseconds(250));
     ServerPoll poll = PollServers();
+    stop_save_.servers_down = poll.down;
     if (poll.learning_rate.has_value()) events_.set_learning_rate(*poll.learning_rate);
     if (poll.all_answered) events_.SetStalenessTotals(poll.staleness_count, poll.staleness_sum);
     // An operator's restore, or a server that restarted: roll back. Not
@@ -221,15 +223,45 @@ absl::Status Driver::Train() {
     }
     RETURN_IF_ERROR(CheckProgress(poll.down, step));
     RecordWorkerEvals();
-    if (evals_.Due(step)) {
+    if (evals_.Due(step) && !stop_save_.began) {
       ASSIGN_OR_RETURN(bool evaluated, EvaluateAt(step));
       if (!evaluated) continue;
     }
     schedule_.CommitDue(std::min(step, max_steps_));
-    schedule_.TimedSave(step);
+    if (!stop_save_.began) schedule_.TimedSave(step);
     events_.WriteTrainScalars(step, chief_);
     if (step >= max_steps_ || chief_->AllWorkersDone()) return absl::OkStatus();
   }
+}
+
+bool Driver::StopNow(int64_t step) {
+  if (!stop_save_.began) {
+    stop_save_.began = true;
+    const absl::Duration timeout = StopSaveTimeout(run_.config);
+    if (timeout <= absl::ZeroDuration()) return true;
+    stop_save_.deadline = absl::Now() + timeout;
+    stop_save_.step = schedule_.SaveOnStop(step);
+    if (!stop_save_.step.has_value()) return true;
+    if (schedule_.committed() >= *stop_save_.step) return true;  // async: saved already
+    chief_->SetState("stopping");
+    LOG_INFO("{}: saving the steps since the last checkpoint first, at step {} (the workers "
+             "train on to it; at most {})",
+             stop_->reason(), *stop_save_.step, absl::FormatDuration(timeout));
+    return false;
+  }
+  if (!stop_save_.step.has_value() || schedule_.committed() >= *stop_save_.step) return true;
+  if (stop_save_.servers_down > 0) {
+    // Stopped with the rest of the job (a terminal's Ctrl-C to the whole
+    // process group, every pod deleted): no save to wait for.
+    LOG_WARN("stopping without the save at step {}: {} parameter server(s) down",
+             *stop_save_.step, stop_save_.servers_down);
+    return true;
+  }
+  if (absl::Now() < stop_save_.deadline) return false;
+  LOG_WARN("stopping without the save at step {}: not committed within checkpoint."
+           "stop_save_seconds (the servers are at step {})",
+           *stop_save_.step, step);
+  return true;
 }
 
 void Driver::RecordWorkerEvals() {

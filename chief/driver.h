@@ -92,6 +92,18 @@ class Driver {
   // The evaluations workers reported since the last call: logged and
   // written to TensorBoard.
   void RecordWorkerEvals();
+  // Once the stop signal is raised: true when the loop ends now (the save on
+  // stop committed, not possible, or out of time); until then the workers
+  // train on to the save's cut.
+  bool StopNow(int64_t step);
+
+  // The stop's save (checkpoint.stop_save_seconds): its step and deadline.
+  struct StopSave {
+    bool began = false;
+    std::optional<int64_t> step;
+    absl::Time deadline;
+    int servers_down = 0;  // at the last poll
+  };
 
   const RunContext& run_;
   Model* const model_;
@@ -110,6 +122,7 @@ class Driver {
   // The variables as the last evaluation pulled them: the final model.
   std::vector<Tensor> params_;
   absl::Time started_;
+  StopSave stop_save_;
 };
 
 }  // namespace pstrain

@@ -98,10 +98,15 @@ int main(int argc, char** argv) {
     monitoring = std::move(*started);
     LOG_INFO("metrics on {}", monitoring->url());
   }
-  // A termination signal wakes the driver's waits at once.
-  std::thread stop_watcher([&stop, &chief] {
+  // A termination signal wakes the driver's waits at once; but while it
+  // trains with a save on stop, the workers train on to the save's cut and
+  // the driver (which looks at the signal every 250 ms) tells them to stop.
+  const bool save_on_stop = pstrain::StopSaveTimeout(*config) > absl::ZeroDuration();
+  std::thread stop_watcher([&stop, &chief, save_on_stop] {
     stop.Wait();
-    chief.RequestStop();
+    pstrain::ChiefStatusResponse status;
+    chief.GetStatus(&status);
+    if (!save_on_stop || status.state() != "training") chief.RequestStop();
   });
   pstrain::ChiefStart start;
   start.resume = absl::GetFlag(FLAGS_resume);

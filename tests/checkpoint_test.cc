@@ -475,6 +475,69 @@ TEST_CASE("checkpoint.every_seconds saves on a timer, in sync and in async mode"
   }
 }
 
+TEST_CASE("a run stopped by SIGTERM saves the steps since its last checkpoint first, and "
+          "--resume goes on from there",
+          "[checkpoint][signals]") {
+  for (const std::string mode : {"sync", "async", "off"}) {
+    INFO(mode);
+    const std::string dir = testing::FreshTempDir("stop_save_" + mode);
+    const std::string ckpt = JoinPath(dir, "ckpt");
+    ConfigOptions o = CheckpointOptions(ckpt, 1000000);
+    o.sync = mode != "async";
+    // No save on the way: a checkpoint now is the stop's.
+    o.extra = absl::StrCat("checkpoint { dir: \"", ckpt, "\" every_steps: 1000000",
+                           mode == "off" ? " stop_save_seconds: -1" : "", " }\n");
+    const Job job = WriteJob(dir, o, 2);
+    std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir);
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    // The first evaluation, at the first step >= 100 the chief sees.
+    while (ChiefLog(job).find("eval accuracy") == std::string::npos && absl::Now() < deadline &&
+           launch->running()) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    REQUIRE(launch->running());
+    const absl::Time signalled = absl::Now();
+    launch->Signal(SIGTERM);
+    std::optional<int> code = launch->Wait(absl::Seconds(60));
+    REQUIRE(code.has_value());
+    WARN(mode << ": the launch ended " << absl::FormatDuration(absl::Now() - signalled)
+              << " after SIGTERM");
+    CHECK(*code == 128 + SIGTERM);
+    CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
+    const std::string log = ChiefLog(job);
+    const std::string out = Env::Default()->ReadFile(JoinPath(dir, "launch.out")).value_or("");
+    INFO(out << "\n" << log);
+    auto all = ListCheckpoints(Env::Default(), ckpt);
+    if (mode == "off") {
+      CHECK((!all.ok() || all->empty()));
+      CHECK(out.find("saves the steps since") == std::string::npos);
+      continue;
+    }
+    CHECK(out.find("received Terminated; the chief saves the steps since its last checkpoint "
+                   "first (at most 20s)") != std::string::npos);
+    CHECK(log.find("stopping without the save") == std::string::npos);
+    REQUIRE(all.ok());
+    REQUIRE(all->size() == 1);
+    const CheckpointInfo& saved = all->front();
+    CHECK(saved.complete);
+    CHECK(saved.step >= 100);
+    CHECK(VerifyCheckpoint(Env::Default(), saved.path).empty());
+    if (mode == "sync") {
+      CHECK(NumberAfter(log, "saving the steps since the last checkpoint first, at step ") ==
+            saved.step);
+    }
+    // Resumed, it goes on from the saved step to 20 more.
+    ConfigOptions more = o;
+    more.max_steps = static_cast<int>(saved.step) + 20;
+    const Job resumed = WriteJob(dir, more, 2);
+    RunJobOk(resumed, /*resume=*/true);
+    const std::string resumed_log = ChiefLog(resumed);
+    INFO(resumed_log);
+    CHECK(resumed_log.find(absl::StrCat("ckpt-", saved.step)) != std::string::npos);
+    CHECK(resumed_log.find("resume: from") != std::string::npos);
+  }
+}
+
 TEST_CASE("pstrain bench --suites=checkpoint writes, restores and compares with dd",
           "[checkpoint][bench]") {
   const std::string dir = testing::FreshTempDir("ckpt_bench");

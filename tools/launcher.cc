@@ -260,9 +260,11 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Supervisor::Spawn(const TaskId& id,
     // buffer, out of the log until it exits (or lost if it is killed).
     so.extra_env.push_back("PYTHONUNBUFFERED=1");
     so.argv = {"/bin/sh", "-c", options_.worker_cmd};
-    // A stop or restart reaches what the shell started, not the shell alone.
-    so.process_group = true;
   }
+  // A group of its own: a terminal's Ctrl-C reaches the launcher alone,
+  // which stops the tasks in order (the chief first, to save); and a stop
+  // or restart of a shell command reaches what it started, not it alone.
+  so.process_group = true;
   return Subprocess::Spawn(so);
 }
 
@@ -471,8 +473,35 @@ void Supervisor::ShowProgress() {
 }
 
 // Stops whatever is still running: SIGTERM to all, one shared 5 s grace
-// period, then SIGKILL for any task still there.
+// period, then SIGKILL for any task still there. Stopped by a signal with a
+// save on stop, the chief first, alone: it saves the steps since its last
+// checkpoint while the others train on, and tells the workers to stop.
 void Supervisor::StopAll() {
+  if (stop_->stopped() && options_.stop_save > absl::ZeroDuration()) {
+    for (auto& t : tasks_) {
+      if (t->exited || t->id.job != kChiefJob) continue;
+      t->proc->Signal(SIGTERM);
+      std::cerr << "pstrain launch: " << stop_->reason() << "; the chief saves the steps since "
+                << "its last checkpoint first (at most "
+                << absl::FormatDuration(options_.stop_save) << ")\n";
+      // Every task's output read meanwhile: a full pipe would block a
+      // task, the chief's own last lines among them.
+      const absl::Time end = absl::Now() + options_.stop_save + absl::Seconds(10);
+      std::optional<int> code;
+      while (!(code = t->proc->Wait(absl::ZeroDuration())).has_value() && absl::Now() < end) {
+        if (stop_->times() > 1) {
+          std::cerr << "pstrain launch: signalled again; stopping every task now\n";
+          break;
+        }
+        next_progress_ = absl::Now() + absl::Milliseconds(250);
+        WaitForOutput();
+      }
+      if (!code.has_value()) continue;  // stopped with the others below
+      t->exit_code = *code;
+      if (t->proc->output_fd() >= 0) DrainOutput(t.get(), options_.verbose, &progress_shown_);
+      t->exited = true;
+    }
+  }
   for (auto& t : tasks_) {
     if (!t->exited) t->proc->Signal(SIGTERM);
   }
@@ -757,6 +786,7 @@ int Launch(const LaunchOptions& options, StopSignal* stop) {
     return 2;
   }
   LaunchOptions run = options;
+  run.stop_save = StopSaveTimeout(*config);
   absl::StatusOr<std::string> secret = MakeRunSecret(options, *cluster, config->output_dir());
   if (!secret.ok()) {
     std::cerr << "pstrain launch: the run's secret: " << secret.status().message() << "\n";

@@ -69,6 +69,10 @@ struct LaunchOptions {
   // Where the tasks' metrics addresses are kept as they report them
   // (<output_dir>/metrics_targets.json); set by Launch, null: nowhere.
   MetricsTargets* metrics_targets = nullptr;
+  // The config's save on stop (StopSaveTimeout); set by Launch. Stopped by
+  // a signal, the launcher signals the chief alone and gives it this and
+  // 10 s more to save and tell the workers to stop, before the others.
+  absl::Duration stop_save = absl::ZeroDuration();
 };
 
 // Where a run that makes its own secret keeps it, in its output_dir.

@@ -16,10 +16,16 @@ namespace pstrain {
 
 void StopSignal::Stop(const std::string& reason, int exit_code) {
   absl::MutexLock lock(&mu_);
+  ++times_;
   if (stopped_) return;
   stopped_ = true;
   reason_ = reason;
   exit_code_ = exit_code;
+}
+
+int StopSignal::times() {
+  absl::MutexLock lock(&mu_);
+  return times_;
 }
 
 bool StopSignal::stopped() {

@@ -22,6 +22,9 @@ class StopSignal {
   // Idempotent; the first reason is kept.
   void Stop(const std::string& reason, int exit_code = 0);
   bool stopped();
+  // How many times Stop was called (each signal calls it once): a second
+  // Ctrl-C means "now", where the first began an orderly stop.
+  int times();
   void Wait();
   // True once stopped; false if `timeout` passed first.
   bool WaitFor(absl::Duration timeout);
@@ -33,6 +36,7 @@ class StopSignal {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   std::string reason_ ABSL_GUARDED_BY(mu_);
   int exit_code_ ABSL_GUARDED_BY(mu_) = 0;
+  int times_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Call early in main(), before starting threads: the process's stop signal,

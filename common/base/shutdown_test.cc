@@ -21,6 +21,7 @@ TEST_CASE("the first stop reason wins and waiters wake", "[shutdown]") {
   CHECK(stop.stopped());
   CHECK(stop.reason() == "first");
   CHECK(stop.exit_code() == 3);
+  CHECK(stop.times() == 2);  // a second Ctrl-C is seen, though the first reason stays
 }
 
 TEST_CASE("SIGTERM on any thread becomes a stop, even one that never blocked it",

@@ -348,6 +348,10 @@ absl::Status ValidateCheckpoint(CheckpointConfig* ckpt, const std::string& sourc
     return FieldError(source, "checkpoint.full_every",
                       "expected 0..1000 (0 or 1: every save writes every row)");
   }
+  if (ckpt->stop_save_seconds() < -1 || ckpt->stop_save_seconds() > 3600) {
+    return FieldError(source, "checkpoint.stop_save_seconds",
+                      "expected -1 (no save on stop), 0 (20 s) or 1..3600");
+  }
   return absl::OkStatus();
 }
 
@@ -556,6 +560,12 @@ uint64_t RunFingerprint(const TrainingConfig& config, const std::vector<Variable
 }
 
 bool IsSyncMode(const TrainingConfig& config) { return !config.has_async(); }
+
+absl::Duration StopSaveTimeout(const TrainingConfig& config) {
+  const CheckpointConfig& c = config.checkpoint();
+  if (c.dir().empty() || c.stop_save_seconds() < 0) return absl::ZeroDuration();
+  return absl::Seconds(c.stop_save_seconds() == 0 ? 20 : c.stop_save_seconds());
+}
 
 std::string OptimizerKindName(const OptimizerConfig& config) {
   switch (config.kind_case()) {

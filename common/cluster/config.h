@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/cluster/placement.h"
 #include "proto/config.pb.h"
 
@@ -42,6 +43,11 @@ uint64_t ConfigFingerprint(const TrainingConfig& config);
 uint64_t RunFingerprint(const TrainingConfig& config, const std::vector<VariableSpec>& variables);
 
 bool IsSyncMode(const TrainingConfig& config);
+
+// How long a run stopped by a signal spends saving its last steps
+// (checkpoint.stop_save_seconds: 0 means 20 s); zero where it saves none
+// (no checkpoint.dir, or -1).
+absl::Duration StopSaveTimeout(const TrainingConfig& config);
 
 // "sgd", "momentum", "adagrad", "adam", "adamw", "ftrl" ("sgd" when unset).
 std::string OptimizerKindName(const OptimizerConfig& config);

@@ -192,6 +192,10 @@ TEST_CASE("checkpoint settings are checked and keep defaults to 3", "[config][ch
            Case{"checkpoint { dir: \"ck\" full_every: -1 }", "checkpoint.full_every"},
            Case{"checkpoint { dir: \"ck\" full_every: 1001 }", "checkpoint.full_every"},
            Case{"checkpoint { serving_dir: \"s\" }", "checkpoint.serving_dir: set without"},
+           Case{"checkpoint { dir: \"ck\" stop_save_seconds: -2 }",
+                "checkpoint.stop_save_seconds"},
+           Case{"checkpoint { dir: \"ck\" stop_save_seconds: 3601 }",
+                "checkpoint.stop_save_seconds"},
        }) {
     INFO(k.extra);
     auto bad = ParseTrainingConfig(std::string(kGood) + k.extra + "\n", "x.pbtxt");
@@ -210,6 +214,16 @@ TEST_CASE("checkpoint settings are checked and keep defaults to 3", "[config][ch
   auto a = ParseTrainingConfig(async + "checkpoint { dir: \"ck\" }\n", "x.pbtxt");
   REQUIRE(a.ok());
   CHECK(a->checkpoint().keep() == 3);
+  // A stopped run's save: 20 s by default, as set, or none.
+  CHECK(StopSaveTimeout(*a) == absl::Seconds(20));
+  for (const auto& [extra, want] : std::vector<std::pair<std::string, absl::Duration>>{
+           {"checkpoint { dir: \"ck\" stop_save_seconds: 90 }", absl::Seconds(90)},
+           {"checkpoint { dir: \"ck\" stop_save_seconds: -1 }", absl::ZeroDuration()},
+           {"", absl::ZeroDuration()}}) {
+    auto c2 = ParseTrainingConfig(std::string(kGood) + extra + "\n", "x.pbtxt");
+    REQUIRE(c2.ok());
+    CHECK(StopSaveTimeout(*c2) == want);
+  }
 }
 
 TEST_CASE("embedding tables are checked and get their defaults", "[config][embedding]") {

@@ -47,6 +47,7 @@
 #include "tools/k8s_manifest.h"
 #include "tools/launcher.h"
 #include "tools/plan.h"
+#include "tools/sweep.h"
 #include "tools/prometheus_config.h"
 #include "worker/model/cpu_ops.h"
 
@@ -65,6 +66,7 @@ const char kUsage[] =
     "  k8s-manifest  Kubernetes manifests for a job (StatefulSets or a Kubeflow TFJob)\n"
     "  prometheus-config  a Prometheus configuration scraping every task of a cluster spec\n"
     "  bench    measure the data path beside the limits of this machine\n"
+    "  sweep    a hyperparameter search: many jobs of one config with fields changed\n"
     "  checkpoint  list, verify, inspect, export (safetensors, npy) or restore checkpoints\n"
     "run 'pstrain <command> --help' for its flags\n";
 
@@ -789,6 +791,50 @@ int BenchCommand(const std::vector<std::string>& argv) {
   return RunBench(o, &stop);
 }
 
+int SweepCommand(const std::vector<std::string>& argv) {
+  const Args::FlagSpec flags = {
+      {"sweep", {"", "the search space (text-format SweepConfig, proto/sweep.proto): the base "
+                     "config, the fields to change and their values (docs/sweep.md)"}},
+      {"cluster_spec", {"", "each trial's cluster shape: its servers and workers, on loopback "
+                            "(each trial gets free ports of its own)"}},
+      {"out", {"sweep_output", "where each trial's directory, results.csv and best.pbtxt go"}},
+      {"parallel", {"0", "trials at once (0: the cores / workers per trial, at least 1)"}},
+      {"resume", {"false", "run only the trials an earlier sweep in --out did not finish"}},
+      {"bin_dir", {"", "directory with chief, ps_server and worker (default: next to pstrain)"}},
+      {"trial_timeout_s", {"86400", "a trial still running after this long is stopped and "
+                                    "counted as failed"}},
+  };
+  if (WantsHelp(argv)) {
+    std::cout << "pstrain sweep flags:\n" << Args::Usage(flags);
+    return 0;
+  }
+  auto args = Args::Parse(argv, flags);
+  if (!args.ok()) return Fail("sweep", std::string(args.status().message()));
+  SweepOptions o;
+  o.sweep_file = args->Get("sweep");
+  o.cluster_spec = args->Get("cluster_spec");
+  if (o.sweep_file.empty() || o.cluster_spec.empty()) {
+    return Fail("sweep", "--sweep and --cluster_spec are required");
+  }
+  o.out_dir = args->Get("out");
+  o.resume = args->GetBool("resume");
+  o.bin_dir = args->Get("bin_dir");
+  auto parallel = args->GetInt("parallel");
+  if (!parallel.ok() || *parallel < 0 || *parallel > 1024) {
+    return Fail("sweep", "--parallel: expected 0..1024");
+  }
+  o.parallel = static_cast<int>(*parallel);
+  auto timeout = args->GetInt("trial_timeout_s");
+  if (!timeout.ok() || *timeout < 1) return Fail("sweep", "--trial_timeout_s: expected >= 1");
+  o.trial_timeout = absl::Seconds(*timeout);
+  char self[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return Fail("sweep", "cannot find this program's own path (/proc/self/exe)");
+  o.pstrain = std::string(self, static_cast<size_t>(n));
+  StopSignal& stop = StopOnTerminationSignals();
+  return RunSweep(o, &stop, std::cout);
+}
+
 }  // namespace
 }  // namespace pstrain
 
@@ -812,6 +858,7 @@ int main(int argc, char** argv) {
   if (command == "tokens") return pstrain::TokensCommand(rest);
   if (command == "certs") return pstrain::CertsCommand(rest);
   if (command == "bench") return pstrain::BenchCommand(rest);
+  if (command == "sweep") return pstrain::SweepCommand(rest);
   if (command == "checkpoint") return pstrain::CheckpointCommand(rest, std::cout, std::cerr);
   if (command == "--help" || command == "-h" || command == "help") {
     std::cout << pstrain::kUsage;

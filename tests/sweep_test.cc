@@ -1,0 +1,188 @@
+// `pstrain sweep` as a user runs it: a grid over learning rates, each trial
+// a real job on loopback, ranked as independent runs of the same configs
+// rank; a failing trial recorded while the sweep goes on, and --resume
+// running only what is missing.
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
+#include "catch2/catch.hpp"
+#include "common/storage/env.h"
+#include "nlohmann/json.hpp"
+#include "tests/cluster_testlib.h"
+
+namespace pstrain {
+namespace {
+
+using testing::Binary;
+using testing::BinDir;
+using testing::CommandResult;
+using testing::ConfigOptions;
+
+nlohmann::json ReadJson(const std::string& path) {
+  auto text = Env::Default()->ReadFile(path);
+  REQUIRE(text.ok());
+  return nlohmann::json::parse(*text);
+}
+
+CommandResult Sweep(const std::string& sweep, const std::string& spec, const std::string& out,
+                    std::vector<std::string> more = {}) {
+  std::vector<std::string> argv = {Binary("tools/pstrain"), "sweep", "--sweep", sweep,
+                                   "--cluster_spec", spec, "--out", out, "--bin_dir", BinDir(),
+                                   "--parallel=2"};
+  argv.insert(argv.end(), more.begin(), more.end());
+  return testing::RunCommand(argv, absl::Seconds(600));
+}
+
+TEST_CASE("a grid over learning rates ranks the trials as independent runs of their configs do, "
+          "bitwise, and names the best",
+          "[sweep][cluster]") {
+  const std::string dir = testing::FreshTempDir("sweep_grid");
+  ConfigOptions o;
+  o.max_steps = 60;
+  o.eval_every_steps = 0;
+  o.output_dir = JoinPath(dir, "base_out");
+  testing::WriteFile(JoinPath(dir, "base.pbtxt"), testing::ConfigText(o));
+  const std::string sweep = testing::WriteFile(JoinPath(dir, "sweep.pbtxt"), R"(
+base_config: "base.pbtxt"
+parameters { field: "optimizer.learning_rate" values { value: [0.001, 0.1, 0.02] } }
+)");
+  const std::string spec = testing::WriteClusterSpec(dir, 1, 2);
+  const std::string out = JoinPath(dir, "sweep_out");
+  CommandResult r = Sweep(sweep, spec, out);
+  INFO(r.output);
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.output.find("3 trial(s) (grid over 1 parameter(s)), 2 at once, 1 ps and 2 worker(s) "
+                      "each; ranked by accuracy") != std::string::npos);
+  // The table, best first: 0.1 before 0.02 before 0.001 at 60 steps.
+  const size_t table = r.output.find("trial  optimizer.learning_rate  accuracy");
+  REQUIRE(table != std::string::npos);
+  std::vector<std::string> rows = absl::StrSplit(r.output.substr(table), '\n');
+  REQUIRE(rows.size() > 4);
+  CHECK(rows[1].rfind("1      0.1 ", 0) == 0);
+  CHECK(rows[2].rfind("2      0.02 ", 0) == 0);
+  CHECK(rows[3].rfind("0      0.001 ", 0) == 0);
+  CHECK(r.output.find("best: trial 1 (optimizer.learning_rate=0.1), accuracy ") !=
+        std::string::npos);
+
+  // Each trial again as an independent launch of its config: the same
+  // metrics, bit for bit (sync mode, the same seed).
+  for (int k = 0; k < 3; ++k) {
+    const std::string trial = JoinPath(out, absl::StrCat("trial-", k));
+    const nlohmann::json result = ReadJson(JoinPath(trial, "trial.json"));
+    CHECK(result["state"] == "finished");
+    std::string config = Env::Default()->ReadFile(JoinPath(trial, "config.pbtxt")).value();
+    const std::string again = JoinPath(dir, absl::StrCat("again-", k));
+    const size_t at = config.find("output_dir: \"" + trial + "\"");
+    REQUIRE(at != std::string::npos);
+    config.replace(at, 14 + trial.size(), "output_dir: \"" + again + "\"");
+    const std::string path = testing::WriteFile(JoinPath(dir, absl::StrCat("again-", k, ".pbtxt")),
+                                                config);
+    CommandResult run = testing::RunCommand(
+        {Binary("tools/pstrain"), "launch", "--cluster_spec", spec, "--config", path, "--bin_dir",
+         BinDir(), "--progress=false", "--metrics=false"},
+        absl::Seconds(120));
+    INFO(run.output);
+    REQUIRE(run.exit_code == 0);
+    const nlohmann::json alone = ReadJson(JoinPath(again, "summary.json"));
+    CHECK(alone["eval_accuracy"].get<double>() == result["accuracy"].get<double>());
+    CHECK(alone["eval_loss"].get<double>() == result["loss"].get<double>());
+    CHECK(alone["global_step"].get<int64_t>() == 60);
+  }
+
+  // The CSV, read by Python's csv module; the best config, ready to launch.
+  testing::PythonReaders py = testing::PythonWithModules("csv");
+  REQUIRE(py.error.empty());
+  CommandResult csv = testing::RunCommand(
+      {py.python, "-c",
+       "import csv, sys\n"
+       "rows = list(csv.DictReader(open(sys.argv[1])))\n"
+       "print(len(rows), rows[0]['trial'], rows[0]['optimizer.learning_rate'], rows[0]['state'],"
+       " rows[0]['metric'] == rows[0]['accuracy'], rows[2]['trial'])\n",
+       JoinPath(out, "results.csv")},
+      absl::Seconds(30));
+  INFO(csv.output);
+  CHECK(csv.output == "3 1 0.1 finished True 0\n");
+  const std::string best = Env::Default()->ReadFile(JoinPath(out, "best.pbtxt")).value();
+  CHECK(best.find("learning_rate: 0.1\n") != std::string::npos);
+  CHECK(best.find("output_dir: \"" + o.output_dir + "\"") != std::string::npos);
+  CommandResult plan = testing::RunCommand(
+      {Binary("tools/pstrain"), "plan", "--cluster_spec", spec, "--config",
+       JoinPath(out, "best.pbtxt")},
+      absl::Seconds(30));
+  CHECK(plan.exit_code == 0);
+
+  // The same --out again is refused without --resume; with it, nothing runs.
+  CommandResult twice = Sweep(sweep, spec, out);
+  CHECK(twice.exit_code == 2);
+  CHECK(twice.output.find("holds an earlier sweep: --resume") != std::string::npos);
+  CommandResult resumed = Sweep(sweep, spec, out, {"--resume"});
+  INFO(resumed.output);
+  CHECK(resumed.exit_code == 0);
+  CHECK(resumed.output.find("3 finished before") != std::string::npos);
+  CHECK(resumed.output.find("started") == std::string::npos);
+}
+
+TEST_CASE("a failing trial is recorded with its error, the sweep goes on, and --resume runs only "
+          "what did not finish",
+          "[sweep][cluster][errors]") {
+  const std::string dir = testing::FreshTempDir("sweep_fail");
+  ConfigOptions o;
+  o.max_steps = 30;
+  o.eval_every_steps = 0;
+  testing::WriteFile(JoinPath(dir, "base.pbtxt"), testing::ConfigText(o));
+  // The second value names held-out labels that are not there (yet).
+  const std::string labels = JoinPath(dir, "labels");
+  const std::string sweep = testing::WriteFile(JoinPath(dir, "sweep.pbtxt"), absl::StrCat(R"(
+base_config: "base.pbtxt"
+parameters { field: "data.test_labels" choices { choice: [")",
+      testing::DigitsDir(), "/t10k-labels-idx1-ubyte\", \"", labels, R"("] } }
+parameters { field: "seed" values { value: [1, 2] } }
+)"));
+  const std::string spec = testing::WriteClusterSpec(dir, 1, 1);
+  const std::string out = JoinPath(dir, "sweep_out");
+  CommandResult r = Sweep(sweep, spec, out);
+  INFO(r.output);
+  CHECK(r.exit_code == 1);
+  CHECK(r.output.find("trial 2 (of 4) failed after ") != std::string::npos);
+  CHECK(r.output.find(labels) != std::string::npos);
+  for (int k : {2, 3}) {
+    const nlohmann::json t = ReadJson(JoinPath(out, absl::StrCat("trial-", k, "/trial.json")));
+    CHECK(t["state"] == "failed");
+    CHECK(t["error"].get<std::string>().find(labels) != std::string::npos);
+  }
+  CHECK(ReadJson(JoinPath(out, "trial-1/trial.json"))["state"] == "finished");
+  // The missing file is there now: a resume runs the two failed trials only.
+  REQUIRE(::symlink((testing::DigitsDir() + "/t10k-labels-idx1-ubyte").c_str(), labels.c_str()) ==
+          0);
+  CommandResult resumed = Sweep(sweep, spec, out, {"--resume"});
+  INFO(resumed.output);
+  CHECK(resumed.exit_code == 0);
+  CHECK(resumed.output.find("2 finished before") != std::string::npos);
+  CHECK(resumed.output.find("trial 0 (of 4) started") == std::string::npos);
+  CHECK(resumed.output.find("trial 2 (of 4) started") != std::string::npos);
+  CHECK(resumed.output.find("trial 3 (of 4) started") != std::string::npos);
+  // The same data and seed: trial 2 now trains what trial 0 did.
+  CHECK(ReadJson(JoinPath(out, "trial-2/trial.json"))["accuracy"] ==
+        ReadJson(JoinPath(out, "trial-0/trial.json"))["accuracy"]);
+
+  // Bad input stops the sweep before anything runs, in one line.
+  const std::string bad = testing::WriteFile(
+      JoinPath(dir, "bad.pbtxt"),
+      "base_config: \"base.pbtxt\"\nparameters { field: \"optimizer.rate\" values { value: 1 } "
+      "}\n");
+  CommandResult refused = Sweep(bad, spec, JoinPath(dir, "bad_out"));
+  INFO(refused.output);
+  CHECK(refused.exit_code == 2);
+  CHECK(refused.output ==
+        "pstrain sweep: sweep file " + bad +
+            ": parameters: optimizer.rate: OptimizerConfig has no field \"rate\"\n");
+  CHECK_FALSE(Env::Default()->IsDirectory(JoinPath(dir, "bad_out")));
+}
+
+}  // namespace
+}  // namespace pstrain

@@ -1,0 +1,442 @@
+#include "tools/sweep.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/base/status_macros.h"
+#include "common/cluster/cluster_spec.h"
+#include "common/storage/env.h"
+#include "google/protobuf/text_format.h"
+#include "nlohmann/json.hpp"
+#include "tools/local_ports.h"
+#include "tools/subprocess.h"
+#include "tools/sweep_space.h"
+
+namespace pstrain {
+namespace {
+
+// The longest a stopped trial's launch may take to save and stop (its
+// chief's checkpoint.stop_save_seconds, 20 s by default, and 10 s more).
+constexpr absl::Duration kTrialStopGrace = absl::Seconds(40);
+
+std::string TrialDir(const SweepOptions& o, int index) {
+  return JoinPath(o.out_dir, absl::StrCat("trial-", index));
+}
+
+std::string ParamsText(const std::vector<std::pair<std::string, std::string>>& params) {
+  std::vector<std::string> parts;
+  for (const auto& [field, value] : params) parts.push_back(field + "=" + value);
+  return absl::StrJoin(parts, ", ");
+}
+
+nlohmann::json ResultJson(const TrialResult& r) {
+  nlohmann::json params = nlohmann::json::array();
+  for (const auto& [field, value] : r.params) params.push_back({field, value});
+  return {{"trial", r.index},
+          {"params", params},
+          {"state", r.state},
+          {"error", r.error},
+          {"metric", r.metric ? nlohmann::json(*r.metric) : nlohmann::json()},
+          {"accuracy", r.accuracy},
+          {"loss", r.loss},
+          {"auc", r.auc ? nlohmann::json(*r.auc) : nlohmann::json()},
+          {"steps", r.steps},
+          {"examples_per_sec", r.examples_per_sec},
+          {"seconds", r.seconds}};
+}
+
+// A finished trial of an earlier sweep in the same directory, or nullopt
+// (none, not finished, unreadable); an error when it ran other values.
+absl::StatusOr<std::optional<TrialResult>> EarlierResult(const SweepOptions& o,
+                                                         const SweepTrial& trial) {
+  auto text = Env::Default()->ReadFile(JoinPath(TrialDir(o, trial.index), "trial.json"));
+  if (!text.ok()) return std::optional<TrialResult>();
+  nlohmann::json j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j["params"].is_array()) return std::optional<TrialResult>();
+  TrialResult r;
+  r.index = trial.index;
+  r.params = trial.params;
+  std::vector<std::pair<std::string, std::string>> ran;
+  for (const auto& p : j["params"]) {
+    if (p.is_array() && p.size() == 2 && p[0].is_string() && p[1].is_string()) {
+      ran.emplace_back(p[0].get<std::string>(), p[1].get<std::string>());
+    }
+  }
+  if (ran != trial.params) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        TrialDir(o, trial.index), " ran ", ParamsText(ran), ", not ", ParamsText(trial.params),
+        ": a changed space needs an --out of its own"));
+  }
+  if (j.value("state", "") != "finished") return std::optional<TrialResult>();
+  r.state = "finished";
+  if (j["metric"].is_number()) r.metric = j["metric"].get<double>();
+  if (j["auc"].is_number()) r.auc = j["auc"].get<double>();
+  r.accuracy = j.value("accuracy", 0.0);
+  r.loss = j.value("loss", 0.0);
+  r.steps = j.value("steps", int64_t{0});
+  r.examples_per_sec = j.value("examples_per_sec", 0.0);
+  r.seconds = j.value("seconds", 0.0);
+  return std::optional<TrialResult>(r);
+}
+
+// Why a launch failed: the first error a task logged ("chief:0: training
+// failed: ..."), else the launcher's last word on it, else its exit code.
+std::string LaunchError(const std::string& log_path, int code) {
+  std::string first_error, last_word;
+  std::ifstream in(log_path);
+  for (std::string line; std::getline(in, line);) {
+    if (absl::StartsWith(line, "pstrain launch: ") && !absl::StrContains(line, "started ") &&
+        !absl::StrContains(line, "calls are signed")) {
+      last_word = line.substr(16);
+    }
+    // A task's line: "[chief:0] <date> <time> chief:0 E message".
+    std::vector<std::string> words = absl::StrSplit(line, absl::MaxSplits(' ', 5));
+    if (first_error.empty() && words.size() == 6 && absl::StartsWith(words[0], "[") &&
+        (words[4] == "E" || words[4] == "C")) {
+      first_error = absl::StrCat(words[3], ": ", words[5]);
+    }
+  }
+  if (!first_error.empty()) return first_error;
+  return last_word.empty() ? absl::StrCat("pstrain launch exited with code ", code) : last_word;
+}
+
+// A finished launch's summary.json read into `r`.
+void ReadSummary(const std::string& dir, const SweepMetric& metric, TrialResult* r) {
+  auto text = Env::Default()->ReadFile(JoinPath(dir, "summary.json"));
+  nlohmann::json j = text.ok() ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
+  if (!j.is_object()) {
+    r->state = "failed";
+    r->error = absl::StrCat("no readable summary.json in ", dir);
+    return;
+  }
+  auto number = [&j](const char* key) -> std::optional<double> {
+    return j.contains(key) && j[key].is_number() ? std::optional<double>(j[key].get<double>())
+                                                 : std::nullopt;
+  };
+  r->accuracy = number("eval_accuracy").value_or(0);
+  r->loss = number("eval_loss").value_or(0);
+  r->auc = number("eval_auc");
+  r->steps = static_cast<int64_t>(number("global_step").value_or(0));
+  r->examples_per_sec = number("examples_per_sec").value_or(0);
+  r->metric = number(metric.summary_key.c_str());
+  if (!r->metric.has_value()) {
+    r->state = "failed";
+    r->error = absl::StrCat("the run has no ", metric.name, " (summary.json ",
+                            metric.summary_key, " is null)");
+  }
+}
+
+std::string CsvField(const std::string& s) {
+  if (s.find_first_of(",\"\n\r") == std::string::npos) return s;
+  std::string quoted = "\"";
+  for (char c : s) {
+    if (c == '"') quoted += '"';
+    quoted += c;
+  }
+  return quoted + "\"";
+}
+
+// Best first; among equals, and unranked ones (failed, stopped, no
+// metric) at the end, by trial.
+std::vector<TrialResult> Ranked(std::vector<TrialResult> results, const SweepMetric& metric) {
+  std::stable_sort(results.begin(), results.end(),
+                   [&metric](const TrialResult& a, const TrialResult& b) {
+                     const bool ra = a.state == "finished" && a.metric.has_value();
+                     const bool rb = b.state == "finished" && b.metric.has_value();
+                     if (ra != rb) return ra;
+                     if (!ra || *a.metric == *b.metric) return a.index < b.index;
+                     return metric.higher_is_better ? *a.metric > *b.metric
+                                                    : *a.metric < *b.metric;
+                   });
+  return results;
+}
+
+absl::Status WriteCsv(const std::string& path, const std::vector<TrialResult>& ranked,
+                      const SweepConfig& sweep, const SweepMetric& metric) {
+  std::string csv = "trial";
+  for (const SweepParameter& p : sweep.parameters()) absl::StrAppend(&csv, ",", CsvField(p.field()));
+  absl::StrAppend(&csv, ",state,metric,accuracy,loss,auc,steps,examples_per_sec,seconds,error\n");
+  for (const TrialResult& r : ranked) {
+    absl::StrAppend(&csv, r.index);
+    for (const auto& [field, value] : r.params) absl::StrAppend(&csv, ",", CsvField(value));
+    absl::StrAppend(&csv, ",", r.state, ",", r.metric ? absl::StrFormat("%.6g", *r.metric) : "",
+                    ",", r.state == "finished" ? absl::StrFormat("%.6g", r.accuracy) : "", ",",
+                    r.state == "finished" ? absl::StrFormat("%.6g", r.loss) : "", ",",
+                    r.auc ? absl::StrFormat("%.6g", *r.auc) : "", ",", r.steps, ",",
+                    absl::StrFormat("%.1f", r.examples_per_sec), ",",
+                    absl::StrFormat("%.1f", r.seconds), ",", CsvField(r.error), "\n");
+  }
+  return WriteFileAtomically(Env::Default(), path, csv);
+}
+
+void PrintTable(std::ostream& out, const std::vector<TrialResult>& ranked,
+                const SweepConfig& sweep, const SweepMetric& metric) {
+  std::vector<std::vector<std::string>> rows;
+  std::vector<std::string> header = {"trial"};
+  for (const SweepParameter& p : sweep.parameters()) header.push_back(p.field());
+  for (const char* h : {"", "steps", "examples/s", "seconds", "state"}) header.push_back(h);
+  header[1 + sweep.parameters_size()] = metric.name;
+  rows.push_back(header);
+  for (const TrialResult& r : ranked) {
+    std::vector<std::string> row = {absl::StrCat(r.index)};
+    for (const auto& [field, value] : r.params) row.push_back(value);
+    row.push_back(r.metric ? absl::StrFormat("%.4f", *r.metric) : "-");
+    row.push_back(absl::StrCat(r.steps));
+    row.push_back(absl::StrFormat("%.0f", r.examples_per_sec));
+    row.push_back(absl::StrFormat("%.1f", r.seconds));
+    row.push_back(r.state);
+    rows.push_back(std::move(row));
+  }
+  std::vector<size_t> width(header.size(), 0);
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      absl::StrAppend(&line, c == 0 ? "" : "  ", row[c],
+                      std::string(c + 1 < row.size() ? width[c] - row[c].size() : 0, ' '));
+    }
+    out << line << "\n";
+  }
+}
+
+class SweepRunner {
+ public:
+  SweepRunner(const SweepOptions& o, const SweepSpace& space, const ClusterSpec& shape,
+              StopSignal* stop, std::ostream& out)
+      : o_(o), space_(space), metric_(MetricOf(space.sweep)), shape_(shape), stop_(stop),
+        out_(out) {}
+
+  // Runs every trial not already finished; their results, by trial.
+  std::vector<TrialResult> Run(const std::vector<SweepTrial>& trials,
+                               std::map<int, TrialResult> done);
+
+ private:
+  struct Running {
+    const SweepTrial* trial;
+    std::unique_ptr<Subprocess> launch;
+    absl::Time start;
+  };
+  absl::StatusOr<Running> Start(const SweepTrial& trial);
+  TrialResult Finish(Running* r, int code);
+  void Record(const TrialResult& r);
+
+  const SweepOptions& o_;
+  const SweepSpace& space_;
+  const SweepMetric metric_;
+  const ClusterSpec& shape_;
+  StopSignal* const stop_;
+  std::ostream& out_;
+  size_t total_ = 0;
+};
+
+absl::StatusOr<SweepRunner::Running> SweepRunner::Start(const SweepTrial& trial) {
+  const std::string dir = TrialDir(o_, trial.index);
+  Env* env = Env::Default();
+  RETURN_IF_ERROR(env->CreateDirs(dir));
+  std::string config;
+  google::protobuf::TextFormat::PrintToString(TrialConfig(trial, dir), &config);
+  const std::string config_path = JoinPath(dir, "config.pbtxt");
+  const std::string spec_path = JoinPath(dir, "cluster.json");
+  RETURN_IF_ERROR(WriteFileAtomically(
+      env, config_path, absl::StrCat("# pstrain sweep ", o_.sweep_file, ", trial ", trial.index, ": ",
+                                ParamsText(trial.params), "\n", config)));
+  RETURN_IF_ERROR(WriteFileAtomically(
+      env, spec_path, LocalClusterSpecJson(shape_.num_ps(), shape_.num_workers())));
+  (void)env->DeleteFile(JoinPath(dir, "trial.json"));
+  const std::string log = JoinPath(dir, "launch.log");
+  (void)env->DeleteFile(log);
+  SpawnOptions so;
+  so.argv = {o_.pstrain, "launch", "--cluster_spec", spec_path, "--config", config_path,
+             "--progress=false", "--metrics=false", "--overwrite"};
+  if (!o_.bin_dir.empty()) so.argv.push_back("--bin_dir=" + o_.bin_dir);
+  so.output_file = log;
+  so.process_group = true;
+  ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> launch, Subprocess::Spawn(so));
+  out_ << "trial " << trial.index << " (of " << total_ << ") started: " << ParamsText(trial.params)
+       << " (" << dir << ")" << std::endl;
+  return Running{&trial, std::move(launch), absl::Now()};
+}
+
+TrialResult SweepRunner::Finish(Running* r, int code) {
+  TrialResult result;
+  result.index = r->trial->index;
+  result.params = r->trial->params;
+  result.seconds = absl::ToDoubleSeconds(absl::Now() - r->start);
+  const std::string dir = TrialDir(o_, result.index);
+  if (code == 0) {
+    result.state = "finished";
+    ReadSummary(dir, metric_, &result);
+  } else {
+    result.state = "failed";
+    result.error = LaunchError(JoinPath(dir, "launch.log"), code);
+  }
+  return result;
+}
+
+void SweepRunner::Record(const TrialResult& r) {
+  const std::string dir = TrialDir(o_, r.index);
+  if (absl::Status st =
+          WriteFileAtomically(Env::Default(), JoinPath(dir, "trial.json"), ResultJson(r).dump(2));
+      !st.ok()) {
+    out_ << "trial " << r.index << ": " << st.message() << std::endl;
+  }
+  out_ << "trial " << r.index << " (of " << total_ << ") " << r.state << " after "
+       << absl::StrFormat("%.1f", r.seconds) << "s: "
+       << (r.state == "finished"
+               ? absl::StrFormat("%s %.4f at step %d", metric_.name, *r.metric, r.steps)
+               : absl::StrCat(r.error, " (log: ", JoinPath(dir, "launch.log"), ")"))
+       << std::endl;
+}
+
+std::vector<TrialResult> SweepRunner::Run(const std::vector<SweepTrial>& trials,
+                                          std::map<int, TrialResult> done) {
+  total_ = trials.size();
+  std::vector<Running> running;
+  size_t next = 0;
+  while (next < trials.size() || !running.empty()) {
+    if (stop_->stopped()) {
+      for (Running& r : running) r.launch->Signal(SIGTERM);
+      for (Running& r : running) {
+        const int code = r.launch->Stop(kTrialStopGrace);
+        TrialResult result = Finish(&r, code);
+        result.state = "stopped";
+        result.error = stop_->reason();
+        Record(result);
+        done[result.index] = result;
+      }
+      break;
+    }
+    while (running.size() < static_cast<size_t>(o_.parallel) && next < trials.size()) {
+      const SweepTrial& t = trials[next++];
+      if (done.count(t.index) > 0) continue;
+      absl::StatusOr<Running> r = Start(t);
+      if (!r.ok()) {
+        TrialResult failed{t.index, t.params, "failed", std::string(r.status().message())};
+        Record(failed);
+        done[t.index] = failed;
+        continue;
+      }
+      running.push_back(std::move(*r));
+    }
+    for (size_t i = 0; i < running.size();) {
+      Running& r = running[i];
+      std::optional<int> code = r.launch->Wait(absl::ZeroDuration());
+      const bool late = !code.has_value() && absl::Now() - r.start > o_.trial_timeout;
+      if (late) code = r.launch->Stop(kTrialStopGrace);
+      if (!code.has_value()) {
+        ++i;
+        continue;
+      }
+      TrialResult result = Finish(&r, *code);
+      if (late) {
+        result.state = "failed";
+        result.error = absl::StrCat("still running after --trial_timeout_s (",
+                                    absl::FormatDuration(o_.trial_timeout), "): stopped");
+      }
+      Record(result);
+      done[result.index] = result;
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    stop_->WaitFor(absl::Milliseconds(100));
+  }
+  std::vector<TrialResult> results;
+  for (auto& [index, r] : done) results.push_back(r);
+  return results;
+}
+
+absl::StatusOr<ClusterSpec> TrialShape(const std::string& path) {
+  ASSIGN_OR_RETURN(ClusterSpec spec, ClusterSpec::FromFile(path));
+  for (const TaskId& t : spec.AllTasks()) {
+    auto hp = ParseHostPort(spec.address(t.job, t.index));
+    if (!hp.ok() || !IsLoopbackHost(hp->host)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--cluster_spec ", path, ": ", t.ToString(), " is not on loopback; a sweep runs its "
+          "trials on this machine (the spec gives their shape, each trial its own free ports)"));
+    }
+  }
+  return spec;
+}
+
+}  // namespace
+
+int RunSweep(const SweepOptions& options, StopSignal* stop, std::ostream& out) {
+  SweepOptions o = options;
+  auto fail = [](const absl::Status& st) {
+    std::cerr << "pstrain sweep: " << st.message() << "\n";
+    return 2;
+  };
+  absl::StatusOr<SweepSpace> space = LoadSweepSpace(o.sweep_file);
+  if (!space.ok()) return fail(space.status());
+  absl::StatusOr<ClusterSpec> shape = TrialShape(o.cluster_spec);
+  if (!shape.ok()) return fail(shape.status());
+  absl::StatusOr<std::vector<SweepTrial>> trials = ExpandSweep(*space);
+  if (!trials.ok()) return fail(trials.status());
+  if (o.parallel <= 0) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    o.parallel = std::max(1, cores / std::max(1, shape->num_workers()));
+  }
+  Env* env = Env::Default();
+  std::map<int, TrialResult> done;
+  const bool earlier = env->IsDirectory(TrialDir(o, 0));
+  if (earlier && !o.resume) {
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat("--out ", o.out_dir, " holds an earlier sweep: --resume to run what it "
+                     "has not finished, or another --out")));
+  }
+  for (const SweepTrial& t : *trials) {
+    if (!o.resume) break;
+    absl::StatusOr<std::optional<TrialResult>> r = EarlierResult(o, t);
+    if (!r.ok()) return fail(r.status());
+    if (r->has_value()) done[t.index] = **r;
+  }
+  if (absl::Status st = env->CreateDirs(o.out_dir); !st.ok()) return fail(st);
+  const SweepMetric metric = MetricOf(space->sweep);
+  out << "pstrain sweep: " << trials->size() << " trial(s) (" << space->sweep.search() << " over "
+      << space->sweep.parameters_size() << " parameter(s)), " << o.parallel << " at once, "
+      << shape->num_ps() << " ps and " << shape->num_workers() << " worker(s) each; ranked by "
+      << metric.name << (done.empty() ? "" : absl::StrCat("; ", done.size(), " finished before"))
+      << std::endl;
+  SweepRunner runner(o, *space, *shape, stop, out);
+  const std::vector<TrialResult> ranked = Ranked(runner.Run(*trials, std::move(done)), metric);
+  PrintTable(out, ranked, space->sweep, metric);
+  const std::string csv = JoinPath(o.out_dir, "results.csv");
+  if (absl::Status st = WriteCsv(csv, ranked, space->sweep, metric); !st.ok()) return fail(st);
+  out << "results: " << csv << std::endl;
+  int failed = 0;
+  for (const TrialResult& r : ranked) failed += r.state != "finished";
+  if (!ranked.empty() && ranked.front().state == "finished" && ranked.front().metric) {
+    const TrialResult& best = ranked.front();
+    TrainingConfig config = space->base;
+    for (const auto& [field, value] : best.params) (void)SetConfigField(&config, field, value);
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(config, &text);
+    const std::string path = JoinPath(o.out_dir, "best.pbtxt");
+    if (absl::Status st = WriteFileAtomically(
+            env, path, absl::StrCat("# pstrain sweep ", o.sweep_file, ": the best trial, ", best.index,
+                               " (", ParamsText(best.params), "): ", metric.name, " ",
+                               absl::StrFormat("%.4f", *best.metric), "\n", text));
+        !st.ok()) {
+      return fail(st);
+    }
+    out << "best: trial " << best.index << " (" << ParamsText(best.params) << "), "
+        << metric.name << " " << absl::StrFormat("%.4f", *best.metric) << "; its config: "
+        << path << std::endl;
+  }
+  if (stop->stopped()) return stop->exit_code() != 0 ? stop->exit_code() : 130;
+  return failed > 0 ? 1 : 0;
+}
+
+}  // namespace pstrain

@@ -1,0 +1,58 @@
+// `pstrain sweep`: runs a search space's trials (tools/sweep_space.h), each
+// an ordinary `pstrain launch` of its own config on its own cluster of free
+// loopback ports, in its own directory, at most `parallel` at once. A
+// failed trial is recorded with its error and the sweep goes on. The
+// results: a table on the terminal (best first), results.csv, and the best
+// trial's config ready to launch (best.pbtxt).
+#ifndef PSTRAIN_TOOLS_SWEEP_H_
+#define PSTRAIN_TOOLS_SWEEP_H_
+
+#include <optional>
+#include <ostream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/base/shutdown.h"
+
+namespace pstrain {
+
+struct SweepOptions {
+  std::string sweep_file;
+  // Its shape (how many servers and workers, all on loopback) is each
+  // trial's; the ports are each trial's own, chosen free.
+  std::string cluster_spec;
+  std::string out_dir = "sweep_output";
+  int parallel = 0;  // 0: the cores / workers per trial, at least 1
+  // Runs only the trials not finished in out_dir (an earlier sweep of the
+  // same space); without it, an out_dir with trials is refused.
+  bool resume = false;
+  std::string pstrain;  // the pstrain binary each trial's launch runs
+  std::string bin_dir;  // passed to each launch (empty: next to pstrain)
+  absl::Duration trial_timeout = absl::Hours(24);
+};
+
+// One trial's outcome, as trial-<k>/trial.json keeps it.
+struct TrialResult {
+  int index = 0;
+  std::vector<std::pair<std::string, std::string>> params;
+  std::string state;  // "finished", "failed", "stopped"
+  std::string error;  // why it failed
+  std::optional<double> metric;
+  double accuracy = 0, loss = 0;
+  std::optional<double> auc;
+  int64_t steps = 0;
+  double examples_per_sec = 0;
+  double seconds = 0;
+};
+
+// Runs the sweep; the table and progress go to `out`. Returns the exit
+// status: 0 when every trial finished, 1 when some failed (the others'
+// results are written), 2 for a bad sweep (nothing run), 128 + signal when
+// stopped.
+int RunSweep(const SweepOptions& options, StopSignal* stop, std::ostream& out);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_TOOLS_SWEEP_H_

@@ -1,0 +1,69 @@
+// `pstrain sweep`'s search space: a sweep file (proto/sweep.proto) read and
+// checked, and expanded into trials, each the base training config with
+// some of its fields set. Every trial's config is checked as
+// `pstrain launch` would check it before anything runs, and every error is
+// one line naming the parameter's field.
+#ifndef PSTRAIN_TOOLS_SWEEP_SPACE_H_
+#define PSTRAIN_TOOLS_SWEEP_SPACE_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "proto/config.pb.h"
+#include "proto/sweep.pb.h"
+
+namespace pstrain {
+
+// A sweep file and the training config it names, as written (no defaults
+// filled in: a trial's config is the user's with its fields changed).
+struct SweepSpace {
+  SweepConfig sweep;
+  TrainingConfig base;
+  std::string base_path;
+};
+
+// Reads `path`: its syntax, search, metric and limits, the base config
+// (relative to the sweep file's directory), and every parameter's field.
+absl::StatusOr<SweepSpace> LoadSweepSpace(const std::string& path);
+
+// Sets the field at dotted `path` of `config` ("optimizer.learning_rate")
+// to `value`, written as in a config: a string field's text as it is, a
+// message's fields, a repeated field's list ("[64, 64]" or "64, 64").
+// Messages on the way are created (choosing a oneof's member). Errors name
+// the path and what was wrong.
+absl::Status SetConfigField(TrainingConfig* config, const std::string& path,
+                            const std::string& value);
+
+struct SweepTrial {
+  int index = 0;  // 0-based; the trial's directory is trial-<index>
+  // Each parameter's field and its value as set.
+  std::vector<std::pair<std::string, std::string>> params;
+  // The base config with the parameters set: without output directories
+  // (TrialConfig sets them).
+  TrainingConfig config;
+};
+
+// The space's trials: grid (every combination, the first parameter
+// slowest) or random (`trials` draws with the sweep's seed); each checked
+// as pstrain launch would. More than max_trials (default 100) is refused.
+absl::StatusOr<std::vector<SweepTrial>> ExpandSweep(const SweepSpace& space);
+
+// `trial`'s config as it runs: its output_dir (and checkpoint.dir and
+// checkpoint.serving_dir where the base set them) inside `dir`.
+TrainingConfig TrialConfig(const SweepTrial& trial, const std::string& dir);
+
+// "accuracy", "auc" or "loss": whether higher is better, and the key in a
+// run's summary.json.
+struct SweepMetric {
+  std::string name;
+  std::string summary_key;
+  bool higher_is_better = true;
+};
+SweepMetric MetricOf(const SweepConfig& sweep);
+
+}  // namespace pstrain
+
+#endif  // PSTRAIN_TOOLS_SWEEP_SPACE_H_

@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/base/crc32c.h"
@@ -15,6 +17,12 @@ namespace {
 
 void AppendLittleEndian(std::string* out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+uint64_t LittleEndian(const char* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | static_cast<uint8_t>(p[i]);
+  return v;
 }
 
 double WallTime() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
@@ -63,6 +71,43 @@ absl::Status EventWriter::WriteScalars(
     v->set_simple_value(static_cast<float>(value));
   }
   return file_->Append(TfRecord(e.SerializeAsString()));
+}
+
+absl::StatusOr<std::vector<ScalarEvent>> ReadScalarEvents(Env* env, const std::string& dir) {
+  std::vector<ScalarEvent> out;
+  if (!env->IsDirectory(dir)) return out;
+  ASSIGN_OR_RETURN(std::vector<std::string> names, env->ListDir(dir));
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    if (!absl::StartsWith(name, "events.out.tfevents.")) continue;
+    const std::string path = JoinPath(dir, name);
+    ASSIGN_OR_RETURN(std::string bytes, env->ReadFile(path));
+    size_t at = 0;
+    while (bytes.size() - at >= 12) {
+      const uint64_t length = LittleEndian(bytes.data() + at, 8);
+      if (LittleEndian(bytes.data() + at + 8, 4) != MaskedCrc32c(bytes.data() + at, 8)) {
+        return absl::DataLossError(
+            absl::StrCat(path, ": the length of the record at byte ", at, " fails its CRC"));
+      }
+      const size_t left = bytes.size() - at;
+      if (left < 16 || length > left - 16) break;  // torn: the writer is mid-append
+      const char* data = bytes.data() + at + 12;
+      if (LittleEndian(data + length, 4) != MaskedCrc32c(data, length)) {
+        return absl::DataLossError(
+            absl::StrCat(path, ": the record at byte ", at, " fails its CRC"));
+      }
+      tensorflow::Event e;
+      if (!e.ParseFromArray(data, static_cast<int>(length))) {
+        return absl::DataLossError(
+            absl::StrCat(path, ": the record at byte ", at, " is not an Event"));
+      }
+      for (const tensorflow::Summary::Value& v : e.summary().value()) {
+        out.push_back({e.step(), v.tag(), v.simple_value()});
+      }
+      at += 16 + length;
+    }
+  }
+  return out;
 }
 
 }  // namespace pstrain

@@ -44,6 +44,19 @@ class EventWriter {
   std::unique_ptr<WritableFile> file_;
 };
 
+// One scalar of an event file: what TensorBoard plots at `step`.
+struct ScalarEvent {
+  int64_t step = 0;
+  std::string tag;
+  double value = 0;
+};
+
+// The scalars of the event files in `dir` (events.out.tfevents.*, in name
+// order; a resumed run adds a file), while they are being written: a file's
+// read ends at a torn last record (a writer mid-append). A record whose
+// CRC fails is an error naming the file and its offset. No directory: none.
+absl::StatusOr<std::vector<ScalarEvent>> ReadScalarEvents(Env* env, const std::string& dir);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_COMMON_OBSERVABILITY_EVENT_WRITER_H_

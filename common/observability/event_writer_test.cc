@@ -62,6 +62,35 @@ TEST_CASE("an event file starts with its version and holds scalar events", "[ten
   CHECK(events[1].summary().value(1).simple_value() == 1.25f);
   CHECK(events[2].step() == 200);
   CHECK(events[2].wall_time() >= events[1].wall_time());
+
+  // Read back while being written: every scalar; a torn last record (a
+  // writer mid-append) ends the read; a damaged record is an error.
+  const std::string events_dir = JoinPath(dir, "events");
+  auto scalars = ReadScalarEvents(Env::Default(), events_dir);
+  REQUIRE(scalars.ok());
+  REQUIRE(scalars->size() == 3);
+  CHECK((*scalars)[0].step == 100);
+  CHECK((*scalars)[0].tag == "eval/accuracy");
+  CHECK((*scalars)[0].value == 0.5);
+  CHECK((*scalars)[2].step == 200);
+  CHECK((*scalars)[2].value == 0.75);
+  for (size_t cut : {size_t{1}, size_t{5}, size_t{13}, size_t{20}}) {
+    INFO(cut);
+    REQUIRE(Env::Default()->WriteFile((*w)->path(), bytes->substr(0, bytes->size() - cut), true)
+                .ok());
+    auto torn = ReadScalarEvents(Env::Default(), events_dir);
+    REQUIRE(torn.ok());
+    CHECK(torn->size() == 2);
+  }
+  std::string damaged = *bytes;
+  damaged[damaged.size() - 8] ^= 1;  // inside the last record's data
+  REQUIRE(Env::Default()->WriteFile((*w)->path(), damaged, true).ok());
+  auto bad = ReadScalarEvents(Env::Default(), events_dir);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message()).find("fails its CRC") != std::string::npos);
+  auto none = ReadScalarEvents(Env::Default(), JoinPath(dir, "no_such_dir"));
+  REQUIRE(none.ok());
+  CHECK(none->empty());
 }
 
 }  // namespace

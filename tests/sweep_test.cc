@@ -127,6 +127,57 @@ parameters { field: "optimizer.learning_rate" values { value: [0.001, 0.1, 0.02]
   CHECK(resumed.output.find("started") == std::string::npos);
 }
 
+TEST_CASE("early stopping stops the clearly bad trials at the first rung and finds the full "
+          "grid's best with fewer steps",
+          "[sweep][cluster]") {
+  const std::string dir = testing::FreshTempDir("sweep_asha");
+  ConfigOptions o;
+  o.max_steps = 600;
+  o.eval_every_steps = 0;
+  testing::WriteFile(JoinPath(dir, "base.pbtxt"), testing::ConfigText(o));
+  const std::string space = R"(
+base_config: "base.pbtxt"
+parameters { field: "optimizer.learning_rate" values { value: [0.1, 0.05, 0.0001, 0.00001] } }
+)";
+  const std::string grid = testing::WriteFile(JoinPath(dir, "grid.pbtxt"), space);
+  const std::string asha = testing::WriteFile(
+      JoinPath(dir, "asha.pbtxt"),
+      space + "early_stopping { min_steps: 50 reduction: 3 }\n");
+  const std::string spec = testing::WriteClusterSpec(dir, 1, 1);
+  CommandResult full = Sweep(grid, spec, JoinPath(dir, "grid_out"), {"--parallel=1"});
+  INFO(full.output);
+  REQUIRE(full.exit_code == 0);
+  CommandResult early = Sweep(asha, spec, JoinPath(dir, "asha_out"), {"--parallel=1"});
+  INFO(early.output);
+  REQUIRE(early.exit_code == 0);
+  CHECK(early.output.find("early stopping: rungs at step(s) 50, 150, 450; the top 1/3 at each go "
+                          "on") != std::string::npos);
+  // The two clearly bad rates stop at the first rung.
+  int64_t steps = 0;
+  for (int k = 0; k < 4; ++k) {
+    const nlohmann::json t =
+        ReadJson(JoinPath(dir, absl::StrCat("asha_out/trial-", k, "/trial.json")));
+    INFO(k << ": " << t.dump());
+    steps += t["steps"].get<int64_t>();
+    if (k >= 2) {
+      CHECK(t["state"] == "stopped early");
+      CHECK(t["rungs"].size() == 1);
+      CHECK(early.output.find(absl::StrCat("trial ", k, " (of 4) stopped at rung 0 (step 50)")) !=
+            std::string::npos);
+    }
+  }
+  CHECK(ReadJson(JoinPath(dir, "asha_out/trial-0/trial.json"))["state"] == "finished");
+  // The same best as the full grid, with fewer steps trained.
+  const std::string best_line = "best: trial 0 (optimizer.learning_rate=0.1)";
+  CHECK(full.output.find(best_line) != std::string::npos);
+  CHECK(early.output.find(best_line) != std::string::npos);
+  WARN("early stopping trained " << steps << " steps against the full grid's 2400");
+  CHECK(steps < 2400 * 3 / 4);
+  CHECK(early.output.find(absl::StrCat(steps, " steps trained, ")) != std::string::npos);
+  CHECK(early.output.find(" of the 2400 that every trial to its max_steps would take") !=
+        std::string::npos);
+}
+
 TEST_CASE("a failing trial is recorded with its error, the sweep goes on, and --resume runs only "
           "what did not finish",
           "[sweep][cluster][errors]") {

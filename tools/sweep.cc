@@ -19,12 +19,15 @@
 #include "common/storage/env.h"
 #include "google/protobuf/text_format.h"
 #include "nlohmann/json.hpp"
+#include "common/observability/event_writer.h"
 #include "tools/local_ports.h"
 #include "tools/subprocess.h"
 #include "tools/sweep_space.h"
 
 namespace pstrain {
 namespace {
+
+constexpr char kStoppedEarly[] = "stopped early";
 
 // The longest a stopped trial's launch may take to save and stop (its
 // chief's checkpoint.stop_save_seconds, 20 s by default, and 10 s more).
@@ -53,7 +56,8 @@ nlohmann::json ResultJson(const TrialResult& r) {
           {"auc", r.auc ? nlohmann::json(*r.auc) : nlohmann::json()},
           {"steps", r.steps},
           {"examples_per_sec", r.examples_per_sec},
-          {"seconds", r.seconds}};
+          {"seconds", r.seconds},
+          {"rungs", r.rung_values}};
 }
 
 // A finished trial of an earlier sweep in the same directory, or nullopt
@@ -78,8 +82,13 @@ absl::StatusOr<std::optional<TrialResult>> EarlierResult(const SweepOptions& o,
         TrialDir(o, trial.index), " ran ", ParamsText(ran), ", not ", ParamsText(trial.params),
         ": a changed space needs an --out of its own"));
   }
-  if (j.value("state", "") != "finished") return std::optional<TrialResult>();
-  r.state = "finished";
+  r.state = j.value("state", "");
+  if (r.state != "finished" && r.state != kStoppedEarly) return std::optional<TrialResult>();
+  if (j["rungs"].is_array()) {
+    for (const auto& v : j["rungs"]) {
+      if (v.is_number()) r.rung_values.push_back(v.get<double>());
+    }
+  }
   if (j["metric"].is_number()) r.metric = j["metric"].get<double>();
   if (j["auc"].is_number()) r.auc = j["auc"].get<double>();
   r.accuracy = j.value("accuracy", 0.0);
@@ -147,15 +156,18 @@ std::string CsvField(const std::string& s) {
   return quoted + "\"";
 }
 
-// Best first; among equals, and unranked ones (failed, stopped, no
-// metric) at the end, by trial.
+// Best first: the finished trials by their metric, then those stopped
+// early by their last one, then the rest (failed, stopped); among equals
+// by trial.
 std::vector<TrialResult> Ranked(std::vector<TrialResult> results, const SweepMetric& metric) {
+  auto group = [](const TrialResult& r) {
+    if (!r.metric.has_value()) return 2;
+    return r.state == "finished" ? 0 : r.state == kStoppedEarly ? 1 : 2;
+  };
   std::stable_sort(results.begin(), results.end(),
-                   [&metric](const TrialResult& a, const TrialResult& b) {
-                     const bool ra = a.state == "finished" && a.metric.has_value();
-                     const bool rb = b.state == "finished" && b.metric.has_value();
-                     if (ra != rb) return ra;
-                     if (!ra || *a.metric == *b.metric) return a.index < b.index;
+                   [&metric, &group](const TrialResult& a, const TrialResult& b) {
+                     if (group(a) != group(b)) return group(a) < group(b);
+                     if (group(a) == 2 || *a.metric == *b.metric) return a.index < b.index;
                      return metric.higher_is_better ? *a.metric > *b.metric
                                                     : *a.metric < *b.metric;
                    });
@@ -215,8 +227,13 @@ void PrintTable(std::ostream& out, const std::vector<TrialResult>& ranked,
 class SweepRunner {
  public:
   SweepRunner(const SweepOptions& o, const SweepSpace& space, const ClusterSpec& shape,
-              StopSignal* stop, std::ostream& out)
-      : o_(o), space_(space), metric_(MetricOf(space.sweep)), shape_(shape), stop_(stop),
+              int64_t max_steps, StopSignal* stop, std::ostream& out)
+      : o_(o),
+        space_(space),
+        metric_(MetricOf(space.sweep)),
+        rungs_(space.sweep.early_stopping(), max_steps, metric_.higher_is_better),
+        shape_(shape),
+        stop_(stop),
         out_(out) {}
 
   // Runs every trial not already finished; their results, by trial.
@@ -228,14 +245,20 @@ class SweepRunner {
     const SweepTrial* trial;
     std::unique_ptr<Subprocess> launch;
     absl::Time start;
+    std::vector<double> rung_values;  // its metric at each rung reached
+    bool stopped_early = false;
   };
   absl::StatusOr<Running> Start(const SweepTrial& trial);
+  // Early stopping: the trial's evaluations so far against the rungs it
+  // passed; a trial below a rung's cutoff is told to stop.
+  void CheckRungs(Running* r);
   TrialResult Finish(Running* r, int code);
   void Record(const TrialResult& r);
 
   const SweepOptions& o_;
   const SweepSpace& space_;
   const SweepMetric metric_;
+  SweepRungs rungs_;
   const ClusterSpec& shape_;
   StopSignal* const stop_;
   std::ostream& out_;
@@ -247,7 +270,7 @@ absl::StatusOr<SweepRunner::Running> SweepRunner::Start(const SweepTrial& trial)
   Env* env = Env::Default();
   RETURN_IF_ERROR(env->CreateDirs(dir));
   std::string config;
-  google::protobuf::TextFormat::PrintToString(TrialConfig(trial, dir), &config);
+  google::protobuf::TextFormat::PrintToString(TrialConfig(trial, space_.sweep, dir), &config);
   const std::string config_path = JoinPath(dir, "config.pbtxt");
   const std::string spec_path = JoinPath(dir, "cluster.json");
   RETURN_IF_ERROR(WriteFileAtomically(
@@ -267,7 +290,37 @@ absl::StatusOr<SweepRunner::Running> SweepRunner::Start(const SweepTrial& trial)
   ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> launch, Subprocess::Spawn(so));
   out_ << "trial " << trial.index << " (of " << total_ << ") started: " << ParamsText(trial.params)
        << " (" << dir << ")" << std::endl;
-  return Running{&trial, std::move(launch), absl::Now()};
+  return Running{&trial, std::move(launch), absl::Now(), {}, false};
+}
+
+void SweepRunner::CheckRungs(Running* r) {
+  const size_t next = r->rung_values.size();
+  if (r->stopped_early || next >= rungs_.steps().size() ||
+      rungs_.steps()[next] >= r->trial->config.max_steps()) {
+    return;
+  }
+  auto events = ReadScalarEvents(Env::Default(),
+                                 JoinPath(TrialDir(o_, r->trial->index), "events"));
+  if (!events.ok()) return;  // read again on the next round
+  const std::string tag = "eval/" + metric_.name;
+  for (size_t k = next; k < rungs_.steps().size(); ++k) {
+    const int64_t rung = rungs_.steps()[k];
+    if (rung >= r->trial->config.max_steps()) return;
+    auto at = std::find_if(events->begin(), events->end(), [&](const ScalarEvent& e) {
+      return e.tag == tag && e.step >= rung;
+    });
+    if (at == events->end()) return;
+    r->rung_values.push_back(at->value);
+    if (rungs_.Report(static_cast<int>(k), at->value)) continue;
+    r->stopped_early = true;
+    r->launch->Signal(SIGTERM);
+    out_ << "trial " << r->trial->index << " (of " << total_ << ") stopped at rung " << k
+         << " (step " << rung << "): " << metric_.name << " "
+         << absl::StrFormat("%.4f at step %d", at->value, at->step) << ", not in the top 1/"
+         << rungs_.reduction() << " there (" << absl::StrFormat("%.4f", rungs_.Cutoff(k))
+         << ")" << std::endl;
+    return;
+  }
 }
 
 TrialResult SweepRunner::Finish(Running* r, int code) {
@@ -276,7 +329,19 @@ TrialResult SweepRunner::Finish(Running* r, int code) {
   result.params = r->trial->params;
   result.seconds = absl::ToDoubleSeconds(absl::Now() - r->start);
   const std::string dir = TrialDir(o_, result.index);
-  if (code == 0) {
+  result.rung_values = r->rung_values;
+  if (r->stopped_early && code != 0) {
+    // Its last evaluation, and how far it trained (its last event).
+    result.state = kStoppedEarly;
+    auto events = ReadScalarEvents(Env::Default(), JoinPath(dir, "events"));
+    for (const ScalarEvent& e : events.value_or(std::vector<ScalarEvent>())) {
+      result.steps = std::max(result.steps, e.step);
+      if (e.tag == "eval/" + metric_.name) result.metric = e.value;
+      if (e.tag == "eval/accuracy") result.accuracy = e.value;
+      if (e.tag == "eval/loss") result.loss = e.value;
+      if (e.tag == "eval/auc") result.auc = e.value;
+    }
+  } else if (code == 0) {
     result.state = "finished";
     ReadSummary(dir, metric_, &result);
   } else {
@@ -295,7 +360,7 @@ void SweepRunner::Record(const TrialResult& r) {
   }
   out_ << "trial " << r.index << " (of " << total_ << ") " << r.state << " after "
        << absl::StrFormat("%.1f", r.seconds) << "s: "
-       << (r.state == "finished"
+       << ((r.state == "finished" || r.state == kStoppedEarly) && r.metric
                ? absl::StrFormat("%s %.4f at step %d", metric_.name, *r.metric, r.steps)
                : absl::StrCat(r.error, " (log: ", JoinPath(dir, "launch.log"), ")"))
        << std::endl;
@@ -304,6 +369,12 @@ void SweepRunner::Record(const TrialResult& r) {
 std::vector<TrialResult> SweepRunner::Run(const std::vector<SweepTrial>& trials,
                                           std::map<int, TrialResult> done) {
   total_ = trials.size();
+  // The rungs as the trials done before left them.
+  for (const auto& [index, r] : done) {
+    for (size_t k = 0; k < r.rung_values.size(); ++k) {
+      (void)rungs_.Report(static_cast<int>(k), r.rung_values[k]);
+    }
+  }
   std::vector<Running> running;
   size_t next = 0;
   while (next < trials.size() || !running.empty()) {
@@ -331,6 +402,7 @@ std::vector<TrialResult> SweepRunner::Run(const std::vector<SweepTrial>& trials,
       }
       running.push_back(std::move(*r));
     }
+    for (Running& r : running) CheckRungs(&r);
     for (size_t i = 0; i < running.size();) {
       Running& r = running[i];
       std::optional<int> code = r.launch->Wait(absl::ZeroDuration());
@@ -409,14 +481,37 @@ int RunSweep(const SweepOptions& options, StopSignal* stop, std::ostream& out) {
       << shape->num_ps() << " ps and " << shape->num_workers() << " worker(s) each; ranked by "
       << metric.name << (done.empty() ? "" : absl::StrCat("; ", done.size(), " finished before"))
       << std::endl;
-  SweepRunner runner(o, *space, *shape, stop, out);
+  int64_t max_steps = 0, full_steps = 0;
+  for (const SweepTrial& t : *trials) {
+    max_steps = std::max(max_steps, t.config.max_steps());
+    full_steps += t.config.max_steps();
+  }
+  SweepRunner runner(o, *space, *shape, max_steps, stop, out);
+  const SweepRungs rungs(space->sweep.early_stopping(), max_steps, metric.higher_is_better);
+  if (!rungs.steps().empty()) {
+    out << "early stopping: rungs at step(s) " << absl::StrJoin(rungs.steps(), ", ")
+        << "; the top 1/" << rungs.reduction() << " at each go on" << std::endl;
+  }
   const std::vector<TrialResult> ranked = Ranked(runner.Run(*trials, std::move(done)), metric);
   PrintTable(out, ranked, space->sweep, metric);
+  if (!rungs.steps().empty()) {
+    int64_t trained = 0;
+    int stopped = 0;
+    for (const TrialResult& r : ranked) {
+      trained += r.steps;
+      stopped += r.state == kStoppedEarly;
+    }
+    out << "early stopping: " << stopped << " of " << ranked.size()
+        << " trial(s) stopped at a rung; " << trained << " steps trained, "
+        << absl::StrFormat("%.0f%%", full_steps > 0 ? 100.0 * trained / full_steps : 0.0)
+        << " of the " << full_steps << " that every trial to its max_steps would take"
+        << std::endl;
+  }
   const std::string csv = JoinPath(o.out_dir, "results.csv");
   if (absl::Status st = WriteCsv(csv, ranked, space->sweep, metric); !st.ok()) return fail(st);
   out << "results: " << csv << std::endl;
   int failed = 0;
-  for (const TrialResult& r : ranked) failed += r.state != "finished";
+  for (const TrialResult& r : ranked) failed += r.state != "finished" && r.state != kStoppedEarly;
   if (!ranked.empty() && ranked.front().state == "finished" && ranked.front().metric) {
     const TrialResult& best = ranked.front();
     TrainingConfig config = space->base;

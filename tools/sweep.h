@@ -7,6 +7,7 @@
 #ifndef PSTRAIN_TOOLS_SWEEP_H_
 #define PSTRAIN_TOOLS_SWEEP_H_
 
+#include <cstdint>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -37,7 +38,7 @@ struct SweepOptions {
 struct TrialResult {
   int index = 0;
   std::vector<std::pair<std::string, std::string>> params;
-  std::string state;  // "finished", "failed", "stopped"
+  std::string state;  // "finished", "stopped early", "failed", "stopped"
   std::string error;  // why it failed
   std::optional<double> metric;
   double accuracy = 0, loss = 0;
@@ -45,6 +46,8 @@ struct TrialResult {
   int64_t steps = 0;
   double examples_per_sec = 0;
   double seconds = 0;
+  // Early stopping: its metric at each rung it reached.
+  std::vector<double> rung_values;
 };
 
 // Runs the sweep; the table and progress go to `out`. Returns the exit

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/escaping.h"
@@ -261,6 +262,14 @@ absl::StatusOr<SweepSpace> LoadSweepSpace(const std::string& path) {
   if (s.max_trials() < 0) return field_error("max_trials", "negative");
   if (s.max_trials() == 0) s.set_max_trials(kDefaultMaxTrials);
   if (s.parameters().empty()) return field_error("parameters", "the space is empty");
+  if (s.has_early_stopping()) {
+    SweepEarlyStopping* e = s.mutable_early_stopping();
+    if (e->min_steps() < 1) return field_error("early_stopping.min_steps", "expected >= 1");
+    if (e->reduction() == 0) e->set_reduction(3);
+    if (e->reduction() < 2 || e->reduction() > 100) {
+      return field_error("early_stopping.reduction", "expected 2..100 (0 means 3)");
+    }
+  }
   for (const SweepParameter& p : s.parameters()) {
     auto f = FindField(TrainingConfig::descriptor(), p.field());
     if (!f.ok()) return field_error("parameters", std::string(f.status().message()));
@@ -348,8 +357,12 @@ absl::StatusOr<std::vector<SweepTrial>> ExpandSweep(const SweepSpace& space) {
   return trials;
 }
 
-TrainingConfig TrialConfig(const SweepTrial& trial, const std::string& dir) {
+TrainingConfig TrialConfig(const SweepTrial& trial, const SweepConfig& sweep,
+                           const std::string& dir) {
   TrainingConfig c = trial.config;
+  if (sweep.early_stopping().min_steps() > 0) {
+    c.set_eval_every_steps(sweep.early_stopping().min_steps());
+  }
   c.set_output_dir(dir);
   if (!c.checkpoint().dir().empty()) c.mutable_checkpoint()->set_dir(JoinPath(dir, "checkpoints"));
   if (!c.checkpoint().serving_dir().empty()) {
@@ -362,6 +375,34 @@ SweepMetric MetricOf(const SweepConfig& sweep) {
   if (sweep.metric() == "auc") return {"auc", "eval_auc", true};
   if (sweep.metric() == "loss") return {"loss", "eval_loss", false};
   return {"accuracy", "eval_accuracy", true};
+}
+
+SweepRungs::SweepRungs(const SweepEarlyStopping& early, int64_t max_steps, bool higher_is_better)
+    : reduction_(early.reduction() > 1 ? early.reduction() : 3),
+      higher_is_better_(higher_is_better) {
+  for (int64_t step = early.min_steps(); step > 0 && step < max_steps; step *= reduction_) {
+    steps_.push_back(step);
+    if (step > max_steps / reduction_) break;
+  }
+  values_.resize(steps_.size());
+}
+
+double SweepRungs::Cutoff(int k) const {
+  std::vector<double> v = values_[k];
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const double pos = (1.0 - 1.0 / reduction_) * static_cast<double>(v.size() - 1);
+  const size_t lo = static_cast<size_t>(pos);
+  const double cut =
+      lo + 1 < v.size() ? v[lo] + (pos - static_cast<double>(lo)) * (v[lo + 1] - v[lo]) : v[lo];
+  return higher_is_better_ ? cut : -cut;
+}
+
+bool SweepRungs::Report(int k, double value) {
+  if (k < 0 || k >= static_cast<int>(values_.size())) return true;
+  values_[k].push_back(higher_is_better_ ? value : -value);
+  const double cutoff = Cutoff(k);
+  return higher_is_better_ ? value >= cutoff : value <= cutoff;
 }
 
 }  // namespace pstrain

@@ -6,6 +6,7 @@
 #ifndef PSTRAIN_TOOLS_SWEEP_SPACE_H_
 #define PSTRAIN_TOOLS_SWEEP_SPACE_H_
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -52,8 +53,10 @@ struct SweepTrial {
 absl::StatusOr<std::vector<SweepTrial>> ExpandSweep(const SweepSpace& space);
 
 // `trial`'s config as it runs: its output_dir (and checkpoint.dir and
-// checkpoint.serving_dir where the base set them) inside `dir`.
-TrainingConfig TrialConfig(const SweepTrial& trial, const std::string& dir);
+// checkpoint.serving_dir where the base set them) inside `dir`; with early
+// stopping, an evaluation every early_stopping.min_steps steps.
+TrainingConfig TrialConfig(const SweepTrial& trial, const SweepConfig& sweep,
+                           const std::string& dir);
 
 // "accuracy", "auc" or "loss": whether higher is better, and the key in a
 // run's summary.json.
@@ -63,6 +66,29 @@ struct SweepMetric {
   bool higher_is_better = true;
 };
 SweepMetric MetricOf(const SweepConfig& sweep);
+
+// ASHA's rungs (SweepEarlyStopping): where trials are compared, and which
+// go on. Not thread-safe.
+class SweepRungs {
+ public:
+  // No rungs where `early` is unset (min_steps 0).
+  SweepRungs(const SweepEarlyStopping& early, int64_t max_steps, bool higher_is_better);
+  // The steps of the rungs, ascending, each below max_steps.
+  const std::vector<int64_t>& steps() const { return steps_; }
+  int reduction() const { return reduction_; }
+  // A trial's `value` at rung `k`: recorded; whether it is in the top
+  // 1/reduction of the values recorded there (itself included: the
+  // (1 - 1/reduction) quantile, interpolated as NumPy's percentile).
+  bool Report(int k, double value);
+  // The quantile a value at rung `k` must reach (in the metric's own sense).
+  double Cutoff(int k) const;
+
+ private:
+  std::vector<int64_t> steps_;
+  int reduction_ = 3;
+  bool higher_is_better_ = true;
+  std::vector<std::vector<double>> values_;  // per rung, oriented: higher is better
+};
 
 }  // namespace pstrain
 

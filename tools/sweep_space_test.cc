@@ -1,6 +1,10 @@
 #include "tools/sweep_space.h"
 
+#include <cmath>
+#include <cstdint>
+#include <limits>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
@@ -70,7 +74,7 @@ parameters { field: "seed" range { min: 1 max: 3 count: 3 } }
   // The rest of the base config stays as written; the trial's outputs go to
   // its own directory.
   CHECK(first.config.max_steps() == 100);
-  TrainingConfig run = TrialConfig(first, "sw/trial-0");
+  TrainingConfig run = TrialConfig(first, space->sweep, "sw/trial-0");
   CHECK(run.output_dir() == "sw/trial-0");
   CHECK(run.checkpoint().dir() == "sw/trial-0/checkpoints");
   CHECK(run.checkpoint().every_steps() == 50);
@@ -114,6 +118,29 @@ parameters { field: "data.batch_size" choices { choice: ["16", "32", "64"] } }
   }
 }
 
+TEST_CASE("ASHA's rungs: min_steps x reduction^k below max_steps; the top 1/reduction go on",
+          "[sweep]") {
+  SweepEarlyStopping e;
+  e.set_min_steps(20);
+  e.set_reduction(3);
+  CHECK(SweepRungs(e, 180, true).steps() == std::vector<int64_t>{20, 60});
+  CHECK(SweepRungs(e, 181, true).steps() == std::vector<int64_t>{20, 60, 180});
+  CHECK(SweepRungs(SweepEarlyStopping(), 1000, true).steps().empty());
+  e.set_min_steps(int64_t{1} << 61);
+  CHECK(SweepRungs(e, std::numeric_limits<int64_t>::max(), true).steps().size() == 2);
+  e.set_min_steps(20);
+  SweepRungs accuracy(e, 1000, true);
+  CHECK(accuracy.Report(0, 0.9));        // alone at its rung: goes on
+  CHECK_FALSE(accuracy.Report(0, 0.5));  // below the 2/3 quantile of {0.5, 0.9}: 0.767
+  CHECK(std::abs(accuracy.Cutoff(0) - (0.5 + 2.0 / 3.0 * 0.4)) < 1e-12);
+  CHECK(accuracy.Report(0, 0.95));       // of {0.5, 0.9, 0.95}: 0.9167
+  CHECK(accuracy.Report(1, 0.1));        // another rung, its own values
+  SweepRungs loss(e, 1000, false);
+  CHECK(loss.Report(0, 1.0));
+  CHECK_FALSE(loss.Report(0, 2.0));
+  CHECK(loss.Report(0, 0.5));
+}
+
 TEST_CASE("a bad sweep is refused in one line naming the field", "[sweep][errors]") {
   struct Case {
     const char* sweep;
@@ -146,6 +173,11 @@ TEST_CASE("a bad sweep is refused in one line naming the field", "[sweep][errors
                 "count: 3 } }",
                 "a log scale needs min > 0"},
            Case{"parameters { field: \"seed\" values { value: 1 } } bogus: 3", "s.pbtxt:"},
+           Case{"early_stopping { min_steps: 0 } parameters { field: \"seed\" values { value: 1 } }",
+                "early_stopping.min_steps: expected >= 1"},
+           Case{"early_stopping { min_steps: 5 reduction: 1 } parameters { field: \"seed\" "
+                "values { value: 1 } }",
+                "early_stopping.reduction: expected 2..100"},
        }) {
     INFO(c.sweep);
     absl::StatusOr<SweepSpace> space = Space(c.sweep);

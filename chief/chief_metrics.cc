@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/cluster/config.h"
 #include "common/observability/monitoring.h"
 
 namespace pstrain {
@@ -27,8 +28,9 @@ class ChiefCollector : public prometheus::Collectable {
     one("pstrain_chief_global_step",
         "The global step: what the workers reported, as far as the servers confirm it.", MetricType::Gauge,
         static_cast<double>(s.global_step()));
-    one("pstrain_chief_max_steps", "The step training ends at.", MetricType::Gauge,
-        static_cast<double>(s.max_steps()));
+    one("pstrain_chief_max_steps", "The step training ends at (0: until stopped).",
+        MetricType::Gauge,
+        RunsUntilStopped(s.max_steps()) ? 0.0 : static_cast<double>(s.max_steps()));
     one("pstrain_chief_workers_registered", "Workers registered with the chief.",
         MetricType::Gauge, s.workers_registered());
     one("pstrain_chief_workers_done", "Workers that reported they are done.", MetricType::Gauge,

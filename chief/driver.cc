@@ -160,9 +160,9 @@ absl::StatusOr<bool> Driver::EvaluateAt(int64_t step) {
   chief_->SetEval(e.step, e.result.accuracy(), e.result.loss);
   ChiefStatusResponse progress;
   chief_->GetStatus(&progress);
-  LOG_INFO("step {}/{}: train loss {:.4f}, eval accuracy {:.4f}, eval loss {:.4f}{}, {:.0f} "
+  LOG_INFO("step {}: train loss {:.4f}, eval accuracy {:.4f}, eval loss {:.4f}{}, {:.0f} "
            "examples/s",
-           e.step, max_steps_, progress.train_loss(), e.result.accuracy(), e.result.loss,
+           StepText(e.step, max_steps_), progress.train_loss(), e.result.accuracy(), e.result.loss,
            e.auc ? absl::StrFormat(", eval AUC %.4f", *e.auc) : "", progress.examples_per_sec());
   events_.WriteEvalScalars(e);
   // The chief evaluates the newest parameters when it gets to them: the
@@ -269,8 +269,8 @@ void Driver::RecordWorkerEvals() {
   for (const Chief::WorkerEval& e : chief_->TakeWorkerEvals(&dropped)) {
     std::vector<std::pair<std::string, double>> scalars;
     for (const auto& [name, value] : e.metrics) scalars.emplace_back("eval/" + name, value);
-    LOG_INFO("step {}/{}: worker {}'s evaluation ({} examples): {}", e.step, max_steps_, e.worker,
-             e.examples, e.MetricsLine());
+    LOG_INFO("step {}: worker {}'s evaluation ({} examples): {}", StepText(e.step, max_steps_),
+             e.worker, e.examples, e.MetricsLine());
     events_.Write(e.step, scalars);
   }
   if (dropped > 0) {

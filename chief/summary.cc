@@ -84,7 +84,9 @@ absl::Status WriteRunOutputs(const RunContext& run, PsClient* ps, Chief* chief,
   }
   nlohmann::json summary = {
       {"global_step", final_eval.step},
-      {"max_steps", run.config.max_steps()},
+      {"max_steps", RunsUntilStopped(run.config.max_steps())
+                        ? nlohmann::json()  // until stopped
+                        : nlohmann::json(run.config.max_steps())},
       // The chief's evaluation, else the workers' latest (its "accuracy"
       // and "loss"); null where nothing was evaluated.
       {"eval_accuracy",

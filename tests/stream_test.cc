@@ -4,6 +4,10 @@
 // waits for them are all read, once, and the run ends bitwise where one that
 // had every part from the start does; a resume from a checkpoint whose
 // cursor is mid-part ends there too.
+#include <signal.h>
+
+#include <optional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -130,6 +134,76 @@ TEST_CASE("parts arriving while training are read once, as if there from the sta
   INFO(resumed_log);
   CHECK(resumed_log.find("data cursor restored: part 2, line ") != std::string::npos);
   testing::CheckSameModel(FinalModel(resumed), FinalModel(ref));
+}
+
+TEST_CASE("without max_steps a stream trains until stopped; stopped, it saves its place, and a "
+          "resume goes on from there",
+          "[stream][checkpoint][signals]") {
+  auto data = testing::CriteoData("stream_data", {"--train=20000", "--test=2000",
+                                                  "--values_per_field=50", "--seed=5"});
+  REQUIRE(data.ok());
+  const std::vector<std::string> parts = Parts(data->first);
+  const std::string dir = testing::FreshTempDir("stream_until_stopped");
+  const std::string parts_dir = JoinPath(dir, "parts");
+  REQUIRE(Env::Default()->CreateDirs(parts_dir).ok());
+  // 20 x 6,000 lines: 937 steps of 2 x 64, then the workers wait for more.
+  for (int n = 0; n < 20; ++n) WritePart(parts_dir, n, parts[0]);
+  const std::string ckpt = JoinPath(dir, "ckpt");
+  ConfigOptions o = Options(data->first, parts_dir, ckpt);
+  o.max_steps = 0;  // until stopped
+  o.extra = testing::ClickThroughOptions(data->first).extra +
+            absl::StrCat("\ncheckpoint { dir: \"", ckpt,
+                         "\" every_steps: 100000 stop_save_seconds: 5 }\n");
+  const Job job = WriteJob(dir, o, 2);
+  std::unique_ptr<Subprocess> launch = testing::SpawnLaunch(job, dir);
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  while (ChiefLog(job).find("eval AUC") == std::string::npos && absl::Now() < deadline &&
+         launch->running()) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  REQUIRE(launch->running());
+  // The steps as they are, with no "/max_steps".
+  const std::regex eval_line(R"(I step \d+: train loss)");
+  CHECK(std::regex_search(ChiefLog(job), eval_line));
+  launch->Signal(SIGTERM);
+  std::optional<int> code = launch->Wait(absl::Seconds(60));
+  REQUIRE(code.has_value());
+  CHECK(*code == 128 + SIGTERM);
+  const std::string first_log = ChiefLog(job);
+  INFO(first_log);
+  auto saved = ListCheckpoints(Env::Default(), ckpt);
+  REQUIRE(saved.ok());
+  REQUIRE(saved->size() == 1);
+  const int64_t step = saved->front().step;
+  CHECK(step >= 50);
+  CHECK(step < 937);
+  auto m = ReadManifest(Env::Default(), saved->front().path);
+  REQUIRE(m.ok());
+  REQUIRE(m->cursors_size() == 2);
+
+  // Resumed: from the saved cursors to the end of the parts, where it waits
+  // for more; stopped there (nothing to save, no step to reach), it ends
+  // within stop_save_seconds.
+  std::unique_ptr<Subprocess> resumed = testing::SpawnLaunch(job, dir, {"--resume"});
+  const std::string worker_log = JoinPath(job.out, "logs/worker-0.log");
+  while (Env::Default()->ReadFile(worker_log).value_or("").find(
+             "has nothing past part 19") == std::string::npos &&
+         absl::Now() < deadline + absl::Seconds(60) && resumed->running()) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  const std::string log = Env::Default()->ReadFile(worker_log).value_or("");
+  INFO(log);
+  CHECK(log.find("data cursor restored: part ") != std::string::npos);
+  REQUIRE(resumed->running());
+  resumed->Signal(SIGTERM);
+  code = resumed->Wait(absl::Seconds(60));
+  REQUIRE(code.has_value());
+  CHECK(*code == 128 + SIGTERM);
+  const std::string resumed_log = ChiefLog(job);
+  INFO(resumed_log);
+  CHECK(resumed_log.find(absl::StrCat("ckpt-", step)) != std::string::npos);
+  // It trained to the end of the parts: an evaluation past step 900.
+  CHECK(std::regex_search(resumed_log, std::regex(R"(I step 9[0-9][0-9]: train loss)")));
 }
 
 TEST_CASE("a train_dir config is checked: one source, CRITEO only, no shuffle", "[stream]") {

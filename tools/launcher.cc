@@ -123,7 +123,7 @@ void DrainOutput(Task* t, bool verbose, bool* progress_shown) {
 }
 
 std::string FormatProgress(const ChiefStatusResponse& s, absl::Duration elapsed) {
-  std::string line = absl::StrFormat("step %d/%d", s.global_step(), s.max_steps());
+  std::string line = "step " + StepText(s.global_step(), s.max_steps());
   if (s.train_loss() > 0) absl::StrAppendFormat(&line, "  loss %.4f", s.train_loss());
   if (s.eval_step() >= 0 && s.eval_metrics_size() > 0) {
     // A worker's evaluation: its first metric, by name.
@@ -133,7 +133,7 @@ std::string FormatProgress(const ChiefStatusResponse& s, absl::Duration elapsed)
     absl::StrAppendFormat(&line, "  eval acc %.4f@%d", s.eval_accuracy(), s.eval_step());
   }
   if (s.examples_per_sec() > 0) absl::StrAppendFormat(&line, "  %.0f ex/s", s.examples_per_sec());
-  if (s.global_step() > 0 && s.max_steps() > s.global_step()) {
+  if (s.global_step() > 0 && s.max_steps() > s.global_step() && !RunsUntilStopped(s.max_steps())) {
     const double secs = absl::ToDoubleSeconds(elapsed);
     const double eta = secs / s.global_step() * (s.max_steps() - s.global_step());
     absl::StrAppendFormat(&line, "  ETA %.0fs", eta);
@@ -436,9 +436,10 @@ void Supervisor::JudgeEarlyExits() {
   } else if (absl::Now() >= early_exits_.front().second) {
     const Task* t = early_exits_.front().first;
     failure_ = absl::StrCat(t->name, " exited with code 0 before the chief finished the run",
-                            s.max_steps() > 0 ? absl::StrCat(" (step ", s.global_step(), " of ",
-                                                             s.max_steps(), ")")
-                                              : "",
+                            s.max_steps() > 0
+                                ? absl::StrCat(" (step ", StepText(s.global_step(), s.max_steps()),
+                                               ")")
+                                : "",
                             "; log: ", t->log_path);
     exit_code_ = 1;
     restartable_ = true;

@@ -370,7 +370,12 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
     RETURN_IF_ERROR(ExpandModelConfig(c->model(), source).status());
     RETURN_IF_ERROR(ValidateData(c->mutable_data(), source));
   }
-  if (c->max_steps() <= 0) return FieldError(source, "max_steps", "expected a positive count");
+  // A stream of parts has no end: without max_steps it trains until stopped.
+  if (c->max_steps() == 0 && !c->data().train_dir().empty()) c->set_max_steps(kUntilStopped);
+  if (c->max_steps() <= 0 || c->max_steps() > kUntilStopped) {
+    return FieldError(source, "max_steps",
+                      "expected a positive count (none with data.train_dir: until stopped)");
+  }
   RETURN_IF_ERROR(ValidateAndFillOptimizerDefaults(c->mutable_optimizer(), c->max_steps(), source));
   if (c->mode_case() == TrainingConfig::MODE_NOT_SET) c->mutable_sync();
   RETURN_IF_ERROR(ValidateMode(*c, source));
@@ -491,6 +496,10 @@ absl::Status ValidateAndFillOptimizerDefaults(OptimizerConfig* o, int64_t max_st
         return FieldError(source, "optimizer.schedule.min_learning_rate_ratio",
                           "expected a value in [0, 1]");
       }
+      if (s->decay_steps() == 0 && RunsUntilStopped(max_steps)) {
+        return FieldError(source, "optimizer.schedule",
+                          "COSINE needs decay_steps in a run without max_steps");
+      }
       if (s->decay_steps() == 0 && s->warmup_steps() >= max_steps) {
         return FieldError(source, "optimizer.schedule",
                           "COSINE needs decay_steps, or warmup_steps < max_steps");
@@ -560,6 +569,10 @@ uint64_t RunFingerprint(const TrainingConfig& config, const std::vector<Variable
 }
 
 bool IsSyncMode(const TrainingConfig& config) { return !config.has_async(); }
+
+std::string StepText(int64_t step, int64_t max_steps) {
+  return RunsUntilStopped(max_steps) ? absl::StrCat(step) : absl::StrCat(step, "/", max_steps);
+}
 
 absl::Duration StopSaveTimeout(const TrainingConfig& config) {
   const CheckpointConfig& c = config.checkpoint();

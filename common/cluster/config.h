@@ -44,6 +44,13 @@ uint64_t RunFingerprint(const TrainingConfig& config, const std::vector<Variable
 
 bool IsSyncMode(const TrainingConfig& config);
 
+// max_steps of a run that trains until it is stopped (a config with
+// data.train_dir and no max_steps): far past any step a run reaches.
+inline constexpr int64_t kUntilStopped = int64_t{1} << 62;
+inline bool RunsUntilStopped(int64_t max_steps) { return max_steps >= kUntilStopped; }
+// "120/600", or "120" for a run until stopped: how logs and progress show a step.
+std::string StepText(int64_t step, int64_t max_steps);
+
 // How long a run stopped by a signal spends saving its last steps
 // (checkpoint.stop_save_seconds: 0 means 20 s); zero where it saves none
 // (no checkpoint.dir, or -1).

@@ -21,6 +21,35 @@ max_steps: 100
 seed: 7
 )";
 
+TEST_CASE("without max_steps, only a stream of parts runs, until stopped", "[config]") {
+  std::string no_steps = kGood;
+  no_steps.replace(no_steps.find("max_steps: 100"), 14, "");
+  auto refused = ParseTrainingConfig(no_steps, "x.pbtxt");
+  REQUIRE_FALSE(refused.ok());
+  CHECK(std::string(refused.status().message()).find(
+            "max_steps: expected a positive count (none with data.train_dir: until stopped)") !=
+        std::string::npos);
+  const std::string stream = R"(
+model { click_through { table: "t" hidden_units: 16 } }
+embedding_tables { name: "t" dim: 8 }
+data { format: CRITEO train_dir: "parts" batch_size: 32 }
+optimizer { learning_rate: 0.1 sgd {} }
+)";
+  auto c = ParseTrainingConfig(stream, "x.pbtxt");
+  INFO(c.status());
+  REQUIRE(c.ok());
+  CHECK(c->max_steps() == kUntilStopped);
+  CHECK(RunsUntilStopped(c->max_steps()));
+  CHECK(StepText(250, c->max_steps()) == "250");
+  CHECK(StepText(250, 600) == "250/600");
+  std::string with_cosine = stream;
+  with_cosine.replace(with_cosine.find("sgd {}"), 6, "sgd {} schedule { kind: COSINE }");
+  auto cosine = ParseTrainingConfig(with_cosine, "x.pbtxt");
+  REQUIRE_FALSE(cosine.ok());
+  CHECK(std::string(cosine.status().message()).find("COSINE needs decay_steps in a run without "
+                                                    "max_steps") != std::string::npos);
+}
+
 TEST_CASE("a training config parses and gets defaults", "[config]") {
   auto c = ParseTrainingConfig(kGood, "demo.pbtxt");
   REQUIRE(c.ok());

@@ -116,6 +116,39 @@ parameters { field: "optimizer.learning_rate" values { value: [0.001, 0.1, 0.02]
       absl::Seconds(30));
   CHECK(plan.exit_code == 0);
 
+  // TensorBoard's HParams dashboard: the experiment at the sweep's root,
+  // each trial a session beside its scalars, read by TensorBoard's own
+  // event accumulator and parsed with its hparams plugin's protos.
+  py = testing::PythonWithModules("tensorboard");
+  REQUIRE(py.error.empty());
+  CommandResult hparams = testing::RunCommand(
+      {py.python, "-c",
+       "import sys\n"
+       "from tensorboard.backend.event_processing import event_accumulator as ea\n"
+       "from tensorboard.plugins.hparams import plugin_data_pb2\n"
+       "def plugin(path):\n"
+       "  acc = ea.EventAccumulator(path)\n"
+       "  acc.Reload()\n"
+       "  return {t: plugin_data_pb2.HParamsPluginData.FromString(c)\n"
+       "          for t, c in acc.PluginTagToContent('hparams').items()}\n"
+       "exp = plugin(sys.argv[1])['_hparams_/experiment'].experiment\n"
+       "print([h.name for h in exp.hparam_infos], [m.name.tag for m in exp.metric_infos],\n"
+       "      [v.number_value for v in exp.hparam_infos[0].domain_discrete.values])\n"
+       "run = sys.argv[1] + '/trial-1/events'\n"
+       "s = plugin(run)\n"
+       "start = s['_hparams_/session_start_info'].session_start_info\n"
+       "acc = ea.EventAccumulator(run)\n"
+       "acc.Reload()\n"
+       "print(start.group_name, start.hparams['optimizer.learning_rate'].number_value,\n"
+       "      s['_hparams_/session_end_info'].session_end_info.status,\n"
+       "      'eval/accuracy' in acc.Tags()['scalars'])\n",
+       out},
+      absl::Seconds(60));
+  INFO(hparams.output);
+  CHECK(hparams.exit_code == 0);
+  CHECK(hparams.output.find("['optimizer.learning_rate'] ['eval/accuracy', 'eval/loss'] "
+                            "[0.001, 0.1, 0.02]\ntrial-1 0.1 1 True\n") != std::string::npos);
+
   // The same --out again is refused without --resume; with it, nothing runs.
   CommandResult twice = Sweep(sweep, spec, out);
   CHECK(twice.exit_code == 2);

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -17,11 +18,13 @@
 #include "common/base/status_macros.h"
 #include "common/cluster/cluster_spec.h"
 #include "common/storage/env.h"
+#include "google/protobuf/struct.pb.h"
 #include "google/protobuf/text_format.h"
 #include "nlohmann/json.hpp"
 #include "common/observability/event_writer.h"
 #include "tools/local_ports.h"
 #include "tools/subprocess.h"
+#include "proto/sweep.pb.h"
 #include "tools/sweep_space.h"
 
 namespace pstrain {
@@ -224,6 +227,81 @@ void PrintTable(std::ostream& out, const std::vector<TrialResult>& ranked,
   }
 }
 
+// TensorBoard's HParams dashboard: an event file of the sweep's own in a
+// directory TensorBoard reads as a run.
+constexpr char kHParamsFile[] = "events.out.tfevents.0.pstrain-sweep-hparams";
+
+double NowSecs() { return absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch()); }
+
+std::string HParamsEvent(const std::string& tag, const HParamsPluginData& data) {
+  TbEvent e;
+  e.set_wall_time(NowSecs());
+  TbValue* v = e.mutable_summary()->add_value();
+  v->set_tag(tag);
+  v->mutable_tensor()->set_dtype(1);  // DT_FLOAT, of shape [0]
+  v->mutable_tensor()->mutable_tensor_shape()->add_dim();
+  TbPluginData* plugin = v->mutable_metadata()->mutable_plugin_data();
+  plugin->set_plugin_name("hparams");
+  plugin->set_content(data.SerializeAsString());
+  return TfRecord(e.SerializeAsString());
+}
+
+absl::Status WriteHParamsFile(const std::string& dir, const std::string& records) {
+  TbEvent first;
+  first.set_wall_time(NowSecs());
+  first.set_file_version("brain.Event:2");
+  RETURN_IF_ERROR(Env::Default()->CreateDirs(dir));
+  return WriteFileAtomically(Env::Default(), JoinPath(dir, kHParamsFile),
+                             TfRecord(first.SerializeAsString()) + records);
+}
+
+// A parameter's value as TensorBoard shows it: a number, a bool or text.
+google::protobuf::Value HParamValue(const std::string& text) {
+  google::protobuf::Value v;
+  char* end = nullptr;
+  const double d = std::strtod(text.c_str(), &end);
+  if (!text.empty() && end == text.c_str() + text.size()) {
+    v.set_number_value(d);
+  } else if (text == "true" || text == "false") {
+    v.set_bool_value(text == "true");
+  } else {
+    v.set_string_value(text);
+  }
+  return v;
+}
+
+// The sweep as an HParams experiment, in `out_dir`: each parameter with
+// the values it takes, and the evaluation's metrics.
+absl::Status WriteHParamsExperiment(const std::string& out_dir, const SweepConfig& sweep,
+                                    const std::vector<SweepTrial>& trials) {
+  HParamsPluginData data;
+  HParamsExperiment* e = data.mutable_experiment();
+  e->set_time_created_secs(NowSecs());
+  for (int i = 0; i < sweep.parameters_size(); ++i) {
+    HParamInfo* info = e->add_hparam_infos();
+    info->set_name(sweep.parameters(i).field());
+    std::vector<std::string> seen;
+    int type = 0;
+    for (const SweepTrial& t : trials) {
+      const std::string& value = t.params[i].second;
+      if (std::find(seen.begin(), seen.end(), value) != seen.end()) continue;
+      seen.push_back(value);
+      const google::protobuf::Value v = HParamValue(value);
+      const int kind = v.has_number_value() ? 3 : v.has_bool_value() ? 2 : 1;
+      type = type == 0 || type == kind ? kind : 1;  // mixed kinds: strings
+      *info->mutable_domain_discrete()->add_values() = v;
+    }
+    info->set_type(type);
+  }
+  for (const char* tag : {"eval/accuracy", "eval/loss", "eval/auc"}) {
+    if (std::string(tag) == "eval/auc" && MetricOf(sweep).name != "auc") continue;
+    HParamsMetricInfo* m = e->add_metric_infos();
+    m->mutable_name()->set_tag(tag);
+    m->set_dataset_type(2);  // validation
+  }
+  return WriteHParamsFile(out_dir, HParamsEvent("_hparams_/experiment", data));
+}
+
 class SweepRunner {
  public:
   SweepRunner(const SweepOptions& o, const SweepSpace& space, const ClusterSpec& shape,
@@ -353,6 +431,22 @@ TrialResult SweepRunner::Finish(Running* r, int code) {
 
 void SweepRunner::Record(const TrialResult& r) {
   const std::string dir = TrialDir(o_, r.index);
+  // The trial as an HParams session, beside its chief's scalars.
+  HParamsPluginData start, end;
+  start.mutable_session_start_info()->set_group_name(absl::StrCat("trial-", r.index));
+  start.mutable_session_start_info()->set_start_time_secs(NowSecs() - r.seconds);
+  for (const auto& [field, value] : r.params) {
+    (*start.mutable_session_start_info()->mutable_hparams())[field] = HParamValue(value);
+  }
+  end.mutable_session_end_info()->set_status(
+      r.state == "finished" || r.state == kStoppedEarly ? 1 : r.state == "failed" ? 2 : 0);
+  end.mutable_session_end_info()->set_end_time_secs(NowSecs());
+  if (absl::Status st = WriteHParamsFile(
+          JoinPath(dir, "events"), HParamsEvent("_hparams_/session_start_info", start) +
+                                       HParamsEvent("_hparams_/session_end_info", end));
+      !st.ok()) {
+    out_ << "trial " << r.index << ": " << st.message() << std::endl;
+  }
   if (absl::Status st =
           WriteFileAtomically(Env::Default(), JoinPath(dir, "trial.json"), ResultJson(r).dump(2));
       !st.ok()) {
@@ -506,6 +600,9 @@ int RunSweep(const SweepOptions& options, StopSignal* stop, std::ostream& out) {
         << absl::StrFormat("%.0f%%", full_steps > 0 ? 100.0 * trained / full_steps : 0.0)
         << " of the " << full_steps << " that every trial to its max_steps would take"
         << std::endl;
+  }
+  if (absl::Status st = WriteHParamsExperiment(o.out_dir, space->sweep, *trials); !st.ok()) {
+    return fail(st);
   }
   const std::string csv = JoinPath(o.out_dir, "results.csv");
   if (absl::Status st = WriteCsv(csv, ranked, space->sweep, metric); !st.ok()) return fail(st);

@@ -102,7 +102,7 @@ absl::StatusOr<std::vector<ScalarEvent>> ReadScalarEvents(Env* env, const std::s
             absl::StrCat(path, ": the record at byte ", at, " is not an Event"));
       }
       for (const tensorflow::Summary::Value& v : e.summary().value()) {
-        out.push_back({e.step(), v.tag(), v.simple_value()});
+        if (v.has_simple_value()) out.push_back({e.step(), v.tag(), v.simple_value()});
       }
       at += 16 + length;
     }

@@ -220,14 +220,14 @@ void CheckpointSchedule::TimedSave(int64_t step) {
     AsyncCut(step);
     return;
   }
-  const std::optional<int64_t> at = AskCut(step);
+  const std::optional<int64_t> at = AskCut(step, nullptr);
   if (at.has_value()) {
     LOG_INFO("checkpoint: {} since the last one; the servers cut at step {}",
              absl::FormatDuration(period_), *at);
   }
 }
 
-std::optional<int64_t> CheckpointSchedule::AskCut(int64_t step) {
+std::optional<int64_t> CheckpointSchedule::AskCut(int64_t step, bool* failed) {
   int64_t furthest = step;
   for (int s = 0; s < ps_->num_servers(); ++s) {
     PsStatusResponse status;
@@ -245,6 +245,7 @@ std::optional<int64_t> CheckpointSchedule::AskCut(int64_t step) {
   absl::Status st = ps_->SnapshotAll(at, run_.rpc_timeout, &ignored);
   if (!st.ok()) {
     Saved(at, st);
+    if (failed != nullptr) *failed = true;
     return std::nullopt;
   }
   asked_.insert(at);
@@ -257,7 +258,8 @@ std::optional<int64_t> CheckpointSchedule::SaveOnStop(int64_t step) {
     AsyncCut(step);
     return committed_ == step ? std::optional<int64_t>(step) : std::nullopt;
   }
-  if (std::optional<int64_t> at = AskCut(step); at.has_value()) return at;
+  bool failed = false;
+  if (std::optional<int64_t> at = AskCut(step, &failed); at.has_value() || failed) return at;
   // A cut is due before one asked for now would be (or the last step's):
   // that one is the save.
   const int64_t due = next_sync_cut();

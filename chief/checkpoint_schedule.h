@@ -63,8 +63,8 @@ class CheckpointSchedule {
   void AsyncCut(int64_t step);
   // Sync: asks every server for a cut past the furthest one's version, by
   // a margin at the rate since step_at_save_; nullopt where a due cut comes
-  // first or the ask failed.
-  std::optional<int64_t> AskCut(int64_t step);
+  // first or the ask failed (then *failed, where given, is set).
+  std::optional<int64_t> AskCut(int64_t step, bool* failed);
   void Saved(int64_t step, const absl::Status& status);
 
   const RunContext& run_;

@@ -496,6 +496,9 @@ void Supervisor::StopAll() {
         }
         next_progress_ = absl::Now() + absl::Milliseconds(250);
         WaitForOutput();
+        // A task that exited (a worker the chief told to stop) is reaped
+        // below; its pidfd stays readable, so the poll above may not wait.
+        absl::SleepFor(absl::Milliseconds(50));
       }
       if (!code.has_value()) continue;  // stopped with the others below
       t->exit_code = *code;

@@ -55,9 +55,21 @@ namespace {
 // The job's calls' need at its busiest server (JobInflightBytes).
 int64_t JobInflight(const ClusterSpec& cluster, const TrainingConfig& config,
                     const ModelPlan& plan) {
+  // The chief pulls in calls of up to 64 MiB (chief/chief_runner.cc).
   return JobInflightBytes(plan.placement, cluster.num_workers(), config.rpc().calls_in_flight(),
-                          config.rpc().call_bytes(),
+                          config.rpc().call_bytes(), int64_t{64} << 20,
                           config.rpc().wire_dtype() == "bfloat16" ? 2 : 4);
+}
+
+// The tasks on this machine that take an in-flight quota: its servers and
+// the chief.
+int LocalQuotaProcesses(const ClusterSpec& cluster) {
+  int n = 0;
+  for (const TaskId& t : cluster.AllTasks()) {
+    auto hp = ParseHostPort(cluster.address(t.job, t.index));
+    n += t.job != kWorkerJob && hp.ok() && IsThisMachine(hp->host);
+  }
+  return n;
 }
 
 }  // namespace
@@ -65,7 +77,8 @@ int64_t JobInflight(const ClusterSpec& cluster, const TrainingConfig& config,
 int64_t LaunchInflightMib(const ClusterSpec& cluster, const TrainingConfig& config,
                           const ModelPlan& plan) {
   const int64_t machine = PhysicalMemoryBytes();
-  const int64_t quota = JobInflightQuota(JobInflight(cluster, config, plan), machine);
+  const int64_t quota =
+      JobInflightQuota(JobInflight(cluster, config, plan), machine, LocalQuotaProcesses(cluster));
   if (quota <= DefaultInflightBytes(machine)) return 0;
   constexpr int64_t kMiB = int64_t{1} << 20;
   return quota / kMiB + (quota % kMiB != 0 ? 1 : 0);
@@ -76,10 +89,10 @@ absl::Status PrintPlan(const ClusterSpec& cluster, const TrainingConfig& config,
   out << plan.placement.DebugString();
   const std::vector<std::string> slots = plan.optimizer->slot_names();
   out << "optimizer " << plan.optimizer->name() << " on the servers: "
-            << (slots.empty() ? std::string("no slots")
-                              : absl::StrCat(slots.size(), " slot(s) (", absl::StrJoin(slots, ", "),
-                                             "), each the size of its variable"))
-            << "; server memory is " << 1 + slots.size() << "x the parameters above\n";
+      << (slots.empty() ? std::string("no slots")
+                        : absl::StrCat(slots.size(), " slot(s) (", absl::StrJoin(slots, ", "),
+                                       "), each the size of its variable"))
+      << "; server memory is " << 1 + slots.size() << "x the parameters above\n";
   const int n = cluster.num_ps();
   for (const EmbeddingTableConfig& t : config.embedding_tables()) {
     auto table_opt = CreateOptimizer(t.has_optimizer() ? t.optimizer() : config.optimizer());
@@ -93,10 +106,10 @@ absl::Status PrintPlan(const ClusterSpec& cluster, const TrainingConfig& config,
     std::vector<int64_t> share(n, 0);
     for (int64_t id = 0; id < count; ++id) ++share[ServerForId(static_cast<uint64_t>(id), n)];
     out << "table " << t.name() << ": "
-              << (t.num_rows() > 0 ? absl::StrCat(t.num_rows(), " rows")
-                                   : std::string("hashed (rows on first touch)"))
-              << " of " << t.dim() << " floats, " << row_bytes << " bytes per row with "
-              << (*table_opt)->name() << "'s slots; ids spread by hash:";
+        << (t.num_rows() > 0 ? absl::StrCat(t.num_rows(), " rows")
+                             : std::string("hashed (rows on first touch)"))
+        << " of " << t.dim() << " floats, " << row_bytes << " bytes per row with "
+        << (*table_opt)->name() << "'s slots; ids spread by hash:";
     for (int s = 0; s < n; ++s) {
       out << absl::StrFormat(" ps:%d %.2f%%", s, 100.0 * share[s] / count);
       if (exact) out << " (" << share[s] * row_bytes / 1024 / 1024 << " MiB)";
@@ -114,7 +127,8 @@ absl::Status PrintPlan(const ClusterSpec& cluster, const TrainingConfig& config,
                                   FormatBytes(DefaultInflightBytes(PhysicalMemoryBytes())),
                                   " here holds them")
                    : absl::StrCat("pstrain launch gives the servers --max_inflight_mib=", mib,
-                                  " (at most half of this machine's memory)"))
+                                  " (half of this machine's memory at most, among its ",
+                                  LocalQuotaProcesses(cluster), " servers and chief)"))
       << "\n";
   return absl::OkStatus();
 }

@@ -358,6 +358,9 @@ absl::Status ValidateCheckpoint(CheckpointConfig* ckpt, const std::string& sourc
 }  // namespace
 
 absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& source) {
+  // A stream of parts has no end: without max_steps it trains until stopped
+  // (set first: the tables' optimizers are checked against it).
+  if (c->max_steps() == 0 && !c->data().train_dir().empty()) c->set_max_steps(kUntilStopped);
   if (c->model().model_case() == ModelConfig::MODEL_NOT_SET) {
     return FieldError(source, "model",
                       "expected model { mlp { ... } }, model { sequential { ... } }, "
@@ -370,8 +373,6 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
     RETURN_IF_ERROR(ExpandModelConfig(c->model(), source).status());
     RETURN_IF_ERROR(ValidateData(c->mutable_data(), source));
   }
-  // A stream of parts has no end: without max_steps it trains until stopped.
-  if (c->max_steps() == 0 && !c->data().train_dir().empty()) c->set_max_steps(kUntilStopped);
   if (c->max_steps() <= 0 || c->max_steps() > kUntilStopped) {
     return FieldError(source, "max_steps",
                       "expected a positive count (none with data.train_dir: until stopped)");
@@ -496,7 +497,7 @@ absl::Status ValidateAndFillOptimizerDefaults(OptimizerConfig* o, int64_t max_st
         return FieldError(source, "optimizer.schedule.min_learning_rate_ratio",
                           "expected a value in [0, 1]");
       }
-      if (s->decay_steps() == 0 && RunsUntilStopped(max_steps)) {
+      if (s->decay_steps() == 0 && max_steps == kUntilStopped) {
         return FieldError(source, "optimizer.schedule",
                           "COSINE needs decay_steps in a run without max_steps");
       }

@@ -102,7 +102,7 @@ int64_t ModelProcessBytes(const std::vector<VariableSpec>& variables) {
 }
 
 int64_t JobInflightBytes(const Placement& placement, int num_workers, int calls_in_flight,
-                         int64_t call_bytes, int wire_bytes_per_float) {
+                         int64_t call_bytes, int64_t chief_call_bytes, int wire_bytes_per_float) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   const int n = placement.num_servers();
   std::vector<int64_t> share(n, 0), largest_part(n, 0);
@@ -115,15 +115,23 @@ int64_t JobInflightBytes(const Placement& placement, int num_workers, int calls_
       largest_part[part.server] = std::max(largest_part[part.server], bytes);
     }
   }
-  const int64_t callers = 2 * int64_t{std::max(0, num_workers)} + 1;
-  int64_t need = 0;
-  for (int s = 0; s < n; ++s) {
-    const int64_t call = std::max(call_bytes, largest_part[s]);
+  auto add = [](int64_t a, int64_t b) { return a > kMax - b ? kMax : a + b; };
+  // One caller's calls in one direction at server s, each of up to `bytes`.
+  auto direction = [&](int s, int64_t bytes) {
+    const int64_t call = std::max(bytes, largest_part[s]);
     const int64_t in_flight = calls_in_flight > 0 && call > kMax / calls_in_flight
                                   ? kMax
                                   : int64_t{std::max(0, calls_in_flight)} * call;
-    const int64_t direction = std::min(share[s], in_flight);
-    need = std::max(need, direction > kMax / callers ? kMax : callers * direction);
+    return std::min(share[s], in_flight);
+  };
+  const int64_t worker_directions = 2 * int64_t{std::max(0, num_workers)};
+  int64_t need = 0;
+  for (int s = 0; s < n; ++s) {
+    const int64_t worker = direction(s, call_bytes);
+    const int64_t workers = worker_directions > 0 && worker > kMax / worker_directions
+                                ? kMax
+                                : worker_directions * worker;
+    need = std::max(need, add(workers, direction(s, chief_call_bytes)));
   }
   return need;
 }

@@ -42,11 +42,12 @@ int64_t ModelProcessBytes(const std::vector<VariableSpec>& variables);
 // The RPC message memory one server needs at once for a job's data calls
 // (the largest over `placement`'s servers): each of `num_workers` workers'
 // pulls and pushes, and the chief's pulls, `calls_in_flight` calls in each
-// direction of whole partitions of up to `call_bytes` (or one partition
-// more), never more than the server's share; `wire_bytes_per_float` is 4
-// (float32 on the wire) or 2 (bfloat16). Saturates rather than overflows.
+// direction of whole partitions of up to `call_bytes` (the chief's, of up
+// to `chief_call_bytes`; or one partition more), never more than the
+// server's share; `wire_bytes_per_float` is 4 (float32 on the wire) or 2
+// (bfloat16). Dense variables only. Saturates rather than overflows.
 int64_t JobInflightBytes(const Placement& placement, int num_workers, int calls_in_flight,
-                         int64_t call_bytes, int wire_bytes_per_float);
+                         int64_t call_bytes, int64_t chief_call_bytes, int wire_bytes_per_float);
 
 // Both checks for `process` ("the chief", "worker:1") on this machine, with
 // pstrain's message cap.

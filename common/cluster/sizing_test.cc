@@ -60,22 +60,26 @@ TEST_CASE("a job's message memory at a server: every caller's calls in flight, a
   const int64_t share = (784 * 128 + 128 + 128 * 10 + 10) * 4;
   CHECK(one->server_bytes()[0] == share);
   // Two workers' pulls and pushes and the chief's pulls: 5 directions.
-  CHECK(JobInflightBytes(*one, 2, 16, 4 << 20, 4) == 5 * share);
-  CHECK(JobInflightBytes(*one, 2, 16, 4 << 20, 2) == 5 * share / 2);
+  CHECK(JobInflightBytes(*one, 2, 16, 4 << 20, 64 << 20, 4) == 5 * share);
+  CHECK(JobInflightBytes(*one, 2, 16, 4 << 20, 64 << 20, 2) == 5 * share / 2);
   // 16 GiB over 2 servers in 64 MiB partitions: a call is one partition, 16
-  // of them in flight are 1 GiB a direction, less than the 8 GiB share.
+  // of them in flight are 1 GiB a direction, less than the 8 GiB share (the
+  // chief's calls of 64 MiB too).
   std::vector<VariableSpec> big = {{"w", {65536, 65536}}};
   auto two = Placement::Compute(big, 2, 1 << 20, 64 << 20);
   REQUIRE(two.ok());
-  CHECK(JobInflightBytes(*two, 16, 16, 4 << 20, 4) == 33 * (int64_t{1} << 30));
-  CHECK(JobInflightBytes(*two, 16, 16, 4 << 20, 2) == 33 * (int64_t{512} << 20));
-  CHECK(JobInflightBytes(*two, 16, 1, 4 << 20, 4) == 33 * (int64_t{64} << 20));
+  CHECK(JobInflightBytes(*two, 16, 16, 4 << 20, 64 << 20, 4) == 33 * (int64_t{1} << 30));
+  // bfloat16: the workers' calls are 32 MiB partitions, the chief's 64 MiB.
+  CHECK(JobInflightBytes(*two, 16, 16, 4 << 20, 64 << 20, 2) ==
+        32 * (int64_t{512} << 20) + (int64_t{1} << 30));
+  CHECK(JobInflightBytes(*two, 16, 1, 4 << 20, 64 << 20, 4) == 33 * (int64_t{64} << 20));
   // Calls larger than the partitions: 4 calls of 256 MiB.
-  CHECK(JobInflightBytes(*two, 1, 4, 256 << 20, 4) == 3 * (int64_t{1} << 30));
+  CHECK(JobInflightBytes(*two, 1, 4, 256 << 20, 64 << 20, 4) ==
+        2 * (int64_t{1} << 30) + (int64_t{256} << 20));
   // Past int64: saturates, never wraps to something small.
-  CHECK(JobInflightBytes(*two, 1 << 30, 1 << 30, int64_t{1} << 40, 4) ==
+  CHECK(JobInflightBytes(*two, 1 << 30, 1 << 30, int64_t{1} << 40, 64 << 20, 4) ==
         std::numeric_limits<int64_t>::max());
-  CHECK(JobInflightBytes(*two, 0, 16, 4 << 20, 4) == int64_t{1} << 30);
+  CHECK(JobInflightBytes(*two, 0, 16, 4 << 20, 64 << 20, 4) == int64_t{1} << 30);
 }
 
 TEST_CASE("a process's memory is checked against the machine's", "[sizing]") {

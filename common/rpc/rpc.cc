@@ -250,9 +250,9 @@ int64_t DefaultInflightBytes(int64_t memory_bytes) {
   return std::clamp<int64_t>(memory_bytes / 8, kMinInflightBytes, ServerLimits().inflight_bytes);
 }
 
-int64_t JobInflightQuota(int64_t job_bytes, int64_t memory_bytes) {
+int64_t JobInflightQuota(int64_t job_bytes, int64_t memory_bytes, int processes) {
   const int64_t floor = DefaultInflightBytes(memory_bytes);
-  return std::max(floor, std::min(job_bytes, memory_bytes / 2));
+  return std::max(floor, std::min(job_bytes, memory_bytes / 2 / std::max(1, processes)));
 }
 
 absl::Status ValidateServerLimits(const ServerLimits& limits) {

@@ -124,9 +124,11 @@ int64_t DefaultInflightBytes(int64_t memory_bytes);
 // The in-flight memory for a job whose data calls need `job_bytes` at one
 // server (JobInflightBytes, common/cluster/sizing.h) on a machine with
 // `memory_bytes`: the default above, raised to the job's need up to half
-// the machine, so that gRPC neither shrinks its windows nor resets calls a
-// job makes by design, and a flood still cannot take the machine's memory.
-int64_t JobInflightQuota(int64_t job_bytes, int64_t memory_bytes);
+// the machine shared among the `processes` on it that take a quota (its
+// servers and the chief), so that gRPC neither shrinks its windows nor
+// resets calls a job makes by design, and floods at all of them together
+// still cannot take the machine's memory.
+int64_t JobInflightQuota(int64_t job_bytes, int64_t memory_bytes, int processes = 1);
 
 // Builds a server listening on `address` (host:port: the task's own address,
 // so a task the spec puts on 127.0.0.1 is not reachable from other hosts)

@@ -87,6 +87,9 @@ TEST_CASE("a job's in-flight memory: the default, raised to its calls' need up t
   CHECK(JobInflightQuota(3 * kGiB, 2 * kGiB) == 1 * kGiB);
   CHECK(JobInflightQuota(3 * kGiB, 512 * kMiB) == 512 * kMiB);  // nor below two messages
   CHECK(JobInflightQuota(std::numeric_limits<int64_t>::max(), 0) == kMinInflightBytes);
+  // Two servers and the chief on the machine: half of it among the three.
+  CHECK(JobInflightQuota(33 * kGiB, 24 * kGiB, 3) == 4 * kGiB);
+  CHECK(JobInflightQuota(33 * kGiB, 2 * kGiB, 3) == 512 * kMiB);  // the default, at least
 }
 
 TEST_CASE("retry with backoff retries UNAVAILABLE until it succeeds", "[rpc]") {

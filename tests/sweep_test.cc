@@ -107,6 +107,12 @@ parameters { field: "optimizer.learning_rate" values { value: [0.001, 0.1, 0.02]
       absl::Seconds(30));
   INFO(csv.output);
   CHECK(csv.output == "3 1 0.1 finished True 0\n");
+  // The picture: the metric against each parameter, by Debian's matplotlib
+  // (tools/setup.sh installs it).
+  CHECK(r.output.find("wrote " + JoinPath(out, "sweep.png")) != std::string::npos);
+  const std::string png = Env::Default()->ReadFile(JoinPath(out, "sweep.png")).value_or("");
+  CHECK(png.size() > 1000);
+  CHECK(png.rfind("\x89PNG\r\n\x1a\n", 0) == 0);
   const std::string best = Env::Default()->ReadFile(JoinPath(out, "best.pbtxt")).value();
   CHECK(best.find("learning_rate: 0.1\n") != std::string::npos);
   CHECK(best.find("output_dir: \"" + o.output_dir + "\"") != std::string::npos);

@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -23,6 +24,8 @@
 #include "nlohmann/json.hpp"
 #include "common/observability/event_writer.h"
 #include "tools/local_ports.h"
+#include "tools/python_plot.h"
+#include "tools/sweep_plot_script.h"
 #include "tools/subprocess.h"
 #include "proto/sweep.pb.h"
 #include "tools/sweep_space.h"
@@ -85,20 +88,25 @@ absl::StatusOr<std::optional<TrialResult>> EarlierResult(const SweepOptions& o,
         TrialDir(o, trial.index), " ran ", ParamsText(ran), ", not ", ParamsText(trial.params),
         ": a changed space needs an --out of its own"));
   }
-  r.state = j.value("state", "");
+  // Numbers may be null (a diverged trial's NaN): read as absent.
+  auto number = [&j](const char* key) -> std::optional<double> {
+    return j.contains(key) && j[key].is_number() ? std::optional<double>(j[key].get<double>())
+                                                 : std::nullopt;
+  };
+  r.state = j["state"].is_string() ? j["state"].get<std::string>() : "";
   if (r.state != "finished" && r.state != kStoppedEarly) return std::optional<TrialResult>();
   if (j["rungs"].is_array()) {
     for (const auto& v : j["rungs"]) {
       if (v.is_number()) r.rung_values.push_back(v.get<double>());
     }
   }
-  if (j["metric"].is_number()) r.metric = j["metric"].get<double>();
-  if (j["auc"].is_number()) r.auc = j["auc"].get<double>();
-  r.accuracy = j.value("accuracy", 0.0);
-  r.loss = j.value("loss", 0.0);
-  r.steps = j.value("steps", int64_t{0});
-  r.examples_per_sec = j.value("examples_per_sec", 0.0);
-  r.seconds = j.value("seconds", 0.0);
+  r.metric = number("metric");
+  r.auc = number("auc");
+  r.accuracy = number("accuracy").value_or(0);
+  r.loss = number("loss").value_or(0);
+  r.steps = static_cast<int64_t>(number("steps").value_or(0));
+  r.examples_per_sec = number("examples_per_sec").value_or(0);
+  r.seconds = number("seconds").value_or(0);
   return std::optional<TrialResult>(r);
 }
 
@@ -142,6 +150,7 @@ void ReadSummary(const std::string& dir, const SweepMetric& metric, TrialResult*
   r->steps = static_cast<int64_t>(number("global_step").value_or(0));
   r->examples_per_sec = number("examples_per_sec").value_or(0);
   r->metric = number(metric.summary_key.c_str());
+  if (r->metric.has_value() && !std::isfinite(*r->metric)) r->metric.reset();  // diverged
   if (!r->metric.has_value()) {
     r->state = "failed";
     r->error = absl::StrCat("the run has no ", metric.name, " (summary.json ",
@@ -357,6 +366,12 @@ absl::StatusOr<SweepRunner::Running> SweepRunner::Start(const SweepTrial& trial)
   RETURN_IF_ERROR(WriteFileAtomically(
       env, spec_path, LocalClusterSpecJson(shape_.num_ps(), shape_.num_workers())));
   (void)env->DeleteFile(JoinPath(dir, "trial.json"));
+  // An earlier attempt's evaluations must not meet this one's rungs (the
+  // launch's --overwrite removes them too, but only once it runs).
+  const std::string events = JoinPath(dir, "events");
+  for (const std::string& name : env->ListDir(events).value_or(std::vector<std::string>())) {
+    (void)env->DeleteFile(JoinPath(events, name));
+  }
   const std::string log = JoinPath(dir, "launch.log");
   (void)env->DeleteFile(log);
   SpawnOptions so;
@@ -388,8 +403,10 @@ void SweepRunner::CheckRungs(Running* r) {
       return e.tag == tag && e.step >= rung;
     });
     if (at == events->end()) return;
-    r->rung_values.push_back(at->value);
-    if (rungs_.Report(static_cast<int>(k), at->value)) continue;
+    // A diverged trial (NaN) is the worst at any rung; it is not recorded.
+    const bool finite = std::isfinite(at->value);
+    if (finite) r->rung_values.push_back(at->value);
+    if (finite && rungs_.Report(static_cast<int>(k), at->value)) continue;
     r->stopped_early = true;
     r->launch->Signal(SIGTERM);
     out_ << "trial " << r->trial->index << " (of " << total_ << ") stopped at rung " << k
@@ -419,6 +436,7 @@ TrialResult SweepRunner::Finish(Running* r, int code) {
       if (e.tag == "eval/loss") result.loss = e.value;
       if (e.tag == "eval/auc") result.auc = e.value;
     }
+    if (result.metric.has_value() && !std::isfinite(*result.metric)) result.metric.reset();
   } else if (code == 0) {
     result.state = "finished";
     ReadSummary(dir, metric_, &result);
@@ -473,12 +491,20 @@ std::vector<TrialResult> SweepRunner::Run(const std::vector<SweepTrial>& trials,
   size_t next = 0;
   while (next < trials.size() || !running.empty()) {
     if (stop_->stopped()) {
-      for (Running& r : running) r.launch->Signal(SIGTERM);
+      // One SIGTERM each (a second would make a launch stop at once,
+      // without its save), then the grace, then SIGKILL.
       for (Running& r : running) {
-        const int code = r.launch->Stop(kTrialStopGrace);
-        TrialResult result = Finish(&r, code);
-        result.state = "stopped";
-        result.error = stop_->reason();
+        if (!r.stopped_early) r.launch->Signal(SIGTERM);
+      }
+      const absl::Time end = absl::Now() + kTrialStopGrace;
+      for (Running& r : running) {
+        std::optional<int> code = r.launch->Wait(std::max(end - absl::Now(), absl::ZeroDuration()));
+        if (!code.has_value()) code = r.launch->Stop(absl::ZeroDuration());
+        TrialResult result = Finish(&r, *code);
+        if (*code != 0 && result.state != kStoppedEarly) {
+          result.state = "stopped";
+          result.error = stop_->reason();
+        }
         Record(result);
         done[result.index] = result;
       }
@@ -607,6 +633,10 @@ int RunSweep(const SweepOptions& options, StopSignal* stop, std::ostream& out) {
   const std::string csv = JoinPath(o.out_dir, "results.csv");
   if (absl::Status st = WriteCsv(csv, ranked, space->sweep, metric); !st.ok()) return fail(st);
   out << "results: " << csv << std::endl;
+  out << DrawWithPython(o.out_dir, "sweep_plot.py", kSweepPlotScript,
+                        {csv, JoinPath(o.out_dir, "sweep.png"), metric.name},
+                        JoinPath(o.out_dir, "sweep.png"))
+      << std::endl;
   int failed = 0;
   for (const TrialResult& r : ranked) failed += r.state != "finished" && r.state != kStoppedEarly;
   if (!ranked.empty() && ranked.front().state == "finished" && ranked.front().metric) {

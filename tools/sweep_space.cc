@@ -362,6 +362,8 @@ TrainingConfig TrialConfig(const SweepTrial& trial, const SweepConfig& sweep,
   TrainingConfig c = trial.config;
   if (sweep.early_stopping().min_steps() > 0) {
     c.set_eval_every_steps(sweep.early_stopping().min_steps());
+    // A trial stopped at a rung is stopped for being worse: no save first.
+    if (!c.checkpoint().dir().empty()) c.mutable_checkpoint()->set_stop_save_seconds(-1);
   }
   c.set_output_dir(dir);
   if (!c.checkpoint().dir().empty()) c.mutable_checkpoint()->set_dir(JoinPath(dir, "checkpoints"));

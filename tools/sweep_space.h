@@ -54,7 +54,8 @@ absl::StatusOr<std::vector<SweepTrial>> ExpandSweep(const SweepSpace& space);
 
 // `trial`'s config as it runs: its output_dir (and checkpoint.dir and
 // checkpoint.serving_dir where the base set them) inside `dir`; with early
-// stopping, an evaluation every early_stopping.min_steps steps.
+// stopping, an evaluation every early_stopping.min_steps steps, and no save
+// on stop (a trial is stopped at a rung for being worse).
 TrainingConfig TrialConfig(const SweepTrial& trial, const SweepConfig& sweep,
                            const std::string& dir);
 

@@ -28,6 +28,7 @@
 #include "tools/bench/plot_script.h"
 #include "tools/launcher.h"
 #include "tools/local_ports.h"
+#include "tools/python_plot.h"
 
 namespace pstrain {
 namespace bench {
@@ -175,39 +176,9 @@ absl::Status WriteCsv(const std::string& dir, const std::string& path,
   return WriteFileAtomically(Env::Default(), path, csv);
 }
 
-// bench.png from the CSV when Debian's python3 has matplotlib; says why not
-// otherwise (the CSV is the result; the picture is a convenience). The script
-// and its log go to `out_dir` for the run and are deleted after it.
+// bench.png from the CSV (tools/python_plot.h).
 void Plot(const std::string& out_dir, const std::string& csv, const std::string& png) {
-  const std::string python = ::access("/usr/bin/python3", X_OK) == 0 ? "/usr/bin/python3" : "";
-  if (python.empty()) {
-    std::cout << "no bench.png: /usr/bin/python3 not found\n";
-    return;
-  }
-  const std::string script = JoinPath(out_dir, "bench_plot.py");
-  if (!WriteFileAtomically(Env::Default(), script, kPlotScript).ok()) {
-    std::cout << "no bench.png: cannot write " << script << "\n";
-    return;
-  }
-  SpawnOptions so;
-  so.argv = {python, script, csv, png};
-  so.output_file = JoinPath(out_dir, "bench_plot.log");
-  auto proc = Subprocess::Spawn(so);
-  std::optional<int> code;
-  if (proc.ok()) {
-    code = (*proc)->Wait(absl::Seconds(120));
-    if (!code) code = (*proc)->Stop(absl::Seconds(2));
-  }
-  auto log = Env::Default()->ReadFile(so.output_file);
-  Env::Default()->DeleteFile(script).IgnoreError();
-  Env::Default()->DeleteFile(so.output_file).IgnoreError();
-  if (code == 0) {
-    std::cout << "wrote " << png << "\n";
-  } else if (log.ok() && log->find("No module named 'matplotlib'") != std::string::npos) {
-    std::cout << "no bench.png: python3 lacks matplotlib (apt install python3-matplotlib)\n";
-  } else {
-    std::cout << "no bench.png: the plot failed" << (log.ok() ? ": " + *log : "") << "\n";
-  }
+  std::cout << DrawWithPython(out_dir, "bench_plot.py", kPlotScript, {csv, png}, png) << "\n";
 }
 
 class EchoService final : public BenchEcho::Service {

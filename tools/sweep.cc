@@ -189,7 +189,9 @@ std::vector<TrialResult> Ranked(std::vector<TrialResult> results, const SweepMet
 absl::Status WriteCsv(const std::string& path, const std::vector<TrialResult>& ranked,
                       const SweepConfig& sweep, const SweepMetric& metric) {
   std::string csv = "trial";
-  for (const SweepParameter& p : sweep.parameters()) absl::StrAppend(&csv, ",", CsvField(p.field()));
+  for (const SweepParameter& p : sweep.parameters()) {
+    absl::StrAppend(&csv, ",", CsvField(p.field()));
+  }
   absl::StrAppend(&csv, ",state,metric,accuracy,loss,auc,steps,examples_per_sec,seconds,error\n");
   for (const TrialResult& r : ranked) {
     absl::StrAppend(&csv, r.index);
@@ -360,11 +362,12 @@ absl::StatusOr<SweepRunner::Running> SweepRunner::Start(const SweepTrial& trial)
   google::protobuf::TextFormat::PrintToString(TrialConfig(trial, space_.sweep, dir), &config);
   const std::string config_path = JoinPath(dir, "config.pbtxt");
   const std::string spec_path = JoinPath(dir, "cluster.json");
-  RETURN_IF_ERROR(WriteFileAtomically(
-      env, config_path, absl::StrCat("# pstrain sweep ", o_.sweep_file, ", trial ", trial.index, ": ",
-                                ParamsText(trial.params), "\n", config)));
-  RETURN_IF_ERROR(WriteFileAtomically(
-      env, spec_path, LocalClusterSpecJson(shape_.num_ps(), shape_.num_workers())));
+  RETURN_IF_ERROR(
+      WriteFileAtomically(env, config_path,
+                          absl::StrCat("# pstrain sweep ", o_.sweep_file, ", trial ", trial.index,
+                                       ": ", ParamsText(trial.params), "\n", config)));
+  RETURN_IF_ERROR(WriteFileAtomically(env, spec_path,
+                                      LocalClusterSpecJson(shape_.num_ps(), shape_.num_workers())));
   (void)env->DeleteFile(JoinPath(dir, "trial.json"));
   // An earlier attempt's evaluations must not meet this one's rungs (the
   // launch's --overwrite removes them too, but only once it runs).
@@ -647,9 +650,10 @@ int RunSweep(const SweepOptions& options, StopSignal* stop, std::ostream& out) {
     google::protobuf::TextFormat::PrintToString(config, &text);
     const std::string path = JoinPath(o.out_dir, "best.pbtxt");
     if (absl::Status st = WriteFileAtomically(
-            env, path, absl::StrCat("# pstrain sweep ", o.sweep_file, ": the best trial, ", best.index,
-                               " (", ParamsText(best.params), "): ", metric.name, " ",
-                               absl::StrFormat("%.4f", *best.metric), "\n", text));
+            env, path,
+            absl::StrCat("# pstrain sweep ", o.sweep_file, ": the best trial, ", best.index, " (",
+                         ParamsText(best.params), "): ", metric.name, " ",
+                         absl::StrFormat("%.4f", *best.metric), "\n", text));
         !st.ok()) {
       return fail(st);
     }

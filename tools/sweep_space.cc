@@ -128,8 +128,9 @@ absl::StatusOr<std::vector<std::string>> GridValues(const SweepParameter& p,
       }
       for (int i = 0; i < r.count(); ++i) {
         const double t = static_cast<double>(i) / (r.count() - 1);
-        double v = r.log() ? std::exp(std::log(r.min()) + t * (std::log(r.max()) - std::log(r.min())))
-                           : r.min() + t * (r.max() - r.min());
+        double v = r.log()
+                       ? std::exp(std::log(r.min()) + t * (std::log(r.max()) - std::log(r.min())))
+                       : r.min() + t * (r.max() - r.min());
         if (i == r.count() - 1) v = r.max();  // exactly, not exp(log(max))
         if (IsInteger(f)) v = std::round(v);
         ASSIGN_OR_RETURN(std::string s, NumberText(f, p.field(), v));

@@ -81,6 +81,35 @@ parameters { field: "seed" range { min: 1 max: 3 count: 3 } }
   CHECK(MetricOf(space->sweep).summary_key == "eval_accuracy");
 }
 
+TEST_CASE("a message field's choices replace the whole block: two optimizers compared",
+          "[sweep]") {
+  auto space = Space(R"(
+parameters {
+  field: "optimizer"
+  choices {
+    choice: "learning_rate: 0.01 adam {}"
+    choice: "learning_rate: 0.2 momentum { momentum: 0.9 }"
+  }
+}
+)");
+  REQUIRE(space.ok());
+  auto trials = ExpandSweep(*space);
+  REQUIRE(trials.ok());
+  REQUIRE(trials->size() == 2);
+  CHECK((*trials)[0].config.optimizer().has_adam());
+  CHECK((*trials)[0].config.optimizer().learning_rate() == 0.01f);
+  CHECK_FALSE((*trials)[0].config.optimizer().has_sgd());  // the base's sgd {} replaced
+  CHECK((*trials)[1].config.optimizer().has_momentum());
+  CHECK((*trials)[1].config.optimizer().momentum().momentum() == 0.9f);
+  // A choice that is not the message's fields is named.
+  auto bad = Space(R"(parameters { field: "optimizer" choices { choice: "adam" } })");
+  REQUIRE(bad.ok());
+  absl::Status st = ExpandSweep(*bad).status();
+  CHECK(
+      std::string(st.message()).find("optimizer: \"adam\" is not a value of this message field") !=
+      std::string::npos);
+}
+
 TEST_CASE("a log range spans its ends; random search draws the same trials from the same seed",
           "[sweep]") {
   auto grid = Space(R"(
@@ -173,8 +202,9 @@ TEST_CASE("a bad sweep is refused in one line naming the field", "[sweep][errors
                 "count: 3 } }",
                 "a log scale needs min > 0"},
            Case{"parameters { field: \"seed\" values { value: 1 } } bogus: 3", "s.pbtxt:"},
-           Case{"early_stopping { min_steps: 0 } parameters { field: \"seed\" values { value: 1 } }",
-                "early_stopping.min_steps: expected >= 1"},
+           Case{
+               "early_stopping { min_steps: 0 } parameters { field: \"seed\" values { value: 1 } }",
+               "early_stopping.min_steps: expected >= 1"},
            Case{"early_stopping { min_steps: 5 reduction: 1 } parameters { field: \"seed\" "
                 "values { value: 1 } }",
                 "early_stopping.reduction: expected 2..100"},

@@ -58,10 +58,8 @@ struct Task {
 };
 
 std::string SelfDir() {
-  char buf[4096];
-  ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return ".";
-  return Dirname(std::string(buf, n));
+  const std::string self = SelfPath();
+  return self.empty() ? "." : Dirname(self);
 }
 
 bool IsWarningOrError(const std::string& line) {
@@ -711,6 +709,12 @@ absl::StatusOr<std::string> MakeRunSecret(const LaunchOptions& options,
   }
   RETURN_IF_ERROR(CreateSecretFile(path));
   return path;
+}
+
+std::string SelfPath() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n <= 0 ? std::string() : std::string(buf, static_cast<size_t>(n));
 }
 
 int Launch(const LaunchOptions& options, StopSignal* stop) {

@@ -92,6 +92,9 @@ absl::StatusOr<std::string> MakeRunSecret(const LaunchOptions& options,
 // Returns the process exit code: 0 when every task succeeded.
 int Launch(const LaunchOptions& options, StopSignal* stop);
 
+// This program's own path (/proc/self/exe), or "" where it cannot be named.
+std::string SelfPath();
+
 // Refuses (FAILED_PRECONDITION, naming what it found and the flags) a run
 // into an output_dir that holds an earlier run's summary, final model or
 // events, unless `options` resumes it; with `options.overwrite`, removes

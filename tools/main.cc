@@ -827,10 +827,10 @@ int SweepCommand(const std::vector<std::string>& argv) {
   auto timeout = args->GetInt("trial_timeout_s");
   if (!timeout.ok() || *timeout < 1) return Fail("sweep", "--trial_timeout_s: expected >= 1");
   o.trial_timeout = absl::Seconds(*timeout);
-  char self[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return Fail("sweep", "cannot find this program's own path (/proc/self/exe)");
-  o.pstrain = std::string(self, static_cast<size_t>(n));
+  o.pstrain = SelfPath();
+  if (o.pstrain.empty()) {
+    return Fail("sweep", "cannot find this program's own path (/proc/self/exe)");
+  }
   StopSignal& stop = StopOnTerminationSignals();
   return RunSweep(o, &stop, std::cout);
 }

@@ -66,6 +66,14 @@ nlohmann::json ResultJson(const TrialResult& r) {
           {"rungs", r.rung_values}};
 }
 
+// `key` of object `j` where it is a number; absent otherwise (missing, or
+// null: a diverged trial's NaN is written as null).
+std::optional<double> NumberAt(const nlohmann::json& j, const std::string& key) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_number() ? std::optional<double>(it->get<double>())
+                                          : std::nullopt;
+}
+
 // A finished trial of an earlier sweep in the same directory, or nullopt
 // (none, not finished, unreadable); an error when it ran other values.
 absl::StatusOr<std::optional<TrialResult>> EarlierResult(const SweepOptions& o,
@@ -88,11 +96,6 @@ absl::StatusOr<std::optional<TrialResult>> EarlierResult(const SweepOptions& o,
         TrialDir(o, trial.index), " ran ", ParamsText(ran), ", not ", ParamsText(trial.params),
         ": a changed space needs an --out of its own"));
   }
-  // Numbers may be null (a diverged trial's NaN): read as absent.
-  auto number = [&j](const char* key) -> std::optional<double> {
-    return j.contains(key) && j[key].is_number() ? std::optional<double>(j[key].get<double>())
-                                                 : std::nullopt;
-  };
   r.state = j["state"].is_string() ? j["state"].get<std::string>() : "";
   if (r.state != "finished" && r.state != kStoppedEarly) return std::optional<TrialResult>();
   if (j["rungs"].is_array()) {
@@ -100,13 +103,13 @@ absl::StatusOr<std::optional<TrialResult>> EarlierResult(const SweepOptions& o,
       if (v.is_number()) r.rung_values.push_back(v.get<double>());
     }
   }
-  r.metric = number("metric");
-  r.auc = number("auc");
-  r.accuracy = number("accuracy").value_or(0);
-  r.loss = number("loss").value_or(0);
-  r.steps = static_cast<int64_t>(number("steps").value_or(0));
-  r.examples_per_sec = number("examples_per_sec").value_or(0);
-  r.seconds = number("seconds").value_or(0);
+  r.metric = NumberAt(j, "metric");
+  r.auc = NumberAt(j, "auc");
+  r.accuracy = NumberAt(j, "accuracy").value_or(0);
+  r.loss = NumberAt(j, "loss").value_or(0);
+  r.steps = static_cast<int64_t>(NumberAt(j, "steps").value_or(0));
+  r.examples_per_sec = NumberAt(j, "examples_per_sec").value_or(0);
+  r.seconds = NumberAt(j, "seconds").value_or(0);
   return std::optional<TrialResult>(r);
 }
 
@@ -140,16 +143,12 @@ void ReadSummary(const std::string& dir, const SweepMetric& metric, TrialResult*
     r->error = absl::StrCat("no readable summary.json in ", dir);
     return;
   }
-  auto number = [&j](const char* key) -> std::optional<double> {
-    return j.contains(key) && j[key].is_number() ? std::optional<double>(j[key].get<double>())
-                                                 : std::nullopt;
-  };
-  r->accuracy = number("eval_accuracy").value_or(0);
-  r->loss = number("eval_loss").value_or(0);
-  r->auc = number("eval_auc");
-  r->steps = static_cast<int64_t>(number("global_step").value_or(0));
-  r->examples_per_sec = number("examples_per_sec").value_or(0);
-  r->metric = number(metric.summary_key.c_str());
+  r->accuracy = NumberAt(j, "eval_accuracy").value_or(0);
+  r->loss = NumberAt(j, "eval_loss").value_or(0);
+  r->auc = NumberAt(j, "eval_auc");
+  r->steps = static_cast<int64_t>(NumberAt(j, "global_step").value_or(0));
+  r->examples_per_sec = NumberAt(j, "examples_per_sec").value_or(0);
+  r->metric = NumberAt(j, metric.summary_key);
   if (r->metric.has_value() && !std::isfinite(*r->metric)) r->metric.reset();  // diverged
   if (!r->metric.has_value()) {
     r->state = "failed";
@@ -336,6 +335,7 @@ class SweepRunner {
     absl::Time start;
     std::vector<double> rung_values;  // its metric at each rung reached
     bool stopped_early = false;
+    int64_t events_bytes = -1;  // the event files' size when last read
   };
   absl::StatusOr<Running> Start(const SweepTrial& trial);
   // Early stopping: the trial's evaluations so far against the rungs it
@@ -386,7 +386,7 @@ absl::StatusOr<SweepRunner::Running> SweepRunner::Start(const SweepTrial& trial)
   ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> launch, Subprocess::Spawn(so));
   out_ << "trial " << trial.index << " (of " << total_ << ") started: " << ParamsText(trial.params)
        << " (" << dir << ")" << std::endl;
-  return Running{&trial, std::move(launch), absl::Now(), {}, false};
+  return Running{&trial, std::move(launch), absl::Now(), {}, false, -1};
 }
 
 void SweepRunner::CheckRungs(Running* r) {
@@ -395,9 +395,18 @@ void SweepRunner::CheckRungs(Running* r) {
       rungs_.steps()[next] >= r->trial->config.max_steps()) {
     return;
   }
-  auto events = ReadScalarEvents(Env::Default(),
-                                 JoinPath(TrialDir(o_, r->trial->index), "events"));
+  // Read again only once the files have grown (a round is 100 ms; the
+  // chief appends an evaluation every min_steps steps).
+  Env* env = Env::Default();
+  const std::string dir = JoinPath(TrialDir(o_, r->trial->index), "events");
+  int64_t bytes = 0;
+  for (const std::string& name : env->ListDir(dir).value_or(std::vector<std::string>())) {
+    bytes += env->FileSize(JoinPath(dir, name)).value_or(0);
+  }
+  if (bytes == r->events_bytes) return;
+  auto events = ReadScalarEvents(env, dir);
   if (!events.ok()) return;  // read again on the next round
+  r->events_bytes = bytes;
   const std::string tag = "eval/" + metric_.name;
   for (size_t k = next; k < rungs_.steps().size(); ++k) {
     const int64_t rung = rungs_.steps()[k];

@@ -280,9 +280,10 @@ absl::StatusOr<SweepSpace> LoadSweepSpace(const std::string& path) {
   }
   space.base_path = s.base_config()[0] == '/' ? s.base_config()
                                              : JoinPath(Dirname(path), s.base_config());
-  // Checked whole first (its errors name its lines), then kept as written.
-  RETURN_IF_ERROR(LoadTrainingConfig(space.base_path).status());
+  // Read once: checked whole (its errors name its lines), then kept as
+  // written.
   ASSIGN_OR_RETURN(std::string base_text, env->ReadFile(space.base_path));
+  RETURN_IF_ERROR(ParseTrainingConfig(base_text, space.base_path).status());
   if (!google::protobuf::TextFormat::ParseFromString(base_text, &space.base)) {
     return absl::InvalidArgumentError(absl::StrCat("training config ", space.base_path));
   }

@@ -105,14 +105,17 @@ int64_t JobInflightBytes(const Placement& placement, int num_workers, int calls_
                          int64_t call_bytes, int64_t chief_call_bytes, int wire_bytes_per_float) {
   constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   const int n = placement.num_servers();
+  // Each server's share on the wire (server_bytes() is float32's), and its
+  // largest partition: a call carries one at least.
   std::vector<int64_t> share(n, 0), largest_part(n, 0);
+  for (int s = 0; s < n && s < static_cast<int>(placement.server_bytes().size()); ++s) {
+    share[s] = placement.server_bytes()[s] / 4 * wire_bytes_per_float;
+  }
   for (const VariablePlacement& vp : placement.variables()) {
     const int64_t row_bytes = vp.spec.row_elements() * wire_bytes_per_float;
     for (const Partition& part : vp.partitions) {
       if (part.server < 0 || part.server >= n) continue;
-      const int64_t bytes = part.num_rows() * row_bytes;
-      share[part.server] = share[part.server] > kMax - bytes ? kMax : share[part.server] + bytes;
-      largest_part[part.server] = std::max(largest_part[part.server], bytes);
+      largest_part[part.server] = std::max(largest_part[part.server], part.num_rows() * row_bytes);
     }
   }
   auto add = [](int64_t a, int64_t b) { return a > kMax - b ? kMax : a + b; };

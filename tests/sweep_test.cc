@@ -1,8 +1,11 @@
 // `pstrain sweep` as a user runs it: a grid over learning rates, each trial
 // a real job on loopback, ranked as independent runs of the same configs
 // rank; a failing trial recorded while the sweep goes on, and --resume
-// running only what is missing.
+// running only what is missing; a trial whose chief is killed mid-run.
+#include <signal.h>
 #include <unistd.h>
+
+#include <optional>
 
 #include <string>
 #include <vector>
@@ -11,9 +14,12 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "catch2/catch.hpp"
+#include "common/observability/event_writer.h"
+#include "common/rpc/rpc.h"
 #include "common/storage/env.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster_testlib.h"
+#include "tools/subprocess.h"
 
 namespace pstrain {
 namespace {
@@ -272,6 +278,69 @@ parameters { field: "seed" values { value: [1, 2] } }
         "pstrain sweep: sweep file " + bad +
             ": parameters: optimizer.rate: OptimizerConfig has no field \"rate\"\n");
   CHECK_FALSE(Env::Default()->IsDirectory(JoinPath(dir, "bad_out")));
+}
+
+TEST_CASE("a trial whose chief is killed mid-run is marked failed, the sweep completes, and "
+          "--resume runs only that trial",
+          "[sweep][cluster][faults]") {
+  const std::string dir = testing::FreshTempDir("sweep_kill");
+  ConfigOptions o;
+  o.eval_every_steps = 0;
+  testing::WriteFile(JoinPath(dir, "base.pbtxt"), testing::ConfigText(o));
+  // Trial 0 trains long enough to be killed in the middle; trial 1 briefly.
+  const std::string sweep = testing::WriteFile(JoinPath(dir, "sweep.pbtxt"), R"(
+base_config: "base.pbtxt"
+parameters { field: "max_steps" values { value: [3000, 30] } }
+)");
+  const std::string spec = testing::WriteClusterSpec(dir, 1, 1);
+  const std::string out = JoinPath(dir, "sweep_out");
+  SpawnOptions so;
+  so.argv = {Binary("tools/pstrain"), "sweep", "--sweep", sweep, "--cluster_spec", spec, "--out",
+             out, "--bin_dir", BinDir(), "--parallel=1", "--trial_timeout_s=300"};
+  so.output_file = JoinPath(dir, "sweep.log");
+  auto proc = Subprocess::Spawn(so);
+  REQUIRE(proc.ok());
+  // Trial 0's chief, once it has trained some steps (its first event).
+  const std::string chief =
+      "chief --cluster_spec=" + JoinPath(out, "trial-0/cluster.json");
+  absl::Status training = RetryWithBackoff("trial 0 training", absl::Seconds(120), [&]() {
+    auto events = ReadScalarEvents(Env::Default(), JoinPath(out, "trial-0/events"));
+    const bool trained = events.ok() && !events->empty() && events->back().step > 0;
+    return trained && !testing::ProcessesMatching(chief).empty()
+               ? absl::OkStatus()
+               : absl::UnavailableError("not yet");
+  });
+  REQUIRE(training.ok());
+  const std::vector<int> pids = testing::ProcessesMatching(chief);
+  REQUIRE(pids.size() == 1);
+  REQUIRE(::kill(pids[0], SIGKILL) == 0);
+  std::optional<int> code = (*proc)->Wait(absl::Seconds(300));
+  const std::string log = Env::Default()->ReadFile(so.output_file).value_or("");
+  INFO(log);
+  REQUIRE(code.has_value());
+  CHECK(*code == 1);
+  const nlohmann::json killed = ReadJson(JoinPath(out, "trial-0/trial.json"));
+  CHECK(killed["state"] == "failed");
+  CHECK(killed["error"].get<std::string>().find("chief:0 exited with code 137") !=
+        std::string::npos);
+  const int64_t steps = killed["steps"].get<int64_t>();
+  CHECK(steps > 0);
+  CHECK(steps < 3000);
+  CHECK(ReadJson(JoinPath(out, "trial-1/trial.json"))["state"] == "finished");
+  CHECK(log.find("trial 1 (of 2) finished after ") != std::string::npos);
+  CHECK(Env::Default()->FileExists(JoinPath(out, "results.csv")));
+  // Nothing of the killed trial is left running.
+  CHECK(testing::NoProcessesMatching(JoinPath(out, "trial-0"), absl::Seconds(10)));
+
+  CommandResult resumed = Sweep(sweep, spec, out, {"--resume"});
+  INFO(resumed.output);
+  CHECK(resumed.exit_code == 0);
+  CHECK(resumed.output.find("1 finished before") != std::string::npos);
+  CHECK(resumed.output.find("trial 0 (of 2) started") != std::string::npos);
+  CHECK(resumed.output.find("trial 1 (of 2) started") == std::string::npos);
+  const nlohmann::json again = ReadJson(JoinPath(out, "trial-0/trial.json"));
+  CHECK(again["state"] == "finished");
+  CHECK(again["steps"].get<int64_t>() == 3000);
 }
 
 }  // namespace

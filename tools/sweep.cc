@@ -114,7 +114,9 @@ absl::StatusOr<std::optional<TrialResult>> EarlierResult(const SweepOptions& o,
 }
 
 // Why a launch failed: the first error a task logged ("chief:0: training
-// failed: ..."), else the launcher's last word on it, else its exit code.
+// failed: ..."; a task stopped by the launcher's signal says only that it
+// was stopped), else the launcher's last word on it ("chief:0 exited with
+// code 137 ...": killed), else its exit code.
 std::string LaunchError(const std::string& log_path, int code) {
   std::string first_error, last_word;
   std::ifstream in(log_path);
@@ -126,7 +128,8 @@ std::string LaunchError(const std::string& log_path, int code) {
     // A task's line: "[chief:0] <date> <time> chief:0 E message".
     std::vector<std::string> words = absl::StrSplit(line, absl::MaxSplits(' ', 5));
     if (first_error.empty() && words.size() == 6 && absl::StartsWith(words[0], "[") &&
-        (words[4] == "E" || words[4] == "C")) {
+        (words[4] == "E" || words[4] == "C") &&
+        !absl::StartsWith(words[5], "stopping: received ")) {
       first_error = absl::StrCat(words[3], ": ", words[5]);
     }
   }
@@ -437,25 +440,25 @@ TrialResult SweepRunner::Finish(Running* r, int code) {
   result.seconds = absl::ToDoubleSeconds(absl::Now() - r->start);
   const std::string dir = TrialDir(o_, result.index);
   result.rung_values = r->rung_values;
-  if (r->stopped_early && code != 0) {
-    // Its last evaluation, and how far it trained (its last event).
-    result.state = kStoppedEarly;
-    auto events = ReadScalarEvents(Env::Default(), JoinPath(dir, "events"));
-    for (const ScalarEvent& e : events.value_or(std::vector<ScalarEvent>())) {
-      result.steps = std::max(result.steps, e.step);
-      if (e.tag == "eval/" + metric_.name) result.metric = e.value;
-      if (e.tag == "eval/accuracy") result.accuracy = e.value;
-      if (e.tag == "eval/loss") result.loss = e.value;
-      if (e.tag == "eval/auc") result.auc = e.value;
-    }
-    if (result.metric.has_value() && !std::isfinite(*result.metric)) result.metric.reset();
-  } else if (code == 0) {
+  if (code == 0) {
     result.state = "finished";
     ReadSummary(dir, metric_, &result);
-  } else {
-    result.state = "failed";
-    result.error = LaunchError(JoinPath(dir, "launch.log"), code);
+    return result;
   }
+  // How far it trained (its last event) and, stopped early, its last
+  // evaluation; a failed trial has no metric to rank by.
+  result.state = r->stopped_early ? kStoppedEarly : "failed";
+  if (!r->stopped_early) result.error = LaunchError(JoinPath(dir, "launch.log"), code);
+  auto events = ReadScalarEvents(Env::Default(), JoinPath(dir, "events"));
+  for (const ScalarEvent& e : events.value_or(std::vector<ScalarEvent>())) {
+    result.steps = std::max(result.steps, e.step);
+    if (!r->stopped_early) continue;
+    if (e.tag == "eval/" + metric_.name) result.metric = e.value;
+    if (e.tag == "eval/accuracy") result.accuracy = e.value;
+    if (e.tag == "eval/loss") result.loss = e.value;
+    if (e.tag == "eval/auc") result.auc = e.value;
+  }
+  if (result.metric.has_value() && !std::isfinite(*result.metric)) result.metric.reset();
   return result;
 }
 

@@ -123,41 +123,14 @@ std::string ConfigText(const ConfigOptions& o) {
 
 CommandResult RunCommand(const std::vector<std::string>& argv, absl::Duration timeout) {
   CommandResult result;
-  SpawnOptions so;
-  so.argv = argv;
-  so.capture_output = true;
-  auto proc = Subprocess::Spawn(so);
-  if (!proc.ok()) {
-    result.output = std::string(proc.status().message());
+  absl::StatusOr<CommandOutput> run = RunToEnd(argv, timeout);
+  if (!run.ok()) {
+    result.output = std::string(run.status().message());
     return result;
   }
-  const absl::Time deadline = absl::Now() + timeout;
-  char buf[65536];
-  while ((*proc)->output_fd() >= 0) {
-    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-    if (ms <= 0) {
-      result.timed_out = true;
-      break;
-    }
-    pollfd pfd = {(*proc)->output_fd(), POLLIN, 0};
-    if (::poll(&pfd, 1, static_cast<int>(ms)) <= 0) continue;
-    ssize_t n = ::read((*proc)->output_fd(), buf, sizeof(buf));
-    if (n <= 0) {
-      (*proc)->CloseOutput();
-      break;
-    }
-    result.output.append(buf, n);
-  }
-  if (result.timed_out) {
-    result.exit_code = (*proc)->Stop(absl::Seconds(5));
-  } else {
-    std::optional<int> code = (*proc)->Wait(deadline - absl::Now());
-    if (!code.has_value()) {
-      result.timed_out = true;
-      code = (*proc)->Stop(absl::Seconds(5));
-    }
-    result.exit_code = *code;
-  }
+  result.exit_code = run->exit_code;
+  result.timed_out = run->timed_out;
+  result.output = std::move(run->output);
   return result;
 }
 

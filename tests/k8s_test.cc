@@ -351,6 +351,89 @@ TEST_CASE("pstrain k8s-manifest writes manifests that validate, for either kind"
   }
 }
 
+TEST_CASE("pstrain sweep --kubernetes writes one TFJob per trial that validates, sharing one "
+          "volume and secret",
+          "[k8s][sweep]") {
+  const std::string python = ValidatorPython();
+  if (python.empty()) return;
+  const std::string dir = testing::FreshTempDir("k8s_sweep");
+  // The pods' config: data under the volume's /data.
+  testing::WriteFile(JoinPath(dir, "train.pbtxt"),
+                     Env::Default()->ReadFile(JoinPath(K8sDir(), "train.pbtxt")).value_or(""));
+  const std::string sweep = testing::WriteFile(JoinPath(dir, "sweep.pbtxt"), R"(
+base_config: "train.pbtxt"
+parameters { field: "optimizer.learning_rate" values { value: [0.1, 0.01] } }
+)");
+  const std::string out = JoinPath(dir, "manifests");
+  testing::CommandResult gen = RunCommand(
+      {Binary("tools/pstrain"), "sweep", "--sweep", sweep, "--kubernetes", "--out", out,
+       "--image=registry.example.com/pstrain:1.0", "--name=lr", "--ps=2", "--workers=3",
+       "--gpus_per_worker=1"},
+      absl::Seconds(30));
+  INFO(gen.output);
+  REQUIRE(gen.exit_code == 0);
+  CHECK(gen.output.find("wrote 2 trial manifest(s), " + out + "/trial-<k>/kubernetes.yaml") !=
+        std::string::npos);
+  CHECK(gen.output.find("kubectl create secret generic lr-auth "
+                        "--from-file=cluster.secret=auth/cluster.secret") != std::string::npos);
+  CHECK(gen.output.find("pstrain sweep --sweep=... --collect --out=" + out) != std::string::npos);
+  const std::string volume = Env::Default()->ReadFile(JoinPath(out, "kubernetes-volume.yaml"))
+                                 .value_or("");
+  CHECK(volume.find("kind: PersistentVolumeClaim\nmetadata:\n  name: lr-data\n") !=
+        std::string::npos);
+  for (int k : {0, 1}) {
+    INFO("trial " << k);
+    const std::string trial = JoinPath(out, absl::StrCat("trial-", k));
+    const std::string manifest =
+        Env::Default()->ReadFile(JoinPath(trial, "kubernetes.yaml")).value_or("");
+    // Its own TFJob and config; the sweep's volume and secret; no claim of its own.
+    CHECK(manifest.find(absl::StrCat("kind: TFJob\nmetadata:\n  name: lr-t", k, "\n")) !=
+          std::string::npos);
+    CHECK(manifest.find("persistentVolumeClaim: {claimName: lr-data}") != std::string::npos);
+    CHECK(manifest.find("secret: {secretName: lr-auth, defaultMode: 0400}") != std::string::npos);
+    CHECK(manifest.find("kind: PersistentVolumeClaim") == std::string::npos);
+    CHECK(manifest.find("nvidia.com/gpu: 1") != std::string::npos);
+    const std::string config = Env::Default()->ReadFile(JoinPath(trial, "config.pbtxt")).value();
+    CHECK(config.find(k == 0 ? "learning_rate: 0.1\n" : "learning_rate: 0.01\n") !=
+          std::string::npos);
+    CHECK(config.find(absl::StrCat("output_dir: \"/data/lr/trial-", k, "\"")) !=
+          std::string::npos);
+    CHECK(config.find(absl::StrCat("dir: \"/data/lr/trial-", k, "/checkpoints\"")) !=
+          std::string::npos);
+    auto loaded = LoadTrainingConfig(JoinPath(trial, "config.pbtxt"));
+    CHECK(loaded.ok());
+    // Valid against Kubernetes' schemas and the TFJob CRD's; the ConfigMap
+    // carries the trial's config unchanged.
+    for (const char* f : {"tfjob-v1.schema.json", "entrypoint.sh"}) {
+      testing::WriteFile(JoinPath(trial, f),
+                         Env::Default()->ReadFile(JoinPath(K8sDir(), f)).value_or(""));
+    }
+    if (k == 0) testing::WriteFile(JoinPath(trial, "volume.yaml"), volume);
+    testing::CommandResult r =
+        RunCommand({python, JoinPath(BinDir(), "tests/k8s/validate.py"), trial,
+                    kKubernetesVersion, "--config", JoinPath(trial, "config.pbtxt")},
+                   absl::Seconds(120));
+    INFO(r.output);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find(absl::StrCat("TFJob/lr-t", k)) != std::string::npos);
+    CHECK((r.output.find("PersistentVolumeClaim/lr-data") != std::string::npos) == (k == 0));
+  }
+  // One mode at a time; the shape from flags, not a local spec; a name too
+  // long for the trials' pods.
+  for (const auto& [flag, named] :
+       {std::pair{"--slurm", "one at most"}, std::pair{"--cluster_spec=x.json", "--cluster_spec"},
+        std::pair{"--name=a-name-far-too-long-for-pods-of-trials", "--name"},
+        std::pair{"--resume", "--resume"}}) {
+    testing::CommandResult bad = RunCommand(
+        {Binary("tools/pstrain"), "sweep", "--sweep", sweep, "--kubernetes", "--image=img:1",
+         "--out", JoinPath(dir, "bad"), flag},
+        absl::Seconds(30));
+    INFO(flag << ": " << bad.output);
+    CHECK(bad.exit_code == 2);
+    CHECK(bad.output.find(named) != std::string::npos);
+  }
+}
+
 // --- The image, built and run with podman (tests/k8s/pods.py) ---------------
 
 // Empty when this build's daemons can go into the image as they are: the

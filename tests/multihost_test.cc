@@ -3,7 +3,8 @@
 // across hosts' interfaces, and the demo submitted with sbatch to a real
 // one-node Slurm cluster (tests/slurm/one_node_cluster.sh). Each part skips,
 // saying why, where namespaces or Slurm's daemons cannot be had (not root, or
-// the packages missing: tools/test.sh installs them). Tagged "local": Bazel's
+// the packages missing: tools/test.sh installs them). `pstrain sweep --slurm`
+// runs its trials as a job array there. Tagged "local": Bazel's
 // sandbox would hide /run/netns and the machine's host name.
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -12,24 +13,27 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <random>
 #include <regex>
-#include <iostream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
+#include "common/observability/event_writer.h"
+#include "common/rpc/rpc.h"
 #include "common/storage/env.h"
-#include "tools/local_ports.h"
-#include "tools/subprocess.h"
 #include "common/testing/skip.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster_testlib.h"
+#include "tools/local_ports.h"
+#include "tools/subprocess.h"
 
 namespace pstrain {
 namespace {
 
-using testing::BinDir;
 using testing::Binary;
+using testing::BinDir;
 using testing::CommandResult;
 using testing::ConfigOptions;
 using testing::RunCommand;
@@ -55,8 +59,8 @@ std::string Ip() {
 
 // Empty when simulated hosts can be made here, else why not.
 std::string WhyNoNamespaces() {
-  CommandResult r = RunCommand({"/bin/bash", Script("tests/netns/hosts.sh"), "check"},
-                               absl::Seconds(20));
+  CommandResult r =
+      RunCommand({"/bin/bash", Script("tests/netns/hosts.sh"), "check"}, absl::Seconds(20));
   if (r.exit_code == 0) return "";
   return r.output.empty() ? "hosts.sh check failed" : r.output;
 }
@@ -112,11 +116,11 @@ TEST_CASE("the demo trains across five simulated hosts, capped links changing on
   HostsGuard hosts{absl::StrCat("psm", ::getpid())};
   // Every task in a namespace of its own, with authentication on (the spec
   // names hosts beyond loopback); one worker host's link capped at 1 Gbit/s.
-  CommandResult r = RunCommand({"/bin/bash", Script("tools/multihost.sh"), "--rates=unlimited,1gbit",
-                                "--config=" + config, "--bin_dir=" + BinDir(),
-                                "--out=" + JoinPath(dir, "runs"), "--timeout=150",
-                                "--name=" + hosts.name},
-                               absl::Seconds(400));
+  CommandResult r =
+      RunCommand({"/bin/bash", Script("tools/multihost.sh"), "--rates=unlimited,1gbit",
+                  "--config=" + config, "--bin_dir=" + BinDir(), "--out=" + JoinPath(dir, "runs"),
+                  "--timeout=150", "--name=" + hosts.name},
+                 absl::Seconds(400));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
   // A row of the table per rate ("unlimited   28793   0.9677 ...").
@@ -148,9 +152,8 @@ TEST_CASE("a daemon bound to its host's address is not reachable at the host's o
   const std::string dir = testing::FreshTempDir("bind_across_hosts");
   HostsGuard hosts{absl::StrCat("psb", ::getpid())};
   // Three hosts on two networks: host 0 is 10.213.0.1 and 10.213.1.1.
-  CommandResult up = RunCommand({"/bin/bash", Script("tests/netns/hosts.sh"), "up", hosts.name,
-                                 "3", "2"},
-                                absl::Seconds(60));
+  CommandResult up = RunCommand(
+      {"/bin/bash", Script("tests/netns/hosts.sh"), "up", hosts.name, "3", "2"}, absl::Seconds(60));
   REQUIRE(up.exit_code == 0);
   const std::string spec = testing::WriteFile(
       JoinPath(dir, "cluster.json"),
@@ -158,8 +161,14 @@ TEST_CASE("a daemon bound to its host's address is not reachable at the host's o
   for (const bool bind_all : {false, true}) {
     INFO("bind all: " << bind_all);
     SpawnOptions so;
-    so.argv = {Ip(), "netns", "exec", hosts.name + "-h0", Binary("ps_server/ps_server"),
-               "--cluster_spec=" + spec, "--task=0", "--insecure"};
+    so.argv = {Ip(),
+               "netns",
+               "exec",
+               hosts.name + "-h0",
+               Binary("ps_server/ps_server"),
+               "--cluster_spec=" + spec,
+               "--task=0",
+               "--insecure"};
     if (bind_all) so.argv.push_back("--bind=0.0.0.0");
     so.output_file = JoinPath(dir, absl::StrCat("ps-", bind_all, ".log"));
     auto ps = Subprocess::Spawn(so);
@@ -206,15 +215,16 @@ int ConsecutiveFreePorts(int count, const std::vector<int>& taken) {
 std::string WhyNoSlurm() {
   if (::geteuid() != 0) return "not root (slurmd and munged run as root here)";
   for (const char* tool : {"munged", "slurmctld", "slurmd", "sbatch", "sinfo", "scancel"}) {
-    CommandResult r = RunCommand({"/bin/sh", "-c", absl::StrCat("command -v ", tool)},
-                                 absl::Seconds(10));
+    CommandResult r =
+        RunCommand({"/bin/sh", "-c", absl::StrCat("command -v ", tool)}, absl::Seconds(10));
     if (r.exit_code != 0) {
-      return absl::StrCat(tool, " is not installed (Debian's slurmctld, slurmd, slurm-client "
-                                "and munge; tools/test.sh installs them)");
+      return absl::StrCat(tool,
+                          " is not installed (Debian's slurmctld, slurmd, slurm-client "
+                          "and munge; tools/test.sh installs them)");
     }
   }
-  CommandResult host = RunCommand({"/bin/sh", "-c", "getent hosts \"$(hostname -s)\""},
-                                  absl::Seconds(10));
+  CommandResult host =
+      RunCommand({"/bin/sh", "-c", "getent hosts \"$(hostname -s)\""}, absl::Seconds(10));
   if (host.exit_code != 0) return "this machine's short host name does not resolve";
   return "";
 }
@@ -257,8 +267,8 @@ TEST_CASE("the demo submitted with sbatch to a real Slurm cluster trains, with m
   CommandResult job = RunCommand(
       {"/usr/bin/env", slurm_conf, "PSTRAIN_BIN=" + Binary("tools/pstrain"),
        absl::StrCat("PSTRAIN_BASE_PORT=", base_port), "PSTRAIN_AUTH_DIR=" + JoinPath(dir, "auth"),
-       "PSTRAIN_TLS=1", "sbatch", "--wait", "--overcommit", "--ntasks=5", "--chdir=" + dir, "--output=" + job_out,
-       Script("configs/slurm/train.sbatch"), config},
+       "PSTRAIN_TLS=1", "sbatch", "--wait", "--overcommit", "--ntasks=5", "--chdir=" + dir,
+       "--output=" + job_out, Script("configs/slurm/train.sbatch"), config},
       absl::Seconds(240));
   if (job.timed_out) {
     RunCommand({"/usr/bin/env", slurm_conf, "scancel", "--user=root"}, absl::Seconds(30));
@@ -281,6 +291,121 @@ TEST_CASE("the demo submitted with sbatch to a real Slurm cluster trains, with m
   CHECK(summary["eval_accuracy"].get<double>() >= 0.85);
   // The job's secret went with it.
   CHECK_FALSE(Env::Default()->FileExists(JoinPath(dir, "auth/cluster.secret")));
+}
+
+TEST_CASE(
+    "pstrain sweep --slurm runs its trials as a Slurm job array; a trial cancelled "
+    "mid-run is failed, and --resume submits it alone",
+    "[multihost][slurm][sweep]") {
+  const std::string why = WhyNoSlurm();
+  if (!why.empty()) {
+    testing::SkipCase("slurm", "no Slurm cluster can be started here: " + why);
+    return;
+  }
+  const std::string dir = testing::FreshTempDir("slurm_sweep");
+  const std::vector<int> ports = PickFreePorts(2);
+  // Trial k's 3 tasks listen from base + 3k.
+  const int base_port = ConsecutiveFreePorts(9, ports);
+  REQUIRE(base_port > 0);
+  char short_dir[] = "/tmp/pstrain-slurm.XXXXXX";
+  REQUIRE(::mkdtemp(short_dir) != nullptr);
+  SlurmGuard guard{short_dir};
+  CommandResult up = RunCommand({"/bin/bash", Script("tests/slurm/one_node_cluster.sh"), "start",
+                                 guard.dir, std::to_string(ports[0]), std::to_string(ports[1])},
+                                absl::Seconds(90));
+  INFO(up.output);
+  REQUIRE(up.exit_code == 0);
+  const std::string slurm_conf = "SLURM_CONF=" + JoinPath(guard.dir, "slurm.conf");
+  ConfigOptions o;
+  o.eval_every_steps = 0;
+  testing::WriteFile(JoinPath(dir, "base.pbtxt"), testing::ConfigText(o));
+  // Trial 0 trains long enough to be cancelled in the middle.
+  const std::string sweep = testing::WriteFile(JoinPath(dir, "sweep.pbtxt"), R"(
+base_config: "base.pbtxt"
+parameters { field: "max_steps" values { value: [6000, 30, 40] } }
+)");
+  const std::string out = JoinPath(dir, "sweep_out");
+  const std::vector<std::string> argv = {"/usr/bin/env",
+                                         slurm_conf,
+                                         Binary("tools/pstrain"),
+                                         "sweep",
+                                         "--slurm",
+                                         "--sweep",
+                                         sweep,
+                                         "--out",
+                                         out,
+                                         "--bin_dir",
+                                         BinDir(),
+                                         "--ps=1",
+                                         "--workers=1",
+                                         absl::StrCat("--base_port=", base_port),
+                                         "--sbatch_args=--overcommit",
+                                         "--trial_timeout_s=200"};
+  SpawnOptions so;
+  so.argv = argv;
+  so.output_file = JoinPath(dir, "sweep.log");
+  auto proc = Subprocess::Spawn(so);
+  REQUIRE(proc.ok());
+  // Once trial 0 has trained some steps, Slurm cancels it (as a user's
+  // scancel, a preemption or a time limit would).
+  absl::Status training = RetryWithBackoff("trial 0 training", absl::Seconds(120), [&]() {
+    auto events = ReadScalarEvents(Env::Default(), JoinPath(out, "trial-0/events"));
+    return events.ok() && !events->empty() && events->back().step > 0
+               ? absl::OkStatus()
+               : absl::UnavailableError("not yet");
+  });
+  INFO(Env::Default()->ReadFile(so.output_file).value_or(""));
+  REQUIRE(training.ok());
+  const std::string job = std::string(absl::StripAsciiWhitespace(
+      Env::Default()->ReadFile(JoinPath(out, "slurm_job")).value_or("")));
+  REQUIRE_FALSE(job.empty());
+  CommandResult cancel =
+      RunCommand({"/usr/bin/env", slurm_conf, "scancel", job + "_0"}, absl::Seconds(30));
+  REQUIRE(cancel.exit_code == 0);
+  std::optional<int> code = (*proc)->Wait(absl::Seconds(240));
+  if (!code.has_value()) {
+    RunCommand({"/usr/bin/env", slurm_conf, "scancel", "--user=root"}, absl::Seconds(30));
+  }
+  const std::string log = Env::Default()->ReadFile(so.output_file).value_or("");
+  INFO(log);
+  REQUIRE(code.has_value());
+  CHECK(*code == 1);
+  CHECK(log.find("3 trial(s) (grid over 1 parameter(s)), a Slurm job array, as many at once as "
+                 "Slurm places, 1 ps and 1 worker(s) each") != std::string::npos);
+  CHECK(log.find("submitted 3 trial(s) as Slurm job array " + job) != std::string::npos);
+  const nlohmann::json cancelled = ReadJson(JoinPath(out, "trial-0/trial.json"));
+  CHECK(cancelled["state"] == "failed");
+  CHECK(cancelled["error"].get<std::string>().find("Slurm job " + job + "_0 ended CANCELLED") !=
+        std::string::npos);
+  for (int k : {1, 2}) {
+    const nlohmann::json t = ReadJson(JoinPath(out, absl::StrCat("trial-", k, "/trial.json")));
+    CHECK(t["state"] == "finished");
+    CHECK(t["steps"] == 30 + 10 * (k - 1));
+    CHECK(t["seconds"].get<double>() > 0);
+  }
+  // Each ran as a Slurm task of the array, from srun pstrain launch --slurm.
+  const std::string task_log =
+      Env::Default()->ReadFile(JoinPath(out, "trial-1/launch.log")).value_or("");
+  CHECK(task_log.find("pstrain sweep: trial 1 as Slurm job ") != std::string::npos);
+  CHECK(task_log.find("is ps:0 at ") != std::string::npos);
+  // The trials' secrets went with them.
+  CHECK_FALSE(Env::Default()->FileExists(JoinPath(out, "trial-1/auth/cluster.secret")));
+
+  // --resume submits the cancelled trial alone, which now finishes.
+  std::vector<std::string> resume = argv;
+  resume.push_back("--resume");
+  CommandResult resumed = RunCommand(resume, absl::Seconds(240));
+  INFO(resumed.output);
+  if (resumed.timed_out) {
+    RunCommand({"/usr/bin/env", slurm_conf, "scancel", "--user=root"}, absl::Seconds(30));
+  }
+  CHECK(resumed.exit_code == 0);
+  CHECK(resumed.output.find("2 finished before") != std::string::npos);
+  CHECK(resumed.output.find("submitted 1 trial(s) as Slurm job array") != std::string::npos);
+  const nlohmann::json again = ReadJson(JoinPath(out, "trial-0/trial.json"));
+  CHECK(again["state"] == "finished");
+  CHECK(again["steps"] == 6000);
+  CHECK(again["accuracy"].get<double>() > 0.8);
 }
 
 }  // namespace

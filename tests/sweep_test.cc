@@ -161,6 +161,49 @@ parameters { field: "optimizer.learning_rate" values { value: [0.001, 0.1, 0.02]
   CHECK(hparams.output.find("['optimizer.learning_rate'] ['eval/accuracy', 'eval/loss'] "
                             "[0.001, 0.1, 0.02]\ntrial-1 0.1 1 True\n") != std::string::npos);
 
+  // --collect ranks runs that ran elsewhere (Kubernetes' trials, copied
+  // back): here the same runs' summaries and events, trial 2's summary
+  // missing as an unfinished run's would be.
+  const std::string collected = JoinPath(dir, "collected");
+  for (int k = 0; k < 3; ++k) {
+    const std::string from = JoinPath(out, absl::StrCat("trial-", k));
+    const std::string to = JoinPath(collected, absl::StrCat("trial-", k));
+    REQUIRE(Env::Default()->CreateDirs(JoinPath(to, "events")).ok());
+    const std::vector<std::string> events =
+        Env::Default()->ListDir(JoinPath(from, "events")).value_or(std::vector<std::string>());
+    CHECK_FALSE(events.empty());
+    for (const std::string& name : events) {
+      if (name.find("pstrain-sweep-hparams") != std::string::npos) continue;
+      testing::WriteFile(JoinPath(to, "events/" + name),
+                         Env::Default()->ReadFile(JoinPath(from, "events/" + name)).value());
+    }
+    if (k == 2) continue;
+    testing::WriteFile(JoinPath(to, "summary.json"),
+                       Env::Default()->ReadFile(JoinPath(from, "summary.json")).value());
+  }
+  CommandResult collect = testing::RunCommand(
+      {Binary("tools/pstrain"), "sweep", "--sweep", sweep, "--collect", "--out", collected},
+      absl::Seconds(60));
+  INFO(collect.output);
+  CHECK(collect.exit_code == 1);  // one unfinished
+  CHECK(collect.output.find("3 trial(s) (grid over 1 parameter(s)), collected from " +
+                            collected) != std::string::npos);
+  const size_t ctable = collect.output.find("trial  optimizer.learning_rate  accuracy");
+  REQUIRE(ctable != std::string::npos);
+  std::vector<std::string> crows = absl::StrSplit(collect.output.substr(ctable), '\n');
+  REQUIRE(crows.size() > 4);
+  CHECK(crows[1].rfind("1      0.1 ", 0) == 0);
+  CHECK(crows[2].rfind("0      0.001 ", 0) == 0);
+  CHECK(crows[3].rfind("2      0.02 ", 0) == 0);
+  CHECK(crows[3].find("60     ") != std::string::npos);  // its events reach step 60
+  CHECK(crows[3].find("unfinished") != std::string::npos);
+  const nlohmann::json best1 = ReadJson(JoinPath(collected, "trial-1/trial.json"));
+  CHECK(best1["accuracy"] == ReadJson(JoinPath(out, "trial-1/trial.json"))["accuracy"]);
+  CHECK(ReadJson(JoinPath(collected, "trial-2/trial.json"))["error"].get<std::string>().find(
+            "no summary.json in ") != std::string::npos);
+  CHECK(Env::Default()->ReadFile(JoinPath(collected, "best.pbtxt")).value_or("").find(
+            "learning_rate: 0.1\n") != std::string::npos);
+
   // The same --out again is refused without --resume; with it, nothing runs.
   CommandResult twice = Sweep(sweep, spec, out);
   CHECK(twice.exit_code == 2);

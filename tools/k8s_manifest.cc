@@ -93,12 +93,19 @@ std::string Container(const K8sManifestOptions& o, const Role& r, bool tfjob,
 // The pod volumes of role `job`: with TLS, the Secret of that role's
 // certificates and keys only (<name>-tls-<job>), and the revocation lists'
 // Secret (<name>-tls-crl, optional: there is none until one is revoked).
+std::string DataClaim(const K8sManifestOptions& o) {
+  return o.data_claim.empty() ? o.name + "-data" : o.data_claim;
+}
+std::string AuthSecret(const K8sManifestOptions& o) {
+  return o.auth_secret.empty() ? o.name + "-auth" : o.auth_secret;
+}
+
 std::string Volumes(const K8sManifestOptions& o, const std::string& job,
                     const std::string& indent) {
   return absl::StrCat(indent, "- name: data\n", indent, "  persistentVolumeClaim: {claimName: ",
-                      o.name, "-data}\n", indent, "- name: config\n", indent,
+                      DataClaim(o), "}\n", indent, "- name: config\n", indent,
                       "  configMap: {name: ", o.name, "-config}\n", indent, "- name: auth\n",
-                      indent, "  secret: {secretName: ", o.name, "-auth, defaultMode: 0400}\n",
+                      indent, "  secret: {secretName: ", AuthSecret(o), ", defaultMode: 0400}\n",
                       o.tls ? absl::StrCat(indent, "- name: tls\n", indent,
                                            "  secret: {secretName: ", o.name, "-tls-", job,
                                            ", defaultMode: 0400}\n", indent, "- name: crl\n",
@@ -108,6 +115,13 @@ std::string Volumes(const K8sManifestOptions& o, const std::string& job,
 }
 
 }  // namespace
+
+std::string K8sDataClaim(const std::string& name, const std::string& storage) {
+  return absl::StrCat("apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: ", name,
+                      "-data\n  labels:\n    app.kubernetes.io/name: ", name,
+                      "\nspec:\n  accessModes: [ReadWriteMany]\n  resources:\n    requests:\n"
+                      "      storage: ", storage, "\n");
+}
 
 absl::StatusOr<std::string> RenderK8sManifest(const K8sManifestOptions& o) {
   // Pod names are <name>-worker-<i>: they must stay DNS labels (63).
@@ -129,6 +143,11 @@ absl::StatusOr<std::string> RenderK8sManifest(const K8sManifestOptions& o) {
   }
   if (o.gpus_per_worker < 0 || o.gpus_per_worker > 16) {
     return absl::InvalidArgumentError("--gpus_per_worker: expected 0..16");
+  }
+  for (const std::string* shared : {&o.data_claim, &o.auth_secret}) {
+    if (!shared->empty() && !IsDnsLabel(*shared, 63)) {
+      return absl::InvalidArgumentError("a shared claim or Secret name must be a DNS label");
+    }
   }
   if (!IsQuantity(o.storage)) {
     return absl::InvalidArgumentError("--storage: expected a size such as 20Gi");
@@ -154,8 +173,8 @@ absl::StatusOr<std::string> RenderK8sManifest(const K8sManifestOptions& o) {
       "), from `pstrain k8s-manifest`: 1 chief, ", o.num_ps, " ps, ", o.num_workers,
       " workers. First:\n"
       "#   pstrain tokens --out=auth\n"
-      "#   kubectl create secret generic ", o.name,
-      "-auth --from-file=cluster.secret=auth/cluster.secret\n"
+      "#   kubectl create secret generic ", AuthSecret(o),
+      " --from-file=cluster.secret=auth/cluster.secret\n"
       "# Size each server's memory from `pstrain plan`. configs/k8s documents every object.\n");
   if (o.tls) {
     absl::StrAppend(
@@ -187,10 +206,7 @@ absl::StatusOr<std::string> RenderK8sManifest(const K8sManifestOptions& o) {
   for (absl::string_view line : absl::StrSplit(o.config_text, '\n')) {
     absl::StrAppend(&out, "    ", line, "\n");
   }
-  absl::StrAppend(&out, "---\napiVersion: v1\nkind: PersistentVolumeClaim\nmetadata:\n  name: ",
-                  o.name, "-data\n  labels:\n    app.kubernetes.io/name: ", o.name,
-                  "\nspec:\n  accessModes: [ReadWriteMany]\n  resources:\n    requests:\n"
-                  "      storage: ", o.storage, "\n");
+  if (o.data_claim.empty()) absl::StrAppend(&out, "---\n", K8sDataClaim(o.name, o.storage));
   if (tfjob) {
     absl::StrAppend(&out, "---\napiVersion: kubeflow.org/v1\nkind: TFJob\nmetadata:\n  name: ",
                     o.name, "\n  labels:\n    app.kubernetes.io/name: ", o.name,

@@ -27,12 +27,19 @@ struct K8sManifestOptions {
   // that role's certificates and keys (`pstrain certs`): every daemon gets
   // --tls_dir, the probes use HTTPS.
   bool tls = false;
+  // Several jobs sharing one volume and one secret (a sweep's trials): the
+  // claim and the Secret named here are used, and no claim is written.
+  std::string data_claim;   // empty: <name>-data, written with the job
+  std::string auth_secret;  // empty: <name>-auth
 };
 
 // The manifests as one YAML stream; INVALID_ARGUMENT naming the flag for a
 // name that is no DNS label, an image with spaces or quotes, counts out of
 // range.
 absl::StatusOr<std::string> RenderK8sManifest(const K8sManifestOptions& options);
+
+// The shared volume's claim, <name>-data, of `storage` (ReadWriteMany).
+std::string K8sDataClaim(const std::string& name, const std::string& storage);
 
 }  // namespace pstrain
 

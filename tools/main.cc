@@ -792,47 +792,13 @@ int BenchCommand(const std::vector<std::string>& argv) {
 }
 
 int SweepCommand(const std::vector<std::string>& argv) {
-  const Args::FlagSpec flags = {
-      {"sweep", {"", "the search space (text-format SweepConfig, proto/sweep.proto): the base "
-                     "config, the fields to change and their values (docs/sweep.md)"}},
-      {"cluster_spec", {"", "each trial's cluster shape: its servers and workers, on loopback "
-                            "(each trial gets free ports of its own)"}},
-      {"out", {"sweep_output", "where each trial's directory, results.csv and best.pbtxt go"}},
-      {"parallel", {"0", "trials at once (0: the cores / workers per trial, at least 1)"}},
-      {"resume", {"false", "run only the trials an earlier sweep in --out did not finish"}},
-      {"bin_dir", {"", "directory with chief, ps_server and worker (default: next to pstrain)"}},
-      {"trial_timeout_s", {"86400", "a trial still running after this long is stopped and "
-                                    "counted as failed"}},
-  };
   if (WantsHelp(argv)) {
-    std::cout << "pstrain sweep flags:\n" << Args::Usage(flags);
+    std::cout << "pstrain sweep flags:\n" << Args::Usage(SweepFlags());
     return 0;
   }
-  auto args = Args::Parse(argv, flags);
-  if (!args.ok()) return Fail("sweep", std::string(args.status().message()));
-  SweepOptions o;
-  o.sweep_file = args->Get("sweep");
-  o.cluster_spec = args->Get("cluster_spec");
-  if (o.sweep_file.empty() || o.cluster_spec.empty()) {
-    return Fail("sweep", "--sweep and --cluster_spec are required");
-  }
-  o.out_dir = args->Get("out");
-  o.resume = args->GetBool("resume");
-  o.bin_dir = args->Get("bin_dir");
-  auto parallel = args->GetInt("parallel");
-  if (!parallel.ok() || *parallel < 0 || *parallel > 1024) {
-    return Fail("sweep", "--parallel: expected 0..1024");
-  }
-  o.parallel = static_cast<int>(*parallel);
-  auto timeout = args->GetInt("trial_timeout_s");
-  if (!timeout.ok() || *timeout < 1) return Fail("sweep", "--trial_timeout_s: expected >= 1");
-  o.trial_timeout = absl::Seconds(*timeout);
-  o.pstrain = SelfPath();
-  if (o.pstrain.empty()) {
-    return Fail("sweep", "cannot find this program's own path (/proc/self/exe)");
-  }
-  StopSignal& stop = StopOnTerminationSignals();
-  return RunSweep(o, &stop, std::cout);
+  const std::string self = SelfPath();
+  if (self.empty()) return Fail("sweep", "cannot find this program's own path (/proc/self/exe)");
+  return RunSweepCommand(argv, self, &StopOnTerminationSignals(), std::cout);
 }
 
 }  // namespace

@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -148,7 +150,7 @@ std::optional<int> Subprocess::Wait(absl::Duration timeout) {
   // (a script's SIGTERM handler may outlive the shell that ran it).
   if (process_group_ && !stopping_) {
     EndGroup(term_sent_at_ == absl::InfiniteFuture() ? absl::InfinitePast()
-                                                    : term_sent_at_ + kGroupGrace);
+                                                     : term_sent_at_ + kGroupGrace);
   }
   return exit_code_;
 }
@@ -177,6 +179,42 @@ void Subprocess::EndGroup(absl::Time deadline) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   ::kill(-pid_, SIGKILL);
+}
+
+absl::StatusOr<CommandOutput> RunToEnd(const std::vector<std::string>& argv,
+                                       absl::Duration timeout) {
+  SpawnOptions so;
+  so.argv = argv;
+  so.capture_output = true;
+  absl::StatusOr<std::unique_ptr<Subprocess>> proc = Subprocess::Spawn(so);
+  if (!proc.ok()) return proc.status();
+  CommandOutput result;
+  const absl::Time deadline = absl::Now() + timeout;
+  char buf[65536];
+  while ((*proc)->output_fd() >= 0) {
+    const int64_t ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    if (ms <= 0) {
+      result.timed_out = true;
+      break;
+    }
+    pollfd pfd = {(*proc)->output_fd(), POLLIN, 0};
+    if (::poll(&pfd, 1, static_cast<int>(ms)) <= 0) continue;
+    const ssize_t n = ::read((*proc)->output_fd(), buf, sizeof(buf));
+    if (n <= 0) {
+      (*proc)->CloseOutput();
+      break;
+    }
+    result.output.append(buf, static_cast<size_t>(n));
+  }
+  std::optional<int> code;
+  if (!result.timed_out)
+    code = (*proc)->Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  if (!code.has_value()) {
+    result.timed_out = true;
+    code = (*proc)->Stop(absl::Seconds(5));
+  }
+  result.exit_code = *code;
+  return result;
 }
 
 }  // namespace pstrain

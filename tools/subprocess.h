@@ -78,6 +78,16 @@ class Subprocess {
   void EndGroup(absl::Time deadline);
 };
 
+struct CommandOutput {
+  int exit_code = -1;
+  bool timed_out = false;  // stopped at the deadline (SIGTERM, SIGKILL 5 s later)
+  std::string output;      // stdout and stderr together
+};
+// Runs `argv` to its end, or to `timeout`; an error only when it cannot be
+// started.
+absl::StatusOr<CommandOutput> RunToEnd(const std::vector<std::string>& argv,
+                                       absl::Duration timeout);
+
 }  // namespace pstrain
 
 #endif  // PSTRAIN_TOOLS_SUBPROCESS_H_

@@ -18,17 +18,17 @@
 #include "absl/strings/str_split.h"
 #include "common/base/status_macros.h"
 #include "common/cluster/cluster_spec.h"
+#include "common/observability/event_writer.h"
 #include "common/storage/env.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/text_format.h"
 #include "nlohmann/json.hpp"
-#include "common/observability/event_writer.h"
-#include "tools/local_ports.h"
-#include "tools/python_plot.h"
-#include "tools/sweep_plot_script.h"
-#include "tools/subprocess.h"
 #include "proto/sweep.pb.h"
+#include "tools/python_plot.h"
+#include "tools/sweep_kubernetes.h"
+#include "tools/sweep_plot_script.h"
 #include "tools/sweep_space.h"
+#include "tools/trial_launcher.h"
 
 namespace pstrain {
 namespace {
@@ -39,15 +39,7 @@ constexpr char kStoppedEarly[] = "stopped early";
 // chief's checkpoint.stop_save_seconds, 20 s by default, and 10 s more).
 constexpr absl::Duration kTrialStopGrace = absl::Seconds(40);
 
-std::string TrialDir(const SweepOptions& o, int index) {
-  return JoinPath(o.out_dir, absl::StrCat("trial-", index));
-}
-
-std::string ParamsText(const std::vector<std::pair<std::string, std::string>>& params) {
-  std::vector<std::string> parts;
-  for (const auto& [field, value] : params) parts.push_back(field + "=" + value);
-  return absl::StrJoin(parts, ", ");
-}
+std::string TrialDir(const SweepOptions& o, int index) { return TrialDirectory(o.out_dir, index); }
 
 nlohmann::json ResultJson(const TrialResult& r) {
   nlohmann::json params = nlohmann::json::array();
@@ -70,8 +62,7 @@ nlohmann::json ResultJson(const TrialResult& r) {
 // null: a diverged trial's NaN is written as null).
 std::optional<double> NumberAt(const nlohmann::json& j, const std::string& key) {
   auto it = j.find(key);
-  return it != j.end() && it->is_number() ? std::optional<double>(it->get<double>())
-                                          : std::nullopt;
+  return it != j.end() && it->is_number() ? std::optional<double>(it->get<double>()) : std::nullopt;
 }
 
 // A finished trial of an earlier sweep in the same directory, or nullopt
@@ -92,9 +83,9 @@ absl::StatusOr<std::optional<TrialResult>> EarlierResult(const SweepOptions& o,
     }
   }
   if (ran != trial.params) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        TrialDir(o, trial.index), " ran ", ParamsText(ran), ", not ", ParamsText(trial.params),
-        ": a changed space needs an --out of its own"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(TrialDir(o, trial.index), " ran ", TrialParamsText(ran), ", not ",
+                     TrialParamsText(trial.params), ": a changed space needs an --out of its own"));
   }
   r.state = j["state"].is_string() ? j["state"].get<std::string>() : "";
   if (r.state != "finished" && r.state != kStoppedEarly) return std::optional<TrialResult>();
@@ -113,30 +104,6 @@ absl::StatusOr<std::optional<TrialResult>> EarlierResult(const SweepOptions& o,
   return std::optional<TrialResult>(r);
 }
 
-// Why a launch failed: the first error a task logged ("chief:0: training
-// failed: ..."; a task stopped by the launcher's signal says only that it
-// was stopped), else the launcher's last word on it ("chief:0 exited with
-// code 137 ...": killed), else its exit code.
-std::string LaunchError(const std::string& log_path, int code) {
-  std::string first_error, last_word;
-  std::ifstream in(log_path);
-  for (std::string line; std::getline(in, line);) {
-    if (absl::StartsWith(line, "pstrain launch: ") && !absl::StrContains(line, "started ") &&
-        !absl::StrContains(line, "calls are signed")) {
-      last_word = line.substr(16);
-    }
-    // A task's line: "[chief:0] <date> <time> chief:0 E message".
-    std::vector<std::string> words = absl::StrSplit(line, absl::MaxSplits(' ', 5));
-    if (first_error.empty() && words.size() == 6 && absl::StartsWith(words[0], "[") &&
-        (words[4] == "E" || words[4] == "C") &&
-        !absl::StartsWith(words[5], "stopping: received ")) {
-      first_error = absl::StrCat(words[3], ": ", words[5]);
-    }
-  }
-  if (!first_error.empty()) return first_error;
-  return last_word.empty() ? absl::StrCat("pstrain launch exited with code ", code) : last_word;
-}
-
 // A finished launch's summary.json read into `r`.
 void ReadSummary(const std::string& dir, const SweepMetric& metric, TrialResult* r) {
   auto text = Env::Default()->ReadFile(JoinPath(dir, "summary.json"));
@@ -151,12 +118,14 @@ void ReadSummary(const std::string& dir, const SweepMetric& metric, TrialResult*
   r->auc = NumberAt(j, "eval_auc");
   r->steps = static_cast<int64_t>(NumberAt(j, "global_step").value_or(0));
   r->examples_per_sec = NumberAt(j, "examples_per_sec").value_or(0);
+  // A collected run's time is its training's (a run's own is its launch's).
+  if (r->seconds == 0) r->seconds = NumberAt(j, "train_seconds").value_or(0);
   r->metric = NumberAt(j, metric.summary_key);
   if (r->metric.has_value() && !std::isfinite(*r->metric)) r->metric.reset();  // diverged
   if (!r->metric.has_value()) {
     r->state = "failed";
-    r->error = absl::StrCat("the run has no ", metric.name, " (summary.json ",
-                            metric.summary_key, " is null)");
+    r->error = absl::StrCat("the run has no ", metric.name, " (summary.json ", metric.summary_key,
+                            " is null)");
   }
 }
 
@@ -182,8 +151,7 @@ std::vector<TrialResult> Ranked(std::vector<TrialResult> results, const SweepMet
                    [&metric, &group](const TrialResult& a, const TrialResult& b) {
                      if (group(a) != group(b)) return group(a) < group(b);
                      if (group(a) == 2 || *a.metric == *b.metric) return a.index < b.index;
-                     return metric.higher_is_better ? *a.metric > *b.metric
-                                                    : *a.metric < *b.metric;
+                     return metric.higher_is_better ? *a.metric > *b.metric : *a.metric < *b.metric;
                    });
   return results;
 }
@@ -208,8 +176,8 @@ absl::Status WriteCsv(const std::string& path, const std::vector<TrialResult>& r
   return WriteFileAtomically(Env::Default(), path, csv);
 }
 
-void PrintTable(std::ostream& out, const std::vector<TrialResult>& ranked,
-                const SweepConfig& sweep, const SweepMetric& metric) {
+void PrintTable(std::ostream& out, const std::vector<TrialResult>& ranked, const SweepConfig& sweep,
+                const SweepMetric& metric) {
   std::vector<std::vector<std::string>> rows;
   std::vector<std::string> header = {"trial"};
   for (const SweepParameter& p : sweep.parameters()) header.push_back(p.field());
@@ -315,15 +283,49 @@ absl::Status WriteHParamsExperiment(const std::string& out_dir, const SweepConfi
   return WriteHParamsFile(out_dir, HParamsEvent("_hparams_/experiment", data));
 }
 
+// Writes trial.json and the trial's HParams session, and says how it went.
+void RecordTrial(const SweepOptions& o, const SweepMetric& metric, size_t total,
+                 const TrialResult& r, std::ostream& out) {
+  const std::string dir = TrialDir(o, r.index);
+  // The trial as an HParams session, beside its chief's scalars.
+  HParamsPluginData start, end;
+  start.mutable_session_start_info()->set_group_name(absl::StrCat("trial-", r.index));
+  start.mutable_session_start_info()->set_start_time_secs(NowSecs() - r.seconds);
+  for (const auto& [field, value] : r.params) {
+    (*start.mutable_session_start_info()->mutable_hparams())[field] = HParamValue(value);
+  }
+  end.mutable_session_end_info()->set_status(r.state == "finished" || r.state == kStoppedEarly ? 1
+                                             : r.state == "failed"                             ? 2
+                                                                                               : 0);
+  end.mutable_session_end_info()->set_end_time_secs(NowSecs());
+  if (absl::Status st = WriteHParamsFile(JoinPath(dir, "events"),
+                                         HParamsEvent("_hparams_/session_start_info", start) +
+                                             HParamsEvent("_hparams_/session_end_info", end));
+      !st.ok()) {
+    out << "trial " << r.index << ": " << st.message() << std::endl;
+  }
+  if (absl::Status st =
+          WriteFileAtomically(Env::Default(), JoinPath(dir, "trial.json"), ResultJson(r).dump(2));
+      !st.ok()) {
+    out << "trial " << r.index << ": " << st.message() << std::endl;
+  }
+  out << "trial " << r.index << " (of " << total << ") " << r.state << " after "
+       << absl::StrFormat("%.1f", r.seconds) << "s: "
+       << ((r.state == "finished" || r.state == kStoppedEarly) && r.metric
+               ? absl::StrFormat("%s %.4f at step %d", metric.name, *r.metric, r.steps)
+               : absl::StrCat(r.error, " (log: ", JoinPath(dir, "launch.log"), ")"))
+       << std::endl;
+}
+
 class SweepRunner {
  public:
-  SweepRunner(const SweepOptions& o, const SweepSpace& space, const ClusterSpec& shape,
+  SweepRunner(const SweepOptions& o, const SweepSpace& space, TrialLauncher* launcher,
               int64_t max_steps, StopSignal* stop, std::ostream& out)
       : o_(o),
         space_(space),
         metric_(MetricOf(space.sweep)),
         rungs_(space.sweep.early_stopping(), max_steps, metric_.higher_is_better),
-        shape_(shape),
+        launcher_(launcher),
         stop_(stop),
         out_(out) {}
 
@@ -334,13 +336,17 @@ class SweepRunner {
  private:
   struct Running {
     const SweepTrial* trial;
-    std::unique_ptr<Subprocess> launch;
-    absl::Time start;
+    std::unique_ptr<TrialRun> run;
     std::vector<double> rung_values;  // its metric at each rung reached
     bool stopped_early = false;
     int64_t events_bytes = -1;  // the event files' size when last read
   };
+  // The trial's directory: its config, and nothing of an earlier attempt.
+  absl::Status WriteTrial(const SweepTrial& trial);
   absl::StatusOr<Running> Start(const SweepTrial& trial);
+  // The trials still to run, started until the launcher's capacity.
+  void StartMore(const std::vector<SweepTrial>& trials, const std::vector<size_t>& todo,
+                 size_t* next, std::vector<Running>* running, std::map<int, TrialResult>* done);
   // Early stopping: the trial's evaluations so far against the rungs it
   // passed; a trial below a rung's cutoff is told to stop.
   void CheckRungs(Running* r);
@@ -351,45 +357,39 @@ class SweepRunner {
   const SweepSpace& space_;
   const SweepMetric metric_;
   SweepRungs rungs_;
-  const ClusterSpec& shape_;
+  TrialLauncher* const launcher_;
   StopSignal* const stop_;
   std::ostream& out_;
   size_t total_ = 0;
 };
 
-absl::StatusOr<SweepRunner::Running> SweepRunner::Start(const SweepTrial& trial) {
+absl::Status SweepRunner::WriteTrial(const SweepTrial& trial) {
   const std::string dir = TrialDir(o_, trial.index);
   Env* env = Env::Default();
   RETURN_IF_ERROR(env->CreateDirs(dir));
   std::string config;
   google::protobuf::TextFormat::PrintToString(TrialConfig(trial, space_.sweep, dir), &config);
-  const std::string config_path = JoinPath(dir, "config.pbtxt");
-  const std::string spec_path = JoinPath(dir, "cluster.json");
   RETURN_IF_ERROR(
-      WriteFileAtomically(env, config_path,
+      WriteFileAtomically(env, JoinPath(dir, "config.pbtxt"),
                           absl::StrCat("# pstrain sweep ", o_.sweep_file, ", trial ", trial.index,
-                                       ": ", ParamsText(trial.params), "\n", config)));
-  RETURN_IF_ERROR(WriteFileAtomically(env, spec_path,
-                                      LocalClusterSpecJson(shape_.num_ps(), shape_.num_workers())));
+                                       ": ", TrialParamsText(trial.params), "\n", config)));
   (void)env->DeleteFile(JoinPath(dir, "trial.json"));
+  (void)env->DeleteFile(JoinPath(dir, "launch.log"));
   // An earlier attempt's evaluations must not meet this one's rungs (the
   // launch's --overwrite removes them too, but only once it runs).
   const std::string events = JoinPath(dir, "events");
   for (const std::string& name : env->ListDir(events).value_or(std::vector<std::string>())) {
     (void)env->DeleteFile(JoinPath(events, name));
   }
-  const std::string log = JoinPath(dir, "launch.log");
-  (void)env->DeleteFile(log);
-  SpawnOptions so;
-  so.argv = {o_.pstrain, "launch", "--cluster_spec", spec_path, "--config", config_path,
-             "--progress=false", "--metrics=false", "--overwrite"};
-  if (!o_.bin_dir.empty()) so.argv.push_back("--bin_dir=" + o_.bin_dir);
-  so.output_file = log;
-  so.process_group = true;
-  ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> launch, Subprocess::Spawn(so));
-  out_ << "trial " << trial.index << " (of " << total_ << ") started: " << ParamsText(trial.params)
-       << " (" << dir << ")" << std::endl;
-  return Running{&trial, std::move(launch), absl::Now(), {}, false, -1};
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SweepRunner::Running> SweepRunner::Start(const SweepTrial& trial) {
+  ASSIGN_OR_RETURN(std::unique_ptr<TrialRun> run, launcher_->Start(trial.index));
+  out_ << "trial " << trial.index << " (of " << total_ << ") "
+       << (run->running_since().has_value() ? "started" : "submitted") << ": "
+       << TrialParamsText(trial.params) << " (" << TrialDir(o_, trial.index) << ")" << std::endl;
+  return Running{&trial, std::move(run), {}, false, -1};
 }
 
 void SweepRunner::CheckRungs(Running* r) {
@@ -414,21 +414,20 @@ void SweepRunner::CheckRungs(Running* r) {
   for (size_t k = next; k < rungs_.steps().size(); ++k) {
     const int64_t rung = rungs_.steps()[k];
     if (rung >= r->trial->config.max_steps()) return;
-    auto at = std::find_if(events->begin(), events->end(), [&](const ScalarEvent& e) {
-      return e.tag == tag && e.step >= rung;
-    });
+    auto at = std::find_if(events->begin(), events->end(),
+                           [&](const ScalarEvent& e) { return e.tag == tag && e.step >= rung; });
     if (at == events->end()) return;
     // A diverged trial (NaN) is the worst at any rung; it is not recorded.
     const bool finite = std::isfinite(at->value);
     if (finite) r->rung_values.push_back(at->value);
     if (finite && rungs_.Report(static_cast<int>(k), at->value)) continue;
     r->stopped_early = true;
-    r->launch->Signal(SIGTERM);
+    r->run->Terminate();
     out_ << "trial " << r->trial->index << " (of " << total_ << ") stopped at rung " << k
          << " (step " << rung << "): " << metric_.name << " "
          << absl::StrFormat("%.4f at step %d", at->value, at->step) << ", not in the top 1/"
-         << rungs_.reduction() << " there (" << absl::StrFormat("%.4f", rungs_.Cutoff(k))
-         << ")" << std::endl;
+         << rungs_.reduction() << " there (" << absl::StrFormat("%.4f", rungs_.Cutoff(k)) << ")"
+         << std::endl;
     return;
   }
 }
@@ -437,7 +436,8 @@ TrialResult SweepRunner::Finish(Running* r, int code) {
   TrialResult result;
   result.index = r->trial->index;
   result.params = r->trial->params;
-  result.seconds = absl::ToDoubleSeconds(absl::Now() - r->start);
+  const std::optional<absl::Time> since = r->run->running_since();
+  result.seconds = since.has_value() ? absl::ToDoubleSeconds(absl::Now() - *since) : 0;
   const std::string dir = TrialDir(o_, result.index);
   result.rung_values = r->rung_values;
   if (code == 0) {
@@ -448,7 +448,7 @@ TrialResult SweepRunner::Finish(Running* r, int code) {
   // How far it trained (its last event) and, stopped early, its last
   // evaluation; a failed trial has no metric to rank by.
   result.state = r->stopped_early ? kStoppedEarly : "failed";
-  if (!r->stopped_early) result.error = LaunchError(JoinPath(dir, "launch.log"), code);
+  if (!r->stopped_early) result.error = r->run->Error(code);
   auto events = ReadScalarEvents(Env::Default(), JoinPath(dir, "events"));
   for (const ScalarEvent& e : events.value_or(std::vector<ScalarEvent>())) {
     result.steps = std::max(result.steps, e.step);
@@ -462,35 +462,22 @@ TrialResult SweepRunner::Finish(Running* r, int code) {
   return result;
 }
 
-void SweepRunner::Record(const TrialResult& r) {
-  const std::string dir = TrialDir(o_, r.index);
-  // The trial as an HParams session, beside its chief's scalars.
-  HParamsPluginData start, end;
-  start.mutable_session_start_info()->set_group_name(absl::StrCat("trial-", r.index));
-  start.mutable_session_start_info()->set_start_time_secs(NowSecs() - r.seconds);
-  for (const auto& [field, value] : r.params) {
-    (*start.mutable_session_start_info()->mutable_hparams())[field] = HParamValue(value);
+void SweepRunner::Record(const TrialResult& r) { RecordTrial(o_, metric_, total_, r, out_); }
+
+void SweepRunner::StartMore(const std::vector<SweepTrial>& trials, const std::vector<size_t>& todo,
+                            size_t* next, std::vector<Running>* running,
+                            std::map<int, TrialResult>* done) {
+  while (running->size() < static_cast<size_t>(launcher_->capacity()) && *next < todo.size()) {
+    const SweepTrial& t = trials[todo[(*next)++]];
+    absl::StatusOr<Running> r = Start(t);
+    if (!r.ok()) {
+      TrialResult failed{t.index, t.params, "failed", std::string(r.status().message())};
+      Record(failed);
+      (*done)[t.index] = failed;
+      continue;
+    }
+    running->push_back(std::move(*r));
   }
-  end.mutable_session_end_info()->set_status(
-      r.state == "finished" || r.state == kStoppedEarly ? 1 : r.state == "failed" ? 2 : 0);
-  end.mutable_session_end_info()->set_end_time_secs(NowSecs());
-  if (absl::Status st = WriteHParamsFile(
-          JoinPath(dir, "events"), HParamsEvent("_hparams_/session_start_info", start) +
-                                       HParamsEvent("_hparams_/session_end_info", end));
-      !st.ok()) {
-    out_ << "trial " << r.index << ": " << st.message() << std::endl;
-  }
-  if (absl::Status st =
-          WriteFileAtomically(Env::Default(), JoinPath(dir, "trial.json"), ResultJson(r).dump(2));
-      !st.ok()) {
-    out_ << "trial " << r.index << ": " << st.message() << std::endl;
-  }
-  out_ << "trial " << r.index << " (of " << total_ << ") " << r.state << " after "
-       << absl::StrFormat("%.1f", r.seconds) << "s: "
-       << ((r.state == "finished" || r.state == kStoppedEarly) && r.metric
-               ? absl::StrFormat("%s %.4f at step %d", metric_.name, *r.metric, r.steps)
-               : absl::StrCat(r.error, " (log: ", JoinPath(dir, "launch.log"), ")"))
-       << std::endl;
 }
 
 std::vector<TrialResult> SweepRunner::Run(const std::vector<SweepTrial>& trials,
@@ -502,21 +489,43 @@ std::vector<TrialResult> SweepRunner::Run(const std::vector<SweepTrial>& trials,
       (void)rungs_.Report(static_cast<int>(k), r.rung_values[k]);
     }
   }
+  // Every trial to run, its directory written before any starts.
+  std::vector<size_t> todo;
+  std::vector<int> indices;
+  for (size_t i = 0; i < trials.size(); ++i) {
+    const SweepTrial& t = trials[i];
+    if (done.count(t.index) > 0) continue;
+    if (absl::Status st = WriteTrial(t); !st.ok()) {
+      TrialResult failed{t.index, t.params, "failed", std::string(st.message())};
+      Record(failed);
+      done[t.index] = failed;
+      continue;
+    }
+    todo.push_back(i);
+    indices.push_back(t.index);
+  }
+  if (absl::StatusOr<std::string> said = launcher_->Prepare(indices); !said.ok()) {
+    for (size_t i : todo) {
+      TrialResult failed{trials[i].index, trials[i].params, "failed",
+                         std::string(said.status().message())};
+      Record(failed);
+      done[failed.index] = failed;
+    }
+    todo.clear();
+  } else if (!said->empty()) {
+    out_ << *said << std::endl;
+  }
   std::vector<Running> running;
   size_t next = 0;
-  while (next < trials.size() || !running.empty()) {
+  while (next < todo.size() || !running.empty()) {
     if (stop_->stopped()) {
-      // One SIGTERM each (a second would make a launch stop at once,
-      // without its save), then the grace, then SIGKILL.
-      for (Running& r : running) {
-        if (!r.stopped_early) r.launch->Signal(SIGTERM);
-      }
+      // One stop each (the launches save first), then the grace, then kill.
+      for (Running& r : running) r.run->Terminate();
       const absl::Time end = absl::Now() + kTrialStopGrace;
       for (Running& r : running) {
-        std::optional<int> code = r.launch->Wait(std::max(end - absl::Now(), absl::ZeroDuration()));
-        if (!code.has_value()) code = r.launch->Stop(absl::ZeroDuration());
-        TrialResult result = Finish(&r, *code);
-        if (*code != 0 && result.state != kStoppedEarly) {
+        const int code = r.run->Kill(std::max(end - absl::Now(), absl::ZeroDuration()));
+        TrialResult result = Finish(&r, code);
+        if (code != 0 && result.state != kStoppedEarly) {
           result.state = "stopped";
           result.error = stop_->reason();
         }
@@ -525,24 +534,16 @@ std::vector<TrialResult> SweepRunner::Run(const std::vector<SweepTrial>& trials,
       }
       break;
     }
-    while (running.size() < static_cast<size_t>(o_.parallel) && next < trials.size()) {
-      const SweepTrial& t = trials[next++];
-      if (done.count(t.index) > 0) continue;
-      absl::StatusOr<Running> r = Start(t);
-      if (!r.ok()) {
-        TrialResult failed{t.index, t.params, "failed", std::string(r.status().message())};
-        Record(failed);
-        done[t.index] = failed;
-        continue;
-      }
-      running.push_back(std::move(*r));
-    }
+    StartMore(trials, todo, &next, &running, &done);
+    launcher_->Refresh();
     for (Running& r : running) CheckRungs(&r);
     for (size_t i = 0; i < running.size();) {
       Running& r = running[i];
-      std::optional<int> code = r.launch->Wait(absl::ZeroDuration());
-      const bool late = !code.has_value() && absl::Now() - r.start > o_.trial_timeout;
-      if (late) code = r.launch->Stop(kTrialStopGrace);
+      std::optional<int> code = r.run->Poll();
+      const std::optional<absl::Time> since = r.run->running_since();
+      const bool late =
+          !code.has_value() && since.has_value() && absl::Now() - *since > o_.trial_timeout;
+      if (late) code = r.run->Kill(kTrialStopGrace);
       if (!code.has_value()) {
         ++i;
         continue;
@@ -570,11 +571,122 @@ absl::StatusOr<ClusterSpec> TrialShape(const std::string& path) {
     auto hp = ParseHostPort(spec.address(t.job, t.index));
     if (!hp.ok() || !IsLoopbackHost(hp->host)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--cluster_spec ", path, ": ", t.ToString(), " is not on loopback; a sweep runs its "
+          "--cluster_spec ", path, ": ", t.ToString(),
+          " is not on loopback; a sweep runs its "
           "trials on this machine (the spec gives their shape, each trial its own free ports)"));
     }
   }
   return spec;
+}
+
+absl::Status Refusal(const std::string& why) { return absl::FailedPreconditionError(why); }
+
+// Where the trials run: a Slurm job array, or launches on this machine.
+absl::StatusOr<std::unique_ptr<TrialLauncher>> MakeLauncher(SweepOptions* o) {
+  if (o->slurm) {
+    if (std::string job = LiveSlurmArray(o->out_dir); !job.empty()) {
+      return Refusal(absl::StrCat("--out ", o->out_dir, ": its Slurm job array ", job,
+                                  " is still running (squeue -r -j ", job,
+                                  "); wait for it or scancel it first"));
+    }
+    return SlurmTrials({o->out_dir, o->pstrain, o->bin_dir, o->num_ps, o->num_workers, o->parallel,
+                        o->base_port, o->sbatch_args, o->sweep_file});
+  }
+  ASSIGN_OR_RETURN(ClusterSpec shape, TrialShape(o->cluster_spec));
+  if (o->parallel <= 0) {
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    o->parallel = std::max(1, cores / std::max(1, shape.num_workers()));
+  }
+  return LocalTrials(
+      {o->out_dir, o->pstrain, o->bin_dir, shape.num_ps(), shape.num_workers(), o->parallel});
+}
+
+// --collect: each trial's outcome from what its run left in its directory
+// (copied back from where it ran).
+std::vector<TrialResult> CollectTrials(const SweepOptions& o, const std::vector<SweepTrial>& trials,
+                                       const SweepMetric& metric, std::ostream& out) {
+  std::vector<TrialResult> results;
+  for (const SweepTrial& t : trials) {
+    TrialResult r;
+    r.index = t.index;
+    r.params = t.params;
+    const std::string dir = TrialDir(o, t.index);
+    if (Env::Default()->FileExists(JoinPath(dir, "summary.json"))) {
+      r.state = "finished";
+      ReadSummary(dir, metric, &r);
+    } else {
+      // Not (yet) finished: how far its events go.
+      r.state = "unfinished";
+      r.error =
+          absl::StrCat("no summary.json in ", dir, ": still running, failed, or not copied back");
+      auto events = ReadScalarEvents(Env::Default(), JoinPath(dir, "events"));
+      for (const ScalarEvent& e : events.value_or(std::vector<ScalarEvent>())) {
+        r.steps = std::max(r.steps, e.step);
+      }
+    }
+    RecordTrial(o, metric, trials.size(), r, out);
+    results.push_back(r);
+  }
+  return results;
+}
+
+// The ranked table, results.csv, sweep.png, the HParams experiment and
+// best.pbtxt. Returns the sweep's exit status.
+int ReportSweep(const SweepOptions& o, const SweepSpace& space,
+                const std::vector<SweepTrial>& trials, const std::vector<TrialResult>& results,
+                const SweepRungs& rungs, std::ostream& out) {
+  auto fail = [](const absl::Status& st) {
+    std::cerr << "pstrain sweep: " << st.message() << "\n";
+    return 2;
+  };
+  const SweepMetric metric = MetricOf(space.sweep);
+  const std::vector<TrialResult> ranked = Ranked(results, metric);
+  PrintTable(out, ranked, space.sweep, metric);
+  if (!rungs.steps().empty()) {
+    int64_t trained = 0, full_steps = 0;
+    int stopped = 0;
+    for (const TrialResult& r : ranked) {
+      trained += r.steps;
+      stopped += r.state == kStoppedEarly;
+    }
+    for (const SweepTrial& t : trials) full_steps += t.config.max_steps();
+    out << "early stopping: " << stopped << " of " << ranked.size()
+        << " trial(s) stopped at a rung; " << trained << " steps trained, "
+        << absl::StrFormat("%.0f%%", full_steps > 0 ? 100.0 * trained / full_steps : 0.0)
+        << " of the " << full_steps << " that every trial to its max_steps would take" << std::endl;
+  }
+  if (absl::Status st = WriteHParamsExperiment(o.out_dir, space.sweep, trials); !st.ok()) {
+    return fail(st);
+  }
+  const std::string csv = JoinPath(o.out_dir, "results.csv");
+  if (absl::Status st = WriteCsv(csv, ranked, space.sweep, metric); !st.ok()) return fail(st);
+  out << "results: " << csv << std::endl;
+  out << DrawWithPython(o.out_dir, "sweep_plot.py", kSweepPlotScript,
+                        {csv, JoinPath(o.out_dir, "sweep.png"), metric.name},
+                        JoinPath(o.out_dir, "sweep.png"))
+      << std::endl;
+  int failed = 0;
+  for (const TrialResult& r : ranked) failed += r.state != "finished" && r.state != kStoppedEarly;
+  if (!ranked.empty() && ranked.front().state == "finished" && ranked.front().metric) {
+    const TrialResult& best = ranked.front();
+    TrainingConfig config = space.base;
+    for (const auto& [field, value] : best.params) (void)SetConfigField(&config, field, value);
+    std::string text;
+    google::protobuf::TextFormat::PrintToString(config, &text);
+    const std::string path = JoinPath(o.out_dir, "best.pbtxt");
+    if (absl::Status st = WriteFileAtomically(
+            Env::Default(), path,
+            absl::StrCat("# pstrain sweep ", o.sweep_file, ": the best trial, ", best.index, " (",
+                         TrialParamsText(best.params), "): ", metric.name, " ",
+                         absl::StrFormat("%.4f", *best.metric), "\n", text));
+        !st.ok()) {
+      return fail(st);
+    }
+    out << "best: trial " << best.index << " (" << TrialParamsText(best.params) << "), "
+        << metric.name << " " << absl::StrFormat("%.4f", *best.metric) << "; its config: " << path
+        << std::endl;
+  }
+  return failed > 0 ? 1 : 0;
 }
 
 }  // namespace
@@ -587,21 +699,32 @@ int RunSweep(const SweepOptions& options, StopSignal* stop, std::ostream& out) {
   };
   absl::StatusOr<SweepSpace> space = LoadSweepSpace(o.sweep_file);
   if (!space.ok()) return fail(space.status());
-  absl::StatusOr<ClusterSpec> shape = TrialShape(o.cluster_spec);
-  if (!shape.ok()) return fail(shape.status());
   absl::StatusOr<std::vector<SweepTrial>> trials = ExpandSweep(*space);
   if (!trials.ok()) return fail(trials.status());
-  if (o.parallel <= 0) {
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    o.parallel = std::max(1, cores / std::max(1, shape->num_workers()));
+  const SweepMetric metric = MetricOf(space->sweep);
+  int64_t max_steps = 0;
+  for (const SweepTrial& t : *trials) max_steps = std::max(max_steps, t.config.max_steps());
+  const SweepRungs rungs(space->sweep.early_stopping(), max_steps, metric.higher_is_better);
+  if (o.kubernetes) {
+    absl::StatusOr<std::string> said = WriteKubernetesTrials(o.kubernetes_options, *space, *trials);
+    if (!said.ok()) return fail(said.status());
+    out << *said;
+    return 0;
   }
+  if (o.collect) {
+    out << "pstrain sweep: " << trials->size() << " trial(s) (" << space->sweep.search() << " over "
+        << space->sweep.parameters_size() << " parameter(s)), collected from " << o.out_dir
+        << "; ranked by " << metric.name << std::endl;
+    return ReportSweep(o, *space, *trials, CollectTrials(o, *trials, metric, out), rungs, out);
+  }
+  absl::StatusOr<std::unique_ptr<TrialLauncher>> launcher = MakeLauncher(&o);
+  if (!launcher.ok()) return fail(launcher.status());
   Env* env = Env::Default();
   std::map<int, TrialResult> done;
-  const bool earlier = env->IsDirectory(TrialDir(o, 0));
-  if (earlier && !o.resume) {
-    return fail(absl::FailedPreconditionError(
-        absl::StrCat("--out ", o.out_dir, " holds an earlier sweep: --resume to run what it "
-                     "has not finished, or another --out")));
+  if (env->IsDirectory(TrialDir(o, 0)) && !o.resume) {
+    return fail(Refusal(absl::StrCat("--out ", o.out_dir,
+                                     " holds an earlier sweep: --resume to run what it has not "
+                                     "finished, or another --out")));
   }
   for (const SweepTrial& t : *trials) {
     if (!o.resume) break;
@@ -610,71 +733,19 @@ int RunSweep(const SweepOptions& options, StopSignal* stop, std::ostream& out) {
     if (r->has_value()) done[t.index] = **r;
   }
   if (absl::Status st = env->CreateDirs(o.out_dir); !st.ok()) return fail(st);
-  const SweepMetric metric = MetricOf(space->sweep);
   out << "pstrain sweep: " << trials->size() << " trial(s) (" << space->sweep.search() << " over "
-      << space->sweep.parameters_size() << " parameter(s)), " << o.parallel << " at once, "
-      << shape->num_ps() << " ps and " << shape->num_workers() << " worker(s) each; ranked by "
-      << metric.name << (done.empty() ? "" : absl::StrCat("; ", done.size(), " finished before"))
-      << std::endl;
-  int64_t max_steps = 0, full_steps = 0;
-  for (const SweepTrial& t : *trials) {
-    max_steps = std::max(max_steps, t.config.max_steps());
-    full_steps += t.config.max_steps();
-  }
-  SweepRunner runner(o, *space, *shape, max_steps, stop, out);
-  const SweepRungs rungs(space->sweep.early_stopping(), max_steps, metric.higher_is_better);
+      << space->sweep.parameters_size() << " parameter(s)), " << (*launcher)->Describe()
+      << "; ranked by " << metric.name
+      << (done.empty() ? "" : absl::StrCat("; ", done.size(), " finished before")) << std::endl;
   if (!rungs.steps().empty()) {
     out << "early stopping: rungs at step(s) " << absl::StrJoin(rungs.steps(), ", ")
         << "; the top 1/" << rungs.reduction() << " at each go on" << std::endl;
   }
-  const std::vector<TrialResult> ranked = Ranked(runner.Run(*trials, std::move(done)), metric);
-  PrintTable(out, ranked, space->sweep, metric);
-  if (!rungs.steps().empty()) {
-    int64_t trained = 0;
-    int stopped = 0;
-    for (const TrialResult& r : ranked) {
-      trained += r.steps;
-      stopped += r.state == kStoppedEarly;
-    }
-    out << "early stopping: " << stopped << " of " << ranked.size()
-        << " trial(s) stopped at a rung; " << trained << " steps trained, "
-        << absl::StrFormat("%.0f%%", full_steps > 0 ? 100.0 * trained / full_steps : 0.0)
-        << " of the " << full_steps << " that every trial to its max_steps would take"
-        << std::endl;
-  }
-  if (absl::Status st = WriteHParamsExperiment(o.out_dir, space->sweep, *trials); !st.ok()) {
-    return fail(st);
-  }
-  const std::string csv = JoinPath(o.out_dir, "results.csv");
-  if (absl::Status st = WriteCsv(csv, ranked, space->sweep, metric); !st.ok()) return fail(st);
-  out << "results: " << csv << std::endl;
-  out << DrawWithPython(o.out_dir, "sweep_plot.py", kSweepPlotScript,
-                        {csv, JoinPath(o.out_dir, "sweep.png"), metric.name},
-                        JoinPath(o.out_dir, "sweep.png"))
-      << std::endl;
-  int failed = 0;
-  for (const TrialResult& r : ranked) failed += r.state != "finished" && r.state != kStoppedEarly;
-  if (!ranked.empty() && ranked.front().state == "finished" && ranked.front().metric) {
-    const TrialResult& best = ranked.front();
-    TrainingConfig config = space->base;
-    for (const auto& [field, value] : best.params) (void)SetConfigField(&config, field, value);
-    std::string text;
-    google::protobuf::TextFormat::PrintToString(config, &text);
-    const std::string path = JoinPath(o.out_dir, "best.pbtxt");
-    if (absl::Status st = WriteFileAtomically(
-            env, path,
-            absl::StrCat("# pstrain sweep ", o.sweep_file, ": the best trial, ", best.index, " (",
-                         ParamsText(best.params), "): ", metric.name, " ",
-                         absl::StrFormat("%.4f", *best.metric), "\n", text));
-        !st.ok()) {
-      return fail(st);
-    }
-    out << "best: trial " << best.index << " (" << ParamsText(best.params) << "), "
-        << metric.name << " " << absl::StrFormat("%.4f", *best.metric) << "; its config: "
-        << path << std::endl;
-  }
+  SweepRunner runner(o, *space, launcher->get(), max_steps, stop, out);
+  const int code =
+      ReportSweep(o, *space, *trials, runner.Run(*trials, std::move(done)), rungs, out);
   if (stop->stopped()) return stop->exit_code() != 0 ? stop->exit_code() : 130;
-  return failed > 0 ? 1 : 0;
+  return code;
 }
 
 }  // namespace pstrain

@@ -18,7 +18,7 @@ fixed = {"trial", "state", "metric", "accuracy", "loss", "auc", "steps",
 params = [c for c in (rows[0].keys() if rows else []) if c not in fixed]
 ranked = [r for r in rows if r["metric"] != ""]
 if not params or not ranked:
-    sys.exit("nothing to plot: no trial has a " + metric)
+    sys.exit("nothing to plot: no trial has a value of " + metric)
 fig, axes = plt.subplots(1, len(params), figsize=(5 * len(params), 4), squeeze=False)
 for ax, p in zip(axes[0], params):
     values = [r[p] for r in ranked]

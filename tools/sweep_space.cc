@@ -359,6 +359,12 @@ absl::StatusOr<std::vector<SweepTrial>> ExpandSweep(const SweepSpace& space) {
   return trials;
 }
 
+std::string TrialParamsText(const std::vector<std::pair<std::string, std::string>>& params) {
+  std::vector<std::string> parts;
+  for (const auto& [field, value] : params) parts.push_back(field + "=" + value);
+  return absl::StrJoin(parts, ", ");
+}
+
 TrainingConfig TrialConfig(const SweepTrial& trial, const SweepConfig& sweep,
                            const std::string& dir) {
   TrainingConfig c = trial.config;

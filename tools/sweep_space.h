@@ -47,6 +47,9 @@ struct SweepTrial {
   TrainingConfig config;
 };
 
+// "optimizer.learning_rate=0.1, seed=2".
+std::string TrialParamsText(const std::vector<std::pair<std::string, std::string>>& params);
+
 // The space's trials: grid (every combination, the first parameter
 // slowest) or random (`trials` draws with the sweep's seed); each checked
 // as pstrain launch would. More than max_trials (default 100) is refused.

@@ -240,6 +240,7 @@ absl::Status Trainer::LoadData() {
     o.num_workers = cluster_.num_workers();
     o.batch_size = d.batch_size();
     o.max_malformed = d.max_malformed_lines() < 0 ? 0 : d.max_malformed_lines();
+    o.schema = d.schema();
     ASSIGN_OR_RETURN(partition_, PartStream::Open(Env::Default(), o));
     LOG_INFO("training data: the parts of {} as they come (part-<n>, in order), line i of "
              "each this worker's when i % {} == {}; {} mode",

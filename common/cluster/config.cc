@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/base/status_macros.h"
+#include "common/cluster/feature_schema.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
@@ -132,6 +133,15 @@ absl::StatusOr<TrainingConfig> LoadTrainingConfig(const std::string& path) {
 
 namespace {
 
+// A click-through file's columns, a problem named as FieldError names one.
+absl::Status CheckSchema(const FeatureSchema& schema, const std::string& source) {
+  absl::Status st = CheckFeatureSchema(schema, "data.schema");
+  if (st.ok()) return st;
+  const std::string message(st.message());
+  const size_t colon = message.find(": ");
+  return FieldError(source, message.substr(0, colon), message.substr(colon + 2));
+}
+
 // The model and its embedding tables: a click-through model's table named
 // and its width filled in; CRITEO data only with one.
 absl::Status ValidateModel(TrainingConfig* c, const std::string& source) {
@@ -155,6 +165,23 @@ absl::Status ValidateModel(TrainingConfig* c, const std::string& source) {
     if (c->data().format() != CRITEO) {
       return FieldError(source, "model.click_through", "needs data { format: CRITEO }");
     }
+    // The model's input: the data's numeric columns and a bag per categorical
+    // one (the schema checked first: its counts are summed here).
+    RETURN_IF_ERROR(CheckSchema(c->data().schema(), source));
+    const int numeric = NumericColumns(c->data().schema());
+    const int fields = CategoricalColumns(c->data().schema());
+    if (ct->numeric_inputs() != 0 && ct->numeric_inputs() != numeric) {
+      return FieldError(source, "model.click_through.numeric_inputs",
+                        absl::StrCat("is ", ct->numeric_inputs(), ", the data has ", numeric,
+                                     " numeric column(s)"));
+    }
+    if (ct->categorical_fields() != 0 && ct->categorical_fields() != fields) {
+      return FieldError(source, "model.click_through.categorical_fields",
+                        absl::StrCat("is ", ct->categorical_fields(), ", the data has ", fields,
+                                     " categorical column(s)"));
+    }
+    ct->set_numeric_inputs(numeric);
+    ct->set_categorical_fields(fields);
   } else if (c->data().format() == CRITEO) {
     return FieldError(source, "data.format", "CRITEO data needs model { click_through { ... } }");
   }
@@ -197,6 +224,9 @@ absl::Status ValidateData(DataConfig* d, const std::string& source) {
   if (!d->train_dir().empty() && d->format() != CRITEO) {
     return FieldError(source, "data.train_dir", "is read with format: CRITEO only");
   }
+  if (d->has_schema() && d->format() != CRITEO) {
+    return FieldError(source, "data.schema", "describes format: CRITEO files only");
+  }
   if (d->format() == IDX) {
     if (d->train_images().empty() || d->train_labels().empty()) {
       return FieldError(source, "data.train_images/train_labels", "expected IDX file paths");
@@ -218,6 +248,7 @@ absl::Status ValidateData(DataConfig* d, const std::string& source) {
       return FieldError(source, "data.shuffle",
                         "does not apply to data.train_dir (parts are read in order, once)");
     }
+    RETURN_IF_ERROR(CheckSchema(d->schema(), source));
   } else {
     return FieldError(source, "data.format", "expected IDX, CSV or CRITEO");
   }
@@ -605,8 +636,16 @@ absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
   constexpr int kMaxInput = 1 << 24, kMaxUnits = 100000;
   SequentialConfig seq;
   if (model.has_click_through()) {
-    // 13 numeric features and 26 bags of embedding_dim (the Criteo layout).
+    // The numeric features and a bag of embedding_dim per categorical field
+    // (Criteo's 13 and 26 where the config was not validated against data).
     const ClickThroughConfig& ct = model.click_through();
+    const int numeric = ct.numeric_inputs() > 0 ? ct.numeric_inputs() : kCriteoIntegerFields;
+    const int fields = ct.categorical_fields() > 0 ? ct.categorical_fields()
+                                                   : kCriteoCategoricalFields;
+    if (numeric > 4096 || fields > 4096) {
+      return FieldError(source, "model.click_through.numeric_inputs/categorical_fields",
+                        "expected at most 4096 each");
+    }
     if (ct.embedding_dim() <= 0 || ct.embedding_dim() > 65536) {
       return FieldError(source, "model.click_through.embedding_dim",
                         "expected the table's dim (1..65536)");
@@ -614,7 +653,7 @@ absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
     if (ct.activation() != RELU && ct.activation() != GELU) {
       return FieldError(source, "model.click_through.activation", "expected RELU or GELU");
     }
-    seq.set_input_dim(13 + 26 * ct.embedding_dim());
+    seq.set_input_dim(numeric + fields * ct.embedding_dim());
     for (int units : ct.hidden_units()) {
       if (units <= 0 || units > 65536) {
         return FieldError(source, "model.click_through.hidden_units", "expected each in 1..65536");

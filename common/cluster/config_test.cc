@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "common/cluster/cluster_spec.h"
+#include "common/cluster/feature_schema.h"
 
 namespace pstrain {
 namespace {
@@ -26,9 +27,10 @@ TEST_CASE("without max_steps, only a stream of parts runs, until stopped", "[con
   no_steps.replace(no_steps.find("max_steps: 100"), 14, "");
   auto refused = ParseTrainingConfig(no_steps, "x.pbtxt");
   REQUIRE_FALSE(refused.ok());
-  CHECK(std::string(refused.status().message()).find(
-            "max_steps: expected a positive count (none with data.train_dir: until stopped)") !=
-        std::string::npos);
+  CHECK(
+      std::string(refused.status().message())
+          .find("max_steps: expected a positive count (none with data.train_dir: until stopped)") !=
+      std::string::npos);
   const std::string stream = R"(
 model { click_through { table: "t" hidden_units: 16 } }
 embedding_tables { name: "t" dim: 8 }
@@ -46,8 +48,9 @@ optimizer { learning_rate: 0.1 sgd {} }
   with_cosine.replace(with_cosine.find("sgd {}"), 6, "sgd {} schedule { kind: COSINE }");
   auto cosine = ParseTrainingConfig(with_cosine, "x.pbtxt");
   REQUIRE_FALSE(cosine.ok());
-  CHECK(std::string(cosine.status().message()).find("COSINE needs decay_steps in a run without "
-                                                    "max_steps") != std::string::npos);
+  CHECK(std::string(cosine.status().message())
+            .find("COSINE needs decay_steps in a run without "
+                  "max_steps") != std::string::npos);
 }
 
 TEST_CASE("a training config parses and gets defaults", "[config]") {
@@ -74,7 +77,8 @@ TEST_CASE("a config or spec path that is a directory says so", "[config]") {
 }
 
 TEST_CASE("syntax errors name line and column", "[config]") {
-  auto c = ParseTrainingConfig("max_steps: 10\nseed: 1\nmodel { mlp { input_dim: x } }\n", "bad.pbtxt");
+  auto c =
+      ParseTrainingConfig("max_steps: 10\nseed: 1\nmodel { mlp { input_dim: x } }\n", "bad.pbtxt");
   REQUIRE_FALSE(c.ok());
   std::string msg(c.status().message());
   CHECK(msg.find("bad.pbtxt:3:") != std::string::npos);
@@ -102,7 +106,8 @@ TEST_CASE("semantic errors name the field", "[config]") {
     text = kGood;
     const size_t at = text.find("learning_rate: ");
     REQUIRE(at != std::string::npos);
-    text.replace(at, text.find_first_of(" \n}", at + 15) - at, absl::StrCat("learning_rate: ", rate));
+    text.replace(at, text.find_first_of(" \n}", at + 15) - at,
+                 absl::StrCat("learning_rate: ", rate));
     c = ParseTrainingConfig(text, "x.pbtxt");
     REQUIRE_FALSE(c.ok());
     CHECK(std::string(c.status().message()).find("optimizer.learning_rate") != std::string::npos);
@@ -156,8 +161,7 @@ TEST_CASE("semantic errors name the field", "[config]") {
     CHECK(std::string(c.status().message()).find("rpc.connections_per_server") !=
           std::string::npos);
   }
-  c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { connections_per_server: 16 }\n"),
-                          "x.pbtxt");
+  c = ParseTrainingConfig(absl::StrCat(kGood, "\nrpc { connections_per_server: 16 }\n"), "x.pbtxt");
   REQUIRE(c.ok());
   CHECK(c->rpc().connections_per_server() == 16);
   // Pulls a step ahead: async only, and not with rpc.sequential.
@@ -174,6 +178,103 @@ TEST_CASE("semantic errors name the field", "[config]") {
   c = ParseTrainingConfig(absl::StrCat(async, "\nrpc { async_prefetch: true }\n"), "x.pbtxt");
   REQUIRE(c.ok());
   CHECK(c->rpc().async_prefetch());
+}
+
+TEST_CASE(
+    "a feature schema of the user's own sizes the click-through model; bad ones are "
+    "refused by field",
+    "[config][schema]") {
+  const std::string base = R"(
+model { click_through { table: "t" hidden_units: 16 } }
+embedding_tables { name: "t" dim: 8 }
+data { format: CRITEO train_tsv: "a.csv" batch_size: 32 SCHEMA }
+optimizer { learning_rate: 0.1 sgd {} }
+max_steps: 10
+)";
+  auto with = [&](const std::string& schema) {
+    std::string text = base;
+    text.replace(text.find("SCHEMA"), 6, schema);
+    return ParseTrainingConfig(text, "x.pbtxt");
+  };
+  // Criteo's layout without a schema.
+  auto criteo = with("");
+  REQUIRE(criteo.ok());
+  CHECK(criteo->model().click_through().numeric_inputs() == 13);
+  CHECK(criteo->model().click_through().categorical_fields() == 26);
+  CHECK(ExpandModelConfig(criteo->model())->input_dim() == 13 + 26 * 8);
+  const std::string schema = R"(schema { separator: "," header: true
+    columns { name: "id" }
+    columns { name: "price" kind: NUMERIC }
+    columns { name: "user" kind: CATEGORICAL hash_buckets: 1000 }
+    columns { name: "views" kind: NUMERIC log1p: true integer: true }
+    columns { name: "item" kind: CATEGORICAL }
+    columns { name: "ad" kind: CATEGORICAL hex: true }
+    columns { name: "clicked" kind: LABEL } })";
+  auto c = with(schema);
+  INFO(c.status());
+  REQUIRE(c.ok());
+  CHECK(c->model().click_through().numeric_inputs() == 2);
+  CHECK(c->model().click_through().categorical_fields() == 3);
+  CHECK(ExpandModelConfig(c->model())->input_dim() == 2 + 3 * 8);
+  // Stated counts must match the data's.
+  std::string stated = base;
+  stated.replace(stated.find("hidden_units: 16"), 16, "hidden_units: 16 categorical_fields: 2");
+  stated.replace(stated.find("SCHEMA"), 6, schema);
+  auto mismatch = ParseTrainingConfig(stated, "x.pbtxt");
+  REQUIRE_FALSE(mismatch.ok());
+  CHECK(std::string(mismatch.status().message())
+            .find("model.click_through.categorical_fields: is 2, the data has 3 categorical "
+                  "column(s)") != std::string::npos);
+  for (
+      const auto& [bad, why] : std::vector<std::pair<std::string, std::string>>{
+          {R"(schema { separator: ", " columns { kind: LABEL } columns { kind: CATEGORICAL } })",
+           "data.schema.separator: expected one character"},
+          {R"(schema { columns { kind: LABEL } columns { kind: LABEL }
+                       columns { kind: CATEGORICAL } })",
+           "data.schema.columns: expected exactly one LABEL column"},
+          {R"(schema { columns { kind: LABEL } columns { kind: NUMERIC } })",
+           "data.schema.columns: expected at least one CATEGORICAL column"},
+          {R"(schema { columns { kind: LABEL } columns { kind: CATEGORICAL log1p: true } })",
+           "data.schema.columns[1].log1p: applies to NUMERIC columns only"},
+          {R"(schema { columns { kind: LABEL } columns { kind: NUMERIC hex: true }
+                       columns { kind: CATEGORICAL } })",
+           "data.schema.columns[1].hex: applies to CATEGORICAL columns only"},
+          {R"(schema { columns { kind: LABEL } columns { kind: CATEGORICAL hash_buckets: -1 } })",
+           "data.schema.columns[1].hash_buckets: expected 0 (no hashing) or 1..2^40"},
+      }) {
+    auto refused = with(bad);
+    INFO(bad);
+    REQUIRE_FALSE(refused.ok());
+    CHECK(std::string(refused.status().message()).find(why) != std::string::npos);
+  }
+  // A count is that many columns.
+  auto counted = with(R"(schema { columns { kind: LABEL }
+    columns { kind: NUMERIC count: 3 } columns { kind: CATEGORICAL count: 40 } })");
+  REQUIRE(counted.ok());
+  CHECK(counted->model().click_through().numeric_inputs() == 3);
+  CHECK(counted->model().click_through().categorical_fields() == 40);
+  CHECK(EffectiveSchema(counted->data().schema()).columns_size() == 44);
+  for (const char* bad : {"count: -1", "count: 5000"}) {
+    auto refused =
+        with(absl::StrCat("schema { columns { kind: LABEL } columns { kind: "
+                          "CATEGORICAL ",
+                          bad, " } }"));
+    REQUIRE_FALSE(refused.ok());
+    INFO(refused.status().message());
+    CHECK(std::string(refused.status().message())
+              .find("data.schema.columns[1].count: expected "
+                    "0..4096") != std::string::npos);
+  }
+  // A schema describes click-through files only.
+  auto csv = ParseTrainingConfig(
+      "model { mlp { input_dim: 4 num_classes: 2 } }\ndata { format: CSV train_csv: \"a\" "
+      "batch_size: 8 schema { separator: \",\" } }\noptimizer { learning_rate: 0.1 sgd {} }\n"
+      "max_steps: 10\n",
+      "x.pbtxt");
+  REQUIRE_FALSE(csv.ok());
+  CHECK(std::string(csv.status().message())
+            .find("data.schema: describes format: CRITEO files "
+                  "only") != std::string::npos);
 }
 
 TEST_CASE("consistency settings are checked: no configuration can wait forever", "[config]") {
@@ -221,8 +322,7 @@ TEST_CASE("checkpoint settings are checked and keep defaults to 3", "[config][ch
            Case{"checkpoint { dir: \"ck\" full_every: -1 }", "checkpoint.full_every"},
            Case{"checkpoint { dir: \"ck\" full_every: 1001 }", "checkpoint.full_every"},
            Case{"checkpoint { serving_dir: \"s\" }", "checkpoint.serving_dir: set without"},
-           Case{"checkpoint { dir: \"ck\" stop_save_seconds: -2 }",
-                "checkpoint.stop_save_seconds"},
+           Case{"checkpoint { dir: \"ck\" stop_save_seconds: -2 }", "checkpoint.stop_save_seconds"},
            Case{"checkpoint { dir: \"ck\" stop_save_seconds: 3601 }",
                 "checkpoint.stop_save_seconds"},
        }) {
@@ -279,8 +379,8 @@ TEST_CASE("embedding tables are checked and get their defaults", "[config][embed
            Case{"name: \"a\" dim: 4 optimizer { learning_rate: 0 }", "learning_rate"},
        }) {
     INFO(k.table);
-    auto bad = ParseTrainingConfig(
-        std::string(kGood) + "embedding_tables { " + k.table + " }\n", "x.pbtxt");
+    auto bad = ParseTrainingConfig(std::string(kGood) + "embedding_tables { " + k.table + " }\n",
+                                   "x.pbtxt");
     REQUIRE_FALSE(bad.ok());
     CHECK(std::string(bad.status().message()).find(k.field) != std::string::npos);
   }

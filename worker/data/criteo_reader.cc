@@ -28,64 +28,113 @@ bool IsHex(absl::string_view s) {
   return true;
 }
 
+std::string ColumnName(const FeatureColumn& c, size_t i) {
+  return c.name().empty() ? absl::StrCat("column ", i + 1) : c.name();
+}
+
 }  // namespace
 
-std::string ParseCriteoLine(absl::string_view line, float* dense, uint64_t* ids,
-                            int64_t* empty_fields) {
-  constexpr int kFields = 1 + kCriteoIntegerFields + kCriteoCategoricalFields;
-  std::vector<absl::string_view> fields = absl::StrSplit(line, '\t');
+ClickThroughLayout::ClickThroughLayout(const FeatureSchema& schema) {
+  const FeatureSchema effective = EffectiveSchema(schema);
+  separator_ = SchemaSeparator(effective);
+  header_ = effective.header();
+  columns_.assign(effective.columns().begin(), effective.columns().end());
+  numeric_ = NumericColumns(effective);
+  fields_ = CategoricalColumns(effective);
+}
+
+std::string ClickThroughLayout::Parse(absl::string_view line, float* dense, uint64_t* ids,
+                                      int32_t* label, int64_t* empty_fields) const {
+  std::vector<absl::string_view> fields = absl::StrSplit(line, separator_);
   int64_t empty = 0;
-  if (fields.size() != kFields) {
-    return absl::StrCat("expected ", kFields, " tab-separated fields, found ", fields.size());
+  if (fields.size() != columns_.size()) {
+    return absl::StrCat("expected ", columns_.size(), " ",
+                        separator_ == '\t' ? std::string("tab") : Quote(std::string(1, separator_)),
+                        "-separated fields, found ", fields.size());
   }
-  if (fields[0] != "0" && fields[0] != "1") {
-    return absl::StrCat("label ", Quote(fields[0]), " is not 0 or 1");
-  }
-  for (int j = 0; j < kCriteoIntegerFields; ++j) {
-    absl::string_view f = fields[1 + j];
-    if (f.empty()) {
-      dense[j] = 0.0f;
-      ++empty;
-      continue;
+  int n = 0, k = 0;  // the numeric and categorical columns so far
+  for (size_t i = 0; i < columns_.size(); ++i) {
+    const FeatureColumn& c = columns_[i];
+    const absl::string_view f = fields[i];
+    switch (c.kind()) {
+      case FeatureColumn::LABEL:
+        if (f != "0" && f != "1") return absl::StrCat("label ", Quote(f), " is not 0 or 1");
+        *label = f[0] == '1' ? 1 : 0;
+        break;
+      case FeatureColumn::NUMERIC: {
+        if (f.empty()) {
+          dense[n++] = 0.0f;
+          ++empty;
+          break;
+        }
+        double v = 0;
+        if (c.integer()) {
+          int64_t whole = 0;
+          auto [end, ec] = std::from_chars(f.data(), f.data() + f.size(), whole);
+          if (ec != std::errc() || end != f.data() + f.size()) {
+            return absl::StrCat("integer field ", n + 1, " is not an integer: ", Quote(f));
+          }
+          v = static_cast<double>(whole);
+        } else {
+          auto [end, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
+          if (ec != std::errc() || end != f.data() + f.size() || !std::isfinite(v)) {
+            return absl::StrCat("numeric field ", n + 1, " (", ColumnName(c, i),
+                                ") is not a number: ", Quote(f));
+          }
+        }
+        dense[n++] = static_cast<float>(c.log1p() ? std::log1p(std::max(v, 0.0)) : v);
+        break;
+      }
+      case FeatureColumn::CATEGORICAL: {
+        if (c.hex() && !f.empty() && !IsHex(f)) {
+          return absl::StrCat("categorical field ", k + 1, " is not 1-16 hex digits: ", Quote(f));
+        }
+        empty += f.empty();
+        uint64_t id = FeatureId(k, f.data(), f.size());
+        // The hashing trick: one of hash_buckets ids of this field.
+        if (c.hash_buckets() > 0) {
+          id = MixId((static_cast<uint64_t>(k) << 40) ^
+                     (id % static_cast<uint64_t>(c.hash_buckets())));
+        }
+        ids[k++] = id;
+        break;
+      }
+      default:
+        break;
     }
-    int64_t v = 0;
-    auto [end, ec] = std::from_chars(f.data(), f.data() + f.size(), v);
-    if (ec != std::errc() || end != f.data() + f.size()) {
-      return absl::StrCat("integer field ", j + 1, " is not an integer: ", Quote(f));
-    }
-    dense[j] = static_cast<float>(std::log1p(static_cast<double>(std::max<int64_t>(v, 0))));
-  }
-  for (int j = 0; j < kCriteoCategoricalFields; ++j) {
-    absl::string_view f = fields[1 + kCriteoIntegerFields + j];
-    if (!f.empty() && !IsHex(f)) {
-      return absl::StrCat("categorical field ", j + 1, " is not 1-16 hex digits: ", Quote(f));
-    }
-    empty += f.empty();
-    ids[j] = FeatureId(j, f.data(), f.size());
   }
   if (empty_fields != nullptr) *empty_fields += empty;
   return "";
 }
 
+std::string ParseCriteoLine(absl::string_view line, float* dense, uint64_t* ids,
+                            int64_t* empty_fields) {
+  static const ClickThroughLayout* const criteo = new ClickThroughLayout();
+  int32_t label = 0;
+  return criteo->Parse(line, dense, ids, &label, empty_fields);
+}
+
 absl::StatusOr<Dataset> LoadCriteoDataset(Env* env, const std::string& path, int max_malformed,
-                                          CriteoStats* stats) {
+                                          CriteoStats* stats, const ClickThroughLayout& layout) {
   CriteoStats local;
   if (stats == nullptr) stats = &local;
   *stats = CriteoStats();
   ASSIGN_OR_RETURN(std::string text, env->ReadFile(path));
   Dataset d;
-  d.dim = kCriteoIntegerFields;
-  d.id_fields = kCriteoCategoricalFields;
-  float dense[kCriteoIntegerFields];
-  uint64_t ids[kCriteoCategoricalFields];
+  d.dim = layout.numeric();
+  d.id_fields = layout.fields();
+  std::vector<float> dense(static_cast<size_t>(layout.numeric()));
+  std::vector<uint64_t> ids(static_cast<size_t>(layout.fields()));
   int64_t line_number = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_number;
+    if (line_number == 1 && layout.header()) continue;
     line = absl::StripSuffix(line, "\r");
     if (line.find_first_not_of(" \t") == absl::string_view::npos) continue;
     ++stats->lines;
     int64_t empty = 0;
-    const std::string reason = ParseCriteoLine(line, dense, ids, &empty);
+    int32_t label = 0;
+    const std::string reason = layout.Parse(line, dense.data(), ids.data(), &label, &empty);
     if (!reason.empty()) {
       ++stats->malformed;
       if (stats->malformed > max_malformed) {
@@ -97,9 +146,9 @@ absl::StatusOr<Dataset> LoadCriteoDataset(Env* env, const std::string& path, int
       continue;
     }
     stats->empty_fields += empty;
-    d.x.insert(d.x.end(), dense, dense + kCriteoIntegerFields);
-    d.ids.insert(d.ids.end(), ids, ids + kCriteoCategoricalFields);
-    d.y.push_back(line[0] == '1' ? 1 : 0);
+    d.x.insert(d.x.end(), dense.begin(), dense.end());
+    d.ids.insert(d.ids.end(), ids.begin(), ids.end());
+    d.y.push_back(label);
     ++d.size;
   }
   if (d.size == 0) return absl::InvalidArgumentError(absl::StrCat(path, ": no data lines"));

@@ -1,7 +1,9 @@
 #include "worker/data/criteo_reader.h"
 
 #include <cmath>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "catch2/catch.hpp"
 #include "common/base/embedding_ids.h"
@@ -103,6 +105,66 @@ TEST_CASE("Criteo examples partition and batch with their ids", "[criteo]") {
     CHECK(y[r] == 1);
     CHECK(ids[r * 26] == FeatureId(0, std::to_string(100 + i)));
   }
+}
+
+
+TEST_CASE("a schema of the user's own: CSV with a header, columns in any order, strings hashed, "
+          "buckets",
+          "[criteo][schema]") {
+  FeatureSchema schema;
+  schema.set_separator(",");
+  schema.set_header(true);
+  auto add = [&](const std::string& name, FeatureColumn::Kind kind) {
+    FeatureColumn* c = schema.add_columns();
+    c->set_name(name);
+    c->set_kind(kind);
+    return c;
+  };
+  add("id", FeatureColumn::IGNORED);
+  add("price", FeatureColumn::NUMERIC);
+  add("user", FeatureColumn::CATEGORICAL)->set_hash_buckets(4);
+  add("views", FeatureColumn::NUMERIC)->set_log1p(true);
+  add("item", FeatureColumn::CATEGORICAL);
+  add("clicked", FeatureColumn::LABEL);
+  const ClickThroughLayout layout(schema);
+  CHECK(layout.numeric() == 2);
+  CHECK(layout.fields() == 2);
+  std::string text = "id,price,user,views,item,clicked\n";
+  for (int i = 0; i < 100; ++i) {
+    text += std::to_string(i) + ",2.5,user" + std::to_string(i) + "," + std::to_string(i) +
+            ",shoes," + std::to_string(i % 2) + "\n";
+  }
+  text += "x,notanumber,u,1,shoes,1\n";  // malformed: skipped
+  text += "y,1,u,1,shoes\n";             // malformed: 5 fields
+  CriteoStats stats;
+  auto d = LoadCriteoDataset(Env::Default(), WriteTemp("schema.csv", text), 5, &stats, layout);
+  REQUIRE(d.ok());
+  CHECK(d->size == 100);
+  CHECK(stats.malformed == 2);
+  CHECK(d->dim == 2);
+  CHECK(d->id_fields == 2);
+  CHECK(d->x[0] == 2.5f);                                // as it is
+  CHECK(d->x[2 * 7 + 1] == static_cast<float>(std::log1p(7.0)));  // log1p
+  CHECK(d->y[7] == 1);
+  CHECK(d->y[8] == 0);
+  // "item" is the second categorical column: the same id as Criteo's
+  // field 1 for the same text.
+  CHECK(d->ids[1] == FeatureId(1, "shoes"));
+  // "user": 100 distinct values, at most 4 ids.
+  std::set<uint64_t> users;
+  for (int i = 0; i < 100; ++i) users.insert(d->ids[2 * i]);
+  CHECK(users.size() <= 4);
+  CHECK(users.size() >= 2);
+  // Why a line is malformed names the column.
+  std::vector<float> dense(2);
+  std::vector<uint64_t> ids(2);
+  int32_t label = 0;
+  CHECK(layout.Parse("1,abc,u,1,shoes,1", dense.data(), ids.data(), &label) ==
+        "numeric field 1 (price) is not a number: \"abc\"");
+  CHECK(layout.Parse("1,1,u,1,shoes", dense.data(), ids.data(), &label) ==
+        "expected 6 \",\"-separated fields, found 5");
+  CHECK(layout.Parse("1,1,u,1,shoes,2", dense.data(), ids.data(), &label) ==
+        "label \"2\" is not 0 or 1");
 }
 
 }  // namespace

@@ -18,8 +18,9 @@ absl::StatusOr<Dataset> LoadDataset(Env* env, const DataConfig& config, DataSpli
                                     int input_dim, int num_labels) {
   const bool train = split == DataSplit::kTrain;
   if (config.format() == CRITEO) {
-    // The model's input (13 numbers and 26 bags) is assembled per batch from
-    // the pulled rows, so input_dim is not the file's width here.
+    // The model's input (the numbers and a bag per categorical column) is
+    // assembled per batch from the pulled rows, so input_dim is not the
+    // file's width here.
     const std::string& path = train ? config.train_tsv() : config.test_tsv();
     CriteoStats stats;
     ASSIGN_OR_RETURN(Dataset d,
@@ -27,7 +28,7 @@ absl::StatusOr<Dataset> LoadDataset(Env* env, const DataConfig& config, DataSpli
                                        config.max_malformed_lines() < 0
                                            ? 0
                                            : config.max_malformed_lines(),
-                                       &stats));
+                                       &stats, ClickThroughLayout(config.schema())));
     LOG_INFO("{}: {} click-through examples from {} lines{}", path, d.size, stats.lines,
              stats.malformed > 0 ? absl::StrCat(", ", stats.malformed, " malformed lines skipped")
                                  : "");

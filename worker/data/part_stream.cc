@@ -48,9 +48,6 @@ absl::StatusOr<std::unique_ptr<PartStream>> PartStream::Open(Env* env, Options o
   return std::unique_ptr<PartStream>(new PartStream(env, std::move(options)));
 }
 
-int PartStream::dim() const { return kCriteoIntegerFields; }
-int PartStream::id_fields() const { return kCriteoCategoricalFields; }
-
 absl::StatusOr<std::map<int64_t, std::string>> PartStream::ListParts() const {
   ASSIGN_OR_RETURN(std::vector<std::string> names, env_->ListDir(options_.dir));
   std::map<int64_t, std::string> parts;
@@ -143,7 +140,7 @@ absl::Status PartStream::Wait() {
 
 absl::Status PartStream::Next(float* x, int32_t* y, uint64_t* ids) {
   std::vector<uint64_t> scratch;
-  if (ids == nullptr) scratch.resize(kCriteoCategoricalFields);
+  if (ids == nullptr) scratch.resize(static_cast<size_t>(layout_.fields()));
   std::string line;
   for (int rows = 0; rows < options_.batch_size;) {
     int64_t index = 0;
@@ -153,11 +150,12 @@ absl::Status PartStream::Next(float* x, int32_t* y, uint64_t* ids) {
       continue;
     }
     if (index % options_.num_workers != options_.worker) continue;
+    if (index == 0 && layout_.header()) continue;
     if (line.find_first_not_of(" \t") == std::string::npos) continue;  // blank
-    const std::string reason = ParseCriteoLine(
-        line, x + static_cast<size_t>(rows) * kCriteoIntegerFields,
-        ids != nullptr ? ids + static_cast<size_t>(rows) * kCriteoCategoricalFields
-                       : scratch.data());
+    const std::string reason = layout_.Parse(
+        line, x + static_cast<size_t>(rows) * layout_.numeric(),
+        ids != nullptr ? ids + static_cast<size_t>(rows) * layout_.fields() : scratch.data(),
+        &y[rows]);
     if (!reason.empty()) {
       const std::string where = absl::StrCat(JoinPath(options_.dir, file_), ":", index + 1);
       if (++malformed_ > options_.max_malformed) {
@@ -168,7 +166,6 @@ absl::Status PartStream::Next(float* x, int32_t* y, uint64_t* ids) {
       LOG_WARN("{}: {}; line skipped", where, reason);
       continue;
     }
-    y[rows] = line[0] == '1' ? 1 : 0;
     ++rows;
     ++examples_;
   }

@@ -32,6 +32,7 @@
 #include "absl/time/time.h"
 #include "common/storage/env.h"
 #include "worker/data/batch_source.h"
+#include "worker/data/criteo_reader.h"
 
 namespace pstrain {
 
@@ -44,14 +45,15 @@ class PartStream : public BatchSource {
     int batch_size = 1;
     int max_malformed = 100;
     absl::Duration poll = absl::Milliseconds(200);  // how often a wait looks again
+    FeatureSchema schema;  // the parts' columns (none: Criteo's); a header is each part's
   };
 
   // Checks the options and that `dir` is a directory (it may be empty yet).
   static absl::StatusOr<std::unique_ptr<PartStream>> Open(Env* env, Options options);
 
   int batch_size() const override { return options_.batch_size; }
-  int dim() const override;        // 13 dense features
-  int id_fields() const override;  // 26 categorical ids
+  int dim() const override { return layout_.numeric(); }         // the dense features
+  int id_fields() const override { return layout_.fields(); }    // the categorical ids
   absl::Status Next(float* x, int32_t* y, uint64_t* ids) override;
   // The part's number (the first part at or after it when that one is not
   // there yet), and the lines of it passed.
@@ -68,7 +70,8 @@ class PartStream : public BatchSource {
   int64_t malformed() const { return malformed_; }
 
  private:
-  PartStream(Env* env, Options options) : env_(env), options_(std::move(options)) {}
+  PartStream(Env* env, Options options)
+      : env_(env), options_(std::move(options)), layout_(options_.schema) {}
 
   // The parts in the directory: number -> file name.
   absl::StatusOr<std::map<int64_t, std::string>> ListParts() const;
@@ -82,6 +85,7 @@ class PartStream : public BatchSource {
 
   Env* const env_;
   const Options options_;
+  const ClickThroughLayout layout_;
   // Where the stream stands: the part (its number, and its file once open),
   // the lines and bytes of it passed, and what was read past them.
   int64_t part_ = 0;

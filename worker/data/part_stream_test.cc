@@ -191,5 +191,43 @@ TEST_CASE("malformed lines are skipped up to the limit; Cancel ends a wait", "[d
         absl::StatusCode::kFailedPrecondition);
 }
 
+
+TEST_CASE("parts of a schema of the user's own: each part's header skipped, columns as declared",
+          "[data][stream][schema]") {
+  const std::string dir = FreshDir("schema_parts");
+  // label last, one number, one category, comma-separated, a header per part.
+  auto part = [](int first, int count) {
+    std::string text = "n,item,click\n";
+    for (int n = first; n < first + count; ++n) absl::StrAppend(&text, n, ",ab,", n % 2, "\n");
+    return text;
+  };
+  Write(dir, "part-0.csv", part(0, 5));
+  Write(dir, "part-1.csv", part(5, 5));
+  PartStream::Options o;
+  o.dir = dir;
+  o.batch_size = 10;
+  o.max_malformed = 0;  // a header read as data would fail the stream
+  o.poll = absl::Milliseconds(5);
+  o.schema.set_separator(",");
+  o.schema.set_header(true);
+  o.schema.add_columns()->set_kind(FeatureColumn::NUMERIC);
+  o.schema.add_columns()->set_kind(FeatureColumn::CATEGORICAL);
+  o.schema.add_columns()->set_kind(FeatureColumn::LABEL);
+  auto s = PartStream::Open(Env::Default(), o);
+  REQUIRE(s.ok());
+  CHECK((*s)->dim() == 1);
+  CHECK((*s)->id_fields() == 1);
+  std::vector<float> x(10);
+  std::vector<int32_t> y(10);
+  std::vector<uint64_t> ids(10);
+  REQUIRE((*s)->Next(x.data(), y.data(), ids.data()).ok());
+  for (int n = 0; n < 10; ++n) {
+    CHECK(x[n] == static_cast<float>(n));
+    CHECK(y[n] == n % 2);
+    CHECK(ids[n] == FeatureId(0, "ab", 2));
+  }
+  CHECK((*s)->malformed() == 0);
+}
+
 }  // namespace
 }  // namespace pstrain

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -321,6 +322,24 @@ parameters { field: "seed" values { value: [1, 2] } }
         "pstrain sweep: sweep file " + bad +
             ": parameters: optimizer.rate: OptimizerConfig has no field \"rate\"\n");
   CHECK_FALSE(Env::Default()->IsDirectory(JoinPath(dir, "bad_out")));
+  // Flags of another mode, and --collect of nothing, are refused.
+  for (const auto& [more, named] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--ps=2"}, "--ps and --workers: with --slurm or --kubernetes"},
+           {{"--image=x:1"}, "--image, --name, --gpus_per_worker and --storage: only with "
+                             "--kubernetes"},
+           {{"--base_port=9000"}, "--sbatch_args and --base_port: only with --slurm"}}) {
+    CommandResult r = Sweep(sweep, spec, JoinPath(dir, "bad_out"), more);
+    INFO(r.output);
+    CHECK(r.exit_code == 2);
+    CHECK(r.output.find(named) != std::string::npos);
+  }
+  CommandResult nothing = testing::RunCommand(
+      {Binary("tools/pstrain"), "sweep", "--sweep", sweep, "--collect", "--out",
+       JoinPath(dir, "no_such_dir")},
+      absl::Seconds(30));
+  CHECK(nothing.exit_code == 2);
+  CHECK(nothing.output.find("is not a directory") != std::string::npos);
+  CHECK_FALSE(Env::Default()->IsDirectory(JoinPath(dir, "no_such_dir")));
 }
 
 TEST_CASE("a trial whose chief is killed mid-run is marked failed, the sweep completes, and "

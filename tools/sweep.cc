@@ -337,6 +337,7 @@ class SweepRunner {
   struct Running {
     const SweepTrial* trial;
     std::unique_ptr<TrialRun> run;
+    absl::Time started;  // or submitted, where it waits for resources first
     std::vector<double> rung_values;  // its metric at each rung reached
     bool stopped_early = false;
     int64_t events_bytes = -1;  // the event files' size when last read
@@ -373,8 +374,16 @@ absl::Status SweepRunner::WriteTrial(const SweepTrial& trial) {
       WriteFileAtomically(env, JoinPath(dir, "config.pbtxt"),
                           absl::StrCat("# pstrain sweep ", o_.sweep_file, ", trial ", trial.index,
                                        ": ", TrialParamsText(trial.params), "\n", config)));
-  (void)env->DeleteFile(JoinPath(dir, "trial.json"));
-  (void)env->DeleteFile(JoinPath(dir, "launch.log"));
+  // An attempt starts from nothing: none of an earlier one's outcome,
+  // model or checkpoints (a local launch's --overwrite would remove them;
+  // a Slurm task's daemons would not).
+  for (const char* name : {"trial.json", "launch.log", "summary.json", "model_final.pst"}) {
+    (void)env->DeleteFile(JoinPath(dir, name));
+  }
+  const TrainingConfig config_set = TrialConfig(trial, space_.sweep, dir);
+  if (!config_set.checkpoint().dir().empty() && env->IsDirectory(config_set.checkpoint().dir())) {
+    RETURN_IF_ERROR(DeleteRecursively(env, config_set.checkpoint().dir()));
+  }
   // An earlier attempt's evaluations must not meet this one's rungs (the
   // launch's --overwrite removes them too, but only once it runs).
   const std::string events = JoinPath(dir, "events");
@@ -389,7 +398,7 @@ absl::StatusOr<SweepRunner::Running> SweepRunner::Start(const SweepTrial& trial)
   out_ << "trial " << trial.index << " (of " << total_ << ") "
        << (run->running_since().has_value() ? "started" : "submitted") << ": "
        << TrialParamsText(trial.params) << " (" << TrialDir(o_, trial.index) << ")" << std::endl;
-  return Running{&trial, std::move(run), {}, false, -1};
+  return Running{&trial, std::move(run), absl::Now(), {}, false, -1};
 }
 
 void SweepRunner::CheckRungs(Running* r) {
@@ -540,9 +549,10 @@ std::vector<TrialResult> SweepRunner::Run(const std::vector<SweepTrial>& trials,
     for (size_t i = 0; i < running.size();) {
       Running& r = running[i];
       std::optional<int> code = r.run->Poll();
-      const std::optional<absl::Time> since = r.run->running_since();
-      const bool late =
-          !code.has_value() && since.has_value() && absl::Now() - *since > o_.trial_timeout;
+      // Running (or waiting to) for longer than the timeout: a task that
+      // can never be placed ends too.
+      const absl::Time since = r.run->running_since().value_or(r.started);
+      const bool late = !code.has_value() && absl::Now() - since > o_.trial_timeout;
       if (late) code = r.run->Kill(kTrialStopGrace);
       if (!code.has_value()) {
         ++i;
@@ -584,7 +594,8 @@ absl::Status Refusal(const std::string& why) { return absl::FailedPreconditionEr
 // Where the trials run: a Slurm job array, or launches on this machine.
 absl::StatusOr<std::unique_ptr<TrialLauncher>> MakeLauncher(SweepOptions* o) {
   if (o->slurm) {
-    if (std::string job = LiveSlurmArray(o->out_dir); !job.empty()) {
+    ASSIGN_OR_RETURN(const std::string job, LiveSlurmArray(o->out_dir));
+    if (!job.empty()) {
       return Refusal(absl::StrCat("--out ", o->out_dir, ": its Slurm job array ", job,
                                   " is still running (squeue -r -j ", job,
                                   "); wait for it or scancel it first"));
@@ -712,6 +723,11 @@ int RunSweep(const SweepOptions& options, StopSignal* stop, std::ostream& out) {
     return 0;
   }
   if (o.collect) {
+    if (!Env::Default()->IsDirectory(o.out_dir)) {
+      return fail(Refusal(absl::StrCat("--collect: --out ", o.out_dir,
+                                       " is not a directory (where the trials' directories were "
+                                       "copied back)")));
+    }
     out << "pstrain sweep: " << trials->size() << " trial(s) (" << space->sweep.search() << " over "
         << space->sweep.parameters_size() << " parameter(s)), collected from " << o.out_dir
         << "; ranked by " << metric.name << std::endl;

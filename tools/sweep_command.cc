@@ -80,6 +80,9 @@ int RunSweepCommand(const std::vector<std::string>& argv, const std::string& pst
     o.num_workers = static_cast<int>(*workers);
   } else if (o.cluster_spec.empty() && !o.collect) {
     return Refuse("--cluster_spec is required (each trial's shape), or --slurm or --kubernetes");
+  } else if (args->Get("ps") != "1" || args->Get("workers") != "1") {
+    return Refuse("--ps and --workers: with --slurm or --kubernetes (a local sweep takes each "
+                  "trial's shape from --cluster_spec)");
   }
   if (!o.slurm && (!args->Get("sbatch_args").empty() || args->Get("base_port") != "8470")) {
     return Refuse("--sbatch_args and --base_port: only with --slurm");
@@ -104,8 +107,9 @@ int RunSweepCommand(const std::vector<std::string>& argv, const std::string& pst
     k.gpus_per_worker = static_cast<int>(*gpus);
     k.storage = args->Get("storage");
     if (k.image.empty()) return Refuse("--kubernetes needs --image");
-  } else if (!args->Get("image").empty()) {
-    return Refuse("--image: only with --kubernetes");
+  } else if (!args->Get("image").empty() || args->Get("name") != "sweep" ||
+             args->Get("gpus_per_worker") != "0" || args->Get("storage") != "20Gi") {
+    return Refuse("--image, --name, --gpus_per_worker and --storage: only with --kubernetes");
   }
   o.resume = args->GetBool("resume");
   if (o.resume && (o.kubernetes || o.collect)) {

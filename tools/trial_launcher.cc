@@ -223,7 +223,9 @@ class SlurmLauncher : public TrialLauncher {
     next_refresh_ = absl::Now() + kSlurmRefresh;
     absl::StatusOr<std::map<int, std::string>> states = ArrayStates(job_, false);
     // squeue not answering says nothing of the tasks: keep the last states.
-    if (states.ok()) states_ = std::move(*states);
+    if (!states.ok()) return;
+    states_ = std::move(*states);
+    answered_ = true;
   }
   std::string Describe() const override {
     return absl::StrCat(
@@ -232,8 +234,10 @@ class SlurmLauncher : public TrialLauncher {
         ", ", o_.num_ps, " ps and ", o_.num_workers, " worker(s) each");
   }
 
-  // The task's state in squeue; empty once it has left it.
-  std::string State(int trial) const {
+  // The task's state in squeue; empty once it has left it; nullopt while
+  // squeue has not answered yet.
+  std::optional<std::string> State(int trial) const {
+    if (!answered_) return std::nullopt;
     auto it = states_.find(trial);
     return it == states_.end() ? "" : it->second;
   }
@@ -251,8 +255,18 @@ class SlurmLauncher : public TrialLauncher {
   const SlurmTrialOptions o_;
   std::string job_;
   std::map<int, std::string> states_;
+  bool answered_ = false;  // squeue has answered once since the array was submitted
   absl::Time next_refresh_ = absl::InfinitePast();
 };
+
+// `s` for a comment line of a script: no line breaks or other controls.
+std::string CommentText(const std::string& s) {
+  std::string out = s;
+  for (char& c : out) {
+    if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+  }
+  return out;
+}
 
 std::string SlurmLauncher::Script() const {
   const int tasks = 1 + o_.num_ps + o_.num_workers;
@@ -269,10 +283,10 @@ std::string SlurmLauncher::Script() const {
   return absl::StrCat(
       "#!/bin/bash\n"
       "# pstrain sweep ",
-      o_.sweep_file,
+      CommentText(o_.sweep_file),
       ": task k of this job array runs trial k,\n"
       "# ",
-      o_.out_dir, "/trial-k/config.pbtxt, as a pstrain job of ", tasks,
+      CommentText(o_.out_dir), "/trial-k/config.pbtxt, as a pstrain job of ", tasks,
       " tasks\n"
       "# (1 chief, ",
       o_.num_ps, " ps, ", o_.num_workers,
@@ -303,7 +317,7 @@ std::string SlurmLauncher::Script() const {
 absl::StatusOr<std::string> SlurmLauncher::Prepare(const std::vector<int>& trials) {
   if (trials.empty()) return "";
   const int tasks = 1 + o_.num_ps + o_.num_workers;
-  const int64_t top = o_.base_port + static_cast<int64_t>(trials.back() + 1) * tasks;
+  const int64_t top = o_.base_port + static_cast<int64_t>(trials.back() + 1) * tasks - 1;
   if (top > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("--base_port ", o_.base_port, ": trial ", trials.back(), "'s ", tasks,
@@ -354,14 +368,16 @@ void SlurmRun::Terminate() {
   terminated_ = true;
   const std::string id = launcher_->TaskId(trial_);
   // A pending task is cancelled; a running one's srun step gets one
-  // SIGTERM (its chief saves first), not the batch script.
+  // SIGTERM, not the batch script: every task of the step gets it, so its
+  // servers stop at once and its chief cannot save first.
   std::vector<std::string> argv = {"scancel", "--quiet", id};
   if (running_since_.has_value()) argv.insert(argv.begin() + 1, "--signal=TERM");
   (void)Slurm(argv);
 }
 
 std::optional<int> SlurmRun::Poll() {
-  const std::string state = launcher_->State(trial_);
+  const std::optional<std::string> known = launcher_->State(trial_);
+  const std::string state = known.value_or("");
   if (!running_since_.has_value()) {
     // When its task began (it writes the time first), else when squeue
     // first showed it running.
@@ -374,7 +390,12 @@ std::optional<int> SlurmRun::Poll() {
     }
   }
   if (std::optional<int> code = ExitCode(); code.has_value()) return code;
-  if (!state.empty()) return std::nullopt;
+  if (!known.has_value()) return std::nullopt;  // squeue has said nothing yet
+  if (!state.empty()) {
+    gone_since_.reset();  // (listed again after a squeue that missed it)
+    end_state_.clear();
+    return std::nullopt;
+  }
   if (!gone_since_.has_value()) {
     // Slurm forgets an ended task soon (MinJobAge): ask at once.
     gone_since_ = absl::Now();
@@ -403,7 +424,14 @@ int SlurmRun::Kill(absl::Duration grace) {
 }
 
 std::string SlurmRun::Error(int code) const {
-  if (ExitCode().has_value()) return LaunchError(JoinPath(dir_, "launch.log"), code);
+  const std::string log = JoinPath(dir_, "launch.log");
+  if (ExitCode().has_value()) return LaunchError(log, code);
+  // Ended before srun returned: by Slurm, or its script failed first
+  // (FAILED: what its output says).
+  if (end_state_ == "FAILED") {
+    return absl::StrCat("Slurm job ", launcher_->TaskId(trial_), " FAILED: ",
+                        LaunchError(log, code));
+  }
   return absl::StrCat("Slurm job ", launcher_->TaskId(trial_), " ended",
                       end_state_.empty() ? "" : " " + end_state_,
                       " without its exit code (scancel, its time limit or its node ended it)");
@@ -419,12 +447,19 @@ std::unique_ptr<TrialLauncher> SlurmTrials(const SlurmTrialOptions& options) {
   return std::make_unique<SlurmLauncher>(options);
 }
 
-std::string LiveSlurmArray(const std::string& out_dir) {
+absl::StatusOr<std::string> LiveSlurmArray(const std::string& out_dir) {
   auto text = Env::Default()->ReadFile(JoinPath(out_dir, "slurm_job"));
-  if (!text.ok()) return "";
+  if (!text.ok()) return std::string();
   const std::string job(absl::StripAsciiWhitespace(*text));
   absl::StatusOr<std::map<int, std::string>> states = ArrayStates(job, false);
-  return states.ok() && !states->empty() ? job : "";
+  if (!states.ok()) {
+    // squeue -j of a job Slurm has forgotten fails with "Invalid job id".
+    if (absl::StrContains(states.status().message(), "Invalid job id")) return std::string();
+    return absl::UnavailableError(absl::StrCat("cannot ask Slurm whether job array ", job,
+                                               " (", out_dir, "/slurm_job) still runs: ",
+                                               states.status().message()));
+  }
+  return states->empty() ? std::string() : job;
 }
 
 }  // namespace pstrain

@@ -86,9 +86,9 @@ struct SlurmTrialOptions {
 };
 std::unique_ptr<TrialLauncher> SlurmTrials(const SlurmTrialOptions& options);
 
-// The id of a sweep's job array still known to Slurm (pending, running or
-// just ended), from out_dir/slurm_job; empty if none.
-std::string LiveSlurmArray(const std::string& out_dir);
+// The id of a sweep's job array with tasks still pending or running, from
+// out_dir/slurm_job; empty if none; an error when Slurm cannot say.
+absl::StatusOr<std::string> LiveSlurmArray(const std::string& out_dir);
 
 // squeue's "%i %T" lines ("12_3 RUNNING") for array `job`'s tasks, by task.
 std::map<int, std::string> ParseArrayStates(const std::string& job, absl::string_view squeue);

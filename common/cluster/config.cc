@@ -638,13 +638,15 @@ absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
   if (model.has_click_through()) {
     // The numeric features and a bag of embedding_dim per categorical field
     // (Criteo's 13 and 26 where the config was not validated against data).
+    // (A validated config always has categorical fields; its numeric inputs
+    // may be none.)
     const ClickThroughConfig& ct = model.click_through();
-    const int numeric = ct.numeric_inputs() > 0 ? ct.numeric_inputs() : kCriteoIntegerFields;
-    const int fields = ct.categorical_fields() > 0 ? ct.categorical_fields()
-                                                   : kCriteoCategoricalFields;
-    if (numeric > 4096 || fields > 4096) {
+    const bool counted = ct.categorical_fields() > 0;
+    const int numeric = counted ? ct.numeric_inputs() : kCriteoIntegerFields;
+    const int fields = counted ? ct.categorical_fields() : kCriteoCategoricalFields;
+    if (numeric < 0 || numeric > 4096 || fields > 4096) {
       return FieldError(source, "model.click_through.numeric_inputs/categorical_fields",
-                        "expected at most 4096 each");
+                        "expected 0..4096 and 1..4096");
     }
     if (ct.embedding_dim() <= 0 || ct.embedding_dim() > 65536) {
       return FieldError(source, "model.click_through.embedding_dim",
@@ -653,7 +655,14 @@ absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
     if (ct.activation() != RELU && ct.activation() != GELU) {
       return FieldError(source, "model.click_through.activation", "expected RELU or GELU");
     }
-    seq.set_input_dim(numeric + fields * ct.embedding_dim());
+    const int64_t input = numeric + int64_t{fields} * ct.embedding_dim();
+    if (input > kMaxInput) {
+      return FieldError(source, "model.click_through",
+                        absl::StrCat("an input of ", input, " floats (", numeric, " numbers and ",
+                                     fields, " bags of ", ct.embedding_dim(),
+                                     "); expected at most ", kMaxInput));
+    }
+    seq.set_input_dim(static_cast<int>(input));
     for (int units : ct.hidden_units()) {
       if (units <= 0 || units > 65536) {
         return FieldError(source, "model.click_through.hidden_units", "expected each in 1..65536");

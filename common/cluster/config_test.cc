@@ -247,6 +247,12 @@ max_steps: 10
     REQUIRE_FALSE(refused.ok());
     CHECK(std::string(refused.status().message()).find(why) != std::string::npos);
   }
+  // No numeric column: the model's input is the bags alone.
+  auto bags_only = with(R"(schema { columns { kind: CATEGORICAL count: 3 }
+    columns { kind: LABEL } })");
+  REQUIRE(bags_only.ok());
+  CHECK(bags_only->model().click_through().numeric_inputs() == 0);
+  CHECK(ExpandModelConfig(bags_only->model())->input_dim() == 3 * 8);
   // A count is that many columns.
   auto counted = with(R"(schema { columns { kind: LABEL }
     columns { kind: NUMERIC count: 3 } columns { kind: CATEGORICAL count: 40 } })");

@@ -72,7 +72,8 @@ std::string ClickThroughLayout::Parse(absl::string_view line, float* dense, uint
           int64_t whole = 0;
           auto [end, ec] = std::from_chars(f.data(), f.data() + f.size(), whole);
           if (ec != std::errc() || end != f.data() + f.size()) {
-            return absl::StrCat("integer field ", n + 1, " is not an integer: ", Quote(f));
+            return absl::StrCat("integer field ", n + 1, " (", ColumnName(c, i),
+                                ") is not an integer: ", Quote(f));
           }
           v = static_cast<double>(whole);
         } else {
@@ -87,7 +88,8 @@ std::string ClickThroughLayout::Parse(absl::string_view line, float* dense, uint
       }
       case FeatureColumn::CATEGORICAL: {
         if (c.hex() && !f.empty() && !IsHex(f)) {
-          return absl::StrCat("categorical field ", k + 1, " is not 1-16 hex digits: ", Quote(f));
+          return absl::StrCat("categorical field ", k + 1, " (", ColumnName(c, i),
+                              ") is not 1-16 hex digits: ", Quote(f));
         }
         empty += f.empty();
         uint64_t id = FeatureId(k, f.data(), f.size());

@@ -38,7 +38,10 @@ void EmbeddingBags::Forward(const SparseBatch& batch, const UniqueRows& unique, 
   const int width = output_dim();
   for (int b = 0; b < batch.batch; ++b) {
     float* out = x + static_cast<size_t>(b) * width;
-    std::memcpy(out, dense + static_cast<size_t>(b) * dense_dim_, sizeof(float) * dense_dim_);
+    // (No numeric inputs: `dense` may be null.)
+    if (dense_dim_ > 0) {
+      std::memcpy(out, dense + static_cast<size_t>(b) * dense_dim_, sizeof(float) * dense_dim_);
+    }
     for (int f = 0; f < fields_; ++f) {
       float* bag = out + dense_dim_ + static_cast<size_t>(f) * dim_;
       std::fill(bag, bag + dim_, 0.0f);
@@ -150,7 +153,9 @@ absl::Status DeviceEmbeddingBags::Forward(const SparseBatch& batch, const Unique
   std::copy(dense, dense + dense_floats, host_dense_.data());
   RETURN_IF_ERROR(backend_->CopyToDevice(index_.data(), h, index_size * sizeof(int32_t)));
   RETURN_IF_ERROR(backend_->CopyToDevice(rows_.data(), host_rows_.data(), row_floats * 4));
-  RETURN_IF_ERROR(backend_->CopyToDevice(dense_.data(), host_dense_.data(), dense_floats * 4));
+  if (dense_floats > 0) {  // none without numeric inputs
+    RETURN_IF_ERROR(backend_->CopyToDevice(dense_.data(), host_dense_.data(), dense_floats * 4));
+  }
   return backend_->BagsForward(rows_.data(), index_.data() + row_of_at_,
                                index_.data() + offsets_at_, dense_.data(), batch.batch, fields_,
                                dim_, dense_dim_, mean_, x);

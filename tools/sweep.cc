@@ -337,7 +337,6 @@ class SweepRunner {
   struct Running {
     const SweepTrial* trial;
     std::unique_ptr<TrialRun> run;
-    absl::Time started;  // or submitted, where it waits for resources first
     std::vector<double> rung_values;  // its metric at each rung reached
     bool stopped_early = false;
     int64_t events_bytes = -1;  // the event files' size when last read
@@ -398,7 +397,7 @@ absl::StatusOr<SweepRunner::Running> SweepRunner::Start(const SweepTrial& trial)
   out_ << "trial " << trial.index << " (of " << total_ << ") "
        << (run->running_since().has_value() ? "started" : "submitted") << ": "
        << TrialParamsText(trial.params) << " (" << TrialDir(o_, trial.index) << ")" << std::endl;
-  return Running{&trial, std::move(run), absl::Now(), {}, false, -1};
+  return Running{&trial, std::move(run), {}, false, -1};
 }
 
 void SweepRunner::CheckRungs(Running* r) {
@@ -526,6 +525,7 @@ std::vector<TrialResult> SweepRunner::Run(const std::vector<SweepTrial>& trials,
   }
   std::vector<Running> running;
   size_t next = 0;
+  absl::Time last_running = absl::Now();  // when a trial last ran (or the sweep began)
   while (next < todo.size() || !running.empty()) {
     if (stop_->stopped()) {
       // One stop each (the launches save first), then the grace, then kill.
@@ -546,13 +546,19 @@ std::vector<TrialResult> SweepRunner::Run(const std::vector<SweepTrial>& trials,
     StartMore(trials, todo, &next, &running, &done);
     launcher_->Refresh();
     for (Running& r : running) CheckRungs(&r);
+    for (const Running& r : running) {
+      if (r.run->running_since().has_value()) last_running = absl::Now();
+    }
     for (size_t i = 0; i < running.size();) {
       Running& r = running[i];
       std::optional<int> code = r.run->Poll();
-      // Running (or waiting to) for longer than the timeout: a task that
-      // can never be placed ends too.
-      const absl::Time since = r.run->running_since().value_or(r.started);
-      const bool late = !code.has_value() && absl::Now() - since > o_.trial_timeout;
+      // Running for longer than the timeout; or waiting to start while no
+      // trial has run for that long (tasks Slurm never places, not tasks
+      // queued behind the sweep's other trials).
+      const std::optional<absl::Time> since = r.run->running_since();
+      const bool late = !code.has_value() &&
+                        ((since.has_value() && absl::Now() - *since > o_.trial_timeout) ||
+                         (!since.has_value() && absl::Now() - last_running > o_.trial_timeout));
       if (late) code = r.run->Kill(kTrialStopGrace);
       if (!code.has_value()) {
         ++i;

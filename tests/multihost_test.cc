@@ -232,11 +232,27 @@ std::string WhyNoSlurm() {
 struct SlurmGuard {
   std::string dir;
   ~SlurmGuard() {
+    if (dir.empty()) return;
     RunCommand({"/bin/bash", Script("tests/slurm/one_node_cluster.sh"), "stop", dir},
                absl::Seconds(60));
     RunCommand({"/bin/rm", "-rf", dir}, absl::Seconds(30));
   }
 };
+
+// Starts a one-node Slurm cluster on slurmctld's and slurmd's `ports`, its
+// files (and so `guard`'s dir, which stops and removes it) under a short
+// path: a unix socket's path must fit in 108 bytes, which TEST_TMPDIR's does
+// not.
+void StartSlurm(const std::vector<int>& ports, SlurmGuard* guard) {
+  char short_dir[] = "/tmp/pstrain-slurm.XXXXXX";
+  REQUIRE(::mkdtemp(short_dir) != nullptr);
+  guard->dir = short_dir;
+  CommandResult up = RunCommand({"/bin/bash", Script("tests/slurm/one_node_cluster.sh"), "start",
+                                 guard->dir, std::to_string(ports[0]), std::to_string(ports[1])},
+                                absl::Seconds(90));
+  INFO(up.output);
+  REQUIRE(up.exit_code == 0);
+}
 
 TEST_CASE("the demo submitted with sbatch to a real Slurm cluster trains, with mutual TLS",
           "[multihost][slurm]") {
@@ -249,16 +265,8 @@ TEST_CASE("the demo submitted with sbatch to a real Slurm cluster trains, with m
   const std::vector<int> ports = PickFreePorts(2);
   const int base_port = ConsecutiveFreePorts(5, ports);
   REQUIRE(base_port > 0);
-  // Slurm's and munge's own files under a short path: a unix socket's path
-  // must fit in 108 bytes, which TEST_TMPDIR's does not.
-  char short_dir[] = "/tmp/pstrain-slurm.XXXXXX";
-  REQUIRE(::mkdtemp(short_dir) != nullptr);
-  SlurmGuard guard{short_dir};
-  CommandResult up = RunCommand({"/bin/bash", Script("tests/slurm/one_node_cluster.sh"), "start",
-                                 guard.dir, std::to_string(ports[0]), std::to_string(ports[1])},
-                                absl::Seconds(90));
-  INFO(up.output);
-  REQUIRE(up.exit_code == 0);
+  SlurmGuard guard;
+  StartSlurm(ports, &guard);
   const std::string config = DemoConfig(dir);
   const std::string job_out = JoinPath(dir, "job.out");
   const std::string slurm_conf = "SLURM_CONF=" + JoinPath(guard.dir, "slurm.conf");
@@ -307,14 +315,8 @@ TEST_CASE(
   // Trial k's 3 tasks listen from base + 3k.
   const int base_port = ConsecutiveFreePorts(9, ports);
   REQUIRE(base_port > 0);
-  char short_dir[] = "/tmp/pstrain-slurm.XXXXXX";
-  REQUIRE(::mkdtemp(short_dir) != nullptr);
-  SlurmGuard guard{short_dir};
-  CommandResult up = RunCommand({"/bin/bash", Script("tests/slurm/one_node_cluster.sh"), "start",
-                                 guard.dir, std::to_string(ports[0]), std::to_string(ports[1])},
-                                absl::Seconds(90));
-  INFO(up.output);
-  REQUIRE(up.exit_code == 0);
+  SlurmGuard guard;
+  StartSlurm(ports, &guard);
   const std::string slurm_conf = "SLURM_CONF=" + JoinPath(guard.dir, "slurm.conf");
   ConfigOptions o;
   o.eval_every_steps = 0;

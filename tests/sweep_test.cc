@@ -36,6 +36,15 @@ nlohmann::json ReadJson(const std::string& path) {
   return nlohmann::json::parse(*text);
 }
 
+// The ranked table's rows in a sweep's output, its header first.
+std::vector<std::string> TableRows(const std::string& output) {
+  const size_t table = output.find("trial  optimizer.learning_rate  accuracy");
+  REQUIRE(table != std::string::npos);
+  std::vector<std::string> rows = absl::StrSplit(output.substr(table), '\n');
+  REQUIRE(rows.size() > 4);
+  return rows;
+}
+
 CommandResult Sweep(const std::string& sweep, const std::string& spec, const std::string& out,
                     std::vector<std::string> more = {}) {
   std::vector<std::string> argv = {Binary("tools/pstrain"), "sweep", "--sweep", sweep,
@@ -66,10 +75,7 @@ parameters { field: "optimizer.learning_rate" values { value: [0.001, 0.1, 0.02]
   CHECK(r.output.find("3 trial(s) (grid over 1 parameter(s)), 2 at once, 1 ps and 2 worker(s) "
                       "each; ranked by accuracy") != std::string::npos);
   // The table, best first: 0.1 before 0.02 before 0.001 at 60 steps.
-  const size_t table = r.output.find("trial  optimizer.learning_rate  accuracy");
-  REQUIRE(table != std::string::npos);
-  std::vector<std::string> rows = absl::StrSplit(r.output.substr(table), '\n');
-  REQUIRE(rows.size() > 4);
+  const std::vector<std::string> rows = TableRows(r.output);
   CHECK(rows[1].rfind("1      0.1 ", 0) == 0);
   CHECK(rows[2].rfind("2      0.02 ", 0) == 0);
   CHECK(rows[3].rfind("0      0.001 ", 0) == 0);
@@ -189,10 +195,7 @@ parameters { field: "optimizer.learning_rate" values { value: [0.001, 0.1, 0.02]
   CHECK(collect.exit_code == 1);  // one unfinished
   CHECK(collect.output.find("3 trial(s) (grid over 1 parameter(s)), collected from " +
                             collected) != std::string::npos);
-  const size_t ctable = collect.output.find("trial  optimizer.learning_rate  accuracy");
-  REQUIRE(ctable != std::string::npos);
-  std::vector<std::string> crows = absl::StrSplit(collect.output.substr(ctable), '\n');
-  REQUIRE(crows.size() > 4);
+  const std::vector<std::string> crows = TableRows(collect.output);
   CHECK(crows[1].rfind("1      0.1 ", 0) == 0);
   CHECK(crows[2].rfind("0      0.001 ", 0) == 0);
   CHECK(crows[3].rfind("2      0.02 ", 0) == 0);

@@ -6,7 +6,6 @@
 #include "absl/strings/str_split.h"
 
 namespace pstrain {
-namespace {
 
 bool IsDnsLabel(const std::string& s, size_t max) {
   if (s.empty() || s.size() > max || s.front() == '-' || s.back() == '-') return false;
@@ -15,6 +14,8 @@ bool IsDnsLabel(const std::string& s, size_t max) {
   }
   return true;
 }
+
+namespace {
 
 // A whole number with an optional binary or decimal suffix: 20Gi, 500M.
 bool IsQuantity(const std::string& s) {

@@ -33,6 +33,9 @@ struct K8sManifestOptions {
   std::string auth_secret;  // empty: <name>-auth
 };
 
+// A Kubernetes name: a-z, 0-9 and '-', not at either end, 1 to `max` long.
+bool IsDnsLabel(const std::string& s, size_t max);
+
 // The manifests as one YAML stream; INVALID_ARGUMENT naming the flag for a
 // name that is no DNS label, an image with spaces or quotes, counts out of
 // range.

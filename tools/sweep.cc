@@ -310,11 +310,11 @@ void RecordTrial(const SweepOptions& o, const SweepMetric& metric, size_t total,
     out << "trial " << r.index << ": " << st.message() << std::endl;
   }
   out << "trial " << r.index << " (of " << total << ") " << r.state << " after "
-       << absl::StrFormat("%.1f", r.seconds) << "s: "
-       << ((r.state == "finished" || r.state == kStoppedEarly) && r.metric
-               ? absl::StrFormat("%s %.4f at step %d", metric.name, *r.metric, r.steps)
-               : absl::StrCat(r.error, " (log: ", JoinPath(dir, "launch.log"), ")"))
-       << std::endl;
+      << absl::StrFormat("%.1f", r.seconds) << "s: "
+      << ((r.state == "finished" || r.state == kStoppedEarly) && r.metric
+              ? absl::StrFormat("%s %.4f at step %d", metric.name, *r.metric, r.steps)
+              : absl::StrCat(r.error, " (log: ", JoinPath(dir, "launch.log"), ")"))
+      << std::endl;
 }
 
 class SweepRunner {
@@ -367,8 +367,9 @@ absl::Status SweepRunner::WriteTrial(const SweepTrial& trial) {
   const std::string dir = TrialDir(o_, trial.index);
   Env* env = Env::Default();
   RETURN_IF_ERROR(env->CreateDirs(dir));
+  const TrainingConfig trial_config = TrialConfig(trial, space_.sweep, dir);
   std::string config;
-  google::protobuf::TextFormat::PrintToString(TrialConfig(trial, space_.sweep, dir), &config);
+  google::protobuf::TextFormat::PrintToString(trial_config, &config);
   RETURN_IF_ERROR(
       WriteFileAtomically(env, JoinPath(dir, "config.pbtxt"),
                           absl::StrCat("# pstrain sweep ", o_.sweep_file, ", trial ", trial.index,
@@ -379,9 +380,9 @@ absl::Status SweepRunner::WriteTrial(const SweepTrial& trial) {
   for (const char* name : {"trial.json", "launch.log", "summary.json", "model_final.pst"}) {
     (void)env->DeleteFile(JoinPath(dir, name));
   }
-  const TrainingConfig config_set = TrialConfig(trial, space_.sweep, dir);
-  if (!config_set.checkpoint().dir().empty() && env->IsDirectory(config_set.checkpoint().dir())) {
-    RETURN_IF_ERROR(DeleteRecursively(env, config_set.checkpoint().dir()));
+  const std::string& checkpoints = trial_config.checkpoint().dir();
+  if (!checkpoints.empty() && env->IsDirectory(checkpoints)) {
+    RETURN_IF_ERROR(DeleteRecursively(env, checkpoints));
   }
   // An earlier attempt's evaluations must not meet this one's rungs (the
   // launch's --overwrite removes them too, but only once it runs).
@@ -651,12 +652,11 @@ std::vector<TrialResult> CollectTrials(const SweepOptions& o, const std::vector<
 // best.pbtxt. Returns the sweep's exit status.
 int ReportSweep(const SweepOptions& o, const SweepSpace& space,
                 const std::vector<SweepTrial>& trials, const std::vector<TrialResult>& results,
-                const SweepRungs& rungs, std::ostream& out) {
+                const SweepMetric& metric, const SweepRungs& rungs, std::ostream& out) {
   auto fail = [](const absl::Status& st) {
     std::cerr << "pstrain sweep: " << st.message() << "\n";
     return 2;
   };
-  const SweepMetric metric = MetricOf(space.sweep);
   const std::vector<TrialResult> ranked = Ranked(results, metric);
   PrintTable(out, ranked, space.sweep, metric);
   if (!rungs.steps().empty()) {
@@ -737,7 +737,8 @@ int RunSweep(const SweepOptions& options, StopSignal* stop, std::ostream& out) {
     out << "pstrain sweep: " << trials->size() << " trial(s) (" << space->sweep.search() << " over "
         << space->sweep.parameters_size() << " parameter(s)), collected from " << o.out_dir
         << "; ranked by " << metric.name << std::endl;
-    return ReportSweep(o, *space, *trials, CollectTrials(o, *trials, metric, out), rungs, out);
+    return ReportSweep(o, *space, *trials, CollectTrials(o, *trials, metric, out), metric, rungs,
+                       out);
   }
   absl::StatusOr<std::unique_ptr<TrialLauncher>> launcher = MakeLauncher(&o);
   if (!launcher.ok()) return fail(launcher.status());
@@ -765,7 +766,7 @@ int RunSweep(const SweepOptions& options, StopSignal* stop, std::ostream& out) {
   }
   SweepRunner runner(o, *space, launcher->get(), max_steps, stop, out);
   const int code =
-      ReportSweep(o, *space, *trials, runner.Run(*trials, std::move(done)), rungs, out);
+      ReportSweep(o, *space, *trials, runner.Run(*trials, std::move(done)), metric, rungs, out);
   if (stop->stopped()) return stop->exit_code() != 0 ? stop->exit_code() : 130;
   return code;
 }

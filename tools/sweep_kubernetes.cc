@@ -17,9 +17,7 @@ absl::StatusOr<std::string> WriteKubernetesTrials(const SweepKubernetesOptions& 
                                                   const std::vector<SweepTrial>& trials) {
   // RenderK8sManifest allows names of 40; the trials' add -t<k>.
   const size_t longest = 40 - absl::StrCat("-t", trials.empty() ? 0 : trials.back().index).size();
-  if (o.name.empty() || o.name.size() > longest || o.name.front() == '-' ||
-      o.name.back() == '-' ||
-      o.name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-") != std::string::npos) {
+  if (!IsDnsLabel(o.name, longest)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--name: expected a DNS label of at most ", longest,
         " characters (a-z, 0-9, '-'; the trials' names add -t<k>)"));

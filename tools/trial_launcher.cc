@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <utility>
@@ -354,6 +355,22 @@ absl::StatusOr<std::string> SlurmLauncher::Prepare(const std::vector<int>& trial
                       script, "; squeue -r -j ", job_, ")");
 }
 
+// The time a task's script wrote into `path` (Unix seconds), if it is one of
+// the last year by this clock (an hour of skew allowed): anything else is not
+// the script's.
+std::optional<absl::Time> StartedAt(const std::string& path) {
+  auto text = Env::Default()->ReadFile(path);
+  double secs = 0;
+  if (!text.ok() || !absl::SimpleAtod(absl::StripAsciiWhitespace(*text), &secs) ||
+      !std::isfinite(secs)) {
+    return std::nullopt;
+  }
+  const absl::Time at = absl::UnixEpoch() + absl::Seconds(secs);
+  const absl::Time now = absl::Now();
+  if (at < now - absl::Hours(24 * 365) || at > now + absl::Hours(1)) return std::nullopt;
+  return at;
+}
+
 std::optional<int> SlurmRun::ExitCode() const {
   auto text = Env::Default()->ReadFile(JoinPath(dir_, "exit_code"));
   int code = 0;
@@ -381,11 +398,8 @@ std::optional<int> SlurmRun::Poll() {
   if (!running_since_.has_value()) {
     // When its task began (it writes the time first), else when squeue
     // first showed it running.
-    auto text = Env::Default()->ReadFile(JoinPath(dir_, "started"));
-    double secs = 0;
-    if (text.ok() && absl::SimpleAtod(absl::StripAsciiWhitespace(*text), &secs)) {
-      running_since_ = absl::FromUnixNanos(static_cast<int64_t>(secs * 1e9));
-    } else if (!state.empty() && state != "PENDING") {
+    running_since_ = StartedAt(JoinPath(dir_, "started"));
+    if (!running_since_.has_value() && !state.empty() && state != "PENDING") {
       running_since_ = absl::Now();
     }
   }

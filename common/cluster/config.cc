@@ -166,7 +166,8 @@ absl::Status ValidateModel(TrainingConfig* c, const std::string& source) {
       return FieldError(source, "model.click_through", "needs data { format: CRITEO }");
     }
     // The model's input: the data's numeric columns and a bag per categorical
-    // one (the schema checked first: its counts are summed here).
+    // one. data.schema is checked here, before its counts are summed (CRITEO
+    // data always has this model, so every schema read is checked).
     RETURN_IF_ERROR(CheckSchema(c->data().schema(), source));
     const int numeric = NumericColumns(c->data().schema());
     const int fields = CategoricalColumns(c->data().schema());
@@ -248,7 +249,6 @@ absl::Status ValidateData(DataConfig* d, const std::string& source) {
       return FieldError(source, "data.shuffle",
                         "does not apply to data.train_dir (parts are read in order, once)");
     }
-    RETURN_IF_ERROR(CheckSchema(d->schema(), source));
   } else {
     return FieldError(source, "data.format", "expected IDX, CSV or CRITEO");
   }

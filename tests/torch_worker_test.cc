@@ -239,7 +239,7 @@ TEST_CASE("a DLRM-style PyTorch model with its embeddings on 2 servers reaches t
           "truth's AUC within 0.02") {
   const std::string python = TorchPython();
   if (python.empty()) return;
-  auto data = testing::CriteoData("torch_dlrm_data", {"--train=400000", "--test=20000",
+  auto data = testing::CriteoData("torch_dlrm_data", {"--train=320000", "--test=20000",
                                                       "--values_per_field=100", "--seed=5"});
   REQUIRE(data.ok());
   const auto& [data_dir, truth_auc] = *data;
@@ -250,13 +250,13 @@ TEST_CASE("a DLRM-style PyTorch model with its embeddings on 2 servers reaches t
       {python, Runfile(script), "--write_variables", variables}, absl::Seconds(120));
   INFO(w.output);
   REQUIRE(w.exit_code == 0);
-  const int steps = 800;
+  const int steps = 625;
   const std::string config = testing::WriteFile(
       dir + "/dlrm.pbtxt",
       absl::StrCat("model { external { variables: \"", variables, "\" } }\n",
                    "embedding_tables { name: \"features\" dim: 16 }\n",
                    "data { batch_size: 256 }\nmax_steps: ", steps, "\n",
-                   "optimizer { learning_rate: 0.003 adam {} }\n", "output_dir: \"", dir,
+                   "optimizer { learning_rate: 0.006 adam {} }\n", "output_dir: \"", dir,
                    "/out\"\nrpc { startup_timeout_ms: 60000 }\n"));
   const std::string spec = testing::WriteClusterSpec(dir, /*ps=*/2, /*workers=*/2);
   CommandResult r =
@@ -300,7 +300,7 @@ TEST_CASE("--restart=on-failure: a PyTorch worker killed with kill -9 rejoins wh
           "sync ends bitwise as if never killed, and a resumed run too") {
   const std::string python = TorchPython();
   if (python.empty()) return;
-  const int steps = testing::SanitizedSteps(1500, 600);
+  const int steps = testing::SanitizedSteps(900, 600);
   auto job_in = [&](const std::string& name) {
     const std::string dir = testing::FreshTempDir(name);
     const std::string variables = WriteCnnVariables(python, dir);

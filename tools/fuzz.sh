@@ -9,26 +9,28 @@
 #   PSTRAIN_FUZZ_SECONDS   seconds per target (default 20)
 #   PSTRAIN_FUZZ_TARGETS   space-separated subset
 #
-# The fuzz build lives in an output base of its own (switching the compiler
-# in the main one would rebuild everything), without convenience symlinks.
+# The fuzz targets build in the ASan + UBSan configuration and output base
+# (PSTRAIN_ASAN_OUTPUT_BASE), whose objects carry libFuzzer's coverage
+# instrumentation (.bazelrc): after tools/test.sh's ASan stage they only link.
 set -u
 cd "$(dirname "$0")/.."
 seconds=${PSTRAIN_FUZZ_SECONDS:-20}
 artifacts=${PSTRAIN_FUZZ_ARTIFACTS:-/tmp/pstrain-fuzz-artifacts}
-base=${PSTRAIN_FUZZ_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-fuzz}
+base=${PSTRAIN_ASAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-asan}
+flags=(--config=asan --symlink_prefix=/ --noshow_progress
+       --disk_cache="${PSTRAIN_DISK_CACHE:-$HOME/.cache/pstrain/disk-cache}")
 read -r -a targets <<< "${PSTRAIN_FUZZ_TARGETS:-cluster_spec_fuzzer config_fuzzer file_readers_fuzzer checkpoint_fuzzer ps_request_fuzzer}"
 
 labels=()
 for t in "${targets[@]}"; do labels+=("//tests/fuzz:$t"); done
 mkdir -p "$artifacts"
-# gold warns for each ASan symbol it cannot export: the log is shown on failure only.
-if ! bazel --output_base="$base" build --config=fuzz --symlink_prefix=/ --noshow_progress \
-    "${labels[@]}" > "$artifacts/build.log" 2>&1; then
+# The build's log is shown on failure only.
+if ! bazel --output_base="$base" build "${flags[@]}" "${labels[@]}" > "$artifacts/build.log" 2>&1; then
   grep -v "Cannot export local symbol" "$artifacts/build.log" | tail -n 40
   for t in "${targets[@]}"; do echo "fuzz $t: FAILED (did not build)"; done
   exit "${#targets[@]}"
 fi
-bin=$(bazel --output_base="$base" info --config=fuzz --symlink_prefix=/ bazel-bin 2>/dev/null)
+bin=$(bazel --output_base="$base" info "${flags[@]}" bazel-bin 2>/dev/null)
 failures=0
 for t in "${targets[@]}"; do
   work=$(mktemp -d)  # the corpus, which libFuzzer grows

@@ -4,8 +4,9 @@
 #
 #   bash tools/test.sh          the fast tier: every test target once in the
 #                               default build (CUDA-compiled where nvcc
-#                               exists); the CPU-only build, with its unit
-#                               tests and the container test; ASan + UBSan
+#                               exists); the CPU-only build, with the unit
+#                               tests the CUDA switch changes and the
+#                               container test; ASan + UBSan
 #                               over every unit test (every parser's
 #                               included); TSan over the concurrency core;
 #                               the fuzzers from their corpora; clang's
@@ -33,7 +34,7 @@ tier=fast
 case "${1:-}" in
   "") ;;
   --full) tier=full ;;
-  -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "tools/test.sh: unknown argument '$1' (expected --full or nothing)" >&2; exit 2 ;;
 esac
 started=$SECONDS
@@ -135,16 +136,23 @@ run_tests default "" "${test_targets[@]}" --
 end_stage "default: every target"
 
 # 2. CPU-only: every target built, so that the build without CUDA cannot rot;
-# its unit tests, and tests/k8s_test, whose container cases need CPU-only
-# daemons (the image has no CUDA libraries). Same output base as the
+# the unit tests whose code depends on the CUDA switch (the others are the
+# same binaries as in stage 1), and tests/k8s_test, whose container cases need
+# CPU-only daemons (the image has no CUDA libraries). Same output base as the
 # default: only what depends on the CUDA switch is rebuilt.
 if [ "${PSTRAIN_CPU_ONLY:-1}" != 0 ]; then
   echo "=== bazel build (cpu_only)" >&2
   if ! bazel build "${common[@]}" --config=cpu_only -- //... >&2; then
     overall=1
   fi
-  run_tests cpu_only "" "${unit_targets[@]}" //tests:k8s_test -- --config=cpu_only
-  end_stage "cpu_only: unit + k8s"
+  mapfile -t cuda_unit_targets < <(bazel query --noshow_progress \
+    "set(${unit_targets[*]}) intersect rdeps(//..., //worker/model:cuda_off)" 2>/dev/null)
+  if [ "${#cuda_unit_targets[@]}" -eq 0 ]; then
+    echo "=== bazel query found no unit test on the CUDA switch" >&2
+    overall=1
+  fi
+  run_tests cpu_only "" "${cuda_unit_targets[@]}" //tests:k8s_test -- --config=cpu_only
+  end_stage "cpu_only: CUDA-switch units + k8s"
 fi
 
 # What each sanitizer runs: in the fast tier, ASan + UBSan every unit test
@@ -159,9 +167,22 @@ fi
 
 # 3. AddressSanitizer + UndefinedBehaviorSanitizer (clang, --config=asan), in
 # an output base of its own (another compiler would rebuild the main one).
+# Its compiles run clang's thread-safety analysis as errors (.bazelrc): the
+# sources it compiled are listed for stage 6, which then checks only the rest.
+asan_base=${PSTRAIN_ASAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-asan}
+thread_safety_done=
 if [ "${PSTRAIN_ASAN:-1}" != 0 ]; then
-  run_tests asan "${PSTRAIN_ASAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-asan}" \
-    "${asan_targets[@]}" -- --config=asan
+  before=$overall
+  overall=0
+  run_tests asan "$asan_base" "${asan_targets[@]}" -- --config=asan
+  if [ "$overall" -eq 0 ]; then
+    thread_safety_done=$results/thread_safety_done
+    bazel --output_base="$asan_base" cquery "${common[@]}" --config=asan --symlink_prefix=/ \
+        "kind('source file', deps(set(${asan_targets[*]})))" 2>/dev/null |
+      sed -n 's|^//\([^ ]*\) (null)$|\1|p' | sed 's|^:||; s|:|/|' > "$thread_safety_done" ||
+      thread_safety_done=
+  fi
+  [ "$before" -ne 0 ] && overall=$before
   end_stage "$asan_stage"
 fi
 
@@ -211,6 +232,7 @@ run_checks() {  # title prefix command...
 
 # 6. Clang's thread-safety analysis of the lock annotations (after the builds
 # above: it reads their generated headers).
+export PSTRAIN_THREAD_SAFETY_DONE=$thread_safety_done
 run_checks "thread-safety analysis" thread-safety bash tools/thread_safety.sh
 
 # 7. The layers read from the #includes: common/'s packages depend only

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/config.h"
 #include "absl/strings/match.h"
 #include "catch2/catch.hpp"
 #include "common/storage/env.h"
@@ -18,7 +19,7 @@ namespace pstrain {
 namespace {
 
 TEST_CASE("a child's data race is reported into the test's outputs", "[tsan]") {
-#if !defined(__SANITIZE_THREAD__)
+#if !defined(ABSL_HAVE_THREAD_SANITIZER)
   testing::SkipCase("tsan", "not a ThreadSanitizer build (bazel test --config=tsan runs it)");
 #else
   const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");

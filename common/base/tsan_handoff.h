@@ -12,7 +12,9 @@
 // in the callback. Per call, so it adds no order between unrelated calls.
 // Outside TSan it is empty and both are no-ops.
 
-#if defined(__SANITIZE_THREAD__)
+#include "absl/base/config.h"  // ABSL_HAVE_THREAD_SANITIZER: GCC's or clang's TSan
+
+#if defined(ABSL_HAVE_THREAD_SANITIZER)
 #include <sanitizer/tsan_interface.h>
 
 #include <memory>
@@ -22,7 +24,7 @@ namespace pstrain {
 
 class HandoffToken {
  public:
-#if defined(__SANITIZE_THREAD__)
+#if defined(ABSL_HAVE_THREAD_SANITIZER)
   HandoffToken() : address_(std::make_shared<char>()) {}
   void Release() const { __tsan_release(address_.get()); }
   void Acquire() const { __tsan_acquire(address_.get()); }

@@ -19,7 +19,9 @@
 #include <string>
 #include <vector>
 
-#if defined(__SANITIZE_THREAD__)
+#include "absl/base/config.h"  // ABSL_HAVE_THREAD_SANITIZER: GCC's or clang's TSan
+
+#if defined(ABSL_HAVE_THREAD_SANITIZER)
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -30,7 +32,7 @@
 #include "catch2/catch.hpp"
 #include "common/testing/skip.h"
 
-#if defined(__SANITIZE_THREAD__)
+#if defined(ABSL_HAVE_THREAD_SANITIZER)
 namespace {
 
 const char kReportName[] = "tsan-report";
@@ -109,7 +111,7 @@ int main(int argc, char* argv[]) {
     args.push_back("--out");
     args.push_back(xml);
   }
-#if defined(__SANITIZE_THREAD__)
+#if defined(ABSL_HAVE_THREAD_SANITIZER)
   const std::string tsan_dir = TsanReportDir();
   RouteChildReports(tsan_dir);
 #endif
@@ -119,7 +121,7 @@ int main(int argc, char* argv[]) {
   int rc = session.applyCommandLine(static_cast<int>(cargs.size()), cargs.data());
   if (rc != 0) return rc;
   rc = session.run();
-#if defined(__SANITIZE_THREAD__)
+#if defined(ABSL_HAVE_THREAD_SANITIZER)
   // The test reaped its children: their reports are written.
   const auto reports = ChildReports(tsan_dir);
   for (const auto& [name, report] : reports) {

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "chief/binary_metrics.h"
+#include "worker/model/binary_metrics.h"
 #include "common/base/status_macros.h"
 #include "worker/model/embedding_bag.h"
 

@@ -100,9 +100,10 @@ absl::Status WriteRunOutputs(const RunContext& run, PsClient* ps, Chief* chief,
       // and who ran it (null: the chief, or nobody).
       {"eval_metrics", worker_metrics},
       {"eval_worker", worker_eval ? nlohmann::json(worker_eval->worker) : nlohmann::json()},
-      {"eval_auc", final_eval.auc ? nlohmann::json(*final_eval.auc) : nlohmann::json()},
+      // (Or a worker's: progressive validation, a PyTorch worker's metrics.)
+      {"eval_auc", final_eval.auc ? nlohmann::json(*final_eval.auc) : worker_metric("auc")},
       {"eval_log_loss",
-       final_eval.auc ? nlohmann::json(final_eval.log_loss) : nlohmann::json()},
+       final_eval.auc ? nlohmann::json(final_eval.log_loss) : worker_metric("log_loss")},
       {"train_loss", progress.train_loss()},
       {"examples_per_sec", progress.examples_per_sec()},
       {"worker_steps", progress.local_steps()},

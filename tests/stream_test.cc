@@ -6,6 +6,7 @@
 // cursor is mid-part ends there too.
 #include <signal.h>
 
+#include <cmath>
 #include <optional>
 #include <regex>
 #include <string>
@@ -15,6 +16,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
+#include "nlohmann/json.hpp"
+#include "common/observability/event_writer.h"
 #include "common/storage/checkpoint.h"
 #include "common/storage/env.h"
 #include "tests/checkpoint_testlib.h"
@@ -134,6 +137,64 @@ TEST_CASE("parts arriving while training are read once, as if there from the sta
   INFO(resumed_log);
   CHECK(resumed_log.find("data cursor restored: part 2, line ") != std::string::npos);
   testing::CheckSameModel(FinalModel(resumed), FinalModel(ref));
+}
+
+TEST_CASE("progressive validation: worker 0 scores each of its examples once, before training "
+          "on it; the chief's log, TensorBoard and summary.json carry the figures",
+          "[stream][eval]") {
+  auto data = testing::CriteoData("stream_data", {"--train=20000", "--test=2000",
+                                                  "--values_per_field=50", "--seed=5"});
+  INFO(data.status().message());
+  REQUIRE(data.ok());
+  const auto& [data_dir, truth] = *data;
+  const std::vector<std::string> parts = Parts(data_dir);
+  const std::string dir = testing::FreshTempDir("stream_progressive");
+  const std::string parts_dir = JoinPath(dir, "parts");
+  REQUIRE(Env::Default()->CreateDirs(parts_dir).ok());
+  for (int n = 0; n < 3; ++n) WritePart(parts_dir, n, parts[n]);
+  ConfigOptions o = Options(data_dir, parts_dir, JoinPath(dir, "ckpt"));
+  o.data = absl::StrCat("format: CRITEO train_dir: \"", parts_dir, "\" progressive_eval: true");
+  REQUIRE(o.eval_every_steps == 50);
+  const Job job = WriteJob(dir, o, 2);
+  RunJobOk(job, false);
+  const std::string log = ChiefLog(job);
+  INFO(log);
+  // Every 50 steps, and the rest at the end: worker 0's 150 batches of 64,
+  // each scored once (sync: the version a batch was computed from).
+  const std::regex line(R"(step (\d+)/150: worker 0's evaluation \((\d+) examples\): )"
+                        R"(accuracy [0-9.]+, loss [0-9.]+, log_loss [0-9.]+, auc ([0-9.]+))");
+  std::vector<int64_t> steps;
+  std::vector<double> aucs;
+  int64_t examples = 0;
+  for (std::sregex_iterator it(log.begin(), log.end(), line), end; it != end; ++it) {
+    steps.push_back(std::stoll((*it)[1]));
+    examples += std::stoll((*it)[2]);
+    aucs.push_back(std::stod((*it)[3]));
+  }
+  CHECK(steps == std::vector<int64_t>{50, 100, 149});
+  CHECK(examples == kSteps * 64);
+  CHECK(log.find("worker 1's evaluation") == std::string::npos);
+  REQUIRE(aucs.size() == 3);
+  WARN("progressive AUC " << aucs[0] << ", " << aucs[1] << ", " << aucs[2] << "; the truth's "
+                          << truth);
+  CHECK(aucs[2] > aucs[0]);  // it learns
+  CHECK(aucs[2] > truth - 0.1);
+  CHECK(aucs[2] < truth + 0.02);  // a held-out figure: not above what the data allows
+  // TensorBoard: the same figures at the same steps.
+  auto events = ReadScalarEvents(Env::Default(), JoinPath(job.out, "events"));
+  REQUIRE(events.ok());
+  std::vector<int64_t> auc_steps;
+  for (const ScalarEvent& e : *events) {
+    if (e.tag == "eval/auc") auc_steps.push_back(e.step);
+  }
+  CHECK(auc_steps == std::vector<int64_t>{50, 100, 149});
+  // summary.json: the last of them.
+  auto summary = nlohmann::json::parse(
+      Env::Default()->ReadFile(JoinPath(job.out, "summary.json")).value_or("{}"), nullptr, false);
+  INFO(summary.dump());
+  REQUIRE(summary["eval_auc"].is_number());
+  CHECK(std::abs(summary["eval_auc"].get<double>() - aucs[2]) < 1e-4);
+  CHECK(summary["eval_step"] == 149);
 }
 
 TEST_CASE("without max_steps a stream trains until stopped; stopped, it saves its place, and a "

@@ -12,7 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/base/embedding_ids.h"
-#include "chief/binary_metrics.h"
+#include "worker/model/binary_metrics.h"
 #include "common/cluster/sizing.h"
 #include "common/base/status_macros.h"
 

@@ -25,6 +25,7 @@
 #include "worker/model/embedding_bag.h"
 #include "worker/model/model.h"
 #include "worker/progress.h"
+#include "worker/progressive_eval.h"
 #include "worker/rejoin.h"
 
 namespace pstrain {
@@ -103,7 +104,8 @@ class Trainer {
   absl::Status SetUpBags();
   void SetUpOverlap();
   void ReadDeviceMemory();
-  absl::Status Report(bool done, bool* stop_requested);
+  absl::Status Report(bool done, bool* stop_requested,
+                      const WorkerEvaluation* eval = nullptr);
   absl::Status TrainStep(bool* end);
   absl::Status PushFirstLayers(const std::vector<int64_t>& steps);
   absl::Status Compute(const Prefetcher::Batch& batch, const std::vector<int64_t>& steps,
@@ -131,6 +133,8 @@ class Trainer {
   // reach a server before the dense push that may complete its step, so the
   // dense push waits for the backward pass to end.
   const bool click_through_;
+  // data.progressive_eval, on worker 0: the scores of its batches.
+  std::optional<ProgressiveEval> progressive_;
   // Not rpc.sequential, which pulls, computes and pushes strictly in turn
   // (to measure what the overlap hides).
   const bool overlap_;
@@ -228,6 +232,10 @@ absl::Status Trainer::SetUp() {
   grad_src_ = model_->host_gradient_pointers();
   RETURN_IF_ERROR(SetUpBags());
   SetUpOverlap();
+  if (config_.data().progressive_eval() && options_.worker == 0) {
+    progressive_.emplace(config_.eval_every_steps(), reg_.start_step());
+    model_->set_keep_scores(true);
+  }
   return absl::OkStatus();
 }
 
@@ -330,9 +338,9 @@ void Trainer::SetUpOverlap() {
   }
 }
 
-absl::Status Trainer::Report(bool done, bool* stop_requested) {
+absl::Status Trainer::Report(bool done, bool* stop_requested, const WorkerEvaluation* eval) {
   return SendProgress(chief_.get(), reg_, options_.worker, pulled_.versions, done, &tally_,
-                      stop_requested);
+                      stop_requested, eval);
 }
 
 // One step: pull, compute, push, and every report_every steps a report.
@@ -430,6 +438,10 @@ absl::Status Trainer::Compute(const Prefetcher::Batch& batch, const std::vector<
   } else if (computed.ok()) {
     computed = model_->ComputeGradients(x, batch.y, batch.rows, seed, loss);
   }
+  if (computed.ok() && progressive_) {
+    progressive_->Add(model_->scores().data(), batch.y, batch.rows,
+                      *std::min_element(steps.begin(), steps.end()));
+  }
   batches_->Release();
   RETURN_IF_ERROR(computed);
   RETURN_IF_ERROR(early_push_);
@@ -478,11 +490,17 @@ absl::Status Trainer::Count(const Prefetcher::Batch& batch, const std::vector<in
                             float loss, bool* end) {
   *end = CountPushOutcomes(outcomes_, steps, &min_versions_, &tally_);
   tally_.CountStep(batch.rows, loss, stats_);
-  if (tally_.local_steps % options_.report_every != 0) return absl::OkStatus();
+  // Progressive validation reports at once, each eval_every_steps (the
+  // version this batch was computed from).
+  const std::optional<WorkerEvaluation> eval =
+      progressive_ ? progressive_->Take(*std::min_element(steps.begin(), steps.end()))
+                   : std::nullopt;
+  if (tally_.local_steps % options_.report_every != 0 && !eval) return absl::OkStatus();
   ReadDeviceMemory();
   bool stop_requested = false;
   // A chief that stays silent fails the run on the third late report.
-  absl::Status st = ForgiveLateReport(Report(false, &stop_requested), &tally_);
+  absl::Status st = ForgiveLateReport(
+      Report(false, &stop_requested, eval ? &*eval : nullptr), &tally_);
   chief_lost_ = !st.ok();
   RETURN_IF_ERROR(st);
   if (stop_requested) *end = true;
@@ -530,6 +548,7 @@ absl::Status Trainer::FollowRollback(const absl::Status& cause) {
   min_versions_.assign(ps_->num_servers(), reg_.start_step());
   pulled_ = PsClient::PullResult();
   early_push_ = absl::OkStatus();
+  if (progressive_) progressive_->Restart(reg_.start_step());
   ++rollbacks_;
   // The prefetcher's thread moves the partition's cursor on from here: the
   // cursor it started at is its consumed one (read under its lock; reading
@@ -573,7 +592,10 @@ absl::Status Trainer::Run() {
     }
   }
   bool ignored;
-  absl::Status st = Report(true, &ignored);
+  // Progressive validation: the examples since its last evaluation.
+  const std::optional<WorkerEvaluation> rest =
+      progressive_ ? progressive_->TakeRest() : std::nullopt;
+  absl::Status st = Report(true, &ignored, rest ? &*rest : nullptr);
   if (!st.ok()) LOG_WARN("final report to the chief failed: {}", st);
   LogSummary();
   return absl::OkStatus();

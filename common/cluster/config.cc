@@ -228,6 +228,10 @@ absl::Status ValidateData(DataConfig* d, const std::string& source) {
   if (d->has_schema() && d->format() != CRITEO) {
     return FieldError(source, "data.schema", "describes format: CRITEO files only");
   }
+  if (d->progressive_eval() && d->format() != CRITEO) {
+    return FieldError(source, "data.progressive_eval",
+                      "scores a click-through model's training data: format: CRITEO only");
+  }
   if (d->format() == IDX) {
     if (d->train_images().empty() || d->train_labels().empty()) {
       return FieldError(source, "data.train_images/train_labels", "expected IDX file paths");
@@ -248,6 +252,11 @@ absl::Status ValidateData(DataConfig* d, const std::string& source) {
     if (!d->train_dir().empty() && d->shuffle()) {
       return FieldError(source, "data.shuffle",
                         "does not apply to data.train_dir (parts are read in order, once)");
+    }
+    if (d->progressive_eval() && !d->test_tsv().empty()) {
+      return FieldError(source, "data.progressive_eval",
+                        "scores the training data before it trains on it: leave out "
+                        "data.test_tsv (one held-out source)");
     }
   } else {
     return FieldError(source, "data.format", "expected IDX, CSV or CRITEO");
@@ -412,6 +421,10 @@ absl::Status ValidateAndFillDefaults(TrainingConfig* c, const std::string& sourc
   if (c->mode_case() == TrainingConfig::MODE_NOT_SET) c->mutable_sync();
   RETURN_IF_ERROR(ValidateMode(*c, source));
   if (c->eval_every_steps() < 0) return FieldError(source, "eval_every_steps", "expected >= 0");
+  if (c->data().progressive_eval() && c->eval_every_steps() == 0) {
+    return FieldError(source, "data.progressive_eval",
+                      "reports every eval_every_steps: give eval_every_steps > 0");
+  }
   RETURN_IF_ERROR(ValidatePlacement(c->mutable_placement(), source));
   RETURN_IF_ERROR(ValidateRpc(c, source));
   if (c->compute_threads() < 0 || c->compute_threads() > 256) {

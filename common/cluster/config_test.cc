@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -51,6 +52,42 @@ optimizer { learning_rate: 0.1 sgd {} }
   CHECK(std::string(cosine.status().message())
             .find("COSINE needs decay_steps in a run without "
                   "max_steps") != std::string::npos);
+}
+
+TEST_CASE("data.progressive_eval: a click-through model's, instead of test_tsv, with "
+          "eval_every_steps", "[config]") {
+  const std::string base = R"(
+model { click_through { table: "t" hidden_units: 16 } }
+embedding_tables { name: "t" dim: 8 }
+optimizer { learning_rate: 0.1 sgd {} }
+)";
+  auto parse = [&](const std::string& data, const std::string& rest) {
+    return ParseTrainingConfig(base + "data { " + data + " }\n" + rest, "x.pbtxt");
+  };
+  auto ok = parse(R"(format: CRITEO train_dir: "parts" batch_size: 32 progressive_eval: true)",
+                  "eval_every_steps: 50");
+  INFO(ok.status());
+  CHECK(ok.ok());
+  for (const auto& [data, rest, error] : std::vector<std::tuple<std::string, std::string,
+                                                                std::string>>{
+           {R"(format: CRITEO train_dir: "parts" batch_size: 32 progressive_eval: true)", "",
+            "data.progressive_eval: reports every eval_every_steps: give eval_every_steps > 0"},
+           {R"(format: CRITEO train_tsv: "a" test_tsv: "b" batch_size: 32 progressive_eval: true)",
+            "max_steps: 10 eval_every_steps: 5",
+            "data.progressive_eval: scores the training data before it trains on it: leave out "
+            "data.test_tsv"},
+       }) {
+    auto c = parse(data, rest);
+    REQUIRE_FALSE(c.ok());
+    CHECK_THAT(std::string(c.status().message()), Catch::Contains(error));
+  }
+  std::string mlp = kGood;
+  mlp.replace(mlp.find("batch_size: 32"), 14, "batch_size: 32 progressive_eval: true");
+  auto c = ParseTrainingConfig(mlp, "x.pbtxt");
+  REQUIRE_FALSE(c.ok());
+  CHECK_THAT(std::string(c.status().message()),
+             Catch::Contains("data.progressive_eval: scores a click-through model's training "
+                             "data: format: CRITEO only"));
 }
 
 TEST_CASE("a training config parses and gets defaults", "[config]") {

@@ -392,6 +392,17 @@ absl::Status Model::ForwardBackward(uint64_t seed) {
   const int batch = staged_rows_;
   if (batch <= 0) return absl::FailedPreconditionError("ForwardBackward without a staged batch");
   RETURN_IF_ERROR(Forward(staged_x_, batch, /*training=*/true, seed));
+  if (keep_scores_) {
+    if (output_dim() != 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "scores are kept for a model of one output; this one has ",
+          output_dim()));
+    }
+    scores_.resize(static_cast<size_t>(batch));
+    RETURN_IF_ERROR(InLayer(backend_->CopyToHost(scores_.data(), activations_.back().data(),
+                                                 scores_.size() * sizeof(float)),
+                            "scores", "download"));
+  }
   // dL/dlogits for the batch mean goes to delta_[0]; the layers then pass
   // the gradient down, alternating between the two delta buffers.
   int cur = 0;
@@ -484,6 +495,9 @@ absl::Status Model::FinishStep(float* loss) {
   double total = 0;
   for (int r = 0; r < batch; ++r) total += host_row_loss_[r];
   *loss = static_cast<float>(total / batch);
+  if (keep_scores_) {
+    for (float& s : scores_) s = 1.0f / (1.0f + std::exp(-s));  // logits -> probabilities
+  }
   return absl::OkStatus();
 }
 

@@ -126,6 +126,13 @@ class Model {
     input_gradient_to_host_ = to_host;
   }
   const float* host_input_gradient() const;
+  // When on, each training pass also keeps its batch's probabilities (a
+  // one-output model's: the sigmoid of its logits, computed with the
+  // parameters it trains from) in scores() after FinishStep, for
+  // progressive validation (data.progressive_eval). A model of more
+  // outputs fails the pass.
+  void set_keep_scores(bool on) { keep_scores_ = on; }
+  const std::vector<float>& scores() const { return scores_; }
   // [batch, input_dim] in the backend's memory, after ForwardBackward.
   const float* device_input_gradient() const { return input_grad_.data(); }
   // StageBatch for an input assembled in the backend's memory: `fill` gets
@@ -185,6 +192,8 @@ class Model {
   std::vector<size_t> early_layers_;
   bool input_gradient_ = false;
   bool input_gradient_to_host_ = true;
+  bool keep_scores_ = false;
+  std::vector<float> scores_;
   DeviceArray<float> input_grad_, host_input_grad_;
   std::unique_ptr<LossLayer> loss_;
   std::vector<VariableSpec> variables_;

@@ -252,6 +252,39 @@ TEST_CASE("clipping by global norm scales every gradient by one factor, only abo
   CHECK(before[0].values()[0] == Approx(after[0].values()[0] / 4).margin(1e-9));
 }
 
+TEST_CASE("a training pass keeps its batch's probabilities, from the parameters it trains "
+          "from (progressive validation)", "[model]") {
+  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+  auto model = Model::Create(
+      ParseModel("sequential { input_dim: 3 layer { dense { units: 8 } } layer { relu {} } "
+                 "layer { dense { units: 1 } } layer { sigmoid_cross_entropy {} } }"),
+      cpu.get());
+  REQUIRE(model.ok());
+  Model& m = **model;
+  REQUIRE(m.SetParameters(m.Initialize(3)).ok());
+  const int n = 16;
+  std::vector<float> x = Random(3 * n, 5);
+  std::vector<int32_t> y(n);
+  for (int i = 0; i < n; ++i) y[i] = i % 3 == 0;
+  EvalResult want;
+  REQUIRE(m.Evaluate(x.data(), y.data(), n, &want).ok());
+  m.set_keep_scores(true);
+  float loss = 0;
+  REQUIRE(m.ComputeGradients(x.data(), y.data(), n, 0, &loss).ok());
+  REQUIRE(m.scores().size() == static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) CHECK(m.scores()[i] == want.scores[i]);  // no dropout: the same
+  CHECK(loss == Approx(want.loss).epsilon(1e-5));
+  // A model of more outputs has no one score per example.
+  auto classes = Model::Create(ParseModel("mlp { input_dim: 3 hidden_units: 4 num_classes: 2 }"),
+                               cpu.get());
+  REQUIRE(classes.ok());
+  REQUIRE((*classes)->SetParameters((*classes)->Initialize(3)).ok());
+  (*classes)->set_keep_scores(true);
+  absl::Status st = (*classes)->ComputeGradients(x.data(), y.data(), n, 0, &loss);
+  CHECK(absl::IsFailedPrecondition(st));
+  CHECK_THAT(std::string(st.message()), Catch::Contains("one output; this one has 2"));
+}
+
 TEST_CASE("training with SGD learns a separable problem with either loss", "[model]") {
   for (const char* config :
        {"mlp { input_dim: 2 hidden_units: 16 num_classes: 2 activation: GELU }",

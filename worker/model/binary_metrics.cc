@@ -1,4 +1,4 @@
-#include "chief/binary_metrics.h"
+#include "worker/model/binary_metrics.h"
 
 #include <algorithm>
 #include <cmath>

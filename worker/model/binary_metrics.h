@@ -2,8 +2,8 @@
 // random positive scores above a random negative, ties counting half, from
 // the rank sum) and mean log loss. Used by `pstrain datagen --format=criteo`
 // to score its ground-truth model and by evaluation of click-through models.
-#ifndef PSTRAIN_CHIEF_BINARY_METRICS_H_
-#define PSTRAIN_CHIEF_BINARY_METRICS_H_
+#ifndef PSTRAIN_WORKER_MODEL_BINARY_METRICS_H_
+#define PSTRAIN_WORKER_MODEL_BINARY_METRICS_H_
 
 #include <cstdint>
 #include <vector>
@@ -21,4 +21,4 @@ double LogLoss(const std::vector<float>& probabilities, const std::vector<int32_
 
 }  // namespace pstrain
 
-#endif  // PSTRAIN_CHIEF_BINARY_METRICS_H_
+#endif  // PSTRAIN_WORKER_MODEL_BINARY_METRICS_H_

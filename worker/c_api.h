@@ -38,7 +38,8 @@ int pstrain_api_version(void);
  * chief and returns the session, or NULL with *error set. */
 pstrain_session* pstrain_open(int argc, const char* const* argv, int* code, char** error);
 /* Sends the final report to the chief (this worker finished its training)
- * and releases the session. */
+ * and releases the session. A report that fails (the chief already gone) is
+ * logged, as the C++ worker does, not an error. */
 int pstrain_close(pstrain_session* s, char** error);
 /* Releases the session without the final report: the caller failed or is
  * ending early. The chief does not count this worker as done (as a C++

@@ -136,7 +136,8 @@ class WorkerSession {
   absl::Status ReportEval(WorkerEvaluation eval);
 
   // The final report to the chief (done): this worker has finished its
-  // training. Once. A session destroyed without it (the caller's step
+  // training. Once. A report that fails (the chief already gone: the run
+  // stopped, or ended as this worker finished) is logged; OK. A session destroyed without it (the caller's step
   // failed, the process is ending on an error) sends none, as a C++ worker
   // that fails: the chief does not count a worker that failed as done, and
   // under pstrain launch --restart=on-failure the process is restarted and

@@ -401,7 +401,9 @@ class Session:
     # -- the end -----------------------------------------------------------
     def close(self):
         """The final report to the chief: this worker finished its training.
-        The session ends."""
+        The session ends. A report that fails (the chief already gone: the
+        run stopped, or ended as this worker finished) is logged, not
+        raised, as the C++ worker does."""
         if self._s is None:
             return
         handle, self._s = self._s, None

@@ -129,10 +129,16 @@ run_tests() {  # name base targets... -- flags...
   done
 }
 
-# 1. The default build (CUDA where nvcc is found): every test target.
+# 1. The default build (CUDA where nvcc is found): every test target, but
+# tests/k8s_test when the CPU-only stage runs it whole (its container cases
+# need CPU-only daemons; its other cases are the same in both builds).
 echo "=== bazel build (default)" >&2
 if ! bazel build "${common[@]}" -- //... >&2; then overall=1; fi
-run_tests default "" "${test_targets[@]}" --
+default_targets=("${test_targets[@]}")
+if [ "${PSTRAIN_CPU_ONLY:-1}" != 0 ]; then
+  mapfile -t default_targets < <(printf '%s\n' "${test_targets[@]}" | grep -vx '//tests:k8s_test')
+fi
+run_tests default "" "${default_targets[@]}" --
 end_stage "default: every target"
 
 # 2. CPU-only: every target built, so that the build without CUDA cannot rot;

@@ -26,7 +26,7 @@ for t in "${targets[@]}"; do labels+=("//tests/fuzz:$t"); done
 mkdir -p "$artifacts"
 # The build's log is shown on failure only.
 if ! bazel --output_base="$base" build "${flags[@]}" "${labels[@]}" > "$artifacts/build.log" 2>&1; then
-  grep -v "Cannot export local symbol" "$artifacts/build.log" | tail -n 40
+  tail -n 40 "$artifacts/build.log"
   for t in "${targets[@]}"; do echo "fuzz $t: FAILED (did not build)"; done
   exit "${#targets[@]}"
 fi

@@ -94,7 +94,7 @@ tsan_core=(//ps_server:parameter_server_test //ps_server:parameter_server_step_t
 
 # bazel test over `targets` (name, then its flags after --), in the output
 # base `base` ("" for the work tree's own); copies each target's XML to
-# $results/<name>/ for counting.
+# $results/<name>/ for counting. Fails where the tests or their count did.
 run_tests() {  # name base targets... -- flags...
   local name=$1 base=$2
   shift 2
@@ -127,6 +127,7 @@ run_tests() {  # name base targets... -- flags...
       cp "$testlogs/$dir/test.xml" "$results/$name/$dir/"
     fi
   done
+  [ "$rc" -eq 0 ] && [ -n "$testlogs" ]  # its status: built, passed and counted
 }
 
 # 1. The default build (CUDA where nvcc is found): every test target, but
@@ -178,17 +179,13 @@ fi
 asan_base=${PSTRAIN_ASAN_OUTPUT_BASE:-$HOME/.cache/pstrain/bazel-asan}
 thread_safety_done=
 if [ "${PSTRAIN_ASAN:-1}" != 0 ]; then
-  before=$overall
-  overall=0
-  run_tests asan "$asan_base" "${asan_targets[@]}" -- --config=asan
-  if [ "$overall" -eq 0 ]; then
+  if run_tests asan "$asan_base" "${asan_targets[@]}" -- --config=asan; then
     thread_safety_done=$results/thread_safety_done
     bazel --output_base="$asan_base" cquery "${common[@]}" --config=asan --symlink_prefix=/ \
         "kind('source file', deps(set(${asan_targets[*]})))" 2>/dev/null |
-      sed -n 's|^//\([^ ]*\) (null)$|\1|p' | sed 's|^:||; s|:|/|' > "$thread_safety_done" ||
+      sed -n 's|^//:\{0,1\}\([^ ]*\) (null)$|\1|p' | sed 's|:|/|' > "$thread_safety_done" ||
       thread_safety_done=
   fi
-  [ "$before" -ne 0 ] && overall=$before
   end_stage "$asan_stage"
 fi
 

@@ -23,6 +23,11 @@ absl::Status InLayer(absl::Status st, const std::string& layer, const char* pass
 }
 
 // A per-layer stream for dropout, from (step seed, layer index).
+// A one-output model's logits, in place, as the sigmoid's probabilities.
+void ToProbabilities(std::vector<float>* logits) {
+  for (float& s : *logits) s = 1.0f / (1.0f + std::exp(-s));
+}
+
 uint64_t LayerSeed(uint64_t seed, size_t layer) {
   return cpu::Mix64(seed ^ (0xD1B54A32D192ED03ULL * (layer + 1)));
 }
@@ -496,7 +501,7 @@ absl::Status Model::FinishStep(float* loss) {
   for (int r = 0; r < batch; ++r) total += host_row_loss_[r];
   *loss = static_cast<float>(total / batch);
   if (keep_scores_) {
-    for (float& s : scores_) s = 1.0f / (1.0f + std::exp(-s));  // logits -> probabilities
+    ToProbabilities(&scores_);
   }
   return absl::OkStatus();
 }
@@ -537,7 +542,7 @@ absl::Status Model::Evaluate(const float* x, const int32_t* labels, int64_t n, E
   }
   result->count = n;
   result->loss = n > 0 ? total / n : 0;
-  for (float& s : result->scores) s = 1.0f / (1.0f + std::exp(-s));  // logits -> probabilities
+  ToProbabilities(&result->scores);
   return absl::OkStatus();
 }
 

@@ -38,7 +38,8 @@ WorkerEvaluation ProgressiveEval::Evaluate(int64_t step) {
   e.step = step;
   e.examples = static_cast<int64_t>(scores_.size());
   int64_t correct = 0;
-  for (size_t i = 0; i < scores_.size(); ++i) correct += (scores_[i] >= 0.5f) == (labels_[i] != 0);
+  // Positive above 0.5, as the chief's evaluation predicts (logit > 0).
+  for (size_t i = 0; i < scores_.size(); ++i) correct += (scores_[i] > 0.5f) == (labels_[i] != 0);
   const double log_loss = LogLoss(scores_, labels_);
   e.metrics = {{"accuracy", static_cast<double>(correct) / e.examples},
                {"loss", log_loss},

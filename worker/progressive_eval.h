@@ -28,7 +28,7 @@ class ProgressiveEval {
 
   // After the batch computed from version `step`: once `step` reached the
   // next multiple of `every`, the evaluation of the examples added since
-  // the last one (accuracy at 0.5, loss and log_loss: the mean cross-entropy,
+  // the last one (accuracy: positive above 0.5, loss and log_loss: the mean cross-entropy,
   // auc where both labels occur) at `step`, and the window starts over.
   std::optional<WorkerEvaluation> Take(int64_t step);
   // The end of the run: the examples not evaluated yet, at the last step

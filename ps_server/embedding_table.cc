@@ -8,7 +8,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/base/embedding_ids.h"
+#include "common/base/logging.h"
+#include "common/base/status_macros.h"
 #include "common/base/tensor.h"
 
 namespace pstrain {
@@ -46,6 +49,51 @@ EmbeddingTable::EmbeddingTable(Options options, const Optimizer* optimizer)
     absl::MutexLock lock(&s.mu);
     s.slots.resize(row_slot_init_.size());
   }
+}
+
+absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
+    Options options, const Optimizer* optimizer) {
+  if (options.memory_rows < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("table ", options.name, ": a memory budget of ",
+                                                   options.memory_rows, " rows"));
+  }
+  auto table = std::make_unique<EmbeddingTable>(options, optimizer);
+  if (options.memory_rows == 0) return table;
+  if (options.tier_prefix.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("table ", options.name, ": a memory budget needs a place for its rows"));
+  }
+  Env* env = options.env != nullptr ? options.env : Env::Default();
+  RETURN_IF_ERROR(env->CreateDirs(Dirname(options.tier_prefix)));
+  table->shard_memory_rows_ =
+      static_cast<size_t>(std::max<int64_t>(1, (options.memory_rows + kShards - 1) / kShards));
+  for (int k = 0; k < kShards; ++k) {
+    Shard& s = table->shards_[k];
+    absl::MutexLock lock(&s.mu);
+    ASSIGN_OR_RETURN(s.tier,
+                     RowTier::Open(env, absl::StrFormat("%s.shard-%02d", options.tier_prefix, k),
+                                   options.dim, static_cast<int>(table->row_slot_init_.size())));
+  }
+  return table;
+}
+
+absl::Status EmbeddingTable::Fail(absl::Status st) const {
+  absl::MutexLock lock(&failure_mu_);
+  if (failure_.ok()) {
+    failure_ = absl::Status(st.code(), absl::StrCat("table ", options_.name, ": ", st.message(),
+                                                    "; the table has failed: restart the server "
+                                                    "from a checkpoint"));
+    // (One string: GCC's -O3 warns falsely inside fmt on a string_view.)
+    LOG_ERROR("{}", std::string(failure_.message()));
+    failed_.store(true, std::memory_order_release);
+  }
+  return failure_;
+}
+
+absl::Status EmbeddingTable::failure() const {
+  if (!failed_.load(std::memory_order_acquire)) return absl::OkStatus();
+  absl::MutexLock lock(&failure_mu_);
+  return failure_;
 }
 
 int EmbeddingTable::ShardOf(uint64_t id) {
@@ -88,8 +136,9 @@ void EmbeddingTable::ForEachShardGroup(absl::Span<const uint64_t> ids, F visit) 
   }
 }
 
-void EmbeddingTable::FindRows(Shard* s, absl::Span<const uint64_t> ids, const uint32_t* pos,
-                              size_t count, bool with_slots, std::vector<int64_t>* rows) {
+absl::Status EmbeddingTable::FindRows(Shard* s, absl::Span<const uint64_t> ids,
+                                      const uint32_t* pos, size_t count, bool with_slots,
+                                      std::vector<int64_t>* rows) {
   // Random rows of a large table are cache misses: find every row of the
   // group first, with the index probes and the rows' lines (and their
   // slots') prefetched ahead, before the caller touches them.
@@ -106,7 +155,10 @@ void EmbeddingTable::FindRows(Shard* s, absl::Span<const uint64_t> ids, const ui
   for (size_t j = 0; j < count; ++j) {
     if (j + kAhead < count) s->index.prefetch(ids[pos[j + kAhead]]);
     auto it = s->index.find(ids[pos[j]]);
-    const int64_t row = it == s->index.end() ? int64_t{-1} : static_cast<int64_t>(it->second);
+    int64_t row = it == s->index.end() ? int64_t{-1} : static_cast<int64_t>(it->second);
+    if (row < 0 && s->tier != nullptr) {
+      ASSIGN_OR_RETURN(row, ReadBack(s, ids[pos[j]]));
+    }
     (*rows)[j] = row;
     if (row < 0) continue;
     const size_t at = static_cast<size_t>(row) * options_.dim;
@@ -119,25 +171,16 @@ void EmbeddingTable::FindRows(Shard* s, absl::Span<const uint64_t> ids, const ui
       for (const std::vector<float>& slot : s->slots) prefetch(slot.data() + at);
     }
   }
+  return absl::OkStatus();
 }
 
 int64_t EmbeddingTable::FindOrCreate(Shard* s, uint64_t id, bool create) {
   auto it = s->index.find(id);
   if (it != s->index.end()) return it->second;
   if (!create) return -1;
+  if (s->tier != nullptr) s->tier->Erase(id);  // replaced (a checkpoint's row)
   const int dim = options_.dim;
-  uint32_t row;
-  if (!s->free_rows.empty()) {
-    row = s->free_rows.back();
-    s->free_rows.pop_back();
-  } else {
-    row = static_cast<uint32_t>(s->row_ids.size());
-    GrowRows(&s->values, s->values.size() + dim);
-    for (auto& slot : s->slots) GrowRows(&slot, slot.size() + dim);
-    s->updates.push_back(0);
-    s->touched.push_back({});
-    s->row_ids.push_back(0);
-  }
+  const uint32_t row = AllocateRow(s);
   const size_t at = static_cast<size_t>(row) * dim;
   InitialRow(options_.seed, id, dim, options_.init_scale, s->values.data() + at);
   for (size_t k = 0; k < s->slots.size(); ++k) {
@@ -148,19 +191,118 @@ int64_t EmbeddingTable::FindOrCreate(Shard* s, uint64_t id, bool create) {
   s->touched[row] = {0, generation()};
   s->index.emplace(id, row);
   if (!s->deleted.empty()) s->deleted.erase(id);
+  Used(s, row);
   return row;
 }
 
+uint32_t EmbeddingTable::AllocateRow(Shard* s) {
+  if (!s->free_rows.empty()) {
+    const uint32_t row = s->free_rows.back();
+    s->free_rows.pop_back();
+    return row;
+  }
+  const size_t dim = static_cast<size_t>(options_.dim);
+  const uint32_t row = static_cast<uint32_t>(s->row_ids.size());
+  GrowRows(&s->values, s->values.size() + dim);
+  for (auto& slot : s->slots) GrowRows(&slot, slot.size() + dim);
+  s->updates.push_back(0);
+  s->touched.push_back({});
+  s->row_ids.push_back(0);
+  if (s->tier != nullptr) s->clock.push_back(kFree);
+  return row;
+}
+
+absl::StatusOr<int64_t> EmbeddingTable::ReadBack(Shard* s, uint64_t id) {
+  const RowTier::Entry* entry = s->tier->Find(id);
+  if (entry == nullptr) return -1;
+  const Touch touch{entry->touched, entry->generation};
+  const uint32_t row = AllocateRow(s);
+  const size_t at = static_cast<size_t>(row) * options_.dim;
+  std::vector<float*> slots(s->slots.size());
+  for (size_t k = 0; k < slots.size(); ++k) slots[k] = s->slots[k].data() + at;
+  if (absl::Status st = s->tier->Get(id, s->values.data() + at, slots, &s->updates[row]);
+      !st.ok()) {
+    s->free_rows.push_back(row);
+    return Fail(st);
+  }
+  s->tier->Erase(id);
+  s->row_ids[row] = id;
+  s->touched[row] = touch;
+  s->index.emplace(id, row);
+  s->clock[row] = kUsed;
+  ++s->disk_reads;
+  return row;
+}
+
+bool EmbeddingTable::PeekDisk(const Shard& s, uint64_t id, float* values, OptimizerSlots* slots,
+                              int64_t* updates) const {
+  if (s.tier == nullptr || s.tier->Find(id) == nullptr) return false;
+  const size_t dim = static_cast<size_t>(options_.dim);
+  OptimizerSlots scratch;
+  OptimizerSlots* into = slots != nullptr ? slots : &scratch;
+  into->assign(s.slots.size(), std::vector<float>(dim));
+  std::vector<float*> slot_ptrs;
+  for (auto& slot : *into) slot_ptrs.push_back(slot.data());
+  int64_t count = 0;
+  if (absl::Status st = s.tier->Get(id, values, slot_ptrs, &count); !st.ok()) {
+    (void)Fail(st);
+    return false;
+  }
+  if (updates != nullptr) *updates = count;
+  return true;
+}
+
+void EmbeddingTable::Evict(Shard* s) {
+  if (s->tier == nullptr) return;
+  const size_t dim = static_cast<size_t>(options_.dim);
+  std::vector<const float*> slots(s->slots.size());
+  while (s->index.size() > shard_memory_rows_) {
+    // CLOCK: the hand spares a row used since it last passed (clearing the
+    // mark) and takes the first one not used. Two turns at most.
+    const size_t n = s->row_ids.size();
+    for (;;) {
+      if (s->hand >= n) s->hand = 0;
+      uint8_t& c = s->clock[s->hand];
+      if (c == kLive) break;
+      if (c == kUsed) c = kLive;
+      ++s->hand;
+    }
+    const size_t row = s->hand++;
+    const uint64_t id = s->row_ids[row];
+    for (size_t k = 0; k < slots.size(); ++k) slots[k] = s->slots[k].data() + row * dim;
+    if (absl::Status st = s->tier->Put(id, s->values.data() + row * dim, slots, s->updates[row],
+                                       s->touched[row].step, s->touched[row].generation);
+        !st.ok()) {
+      // It stays in memory, over the budget; the next call tries again.
+      if (s->disk_write_errors++ % 1000 == 0) {
+        LOG_WARN("{}", absl::StrCat("table ", options_.name,
+                                    ": a row stays in memory over the budget (",
+                                    s->disk_write_errors, " times so far): ", st.message()));
+      }
+      return;
+    }
+    s->index.erase(id);
+    s->free_rows.push_back(static_cast<uint32_t>(row));
+    s->clock[row] = kFree;
+    s->touched[row].generation = 0;  // in no delta while free
+    ++s->disk_writes;
+  }
+}
+
 absl::Status EmbeddingTable::Lookup(absl::Span<const uint64_t> ids, int64_t step, float* out) {
+  RETURN_IF_ERROR(failure());
   if (absl::Status st = CheckIds(ids); !st.ok()) return st;
   const int dim = options_.dim;
   const int admit = options_.admit_after;
   const size_t row_bytes = sizeof(float) * dim;
   const uint32_t generation = this->generation();
   std::vector<int64_t> rows;
+  absl::Status status;
   ForEachShardGroup(
       ids, [&](Shard* s, const uint32_t* pos, size_t count) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        FindRows(s, ids, pos, count, /*with_slots=*/false, &rows);
+        if (!status.ok()) return;
+        status = FindRows(s, ids, pos, count, /*with_slots=*/false, &rows);
+        if (!status.ok()) return;
         for (size_t j = 0; j < count; ++j) {
           const uint32_t i = pos[j];
           const uint64_t id = ids[i];
@@ -183,13 +325,16 @@ absl::Status EmbeddingTable::Lookup(absl::Span<const uint64_t> ids, int64_t step
             }
           }
           s->touched[row] = {step, generation};
+          Used(s, row);
           std::memcpy(dst, s->values.data() + static_cast<size_t>(row) * dim, row_bytes);
         }
+        Evict(s);
       });
-  return absl::OkStatus();
+  return status;
 }
 
 absl::Status EmbeddingTable::Peek(absl::Span<const uint64_t> ids, float* out) const {
+  RETURN_IF_ERROR(failure());
   if (absl::Status st = CheckIds(ids); !st.ok()) return st;
   const size_t dim = static_cast<size_t>(options_.dim);
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -199,6 +344,10 @@ absl::Status EmbeddingTable::Peek(absl::Span<const uint64_t> ids, float* out) co
     auto it = s.index.find(ids[i]);
     if (it != s.index.end()) {
       std::copy_n(s.values.begin() + static_cast<size_t>(it->second) * dim, dim, dst);
+    } else if (PeekDisk(s, ids[i], dst, nullptr, nullptr)) {
+      // read where it lies, not moved
+    } else if (failed_.load(std::memory_order_acquire)) {
+      return failure();
     } else if (options_.admit_after > 1) {
       std::fill(dst, dst + dim, 0.0f);
     } else {
@@ -211,6 +360,7 @@ absl::Status EmbeddingTable::Peek(absl::Span<const uint64_t> ids, float* out) co
 absl::Status EmbeddingTable::ApplyGradients(absl::Span<const uint64_t> ids, const float* grads,
                                             float scale, float learning_rate, float clip_value,
                                             int64_t step) {
+  RETURN_IF_ERROR(failure());
   if (absl::Status st = CheckGradients(ids, grads); !st.ok()) return st;
   const int dim = options_.dim;
   const size_t n = ids.size();
@@ -239,9 +389,14 @@ absl::Status EmbeddingTable::ApplyGradients(absl::Span<const uint64_t> ids, cons
   const bool needs_admission = options_.admit_after > 1;
   const uint32_t generation = this->generation();
   std::vector<int64_t> rows;
+  absl::Status status;
   ForEachShardGroup(
       unique, [&](Shard* s, const uint32_t* pos, size_t count) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        FindRows(s, unique, pos, count, /*with_slots=*/true, &rows);
+        // A tier that fails fails the table: the shards before keep their
+        // updates, as no later call can read them.
+        if (!status.ok()) return;
+        status = FindRows(s, unique, pos, count, /*with_slots=*/true, &rows);
+        if (!status.ok()) return;
         for (size_t j = 0; j < count; ++j) {
           const uint32_t i = pos[j];
           const int64_t row =
@@ -257,9 +412,11 @@ absl::Status EmbeddingTable::ApplyGradients(absl::Span<const uint64_t> ids, cons
           optimizer_->ApplyRange(values, values, sum.data() + static_cast<size_t>(i) * dim, dim,
                                  &s->slots, row * static_cast<int64_t>(dim), update);
           s->touched[row] = {step, generation};
+          Used(s, row);
         }
+        Evict(s);
       });
-  return absl::OkStatus();
+  return status;
 }
 
 absl::Status EmbeddingTable::CheckGradients(absl::Span<const uint64_t> ids,
@@ -278,9 +435,9 @@ absl::Status EmbeddingTable::CheckGradients(absl::Span<const uint64_t> ids,
   return absl::OkStatus();
 }
 
-EmbeddingTable::Rows EmbeddingTable::ExportRows() const { return Export(0); }
+absl::StatusOr<EmbeddingTable::Rows> EmbeddingTable::ExportRows() const { return Export(0); }
 
-EmbeddingTable::Rows EmbeddingTable::ExportChangedRows(uint32_t after) const {
+absl::StatusOr<EmbeddingTable::Rows> EmbeddingTable::ExportChangedRows(uint32_t after) const {
   // Generations start at 1: a delta on "generation 0" would be every row.
   return Export(std::max<uint32_t>(after, 1));
 }
@@ -296,15 +453,23 @@ void EmbeddingTable::ForgetDeletedThrough(uint32_t through) {
   }
 }
 
-EmbeddingTable::Rows EmbeddingTable::Export(uint32_t after) const {
+absl::StatusOr<EmbeddingTable::Rows> EmbeddingTable::Export(uint32_t after) const {
+  RETURN_IF_ERROR(failure());
   const size_t dim = static_cast<size_t>(options_.dim);
+  constexpr uint32_t kOnDisk = ~uint32_t{0};
   Rows out;
   out.slots.resize(row_slot_init_.size());
   for (const Shard& s : shards_) {
     absl::MutexLock lock(&s.mu);
+    // (id, memory row or kOnDisk)
     std::vector<std::pair<uint64_t, uint32_t>> rows;
+    if (s.tier != nullptr) {
+      for (const auto& [id, entry] : s.tier->entries()) {
+        if (after == 0 || entry.generation > after) rows.emplace_back(id, kOnDisk);
+      }
+    }
     if (after == 0) {
-      rows.assign(s.index.begin(), s.index.end());
+      rows.insert(rows.end(), s.index.begin(), s.index.end());
     } else {
       // A scan of the stamps, in row order (a freed row's stamp is 0).
       for (size_t row = 0; row < s.touched.size(); ++row) {
@@ -325,9 +490,20 @@ EmbeddingTable::Rows EmbeddingTable::Export(uint32_t after) const {
     for (auto& slot : out.slots) slot.resize((at + rows.size()) * dim);
     out.updates.resize(at + rows.size());
     out.touched.resize(at + rows.size());
+    std::vector<float*> slots(out.slots.size());
     for (size_t j = 0; j < rows.size(); ++j) {
       const size_t row = rows[j].second, to = (at + j) * dim;
       out.ids[at + j] = rows[j].first;
+      if (rows[j].second == kOnDisk) {
+        for (size_t k = 0; k < slots.size(); ++k) slots[k] = out.slots[k].data() + to;
+        if (absl::Status st = s.tier->Get(rows[j].first, out.values.data() + to, slots,
+                                          &out.updates[at + j]);
+            !st.ok()) {
+          return Fail(st);
+        }
+        out.touched[at + j] = s.tier->Find(rows[j].first)->touched;
+        continue;
+      }
       std::copy_n(s.values.begin() + row * dim, dim, out.values.begin() + to);
       for (size_t k = 0; k < out.slots.size(); ++k) {
         std::copy_n(s.slots[k].begin() + row * dim, dim, out.slots[k].begin() + to);
@@ -367,6 +543,7 @@ absl::Status EmbeddingTable::ImportRows(absl::Span<const uint64_t> ids, const fl
           absl::StrCat("table ", options_.name, ": a row is not finite"));
     }
   }
+  RETURN_IF_ERROR(failure());
   for (size_t i = 0; i < n; ++i) {
     const uint64_t id = ids[i];
     Shard& s = shards_[ShardOf(id)];
@@ -380,6 +557,7 @@ absl::Status EmbeddingTable::ImportRows(absl::Span<const uint64_t> ids, const fl
     s.updates[row] = slots.empty() || updates.empty() ? 0 : updates[i];
     s.touched[row] = {touched.empty() ? 0 : touched[i], generation()};
     s.sightings.erase(id);
+    Evict(&s);
   }
   return absl::OkStatus();
 }
@@ -403,6 +581,7 @@ int64_t EmbeddingTable::Expire(int64_t step, bool force) {
         s.deleted[it->first] = generation;
         s.touched[it->second].generation = 0;  // in no delta while free
         s.free_rows.push_back(it->second);
+        if (s.tier != nullptr) s.clock[it->second] = kFree;
         s.index.erase(it++);
         ++s.expired;
         ++dropped;
@@ -410,6 +589,17 @@ int64_t EmbeddingTable::Expire(int64_t step, bool force) {
         ++it;
       }
     }
+    if (s.tier == nullptr) continue;
+    std::vector<uint64_t> old;
+    for (const auto& [id, entry] : s.tier->entries()) {
+      if (entry.touched < oldest) old.push_back(id);
+    }
+    for (uint64_t id : old) {
+      s.tier->Erase(id);
+      s.deleted[id] = generation;
+    }
+    s.expired += static_cast<int64_t>(old.size());
+    dropped += static_cast<int64_t>(old.size());
   }
   return dropped;
 }
@@ -424,8 +614,15 @@ EmbeddingTable::Stats EmbeddingTable::stats() const {
     st.pending_ids += static_cast<int64_t>(s.sightings.size());
     st.rows_expired += s.expired;
     st.gradients_dropped += s.dropped;
+    if (s.tier == nullptr) continue;
+    st.rows_on_disk += static_cast<int64_t>(s.tier->size());
+    st.disk_bytes += s.tier->file_bytes();
+    st.disk_reads += s.disk_reads;
+    st.disk_writes += s.disk_writes;
+    st.disk_write_errors += s.disk_write_errors;
   }
   st.bytes = st.rows * row_bytes;
+  st.rows += st.rows_on_disk;
   return st;
 }
 
@@ -434,7 +631,10 @@ bool EmbeddingTable::ReadRow(uint64_t id, std::vector<float>* values, OptimizerS
   const Shard& s = shards_[ShardOf(id)];
   absl::MutexLock lock(&s.mu);
   auto it = s.index.find(id);
-  if (it == s.index.end()) return false;
+  if (it == s.index.end()) {
+    values->resize(static_cast<size_t>(options_.dim));
+    return PeekDisk(s, id, values->data(), slots, updates);
+  }
   const size_t at = static_cast<size_t>(it->second) * options_.dim;
   values->assign(s.values.begin() + at, s.values.begin() + at + options_.dim);
   if (slots != nullptr) {

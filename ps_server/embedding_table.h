@@ -10,6 +10,19 @@
 // until then it reads as zeros and its gradients are dropped) and expiry (a
 // row untouched for n steps is dropped), both off by default.
 //
+// A memory budget (Options::memory_rows, off by default) keeps at most that
+// many rows in memory; the others live in a disk tier (row_tier.h, one file
+// per shard, named Options::tier_prefix + ".shard-NN"), chosen by CLOCK (an approximation of
+// least recently used: a row used since the hand last passed it is spared
+// once). A row used while on disk is read back into memory first, so every
+// lookup and update works on memory rows; a row lives in exactly one tier,
+// values and slots together, and moving it never changes a bit of it. A
+// row the disk cannot take (a full disk) stays in memory, over the budget,
+// and is counted; a row the disk cannot give back (a read error, a damaged
+// record) fails the table: that call and every later one return the error,
+// and the server must restart from a checkpoint (the tier is a cache, no
+// store: it starts empty).
+//
 // Concurrency: rows live in 16 shards by a hash of the id, each with its
 // own mutex, so lookups and updates of different rows run in parallel; a
 // request locks each shard it touches once. Every request is checked whole
@@ -20,15 +33,19 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/storage/env.h"
 #include "ps_server/optimizer.h"
+#include "ps_server/row_tier.h"
 
 namespace pstrain {
 
@@ -42,16 +59,33 @@ class EmbeddingTable {
     uint64_t seed = 0;  // TableSeed(run seed, name)
     int64_t expire_after_steps = 0;
     int admit_after = 0;
+    // The most rows kept in memory (0: all); the rest in a disk tier of
+    // files named `tier_prefix` + ".shard-NN" (their directory created;
+    // the files unlinked once open), through `env` (null: Env::Default()).
+    int64_t memory_rows = 0;
+    std::string tier_prefix;
+    Env* env = nullptr;
   };
   struct Stats {
-    int64_t rows = 0;
-    int64_t bytes = 0;  // values and slots
+    int64_t rows = 0;   // in memory and on disk
+    int64_t bytes = 0;  // values and slots in memory
     int64_t pending_ids = 0;  // seen, not yet admitted
     int64_t rows_expired = 0;
     int64_t gradients_dropped = 0;  // rows pushed that had no row (not admitted)
+    // The disk tier (all 0 without a memory budget): rows there (of `rows`),
+    // the bytes of its files, rows read back into memory and written out,
+    // and rows the disk refused (kept in memory).
+    int64_t rows_on_disk = 0;
+    int64_t disk_bytes = 0;
+    int64_t disk_reads = 0;
+    int64_t disk_writes = 0;
+    int64_t disk_write_errors = 0;
   };
 
-  // `optimizer` must outlive the table.
+  // A table with a memory budget (its disk tier opened), or without one.
+  static absl::StatusOr<std::unique_ptr<EmbeddingTable>> Create(Options options,
+                                                                const Optimizer* optimizer);
+  // `optimizer` must outlive the table. No memory budget (Create opens one).
   EmbeddingTable(Options options, const Optimizer* optimizer);
 
   const Options& options() const { return options_; }
@@ -104,7 +138,8 @@ class EmbeddingTable {
     std::vector<int64_t> updates, touched;
     std::vector<uint64_t> deleted;  // ExportChangedRows: ids dropped, ascending per shard
   };
-  Rows ExportRows() const;
+  // A row the disk tier cannot give back fails the export (and the table).
+  absl::StatusOr<Rows> ExportRows() const;
 
   // Incremental saves. Every change to a row (created, looked up, updated,
   // imported) and every row dropped (expired) is stamped with the table's
@@ -116,7 +151,7 @@ class EmbeddingTable {
   // The rows changed in generations after `after` (as ExportRows has them),
   // and in `deleted` the ids dropped since then that are not rows again:
   // what a save after the one that ended generation `after` must add to it.
-  Rows ExportChangedRows(uint32_t after) const;
+  absl::StatusOr<Rows> ExportChangedRows(uint32_t after) const;
   // Forgets the dropped ids stamped `through` or earlier: no save to come
   // is a delta on a save before that.
   void ForgetDeletedThrough(uint32_t through);
@@ -129,7 +164,11 @@ class EmbeddingTable {
                           const OptimizerSlots& slots, absl::Span<const int64_t> updates,
                           absl::Span<const int64_t> touched);
 
-  // Row `id` and its slots, if it exists (tests, checkpoints).
+  // OK, or why the table failed (its disk tier could not give a row back).
+  absl::Status failure() const;
+
+  // Row `id` and its slots, if it exists (tests, checkpoints; false also
+  // when the disk tier cannot give it back).
   bool ReadRow(uint64_t id, std::vector<float>* values, OptimizerSlots* slots = nullptr,
                int64_t* updates = nullptr) const;
 
@@ -154,22 +193,54 @@ class EmbeddingTable {
     absl::flat_hash_map<uint64_t, int32_t> sightings ABSL_GUARDED_BY(mu);  // admission
     int64_t expired ABSL_GUARDED_BY(mu) = 0;
     int64_t dropped ABSL_GUARDED_BY(mu) = 0;
+    // With a memory budget: the rows past it, and per memory row its CLOCK
+    // state (kFree, kLive, kUsed) and the hand.
+    std::unique_ptr<RowTier> tier ABSL_GUARDED_BY(mu);
+    std::vector<uint8_t> clock ABSL_GUARDED_BY(mu);
+    size_t hand ABSL_GUARDED_BY(mu) = 0;
+    int64_t disk_reads ABSL_GUARDED_BY(mu) = 0;
+    int64_t disk_writes ABSL_GUARDED_BY(mu) = 0;
+    int64_t disk_write_errors ABSL_GUARDED_BY(mu) = 0;
   };
+  enum : uint8_t { kFree = 0, kLive = 1, kUsed = 2 };
 
   static int ShardOf(uint64_t id);
   absl::Status CheckIds(absl::Span<const uint64_t> ids) const;
-  // (*rows)[j]: the row of ids[pos[j]] in `s`, or -1 when absent; prefetches
-  // the rows found (and their slots when `with_slots`).
-  void FindRows(Shard* s, absl::Span<const uint64_t> ids, const uint32_t* pos, size_t count,
-                bool with_slots, std::vector<int64_t>* rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu);
-  // The row of `id` in `s`, created if `create`; -1 when absent.
+  // (*rows)[j]: the row of ids[pos[j]] in `s` (read back from the disk
+  // tier when there), or -1 when absent; prefetches the rows found (and
+  // their slots when `with_slots`). An error when the tier fails.
+  absl::Status FindRows(Shard* s, absl::Span<const uint64_t> ids, const uint32_t* pos,
+                        size_t count, bool with_slots, std::vector<int64_t>* rows)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu);
+  // The row of `id` in `s` (in memory), created if `create`; -1 when
+  // absent. A created row replaces one of `id` in the disk tier.
   int64_t FindOrCreate(Shard* s, uint64_t id, bool create) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu);
+  // A free memory row of `s` (its contents unspecified).
+  uint32_t AllocateRow(Shard* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu);
+  // Row `id` moved from the disk tier into memory: its row, -1 when it is
+  // not on disk, an error (which fails the table) when the disk cannot give
+  // it back.
+  absl::StatusOr<int64_t> ReadBack(Shard* s, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu);
+  // Reads row `id` of the disk tier into `values` (and `slots`, `updates`
+  // where not null) without moving it; false when it is not on disk or
+  // cannot be read (which fails the table).
+  bool PeekDisk(const Shard& s, uint64_t id, float* values, OptimizerSlots* slots,
+                int64_t* updates) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu);
+  // With a tier: marks memory row `row` of `s` used.
+  void Used(Shard* s, int64_t row) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+    if (s->tier != nullptr) s->clock[static_cast<size_t>(row)] = kUsed;
+  }
+  // Moves rows of `s` to its disk tier until its memory holds at most its
+  // share of the budget (or the disk refuses one).
+  void Evict(Shard* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu);
+  // Records the first error that fails the table, and returns it.
+  absl::Status Fail(absl::Status st) const;
   // Calls visit(shard, positions, count) for the positions of `ids` in each
   // shard, with that shard locked (once per call).
   template <typename F>
   void ForEachShardGroup(absl::Span<const uint64_t> ids, F visit);
   // ExportRows (every row) and ExportChangedRows (`after` > 0).
-  Rows Export(uint32_t after) const;
+  absl::StatusOr<Rows> Export(uint32_t after) const;
   uint32_t generation() const { return generation_.load(std::memory_order_relaxed); }
 
   const Options options_;
@@ -177,6 +248,10 @@ class EmbeddingTable {
   OptimizerSlots row_slot_init_;  // one row's initial slot values
   std::array<Shard, kShards> shards_;
   std::atomic<int64_t> next_sweep_{0};
+  size_t shard_memory_rows_ = 0;  // each shard's share of the budget (0: none)
+  mutable std::atomic<bool> failed_{false};
+  mutable absl::Mutex failure_mu_;
+  mutable absl::Status failure_ ABSL_GUARDED_BY(failure_mu_);
   // Changed only while no row changes (EndGeneration); read under the
   // shards' locks, which order it.
   std::atomic<uint32_t> generation_{1};

@@ -308,7 +308,7 @@ TEST_CASE("rows exported for a checkpoint import into another table bitwise", "[
   for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.25f * static_cast<float>(i) - 1;
   REQUIRE(a.ApplyGradients(ids, grads.data(), 1.0f, 0.1f, 0, 5).ok());
   REQUIRE(a.ApplyGradients({4}, grads.data(), 1.0f, 0.1f, 0, 6).ok());
-  const EmbeddingTable::Rows rows = a.ExportRows();
+  const EmbeddingTable::Rows rows = a.ExportRows().value();
   REQUIRE(rows.ids.size() == 4);
   REQUIRE(rows.slots.size() == 2);
 
@@ -332,7 +332,7 @@ TEST_CASE("rows exported for a checkpoint import into another table bitwise", "[
   REQUIRE(a.ReadRow(4, &va));
   REQUIRE(b.ReadRow(4, &vb));
   CHECK(va == vb);
-  CHECK(b.ExportRows().ids == a.ExportRows().ids);
+  CHECK(b.ExportRows().value().ids == a.ExportRows().value().ids);
 
   // Without slots: the values alone, fresh optimizer state.
   EmbeddingTable c(Table(3), adam.get());
@@ -368,7 +368,7 @@ TEST_CASE("a save's delta holds the rows changed since the save before and the i
   const std::vector<float> g = {0.5f, -1};
   for (uint64_t id = 0; id < 100; ++id) Row(t, id, 0);  // 100 rows, all touched at 0
   const uint32_t first = t.EndGeneration();  // a full save: every row
-  CHECK(t.ExportRows().ids.size() == 100);
+  CHECK(t.ExportRows().value().ids.size() == 100);
 
   // Between saves: 3 rows updated, one looked up, one created; then rows
   // untouched since 0 expire at 12, except those 5.
@@ -378,7 +378,7 @@ TEST_CASE("a save's delta holds the rows changed since the save before and the i
   REQUIRE(t.Expire(12, true) == 96);
   const uint32_t second = t.EndGeneration();
   CHECK(second == first + 1);
-  EmbeddingTable::Rows delta = t.ExportChangedRows(first);
+  EmbeddingTable::Rows delta = t.ExportChangedRows(first).value();
   std::sort(delta.ids.begin(), delta.ids.end());
   CHECK(delta.ids == std::vector<uint64_t>{3, 7, 50, 97, 1000});
   CHECK(delta.values.size() == 5 * 2);
@@ -388,23 +388,23 @@ TEST_CASE("a save's delta holds the rows changed since the save before and the i
 
   // Nothing changed since: an empty delta. A dropped id created again is a
   // row of the next delta, not a drop.
-  CHECK(t.ExportChangedRows(second).ids.empty());
-  CHECK(t.ExportChangedRows(second).deleted.empty());
+  CHECK(t.ExportChangedRows(second).value().ids.empty());
+  CHECK(t.ExportChangedRows(second).value().deleted.empty());
   Row(t, 0, 13);
   const uint32_t third = t.EndGeneration();
-  EmbeddingTable::Rows next = t.ExportChangedRows(second);
+  EmbeddingTable::Rows next = t.ExportChangedRows(second).value();
   CHECK(next.ids == std::vector<uint64_t>{0});
   CHECK(next.deleted.empty());
   // Against the first save, both deltas together (id 0 is a row again).
-  CHECK(t.ExportChangedRows(first).ids.size() == 6);
-  CHECK(t.ExportChangedRows(first).deleted.size() == 95);
+  CHECK(t.ExportChangedRows(first).value().ids.size() == 6);
+  CHECK(t.ExportChangedRows(first).value().deleted.size() == 95);
   // Drops stamped at or before a save no delta rests on are forgotten.
   t.ForgetDeletedThrough(third);
-  CHECK(t.ExportChangedRows(first).deleted.empty());
+  CHECK(t.ExportChangedRows(first).value().deleted.empty());
   // Imported rows count as changed.
-  const EmbeddingTable::Rows all = t.ExportRows();
+  const EmbeddingTable::Rows all = t.ExportRows().value();
   REQUIRE(t.ImportRows({all.ids[0]}, all.values.data(), {}, {}, {}).ok());
-  CHECK(t.ExportChangedRows(third).ids == std::vector<uint64_t>{all.ids[0]});
+  CHECK(t.ExportChangedRows(third).value().ids == std::vector<uint64_t>{all.ids[0]});
 }
 
 TEST_CASE("a peek reads rows as a lookup would and changes nothing", "[embedding]") {
@@ -423,7 +423,7 @@ TEST_CASE("a peek reads rows as a lookup would and changes nothing", "[embedding
   InitialRow(o.seed, 6, 2, 0.5f, six.data());
   CHECK(out == std::vector<float>{five[0] - 1, five[1] - 1, six[0], six[1]});  // 6 as created
   CHECK(t.stats().rows == 1);                     // but it is not
-  CHECK(t.ExportChangedRows(saved).ids.empty());  // nor is 5 touched
+  CHECK(t.ExportChangedRows(saved).value().ids.empty());  // nor is 5 touched
   CHECK(t.Expire(11, true) == 1);                 // so it expires at 0 + 10
   // Not admitted yet: zeros, and the peek is no sighting.
   o.admit_after = 2;

@@ -45,6 +45,9 @@ struct ShardSnapshot {
     uint32_t generation = 0;  // the table's generation this cut ended
   };
   std::vector<TableRows> tables;
+  // Not OK when a table could not give its rows (its disk tier failed):
+  // the shard is not written, this is its error.
+  absl::Status rows_error;
   int64_t rows_base_step = -1;  // -1: the rows in full
   // A delta's links before it (the full save first), as written: set by
   // the writer, which knows them once the cut before is written.

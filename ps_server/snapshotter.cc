@@ -54,7 +54,13 @@ std::unique_ptr<ShardSnapshot> CutShard(const ServerModel& model, int64_t step,
     // Ids dropped before the base are in no save to come: this one rests
     // on the base, later ones on this one (or are full).
     const uint32_t base = delta ? plan.base_generations.at(name) : rows.generation;
-    rows.rows = delta ? t->rows->ExportChangedRows(base) : t->rows->ExportRows();
+    absl::StatusOr<EmbeddingTable::Rows> exported =
+        delta ? t->rows->ExportChangedRows(base) : t->rows->ExportRows();
+    if (!exported.ok()) {
+      snap->rows_error = exported.status();
+      continue;
+    }
+    rows.rows = std::move(*exported);
     t->rows->ForgetDeletedThrough(base);
     snap->tables.push_back(std::move(rows));
   }
@@ -226,7 +232,9 @@ void Snapshotter::WriterLoop() {
     mu_.Unlock();
     const absl::Time start = absl::Now();
     absl::StatusOr<GetShardResponse> result =
-        unwritten_base.ok() ? WriteShardSnapshot(*snap) : unwritten_base;
+        !snap->rows_error.ok()  ? absl::StatusOr<GetShardResponse>(snap->rows_error)
+        : unwritten_base.ok() ? WriteShardSnapshot(*snap)
+                              : unwritten_base;
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     const int64_t step = snap->step;
     const uint64_t incarnation = snap->incarnation;

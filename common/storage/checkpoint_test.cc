@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "common/testing/temp_dir.h"
@@ -394,6 +395,33 @@ TEST_CASE("Env writes in pieces and reads ranges", "[checkpoint][env]") {
   REQUIRE(env->WriteFile(JoinPath(tree, "a/b/c"), "x", false).ok());
   REQUIRE(DeleteRecursively(env, tree).ok());
   CHECK_FALSE(env->FileExists(tree));
+}
+
+TEST_CASE("Env reads and writes in place, and FaultEnv fails them", "[checkpoint][env]") {
+  const std::string path = JoinPath(testing::NewTempDir("rw"), "f");
+  auto file = Env::Default()->NewRandomRWFile(path);
+  REQUIRE(file.ok());
+  REQUIRE((*file)->Write(4, "5678").ok());
+  REQUIRE((*file)->Write(0, "1234").ok());
+  REQUIRE((*file)->Write(2, "ab").ok());
+  char buf[8];
+  REQUIRE((*file)->Read(0, 8, buf).ok());
+  CHECK(std::string(buf, 8) == "12ab5678");
+  CHECK((*file)->Read(6, 4, buf).code() == absl::StatusCode::kOutOfRange);
+
+  FaultEnv faults(Env::Default());
+  auto torn = faults.NewRandomRWFile(path);  // truncates
+  REQUIRE(torn.ok());
+  faults.SetDiskSpace(6);
+  REQUIRE((*torn)->Write(0, "abcd").ok());
+  CHECK((*torn)->Write(4, "efgh").code() == absl::StatusCode::kResourceExhausted);
+  REQUIRE((*torn)->Read(0, 6, buf).ok());  // the two bytes that fit
+  CHECK(std::string(buf, 6) == "abcdef");
+  faults.FailReadsFrom(1);
+  CHECK((*torn)->Read(0, 2, buf).ok());
+  const absl::Status failed = (*torn)->Read(0, 2, buf);
+  CHECK(failed.code() == absl::StatusCode::kInternal);
+  CHECK(absl::StrContains(failed.message(), "Input/output error"));
 }
 
 // After a fault, what a restart finds: the newest good checkpoint is `a` or

@@ -68,8 +68,55 @@ class PosixWritableFile : public WritableFile {
   int fd_;
 };
 
+class PosixRandomRWFile : public RandomRWFile {
+ public:
+  PosixRandomRWFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixRandomRWFile() override { ::close(fd_); }
+
+  absl::Status Write(int64_t offset, absl::string_view data) override {
+    const char* p = data.data();
+    size_t left = data.size();
+    while (left > 0) {
+      ssize_t n = ::pwrite(fd_, p, left, static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return IoError("write", path_, errno);
+      p += n;
+      left -= static_cast<size_t>(n);
+      offset += n;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Read(int64_t offset, int64_t n, char* dst) override {
+    while (n > 0) {
+      ssize_t got = ::pread(fd_, dst, static_cast<size_t>(n), static_cast<off_t>(offset));
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) return IoError("read", path_, errno);
+      if (got == 0) {
+        return absl::OutOfRangeError(absl::StrCat("read ", path_, ": ", n,
+                                                  " bytes past the end at offset ", offset));
+      }
+      dst += got;
+      n -= got;
+      offset += got;
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const std::string path_;
+  const int fd_;
+};
+
 class PosixEnv : public Env {
  public:
+  absl::StatusOr<std::unique_ptr<RandomRWFile>> NewRandomRWFile(
+      const std::string& path) override {
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd < 0) return IoError("open", path, errno);
+    return std::make_unique<PosixRandomRWFile>(path, fd);
+  }
+
   absl::StatusOr<std::string> ReadFile(const std::string& path) override {
     int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return IoError("open", path, errno);

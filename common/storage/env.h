@@ -26,6 +26,19 @@ class WritableFile {
   virtual absl::Status Close() = 0;
 };
 
+// A file read and written in place at offsets (an embedding table's disk
+// tier, whose records are rewritten where they lie). Not a durable store:
+// nothing is fsynced. The destructor closes it.
+class RandomRWFile {
+ public:
+  virtual ~RandomRWFile() = default;
+  // Writes `data` at `offset`, growing the file when it ends before.
+  virtual absl::Status Write(int64_t offset, absl::string_view data) = 0;
+  // Reads `n` bytes at `offset` into `dst`; OUT_OF_RANGE when the file ends
+  // before them.
+  virtual absl::Status Read(int64_t offset, int64_t n, char* dst) = 0;
+};
+
 class Env {
  public:
   virtual ~Env() = default;
@@ -41,6 +54,9 @@ class Env {
   virtual bool FileExists(const std::string& path) = 0;
   // Creates or truncates `path` for writing in pieces.
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path) = 0;
+  // Creates or truncates `path` (mode 0600) for reads and writes in place.
+  virtual absl::StatusOr<std::unique_ptr<RandomRWFile>> NewRandomRWFile(
       const std::string& path) = 0;
   // `n` bytes at `offset`; OUT_OF_RANGE when the file is shorter.
   virtual absl::StatusOr<std::string> ReadFileRange(const std::string& path, int64_t offset,

@@ -40,6 +40,43 @@ class FaultWritableFile : public WritableFile {
   std::unique_ptr<WritableFile> base_;
 };
 
+class FaultRandomRWFile : public RandomRWFile {
+ public:
+  FaultRandomRWFile(FaultEnv* env, std::string path, std::unique_ptr<RandomRWFile> base)
+      : env_(env), path_(std::move(path)), base_(std::move(base)) {}
+
+  absl::Status Write(int64_t offset, absl::string_view data) override {
+    RETURN_IF_ERROR(env_->Operation("write " + path_));
+    int64_t fit = 0;
+    absl::Status space = env_->Reserve(path_, static_cast<int64_t>(data.size()), &fit);
+    RETURN_IF_ERROR(base_->Write(offset, data.substr(0, static_cast<size_t>(fit))));
+    return space;
+  }
+  absl::Status Read(int64_t offset, int64_t n, char* dst) override {
+    RETURN_IF_ERROR(env_->Read(path_));
+    return base_->Read(offset, n, dst);
+  }
+
+ private:
+  FaultEnv* const env_;
+  const std::string path_;
+  std::unique_ptr<RandomRWFile> base_;
+};
+
+void FaultEnv::FailReadsFrom(int64_t k) {
+  absl::MutexLock lock(&mu_);
+  fail_reads_from_ = k < 0 ? -1 : reads_ + k;
+}
+
+absl::Status FaultEnv::Read(const std::string& path) {
+  absl::MutexLock lock(&mu_);
+  if (fail_reads_from_ >= 0 && reads_ >= fail_reads_from_) {
+    return absl::InternalError(absl::StrCat("read ", path, ": Input/output error (injected)"));
+  }
+  ++reads_;
+  return absl::OkStatus();
+}
+
 void FaultEnv::CrashAtOperation(int64_t k) {
   absl::MutexLock lock(&mu_);
   crash_at_ = k < 0 ? -1 : ops_ + k;
@@ -172,6 +209,12 @@ absl::StatusOr<std::unique_ptr<WritableFile>> FaultEnv::NewWritableFile(const st
     files_[path] = FileState();
   }
   return std::unique_ptr<WritableFile>(new FaultWritableFile(this, path, std::move(base)));
+}
+
+absl::StatusOr<std::unique_ptr<RandomRWFile>> FaultEnv::NewRandomRWFile(const std::string& path) {
+  RETURN_IF_ERROR(Operation("create " + path));
+  ASSIGN_OR_RETURN(std::unique_ptr<RandomRWFile> base, base_->NewRandomRWFile(path));
+  return std::unique_ptr<RandomRWFile>(new FaultRandomRWFile(this, path, std::move(base)));
 }
 
 }  // namespace pstrain

@@ -6,10 +6,13 @@
 //     power cut; a test then reads what is left with Env::Default();
 //   - a full disk: appends and writes past a byte budget fail with
 //     RESOURCE_EXHAUSTED ("No space left on device"), the bytes that fit
-//     written, as write(2) does.
+//     written, as write(2) does;
+//   - a failing disk: reads of files opened with NewRandomRWFile (a table's
+//     disk tier) fail with an I/O error from the k-th on.
 // Mutating operations: NewWritableFile, Append, Sync, Close, WriteFile,
-// RenameFile, SyncDir, CreateDirs, DeleteFile, DeleteDir. Reads pass
-// through. Thread-safe.
+// RenameFile, SyncDir, CreateDirs, DeleteFile, DeleteDir, NewRandomRWFile
+// and its writes (which a crash does not tear: such files are never
+// fsynced, nothing expects them to survive). Reads pass through. Thread-safe.
 #ifndef PSTRAIN_COMMON_STORAGE_FAULT_ENV_H_
 #define PSTRAIN_COMMON_STORAGE_FAULT_ENV_H_
 
@@ -34,6 +37,9 @@ class FaultEnv : public Env {
   void CrashAtOperation(int64_t k);
   // At most `bytes` more bytes are written in all.
   void SetDiskSpace(int64_t bytes);
+  // Reads of random-access files fail from the k-th from now on (0: the
+  // next); a negative k never fails them.
+  void FailReadsFrom(int64_t k);
   int64_t operations() const;     // mutating operations so far
   int64_t bytes_written() const;  // bytes written so far
   bool crashed() const;
@@ -48,6 +54,7 @@ class FaultEnv : public Env {
   absl::Status DeleteFile(const std::string& path) override;
   bool FileExists(const std::string& path) override { return base_->FileExists(path); }
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
+  absl::StatusOr<std::unique_ptr<RandomRWFile>> NewRandomRWFile(const std::string& path) override;
   absl::StatusOr<std::string> ReadFileRange(const std::string& path, int64_t offset,
                                             int64_t n) override {
     return base_->ReadFileRange(path, offset, n);
@@ -67,6 +74,9 @@ class FaultEnv : public Env {
 
  private:
   friend class FaultWritableFile;
+  friend class FaultRandomRWFile;
+  // Counts one read of a random-access file; an error from the k-th on.
+  absl::Status Read(const std::string& path) ABSL_LOCKS_EXCLUDED(mu_);
   // Counts one mutating operation; an error once the crash point is reached
   // (which it also carries out).
   absl::Status Operation(const std::string& what) ABSL_LOCKS_EXCLUDED(mu_);
@@ -83,6 +93,8 @@ class FaultEnv : public Env {
   bool crashed_ ABSL_GUARDED_BY(mu_) = false;
   int64_t space_ ABSL_GUARDED_BY(mu_) = std::numeric_limits<int64_t>::max();
   int64_t written_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t reads_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t fail_reads_from_ ABSL_GUARDED_BY(mu_) = -1;
   // Each file written through this Env: its size and the part fsynced.
   struct FileState {
     int64_t size = 0;

@@ -44,7 +44,8 @@ absl::StatusOr<Save> SaveRows(EmbeddingTable* table, bool delta, uint32_t after,
                               const std::string& ckpt) {
   Save s;
   absl::Time t0 = absl::Now();
-  const EmbeddingTable::Rows rows = delta ? table->ExportChangedRows(after) : table->ExportRows();
+  ASSIGN_OR_RETURN(const EmbeddingTable::Rows rows,
+                   delta ? table->ExportChangedRows(after) : table->ExportRows());
   s.cut = absl::ToDoubleSeconds(absl::Now() - t0);
   ShardRows r;
   r.table = "bench";

@@ -36,9 +36,14 @@ absl::Status WriteRunOutputs(const RunContext& run, PsClient* ps, Chief* chief,
   struct TableTotals {
     int64_t rows = 0;
     int64_t bytes = 0;
+    // With a memory budget: the disk tier's rows and moves.
+    bool tiered = false;
+    int64_t rows_on_disk = 0, disk_reads = 0, disk_writes = 0, disk_write_errors = 0;
   };
   std::map<std::string, TableTotals> tables;
-  for (const EmbeddingTableConfig& tc : run.config.embedding_tables()) tables[tc.name()];
+  for (const EmbeddingTableConfig& tc : run.config.embedding_tables()) {
+    tables[tc.name()].tiered = tc.memory_budget_bytes() > 0;
+  }
   for (int s = 0; s < ps->num_servers(); ++s) {
     PsStatusResponse status;
     absl::Status st = ps->GetStatus(s, &status);
@@ -56,6 +61,10 @@ absl::Status WriteRunOutputs(const RunContext& run, PsClient* ps, Chief* chief,
       if (it == tables.end()) continue;
       it->second.rows += t.rows();
       it->second.bytes += t.bytes();
+      it->second.rows_on_disk += t.rows_on_disk();
+      it->second.disk_reads += t.disk_reads();
+      it->second.disk_writes += t.disk_writes();
+      it->second.disk_write_errors += t.disk_write_errors();
     }
   }
   LOG_INFO("parameter servers: {} pushes applied, {} gradients dropped as stale, {} refused",
@@ -63,6 +72,12 @@ absl::Status WriteRunOutputs(const RunContext& run, PsClient* ps, Chief* chief,
   nlohmann::json table_totals = nlohmann::json::object();
   for (const auto& [name, totals] : tables) {
     table_totals[name] = {{"rows", totals.rows}, {"bytes", totals.bytes}};
+    if (totals.tiered) {
+      table_totals[name]["rows_on_disk"] = totals.rows_on_disk;
+      table_totals[name]["disk_reads"] = totals.disk_reads;
+      table_totals[name]["disk_writes"] = totals.disk_writes;
+      table_totals[name]["disk_write_errors"] = totals.disk_write_errors;
+    }
   }
   ChiefStatusResponse progress;
   chief->GetStatus(&progress);

@@ -21,6 +21,7 @@
 #include "common/observability/monitoring.h"
 #include "common/rpc/rpc.h"
 #include "common/base/shutdown.h"
+#include "common/storage/env.h"
 #include "ps_server/parameter_server.h"
 #include "ps_server/ps_metrics.h"
 #include "ps_server/ps_service.h"
@@ -33,6 +34,10 @@ ABSL_FLAG(std::string, log_level, "info", "debug, info, warn, error");
 ABSL_FLAG(int, max_concurrent_calls, pstrain::PsServiceImpl::kDefaultMaxCalls,
           "data calls (Pull, Push, PullRows, PushRows) served at once, waiting pulls included; "
           "one more fails at once with RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, tier_dir, "",
+          "where embedding tables with a memory budget (memory_budget_bytes) keep the rows "
+          "past it, on a local disk (not a tmpfs): files unlinked once open, so nothing is left "
+          "behind; default $TMPDIR, else /tmp");
 ABSL_FLAG(int, chief_timeout_s, 60,
           "exit (code 1) when the chief has been unreachable this long: since its last answer, "
           "or since this server started if it never answered; 0: never");
@@ -57,6 +62,13 @@ int main(int argc, char** argv) {
   const std::string& address = task.cluster.address(pstrain::kPsJob, task.task.index);
 
   pstrain::ParameterServer ps;
+  if (const std::string dir = absl::GetFlag(FLAGS_tier_dir); !dir.empty()) {
+    if (absl::Status st = pstrain::Env::Default()->CreateDirs(dir); !st.ok()) {
+      std::cerr << "ps_server: --tier_dir=" << dir << ": " << st.message() << "\n";
+      return 2;
+    }
+    ps.SetTier({dir, nullptr});
+  }
   // Off without a secret or TLS.
   pstrain::Authorizer auth(setup->auth.secret, task.cluster, task.task.ToString(),
                           setup->auth.tls != nullptr);

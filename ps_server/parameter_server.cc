@@ -61,10 +61,20 @@ void ParameterServer::InstallLocked(const InitializeRequest& request, std::share
   snapshots_.Reset(incarnation_);
 }
 
+void ParameterServer::SetTier(TierSettings tier) {
+  absl::MutexLock lock(&mu_);
+  tier_ = std::move(tier);
+}
+
 absl::Status ParameterServer::Initialize(const InitializeRequest& request) {
   // Checked in NewModel.
   const int num_parts = std::max(1, request.num_parts());
-  ASSIGN_OR_RETURN(std::shared_ptr<Model> model, NewServerModel(request));
+  TierSettings tier;
+  {
+    absl::MutexLock lock(&mu_);
+    tier = tier_;
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model, NewServerModel(request, tier));
   for (const NamedTensor& nt : request.variables()) {
     ASSIGN_OR_RETURN(std::unique_ptr<PartitionState> p, NewPartition(nt, *model));
     const Key key = p->key;
@@ -429,6 +439,12 @@ void ParameterServer::GetStatus(PsStatusResponse* response) {
     ts->set_pending_ids(st.pending_ids);
     ts->set_rows_expired(st.rows_expired);
     ts->set_gradients_dropped(st.gradients_dropped);
+    ts->set_rows_on_disk(st.rows_on_disk);
+    ts->set_disk_bytes(st.disk_bytes);
+    ts->set_disk_reads(st.disk_reads);
+    ts->set_disk_writes(st.disk_writes);
+    ts->set_disk_write_errors(st.disk_write_errors);
+    if (absl::Status f = t->rows->failure(); !f.ok()) ts->set_failure(std::string(f.message()));
   }
 }
 

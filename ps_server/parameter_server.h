@@ -163,6 +163,10 @@ class ParameterServer {
   explicit ParameterServer(absl::Duration max_wait = absl::Minutes(10));
   ~ParameterServer();
 
+  // Where tables with a memory budget keep their rows past it (the next
+  // Initialize on): server_model.h's TierSettings.
+  void SetTier(TierSettings tier) ABSL_LOCKS_EXCLUDED(mu_);
+
   absl::Status Initialize(const InitializeRequest& request);
 
   // Starts a pull. `done` runs exactly once, on this thread when the pull is
@@ -416,6 +420,7 @@ class ParameterServer {
 
   // Constant after construction.
   const absl::Duration max_wait_;
+  TierSettings tier_ ABSL_GUARDED_BY(mu_);
 
   mutable absl::Mutex mu_;
   bool initialized_ ABSL_GUARDED_BY(mu_) = false;

@@ -78,12 +78,44 @@ class PsCollector : public prometheus::Collectable {
       prometheus::MetricFamily bytes = Family(
           "pstrain_embedding_bytes", "Bytes of embedding rows and their optimizer slots.",
           MetricType::Gauge);
+      prometheus::MetricFamily on_disk = Family(
+          "pstrain_embedding_rows_on_disk",
+          "Embedding rows in the disk tier (of pstrain_embedding_rows): past the table's "
+          "memory_budget_bytes.",
+          MetricType::Gauge);
+      prometheus::MetricFamily disk_bytes = Family(
+          "pstrain_embedding_disk_bytes", "Bytes of the table's disk tier files.",
+          MetricType::Gauge);
+      prometheus::MetricFamily moves = Family(
+          "pstrain_embedding_disk_rows_total",
+          "Rows moved between memory and the disk tier: direction=\"in\" read back for use, "
+          "\"out\" written out past the memory budget, \"refused\" a write the disk refused "
+          "(the row stays in memory).",
+          MetricType::Counter);
+      prometheus::MetricFamily failed = Family(
+          "pstrain_embedding_table_failed",
+          "1 when the table's disk tier could not give a row back: the server must restart "
+          "from a checkpoint.",
+          MetricType::Gauge);
       for (const TableStatus& t : s.tables()) {
         AddMetric(&rows, {{"table", t.name()}}, static_cast<double>(t.rows()));
         AddMetric(&bytes, {{"table", t.name()}}, static_cast<double>(t.bytes()));
+        AddMetric(&on_disk, {{"table", t.name()}}, static_cast<double>(t.rows_on_disk()));
+        AddMetric(&disk_bytes, {{"table", t.name()}}, static_cast<double>(t.disk_bytes()));
+        AddMetric(&moves, {{"table", t.name()}, {"direction", "in"}},
+                  static_cast<double>(t.disk_reads()));
+        AddMetric(&moves, {{"table", t.name()}, {"direction", "out"}},
+                  static_cast<double>(t.disk_writes()));
+        AddMetric(&moves, {{"table", t.name()}, {"direction", "refused"}},
+                  static_cast<double>(t.disk_write_errors()));
+        AddMetric(&failed, {{"table", t.name()}}, t.failure().empty() ? 0 : 1);
       }
       out.push_back(std::move(rows));
       out.push_back(std::move(bytes));
+      out.push_back(std::move(on_disk));
+      out.push_back(std::move(disk_bytes));
+      out.push_back(std::move(moves));
+      out.push_back(std::move(failed));
     }
     const std::vector<bool> waiting = ps_->SyncWaitingOn();
     if (!waiting.empty()) {

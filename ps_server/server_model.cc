@@ -1,11 +1,16 @@
 #include "ps_server/server_model.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/base/bfloat16.h"
 #include "common/base/embedding_ids.h"
+#include "common/base/logging.h"
 #include "common/base/status_macros.h"
 #include "common/base/tensor.h"
 #include "common/cluster/config.h"
@@ -30,8 +35,18 @@ bool OnlyReferenceImpl(const std::shared_ptr<T>& buffer) {
   return probe.use_count() == 2;
 }
 
+std::string TierDir(const TierSettings& tier) {
+  if (!tier.dir.empty()) return tier.dir;
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+}
+
 // Adds the config's embedding tables to `model` (its workers set).
-absl::Status AddTables(const TrainingConfig& config, int64_t global_batch, ServerModel* model) {
+absl::Status AddTables(const TrainingConfig& config, int64_t global_batch,
+                       const TierSettings& tier, ServerModel* model) {
+  // Each table with a budget has files of its own: a model being replaced
+  // may still hold its tables' files.
+  static std::atomic<uint64_t> tables_made{0};
   for (const EmbeddingTableConfig& tc : config.embedding_tables()) {
     auto table = std::make_unique<ServerModel::Table>();
     const OptimizerConfig& oc = tc.has_optimizer() ? tc.optimizer() : config.optimizer();
@@ -48,7 +63,19 @@ absl::Status AddTables(const TrainingConfig& config, int64_t global_batch, Serve
     options.seed = TableSeed(config.seed(), tc.name());
     options.expire_after_steps = tc.expire_after_steps();
     options.admit_after = tc.admit_after();
-    table->rows = std::make_unique<EmbeddingTable>(options, table->optimizer.get());
+    if (tc.memory_budget_bytes() > 0) {
+      const int64_t row_bytes = int64_t{4} * tc.dim() *
+                                (1 + static_cast<int64_t>(table->optimizer->slot_names().size()));
+      options.memory_rows = std::max<int64_t>(1, tc.memory_budget_bytes() / row_bytes);
+      options.tier_prefix = JoinPath(
+          TierDir(tier), absl::StrCat("pstrain-", ::getpid(), "-", tc.name(), ".", tables_made++));
+      options.env = tier.env;
+      LOG_INFO("table {}: at most {} rows ({} bytes with their optimizer slots) in memory on "
+               "this server, the rest in a disk tier in {}",
+               tc.name(), options.memory_rows, options.memory_rows * row_bytes,
+               Dirname(options.tier_prefix));
+    }
+    ASSIGN_OR_RETURN(table->rows, EmbeddingTable::Create(options, table->optimizer.get()));
     table->staged_ids.resize(model->sync ? model->num_workers : 0);
     table->staged_grads.resize(model->sync ? model->num_workers : 0);
     model->tables.emplace(tc.name(), std::move(table));
@@ -118,7 +145,8 @@ std::shared_ptr<const std::vector<uint16_t>> PartitionState::Bfloat16Of(
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<ServerModel>> NewServerModel(const InitializeRequest& request) {
+absl::StatusOr<std::shared_ptr<ServerModel>> NewServerModel(const InitializeRequest& request,
+                                                            const TierSettings& tier) {
   TrainingConfig config = request.config();
   RETURN_IF_ERROR(ValidateAndFillDefaults(&config, "(from Initialize)"));
   if (request.incarnation() == 0) {
@@ -188,7 +216,7 @@ absl::StatusOr<std::shared_ptr<ServerModel>> NewServerModel(const InitializeRequ
     model->shard = request.server_index();
     model->num_shards = request.num_servers();
   }
-  RETURN_IF_ERROR(AddTables(config, global_batch, model.get()));
+  RETURN_IF_ERROR(AddTables(config, global_batch, tier, model.get()));
   return model;
 }
 

@@ -37,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/storage/env.h"
 #include "proto/ps_service.pb.h"
 #include "ps_server/embedding_table.h"
 #include "ps_server/optimizer.h"
@@ -154,9 +155,18 @@ struct ServerModel {
   int num_shards = 1;
 };
 
+// Where tables with a memory budget keep the rows past it: files of their
+// own in `dir` (empty: $TMPDIR, else /tmp), unlinked once open, through
+// `env` (null: Env::Default()).
+struct TierSettings {
+  std::string dir;
+  Env* env = nullptr;
+};
+
 // The run's settings and embedding tables from an Initialize request and its
 // config (checked), with no partitions yet.
-absl::StatusOr<std::shared_ptr<ServerModel>> NewServerModel(const InitializeRequest& request);
+absl::StatusOr<std::shared_ptr<ServerModel>> NewServerModel(const InitializeRequest& request,
+                                                            const TierSettings& tier = {});
 
 // One partition of an Initialize request: its values and (from a checkpoint)
 // its optimizer slots and update count, checked against `model`'s optimizer

@@ -4,7 +4,8 @@
 // write only the rows changed (and the ids expired) loads, at every step, as
 // bitwise the same model as a run saving everything; resumes from a delta
 // to the same end; and its damaged or missing links are named by verify and
-// skipped by a resume.
+// skipped by a resume. A table held mostly on disk (memory_budget_bytes)
+// saves and resumes as one held whole.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "common/storage/checkpoint.h"
 #include "common/storage/env.h"
 #include "common/testing/skip.h"
+#include "nlohmann/json.hpp"
 #include "tests/checkpoint_testlib.h"
 #include "tests/cluster_testlib.h"
 #include "tools/subprocess.h"
@@ -37,16 +39,15 @@ using testing::WriteJob;
 constexpr int kSteps = 300;
 
 ConfigOptions Options(const std::string& data_dir, const std::string& ckpt_dir, int full_every,
-                      const std::string& serving_dir = "") {
+                      const std::string& serving_dir = "", int64_t memory_budget_bytes = 0) {
   ConfigOptions o = testing::ClickThroughOptions(data_dir);
   o.batch_size = 64;
   o.learning_rate = 0.003f;
   o.max_steps = kSteps;
   // Rows untouched for 40 steps expire: deltas carry dropped ids too.
   o.extra = absl::StrCat(
-      "embedding_tables { name: \"features\" dim: 16 expire_after_steps: 40 }\n"
-      "checkpoint { dir: \"",
-      ckpt_dir, "\" every_steps: 50 keep: 100 full_every: ", full_every,
+      "embedding_tables { name: \"features\" dim: 16 expire_after_steps: 40 memory_budget_bytes: ",
+      memory_budget_bytes, " }\n checkpoint { dir: \"", ckpt_dir, "\" every_steps: 50 keep: 100 full_every: ", full_every,
       serving_dir.empty() ? "" : absl::StrCat(" serving_dir: \"", serving_dir, "\""), " }\n");
   return o;
 }
@@ -214,6 +215,55 @@ TEST_CASE("rows saved as deltas load, resume and verify as full saves of the sam
     CHECK(v.output.find("ckpt-200/shard-") != std::string::npos);
     CHECK(v.output.find("it must stay beside it") != std::string::npos);
   }
+}
+
+TEST_CASE("a table held 10% in memory saves, resumes and ends bitwise as one held whole",
+          "[checkpoint][rows][incremental][tier]") {
+  auto data = Data("tier_ctr_data");
+  INFO(data.status().message());
+  REQUIRE(data.ok());
+  const std::string ref_dir = testing::FreshTempDir("tier_ref");
+  const std::string ref_ckpt = JoinPath(ref_dir, "ckpt");
+  const Job ref = WriteJob(ref_dir, Options(data->first, ref_ckpt, 3), 2);
+  RunJobOk(ref, false);
+  // 5,200 ids over 2 servers: a tenth of each one's rows of 16 floats and
+  // Adam's two slots (192 bytes a row).
+  constexpr int64_t kBudget = 260 * 192;
+  const std::string dir = testing::FreshTempDir("tier_run");
+  const std::string ckpt = JoinPath(dir, "ckpt");
+  const Job job = WriteJob(dir, Options(data->first, ckpt, 3, "", kBudget), 2);
+  RunJobOk(job, false);
+  for (int64_t step = 50; step <= kSteps; step += 50) {
+    INFO("step " << step);
+    CHECK(VerifyCheckpoint(Env::Default(), Ckpt(ckpt, step)).empty());
+    CheckSameTables(Ckpt(ckpt, step), Ckpt(ref_ckpt, step));
+    CheckSameCheckpoint(Ckpt(ckpt, step), Ckpt(ref_ckpt, step));
+  }
+  testing::CheckSameModel(testing::FinalModel(job), testing::FinalModel(ref));
+  auto ps_log = Env::Default()->ReadFile(JoinPath(job.out, "logs/ps-0.log"));
+  REQUIRE(ps_log.ok());
+  CHECK(ps_log->find("table features: at most 260 rows (49920 bytes with their optimizer "
+                     "slots) in memory on this server, the rest in a disk tier") !=
+        std::string::npos);
+  auto summary = Env::Default()->ReadFile(JoinPath(job.out, "summary.json"));
+  REQUIRE(summary.ok());
+  INFO(*summary);
+  const nlohmann::json features = nlohmann::json::parse(*summary)["embedding_tables"]["features"];
+  CHECK(features["rows_on_disk"].get<int64_t>() > features["rows"].get<int64_t>() / 2);
+  CHECK(features["disk_reads"].get<int64_t>() > 1000);
+  CHECK(features["disk_write_errors"].get<int64_t>() == 0);
+
+  // Resumed from a delta with the budget: the tier starts empty, the rows
+  // come from the chain, and the run ends where the whole one did.
+  const std::string dir2 = testing::FreshTempDir("tier_resume");
+  const std::string ckpt2 = JoinPath(dir2, "ckpt");
+  CopyCheckpoint(ckpt, 200, ckpt2);
+  CopyCheckpoint(ckpt, 250, ckpt2);
+  const Job resumed = WriteJob(dir2, Options(data->first, ckpt2, 3, "", kBudget), 2);
+  RunJobOk(resumed, true);
+  CHECK(ChiefLog(resumed).find("resume: from " + Ckpt(ckpt2, 250)) != std::string::npos);
+  CheckSameTables(Ckpt(ckpt2, kSteps), Ckpt(ref_ckpt, kSteps));
+  CheckSameCheckpoint(Ckpt(ckpt2, kSteps), Ckpt(ref_ckpt, kSteps));
 }
 
 TEST_CASE("an async run's cuts chain their rows too, and resume from a delta",

@@ -205,6 +205,9 @@ int LaunchCommand(const std::vector<std::string>& argv) {
                                "RPC handlers, 4..65536 (default: theirs)"}},
       {"max_concurrent_calls", {"", "passed to the servers: data calls served at once, at "
                                     "least 1 (default: theirs)"}},
+      {"tier_dir", {"", "passed to the servers: where embedding tables with a "
+                        "memory_budget_bytes keep the rows past it, on a local disk (default: "
+                        "theirs, $TMPDIR, else /tmp)"}},
       {"handshake_timeout_ms", {"", "passed to the servers and the chief: a connection must "
                                     "finish its handshake within this, 100..86400000 "
                                     "(default: theirs, 20000)"}},
@@ -288,6 +291,9 @@ int LaunchCommand(const std::vector<std::string>& argv) {
       return Fail("launch", absl::StrCat("--", f.name, ": expected ", f.min, "..", f.max));
     }
     f.to->push_back(absl::StrCat("--", f.name, "=", *value));
+  }
+  if (const std::string& dir = args->Get("tier_dir"); !dir.empty()) {
+    o.ps_flags.push_back("--tier_dir=" + dir);
   }
   {
     // Sized before any task starts (each task checks its own share again).

@@ -94,6 +94,9 @@ absl::Status ValidateEmbeddingTables(TrainingConfig* c, const std::string& sourc
     if (t->admit_after() < 0) {
       return FieldError(source, field + ".admit_after", "expected >= 0 (0 = at first touch)");
     }
+    if (t->memory_budget_bytes() < 0) {
+      return FieldError(source, field + ".memory_budget_bytes", "expected >= 0 (0 = no budget)");
+    }
     if (t->has_optimizer()) {
       RETURN_IF_ERROR(
           ValidateAndFillOptimizerDefaults(t->mutable_optimizer(), c->max_steps(), source));

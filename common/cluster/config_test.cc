@@ -419,6 +419,7 @@ TEST_CASE("embedding tables are checked and get their defaults", "[config][embed
            Case{"name: \"a\" dim: 4 init_scale: -1", "embedding_tables[0].init_scale"},
            Case{"name: \"a\" dim: 4 expire_after_steps: -1", "expire_after_steps"},
            Case{"name: \"a\" dim: 4 admit_after: -1", "admit_after"},
+           Case{"name: \"a\" dim: 4 memory_budget_bytes: -1", "memory_budget_bytes"},
            Case{"name: \"a\" dim: 4 optimizer { learning_rate: 0 }", "learning_rate"},
        }) {
     INFO(k.table);

@@ -144,17 +144,20 @@ void CheckWorkersFollowed(const Job& job, const std::string& out, int64_t step) 
 // after `resumed_line` in the chief's log), the workers follow, nothing else
 // restarts, and the run ends bitwise as one never interrupted. Returns the
 // step gone back to; *at_kill and *elapsed (the kill to `resumed_line`) are
-// for the figures.
+// for the figures. `options` makes the job's config (checkpoints in its
+// first argument, its second the steps; null: CheckpointOptions).
+using OptionsMaker = std::function<ConfigOptions(const std::string&, int)>;
 int64_t KillAloneAndCheck(const std::string& name, const std::string& task, int64_t min_step,
                           const std::string& restarted, const std::string& chief_says,
                           int chief_starts, const std::string& resumed_line, int64_t* at_kill,
-                          absl::Duration* elapsed) {
+                          absl::Duration* elapsed, OptionsMaker options = nullptr) {
+  if (options == nullptr) options = testing::CheckpointOptions;
   const std::string victim = absl::StrCat("--job=", task.substr(0, task.find(':')),
                                           " --task=", task.substr(task.find(':') + 1));
   const int steps = testing::SanitizedSteps(1500, 800);  // min_step is 200 or 300
   const std::string dir = testing::FreshTempDir(name);
   const std::string ckpt = JoinPath(dir, "ckpt");
-  const Job job = WriteJob(dir, CheckpointOptions(ckpt, steps), 2);
+  const Job job = WriteJob(dir, options(ckpt, steps), 2);
   std::unique_ptr<Subprocess> launch = SpawnLaunch(job, dir, {"--restart=on-failure"});
   *elapsed = KillAndTime(job, ckpt, launch.get(), min_step, victim, resumed_line, at_kill);
   const auto [code, out] = FinishLaunch(launch.get(), dir);
@@ -185,7 +188,7 @@ int64_t KillAloneAndCheck(const std::string& name, const std::string& task, int6
   // Back from the checkpoint's values, slots, step and cursors: the run
   // ends where one never interrupted does.
   const std::string ref_dir = testing::FreshTempDir(name + "_ref");
-  const Job ref = WriteJob(ref_dir, CheckpointOptions(JoinPath(ref_dir, "ckpt"), steps), 2);
+  const Job ref = WriteJob(ref_dir, options(JoinPath(ref_dir, "ckpt"), steps), 2);
   RunJobOk(ref, false);
   CheckSameModel(FinalModel(job), FinalModel(ref));
   CHECK(testing::NoProcessesMatching(job.spec, absl::Seconds(10)));
@@ -223,6 +226,39 @@ TEST_CASE("--restart=on-failure: a server killed with kill -9 is restarted alone
   WARN("killed ps:1 after ckpt-" << at_kill << ": every server rolled back to step " << back_to
                                  << ", " << absl::FormatDuration(elapsed)
                                  << " from the kill to the variables restored");
+}
+
+TEST_CASE("--restart=on-failure: a server killed while it moves rows of a table held 10% in "
+          "memory to and from its disk recovers from the checkpoint, and a sync run ends "
+          "bitwise as if never killed",
+          "[checkpoint][recovery][tier]") {
+  // 5,200 ids on 2 servers, rows of 16 floats with Adam's slots (192
+  // bytes): 260 of each server's 2,600 in memory, so every step moves rows.
+  auto data = testing::CriteoData("tier_recovery_data", {"--train=20000", "--test=2000",
+                                                         "--values_per_field=200", "--seed=7"});
+  INFO(data.status().message());
+  REQUIRE(data.ok());
+  const std::string data_dir = data->first;
+  OptionsMaker tiered = [data_dir](const std::string& ckpt, int steps) {
+    ConfigOptions o = testing::ClickThroughOptions(data_dir);
+    o.max_steps = steps;
+    o.batch_size = 64;
+    o.learning_rate = 0.003f;
+    o.eval_every_steps = 500;
+    o.extra = absl::StrCat(
+        "embedding_tables { name: \"features\" dim: 16 memory_budget_bytes: 49920 }\n"
+        "checkpoint { dir: \"", ckpt, "\" every_steps: 50 keep: 100 full_every: 3 }\n");
+    return o;
+  };
+  int64_t at_kill = -1;
+  absl::Duration elapsed;
+  const int64_t back_to = KillAloneAndCheck(
+      "tier_rollback", "ps:1", 300,
+      "restarting it alone, the others go on from the latest checkpoint (restart 1 of 3)",
+      "ps:1 restarted and lost its partitions", 1, kRolledBack, &at_kill, &elapsed, tiered);
+  WARN("killed ps:1 (a table mostly on disk) after ckpt-" << at_kill << ": rolled back to step "
+                                                          << back_to << " in "
+                                                          << absl::FormatDuration(elapsed));
 }
 
 TEST_CASE("a chief restarted once its servers finished the run ends it from there, without "

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "common/base/embedding_ids.h"
 #include "common/storage/env.h"
@@ -83,40 +85,92 @@ TEST_CASE("the disk tier gives back each row as written and refuses a damaged re
   REQUIRE(tier.ok());
   CHECK_FALSE(Env::Default()->FileExists(path));  // unlinked once open
   RowTier& t = **tier;
-  const std::vector<float> v = {1, 2, 3}, m = {4, 5, 6}, s2 = {7, 8, 9};
-  REQUIRE(t.Put(10, v.data(), {m.data(), s2.data()}, 3, 17, 2).ok());
-  REQUIRE(t.Put(11, m.data(), {s2.data(), v.data()}, 1, 18, 2).ok());
-  CHECK(t.Put(10, v.data(), {m.data(), s2.data()}, 3, 17, 2).code() ==
-        absl::StatusCode::kInternal);
-  CHECK(t.size() == 2);
-  CHECK(t.file_bytes() == 2 * t.record_bytes());
-  CHECK(t.Find(10)->touched == 17);
-  std::vector<float> gv(3), gm(3), gs(3);
-  int64_t updates = 0;
-  REQUIRE(t.Get(10, gv.data(), {gm.data(), gs.data()}, &updates).ok());
-  CHECK(gv == v);
-  CHECK(gm == m);
-  CHECK(gs == s2);
-  CHECK(updates == 3);
-  // A place freed is taken by the next row: the file does not grow.
-  REQUIRE(t.Erase(10));
-  CHECK_FALSE(t.Erase(10));
-  REQUIRE(t.Put(12, v.data(), {v.data(), v.data()}, 0, 0, 1).ok());
-  CHECK(t.file_bytes() == 2 * t.record_bytes());
+  const int64_t per_segment = RowTier::kSegmentBytes / t.record_bytes();
+  const int64_t segment = per_segment * t.record_bytes();
+  // Row i: values {i, i+1, i+2}, slots {2i, ...} and {-i, ...}, count i.
+  auto put = [&t](uint64_t i) {
+    const float f = static_cast<float>(i);
+    const std::vector<float> v = {f, f + 1, f + 2}, m = {2 * f, 2 * f, 2 * f}, s = {-f, -f, -f};
+    return t.Put(i, v.data(), {m.data(), s.data()}, static_cast<int64_t>(i), 1000 + i, 7);
+  };
+  auto check = [&t](uint64_t i) {
+    std::vector<float> v(3), m(3), s(3);
+    int64_t updates = -1;
+    REQUIRE(t.Get(i, v.data(), {m.data(), s.data()}, &updates).ok());
+    const float f = static_cast<float>(i);
+    CHECK(v == std::vector<float>{f, f + 1, f + 2});
+    CHECK(m == std::vector<float>{2 * f, 2 * f, 2 * f});
+    CHECK(s == std::vector<float>{-f, -f, -f});
+    CHECK(updates == static_cast<int64_t>(i));
+    CHECK(t.Find(i)->touched == static_cast<int64_t>(1000 + i));
+    CHECK(t.Find(i)->generation == 7);
+  };
+  // Three segments and a bit: rows in written segments and in the open one.
+  const uint64_t n = static_cast<uint64_t>(3 * per_segment + 10);
+  for (uint64_t i = 0; i < n; ++i) REQUIRE(put(i).ok());
+  CHECK(put(5).code() == absl::StatusCode::kInternal);  // already there
+  CHECK(t.size() == n);
+  CHECK(t.file_bytes() == 4 * segment);
+  for (uint64_t i = 0; i < n; i += 7) check(i);
+  check(n - 1);
 
-  // One bit flipped in a value (through the open, unlinked file).
+  // A segment whose rows are all gone is reused whole: the file does not grow.
+  for (int64_t i = 0; i < per_segment; ++i) REQUIRE(t.Erase(static_cast<uint64_t>(i)));
+  CHECK_FALSE(t.Erase(0));
+  for (uint64_t i = n; i < n + static_cast<uint64_t>(per_segment); ++i) REQUIRE(put(i).ok());
+  CHECK(t.file_bytes() == 4 * segment);
+  // Garbage past half the file: the emptiest segment's live rows move into
+  // the open one, so the file stays within about twice the rows it holds.
+  for (uint64_t i = static_cast<uint64_t>(per_segment); i < n; ++i) {
+    if (i % 4 != 0) REQUIRE(t.Erase(i));
+  }
+  uint64_t next = n + static_cast<uint64_t>(per_segment);
+  std::vector<uint64_t> live;
+  for (const auto& [id, entry] : t.entries()) live.push_back(id);
+  std::sort(live.begin(), live.end());
+  std::mt19937_64 rng(3);
+  for (int round = 0; round < 40; ++round) {
+    for (int64_t k = 0; k < per_segment / 2; ++k) {
+      REQUIRE(put(next).ok());
+      live.push_back(next++);
+    }
+    // Rows read back anywhere (erased from the tier, as a table does).
+    for (int64_t k = 0; k < per_segment / 2; ++k) {
+      const size_t at = rng() % live.size();
+      REQUIRE(t.Erase(live[at]));
+      live[at] = live.back();
+      live.pop_back();
+    }
+  }
+  CHECK(t.size() == live.size());
+  INFO("rows " << t.size() << ", file " << t.file_bytes() / segment << " segments");
+  // (21,840 rows were put: without reuse, 21 segments.)
+  CHECK(t.file_bytes() <= 2 * static_cast<int64_t>(t.size()) * t.record_bytes() + 4 * segment);
+  for (const auto& [id, entry] : t.entries()) {
+    (void)entry;
+    if (id % 97 == 0) check(id);
+  }
+
+  // One bit flipped in a value of a row in a written segment (through the
+  // open, unlinked file).
+  uint64_t victim = 0;
+  for (const auto& [id, entry] : t.entries()) {
+    if (entry.place / per_segment != t.Find(next - 1)->place / per_segment) victim = id;
+  }
+  REQUIRE(victim != 0);
   const int fd = ReopenUnlinked(path);
   REQUIRE(fd >= 0);
-  const off_t at = static_cast<off_t>(t.Find(11)->place) * t.record_bytes() + 24 + 4;
+  const off_t at = static_cast<off_t>(t.Find(victim)->place) * t.record_bytes() + 24 + 4;
   char byte = 0;
   REQUIRE(::pread(fd, &byte, 1, at) == 1);
   byte ^= 0x10;
   REQUIRE(::pwrite(fd, &byte, 1, at) == 1);
   ::close(fd);
-  const absl::Status damaged = t.Get(11, gv.data(), {gm.data(), gs.data()}, &updates);
+  std::vector<float> v(3), m(3), s(3);
+  int64_t updates = 0;
+  const absl::Status damaged = t.Get(victim, v.data(), {m.data(), s.data()}, &updates);
   CHECK(damaged.code() == absl::StatusCode::kDataLoss);
-  CHECK(absl::StrContains(damaged.message(), "row 11"));
-  REQUIRE(t.Get(12, gv.data(), {gm.data(), gs.data()}, &updates).ok());
+  CHECK(absl::StrContains(damaged.message(), absl::StrCat("row ", victim)));
 }
 
 // The same lookups, updates, imports, expiry and delta saves on a table
@@ -205,8 +259,10 @@ TEST_CASE("rows a full disk refuses stay in memory, counted, and lose nothing",
   FaultEnv faults(Env::Default());
   auto tiered = Make(Options(64, &faults), adam.get());
   auto whole = Make(Options(0), adam.get());
-  faults.SetDiskSpace(100 * (24 + 3 * kDim * 4) + 10);  // 100 rows, then a torn one
-  std::vector<uint64_t> ids(1000);
+  // Each shard's first segment, then half of one (a torn write).
+  faults.SetDiskSpace(16 * RowTier::kSegmentBytes + RowTier::kSegmentBytes / 2);
+  const int64_t per_segment = RowTier::kSegmentBytes / (24 + 3 * kDim * 4);
+  std::vector<uint64_t> ids(static_cast<size_t>(16 * 3 * per_segment));
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = i * 7919;
   std::vector<float> grads(ids.size() * kDim, 0.125f), out(ids.size() * kDim);
   for (int64_t step = 1; step <= 3; ++step) {
@@ -215,8 +271,10 @@ TEST_CASE("rows a full disk refuses stay in memory, counted, and lose nothing",
     REQUIRE(tiered->Lookup(ids, step, out.data()).ok());
   }
   const EmbeddingTable::Stats st = tiered->stats();
-  CHECK(st.rows == 1000);
-  CHECK(st.rows_on_disk <= 100);
+  INFO("on disk " << st.rows_on_disk << " of " << st.rows);
+  CHECK(st.rows == static_cast<int64_t>(ids.size()));
+  CHECK(st.rows_on_disk <= 16 * 2 * per_segment);  // a segment written, one open
+  CHECK(st.rows - st.rows_on_disk > static_cast<int64_t>(ids.size()) / 3);  // kept
   CHECK(st.disk_write_errors > 0);
   CHECK(tiered->failure().ok());
   auto ra = tiered->ExportRows(), rb = whole->ExportRows();
@@ -229,11 +287,12 @@ TEST_CASE("a disk that cannot give a row back fails the table with a clear error
   auto adam = Adam();
   FaultEnv faults(Env::Default());
   auto t = Make(Options(32, &faults), adam.get());
-  std::vector<uint64_t> ids(500);
+  // Rows in written segments (each shard's open one holds 910).
+  std::vector<uint64_t> ids(16 * 2000);
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = i;
   std::vector<float> out(ids.size() * kDim);
   REQUIRE(t->Lookup(ids, 1, out.data()).ok());
-  REQUIRE(t->stats().rows_on_disk >= 400);
+  REQUIRE(t->stats().rows_on_disk >= 30000);
   faults.FailReadsFrom(0);
   const absl::Status read = t->Lookup(ids, 2, out.data());
   CHECK(read.code() == absl::StatusCode::kInternal);

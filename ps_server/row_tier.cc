@@ -1,5 +1,6 @@
 #include "ps_server/row_tier.h"
 
+#include <algorithm>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -13,10 +14,9 @@ namespace {
 
 constexpr size_t kIdAt = 0, kUpdatesAt = 8, kCrcAt = 16, kHeader = 24;
 
-uint32_t RecordCrc(const std::vector<char>& record) {
+uint32_t RecordCrc(const char* record, size_t bytes) {
   // Everything but the CRC itself: the id and count, then the floats.
-  return Crc32cExtend(Crc32c(record.data(), kCrcAt), record.data() + kHeader,
-                      record.size() - kHeader);
+  return Crc32cExtend(Crc32c(record, kCrcAt), record + kHeader, bytes - kHeader);
 }
 
 }  // namespace
@@ -37,7 +37,12 @@ RowTier::RowTier(std::string path, std::unique_ptr<RandomRWFile> file, int dim, 
       file_(std::move(file)),
       dim_(dim),
       num_slots_(num_slots),
-      record_(kHeader + sizeof(float) * static_cast<size_t>(dim) * (1 + num_slots)) {}
+      record_bytes_(static_cast<int64_t>(kHeader + sizeof(float) * static_cast<size_t>(dim) *
+                                                       (1 + num_slots))),
+      per_segment_(static_cast<uint32_t>(std::max<int64_t>(1, kSegmentBytes / record_bytes_))),
+      live_(1, 0),
+      open_records_(static_cast<size_t>(per_segment_ * record_bytes_)),
+      record_(static_cast<size_t>(record_bytes_)) {}
 
 absl::Status RowTier::Put(uint64_t id, const float* values,
                           const std::vector<const float*>& slots, int64_t updates,
@@ -45,35 +50,102 @@ absl::Status RowTier::Put(uint64_t id, const float* values,
   if (index_.contains(id)) {
     return absl::InternalError(absl::StrCat("disk tier ", path_, ": row ", id, " written twice"));
   }
-  uint32_t place;
-  if (!free_places_.empty()) {
-    place = free_places_.back();
-  } else if (places_ == std::numeric_limits<uint32_t>::max()) {
-    return absl::ResourceExhaustedError(absl::StrCat("disk tier ", path_, ": full at ", places_,
-                                                     " rows"));
-  } else {
-    place = places_;
-  }
   const size_t row_bytes = sizeof(float) * static_cast<size_t>(dim_);
-  std::memcpy(record_.data() + kIdAt, &id, 8);
-  std::memcpy(record_.data() + kUpdatesAt, &updates, 8);
-  std::memset(record_.data() + kCrcAt, 0, 8);
-  char* floats = record_.data() + kHeader;
-  std::memcpy(floats, values, row_bytes);
+  char* r = record_.data();
+  std::memcpy(r + kIdAt, &id, 8);
+  std::memcpy(r + kUpdatesAt, &updates, 8);
+  std::memset(r + kCrcAt, 0, 8);
+  std::memcpy(r + kHeader, values, row_bytes);
   for (int k = 0; k < num_slots_; ++k) {
-    std::memcpy(floats + row_bytes * (1 + k), slots[k], row_bytes);
+    std::memcpy(r + kHeader + row_bytes * (1 + k), slots[k], row_bytes);
   }
-  const uint32_t crc = RecordCrc(record_);
-  std::memcpy(record_.data() + kCrcAt, &crc, 4);
-  RETURN_IF_ERROR(file_->Write(static_cast<int64_t>(place) * record_bytes(),
-                               absl::string_view(record_.data(), record_.size())));
-  if (!free_places_.empty()) {
-    free_places_.pop_back();
-  } else {
-    ++places_;
+  const uint32_t crc = RecordCrc(r, record_.size());
+  std::memcpy(r + kCrcAt, &crc, 4);
+  Entry entry;
+  entry.generation = generation;
+  entry.touched = touched;
+  return Append(id, r, entry);
+}
+
+absl::Status RowTier::Append(uint64_t id, const char* record, Entry entry) {
+  if (open_count_ == per_segment_) {
+    RETURN_IF_ERROR(Seal());
+    // Garbage is only made by reads and erases, so looking once a segment
+    // suffices; a failure leaves every record where it was.
+    RETURN_IF_ERROR(Compact());
+    if (open_count_ == per_segment_) RETURN_IF_ERROR(Seal());
   }
-  index_.emplace(id, Entry{place, generation, touched});
+  entry.place = open_ * per_segment_ + open_count_;
+  std::memcpy(open_records_.data() + static_cast<size_t>(open_count_ * record_bytes_), record,
+              static_cast<size_t>(record_bytes_));
+  ++open_count_;
+  ++live_[open_];
+  index_[id] = entry;
   return absl::OkStatus();
+}
+
+absl::Status RowTier::Seal() {
+  if (open_count_ > 0) {
+    RETURN_IF_ERROR(file_->Write(OffsetOf(open_ * per_segment_),
+                                 absl::string_view(open_records_.data(),
+                                                   static_cast<size_t>(open_count_ *
+                                                                       record_bytes_))));
+  }
+  if (live_[open_] == 0 && open_count_ > 0) free_segments_.push_back(open_);
+  if (!free_segments_.empty()) {
+    open_ = free_segments_.back();
+    free_segments_.pop_back();
+  } else {
+    if ((live_.size() + 1) * per_segment_ > std::numeric_limits<uint32_t>::max()) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("disk tier ", path_, ": full at ", live_.size(), " segments"));
+    }
+    open_ = static_cast<uint32_t>(live_.size());
+    live_.push_back(0);
+  }
+  open_count_ = 0;
+  return absl::OkStatus();
+}
+
+absl::Status RowTier::Compact() {
+  if (compacting_) return absl::OkStatus();
+  const int64_t places = static_cast<int64_t>(live_.size()) * per_segment_;
+  const int64_t garbage = places - static_cast<int64_t>(index_.size()) -
+                          static_cast<int64_t>(per_segment_ - open_count_);
+  if (2 * garbage <= places) return absl::OkStatus();
+  uint32_t seg = open_;
+  for (uint32_t s = 0; s < live_.size(); ++s) {
+    if (s != open_ && live_[s] > 0 && (seg == open_ || live_[s] < live_[seg])) seg = s;
+  }
+  if (seg == open_) return absl::OkStatus();
+  std::vector<char> records(static_cast<size_t>(per_segment_ * record_bytes_));
+  RETURN_IF_ERROR(file_->Read(OffsetOf(seg * per_segment_), per_segment_ * record_bytes_,
+                              records.data()));
+  compacting_ = true;
+  absl::Status status;
+  for (uint32_t k = 0; k < per_segment_ && live_[seg] > 0 && status.ok(); ++k) {
+    const char* r = records.data() + static_cast<size_t>(k * record_bytes_);
+    uint64_t id;
+    std::memcpy(&id, r + kIdAt, 8);
+    auto it = index_.find(id);
+    if (it == index_.end() || it->second.place != seg * per_segment_ + k) continue;
+    status = Append(id, r, it->second);
+    if (status.ok()) --live_[seg];
+  }
+  compacting_ = false;
+  if (live_[seg] == 0) free_segments_.push_back(seg);
+  return status;
+}
+
+absl::Status RowTier::ReadRecord(uint32_t place, char* dst) const {
+  if (SegmentOf(place) == open_) {
+    std::memcpy(dst,
+                open_records_.data() +
+                    static_cast<size_t>((place - open_ * per_segment_) * record_bytes_),
+                static_cast<size_t>(record_bytes_));
+    return absl::OkStatus();
+  }
+  return file_->Read(OffsetOf(place), record_bytes_, dst);
 }
 
 absl::Status RowTier::Get(uint64_t id, float* values, const std::vector<float*>& slots,
@@ -82,34 +154,35 @@ absl::Status RowTier::Get(uint64_t id, float* values, const std::vector<float*>&
   if (it == index_.end()) {
     return absl::InternalError(absl::StrCat("disk tier ", path_, ": no row ", id));
   }
-  const int64_t offset = static_cast<int64_t>(it->second.place) * record_bytes();
-  RETURN_IF_ERROR(file_->Read(offset, record_bytes(), record_.data()));
+  char* r = record_.data();
+  RETURN_IF_ERROR(ReadRecord(it->second.place, r));
   uint64_t stored_id;
   uint32_t crc;
-  std::memcpy(&stored_id, record_.data() + kIdAt, 8);
-  std::memcpy(&crc, record_.data() + kCrcAt, 4);
-  std::memset(record_.data() + kCrcAt, 0, 4);
-  if (stored_id != id || crc != RecordCrc(record_)) {
+  std::memcpy(&stored_id, r + kIdAt, 8);
+  std::memcpy(&crc, r + kCrcAt, 4);
+  std::memset(r + kCrcAt, 0, 4);
+  if (stored_id != id || crc != RecordCrc(r, record_.size())) {
     return absl::DataLossError(absl::StrCat("disk tier ", path_, ": the record of row ", id,
-                                            " at offset ", offset, " is damaged (",
+                                            " at offset ", OffsetOf(it->second.place),
+                                            " is damaged (",
                                             stored_id != id ? "another id" : "checksum",
                                             " mismatch)"));
   }
   const size_t row_bytes = sizeof(float) * static_cast<size_t>(dim_);
-  const char* floats = record_.data() + kHeader;
-  std::memcpy(values, floats, row_bytes);
+  std::memcpy(values, r + kHeader, row_bytes);
   for (int k = 0; k < num_slots_; ++k) {
-    std::memcpy(slots[k], floats + row_bytes * (1 + k), row_bytes);
+    std::memcpy(slots[k], r + kHeader + row_bytes * (1 + k), row_bytes);
   }
-  std::memcpy(updates, record_.data() + kUpdatesAt, 8);
+  std::memcpy(updates, r + kUpdatesAt, 8);
   return absl::OkStatus();
 }
 
 bool RowTier::Erase(uint64_t id) {
   auto it = index_.find(id);
   if (it == index_.end()) return false;
-  free_places_.push_back(it->second.place);
+  const uint32_t seg = SegmentOf(it->second.place);
   index_.erase(it);
+  if (--live_[seg] == 0 && seg != open_) free_segments_.push_back(seg);
   return true;
 }
 

@@ -308,7 +308,8 @@ TEST_CASE("an async run's cuts chain their rows too, and resume from a delta",
         std::string::npos);
 }
 
-TEST_CASE("pstrain bench --suites=tables saves a table in full and as a delta",
+TEST_CASE("pstrain bench --suites=tables saves a table in full and as a delta, and runs it "
+          "from its disk tier",
           "[checkpoint][bench][incremental]") {
   const std::string dir = testing::FreshTempDir("tables_bench");
   CommandResult r = testing::RunCommand({Binary("tools/pstrain"), "bench", "--suites=tables",
@@ -321,10 +322,18 @@ TEST_CASE("pstrain bench --suites=tables saves a table in full and as a delta",
   // The delta is the 1% changed: 200 rows.
   CHECK(r.output.find("delta (1% changed)                    200") != std::string::npos);
   CHECK(r.output.find("x faster") != std::string::npos);
+  // The disk tier beside the table in memory and the hash map.
+  CHECK(r.output.find("== tables: Zipf (s = 1.1) batches of 4096 ids") != std::string::npos);
+  CHECK(r.output.find("x of the hash map") != std::string::npos);
+  CHECK(r.output.find("table, 10% of its rows in memory") != std::string::npos);
+  CHECK(r.output.find("x of in memory; memory tier hit rate ") != std::string::npos);
+  CHECK(r.output.find("18000 rows") != std::string::npos);  // on disk
   auto csv = Env::Default()->ReadFile(JoinPath(dir, "bench.csv"));
   REQUIRE(csv.ok());
   CHECK(csv->find("tables,full_save_seconds,") != std::string::npos);
   CHECK(csv->find("tables,delta_save_seconds,") != std::string::npos);
+  CHECK(csv->find("tables,tiered_pull_push_mrows,") != std::string::npos);
+  CHECK(csv->find("tables,tier_hit_percent,") != std::string::npos);
   auto names = Env::Default()->ListDir(dir);
   REQUIRE(names.ok());
   for (const std::string& n : *names) CHECK((n == "bench.csv" || n == "bench.png"));
@@ -332,6 +341,13 @@ TEST_CASE("pstrain bench --suites=tables saves a table in full and as a delta",
       {Binary("tools/pstrain"), "bench", "--suites=tables", "--table_rows=5"}, absl::Seconds(30));
   CHECK(bad.exit_code != 0);
   CHECK(bad.output.find("--table_rows: expected 100..2000000000") != std::string::npos);
+  CommandResult bad_fraction =
+      testing::RunCommand({Binary("tools/pstrain"), "bench", "--suites=tables",
+                           "--table_memory_fraction=0"},
+                          absl::Seconds(30));
+  CHECK(bad_fraction.exit_code != 0);
+  CHECK(bad_fraction.output.find("--table_memory_fraction: expected a number in (0, 1]") !=
+        std::string::npos);
 }
 
 }  // namespace

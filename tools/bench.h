@@ -41,6 +41,7 @@ struct BenchOptions {
   int64_t checkpoint_mib = 1024;      // checkpoint: the model's size
   std::string checkpoint_dir;         // checkpoint, tables: where to write ("" = out_dir or /tmp)
   int64_t table_rows = 2000000;       // tables: rows in the table (width 16, Adam)
+  double table_memory_fraction = 0.1;  // tables: the tiered table's rows in memory
   std::vector<std::string> models;    // train: hidden layer widths, "512-512"
   bool bfloat16 = false;              // wire and train: bfloat16 on the wire
   bool async_training = false;        // train: async instead of sync

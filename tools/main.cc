@@ -677,6 +677,8 @@ int BenchCommand(const std::vector<std::string>& argv) {
                   "tables (an embedding table's save in full and as a delta; not in the "
                   "default set)"}},
       {"table_rows", {"2000000", "tables: rows in the table (16 floats, Adam)"}},
+      {"table_memory_fraction", {"0.1", "tables: the share of the rows a table with a memory "
+                                        "budget keeps in memory, (0, 1]"}},
       {"sparse_rows", {"1000000", "sparse: rows in the table (width 64)"}},
       {"checkpoint_mib", {"1024", "checkpoint: the model's size in MiB"}},
       {"checkpoint_dir", {"", "checkpoint, tables: where to write (default: --out, else /tmp)"}},
@@ -794,6 +796,11 @@ int BenchCommand(const std::vector<std::string>& argv) {
     return Fail("bench", "--table_rows: expected 100..2000000000");
   }
   o.table_rows = *table_rows;
+  auto fraction = args->GetDouble("table_memory_fraction");
+  if (!fraction.ok() || !(*fraction > 0 && *fraction <= 1)) {
+    return Fail("bench", "--table_memory_fraction: expected a number in (0, 1]");
+  }
+  o.table_memory_fraction = *fraction;
   return RunBench(o, &stop);
 }
 

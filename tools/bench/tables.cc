@@ -7,13 +7,24 @@
 // then updates 1% of the rows (distinct ids, Zipf-skewed s = 1.1, as a
 // stream of lookups touches them) and saves the delta the same way. Writes
 // in --checkpoint_dir, else --out, else /tmp; at most 3 repetitions.
+//
+// Then the disk tier: batches of 4,096 Zipf-skewed ids (s = 1.1), each
+// looked up and updated (a worker's pull and push of a step), on the table
+// held wholly in memory and on the same rows in a table with a memory budget
+// of --table_memory_fraction of them (the rest in its disk tier, in the
+// same directory), beside the sparse suite's baseline, a hash map + memcpy
+// of each row looked up; and the tiered table's hit rate (the share of the
+// rows used that were in memory).
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <filesystem>
 #include <iostream>
 #include <random>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -66,6 +77,111 @@ absl::StatusOr<Save> SaveRows(EmbeddingTable* table, bool delta, uint32_t after,
   return s;
 }
 
+// Fills `table` with rows MixId(0 .. n-1) (one small update each).
+absl::Status Fill(EmbeddingTable* table, int64_t n) {
+  constexpr int64_t kBatch = 4096;
+  std::vector<uint64_t> ids(kBatch);
+  std::vector<float> grads(kBatch * kDim, 0.001f);
+  for (int64_t at = 0; at < n; at += kBatch) {
+    const int64_t k = std::min(kBatch, n - at);
+    for (int64_t i = 0; i < k; ++i) ids[i] = MixId(static_cast<uint64_t>(at + i));
+    RETURN_IF_ERROR(
+        table->ApplyGradients(absl::MakeConstSpan(ids.data(), k), grads.data(), 1, 0.01f, 0, 0));
+  }
+  return absl::OkStatus();
+}
+
+// The disk tier's part (the file comment): `whole` holds every row.
+absl::Status TierPart(BenchContext* ctx, const std::string& dir, EmbeddingTable* whole,
+                      const Optimizer* adam, const std::vector<double>& cdf) {
+  const BenchOptions& o = ctx->options();
+  const int64_t n = o.table_rows;
+  EmbeddingTable::Options to = whole->options();
+  to.memory_rows =
+      std::max<int64_t>(16, static_cast<int64_t>(static_cast<double>(n) * o.table_memory_fraction));
+  to.tier_prefix = JoinPath(dir, "tier/bench");
+  ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingTable> tiered, EmbeddingTable::Create(to, adam));
+  RETURN_IF_ERROR(Fill(tiered.get(), n));
+  constexpr int kIds = 4096;
+  const int batches = static_cast<int>(std::clamp<int64_t>(4 * n / kIds, 16, 256));
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> u(0, cdf.back());
+  std::vector<std::vector<uint64_t>> stream(batches, std::vector<uint64_t>(kIds));
+  for (auto& batch : stream) {
+    for (uint64_t& id : batch) {
+      const int64_t rank = std::lower_bound(cdf.begin(), cdf.end(), u(rng)) - cdf.begin();
+      id = MixId(static_cast<uint64_t>(std::min(rank, n - 1)));
+    }
+  }
+  absl::flat_hash_map<uint64_t, uint32_t> plain_index;
+  std::vector<float> plain_rows(static_cast<size_t>(n) * kDim, 0.01f);
+  for (int64_t r = 0; r < n; ++r) plain_index[MixId(static_cast<uint64_t>(r))] = r;
+  std::vector<float> out(kIds * kDim), grads(kIds * kDim, 0.001f);
+  int64_t step = 1;
+  // Mrows/s of `op` over the stream.
+  auto rate = [&](const std::function<absl::Status(const std::vector<uint64_t>&)>& op)
+      -> absl::StatusOr<double> {
+    const absl::Time t0 = absl::Now();
+    for (const auto& batch : stream) RETURN_IF_ERROR(op(batch));
+    return static_cast<double>(batches) * kIds / absl::ToDoubleSeconds(absl::Now() - t0) / 1e6;
+  };
+  auto plain = [&](const std::vector<uint64_t>& ids) {
+    float* dst = out.data();
+    for (uint64_t id : ids) {
+      auto it = plain_index.find(id);
+      if (it == plain_index.end()) return absl::InternalError("plain lookup: missing id");
+      std::memcpy(dst, plain_rows.data() + static_cast<size_t>(it->second) * kDim,
+                  kDim * sizeof(float));
+      dst += kDim;
+    }
+    return absl::OkStatus();
+  };
+  auto pull_push = [&](EmbeddingTable* t) {
+    return [&, t](const std::vector<uint64_t>& ids) {
+      RETURN_IF_ERROR(t->Lookup(ids, step, out.data()));
+      return t->ApplyGradients(ids, grads.data(), 1, 0.01f, 0, step++);
+    };
+  };
+  RETURN_IF_ERROR(rate(pull_push(tiered.get())).status());  // the hot rows into memory
+  std::vector<double> plain_r, whole_r, tiered_r, hits;
+  for (int rep = 0; rep < o.reps; ++rep) {
+    RETURN_IF_ERROR(ctx->CheckStop());
+    ASSIGN_OR_RETURN(double p, rate(plain));
+    ASSIGN_OR_RETURN(double w, rate(pull_push(whole)));
+    const int64_t reads = tiered->stats().disk_reads;
+    ASSIGN_OR_RETURN(double t, rate(pull_push(tiered.get())));
+    plain_r.push_back(p);
+    whole_r.push_back(w);
+    tiered_r.push_back(t);
+    // The lookup of a batch reads back the rows on disk, and its update
+    // finds them in memory: the hit rate is over the rows looked up.
+    hits.push_back(100.0 * (1.0 - static_cast<double>(tiered->stats().disk_reads - reads) /
+                                      (static_cast<double>(batches) * kIds)));
+  }
+  const EmbeddingTable::Stats st = tiered->stats();
+  const Stats sp = Summarize(plain_r), sw = Summarize(whole_r), stt = Summarize(tiered_r);
+  std::cout << "\n== tables: Zipf (s = 1.1) batches of " << kIds << " ids, each looked up and "
+            << "updated (Adam), on one server's table of " << n << " rows x " << kDim
+            << " floats, Mrows/s (median [min-max] of " << o.reps << ") ==\n";
+  std::cout << absl::StrFormat("%-36s %-22s %s\n", "", "Mrows/s", "");
+  std::cout << absl::StrFormat("%-36s %-22s %s\n", "hash map + memcpy (lookups only)", Fmt(sp),
+                               "");
+  std::cout << absl::StrFormat("%-36s %-22s %.2fx of the hash map\n", "table in memory", Fmt(sw),
+                               sw.median / sp.median);
+  std::cout << absl::StrFormat(
+                   "%-36s %-22s %.2fx of in memory; memory tier hit rate %.1f%%; %d rows, %.1f "
+                   "MB on disk\n",
+                   absl::StrFormat("table, %.0f%% of its rows in memory",
+                                   100 * o.table_memory_fraction),
+                   Fmt(stt), stt.median / sw.median, Summarize(hits).median, st.rows_on_disk,
+                   st.disk_bytes / 1e6)
+            << std::flush;
+  ctx->Add("tables", "memory_pull_push_mrows", kIds * kDim * 4, 1, 0, sw);
+  ctx->Add("tables", "tiered_pull_push_mrows", kIds * kDim * 4, 1, 0, stt);
+  ctx->Add("tables", "tier_hit_percent", kIds * kDim * 4, 1, 0, Summarize(hits));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status TablesSuite(BenchContext* ctx) {
@@ -83,17 +199,7 @@ absl::Status TablesSuite(BenchContext* ctx) {
   to.init_scale = 0.01f;
   EmbeddingTable table(to, adam.get());
   const int64_t n = o.table_rows;
-  constexpr int64_t kBatch = 4096;
-  {
-    std::vector<uint64_t> ids(kBatch);
-    std::vector<float> grads(kBatch * kDim, 0.001f);
-    for (int64_t at = 0; at < n; at += kBatch) {
-      const int64_t k = std::min(kBatch, n - at);
-      for (int64_t i = 0; i < k; ++i) ids[i] = MixId(static_cast<uint64_t>(at + i));
-      RETURN_IF_ERROR(table.ApplyGradients(absl::MakeConstSpan(ids.data(), k), grads.data(), 1,
-                                           0.01f, 0, 0));
-    }
-  }
+  RETURN_IF_ERROR(Fill(&table, n));
   // 1% of the rows, distinct, drawn Zipf-skewed over the ranks.
   std::mt19937_64 rng(11);
   std::vector<double> cdf(n);
@@ -133,7 +239,6 @@ absl::Status TablesSuite(BenchContext* ctx) {
     RETURN_IF_ERROR(DeleteRecursively(env, JoinPath(dir, "delta")));
   }
   std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);
   const Stats f = Summarize(full_s), d = Summarize(delta_s);
   std::cout << "\n== tables: one server's save of " << n << " rows x " << kDim
             << " floats with Adam's slots, in full and as a delta after 1% of the rows changed, "
@@ -149,6 +254,8 @@ absl::Status TablesSuite(BenchContext* ctx) {
             << std::flush;
   ctx->Add("tables", "full_save_seconds", full_bytes, 1, 0, f);
   ctx->Add("tables", "delta_save_seconds", delta_bytes, 1, 0, d);
+  RETURN_IF_ERROR(TierPart(ctx, dir, &table, adam.get(), cdf));
+  std::filesystem::remove_all(dir, ignored);
   return absl::OkStatus();
 }
 

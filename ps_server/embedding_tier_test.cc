@@ -7,11 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -307,6 +309,44 @@ TEST_CASE("a disk that cannot give a row back fails the table with a clear error
   CHECK(t->ApplyGradients(one, grads.data(), 1, 0.05f, 0, 3).message() == read.message());
   CHECK(t->ExportRows().status().message() == read.message());
   CHECK(t->failure().message() == read.message());
+}
+
+TEST_CASE("threads looking up and updating a table over its budget lose no update",
+          "[embedding][tier][concurrency]") {
+  OptimizerConfig c;
+  REQUIRE(google::protobuf::TextFormat::ParseFromString("learning_rate: 1 sgd {}", &c));
+  auto sgd = CreateOptimizer(c);
+  REQUIRE(sgd.ok());
+  EmbeddingTable::Options o = Options(100);
+  o.expire_after_steps = 0;
+  o.init_scale = 0;
+  auto t = Make(o, sgd->get());
+  // Each thread updates its own 500 ids 40 times, by -1 each time, in
+  // batches that also look up the other threads' ids.
+  constexpr int kThreads = 4, kIds = 500, kRounds = 40;
+  std::vector<std::thread> threads;
+  std::atomic<int> failed{0};  // (Catch's assertions are not thread-safe)
+  for (int w = 0; w < kThreads; ++w) {
+    threads.emplace_back([&t, &failed, w] {
+      std::vector<uint64_t> own(kIds), all(kThreads * kIds);
+      for (int i = 0; i < kIds; ++i) own[i] = static_cast<uint64_t>(w * kIds + i);
+      for (size_t i = 0; i < all.size(); ++i) all[i] = i;
+      std::vector<float> grads(own.size() * kDim, 1.0f), out(all.size() * kDim);
+      for (int r = 0; r < kRounds; ++r) {
+        if (!t->Lookup(all, r, out.data()).ok()) ++failed;
+        if (!t->ApplyGradients(own, grads.data(), 1, 1, 0, r).ok()) ++failed;
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  CHECK(failed == 0);
+  auto rows = t->ExportRows();
+  REQUIRE(rows.ok());
+  REQUIRE(rows->ids.size() == kThreads * kIds);
+  for (float v : rows->values) REQUIRE(v == -static_cast<float>(kRounds));
+  for (int64_t u : rows->updates) REQUIRE(u == kRounds);
+  CHECK(t->stats().rows_on_disk >= kThreads * kIds - 100 - 16);
+  CHECK(t->stats().disk_reads > 0);
 }
 
 }  // namespace

@@ -47,7 +47,8 @@ ConfigOptions Options(const std::string& data_dir, const std::string& ckpt_dir, 
   // Rows untouched for 40 steps expire: deltas carry dropped ids too.
   o.extra = absl::StrCat(
       "embedding_tables { name: \"features\" dim: 16 expire_after_steps: 40 memory_budget_bytes: ",
-      memory_budget_bytes, " }\n checkpoint { dir: \"", ckpt_dir, "\" every_steps: 50 keep: 100 full_every: ", full_every,
+      memory_budget_bytes, " }\n checkpoint { dir: \"", ckpt_dir,
+      "\" every_steps: 50 keep: 100 full_every: ", full_every,
       serving_dir.empty() ? "" : absl::StrCat(" serving_dir: \"", serving_dir, "\""), " }\n");
   return o;
 }
@@ -325,7 +326,7 @@ TEST_CASE("pstrain bench --suites=tables saves a table in full and as a delta, a
   // The disk tier beside the table in memory and the hash map.
   CHECK(r.output.find("== tables: Zipf (s = 1.1) batches of 4096 ids") != std::string::npos);
   CHECK(r.output.find("x of the hash map") != std::string::npos);
-  CHECK(r.output.find("table, 10% of its rows in memory") != std::string::npos);
+  CHECK(r.output.find("table, 10% of its 20000 rows in memory") != std::string::npos);
   CHECK(r.output.find("x of in memory; memory tier hit rate ") != std::string::npos);
   CHECK(r.output.find("18000 rows") != std::string::npos);  // on disk
   auto csv = Env::Default()->ReadFile(JoinPath(dir, "bench.csv"));

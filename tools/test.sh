@@ -85,7 +85,8 @@ unit_targets+=(//tests:trainer_test //tests:driver_test)
 tsan_core=(//ps_server:parameter_server_test //ps_server:parameter_server_step_test
            //ps_server:parameter_server_checkpoint_test //ps_server:parameter_server_rows_test
            //ps_server:snapshotter_test //ps_server:row_store_test
-           //ps_server:embedding_table_test //ps_server:optimizer_test //common/rpc:rpc_test //common/rpc:call_window_test
+           //ps_server:embedding_table_test //ps_server:embedding_tier_test
+           //ps_server:optimizer_test //common/rpc:rpc_test //common/rpc:call_window_test
            //common/rpc:grpc_lifetime_test //common/base:segmented_bytes_test
            //common/base:shutdown_test //common/security:auth_test
            //worker/data:prefetcher_test //ps_server:in_process_client_test
@@ -189,7 +190,7 @@ if [ "${PSTRAIN_ASAN:-1}" != 0 ]; then
   end_stage "$asan_stage"
 fi
 
-# 4. ThreadSanitizer (gcc, --config=tsan, with Abseil built from Debian's
+# 4. ThreadSanitizer (clang, --config=tsan, with Abseil built from Debian's
 # source: third_party/absl_source.bzl). The processes a test starts report
 # into the test's own outputs, and each report fails a case of the test
 # (common/testing/catch_main.cc).

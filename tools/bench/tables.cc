@@ -5,14 +5,16 @@
 // with Adam's two slots. Each repetition saves every row (the cut's copy,
 // then the shard written as a server writes it: temp file, fsync, rename),
 // then updates 1% of the rows (distinct ids, Zipf-skewed s = 1.1, as a
-// stream of lookups touches them) and saves the delta the same way. Writes
+// stream of lookups touches them) and saves the delta the same way (at most
+// 20M rows: past that, the first 20M). Writes
 // in --checkpoint_dir, else --out, else /tmp; at most 3 repetitions.
 //
 // Then the disk tier: batches of 4,096 Zipf-skewed ids (s = 1.1), each
 // looked up and updated (a worker's pull and push of a step), on the table
 // held wholly in memory and on the same rows in a table with a memory budget
 // of --table_memory_fraction of them (the rest in its disk tier, in the
-// same directory), beside the sparse suite's baseline, a hash map + memcpy
+// same directory; it holds all of --table_rows, the others at most 20M),
+// beside the sparse suite's baseline, a hash map + memcpy
 // of each row looked up; and the tiered table's hit rate (the share of the
 // rows used that were in memory).
 
@@ -41,6 +43,9 @@ namespace pstrain::bench {
 namespace {
 
 constexpr int kDim = 16;
+// The most rows of the tables held in memory (20M: 3.8 GB with Adam's
+// slots); the tiered table holds all of --table_rows.
+constexpr int64_t kMaxInMemoryRows = 20'000'000;
 
 // One save's figures: the cut (the rows copied out, the server's pause) and
 // the write, in seconds, and the bytes written.
@@ -91,8 +96,24 @@ absl::Status Fill(EmbeddingTable* table, int64_t n) {
   return absl::OkStatus();
 }
 
-// The disk tier's part (the file comment): `whole` holds every row.
-absl::Status TierPart(BenchContext* ctx, const std::string& dir, EmbeddingTable* whole,
+// Zipf-skewed batches of `ids` ids over the first `n` ranks of `cdf`.
+std::vector<std::vector<uint64_t>> ZipfStream(const std::vector<double>& cdf, int64_t n,
+                                              int batches, int ids) {
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> u(0, cdf[n - 1]);
+  std::vector<std::vector<uint64_t>> stream(batches, std::vector<uint64_t>(ids));
+  for (auto& batch : stream) {
+    for (uint64_t& id : batch) {
+      const int64_t rank = std::lower_bound(cdf.begin(), cdf.begin() + n, u(rng)) - cdf.begin();
+      id = MixId(static_cast<uint64_t>(std::min(rank, n - 1)));
+    }
+  }
+  return stream;
+}
+
+// The disk tier's part (the file comment): `whole` holds rows 0 .. m-1 in
+// memory, the tiered table all of --table_rows; `cdf` is over the latter.
+absl::Status TierPart(BenchContext* ctx, const std::string& dir, EmbeddingTable* whole, int64_t m,
                       const Optimizer* adam, const std::vector<double>& cdf) {
   const BenchOptions& o = ctx->options();
   const int64_t n = o.table_rows;
@@ -104,23 +125,16 @@ absl::Status TierPart(BenchContext* ctx, const std::string& dir, EmbeddingTable*
   RETURN_IF_ERROR(Fill(tiered.get(), n));
   constexpr int kIds = 4096;
   const int batches = static_cast<int>(std::clamp<int64_t>(4 * n / kIds, 16, 256));
-  std::mt19937_64 rng(5);
-  std::uniform_real_distribution<double> u(0, cdf.back());
-  std::vector<std::vector<uint64_t>> stream(batches, std::vector<uint64_t>(kIds));
-  for (auto& batch : stream) {
-    for (uint64_t& id : batch) {
-      const int64_t rank = std::lower_bound(cdf.begin(), cdf.end(), u(rng)) - cdf.begin();
-      id = MixId(static_cast<uint64_t>(std::min(rank, n - 1)));
-    }
-  }
+  const auto stream_n = ZipfStream(cdf, n, batches, kIds);
+  const auto stream_m = ZipfStream(cdf, m, batches, kIds);
   absl::flat_hash_map<uint64_t, uint32_t> plain_index;
-  std::vector<float> plain_rows(static_cast<size_t>(n) * kDim, 0.01f);
-  for (int64_t r = 0; r < n; ++r) plain_index[MixId(static_cast<uint64_t>(r))] = r;
+  std::vector<float> plain_rows(static_cast<size_t>(m) * kDim, 0.01f);
+  for (int64_t r = 0; r < m; ++r) plain_index[MixId(static_cast<uint64_t>(r))] = r;
   std::vector<float> out(kIds * kDim), grads(kIds * kDim, 0.001f);
   int64_t step = 1;
-  // Mrows/s of `op` over the stream.
-  auto rate = [&](const std::function<absl::Status(const std::vector<uint64_t>&)>& op)
-      -> absl::StatusOr<double> {
+  // Mrows/s of `op` over a stream.
+  auto rate = [&](const std::function<absl::Status(const std::vector<uint64_t>&)>& op,
+                  const std::vector<std::vector<uint64_t>>& stream) -> absl::StatusOr<double> {
     const absl::Time t0 = absl::Now();
     for (const auto& batch : stream) RETURN_IF_ERROR(op(batch));
     return static_cast<double>(batches) * kIds / absl::ToDoubleSeconds(absl::Now() - t0) / 1e6;
@@ -142,14 +156,14 @@ absl::Status TierPart(BenchContext* ctx, const std::string& dir, EmbeddingTable*
       return t->ApplyGradients(ids, grads.data(), 1, 0.01f, 0, step++);
     };
   };
-  RETURN_IF_ERROR(rate(pull_push(tiered.get())).status());  // the hot rows into memory
+  RETURN_IF_ERROR(rate(pull_push(tiered.get()), stream_n).status());  // the hot rows in
   std::vector<double> plain_r, whole_r, tiered_r, hits;
   for (int rep = 0; rep < o.reps; ++rep) {
     RETURN_IF_ERROR(ctx->CheckStop());
-    ASSIGN_OR_RETURN(double p, rate(plain));
-    ASSIGN_OR_RETURN(double w, rate(pull_push(whole)));
+    ASSIGN_OR_RETURN(double p, rate(plain, stream_m));
+    ASSIGN_OR_RETURN(double w, rate(pull_push(whole), stream_m));
     const int64_t reads = tiered->stats().disk_reads;
-    ASSIGN_OR_RETURN(double t, rate(pull_push(tiered.get())));
+    ASSIGN_OR_RETURN(double t, rate(pull_push(tiered.get()), stream_n));
     plain_r.push_back(p);
     whole_r.push_back(w);
     tiered_r.push_back(t);
@@ -162,17 +176,20 @@ absl::Status TierPart(BenchContext* ctx, const std::string& dir, EmbeddingTable*
   const Stats sp = Summarize(plain_r), sw = Summarize(whole_r), stt = Summarize(tiered_r);
   std::cout << "\n== tables: Zipf (s = 1.1) batches of " << kIds << " ids, each looked up and "
             << "updated (Adam), on one server's table of " << n << " rows x " << kDim
-            << " floats, Mrows/s (median [min-max] of " << o.reps << ") ==\n";
+            << " floats (in memory: " << m << "), Mrows/s (median [min-max] of " << o.reps
+            << ") ==\n";
   std::cout << absl::StrFormat("%-36s %-22s %s\n", "", "Mrows/s", "");
-  std::cout << absl::StrFormat("%-36s %-22s %s\n", "hash map + memcpy (lookups only)", Fmt(sp),
+  std::cout << absl::StrFormat("%-36s %-22s %s\n",
+                               absl::StrCat("hash map + memcpy, ", m, " rows (lookups)"), Fmt(sp),
                                "");
-  std::cout << absl::StrFormat("%-36s %-22s %.2fx of the hash map\n", "table in memory", Fmt(sw),
+  std::cout << absl::StrFormat("%-36s %-22s %.2fx of the hash map\n",
+                               absl::StrCat("table in memory, ", m, " rows"), Fmt(sw),
                                sw.median / sp.median);
   std::cout << absl::StrFormat(
                    "%-36s %-22s %.2fx of in memory; memory tier hit rate %.1f%%; %d rows, %.1f "
                    "MB on disk\n",
-                   absl::StrFormat("table, %.0f%% of its rows in memory",
-                                   100 * o.table_memory_fraction),
+                   absl::StrFormat("table, %.0f%% of its %d rows in memory",
+                                   100 * o.table_memory_fraction, n),
                    Fmt(stt), stt.median / sw.median, Summarize(hits).median, st.rows_on_disk,
                    st.disk_bytes / 1e6)
             << std::flush;
@@ -198,14 +215,15 @@ absl::Status TablesSuite(BenchContext* ctx) {
   to.dim = kDim;
   to.init_scale = 0.01f;
   EmbeddingTable table(to, adam.get());
-  const int64_t n = o.table_rows;
+  // The table in memory, saved here and set beside the tiered one below.
+  const int64_t n = std::min(o.table_rows, kMaxInMemoryRows);
   RETURN_IF_ERROR(Fill(&table, n));
   // 1% of the rows, distinct, drawn Zipf-skewed over the ranks.
   std::mt19937_64 rng(11);
-  std::vector<double> cdf(n);
+  std::vector<double> cdf(o.table_rows);
   double sum = 0;
-  for (int64_t r = 0; r < n; ++r) cdf[r] = sum += std::pow(r + 1.0, -1.1);
-  std::uniform_real_distribution<double> u(0, sum);
+  for (int64_t r = 0; r < o.table_rows; ++r) cdf[r] = sum += std::pow(r + 1.0, -1.1);
+  std::uniform_real_distribution<double> u(0, cdf[n - 1]);
   const int64_t changed = std::max<int64_t>(1, n / 100);
   const int reps = std::min(o.reps, 3);
   std::vector<double> full_s, delta_s, full_cut, delta_cut;
@@ -216,7 +234,7 @@ absl::Status TablesSuite(BenchContext* ctx) {
     ASSIGN_OR_RETURN(Save full, SaveRows(&table, false, 0, JoinPath(dir, "full")));
     absl::flat_hash_set<uint64_t> picked;
     while (static_cast<int64_t>(picked.size()) < changed) {
-      const int64_t rank = std::lower_bound(cdf.begin(), cdf.end(), u(rng)) - cdf.begin();
+      const int64_t rank = std::lower_bound(cdf.begin(), cdf.begin() + n, u(rng)) - cdf.begin();
       picked.insert(MixId(static_cast<uint64_t>(std::min(rank, n - 1))));
     }
     const std::vector<uint64_t> ids(picked.begin(), picked.end());
@@ -254,7 +272,7 @@ absl::Status TablesSuite(BenchContext* ctx) {
             << std::flush;
   ctx->Add("tables", "full_save_seconds", full_bytes, 1, 0, f);
   ctx->Add("tables", "delta_save_seconds", delta_bytes, 1, 0, d);
-  RETURN_IF_ERROR(TierPart(ctx, dir, &table, adam.get(), cdf));
+  RETURN_IF_ERROR(TierPart(ctx, dir, &table, n, adam.get(), cdf));
   std::filesystem::remove_all(dir, ignored);
   return absl::OkStatus();
 }

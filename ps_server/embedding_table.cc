@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -453,8 +454,40 @@ void EmbeddingTable::ForgetDeletedThrough(uint32_t through) {
   }
 }
 
+namespace {
+
+// /proc/meminfo's MemAvailable in bytes, or 0 when it cannot be read.
+int64_t MemAvailableBytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return 0;
+}
+
+}  // namespace
+
+absl::Status EmbeddingTable::CheckExportFits() const {
+  const Stats st = stats();
+  const int64_t row_bytes =
+      int64_t{4} * options_.dim * (1 + static_cast<int64_t>(row_slot_init_.size())) + 24;
+  const int64_t need = st.rows * row_bytes;
+  const int64_t limit =
+      options_.max_export_bytes > 0 ? options_.max_export_bytes : MemAvailableBytes();
+  if (limit <= 0 || need <= limit) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "table ", options_.name, ": a save of every row copies them into memory first: ",
+      st.rows, " rows, ", need, " bytes, where ", limit,
+      " are available; a table larger than memory cannot be saved in full yet "
+      "(docs/embeddings.md)"));
+}
+
 absl::StatusOr<EmbeddingTable::Rows> EmbeddingTable::Export(uint32_t after) const {
   RETURN_IF_ERROR(failure());
+  if (after == 0 && shard_memory_rows_ > 0) RETURN_IF_ERROR(CheckExportFits());
   const size_t dim = static_cast<size_t>(options_.dim);
   constexpr uint32_t kOnDisk = ~uint32_t{0};
   Rows out;

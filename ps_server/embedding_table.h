@@ -65,6 +65,11 @@ class EmbeddingTable {
     int64_t memory_rows = 0;
     std::string tier_prefix;
     Env* env = nullptr;
+    // With a memory budget: an export of every row copies them all into
+    // memory, so one that would take more than this many bytes is refused
+    // (0: the memory available when it starts, /proc/meminfo's
+    // MemAvailable).
+    int64_t max_export_bytes = 0;
   };
   struct Stats {
     int64_t rows = 0;   // in memory and on disk
@@ -138,7 +143,9 @@ class EmbeddingTable {
     std::vector<int64_t> updates, touched;
     std::vector<uint64_t> deleted;  // ExportChangedRows: ids dropped, ascending per shard
   };
-  // A row the disk tier cannot give back fails the export (and the table).
+  // A row the disk tier cannot give back fails the export (and the table);
+  // with a memory budget, RESOURCE_EXHAUSTED when the copy would not fit in
+  // memory (Options::max_export_bytes), the table unchanged.
   absl::StatusOr<Rows> ExportRows() const;
 
   // Incremental saves. Every change to a row (created, looked up, updated,
@@ -239,6 +246,8 @@ class EmbeddingTable {
   // shard, with that shard locked (once per call).
   template <typename F>
   void ForEachShardGroup(absl::Span<const uint64_t> ids, F visit);
+  // Whether a copy of every row fits (Options::max_export_bytes).
+  absl::Status CheckExportFits() const;
   // ExportRows (every row) and ExportChangedRows (`after` > 0).
   absl::StatusOr<Rows> Export(uint32_t after) const;
   uint32_t generation() const { return generation_.load(std::memory_order_relaxed); }

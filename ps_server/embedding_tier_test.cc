@@ -255,6 +255,32 @@ TEST_CASE("a table over its memory budget trains bitwise as one without", "[embe
   }
 }
 
+TEST_CASE("a save of every row that would not fit in memory is refused, the table unchanged",
+          "[embedding][tier]") {
+  auto adam = Adam();
+  EmbeddingTable::Options o = Options(50);
+  o.max_export_bytes = 1000 * (3 * kDim * 4 + 24);  // 1,000 rows
+  auto t = Make(o, adam.get());
+  std::vector<uint64_t> ids(999);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = i;
+  std::vector<float> out(ids.size() * kDim);
+  REQUIRE(t->Lookup(ids, 1, out.data()).ok());
+  const uint32_t generation = t->EndGeneration();
+  REQUIRE(t->ExportRows().ok());
+  const uint64_t two[] = {5000, 5001};
+  REQUIRE(t->Lookup(two, 2, out.data()).ok());
+  const absl::Status refused = t->ExportRows().status();
+  CHECK(refused.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(refused.message(), "table t: a save of every row copies them"));
+  CHECK(absl::StrContains(refused.message(), "1001 rows"));
+  // Only the copy was refused: a delta and the table itself go on.
+  CHECK(t->failure().ok());
+  auto delta = t->ExportChangedRows(generation);
+  REQUIRE(delta.ok());
+  CHECK(delta->ids.size() == 2);
+  REQUIRE(t->Lookup(ids, 3, out.data()).ok());
+}
+
 TEST_CASE("rows a full disk refuses stay in memory, counted, and lose nothing",
           "[embedding][tier][faults]") {
   auto adam = Adam();

@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/base/embedding_ids.h"
 #include "common/base/logging.h"
 #include "common/base/status_macros.h"
@@ -66,6 +68,7 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
   }
   Env* env = options.env != nullptr ? options.env : Env::Default();
   RETURN_IF_ERROR(env->CreateDirs(Dirname(options.tier_prefix)));
+  table->read_pool_ = std::make_unique<ReadPool>(kReadThreads);
   table->shard_memory_rows_ =
       static_cast<size_t>(std::max<int64_t>(1, (options.memory_rows + kShards - 1) / kShards));
   for (int k = 0; k < kShards; ++k) {
@@ -152,14 +155,22 @@ absl::Status EmbeddingTable::FindRows(Shard* s, absl::Span<const uint64_t> ids,
   };
   // The first kAhead probes too: a group is a few hundred ids (a batch over
   // 16 shards), so they would be an eighth of its misses.
+  if (s->tier != nullptr) {
+    // The group's rows on disk, read back together first.
+    std::vector<uint64_t> on_disk;
+    for (size_t j = 0; j < count; ++j) {
+      const uint64_t id = ids[pos[j]];
+      if (!s->index.contains(id) && s->tier->Find(id) != nullptr) on_disk.push_back(id);
+    }
+    std::sort(on_disk.begin(), on_disk.end());
+    on_disk.erase(std::unique(on_disk.begin(), on_disk.end()), on_disk.end());
+    RETURN_IF_ERROR(ReadBack(s, on_disk));
+  }
   for (size_t j = 0; j < std::min(kAhead, count); ++j) s->index.prefetch(ids[pos[j]]);
   for (size_t j = 0; j < count; ++j) {
     if (j + kAhead < count) s->index.prefetch(ids[pos[j + kAhead]]);
     auto it = s->index.find(ids[pos[j]]);
-    int64_t row = it == s->index.end() ? int64_t{-1} : static_cast<int64_t>(it->second);
-    if (row < 0 && s->tier != nullptr) {
-      ASSIGN_OR_RETURN(row, ReadBack(s, ids[pos[j]]));
-    }
+    const int64_t row = it == s->index.end() ? int64_t{-1} : static_cast<int64_t>(it->second);
     (*rows)[j] = row;
     if (row < 0) continue;
     const size_t at = static_cast<size_t>(row) * options_.dim;
@@ -213,26 +224,50 @@ uint32_t EmbeddingTable::AllocateRow(Shard* s) {
   return row;
 }
 
-absl::StatusOr<int64_t> EmbeddingTable::ReadBack(Shard* s, uint64_t id) {
-  const RowTier::Entry* entry = s->tier->Find(id);
-  if (entry == nullptr) return -1;
-  const Touch touch{entry->touched, entry->generation};
-  const uint32_t row = AllocateRow(s);
-  const size_t at = static_cast<size_t>(row) * options_.dim;
-  std::vector<float*> slots(s->slots.size());
-  for (size_t k = 0; k < slots.size(); ++k) slots[k] = s->slots[k].data() + at;
-  if (absl::Status st = s->tier->Get(id, s->values.data() + at, slots, &s->updates[row]);
+absl::Status EmbeddingTable::ReadBack(Shard* s, const std::vector<uint64_t>& ids) {
+  if (ids.empty()) return absl::OkStatus();
+  const size_t record = static_cast<size_t>(s->tier->record_bytes());
+  std::vector<char> records(ids.size() * record);
+  // In parallel where reads wait on the disk (past the page cache: tens of
+  // microseconds each); from the page cache a read is a copy, which the
+  // pool's hand-offs would only slow. Every 64th call reads serially to
+  // time them again.
+  const int64_t per_read_ns = read_ns_.load(std::memory_order_relaxed);
+  const bool parallel = ids.size() >= 4 && per_read_ns >= options_.parallel_read_ns &&
+                        read_calls_.fetch_add(1, std::memory_order_relaxed) % 64 != 0;
+  const absl::Time start = absl::Now();
+  if (absl::Status st =
+          s->tier->ReadRecords(ids, records.data(), parallel ? read_pool_.get() : nullptr);
       !st.ok()) {
-    s->free_rows.push_back(row);
     return Fail(st);
   }
-  s->tier->Erase(id);
-  s->row_ids[row] = id;
-  s->touched[row] = touch;
-  s->index.emplace(id, row);
-  s->clock[row] = kUsed;
-  ++s->disk_reads;
-  return row;
+  if (!parallel) {
+    const int64_t sample =
+        absl::ToInt64Nanoseconds(absl::Now() - start) / static_cast<int64_t>(ids.size());
+    read_ns_.store(per_read_ns + (sample - per_read_ns) / 8, std::memory_order_relaxed);
+  }
+  std::vector<float*> slots(s->slots.size());
+  for (size_t k = 0; k < ids.size(); ++k) {
+    const uint64_t id = ids[k];
+    const RowTier::Entry* entry = s->tier->Find(id);
+    const Touch touch{entry->touched, entry->generation};
+    const uint32_t row = AllocateRow(s);  // (may move the rows: pointers after it)
+    const size_t at = static_cast<size_t>(row) * options_.dim;
+    for (size_t j = 0; j < slots.size(); ++j) slots[j] = s->slots[j].data() + at;
+    if (absl::Status st = s->tier->Decode(id, records.data() + k * record,
+                                          s->values.data() + at, slots, &s->updates[row]);
+        !st.ok()) {
+      s->free_rows.push_back(row);
+      return Fail(st);
+    }
+    s->tier->Erase(id);
+    s->row_ids[row] = id;
+    s->touched[row] = touch;
+    s->index.emplace(id, row);
+    s->clock[row] = kUsed;
+    ++s->disk_reads;
+  }
+  return absl::OkStatus();
 }
 
 bool EmbeddingTable::PeekDisk(const Shard& s, uint64_t id, float* values, OptimizerSlots* slots,

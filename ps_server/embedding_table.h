@@ -12,16 +12,17 @@
 //
 // A memory budget (Options::memory_rows, off by default) keeps at most that
 // many rows in memory; the others live in a disk tier (row_tier.h, one file
-// per shard, named Options::tier_prefix + ".shard-NN"), chosen by CLOCK (an approximation of
-// least recently used: a row used since the hand last passed it is spared
-// once). A row used while on disk is read back into memory first, so every
-// lookup and update works on memory rows; a row lives in exactly one tier,
-// values and slots together, and moving it never changes a bit of it. A
-// row the disk cannot take (a full disk) stays in memory, over the budget,
-// and is counted; a row the disk cannot give back (a read error, a damaged
-// record) fails the table: that call and every later one return the error,
-// and the server must restart from a checkpoint (the tier is a cache, no
-// store: it starts empty).
+// per shard, named Options::tier_prefix + ".shard-NN"), chosen by CLOCK (an
+// approximation of least recently used: a row used since the hand last
+// passed it is spared once). A row used while on disk is read back into
+// memory first (a call's rows on disk in one shard are read in parallel, by
+// a pool of kReadThreads), so every lookup and update works on memory rows;
+// a row lives in exactly one tier, values and slots together, and moving it
+// never changes a bit of it. A row the disk cannot take (a full disk) stays
+// in memory, over the budget, and is counted; a row the disk cannot give
+// back (a read error, a damaged record) fails the table: that call and
+// every later one return the error, and the server must restart from a
+// checkpoint (the tier is a cache, no store: it starts empty).
 //
 // Concurrency: rows live in 16 shards by a hash of the id, each with its
 // own mutex, so lookups and updates of different rows run in parallel; a
@@ -70,6 +71,9 @@ class EmbeddingTable {
     // (0: the memory available when it starts, /proc/meminfo's
     // MemAvailable).
     int64_t max_export_bytes = 0;
+    // Rows on disk are read in parallel when a serial read takes this long
+    // on average (past the page cache); 0: always in parallel (tests).
+    int64_t parallel_read_ns = 10000;
   };
   struct Stats {
     int64_t rows = 0;   // in memory and on disk
@@ -224,10 +228,11 @@ class EmbeddingTable {
   int64_t FindOrCreate(Shard* s, uint64_t id, bool create) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu);
   // A free memory row of `s` (its contents unspecified).
   uint32_t AllocateRow(Shard* s) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu);
-  // Row `id` moved from the disk tier into memory: its row, -1 when it is
-  // not on disk, an error (which fails the table) when the disk cannot give
-  // it back.
-  absl::StatusOr<int64_t> ReadBack(Shard* s, uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu);
+  // Rows `ids` (each on disk, no id twice) moved from the disk tier into
+  // memory, read in parallel; an error (which fails the table) when the
+  // disk cannot give one back.
+  absl::Status ReadBack(Shard* s, const std::vector<uint64_t>& ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu);
   // Reads row `id` of the disk tier into `values` (and `slots`, `updates`
   // where not null) without moving it; false when it is not on disk or
   // cannot be read (which fails the table).
@@ -258,6 +263,13 @@ class EmbeddingTable {
   std::array<Shard, kShards> shards_;
   std::atomic<int64_t> next_sweep_{0};
   size_t shard_memory_rows_ = 0;  // each shard's share of the budget (0: none)
+  // With a memory budget: threads that read rows on disk in parallel.
+  static constexpr int kReadThreads = 8;
+  std::unique_ptr<ReadPool> read_pool_;
+  // A serial read's time, a moving average refreshed every 64th call
+  // (Options::parallel_read_ns).
+  std::atomic<int64_t> read_ns_{0};
+  std::atomic<uint64_t> read_calls_{0};
   mutable std::atomic<bool> failed_{false};
   mutable absl::Mutex failure_mu_;
   mutable absl::Status failure_ ABSL_GUARDED_BY(failure_mu_);

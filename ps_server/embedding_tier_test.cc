@@ -180,7 +180,10 @@ TEST_CASE("the disk tier gives back each row as written and refuses a damaged re
 TEST_CASE("a table over its memory budget trains bitwise as one without", "[embedding][tier]") {
   auto adam = Adam();
   constexpr int kIds = 3000;
-  auto tiered = Make(Options(kIds / 10), adam.get());
+  // Serial reads (from the page cache) or in parallel (as from a disk).
+  EmbeddingTable::Options o = Options(kIds / 10);
+  o.parallel_read_ns = GENERATE(10000, 0);
+  auto tiered = Make(o, adam.get());
   auto whole = Make(Options(0), adam.get());
   std::mt19937_64 rng(7);
   // Zipf-like: a few ids are hot, most are rare.
@@ -346,6 +349,7 @@ TEST_CASE("threads looking up and updating a table over its budget lose no updat
   EmbeddingTable::Options o = Options(100);
   o.expire_after_steps = 0;
   o.init_scale = 0;
+  o.parallel_read_ns = 0;  // the read pool's threads too
   auto t = Make(o, sgd->get());
   // Each thread updates its own 500 ids 40 times, by -1 each time, in
   // batches that also look up the other threads' ids.

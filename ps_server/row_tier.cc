@@ -21,6 +21,77 @@ uint32_t RecordCrc(const char* record, size_t bytes) {
 
 }  // namespace
 
+ReadPool::ReadPool(int threads) {
+  for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
+}
+
+ReadPool::~ReadPool() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  for (std::thread& t : threads_) t.join();
+}
+
+bool ReadPool::Claim(Job** job, int* i) {
+  while (!jobs_.empty()) {
+    Job* j = jobs_.front();
+    if (j->next < j->n) {
+      *job = j;
+      *i = j->next++;
+      return true;
+    }
+    jobs_.pop_front();  // every index claimed; its caller waits for them to run
+  }
+  return false;
+}
+
+void ReadPool::Loop() {
+  absl::MutexLock lock(&mu_);
+  for (;;) {
+    Job* job = nullptr;
+    int i = 0;
+    auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !jobs_.empty(); };
+    mu_.Await(absl::Condition(&work));
+    if (stop_) return;
+    if (!Claim(&job, &i)) continue;
+    mu_.Unlock();
+    (*job->fn)(i);
+    mu_.Lock();
+    ++job->done;  // the job's caller returns once all are done: its last use here
+  }
+}
+
+void ReadPool::ParallelFor(int n, const std::function<void(int)>& fn) {
+  if (n <= 1 || threads_.empty()) {
+    for (int i = 0; i < n; ++i) fn(i);
+    return;
+  }
+  Job job;
+  job.fn = &fn;
+  job.n = n;
+  absl::MutexLock lock(&mu_);
+  jobs_.push_back(&job);
+  // The caller works too, on its own job's indices.
+  while (job.next < job.n) {
+    const int i = job.next++;
+    mu_.Unlock();
+    fn(i);
+    mu_.Lock();
+    ++job.done;
+  }
+  auto all_done = [&job]() { return job.done == job.n; };
+  mu_.Await(absl::Condition(&all_done));
+  // Claimed whole, so no thread will look at it again; drop it if the
+  // threads did not.
+  for (auto it = jobs_.begin(); it != jobs_.end(); ++it) {
+    if (*it == &job) {
+      jobs_.erase(it);
+      break;
+    }
+  }
+}
+
 absl::StatusOr<std::unique_ptr<RowTier>> RowTier::Open(Env* env, std::string path, int dim,
                                                         int num_slots) {
   if (dim <= 0 || num_slots < 0) {
@@ -154,16 +225,44 @@ absl::Status RowTier::Get(uint64_t id, float* values, const std::vector<float*>&
   if (it == index_.end()) {
     return absl::InternalError(absl::StrCat("disk tier ", path_, ": no row ", id));
   }
-  char* r = record_.data();
-  RETURN_IF_ERROR(ReadRecord(it->second.place, r));
+  RETURN_IF_ERROR(ReadRecord(it->second.place, record_.data()));
+  return Decode(id, record_.data(), values, slots, updates);
+}
+
+absl::Status RowTier::ReadRecords(const std::vector<uint64_t>& ids, char* out,
+                                  ReadPool* pool) const {
+  std::vector<uint32_t> places(ids.size());
+  for (size_t k = 0; k < ids.size(); ++k) {
+    auto it = index_.find(ids[k]);
+    if (it == index_.end()) {
+      return absl::InternalError(absl::StrCat("disk tier ", path_, ": no row ", ids[k]));
+    }
+    places[k] = it->second.place;
+  }
+  std::vector<absl::Status> status(ids.size());
+  auto read = [&](int k) {
+    status[k] = ReadRecord(places[k], out + static_cast<size_t>(k * record_bytes_));
+  };
+  if (pool == nullptr) {
+    for (size_t k = 0; k < ids.size(); ++k) read(static_cast<int>(k));
+  } else {
+    pool->ParallelFor(static_cast<int>(ids.size()), read);
+  }
+  for (const absl::Status& st : status) RETURN_IF_ERROR(st);
+  return absl::OkStatus();
+}
+
+absl::Status RowTier::Decode(uint64_t id, char* r, float* values, const std::vector<float*>& slots,
+                             int64_t* updates) const {
   uint64_t stored_id;
   uint32_t crc;
   std::memcpy(&stored_id, r + kIdAt, 8);
   std::memcpy(&crc, r + kCrcAt, 4);
   std::memset(r + kCrcAt, 0, 4);
   if (stored_id != id || crc != RecordCrc(r, record_.size())) {
+    const Entry* e = Find(id);
     return absl::DataLossError(absl::StrCat("disk tier ", path_, ": the record of row ", id,
-                                            " at offset ", OffsetOf(it->second.place),
+                                            " at offset ", e != nullptr ? OffsetOf(e->place) : -1,
                                             " is damaged (",
                                             stored_id != id ? "another id" : "checksum",
                                             " mismatch)"));

@@ -31,16 +31,52 @@
 #define PSTRAIN_PS_SERVER_ROW_TIER_H_
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "common/storage/env.h"
 
 namespace pstrain {
+
+// Threads that run a caller's tasks beside it (the tiers' reads of rows not
+// in memory: past the page cache each waits on the disk, and a disk serves
+// several at once). Thread-safe; the destructor joins the threads.
+class ReadPool {
+ public:
+  explicit ReadPool(int threads);
+  ~ReadPool();
+  ReadPool(const ReadPool&) = delete;
+  ReadPool& operator=(const ReadPool&) = delete;
+
+  // Runs fn(0), ..., fn(n - 1) on the pool's threads and the caller's, and
+  // returns once all have run.
+  void ParallelFor(int n, const std::function<void(int)>& fn);
+
+ private:
+  struct Job {
+    const std::function<void(int)>* fn = nullptr;
+    int n = 0;
+    int next = 0;  // the next index to claim
+    int done = 0;
+  };
+  // Claims an index of the first job with one left, or returns false.
+  bool Claim(Job** job, int* i) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Loop();
+
+  absl::Mutex mu_;
+  std::deque<Job*> jobs_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
 
 class RowTier {
  public:
@@ -82,6 +118,14 @@ class RowTier {
   // it. The tier is unchanged either way.
   absl::Status Get(uint64_t id, float* values, const std::vector<float*>& slots,
                    int64_t* updates) const;
+  // The records of `ids` (each in the tier, no id twice) into out[k *
+  // record_bytes(), ...), read in parallel on `pool` (may be null); then
+  // Decode gives each row. An I/O error as the Env gives it.
+  absl::Status ReadRecords(const std::vector<uint64_t>& ids, char* out, ReadPool* pool) const;
+  // Row `id` from its record (as ReadRecords read it; the record is
+  // changed), checked as Get checks it.
+  absl::Status Decode(uint64_t id, char* record, float* values, const std::vector<float*>& slots,
+                      int64_t* updates) const;
   // Drops `id` from the tier (its place becomes garbage); false when absent.
   bool Erase(uint64_t id);
 

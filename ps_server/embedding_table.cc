@@ -68,7 +68,6 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> EmbeddingTable::Create(
   }
   Env* env = options.env != nullptr ? options.env : Env::Default();
   RETURN_IF_ERROR(env->CreateDirs(Dirname(options.tier_prefix)));
-  table->read_pool_ = std::make_unique<ReadPool>(kReadThreads);
   table->shard_memory_rows_ =
       static_cast<size_t>(std::max<int64_t>(1, (options.memory_rows + kShards - 1) / kShards));
   for (int k = 0; k < kShards; ++k) {
@@ -236,6 +235,12 @@ absl::Status EmbeddingTable::ReadBack(Shard* s, const std::vector<uint64_t>& ids
   const bool parallel = ids.size() >= 4 && per_read_ns >= options_.parallel_read_ns &&
                         read_calls_.fetch_add(1, std::memory_order_relaxed) % 64 != 0;
   const absl::Time start = absl::Now();
+  if (parallel) {
+    // Made on first need: a table whose reads stay in the page cache (or
+    // an Initialize part's, dropped at once) starts no threads.
+    absl::call_once(read_pool_once_,
+                    [this] { read_pool_ = std::make_unique<ReadPool>(kReadThreads); });
+  }
   if (absl::Status st =
           s->tier->ReadRecords(ids, records.data(), parallel ? read_pool_.get() : nullptr);
       !st.ok()) {

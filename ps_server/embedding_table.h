@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/call_once.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
@@ -263,8 +264,10 @@ class EmbeddingTable {
   std::array<Shard, kShards> shards_;
   std::atomic<int64_t> next_sweep_{0};
   size_t shard_memory_rows_ = 0;  // each shard's share of the budget (0: none)
-  // With a memory budget: threads that read rows on disk in parallel.
+  // With a memory budget: threads that read rows on disk in parallel (made
+  // on first need).
   static constexpr int kReadThreads = 8;
+  absl::once_flag read_pool_once_;
   std::unique_ptr<ReadPool> read_pool_;
   // A serial read's time, a moving average refreshed every 64th call
   // (Options::parallel_read_ns).

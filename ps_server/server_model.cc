@@ -42,8 +42,10 @@ std::string TierDir(const TierSettings& tier) {
 }
 
 // Adds the config's embedding tables to `model` (its workers set).
+// `log`: says where each table with a budget keeps its rows (once an
+// Initialize, not for each of its parts).
 absl::Status AddTables(const TrainingConfig& config, int64_t global_batch,
-                       const TierSettings& tier, ServerModel* model) {
+                       const TierSettings& tier, bool log, ServerModel* model) {
   // Each table with a budget has files of its own: a model being replaced
   // may still hold its tables' files.
   static std::atomic<uint64_t> tables_made{0};
@@ -70,10 +72,12 @@ absl::Status AddTables(const TrainingConfig& config, int64_t global_batch,
       options.tier_prefix = JoinPath(
           TierDir(tier), absl::StrCat("pstrain-", ::getpid(), "-", tc.name(), ".", tables_made++));
       options.env = tier.env;
-      LOG_INFO("table {}: at most {} rows ({} bytes with their optimizer slots) in memory on "
-               "this server, the rest in a disk tier in {}",
-               tc.name(), options.memory_rows, options.memory_rows * row_bytes,
-               Dirname(options.tier_prefix));
+      if (log) {
+        LOG_INFO("table {}: at most {} rows ({} bytes with their optimizer slots) in memory on "
+                 "this server, the rest in a disk tier in {}",
+                 tc.name(), options.memory_rows, options.memory_rows * row_bytes,
+                 Dirname(options.tier_prefix));
+      }
     }
     ASSIGN_OR_RETURN(table->rows, EmbeddingTable::Create(options, table->optimizer.get()));
     table->staged_ids.resize(model->sync ? model->num_workers : 0);
@@ -216,7 +220,7 @@ absl::StatusOr<std::shared_ptr<ServerModel>> NewServerModel(const InitializeRequ
     model->shard = request.server_index();
     model->num_shards = request.num_servers();
   }
-  RETURN_IF_ERROR(AddTables(config, global_batch, tier, model.get()));
+  RETURN_IF_ERROR(AddTables(config, global_batch, tier, request.part() == 0, model.get()));
   return model;
 }
 

@@ -696,7 +696,7 @@ model { mlp { input_dim: 784 hidden_units: 64 num_classes: 10 } }
 data { train_images: "a" train_labels: "b" batch_size: 32 }
 optimizer { learning_rate: 0.001 adam {} }
 max_steps: 100
-embedding_tables { name: "ads" dim: 16 }
+embedding_tables { name: "ads" dim: 16 memory_budget_bytes: 1000000000 }
 embedding_tables { name: "user" dim: 8 num_rows: 1000000 optimizer { learning_rate: 0.05 ftrl {} } }
 )");
   CommandResult r = testing::RunCommand(
@@ -708,6 +708,9 @@ embedding_tables { name: "user" dim: 8 num_rows: 1000000 optimizer { learning_ra
   CHECK(r.output.find("optimizer adam on the servers: 2 slot(s) (m, v)") != std::string::npos);
   CHECK(r.output.find("table ads: hashed") != std::string::npos);
   CHECK(r.output.find("192 bytes per row with adam's slots") != std::string::npos);
+  CHECK(r.output.find("of any id set; in memory at most 5208333 rows (") != std::string::npos);
+  CHECK(r.output.find(") on each server, the rest in its disk tier (--tier_dir)\n") !=
+        std::string::npos);
   CHECK(r.output.find("table user: 1000000 rows of 8 floats, 96 bytes per row with ftrl") !=
         std::string::npos);
   // Jump consistent hashing splits a million consecutive ids within 0.1%.

@@ -114,7 +114,13 @@ absl::Status PrintPlan(const ClusterSpec& cluster, const TrainingConfig& config,
       out << absl::StrFormat(" ps:%d %.2f%%", s, 100.0 * share[s] / count);
       if (exact) out << " (" << share[s] * row_bytes / 1024 / 1024 << " MiB)";
     }
-    out << (exact ? "\n" : " of any id set\n");
+    out << (exact ? "" : " of any id set");
+    if (t.memory_budget_bytes() > 0) {
+      const int64_t rows = std::max<int64_t>(1, t.memory_budget_bytes() / row_bytes);
+      out << "; in memory at most " << rows << " rows (" << FormatBytes(rows * row_bytes)
+          << ") on each server, the rest in its disk tier (--tier_dir)";
+    }
+    out << "\n";
   }
   RETURN_IF_ERROR(CheckPlanFits(cluster, plan, &out));
   const int64_t need = JobInflight(cluster, config, plan);

@@ -512,9 +512,9 @@ int64_t MemAvailableBytes() {
 
 absl::Status EmbeddingTable::CheckExportFits() const {
   const Stats st = stats();
-  const int64_t row_bytes =
-      int64_t{4} * options_.dim * (1 + static_cast<int64_t>(row_slot_init_.size())) + 24;
-  const int64_t need = st.rows * row_bytes;
+  // Each row's values and slots, its id, update count and touched step.
+  const int64_t need =
+      st.rows * (RowBytes(options_.dim, static_cast<int>(row_slot_init_.size())) + 24);
   const int64_t limit =
       options_.max_export_bytes > 0 ? options_.max_export_bytes : MemAvailableBytes();
   if (limit <= 0 || need <= limit) return absl::OkStatus();
@@ -679,8 +679,7 @@ int64_t EmbeddingTable::Expire(int64_t step, bool force) {
 
 EmbeddingTable::Stats EmbeddingTable::stats() const {
   Stats st;
-  const int64_t row_bytes =
-      static_cast<int64_t>(options_.dim) * 4 * (1 + static_cast<int64_t>(row_slot_init_.size()));
+  const int64_t row_bytes = RowBytes(options_.dim, static_cast<int>(row_slot_init_.size()));
   for (const Shard& s : shards_) {
     absl::MutexLock lock(&s.mu);
     st.rows += static_cast<int64_t>(s.index.size());

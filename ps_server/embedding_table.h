@@ -92,6 +92,12 @@ class EmbeddingTable {
     int64_t disk_write_errors = 0;
   };
 
+  // The bytes of a row's values and its `num_slots` optimizer slots (what
+  // Stats::bytes and a memory budget count).
+  static int64_t RowBytes(int dim, int num_slots) {
+    return int64_t{4} * dim * (1 + static_cast<int64_t>(num_slots));
+  }
+
   // A table with a memory budget (its disk tier opened), or without one.
   static absl::StatusOr<std::unique_ptr<EmbeddingTable>> Create(Options options,
                                                                 const Optimizer* optimizer);

@@ -121,8 +121,9 @@ absl::Status RowTier::Put(uint64_t id, const float* values,
   if (index_.contains(id)) {
     return absl::InternalError(absl::StrCat("disk tier ", path_, ": row ", id, " written twice"));
   }
+  RETURN_IF_ERROR(MakeRoom());
   const size_t row_bytes = sizeof(float) * static_cast<size_t>(dim_);
-  char* r = record_.data();
+  char* r = OpenSlot();  // built where it goes
   std::memcpy(r + kIdAt, &id, 8);
   std::memcpy(r + kUpdatesAt, &updates, 8);
   std::memset(r + kCrcAt, 0, 8);
@@ -130,29 +131,34 @@ absl::Status RowTier::Put(uint64_t id, const float* values,
   for (int k = 0; k < num_slots_; ++k) {
     std::memcpy(r + kHeader + row_bytes * (1 + k), slots[k], row_bytes);
   }
-  const uint32_t crc = RecordCrc(r, record_.size());
+  const uint32_t crc = RecordCrc(r, static_cast<size_t>(record_bytes_));
   std::memcpy(r + kCrcAt, &crc, 4);
   Entry entry;
   entry.generation = generation;
   entry.touched = touched;
-  return Append(id, r, entry);
+  Commit(id, entry);
+  return absl::OkStatus();
 }
 
-absl::Status RowTier::Append(uint64_t id, const char* record, Entry entry) {
-  if (open_count_ == per_segment_) {
-    RETURN_IF_ERROR(Seal());
-    // Garbage is only made by reads and erases, so looking once a segment
-    // suffices; a failure leaves every record where it was.
-    RETURN_IF_ERROR(Compact());
-    if (open_count_ == per_segment_) RETURN_IF_ERROR(Seal());
-  }
+absl::Status RowTier::MakeRoom() {
+  if (open_count_ < per_segment_) return absl::OkStatus();
+  RETURN_IF_ERROR(Seal());
+  // Garbage is only made by reads and erases, so looking once a segment
+  // suffices; a failure leaves every record where it was.
+  RETURN_IF_ERROR(Compact());
+  if (open_count_ == per_segment_) RETURN_IF_ERROR(Seal());
+  return absl::OkStatus();
+}
+
+char* RowTier::OpenSlot() {
+  return open_records_.data() + static_cast<size_t>(open_count_ * record_bytes_);
+}
+
+void RowTier::Commit(uint64_t id, Entry entry) {
   entry.place = open_ * per_segment_ + open_count_;
-  std::memcpy(open_records_.data() + static_cast<size_t>(open_count_ * record_bytes_), record,
-              static_cast<size_t>(record_bytes_));
   ++open_count_;
   ++live_[open_];
   index_[id] = entry;
-  return absl::OkStatus();
 }
 
 absl::Status RowTier::Seal() {
@@ -200,8 +206,11 @@ absl::Status RowTier::Compact() {
     std::memcpy(&id, r + kIdAt, 8);
     auto it = index_.find(id);
     if (it == index_.end() || it->second.place != seg * per_segment_ + k) continue;
-    status = Append(id, r, it->second);
-    if (status.ok()) --live_[seg];
+    status = MakeRoom();
+    if (!status.ok()) break;
+    std::memcpy(OpenSlot(), r, static_cast<size_t>(record_bytes_));
+    Commit(id, it->second);
+    --live_[seg];
   }
   compacting_ = false;
   if (live_[seg] == 0) free_segments_.push_back(seg);
@@ -259,7 +268,7 @@ absl::Status RowTier::Decode(uint64_t id, char* r, float* values, const std::vec
   std::memcpy(&stored_id, r + kIdAt, 8);
   std::memcpy(&crc, r + kCrcAt, 4);
   std::memset(r + kCrcAt, 0, 4);
-  if (stored_id != id || crc != RecordCrc(r, record_.size())) {
+  if (stored_id != id || crc != RecordCrc(r, static_cast<size_t>(record_bytes_))) {
     const Entry* e = Find(id);
     return absl::DataLossError(absl::StrCat("disk tier ", path_, ": the record of row ", id,
                                             " at offset ", e != nullptr ? OffsetOf(e->place) : -1,

@@ -134,9 +134,13 @@ class RowTier {
 
   uint32_t SegmentOf(uint32_t place) const { return place / per_segment_; }
   int64_t OffsetOf(uint32_t place) const { return static_cast<int64_t>(place) * record_bytes_; }
-  // Appends one whole record (its id first) to the open segment, writing
-  // the segment first when it is full; `entry.place` is set here.
-  absl::Status Append(uint64_t id, const char* record, Entry entry);
+  // Room for one more record in the open segment: when it is full, writes
+  // it and opens another (compacting where garbage is past half the file).
+  absl::Status MakeRoom();
+  // Where the open segment's next record goes (after MakeRoom).
+  char* OpenSlot();
+  // Indexes the record just put at OpenSlot() as `id`'s (its place set here).
+  void Commit(uint64_t id, Entry entry);
   // Writes the open segment (when it holds records) and opens another: a
   // segment with no live record, else a new one at the file's end.
   absl::Status Seal();
@@ -159,7 +163,7 @@ class RowTier {
   uint32_t open_count_ = 0;  // records appended to it
   std::vector<char> open_records_;  // its contents
   bool compacting_ = false;
-  mutable std::vector<char> record_;  // one record, reused
+  mutable std::vector<char> record_;  // one record read by Get, reused
 };
 
 }  // namespace pstrain

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -35,12 +34,6 @@ bool OnlyReferenceImpl(const std::shared_ptr<T>& buffer) {
   return probe.use_count() == 2;
 }
 
-std::string TierDir(const TierSettings& tier) {
-  if (!tier.dir.empty()) return tier.dir;
-  const char* tmp = std::getenv("TMPDIR");
-  return tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
-}
-
 // Adds the config's embedding tables to `model` (its workers set).
 // `log`: says where each table with a budget keeps its rows (once an
 // Initialize, not for each of its parts).
@@ -66,11 +59,12 @@ absl::Status AddTables(const TrainingConfig& config, int64_t global_batch,
     options.expire_after_steps = tc.expire_after_steps();
     options.admit_after = tc.admit_after();
     if (tc.memory_budget_bytes() > 0) {
-      const int64_t row_bytes = int64_t{4} * tc.dim() *
-                                (1 + static_cast<int64_t>(table->optimizer->slot_names().size()));
+      const int64_t row_bytes = EmbeddingTable::RowBytes(
+          tc.dim(), static_cast<int>(table->optimizer->slot_names().size()));
       options.memory_rows = std::max<int64_t>(1, tc.memory_budget_bytes() / row_bytes);
-      options.tier_prefix = JoinPath(
-          TierDir(tier), absl::StrCat("pstrain-", ::getpid(), "-", tc.name(), ".", tables_made++));
+      options.tier_prefix =
+          JoinPath(tier.dir.empty() ? TempDirectory() : tier.dir,
+                   absl::StrCat("pstrain-", ::getpid(), "-", tc.name(), ".", tables_made++));
       options.env = tier.env;
       if (log) {
         LOG_INFO("table {}: at most {} rows ({} bytes with their optimizer slots) in memory on "

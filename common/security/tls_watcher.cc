@@ -94,10 +94,8 @@ absl::StatusOr<std::shared_ptr<TlsWatcher>> TlsWatcher::Start(const TlsFiles& fi
     return absl::InvalidArgumentError("certificates are looked at once a second at most");
   }
   // In memory where the machine has it: the key copy never reaches a disk.
-  const char* tmp = std::getenv("TMPDIR");
-  const std::string base = ::access("/dev/shm", W_OK | X_OK) == 0 ? "/dev/shm"
-                           : tmp != nullptr && *tmp != '\0'    ? tmp
-                                                                : "/tmp";
+  const std::string base =
+      ::access("/dev/shm", W_OK | X_OK) == 0 ? std::string("/dev/shm") : TempDirectory();
   RemoveStaleStaging(base);
   std::shared_ptr<TlsWatcher> w(new TlsWatcher());
   w->files_ = files;

@@ -278,6 +278,11 @@ Env* Env::Default() {
   return env;
 }
 
+std::string TempDirectory() {
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp != nullptr && *tmp != '\0' ? tmp : "/tmp";
+}
+
 std::string Dirname(const std::string& path) {
   size_t slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";

@@ -109,6 +109,9 @@ absl::Status CheckWritableBelow(const std::string& root, const std::string& path
 // (missing, a dangling link, a loop).
 std::string RealPath(const std::string& path);
 
+// $TMPDIR when set and not empty, else /tmp.
+std::string TempDirectory();
+
 std::string Dirname(const std::string& path);
 std::string JoinPath(const std::string& a, const std::string& b);
 

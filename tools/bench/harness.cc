@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <iostream>
 #include <thread>
 #include <utility>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/base/embedding_ids.h"
 #include "common/base/status_macros.h"
 #include "common/cluster/config.h"
 #include "common/rpc/rpc.h"
@@ -108,6 +110,25 @@ absl::Status StartEcho(std::unique_ptr<Subprocess>* proc, std::string* address) 
   auto channel = CreateChannel(*address);
   if (!channel->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(20))) {
     return absl::UnavailableError(absl::StrCat("echo server on ", *address, " did not start"));
+  }
+  return absl::OkStatus();
+}
+
+PlainRows::PlainRows(int64_t n, int dim)
+    : dim_(dim), rows_(static_cast<size_t>(n) * dim, 0.01f) {
+  index_.reserve(static_cast<size_t>(n));
+  for (int64_t r = 0; r < n; ++r) {
+    index_[MixId(static_cast<uint64_t>(r))] = static_cast<uint32_t>(r);
+  }
+}
+
+absl::Status PlainRows::Lookup(const std::vector<uint64_t>& ids, float* out) const {
+  for (uint64_t id : ids) {
+    auto it = index_.find(id);
+    if (it == index_.end()) return absl::InternalError("plain lookup: missing id");
+    std::memcpy(out, rows_.data() + static_cast<size_t>(it->second) * dim_,
+                static_cast<size_t>(dim_) * sizeof(float));
+    out += dim_;
   }
   return absl::OkStatus();
 }

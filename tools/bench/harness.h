@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/base/shutdown.h"
@@ -64,6 +65,21 @@ absl::Status StartEcho(std::unique_ptr<Subprocess>* proc, std::string* address);
 absl::Status StartServers(const std::string& bin_dir, int n, const std::string& dir,
                           std::vector<std::unique_ptr<Subprocess>>* procs,
                           std::optional<ClusterSpec>* cluster);
+
+// The sparse and tables suites' baseline for a table lookup: rows
+// MixId(0) .. MixId(n - 1) of `dim` floats in one buffer, found by a
+// flat_hash_map and copied out with memcpy.
+class PlainRows {
+ public:
+  PlainRows(int64_t n, int dim);
+  // The rows of `ids` into out[i * dim, ...); INTERNAL for an id not held.
+  absl::Status Lookup(const std::vector<uint64_t>& ids, float* out) const;
+
+ private:
+  const int dim_;
+  absl::flat_hash_map<uint64_t, uint32_t> index_;
+  std::vector<float> rows_;
+};
 
 // Where the checkpoint and tables suites write: --checkpoint_dir, else
 // --out, else /tmp (in `base`), in a folder of this process's own

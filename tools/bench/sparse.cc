@@ -18,7 +18,6 @@
 #include <random>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/base/embedding_ids.h"
@@ -132,9 +131,7 @@ class Sparse {
       const int64_t n = std::min<int64_t>(kBatch, table_rows_ - at);
       RETURN_IF_ERROR(table.Lookup(absl::MakeConstSpan(all_.data() + at, n), 0, out_.data()));
     }
-    absl::flat_hash_map<uint64_t, uint32_t> plain_index;
-    std::vector<float> plain_rows(static_cast<size_t>(table_rows_) * kDim, 0.01f);
-    for (int64_t r = 0; r < table_rows_; ++r) plain_index[all_[r]] = static_cast<uint32_t>(r);
+    const PlainRows plain_rows(table_rows_, kDim);  // the ids of all_
     std::cout << "\n== sparse: rows of 64 floats in batches of 4096 ids, " << table_rows_
               << "-row table, Mrows/s (median [min-max] of " << o_.reps << ") ==\n";
     std::cout << absl::StrFormat("%-30s %-22s %-22s %8s\n", "in process, 1 thread", "uniform",
@@ -144,15 +141,7 @@ class Sparse {
       return table.Lookup(ids, 1, out_.data());
     };
     auto plain_lookup = [&](const std::vector<uint64_t>& ids) {
-      float* dst = out_.data();
-      for (uint64_t id : ids) {
-        auto it = plain_index.find(id);
-        if (it == plain_index.end()) return absl::InternalError("plain lookup: missing id");
-        std::memcpy(dst, plain_rows.data() + static_cast<size_t>(it->second) * kDim,
-                    kDim * sizeof(float));
-        dst += kDim;
-      }
-      return absl::OkStatus();
+      return plain_rows.Lookup(ids, out_.data());
     };
     for (int rep = 0; rep < o_.reps; ++rep) {
       ASSIGN_OR_RETURN(double a, MRows(table_lookup, uniform_));

@@ -20,13 +20,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <functional>
 #include <filesystem>
 #include <iostream>
 #include <random>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -126,9 +124,7 @@ absl::Status TierPart(BenchContext* ctx, const std::string& dir, EmbeddingTable*
   RETURN_IF_ERROR(Fill(tiered.get(), n));
   constexpr int kIds = 4096;
   const int batches = static_cast<int>(std::clamp<int64_t>(4 * n / kIds, 16, 256));
-  absl::flat_hash_map<uint64_t, uint32_t> plain_index;
-  std::vector<float> plain_rows(static_cast<size_t>(m) * kDim, 0.01f);
-  for (int64_t r = 0; r < m; ++r) plain_index[MixId(static_cast<uint64_t>(r))] = r;
+  const PlainRows plain_rows(m, kDim);
   std::vector<float> out(kIds * kDim), grads(kIds * kDim, 0.001f);
   int64_t step = 1;
   // Mrows/s of `op` over a stream.
@@ -138,17 +134,7 @@ absl::Status TierPart(BenchContext* ctx, const std::string& dir, EmbeddingTable*
     for (const auto& batch : stream) RETURN_IF_ERROR(op(batch));
     return static_cast<double>(batches) * kIds / absl::ToDoubleSeconds(absl::Now() - t0) / 1e6;
   };
-  auto plain = [&](const std::vector<uint64_t>& ids) {
-    float* dst = out.data();
-    for (uint64_t id : ids) {
-      auto it = plain_index.find(id);
-      if (it == plain_index.end()) return absl::InternalError("plain lookup: missing id");
-      std::memcpy(dst, plain_rows.data() + static_cast<size_t>(it->second) * kDim,
-                  kDim * sizeof(float));
-      dst += kDim;
-    }
-    return absl::OkStatus();
-  };
+  auto plain = [&](const std::vector<uint64_t>& ids) { return plain_rows.Lookup(ids, out.data()); };
   auto pull_push = [&](EmbeddingTable* t) {
     return [&, t](const std::vector<uint64_t>& ids) {
       RETURN_IF_ERROR(t->Lookup(ids, step, out.data()));

@@ -22,12 +22,12 @@ absl::Status InLayer(absl::Status st, const std::string& layer, const char* pass
   return absl::Status(st.code(), absl::StrCat("layer ", layer, " (", pass, "): ", st.message()));
 }
 
-// A per-layer stream for dropout, from (step seed, layer index).
 // A one-output model's logits, in place, as the sigmoid's probabilities.
 void ToProbabilities(std::vector<float>* logits) {
   for (float& s : *logits) s = 1.0f / (1.0f + std::exp(-s));
 }
 
+// A per-layer stream for dropout, from (step seed, layer index).
 uint64_t LayerSeed(uint64_t seed, size_t layer) {
   return cpu::Mix64(seed ^ (0xD1B54A32D192ED03ULL * (layer + 1)));
 }

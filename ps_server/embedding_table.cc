@@ -476,11 +476,19 @@ absl::Status EmbeddingTable::CheckGradients(absl::Span<const uint64_t> ids,
   return absl::OkStatus();
 }
 
-absl::StatusOr<EmbeddingTable::Rows> EmbeddingTable::ExportRows() const { return Export(0); }
+absl::StatusOr<EmbeddingTable::Rows> EmbeddingTable::ExportRows() const {
+  ASSIGN_OR_RETURN(SavedRows saved, Export(0, /*pin=*/false));
+  return std::move(saved.rows);
+}
 
 absl::StatusOr<EmbeddingTable::Rows> EmbeddingTable::ExportChangedRows(uint32_t after) const {
   // Generations start at 1: a delta on "generation 0" would be every row.
-  return Export(std::max<uint32_t>(after, 1));
+  ASSIGN_OR_RETURN(SavedRows saved, Export(std::max<uint32_t>(after, 1), /*pin=*/false));
+  return std::move(saved.rows);
+}
+
+absl::StatusOr<EmbeddingTable::SavedRows> EmbeddingTable::CutRows(uint32_t after) const {
+  return Export(after, /*pin=*/true);
 }
 
 uint32_t EmbeddingTable::EndGeneration() {
@@ -496,6 +504,52 @@ void EmbeddingTable::ForgetDeletedThrough(uint32_t through) {
 
 namespace {
 
+// The rows on disk of a table's cut (EmbeddingTable::CutRows): each
+// shard's pinned rows in turn, read in the file's order.
+class DiskRows : public RowSource {
+ public:
+  DiskRows(std::vector<std::unique_ptr<PinnedRows>> shards, int dim)
+      : shards_(std::move(shards)), dim_(static_cast<size_t>(dim)) {
+    for (const auto& p : shards_) rows_ += static_cast<int64_t>(p->size());
+  }
+
+  int64_t rows() const override { return rows_; }
+
+  absl::Status Next(int64_t n, uint64_t* ids, float* values, const std::vector<float*>& slots,
+                    int64_t* updates, int64_t* touched) override {
+    std::vector<float*> to = slots;
+    while (n > 0 && shard_ < shards_.size()) {
+      PinnedRows& p = *shards_[shard_];
+      const size_t k = std::min(static_cast<size_t>(n), p.size() - next_);
+      if (k == 0) {
+        shards_[shard_++].reset();  // read: its tier is free to reuse its segments
+        next_ = 0;
+        continue;
+      }
+      RETURN_IF_ERROR(p.Read(next_, next_ + k, values, to, updates));
+      for (size_t j = 0; j < k; ++j) {
+        ids[j] = p.row(next_ + j).id;
+        touched[j] = p.row(next_ + j).touched;
+      }
+      next_ += k;
+      n -= static_cast<int64_t>(k);
+      ids += k;
+      touched += k;
+      updates += k;
+      values += k * dim_;
+      for (float*& slot : to) slot += k * dim_;
+    }
+    if (n > 0) return absl::OutOfRangeError("more rows asked for than were cut");
+    return absl::OkStatus();
+  }
+
+ private:
+  std::vector<std::unique_ptr<PinnedRows>> shards_;
+  const size_t dim_;
+  int64_t rows_ = 0;
+  size_t shard_ = 0, next_ = 0;
+};
+
 // /proc/meminfo's MemAvailable in bytes, or 0 when it cannot be read.
 int64_t MemAvailableBytes() {
   std::ifstream in("/proc/meminfo");
@@ -510,33 +564,45 @@ int64_t MemAvailableBytes() {
 
 }  // namespace
 
-absl::Status EmbeddingTable::CheckExportFits() const {
+absl::Status EmbeddingTable::CheckExportFits(bool pin) const {
   const Stats st = stats();
-  // Each row's values and slots, its id, update count and touched step.
+  // Each row's values and slots, its id, update count and touched step;
+  // pinned, a row on disk is its id, step and place.
+  const int64_t copied = pin ? st.rows - st.rows_on_disk : st.rows;
   const int64_t need =
-      st.rows * (RowBytes(options_.dim, static_cast<int>(row_slot_init_.size())) + 24);
+      copied * (RowBytes(options_.dim, static_cast<int>(row_slot_init_.size())) + 24) +
+      (st.rows - copied) * static_cast<int64_t>(sizeof(PinnedRows::Row));
   const int64_t limit =
       options_.max_export_bytes > 0 ? options_.max_export_bytes : MemAvailableBytes();
   if (limit <= 0 || need <= limit) return absl::OkStatus();
+  if (pin) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "table ", options_.name, ": a save copies the rows in memory and the places of those "
+        "on disk first: ", copied, " and ", st.rows - copied, " rows, ", need, " bytes, where ",
+        limit, " are available"));
+  }
   return absl::ResourceExhaustedError(absl::StrCat(
       "table ", options_.name, ": a save of every row copies them into memory first: ",
-      st.rows, " rows, ", need, " bytes, where ", limit,
-      " are available; a table larger than memory cannot be saved in full yet "
-      "(docs/embeddings.md)"));
+      st.rows, " rows, ", need, " bytes, where ", limit, " are available"));
 }
 
-absl::StatusOr<EmbeddingTable::Rows> EmbeddingTable::Export(uint32_t after) const {
+absl::StatusOr<EmbeddingTable::SavedRows> EmbeddingTable::Export(uint32_t after, bool pin) const {
   RETURN_IF_ERROR(failure());
-  if (after == 0 && shard_memory_rows_ > 0) RETURN_IF_ERROR(CheckExportFits());
+  if (after == 0 && shard_memory_rows_ > 0) RETURN_IF_ERROR(CheckExportFits(pin));
   const size_t dim = static_cast<size_t>(options_.dim);
   constexpr uint32_t kOnDisk = ~uint32_t{0};
-  Rows out;
+  SavedRows saved;
+  Rows& out = saved.rows;
   out.slots.resize(row_slot_init_.size());
+  std::vector<std::unique_ptr<PinnedRows>> pinned;
   for (const Shard& s : shards_) {
     absl::MutexLock lock(&s.mu);
     // (id, memory row or kOnDisk)
     std::vector<std::pair<uint64_t, uint32_t>> rows;
-    if (s.tier != nullptr) {
+    if (s.tier != nullptr && pin) {
+      pinned.push_back(s.tier->Pin(
+          [after](const RowTier::Entry& e) { return after == 0 || e.generation > after; }));
+    } else if (s.tier != nullptr) {
       for (const auto& [id, entry] : s.tier->entries()) {
         if (after == 0 || entry.generation > after) rows.emplace_back(id, kOnDisk);
       }
@@ -585,7 +651,12 @@ absl::StatusOr<EmbeddingTable::Rows> EmbeddingTable::Export(uint32_t after) cons
       out.touched[at + j] = s.touched[row].step;
     }
   }
-  return out;
+  int64_t on_disk = 0;
+  for (const auto& p : pinned) on_disk += static_cast<int64_t>(p->size());
+  if (on_disk > 0) {
+    saved.on_disk = std::make_unique<DiskRows>(std::move(pinned), options_.dim);
+  }
+  return saved;
 }
 
 absl::Status EmbeddingTable::ImportRows(absl::Span<const uint64_t> ids, const float* values,

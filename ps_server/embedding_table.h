@@ -45,6 +45,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "common/storage/checkpoint.h"
 #include "common/storage/env.h"
 #include "ps_server/optimizer.h"
 #include "ps_server/row_tier.h"
@@ -173,6 +174,21 @@ class EmbeddingTable {
   // Forgets the dropped ids stamped `through` or earlier: no save to come
   // is a delta on a save before that.
   void ForgetDeletedThrough(uint32_t through);
+  // A checkpoint's rows, cut while no row changes: `after` 0, every row (as
+  // ExportRows), else those changed since generation `after` and the ids
+  // dropped (as ExportChangedRows). The rows in memory are copied into
+  // `rows`; with a memory budget the rows on disk are not: `on_disk` reads
+  // them where they lie as the shard is written, off the table's locks (the
+  // disk tier pinned meanwhile: RowTier::Pin), so a table larger than
+  // memory is saved in full without copying it. Ids ascending within each
+  // shard's rows in memory, then each shard's rows on disk in the file's
+  // order. RESOURCE_EXHAUSTED when even the cut would not fit in memory (as
+  // ExportRows, counting 24 bytes a row on disk), the table unchanged.
+  struct SavedRows {
+    Rows rows;
+    std::unique_ptr<RowSource> on_disk;  // null: no rows on disk
+  };
+  absl::StatusOr<SavedRows> CutRows(uint32_t after) const;
   // Sets rows from a checkpoint, creating them where absent; `slots` empty
   // gives the rows fresh optimizer state (update counts 0), else it must
   // have one buffer per slot of ids.size() x dim. `updates` and `touched`
@@ -258,10 +274,12 @@ class EmbeddingTable {
   // shard, with that shard locked (once per call).
   template <typename F>
   void ForEachShardGroup(absl::Span<const uint64_t> ids, F visit);
-  // Whether a copy of every row fits (Options::max_export_bytes).
-  absl::Status CheckExportFits() const;
-  // ExportRows (every row) and ExportChangedRows (`after` > 0).
-  absl::StatusOr<Rows> Export(uint32_t after) const;
+  // Whether a copy of every row fits (Options::max_export_bytes); `pin`:
+  // of those in memory and the places of those on disk (CutRows).
+  absl::Status CheckExportFits(bool pin) const;
+  // ExportRows (every row) and ExportChangedRows (`after` > 0), or with
+  // `pin` CutRows.
+  absl::StatusOr<SavedRows> Export(uint32_t after, bool pin) const;
   uint32_t generation() const { return generation_.load(std::memory_order_relaxed); }
 
   const Options options_;

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -78,6 +79,55 @@ void CheckSame(const EmbeddingTable::Rows& a, const EmbeddingTable::Rows& b) {
   CHECK(a.updates == b.updates);
   CHECK(a.touched == b.touched);
   CHECK(a.deleted == b.deleted);
+}
+
+// `rows` sorted by id (a cut's order is the shards' and the file's).
+EmbeddingTable::Rows SortById(const EmbeddingTable::Rows& rows) {
+  std::vector<size_t> order(rows.ids.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&rows](size_t a, size_t b) { return rows.ids[a] < rows.ids[b]; });
+  EmbeddingTable::Rows out;
+  out.slots.resize(rows.slots.size());
+  for (size_t i : order) {
+    out.ids.push_back(rows.ids[i]);
+    out.values.insert(out.values.end(), rows.values.begin() + i * kDim,
+                      rows.values.begin() + (i + 1) * kDim);
+    for (size_t k = 0; k < rows.slots.size(); ++k) {
+      out.slots[k].insert(out.slots[k].end(), rows.slots[k].begin() + i * kDim,
+                          rows.slots[k].begin() + (i + 1) * kDim);
+    }
+    out.updates.push_back(rows.updates[i]);
+    out.touched.push_back(rows.touched[i]);
+  }
+  out.deleted = rows.deleted;
+  std::sort(out.deleted.begin(), out.deleted.end());
+  return out;
+}
+
+// A cut's rows, those on disk read as a shard's writer reads them (chunks
+// of 100 rows), sorted by id; or the first error.
+absl::StatusOr<EmbeddingTable::Rows> Drain(EmbeddingTable::SavedRows cut) {
+  EmbeddingTable::Rows all = std::move(cut.rows);
+  if (cut.on_disk != nullptr) {
+    const size_t have = all.ids.size(), n = static_cast<size_t>(cut.on_disk->rows());
+    all.ids.resize(have + n);
+    all.values.resize((have + n) * kDim);
+    for (auto& slot : all.slots) slot.resize((have + n) * kDim);
+    all.updates.resize(have + n);
+    all.touched.resize(have + n);
+    for (size_t at = have; at < have + n; at += 100) {
+      const size_t m = std::min<size_t>(100, have + n - at);
+      std::vector<float*> slots;
+      for (auto& slot : all.slots) slots.push_back(slot.data() + at * kDim);
+      absl::Status st =
+          cut.on_disk->Next(static_cast<int64_t>(m), all.ids.data() + at,
+                            all.values.data() + at * kDim, slots, all.updates.data() + at,
+                            all.touched.data() + at);
+      if (!st.ok()) return st;
+    }
+  }
+  return SortById(all);
 }
 
 TEST_CASE("the disk tier gives back each row as written and refuses a damaged record",
@@ -192,7 +242,20 @@ TEST_CASE("a table over its memory budget trains bitwise as one without", "[embe
     return static_cast<uint64_t>(std::pow(static_cast<double>(kIds), u)) * 2654435761u;
   };
   uint32_t saved = 0;
+  // A checkpoint's cut of the tiered table, read 10 steps later (as a
+  // shard's writer reads it while training goes on and rows move), and the
+  // rows the table without a tier had at the cut.
+  std::optional<EmbeddingTable::SavedRows> cut;
+  EmbeddingTable::Rows at_cut;
+  int cuts = 0;
   for (int64_t step = 1; step <= 120; ++step) {
+    if (cut.has_value() && step % 25 == 10) {
+      auto got = Drain(std::move(*cut));
+      cut.reset();
+      REQUIRE(got.ok());
+      CheckSame(*got, SortById(at_cut));
+      ++cuts;
+    }
     std::vector<uint64_t> ids(256);
     for (uint64_t& id : ids) id = draw();
     std::vector<float> a(ids.size() * kDim), b(ids.size() * kDim);
@@ -213,6 +276,13 @@ TEST_CASE("a table over its memory budget trains bitwise as one without", "[embe
         REQUIRE(db.ok());
         CheckSame(*da, *db);
       }
+      // Every row at 50 and 100, else a delta on the save before.
+      const uint32_t after = step % 50 == 0 ? 0 : saved;
+      auto c = tiered->CutRows(after);
+      REQUIRE(c.ok());
+      CHECK((c->on_disk != nullptr && c->on_disk->rows() > 0));
+      cut = std::move(*c);
+      at_cut = (after == 0 ? whole->ExportRows() : whole->ExportChangedRows(after)).value();
       saved = g1;
     }
     if (step % 30 == 0) {
@@ -225,6 +295,7 @@ TEST_CASE("a table over its memory budget trains bitwise as one without", "[embe
     }
     CHECK(tiered->Expire(step) == whole->Expire(step));
   }
+  CHECK(cuts == 4);
   auto ra = tiered->ExportRows(), rb = whole->ExportRows();
   REQUIRE(ra.ok());
   REQUIRE(rb.ok());
@@ -281,7 +352,88 @@ TEST_CASE("a save of every row that would not fit in memory is refused, the tabl
   auto delta = t->ExportChangedRows(generation);
   REQUIRE(delta.ok());
   CHECK(delta->ids.size() == 2);
+  // A checkpoint's cut copies only the rows in memory: every row is saved.
+  auto cut = t->CutRows(0);
+  REQUIRE(cut.ok());
+  auto all = Drain(std::move(*cut));
+  REQUIRE(all.ok());
+  REQUIRE(all->ids.size() == 1001);
+  std::vector<float> peeked(all->ids.size() * kDim);
+  REQUIRE(t->Peek(all->ids, peeked.data()).ok());
+  CHECK(all->values == peeked);
   REQUIRE(t->Lookup(ids, 3, out.data()).ok());
+  // One that would not fit even so is refused, the table unchanged.
+  EmbeddingTable::Options tiny = Options(50);
+  tiny.max_export_bytes = 2000;
+  auto u = Make(tiny, adam.get());
+  REQUIRE(u->Lookup(ids, 1, out.data()).ok());
+  const absl::Status cut_refused = u->CutRows(0).status();
+  CHECK(cut_refused.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(cut_refused.message(), "the places of those on disk"));
+  CHECK(u->failure().ok());
+}
+
+TEST_CASE("a cut's rows on disk read while every row moves read as they were at the cut",
+          "[embedding][tier]") {
+  auto adam = Adam();
+  EmbeddingTable::Options o = Options(160);
+  o.expire_after_steps = 0;
+  auto tiered = Make(o, adam.get());
+  o.memory_rows = 0;
+  auto whole = Make(o, adam.get());
+  // 5,000 rows a shard: several segments each, nearly all on disk.
+  std::vector<uint64_t> ids(16 * 5000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = MixId(i);
+  std::vector<float> grads(ids.size() * kDim, 0.25f), out(ids.size() * kDim);
+  REQUIRE(tiered->ApplyGradients(ids, grads.data(), 1, 0.05f, 0, 1).ok());
+  REQUIRE(whole->ApplyGradients(ids, grads.data(), 1, 0.05f, 0, 1).ok());
+  REQUIRE(tiered->stats().disk_bytes >= 16 * 4 * RowTier::kSegmentBytes);
+  auto cut = tiered->CutRows(0);
+  REQUIRE(cut.ok());
+  const EmbeddingTable::Rows want = SortById(whole->ExportRows().value());
+  // Every row read back and moved out again, twice, and updated: without
+  // the pin, segments emptied by the reads would be reused and compacted
+  // under the cut's records.
+  const int64_t bytes = tiered->stats().disk_bytes;
+  for (int64_t step = 2; step <= 4; ++step) {
+    std::shuffle(ids.begin(), ids.end(), std::mt19937_64(step));
+    REQUIRE(tiered->Lookup(ids, step, out.data()).ok());
+    REQUIRE(tiered->ApplyGradients(ids, grads.data(), 1, 0.05f, 0, step).ok());
+  }
+  CHECK(tiered->stats().disk_bytes > bytes);  // new records in new segments
+  auto got = Drain(std::move(*cut));
+  REQUIRE(got.ok());
+  CheckSame(*got, want);
+  // Unpinned, the tier reuses what the reads emptied: the file grows no more.
+  const int64_t after_cut = tiered->stats().disk_bytes;
+  for (int64_t step = 5; step <= 7; ++step) {
+    REQUIRE(tiered->Lookup(ids, step, out.data()).ok());
+  }
+  CHECK(tiered->stats().disk_bytes == after_cut);
+}
+
+TEST_CASE("a cut's rows on disk the disk cannot give back fail the save, not the table",
+          "[embedding][tier][faults]") {
+  auto adam = Adam();
+  FaultEnv faults(Env::Default());
+  auto t = Make(Options(32, &faults), adam.get());
+  std::vector<uint64_t> ids(16 * 2000);
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = i;
+  std::vector<float> out(ids.size() * kDim);
+  REQUIRE(t->Lookup(ids, 1, out.data()).ok());
+  auto cut = t->CutRows(0);
+  REQUIRE(cut.ok());
+  faults.FailReadsFrom(0);
+  const absl::Status read = Drain(std::move(*cut)).status();
+  CHECK(read.code() == absl::StatusCode::kInternal);
+  CHECK(absl::StrContains(read.message(), "Input/output error"));
+  faults.FailReadsFrom(-1);
+  CHECK(t->failure().ok());
+  auto again = t->CutRows(0);
+  REQUIRE(again.ok());
+  auto all = Drain(std::move(*again));
+  REQUIRE(all.ok());
+  CHECK(all->ids.size() == ids.size());
 }
 
 TEST_CASE("rows a full disk refuses stay in memory, counted, and lose nothing",

@@ -19,6 +19,32 @@ uint32_t RecordCrc(const char* record, size_t bytes) {
   return Crc32cExtend(Crc32c(record, kCrcAt), record + kHeader, bytes - kHeader);
 }
 
+// Row `id` from its record `r` (changed: its CRC zeroed) into values[at,
+// at + dim) and each slots[k][at, ...), and its update count; DATA_LOSS
+// naming the row when the record is not id's or does not check.
+absl::Status DecodeRecord(const std::string& path, int dim, int num_slots, int64_t record_bytes,
+                          uint64_t id, int64_t offset, char* r, float* values,
+                          float* const* slots, size_t at, int64_t* updates) {
+  uint64_t stored_id;
+  uint32_t crc;
+  std::memcpy(&stored_id, r + kIdAt, 8);
+  std::memcpy(&crc, r + kCrcAt, 4);
+  std::memset(r + kCrcAt, 0, 4);
+  if (stored_id != id || crc != RecordCrc(r, static_cast<size_t>(record_bytes))) {
+    return absl::DataLossError(absl::StrCat("disk tier ", path, ": the record of row ", id,
+                                            " at offset ", offset, " is damaged (",
+                                            stored_id != id ? "another id" : "checksum",
+                                            " mismatch)"));
+  }
+  const size_t row_bytes = sizeof(float) * static_cast<size_t>(dim);
+  std::memcpy(values + at, r + kHeader, row_bytes);
+  for (int k = 0; k < num_slots; ++k) {
+    std::memcpy(slots[k] + at, r + kHeader + row_bytes * (1 + k), row_bytes);
+  }
+  std::memcpy(updates, r + kUpdatesAt, 8);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 ReadPool::ReadPool(int threads) {
@@ -169,7 +195,7 @@ absl::Status RowTier::Seal() {
                                                                        record_bytes_))));
   }
   if (live_[open_] == 0 && open_count_ > 0) free_segments_.push_back(open_);
-  if (!free_segments_.empty()) {
+  if (!free_segments_.empty() && !pinned()) {
     open_ = free_segments_.back();
     free_segments_.pop_back();
   } else {
@@ -185,7 +211,7 @@ absl::Status RowTier::Seal() {
 }
 
 absl::Status RowTier::Compact() {
-  if (compacting_) return absl::OkStatus();
+  if (compacting_ || pinned()) return absl::OkStatus();
   const int64_t places = static_cast<int64_t>(live_.size()) * per_segment_;
   const int64_t garbage = places - static_cast<int64_t>(index_.size()) -
                           static_cast<int64_t>(per_segment_ - open_count_);
@@ -263,26 +289,10 @@ absl::Status RowTier::ReadRecords(const std::vector<uint64_t>& ids, char* out,
 
 absl::Status RowTier::Decode(uint64_t id, char* r, float* values, const std::vector<float*>& slots,
                              int64_t* updates) const {
-  uint64_t stored_id;
-  uint32_t crc;
-  std::memcpy(&stored_id, r + kIdAt, 8);
-  std::memcpy(&crc, r + kCrcAt, 4);
-  std::memset(r + kCrcAt, 0, 4);
-  if (stored_id != id || crc != RecordCrc(r, static_cast<size_t>(record_bytes_))) {
-    const Entry* e = Find(id);
-    return absl::DataLossError(absl::StrCat("disk tier ", path_, ": the record of row ", id,
-                                            " at offset ", e != nullptr ? OffsetOf(e->place) : -1,
-                                            " is damaged (",
-                                            stored_id != id ? "another id" : "checksum",
-                                            " mismatch)"));
-  }
-  const size_t row_bytes = sizeof(float) * static_cast<size_t>(dim_);
-  std::memcpy(values, r + kHeader, row_bytes);
-  for (int k = 0; k < num_slots_; ++k) {
-    std::memcpy(slots[k], r + kHeader + row_bytes * (1 + k), row_bytes);
-  }
-  std::memcpy(updates, r + kUpdatesAt, 8);
-  return absl::OkStatus();
+  const Entry* e = Find(id);
+  return DecodeRecord(path_, dim_, num_slots_, record_bytes_, id,
+                      e != nullptr ? OffsetOf(e->place) : -1, r, values, slots.data(), 0,
+                      updates);
 }
 
 bool RowTier::Erase(uint64_t id) {
@@ -292,6 +302,74 @@ bool RowTier::Erase(uint64_t id) {
   index_.erase(it);
   if (--live_[seg] == 0 && seg != open_) free_segments_.push_back(seg);
   return true;
+}
+
+std::unique_ptr<PinnedRows> RowTier::Pin(const std::function<bool(const Entry&)>& select) const {
+  std::unique_ptr<PinnedRows> pin(new PinnedRows());
+  pin->path_ = path_;
+  pin->file_ = file_;
+  pin->pins_ = pins_;
+  pin->dim_ = dim_;
+  pin->num_slots_ = num_slots_;
+  pin->record_bytes_ = record_bytes_;
+  pin->per_segment_ = per_segment_;
+  for (const auto& [id, entry] : index_) {
+    if (select(entry)) pin->rows_.push_back({id, entry.touched, entry.place});
+  }
+  pin->open_ = open_;
+  const size_t open_bytes = static_cast<size_t>(open_count_ * record_bytes_);
+  pin->open_records_.assign(open_records_.begin(), open_records_.begin() + open_bytes);
+  pins_->fetch_add(1, std::memory_order_acq_rel);
+  return pin;
+}
+
+PinnedRows::~PinnedRows() {
+  if (pins_ != nullptr) pins_->fetch_sub(1, std::memory_order_acq_rel);
+}
+
+absl::Status PinnedRows::Read(size_t begin, size_t end, float* values,
+                              const std::vector<float*>& slots, int64_t* updates) {
+  if (!sorted_) {
+    std::sort(rows_.begin(), rows_.end(),
+              [](const Row& a, const Row& b) { return a.place < b.place; });
+    sorted_ = true;
+  }
+  const int64_t span_records = std::max<int64_t>(1, (int64_t{1} << 20) / record_bytes_);
+  const size_t dim = static_cast<size_t>(dim_);
+  for (size_t i = begin; i < end;) {
+    const uint32_t first = rows_[i].place;
+    // A run of rows whose records lie in one span of the file (or the open
+    // segment's copy).
+    const bool open = first / per_segment_ == open_;
+    size_t j = i + 1;
+    while (j < end && (rows_[j].place / per_segment_ == open_) == open &&
+           rows_[j].place - first < span_records) {
+      ++j;
+    }
+    // Where record `place` is in memory.
+    std::function<const char*(uint32_t)> at;
+    if (open) {
+      at = [this](uint32_t place) {
+        return open_records_.data() +
+               static_cast<size_t>((place - open_ * per_segment_) * record_bytes_);
+      };
+    } else {
+      const int64_t n = (rows_[j - 1].place - first + 1) * record_bytes_;
+      span_.resize(static_cast<size_t>(n));
+      RETURN_IF_ERROR(file_->Read(first * record_bytes_, n, span_.data()));
+      at = [this, first](uint32_t place) {
+        return span_.data() + static_cast<size_t>((place - first) * record_bytes_);
+      };
+    }
+    std::vector<char> record(static_cast<size_t>(record_bytes_));
+    for (; i < j; ++i) {
+      std::memcpy(record.data(), at(rows_[i].place), record.size());
+      RETURN_IF_ERROR(DecodeRecord(path_, dim_, num_slots_, record_bytes_, rows_[i].id,
+                                   rows_[i].place * record_bytes_, record.data(), values,
+                                   slots.data(), (i - begin) * dim, updates + (i - begin)));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace pstrain

@@ -10,9 +10,11 @@
 // segment with no live record is reused whole, and when garbage passes half
 // the file the emptiest segment's live records are moved into the open one,
 // so the file stays within about twice the rows it holds (and a few
-// segments). The index (id ->
-// place, the row's last-touched step and the generation of its last change)
-// stays in memory, so expiry and delta saves never scan the file.
+// segments). The index (id -> place, the row's last-touched step and the
+// generation of its last change) stays in memory, so expiry and delta saves
+// never scan the file. A checkpoint's cut pins the tier (PinnedRows, below):
+// its writer reads the records where they lie, and until it is done no
+// segment is reused or compacted.
 //
 // A record: id (u64), update count (i64), CRC32C of the rest (u32), 4 bytes
 // of zeros, then the row's values and each optimizer slot (dim floats
@@ -30,6 +32,7 @@
 #ifndef PSTRAIN_PS_SERVER_ROW_TIER_H_
 #define PSTRAIN_PS_SERVER_ROW_TIER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -77,6 +80,8 @@ class ReadPool {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
+
+class PinnedRows;
 
 class RowTier {
  public:
@@ -129,6 +134,12 @@ class RowTier {
   // Drops `id` from the tier (its place becomes garbage); false when absent.
   bool Erase(uint64_t id);
 
+  // The rows whose entries `select` keeps, as they stand, for a reader off
+  // the table's lock (a checkpoint's writer): while the PinnedRows lives,
+  // the tier reuses no segment and compacts none, so every record pinned
+  // stays where it lies (new records go to new segments at the file's end).
+  std::unique_ptr<PinnedRows> Pin(const std::function<bool(const Entry&)>& select) const;
+
  private:
   RowTier(std::string path, std::unique_ptr<RandomRWFile> file, int dim, int num_slots);
 
@@ -149,9 +160,13 @@ class RowTier {
   absl::Status Compact();
   // Record `place`'s bytes into `dst`, from the open segment or the file.
   absl::Status ReadRecord(uint32_t place, char* dst) const;
+  // Whether a PinnedRows of this tier lives.
+  bool pinned() const { return pins_->load(std::memory_order_acquire) > 0; }
 
   const std::string path_;
-  std::unique_ptr<RandomRWFile> file_;
+  // Shared with PinnedRows, which may outlive the tier.
+  std::shared_ptr<RandomRWFile> file_;
+  std::shared_ptr<std::atomic<int>> pins_ = std::make_shared<std::atomic<int>>(0);
   const int dim_;
   const int num_slots_;
   const int64_t record_bytes_;
@@ -164,6 +179,51 @@ class RowTier {
   std::vector<char> open_records_;  // its contents
   bool compacting_ = false;
   mutable std::vector<char> record_;  // one record read by Get, reused
+};
+
+// Rows of a tier pinned at a cut (RowTier::Pin): their ids, last-touched
+// steps and places, and a copy of the open segment's records, read back
+// off the table's lock (the file through pread, at places no write
+// touches while the pin lives). Thread-compatible; the tier may change, or
+// be gone, meanwhile.
+class PinnedRows {
+ public:
+  struct Row {
+    uint64_t id = 0;
+    int64_t touched = 0;
+    uint32_t place = 0;
+  };
+  ~PinnedRows();
+  PinnedRows(const PinnedRows&) = delete;
+  PinnedRows& operator=(const PinnedRows&) = delete;
+
+  size_t size() const { return rows_.size(); }
+  // Row i, in the order Read gives them (the file's, once Read was called).
+  const Row& row(size_t i) const { return rows_[i]; }
+  // Rows [begin, end) into values[(i - begin) x dim ...), each slot alike,
+  // and updates[i - begin], read in the file's order (spans of up to 1 MiB:
+  // sequential reads); each record checked as RowTier::Get checks it
+  // (DATA_LOSS naming the row), an I/O error as the Env gives it.
+  absl::Status Read(size_t begin, size_t end, float* values, const std::vector<float*>& slots,
+                    int64_t* updates);
+
+ private:
+  friend class RowTier;
+  PinnedRows() = default;
+
+  std::string path_;
+  std::shared_ptr<RandomRWFile> file_;
+  std::shared_ptr<std::atomic<int>> pins_;
+  int dim_ = 0;
+  int num_slots_ = 0;
+  int64_t record_bytes_ = 0;
+  uint32_t per_segment_ = 0;
+  std::vector<Row> rows_;
+  bool sorted_ = false;  // rows_ by place (sorted by the first Read, off the lock)
+  // The open segment at the cut: its index, and its records (in memory).
+  uint32_t open_ = 0;
+  std::vector<char> open_records_;
+  std::vector<char> span_;  // a span of records read, reused
 };
 
 }  // namespace pstrain

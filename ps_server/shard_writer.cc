@@ -42,6 +42,7 @@ absl::StatusOr<GetShardResponse> WriteShardSnapshot(const ShardSnapshot& snap) {
     r.delta = snap.rows_base_step >= 0;
     r.deleted = static_cast<int64_t>(t.rows.deleted.size());
     r.deleted_ids = t.rows.deleted.data();
+    r.more = t.on_disk.get();
     rows.push_back(std::move(r));
   }
   const absl::Time start = absl::Now();
@@ -73,6 +74,7 @@ absl::StatusOr<GetShardResponse> WriteShardSnapshot(const ShardSnapshot& snap) {
   int64_t saved = 0, deleted = 0;
   for (const ShardSnapshot::TableRows& t : snap.tables) {
     saved += static_cast<int64_t>(t.rows.ids.size());
+    if (t.on_disk != nullptr) saved += t.on_disk->rows();
     deleted += static_cast<int64_t>(t.rows.deleted.size());
   }
   const std::string what =

@@ -33,15 +33,18 @@ struct ShardSnapshot {
     OptimizerSlots slots;                               // a copy
   };
   std::vector<Part> parts;
-  // Each embedding table's rows on this server (copied): every row, or,
-  // for a delta, the rows changed since the cut of `rows_base_step` and the
-  // ids dropped since.
+  // Each embedding table's rows on this server (copied, but for those on
+  // disk): every row, or, for a delta, the rows changed since the cut of
+  // `rows_base_step` and the ids dropped since.
   struct TableRows {
     std::string table;
     int dim = 0;
     std::string optimizer;  // its kind
     std::vector<std::string> slot_names;
     EmbeddingTable::Rows rows;
+    // Its rows on disk, after `rows`: read as the shard is written (a table
+    // larger than memory; EmbeddingTable::CutRows). Null: none.
+    std::unique_ptr<RowSource> on_disk;
     uint32_t generation = 0;  // the table's generation this cut ended
   };
   std::vector<TableRows> tables;

@@ -54,13 +54,13 @@ std::unique_ptr<ShardSnapshot> CutShard(const ServerModel& model, int64_t step,
     // Ids dropped before the base are in no save to come: this one rests
     // on the base, later ones on this one (or are full).
     const uint32_t base = delta ? plan.base_generations.at(name) : rows.generation;
-    absl::StatusOr<EmbeddingTable::Rows> exported =
-        delta ? t->rows->ExportChangedRows(base) : t->rows->ExportRows();
-    if (!exported.ok()) {
-      snap->rows_error = exported.status();
+    absl::StatusOr<EmbeddingTable::SavedRows> cut = t->rows->CutRows(delta ? base : 0);
+    if (!cut.ok()) {
+      snap->rows_error = cut.status();
       continue;
     }
-    rows.rows = std::move(*exported);
+    rows.rows = std::move(cut->rows);
+    rows.on_disk = std::move(cut->on_disk);
     t->rows->ForgetDeletedThrough(base);
     snap->tables.push_back(std::move(rows));
   }

@@ -318,10 +318,14 @@ TEST_CASE("pstrain bench --suites=tables saves a table in full and as a delta, a
                                         absl::Seconds(120));
   INFO(r.output);
   REQUIRE(r.exit_code == 0);
-  CHECK(r.output.find("== tables: one server's save of 20000 rows x 16 floats") !=
+  CHECK(r.output.find("== tables: one server's save of a table of 16 floats a row") !=
         std::string::npos);
-  // The delta is the 1% changed: 200 rows.
-  CHECK(r.output.find("delta (1% changed)                    200") != std::string::npos);
+  // Both tables' 20,000 rows in full, and the 1% changed, 200 rows, in a
+  // delta; the tiered one's rows on disk read as the shard is written.
+  CHECK(r.output.find("in memory: full                             20000") != std::string::npos);
+  CHECK(r.output.find("in memory: delta (1% changed)                 200") != std::string::npos);
+  CHECK(r.output.find("10% in memory: full                         20000") != std::string::npos);
+  CHECK(r.output.find("10% in memory: delta (1% changed)             200") != std::string::npos);
   CHECK(r.output.find("x faster") != std::string::npos);
   // The disk tier beside the table in memory and the hash map.
   CHECK(r.output.find("== tables: Zipf (s = 1.1) batches of 4096 ids") != std::string::npos);
@@ -333,6 +337,8 @@ TEST_CASE("pstrain bench --suites=tables saves a table in full and as a delta, a
   REQUIRE(csv.ok());
   CHECK(csv->find("tables,full_save_seconds,") != std::string::npos);
   CHECK(csv->find("tables,delta_save_seconds,") != std::string::npos);
+  CHECK(csv->find("tables,tiered_full_save_seconds,") != std::string::npos);
+  CHECK(csv->find("tables,tiered_delta_save_seconds,") != std::string::npos);
   CHECK(csv->find("tables,tiered_pull_push_mrows,") != std::string::npos);
   CHECK(csv->find("tables,tier_hit_percent,") != std::string::npos);
   auto names = Env::Default()->ListDir(dir);

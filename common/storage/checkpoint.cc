@@ -27,11 +27,11 @@
 namespace pstrain {
 namespace {
 
+using checkpoint_internal::kAlign;
 using checkpoint_internal::kShardMagic;
 using checkpoint_internal::RangeFits;
 using checkpoint_internal::SaturatingAdd;
 
-constexpr int64_t kAlign = 64;
 constexpr char kCrcPrefix[] = "crc32c: ";
 
 int64_t Elements(const google::protobuf::RepeatedField<int64_t>& shape) {
@@ -253,13 +253,18 @@ absl::StatusOr<std::vector<CheckpointTensor>> WriteShard(
       CheckpointRows e;
       e.set_table(r.table);
       e.set_shard(shard);
-      e.set_rows(r.rows);
-      const int64_t n = r.rows, floats = r.rows * r.dim * static_cast<int64_t>(sizeof(float));
-      RETURN_IF_ERROR(range(r.ids, n * 8, e.mutable_ids()));
-      RETURN_IF_ERROR(range(r.values, floats, e.mutable_values()));
-      for (const float* slot : r.slots) RETURN_IF_ERROR(range(slot, floats, e.add_slots()));
-      RETURN_IF_ERROR(range(r.updates, n * 8, e.mutable_updates()));
-      RETURN_IF_ERROR(range(r.touched, n * 8, e.mutable_touched()));
+      if (r.more != nullptr && r.more->rows() > 0) {
+        e.set_rows(r.rows + r.more->rows());
+        RETURN_IF_ERROR(checkpoint_internal::WriteRowColumns(file, r, &at, &e));
+      } else {
+        e.set_rows(r.rows);
+        const int64_t n = r.rows, floats = r.rows * r.dim * static_cast<int64_t>(sizeof(float));
+        RETURN_IF_ERROR(range(r.ids, n * 8, e.mutable_ids()));
+        RETURN_IF_ERROR(range(r.values, floats, e.mutable_values()));
+        for (const float* slot : r.slots) RETURN_IF_ERROR(range(slot, floats, e.add_slots()));
+        RETURN_IF_ERROR(range(r.updates, n * 8, e.mutable_updates()));
+        RETURN_IF_ERROR(range(r.touched, n * 8, e.mutable_touched()));
+      }
       if (r.delta) {
         e.set_delta(true);
         e.set_deleted(r.deleted);

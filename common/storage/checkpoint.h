@@ -61,9 +61,24 @@ struct ShardTensor {
   int64_t elements = 0;
 };
 
+// Rows a shard's writer reads a chunk at a time, as it writes them (a table
+// larger than memory: the rows its server keeps on disk).
+class RowSource {
+ public:
+  virtual ~RowSource() = default;
+  virtual int64_t rows() const = 0;
+  // The next `n` rows (at most those left): ids, n x dim floats of values
+  // and of each slot, update counts and last-touched steps. An error (the
+  // disk cannot give a row back) fails the shard.
+  virtual absl::Status Next(int64_t n, uint64_t* ids, float* values,
+                            const std::vector<float*>& slots, int64_t* updates,
+                            int64_t* touched) = 0;
+};
+
 // One server's rows of an embedding table to write: `rows` ids, and for
 // each rows x dim floats of values and of every slot (the table's slot
-// order), an update count and the step it was last touched at. A delta
+// order), an update count and the step it was last touched at; then, when
+// `more` is set, its rows after these, read as they are written. A delta
 // (the rows changed since the server's save before) also has the `deleted`
 // ids dropped since.
 struct ShardRows {
@@ -78,6 +93,7 @@ struct ShardRows {
   bool delta = false;
   int64_t deleted = 0;
   const uint64_t* deleted_ids = nullptr;
+  RowSource* more = nullptr;
 };
 
 // Writes shard `shard` of `num_shards` into `ckpt_dir` (created if needed),

@@ -144,6 +144,120 @@ TEST_CASE("a chain of a full save and deltas loads as the rows the server held",
   CHECK(list->back().chain == std::vector<int64_t>{10, 20});
 }
 
+// Rows [from, to) of columns held in memory, handed out a chunk at a time
+// (a table's rows on disk, as a server's writer reads them); fails once
+// `fail_after` rows were given, when set.
+class VectorSource : public RowSource {
+ public:
+  VectorSource(const std::vector<uint64_t>& ids, const std::vector<float>& values,
+               const std::vector<std::vector<float>>& slots, const std::vector<int64_t>& updates,
+               const std::vector<int64_t>& touched, size_t from, int64_t fail_after = -1)
+      : ids_(ids), values_(values), slots_(slots), updates_(updates), touched_(touched),
+        first_(from), next_(from), fail_after_(fail_after) {}
+  int64_t rows() const override { return static_cast<int64_t>(ids_.size() - first_); }
+  absl::Status Next(int64_t n, uint64_t* ids, float* values, const std::vector<float*>& slots,
+                    int64_t* updates, int64_t* touched) override {
+    if (fail_after_ >= 0 && given_ + n > fail_after_) {
+      return absl::DataLossError("row 12345 is damaged");
+    }
+    const size_t k = static_cast<size_t>(n);
+    std::copy_n(ids_.begin() + next_, k, ids);
+    std::copy_n(values_.begin() + next_ * kDim, k * kDim, values);
+    for (size_t s = 0; s < slots.size(); ++s) {
+      std::copy_n(slots_[s].begin() + next_ * kDim, k * kDim, slots[s]);
+    }
+    std::copy_n(updates_.begin() + next_, k, updates);
+    std::copy_n(touched_.begin() + next_, k, touched);
+    next_ += k;
+    given_ += n;
+    ++chunks_;
+    return absl::OkStatus();
+  }
+  int chunks() const { return chunks_; }
+
+ private:
+  const std::vector<uint64_t>& ids_;
+  const std::vector<float>& values_;
+  const std::vector<std::vector<float>>& slots_;
+  const std::vector<int64_t>& updates_;
+  const std::vector<int64_t>& touched_;
+  const size_t first_;
+  size_t next_;
+  const int64_t fail_after_;
+  int64_t given_ = 0;
+  int chunks_ = 0;
+};
+
+TEST_CASE("rows read a chunk at a time as the shard is written make the same file as rows in "
+          "memory",
+          "[checkpoint][rows][tier]") {
+  // 200,000 rows of 48 bytes: several of the writer's 4 MiB chunks.
+  constexpr size_t kRows = 200000, kInMemory = 1234;
+  std::vector<uint64_t> ids(kRows), deleted = {7, 8, 9};
+  std::vector<float> values(kRows * kDim);
+  std::vector<std::vector<float>> slots(2, std::vector<float>(kRows * kDim));
+  std::vector<int64_t> updates(kRows), touched(kRows);
+  for (size_t i = 0; i < kRows; ++i) {
+    ids[i] = i * 2654435761u + 11;
+    updates[i] = static_cast<int64_t>(i % 97);
+    touched[i] = static_cast<int64_t>(i / 3);
+    for (int k = 0; k < kDim; ++k) {
+      values[i * kDim + k] = ValueOf(ids[i], 5, k);
+      slots[0][i * kDim + k] = 2 * values[i * kDim + k];
+      slots[1][i * kDim + k] = -values[i * kDim + k];
+    }
+  }
+  ShardRows r;
+  r.table = "ads";
+  r.dim = kDim;
+  r.ids = ids.data();
+  r.values = values.data();
+  r.slots = {slots[0].data(), slots[1].data()};
+  r.updates = updates.data();
+  r.touched = touched.data();
+  r.delta = true;
+  r.deleted = static_cast<int64_t>(deleted.size());
+  r.deleted_ids = deleted.data();
+  const std::string dir = testing::NewTempDir("streamed");
+  // Every row from memory, and the first kInMemory from memory, the rest
+  // from the source: the same bytes and the same entries.
+  ShardTensor tensor;
+  const std::vector<float> dense = {1, 2, 3};
+  tensor.variable = "w";
+  tensor.shape = {3};
+  tensor.data = dense.data();
+  tensor.elements = 3;
+  r.rows = static_cast<int64_t>(kRows);
+  int64_t whole_bytes = 0, streamed_bytes = 0;
+  std::vector<CheckpointRows> whole, streamed;
+  REQUIRE(WriteShard(Env::Default(), JoinPath(dir, "whole"), 0, 1, {tensor}, &whole_bytes, {r},
+                     &whole)
+              .ok());
+  VectorSource source(ids, values, slots, updates, touched, kInMemory);
+  r.rows = static_cast<int64_t>(kInMemory);
+  r.more = &source;
+  REQUIRE(WriteShard(Env::Default(), JoinPath(dir, "streamed"), 0, 1, {tensor}, &streamed_bytes,
+                     {r}, &streamed)
+              .ok());
+  CHECK(source.chunks() > 1);
+  CHECK(streamed_bytes == whole_bytes);
+  REQUIRE(streamed.size() == 1);
+  CHECK(streamed[0].DebugString() == whole[0].DebugString());
+  CHECK(streamed[0].rows() == static_cast<int64_t>(kRows));
+  CHECK(Env::Default()->ReadFile(JoinPath(dir, "streamed/shard-0-of-1")).value() ==
+        Env::Default()->ReadFile(JoinPath(dir, "whole/shard-0-of-1")).value());
+
+  // A row the source cannot give fails the shard, and leaves no file.
+  VectorSource failing(ids, values, slots, updates, touched, kInMemory, 100000);
+  r.more = &failing;
+  const absl::Status st = WriteShard(Env::Default(), JoinPath(dir, "failed"), 0, 1, {tensor},
+                                     &streamed_bytes, {r}, &streamed)
+                              .status();
+  CHECK(st.code() == absl::StatusCode::kDataLoss);
+  CHECK(st.message() == "row 12345 is damaged");
+  CHECK(Env::Default()->ListDir(JoinPath(dir, "failed")).value().empty());
+}
+
 TEST_CASE("pruning keeps a kept checkpoint's chain, complete or not, and no more",
           "[checkpoint][rows][incremental]") {
   const std::string dir = WriteChain("chain-prune");

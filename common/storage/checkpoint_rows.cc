@@ -139,6 +139,69 @@ void ResizeRows(RestoredTable* t, size_t n) {
 
 }  // namespace
 
+absl::Status WriteRowColumns(WritableFile* file, const ShardRows& r, int64_t* at,
+                             CheckpointRows* e) {
+  const int64_t n = r.rows + r.more->rows();
+  const int64_t floats = int64_t{4} * r.dim;
+  const size_t num_slots = r.slots.size();
+  std::vector<int64_t> width = {8, floats};
+  std::vector<const void*> memory = {r.ids, r.values};
+  std::vector<ByteRange*> ranges = {e->mutable_ids(), e->mutable_values()};
+  for (const float* slot : r.slots) {
+    width.push_back(floats);
+    memory.push_back(slot);
+    ranges.push_back(e->add_slots());
+  }
+  width.insert(width.end(), {8, 8});
+  memory.insert(memory.end(), {r.updates, r.touched});
+  ranges.push_back(e->mutable_updates());
+  ranges.push_back(e->mutable_touched());
+  const size_t columns = width.size();
+  std::vector<int64_t> offset(columns);
+  std::vector<uint32_t> crc(columns, 0);
+  int64_t end = *at;
+  for (size_t c = 0; c < columns; ++c) {
+    end = (end + kAlign - 1) / kAlign * kAlign;
+    offset[c] = end;
+    end += n * width[c];
+  }
+  // Rows [first, first + count) of column c, from `data`.
+  auto put = [&](size_t c, int64_t first, int64_t count, const void* data) -> absl::Status {
+    const absl::string_view bytes(static_cast<const char*>(data),
+                                  static_cast<size_t>(count * width[c]));
+    crc[c] = Crc32cExtend(crc[c], bytes.data(), bytes.size());
+    return file->WriteAt(offset[c] + first * width[c], bytes);
+  };
+  if (r.rows > 0) {
+    for (size_t c = 0; c < columns; ++c) RETURN_IF_ERROR(put(c, 0, r.rows, memory[c]));
+  }
+  int64_t row_bytes = 0;
+  for (int64_t w : width) row_bytes += w;
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{4} << 20) / row_bytes);
+  std::vector<std::vector<char>> buffers(columns);
+  for (size_t c = 0; c < columns; ++c) {
+    buffers[c].resize(static_cast<size_t>(std::min(chunk, n) * width[c]));
+  }
+  std::vector<float*> slots(num_slots);
+  for (size_t k = 0; k < num_slots; ++k) slots[k] = reinterpret_cast<float*>(buffers[2 + k].data());
+  for (int64_t done = r.rows; done < n;) {
+    const int64_t m = std::min(chunk, n - done);
+    RETURN_IF_ERROR(r.more->Next(m, reinterpret_cast<uint64_t*>(buffers[0].data()),
+                                 reinterpret_cast<float*>(buffers[1].data()), slots,
+                                 reinterpret_cast<int64_t*>(buffers[columns - 2].data()),
+                                 reinterpret_cast<int64_t*>(buffers[columns - 1].data())));
+    for (size_t c = 0; c < columns; ++c) RETURN_IF_ERROR(put(c, done, m, buffers[c].data()));
+    done += m;
+  }
+  for (size_t c = 0; c < columns; ++c) {
+    ranges[c]->set_offset(offset[c]);
+    ranges[c]->set_length(n * width[c]);
+    ranges[c]->set_crc32c(crc[c]);
+  }
+  *at = end;
+  return absl::OkStatus();
+}
+
 int64_t SaturatingAdd(int64_t a, int64_t b) {
   b = std::max<int64_t>(b, 0);
   return a > std::numeric_limits<int64_t>::max() - b ? std::numeric_limits<int64_t>::max() : a + b;

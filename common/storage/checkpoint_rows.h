@@ -2,7 +2,8 @@
 // of a table are a chain of links in the manifest: a full save, then deltas
 // (the rows changed since the link before, and the ids dropped), the earlier
 // links in the shard files of earlier checkpoints beside this one
-// (proto/checkpoint.proto, CheckpointRows). Here they are checked, read and
+// (proto/checkpoint.proto, CheckpointRows). Here they are written (a
+// table's columns filled a chunk of rows at a time), checked, read and
 // replayed. Internal to the checkpoint library (checkpoint.cc); stateless,
 // thread-safe.
 #ifndef PSTRAIN_COMMON_STORAGE_CHECKPOINT_ROWS_H_
@@ -23,6 +24,17 @@ namespace pstrain {
 namespace checkpoint_internal {
 
 inline constexpr char kShardMagic[8] = {'P', 'S', 'T', 'S', 'H', 'R', 'D', '1'};
+// Every range of a shard starts at a multiple of this.
+inline constexpr int64_t kAlign = 64;
+
+// The columns of `r` (ids, values, each slot, update counts, touched
+// steps), each at the next kAlign offset from `*at` on as WriteShard lays
+// them out, holding its rows in memory and then r.more's, read a chunk at a
+// time and written in place: one pass over rows that do not fit in memory.
+// Each column's CRC32C is extended chunk by chunk, in row order. `*at` ends
+// past the last column; `e` gets the ranges.
+absl::Status WriteRowColumns(WritableFile* file, const ShardRows& r, int64_t* at,
+                             CheckpointRows* e);
 
 // a + b for byte totals of lengths a manifest states (negative ones count
 // as 0; the sum stops at the largest int64 instead of overflowing).

@@ -35,17 +35,22 @@ class PosixWritableFile : public WritableFile {
     if (fd_ >= 0) ::close(fd_);
   }
 
-  absl::Status Append(absl::string_view data) override {
+  absl::Status Append(absl::string_view data) override { return WriteAt(end_, data); }
+
+  absl::Status WriteAt(int64_t offset, absl::string_view data) override {
     if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": closed"));
     const char* p = data.data();
     size_t left = data.size();
+    int64_t at = offset;
     while (left > 0) {
-      ssize_t n = ::write(fd_, p, left);
+      ssize_t n = ::pwrite(fd_, p, left, static_cast<off_t>(at));
       if (n < 0 && errno == EINTR) continue;
       if (n < 0) return IoError("write", path_, errno);
       p += n;
-      left -= n;
+      left -= static_cast<size_t>(n);
+      at += n;
     }
+    end_ = std::max(end_, at);
     return absl::OkStatus();
   }
 
@@ -66,6 +71,7 @@ class PosixWritableFile : public WritableFile {
  private:
   const std::string path_;
   int fd_;
+  int64_t end_ = 0;  // the furthest byte written
 };
 
 class PosixRandomRWFile : public RandomRWFile {

@@ -21,7 +21,13 @@ namespace pstrain {
 class WritableFile {
  public:
   virtual ~WritableFile() = default;
+  // Writes `data` after the furthest byte written so far.
   virtual absl::Status Append(absl::string_view data) = 0;
+  // Writes `data` at `offset`, in a range not written yet (a writer filling
+  // several ranges of the file at once: a checkpoint shard's columns of a
+  // table read a chunk of rows at a time); bytes never written read as
+  // zeros. Append goes on after the furthest byte written either way.
+  virtual absl::Status WriteAt(int64_t offset, absl::string_view data) = 0;
   virtual absl::Status Sync() = 0;  // fsync
   virtual absl::Status Close() = 0;
 };

@@ -23,6 +23,14 @@ class FaultWritableFile : public WritableFile {
     env_->Written(path_, fit, /*synced=*/false);
     return space;
   }
+  absl::Status WriteAt(int64_t offset, absl::string_view data) override {
+    RETURN_IF_ERROR(env_->Operation("write " + path_));
+    int64_t fit = 0;
+    absl::Status space = env_->Reserve(path_, static_cast<int64_t>(data.size()), &fit);
+    RETURN_IF_ERROR(base_->WriteAt(offset, data.substr(0, static_cast<size_t>(fit))));
+    env_->Written(path_, fit, /*synced=*/false);
+    return space;
+  }
   absl::Status Sync() override {
     RETURN_IF_ERROR(env_->Operation("fsync " + path_));
     RETURN_IF_ERROR(base_->Sync());

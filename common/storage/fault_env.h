@@ -9,7 +9,7 @@
 //     written, as write(2) does;
 //   - a failing disk: reads of files opened with NewRandomRWFile (a table's
 //     disk tier) fail with an I/O error from the k-th on.
-// Mutating operations: NewWritableFile, Append, Sync, Close, WriteFile,
+// Mutating operations: NewWritableFile, Append, WriteAt, Sync, Close, WriteFile,
 // RenameFile, SyncDir, CreateDirs, DeleteFile, DeleteDir, NewRandomRWFile
 // and its writes (which a crash does not tear: such files are never
 // fsynced, nothing expects them to survive). Reads pass through. Thread-safe.

@@ -1,22 +1,21 @@
 // The tables suite of `pstrain bench` (TablesSuite, run by the harness,
-// tools/bench/harness.cc; not in the default --suites): what one server's
-// save of an embedding table costs, in full and as a delta
-// (checkpoint.full_every), for a table of --table_rows rows of 16 floats
-// with Adam's two slots. Each repetition saves every row (the cut's copy,
-// then the shard written as a server writes it: temp file, fsync, rename),
-// then updates 1% of the rows (distinct ids, Zipf-skewed s = 1.1, as a
-// stream of lookups touches them) and saves the delta the same way (at most
-// 20M rows: past that, the first 20M). Writes
-// in --checkpoint_dir, else --out, else /tmp; at most 3 repetitions.
+// tools/bench/harness.cc; not in the default --suites): an embedding table of
+// rows of 16 floats with Adam's two slots on one server, in process.
 //
-// Then the disk tier: batches of 4,096 Zipf-skewed ids (s = 1.1), each
-// looked up and updated (a worker's pull and push of a step), on the table
-// held wholly in memory and on the same rows in a table with a memory budget
-// of --table_memory_fraction of them (the rest in its disk tier, in the
-// same directory; it holds all of --table_rows, the others at most 20M),
-// beside the sparse suite's baseline, a hash map + memcpy
-// of each row looked up; and the tiered table's hit rate (the share of the
-// rows used that were in memory).
+// The disk tier: batches of 4,096 Zipf-skewed ids (s = 1.1), each looked up
+// and updated (a worker's pull and push of a step), on a table held wholly
+// in memory (at most 20M rows) and on a table of --table_rows rows with a
+// memory budget of --table_memory_fraction of them (the rest in its disk
+// tier), beside the sparse suite's baseline, a hash map + memcpy of each row
+// looked up; and the tiered table's hit rate (the share of the rows used
+// that were in memory).
+//
+// Saves, of both tables: each repetition saves every row (the cut, then the
+// shard written as a server writes it: temp file, fsync, rename; the tiered
+// table's rows on disk read as they are written), then updates 1% of the
+// rows (distinct ids, Zipf-skewed s = 1.1, as a stream of lookups touches
+// them) and saves the delta the same way. Writes in --checkpoint_dir, else
+// --out, else /tmp; at most 3 repetitions.
 
 #include <algorithm>
 #include <cmath>
@@ -53,14 +52,15 @@ struct Save {
 };
 
 // Cuts `table` (every row, or those changed since `after`) and writes the
-// rows as shard 0 of checkpoint `ckpt`.
+// rows as shard 0 of checkpoint `ckpt`, as a server does (the rows on disk of
+// a table with a memory budget read as they are written).
 absl::StatusOr<Save> SaveRows(EmbeddingTable* table, bool delta, uint32_t after,
                               const std::string& ckpt) {
   Save s;
   absl::Time t0 = absl::Now();
-  ASSIGN_OR_RETURN(const EmbeddingTable::Rows rows,
-                   delta ? table->ExportChangedRows(after) : table->ExportRows());
+  ASSIGN_OR_RETURN(EmbeddingTable::SavedRows cut, table->CutRows(delta ? after : 0));
   s.cut = absl::ToDoubleSeconds(absl::Now() - t0);
+  const EmbeddingTable::Rows& rows = cut.rows;
   ShardRows r;
   r.table = "bench";
   r.dim = kDim;
@@ -73,11 +73,74 @@ absl::StatusOr<Save> SaveRows(EmbeddingTable* table, bool delta, uint32_t after,
   r.delta = delta;
   r.deleted = static_cast<int64_t>(rows.deleted.size());
   r.deleted_ids = rows.deleted.data();
+  r.more = cut.on_disk.get();
   t0 = absl::Now();
   RETURN_IF_ERROR(WriteShard(Env::Default(), ckpt, 0, 1, {}, &s.bytes, {r}).status());
   s.write = absl::ToDoubleSeconds(absl::Now() - t0);
-  s.rows = r.rows;
+  s.rows = r.rows + (r.more != nullptr ? r.more->rows() : 0);
   return s;
+}
+
+// The figures of MeasureSaves.
+struct Saves {
+  std::vector<double> full, delta, full_cut, delta_cut;  // seconds, one per repetition
+  int64_t rows = 0, full_bytes = 0, delta_bytes = 0, delta_rows = 0;
+};
+
+// `reps` times: saves every row of `table` (its first `n` ranks of `cdf`
+// filled), updates 1% of them (distinct, Zipf-drawn from `seed`) and saves
+// the delta, each in `dir`.
+absl::StatusOr<Saves> MeasureSaves(BenchContext* ctx, EmbeddingTable* table, int64_t n,
+                                   const std::vector<double>& cdf, int reps, uint64_t seed,
+                                   const std::string& dir) {
+  Env* env = Env::Default();
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(0, cdf[n - 1]);
+  const int64_t changed = std::max<int64_t>(1, n / 100);
+  Saves out;
+  out.rows = n;
+  for (int rep = 0; rep < reps; ++rep) {
+    RETURN_IF_ERROR(ctx->CheckStop());
+    const uint32_t gen = table->EndGeneration();
+    ASSIGN_OR_RETURN(Save full, SaveRows(table, false, 0, JoinPath(dir, "full")));
+    absl::flat_hash_set<uint64_t> picked;
+    while (static_cast<int64_t>(picked.size()) < changed) {
+      const int64_t rank = std::lower_bound(cdf.begin(), cdf.begin() + n, u(rng)) - cdf.begin();
+      picked.insert(MixId(static_cast<uint64_t>(std::min(rank, n - 1))));
+    }
+    const std::vector<uint64_t> ids(picked.begin(), picked.end());
+    const std::vector<float> grads(ids.size() * kDim, 0.001f);
+    RETURN_IF_ERROR(table->ApplyGradients(ids, grads.data(), 1, 0.01f, 0, rep + 1));
+    (void)table->EndGeneration();
+    ASSIGN_OR_RETURN(Save delta, SaveRows(table, true, gen, JoinPath(dir, "delta")));
+    if (delta.rows != changed || full.rows != n) {
+      return absl::InternalError(absl::StrCat("tables bench: ", full.rows, " rows saved of ", n,
+                                              ", a delta of ", delta.rows, " rows after ",
+                                              changed, " changed"));
+    }
+    out.full.push_back(full.cut + full.write);
+    out.delta.push_back(delta.cut + delta.write);
+    out.full_cut.push_back(full.cut);
+    out.delta_cut.push_back(delta.cut);
+    out.full_bytes = full.bytes;
+    out.delta_bytes = delta.bytes;
+    out.delta_rows = delta.rows;
+    RETURN_IF_ERROR(DeleteRecursively(env, JoinPath(dir, "full")));
+    RETURN_IF_ERROR(DeleteRecursively(env, JoinPath(dir, "delta")));
+  }
+  return out;
+}
+
+// MeasureSaves' two lines of the save table, `what` the table.
+void PrintSaves(const std::string& what, const Saves& s) {
+  const Stats f = Summarize(s.full), d = Summarize(s.delta);
+  std::cout << absl::StrFormat("%-36s %12d %10.1f %-26s %-26s\n", what + ": full", s.rows,
+                               s.full_bytes / 1e6, Fmt(Summarize(s.full_cut)), Fmt(f));
+  std::cout << absl::StrFormat("%-36s %12d %10.1f %-26s %-26s %s\n",
+                               what + ": delta (1% changed)", s.delta_rows, s.delta_bytes / 1e6,
+                               Fmt(Summarize(s.delta_cut)), Fmt(d),
+                               absl::StrFormat("%.1fx faster", f.median / d.median))
+            << std::flush;
 }
 
 // Fills `table` with rows MixId(0 .. n-1) (one small update each).
@@ -112,8 +175,12 @@ std::vector<std::vector<uint64_t>> ZipfStream(const std::vector<double>& cdf, in
 
 // The disk tier's part (the file comment): `whole` holds rows 0 .. m-1 in
 // memory, the tiered table all of --table_rows; `cdf` is over the latter.
-absl::Status TierPart(BenchContext* ctx, const std::string& dir, EmbeddingTable* whole, int64_t m,
-                      const Optimizer* adam, const std::vector<double>& cdf) {
+// Returns the tiered table, `whole` (and the hash map) freed.
+absl::StatusOr<std::unique_ptr<EmbeddingTable>> TierPart(BenchContext* ctx,
+                                                         const std::string& dir,
+                                                         std::unique_ptr<EmbeddingTable> whole,
+                                                         int64_t m, const Optimizer* adam,
+                                                         const std::vector<double>& cdf) {
   const BenchOptions& o = ctx->options();
   const int64_t n = o.table_rows;
   EmbeddingTable::Options to = whole->options();
@@ -151,7 +218,7 @@ absl::Status TierPart(BenchContext* ctx, const std::string& dir, EmbeddingTable*
     const auto stream_m = ZipfStream(cdf, m, batches, kIds, 200 + rep);
     const auto stream_n = ZipfStream(cdf, n, batches, kIds, 300 + rep);
     ASSIGN_OR_RETURN(double p, rate(plain, stream_m));
-    ASSIGN_OR_RETURN(double w, rate(pull_push(whole), stream_m));
+    ASSIGN_OR_RETURN(double w, rate(pull_push(whole.get()), stream_m));
     const int64_t reads = tiered->stats().disk_reads;
     ASSIGN_OR_RETURN(double t, rate(pull_push(tiered.get()), stream_n));
     plain_r.push_back(p);
@@ -186,14 +253,13 @@ absl::Status TierPart(BenchContext* ctx, const std::string& dir, EmbeddingTable*
   ctx->Add("tables", "memory_pull_push_mrows", kIds * kDim * 4, 1, 0, sw);
   ctx->Add("tables", "tiered_pull_push_mrows", kIds * kDim * 4, 1, 0, stt);
   ctx->Add("tables", "tier_hit_percent", kIds * kDim * 4, 1, 0, Summarize(hits));
-  return absl::OkStatus();
+  return tiered;
 }
 
 }  // namespace
 
 absl::Status TablesSuite(BenchContext* ctx) {
   const BenchOptions& o = ctx->options();
-  Env* env = Env::Default();
   std::string base;
   ASSIGN_OR_RETURN(const std::string dir, ScratchDir(o, "tables", &base));
   OptimizerConfig oc;
@@ -204,65 +270,33 @@ absl::Status TablesSuite(BenchContext* ctx) {
   to.name = "bench";
   to.dim = kDim;
   to.init_scale = 0.01f;
-  EmbeddingTable table(to, adam.get());
+  auto table = std::make_unique<EmbeddingTable>(to, adam.get());
   // The table in memory, saved here and set beside the tiered one below.
   const int64_t n = std::min(o.table_rows, kMaxInMemoryRows);
-  RETURN_IF_ERROR(Fill(&table, n));
-  // 1% of the rows, distinct, drawn Zipf-skewed over the ranks.
-  std::mt19937_64 rng(11);
+  RETURN_IF_ERROR(Fill(table.get(), n));
   std::vector<double> cdf(o.table_rows);
   double sum = 0;
   for (int64_t r = 0; r < o.table_rows; ++r) cdf[r] = sum += std::pow(r + 1.0, -1.1);
-  std::uniform_real_distribution<double> u(0, cdf[n - 1]);
-  const int64_t changed = std::max<int64_t>(1, n / 100);
   const int reps = std::min(o.reps, 3);
-  std::vector<double> full_s, delta_s, full_cut, delta_cut;
-  int64_t full_bytes = 0, delta_bytes = 0, delta_rows = 0;
-  for (int rep = 0; rep < reps; ++rep) {
-    RETURN_IF_ERROR(ctx->CheckStop());
-    const uint32_t gen = table.EndGeneration();
-    ASSIGN_OR_RETURN(Save full, SaveRows(&table, false, 0, JoinPath(dir, "full")));
-    absl::flat_hash_set<uint64_t> picked;
-    while (static_cast<int64_t>(picked.size()) < changed) {
-      const int64_t rank = std::lower_bound(cdf.begin(), cdf.begin() + n, u(rng)) - cdf.begin();
-      picked.insert(MixId(static_cast<uint64_t>(std::min(rank, n - 1))));
-    }
-    const std::vector<uint64_t> ids(picked.begin(), picked.end());
-    const std::vector<float> grads(ids.size() * kDim, 0.001f);
-    RETURN_IF_ERROR(table.ApplyGradients(ids, grads.data(), 1, 0.01f, 0, rep + 1));
-    (void)table.EndGeneration();
-    ASSIGN_OR_RETURN(Save delta, SaveRows(&table, true, gen, JoinPath(dir, "delta")));
-    if (delta.rows != changed) {
-      return absl::InternalError(absl::StrCat("tables bench: the delta has ", delta.rows,
-                                              " rows, ", changed, " were changed"));
-    }
-    full_s.push_back(full.cut + full.write);
-    delta_s.push_back(delta.cut + delta.write);
-    full_cut.push_back(full.cut);
-    delta_cut.push_back(delta.cut);
-    full_bytes = full.bytes;
-    delta_bytes = delta.bytes;
-    delta_rows = delta.rows;
-    RETURN_IF_ERROR(DeleteRecursively(env, JoinPath(dir, "full")));
-    RETURN_IF_ERROR(DeleteRecursively(env, JoinPath(dir, "delta")));
-  }
-  std::error_code ignored;
-  const Stats f = Summarize(full_s), d = Summarize(delta_s);
-  std::cout << "\n== tables: one server's save of " << n << " rows x " << kDim
-            << " floats with Adam's slots, in full and as a delta after 1% of the rows changed, "
-               "seconds (median [min-max] of "
+  ASSIGN_OR_RETURN(const Saves memory, MeasureSaves(ctx, table.get(), n, cdf, reps, 11, dir));
+  ctx->Add("tables", "full_save_seconds", memory.full_bytes, 1, 0, Summarize(memory.full));
+  ctx->Add("tables", "delta_save_seconds", memory.delta_bytes, 1, 0, Summarize(memory.delta));
+  ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingTable> tiered,
+                   TierPart(ctx, dir, std::move(table), n, adam.get(), cdf));
+  ASSIGN_OR_RETURN(const Saves disk,
+                   MeasureSaves(ctx, tiered.get(), o.table_rows, cdf, reps, 12, dir));
+  ctx->Add("tables", "tiered_full_save_seconds", disk.full_bytes, 1, 0, Summarize(disk.full));
+  ctx->Add("tables", "tiered_delta_save_seconds", disk.delta_bytes, 1, 0,
+           Summarize(disk.delta));
+  std::cout << "\n== tables: one server's save of a table of " << kDim
+            << " floats a row with Adam's slots, in full and as a delta after 1% of the rows "
+               "changed, seconds (median [min-max] of "
             << reps << "), in " << base << " ==\n";
-  std::cout << absl::StrFormat("%-28s %12s %10s %-26s %-26s\n", "save", "rows", "MB",
+  std::cout << absl::StrFormat("%-36s %12s %10s %-26s %-26s\n", "save", "rows", "MB",
                                "cut (the server's pause)", "cut + write (fsync)");
-  std::cout << absl::StrFormat("%-28s %12d %10.1f %-26s %-26s\n", "full", n, full_bytes / 1e6,
-                               Fmt(Summarize(full_cut)), Fmt(f));
-  std::cout << absl::StrFormat("%-28s %12d %10.1f %-26s %-26s %s\n", "delta (1% changed)",
-                               delta_rows, delta_bytes / 1e6, Fmt(Summarize(delta_cut)), Fmt(d),
-                               absl::StrFormat("%.1fx faster", f.median / d.median))
-            << std::flush;
-  ctx->Add("tables", "full_save_seconds", full_bytes, 1, 0, f);
-  ctx->Add("tables", "delta_save_seconds", delta_bytes, 1, 0, d);
-  RETURN_IF_ERROR(TierPart(ctx, dir, &table, n, adam.get(), cdf));
+  PrintSaves("in memory", memory);
+  PrintSaves(absl::StrFormat("%.0f%% in memory", 100 * o.table_memory_fraction), disk);
+  std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
   return absl::OkStatus();
 }

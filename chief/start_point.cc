@@ -44,15 +44,20 @@ absl::Status LoadTables(const TrainingConfig& config, ResumePoint* r, PsClient* 
       LOG_WARN("the checkpoint has no rows of embedding table {}: it starts empty", tc.name());
       continue;
     }
-    RestoredTable& t = it->second;
-    std::vector<const float*> slots;
-    if (r->table_state) {
-      for (const std::vector<float>& slot : t.slots) slots.push_back(slot.data());
-    }
-    RETURN_IF_ERROR(ps->LoadRows(tc.name(), t.dim, t.ids, t.values.data(), slots,
-                                 r->table_state ? t.updates : std::vector<int64_t>(),
-                                 r->table_state ? t.touched : std::vector<int64_t>()));
-    LOG_INFO("embedding table {}: {} rows restored{}", tc.name(), t.ids.size(),
+    int64_t rows = 0;
+    RETURN_IF_ERROR(StreamTableRows(
+        Env::Default(), r->rows_from, r->manifest, tc.name(), kRestoreChunkRows,
+        [&](const RestoredTable& t) -> absl::Status {
+          std::vector<const float*> slots;
+          if (r->table_state) {
+            for (const std::vector<float>& slot : t.slots) slots.push_back(slot.data());
+          }
+          rows += static_cast<int64_t>(t.ids.size());
+          return ps->LoadRows(tc.name(), t.dim, t.ids, t.values.data(), slots,
+                              r->table_state ? t.updates : std::vector<int64_t>(),
+                              r->table_state ? t.touched : std::vector<int64_t>());
+        }));
+    LOG_INFO("embedding table {}: {} rows restored{}", tc.name(), rows,
              r->table_state ? " with their optimizer state" : "");
   }
   return absl::OkStatus();
@@ -98,7 +103,9 @@ absl::StatusOr<ResumePoint> LayOut(const RunContext& run, const std::string& pat
     }
   }
   if (with_state) r.cursors.assign(ckpt.manifest.cursors().begin(), ckpt.manifest.cursors().end());
+  r.manifest = ckpt.manifest;
   r.tables = std::move(ckpt.tables);
+  r.rows_from = path;
   r.table_state = with_state;
   LOG_INFO("{}: from {} (step {}, {} shard(s) written, {} now; optimizer slots {})",
            with_state ? "resume" : "init_from", path, ckpt.manifest.step(),
@@ -135,7 +142,7 @@ CheckpointProgress RestoreProgressLog() {
 absl::StatusOr<ResumePoint> ReadStartPoint(const RunContext& run, const std::string& path,
                                            bool with_state) {
   ASSIGN_OR_RETURN(RestoredCheckpoint ckpt,
-                   LoadCheckpoint(Env::Default(), path, RestoreProgressLog()));
+                   LoadCheckpointForRestore(Env::Default(), path, RestoreProgressLog()));
   return LayOut(run, path, std::move(ckpt), with_state);
 }
 
@@ -147,7 +154,8 @@ absl::StatusOr<std::optional<ResumePoint>> FindResumePoint(const RunContext& run
   std::vector<std::string> skipped;
   std::string path;
   absl::StatusOr<RestoredCheckpoint> ckpt =
-      LoadLatestGoodCheckpoint(Env::Default(), dir, &skipped, &path, RestoreProgressLog());
+      LoadLatestGoodCheckpoint(Env::Default(), dir, &skipped, &path, RestoreProgressLog(),
+                               /*for_restore=*/true);
   for (const std::string& s : skipped) LOG_WARN("resume: skipping {}", s);
   if (absl::IsNotFound(ckpt.status())) {
     LOG_INFO("resume: {}; starting from the seed at step 0", ckpt.status().message());

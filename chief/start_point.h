@@ -47,9 +47,13 @@ struct ResumePoint {
   std::vector<Tensor> params;
   PsClient::OptimizerState optimizer;
   std::vector<WorkerCursor> cursors;
-  // Embedding tables' rows, and whether optimizer state (variables' and
-  // rows') goes with them: a resume, not an init_from.
+  // Embedding tables (their dim, optimizer and slots; the rows stay in the
+  // checkpoint at `rows_from`, whose manifest is `manifest`, and LoadTables
+  // streams them), and whether optimizer state (variables' and rows') goes
+  // with them: a resume, not an init_from.
   std::map<std::string, RestoredTable> tables;
+  std::string rows_from;
+  CheckpointManifest manifest;
   bool table_state = false;
 };
 
@@ -78,7 +82,10 @@ void SetAsideAbandonedCheckpoints(const TrainingConfig& config, int64_t step);
 // and optimizer when their state comes too): checked before anything changes.
 absl::Status CheckTables(const TrainingConfig& config, const ResumePoint& point);
 
-// Sends the start point's embedding rows to the servers that hold them now.
+// Sends the start point's embedding rows to the servers that hold them now,
+// read from its checkpoint kRestoreChunkRows at a time: a table larger than
+// the chief's memory restores too.
+inline constexpr int64_t kRestoreChunkRows = 1 << 16;
 absl::Status LoadTables(const TrainingConfig& config, ResumePoint* point, PsClient* ps);
 
 // The run as StartRun began it.

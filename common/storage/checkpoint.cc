@@ -33,6 +33,9 @@ using checkpoint_internal::RangeFits;
 using checkpoint_internal::SaturatingAdd;
 
 constexpr char kCrcPrefix[] = "crc32c: ";
+// Embedding rows read without keeping them all (a restore's check, verify)
+// are read this many at a time.
+constexpr int64_t kChunkRows = 1 << 16;
 
 int64_t Elements(const google::protobuf::RepeatedField<int64_t>& shape) {
   int64_t n = 1;
@@ -421,14 +424,18 @@ std::vector<std::string> VerifyCheckpoint(Env* env, const std::string& ckpt_dir,
   for (const auto& [key, links] : checkpoint_internal::ChainsOf(*m)) {
     const auto& [table, shard] = key;
     if (shard_ok[shard]) {
-      RestoredTable t;  // one shard's rows at a time, its chain replayed
-      t.dim = tables[table].dim;
-      t.slots.resize(tables[table].slots.size());
-      if (absl::Status st = checkpoint_internal::ReadRowChain(env, ckpt_dir, *m, links, &t);
+      // Its chain replayed a chunk at a time, only the ids kept.
+      std::vector<uint64_t> shard_ids;
+      if (absl::Status st = checkpoint_internal::StreamRowChain(
+              env, ckpt_dir, *m, links, tables[table].dim, kChunkRows,
+              [&shard_ids](const RestoredTable& t) {
+                shard_ids.insert(shard_ids.end(), t.ids.begin(), t.ids.end());
+                return absl::OkStatus();
+              });
           !st.ok()) {
         problems.push_back(std::string(st.message()));
       } else {
-        ids[table].insert(ids[table].end(), t.ids.begin(), t.ids.end());
+        ids[table].insert(ids[table].end(), shard_ids.begin(), shard_ids.end());
       }
     }
     for (const CheckpointRows* r : links) checked(checkpoint_internal::RowsBytes(*r));
@@ -582,10 +589,13 @@ absl::StatusOr<std::string> LatestGoodCheckpoint(Env* env, const std::string& di
 absl::StatusOr<RestoredCheckpoint> LoadLatestGoodCheckpoint(Env* env, const std::string& dir,
                                                             std::vector<std::string>* skipped,
                                                             std::string* path,
-                                                            const CheckpointProgress& progress) {
+                                                            const CheckpointProgress& progress,
+                                                            bool for_restore) {
   std::optional<RestoredCheckpoint> loaded;
   ASSIGN_OR_RETURN(*path, NewestAccepted(env, dir, skipped, [&](const CheckpointInfo& c) {
-                     absl::StatusOr<RestoredCheckpoint> r = LoadCheckpoint(env, c.path, progress);
+                     absl::StatusOr<RestoredCheckpoint> r =
+                         for_restore ? LoadCheckpointForRestore(env, c.path, progress)
+                                     : LoadCheckpoint(env, c.path, progress);
                      if (!r.ok()) return std::string(r.status().message());
                      loaded = std::move(*r);
                      return std::string();
@@ -595,10 +605,15 @@ absl::StatusOr<RestoredCheckpoint> LoadLatestGoodCheckpoint(Env* env, const std:
 
 namespace {
 
-// LoadCheckpoint; the optimizer slots and the embedding rows only when
-// `state` (what a restore needs and a reader of values does not).
+// What Load reads: the variables' values alone; their optimizer slots and
+// the embedding rows too; or the slots, with the rows checked and not kept
+// (LoadCheckpointForRestore).
+enum class LoadMode { kValues, kState, kStateRowsChecked };
+
+
 absl::StatusOr<RestoredCheckpoint> Load(Env* env, const std::string& ckpt_dir,
-                                        const CheckpointProgress& progress, bool state) {
+                                        const CheckpointProgress& progress, LoadMode mode) {
+  const bool state = mode != LoadMode::kValues;
   RestoredCheckpoint out;
   ASSIGN_OR_RETURN(out.manifest, ReadManifest(env, ckpt_dir));
   const CheckpointManifest& m = out.manifest;
@@ -663,6 +678,11 @@ absl::StatusOr<RestoredCheckpoint> Load(Env* env, const std::string& ckpt_dir,
     rt.slots.resize(t.slot_names_size());
   }
   for (const auto& [key, links] : checkpoint_internal::ChainsOf(m)) {
+    if (mode == LoadMode::kStateRowsChecked) {
+      RETURN_IF_ERROR(checkpoint_internal::CheckRowChain(
+          env, ckpt_dir, m, links, out.tables.at(key.first).dim, kChunkRows));
+      continue;
+    }
     RETURN_IF_ERROR(checkpoint_internal::ReadRowChain(env, ckpt_dir, m, links,
                                                       &out.tables.at(key.first)));
   }
@@ -679,11 +699,34 @@ absl::StatusOr<RestoredCheckpoint> Load(Env* env, const std::string& ckpt_dir,
 
 absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& ckpt_dir,
                                                   const CheckpointProgress& progress) {
-  return Load(env, ckpt_dir, progress, /*state=*/true);
+  return Load(env, ckpt_dir, progress, LoadMode::kState);
 }
 
 absl::StatusOr<RestoredCheckpoint> LoadCheckpointVariables(Env* env, const std::string& ckpt_dir) {
-  return Load(env, ckpt_dir, nullptr, /*state=*/false);
+  return Load(env, ckpt_dir, nullptr, LoadMode::kValues);
+}
+
+absl::StatusOr<RestoredCheckpoint> LoadCheckpointForRestore(Env* env, const std::string& ckpt_dir,
+                                                            const CheckpointProgress& progress) {
+  return Load(env, ckpt_dir, progress, LoadMode::kStateRowsChecked);
+}
+
+absl::Status StreamTableRows(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
+                             const std::string& table, int64_t chunk_rows,
+                             const std::function<absl::Status(const RestoredTable&)>& fn) {
+  int dim = 0;
+  for (const CheckpointTable& t : m.tables()) {
+    if (t.name() == table) dim = t.dim();
+  }
+  if (dim == 0) {
+    return absl::NotFoundError(absl::StrCat(ckpt_dir, ": no embedding table ", table));
+  }
+  for (const auto& [key, links] : checkpoint_internal::ChainsOf(m)) {
+    if (key.first != table) continue;
+    RETURN_IF_ERROR(checkpoint_internal::StreamRowChain(env, ckpt_dir, m, links, dim,
+                                                        std::max<int64_t>(1, chunk_rows), fn));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::map<std::string, TableChanges>> LoadTableChanges(Env* env,

@@ -197,6 +197,24 @@ absl::StatusOr<RestoredCheckpoint> LoadCheckpoint(Env* env, const std::string& c
 // slots (`slots` empty) nor the embedding rows (`tables` empty) are read.
 absl::StatusOr<RestoredCheckpoint> LoadCheckpointVariables(Env* env, const std::string& ckpt_dir);
 
+// A restore's read (the chief's, of a table that need not fit in its
+// memory): as LoadCheckpoint, but each table's rows are only checked, read
+// a chunk at a time (every range and its CRC32C; not that no id is in two
+// servers' rows, which needs them all), and not kept: `tables` has each
+// table's dim, optimizer and slot count, no rows. StreamTableRows gives them.
+absl::StatusOr<RestoredCheckpoint> LoadCheckpointForRestore(
+    Env* env, const std::string& ckpt_dir, const CheckpointProgress& progress = nullptr);
+
+// Table `table`'s rows of the checkpoint at `ckpt_dir` (whose manifest is
+// `m`), every server's chain replayed, given to `fn` at most `chunk_rows`
+// at a time, in bounded memory: each row once, as LoadCheckpoint has them.
+// NOT_FOUND when the checkpoint has no such table; DATA_LOSS as
+// LoadCheckpoint's, but a range's CRC32C is checked at its end, once its
+// rows were given (LoadCheckpointForRestore checks them all first).
+absl::Status StreamTableRows(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
+                             const std::string& table, int64_t chunk_rows,
+                             const std::function<absl::Status(const RestoredTable&)>& fn);
+
 // What a table of a checkpoint changed since the checkpoint of step `since`
 // (beside it, in its rows' chain): the rows changed since (as they stand)
 // and the ids dropped since and not back, sorted; or, `full`, every row,
@@ -213,10 +231,11 @@ absl::StatusOr<std::map<std::string, TableChanges>> LoadTableChanges(Env* env,
 // The newest checkpoint in `dir` that loads whole, read once (LoadCheckpoint
 // checks as it reads what VerifyCheckpoint checks); `path` gets where it is.
 // Each newer one that does not load is described in `skipped`. NOT_FOUND when
-// none does. `progress` is each attempt's.
+// none does. `progress` is each attempt's. `for_restore`: each read as
+// LoadCheckpointForRestore reads it (the rows checked, not kept).
 absl::StatusOr<RestoredCheckpoint> LoadLatestGoodCheckpoint(
     Env* env, const std::string& dir, std::vector<std::string>* skipped, std::string* path,
-    const CheckpointProgress& progress = nullptr);
+    const CheckpointProgress& progress = nullptr, bool for_restore = false);
 
 }  // namespace pstrain
 

@@ -1,7 +1,9 @@
 // Incremental rows (checkpoint.full_every): a server's rows as a chain of a
 // full save and deltas in earlier checkpoints' shard files, replayed on
-// load; verify naming a missing or damaged link; pruning that keeps a kept
-// checkpoint's chain; and manifests whose chains make no sense refused.
+// load, or streamed a chunk at a time for a restore; a shard's columns
+// filled from rows read as they are written; verify naming a missing or
+// damaged link; pruning that keeps a kept checkpoint's chain; and manifests
+// whose chains make no sense refused.
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -258,6 +260,71 @@ TEST_CASE("rows read a chunk at a time as the shard is written make the same fil
   CHECK(Env::Default()->ListDir(JoinPath(dir, "failed")).value().empty());
 }
 
+// Checkpoint `ckpt`'s table "ads" as a restore streams it, `chunk_rows` at
+// a time, gathered.
+RestoredCheckpoint Streamed(const std::string& ckpt, int64_t chunk_rows) {
+  auto m = ReadManifest(Env::Default(), ckpt);
+  REQUIRE(m.ok());
+  RestoredCheckpoint c;
+  RestoredTable& all = c.tables["ads"];
+  all.slots.resize(2);
+  int chunks = 0;
+  REQUIRE(StreamTableRows(Env::Default(), ckpt, *m, "ads", chunk_rows,
+                          [&](const RestoredTable& t) {
+                            CHECK(t.dim == kDim);
+                            CHECK(static_cast<int64_t>(t.ids.size()) <= chunk_rows);
+                            all.ids.insert(all.ids.end(), t.ids.begin(), t.ids.end());
+                            all.values.insert(all.values.end(), t.values.begin(), t.values.end());
+                            for (size_t k = 0; k < 2; ++k) {
+                              all.slots[k].insert(all.slots[k].end(), t.slots[k].begin(),
+                                                  t.slots[k].end());
+                            }
+                            all.updates.insert(all.updates.end(), t.updates.begin(),
+                                               t.updates.end());
+                            all.touched.insert(all.touched.end(), t.touched.begin(),
+                                               t.touched.end());
+                            ++chunks;
+                            return absl::OkStatus();
+                          })
+              .ok());
+  CHECK(chunks >= 1);
+  return c;
+}
+
+TEST_CASE("a restore streams a chain's rows a chunk at a time, as the chain replays them",
+          "[checkpoint][rows][incremental]") {
+  const std::string dir = WriteChain("chain-streamed");
+  for (int64_t step : {10, 20, 30}) {
+    const std::string ckpt = JoinPath(dir, CheckpointDirName(step));
+    auto whole = LoadCheckpoint(Env::Default(), ckpt);
+    REQUIRE(whole.ok());
+    // Read for a restore: checked, the rows not kept.
+    auto checked = LoadCheckpointForRestore(Env::Default(), ckpt);
+    REQUIRE(checked.ok());
+    CHECK(checked->tables.at("ads").dim == kDim);
+    CHECK(checked->tables.at("ads").slots.size() == 2);
+    CHECK(checked->tables.at("ads").ids.empty());
+    for (int64_t chunk : {1, 3, 1000}) {
+      INFO("step " << step << ", chunks of " << chunk);
+      CHECK(RowsOf(Streamed(ckpt, chunk)) == RowsOf(*whole));
+    }
+  }
+  auto m = ReadManifest(Env::Default(), JoinPath(dir, "ckpt-30"));
+  REQUIRE(m.ok());
+  CHECK(StreamTableRows(Env::Default(), JoinPath(dir, "ckpt-30"), *m, "clicks", 10,
+                        [](const RestoredTable&) { return absl::OkStatus(); })
+            .code() == absl::StatusCode::kNotFound);
+  // An error from the receiver stops the stream with it.
+  int calls = 0;
+  CHECK(StreamTableRows(Env::Default(), JoinPath(dir, "ckpt-30"), *m, "ads", 1,
+                        [&calls](const RestoredTable&) {
+                          ++calls;
+                          return absl::UnavailableError("server gone");
+                        })
+            .message() == "server gone");
+  CHECK(calls == 1);
+}
+
 TEST_CASE("pruning keeps a kept checkpoint's chain, complete or not, and no more",
           "[checkpoint][rows][incremental]") {
   const std::string dir = WriteChain("chain-prune");
@@ -321,6 +388,37 @@ TEST_CASE("a missing or damaged link is named, and the newest good checkpoint re
         absl::StrJoin(VerifyCheckpoint(Env::Default(), JoinPath(dir, "ckpt-20")), "; ");
     CHECK(torn.find("ckpt-10/shard-0-of-1: table ads") != std::string::npos);
     CHECK(torn.find("truncated or torn") != std::string::npos);
+  }
+  {
+    // A restore's read finds a damaged link, in its dropped ids or a row
+    // column, before any row is given, and goes back to a good checkpoint.
+    const std::string dir = WriteChain("chain-restore-damaged");
+    auto m = ReadManifest(Env::Default(), JoinPath(dir, "ckpt-30"));
+    REQUIRE(m.ok());
+    const CheckpointRows& own = m->rows(m->rows_size() - 1);
+    const std::string shard = JoinPath(dir, "ckpt-30/shard-0-of-1");
+    auto bytes = Env::Default()->ReadFile(shard);
+    REQUIRE(bytes.ok());
+    (*bytes)[own.deleted_ids().offset() + 3] ^= 1;
+    REQUIRE(Env::Default()->WriteFile(shard, *bytes, false).ok());
+    CHECK(LoadCheckpointForRestore(Env::Default(), JoinPath(dir, "ckpt-30")).status().message() ==
+          "shard-0-of-1: table ads dropped ids: CRC32C mismatch (corrupted)");
+    const std::string first = JoinPath(dir, "ckpt-20/shard-0-of-1");
+    auto m20 = ReadManifest(Env::Default(), JoinPath(dir, "ckpt-20"));
+    REQUIRE(m20.ok());
+    auto first_bytes = Env::Default()->ReadFile(first);
+    REQUIRE(first_bytes.ok());
+    (*first_bytes)[m20->rows(m20->rows_size() - 1).values().offset() + 5] ^= 4;
+    REQUIRE(Env::Default()->WriteFile(first, *first_bytes, false).ok());
+    CHECK(LoadCheckpointForRestore(Env::Default(), JoinPath(dir, "ckpt-20")).status().message() ==
+          "shard-0-of-1: table ads values: CRC32C mismatch (corrupted)");
+    std::vector<std::string> skipped;
+    std::string path;
+    auto c = LoadLatestGoodCheckpoint(Env::Default(), dir, &skipped, &path, nullptr,
+                                      /*for_restore=*/true);
+    REQUIRE(c.ok());
+    CHECK(path == JoinPath(dir, "ckpt-10"));
+    CHECK(skipped.size() == 2);
   }
 }
 

@@ -403,6 +403,108 @@ absl::Status ReadRowChain(Env* env, const std::string& ckpt_dir, const Checkpoin
   return absl::OkStatus();
 }
 
+namespace {
+
+// Link `r`'s rows read a chunk of `chunk_rows` at a time, each column's
+// CRC32C extended as it is read and checked at its end. With `fn`: the
+// rows whose id is not in `skip` (all without it) are given to fn, and,
+// with `seen`, every id of the link is added to it. Its dropped ids, when
+// `seen`, are added after.
+absl::Status StreamLink(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
+                        const CheckpointRows& r, int dim, int64_t chunk_rows,
+                        const absl::flat_hash_set<uint64_t>* skip,
+                        absl::flat_hash_set<uint64_t>* seen, const RowChunkFn& fn) {
+  ASSIGN_OR_RETURN(LinkFile f, OpenLink(env, ckpt_dir, m, r));
+  RETURN_IF_ERROR(CheckLinkRanges(f, r));
+  const std::string what = absl::StrCat("table ", r.table());
+  const int64_t floats = int64_t{4} * dim;
+  std::vector<const ByteRange*> ranges = {&r.ids(), &r.values()};
+  std::vector<int64_t> width = {8, floats};
+  std::vector<std::string> names = {what + " ids", what + " values"};
+  for (int k = 0; k < r.slots_size(); ++k) {
+    ranges.push_back(&r.slots(k));
+    width.push_back(floats);
+    names.push_back(absl::StrCat(what, " slot ", k));
+  }
+  ranges.insert(ranges.end(), {&r.updates(), &r.touched()});
+  width.insert(width.end(), {8, 8});
+  names.insert(names.end(), {what + " updates", what + " touched"});
+  const size_t columns = ranges.size();
+  std::vector<uint32_t> crc(columns, 0);
+  const int64_t n = r.rows();
+  RestoredTable chunk;
+  chunk.dim = dim;
+  chunk.slots.resize(static_cast<size_t>(r.slots_size()));
+  for (int64_t begin = 0; begin < n; begin += chunk_rows) {
+    const int64_t count = std::min(chunk_rows, n - begin);
+    ResizeRows(&chunk, static_cast<size_t>(count));
+    std::vector<char*> dst = {reinterpret_cast<char*>(chunk.ids.data()),
+                              reinterpret_cast<char*>(chunk.values.data())};
+    for (auto& slot : chunk.slots) dst.push_back(reinterpret_cast<char*>(slot.data()));
+    dst.push_back(reinterpret_cast<char*>(chunk.updates.data()));
+    dst.push_back(reinterpret_cast<char*>(chunk.touched.data()));
+    for (size_t c = 0; c < columns; ++c) {
+      const int64_t bytes = count * width[c];
+      if (absl::Status st = env->ReadFileRangeInto(f.path, ranges[c]->offset() + begin * width[c],
+                                                   bytes, dst[c]);
+          !st.ok()) {
+        return absl::DataLossError(absl::StrCat(f.name, ": ", names[c], ": ", st.message()));
+      }
+      crc[c] = Crc32cExtend(crc[c], dst[c], static_cast<size_t>(bytes));
+    }
+    if (!fn) continue;
+    // The rows a later link holds or dropped are not given.
+    size_t kept = 0;
+    for (size_t i = 0; i < chunk.ids.size(); ++i) {
+      const uint64_t id = chunk.ids[i];
+      const bool later = skip != nullptr && skip->contains(id);
+      if (seen != nullptr) seen->insert(id);
+      if (later) continue;
+      if (kept != i) CopyRow(chunk, i, &chunk, kept);
+      ++kept;
+    }
+    ResizeRows(&chunk, kept);
+    if (kept > 0) RETURN_IF_ERROR(fn(chunk));
+  }
+  for (size_t c = 0; c < columns; ++c) {
+    if (crc[c] != ranges[c]->crc32c()) {
+      return absl::DataLossError(
+          absl::StrCat(f.name, ": ", names[c], ": CRC32C mismatch (corrupted)"));
+    }
+  }
+  if (r.delta()) {
+    std::vector<uint64_t> deleted(static_cast<size_t>(r.deleted()));
+    RETURN_IF_ERROR(ReadRange(env, f, r.deleted_ids(), what + " dropped ids", deleted.data()));
+    if (seen != nullptr) seen->insert(deleted.begin(), deleted.end());
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckRowChain(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
+                           const std::vector<const CheckpointRows*>& links, int dim,
+                           int64_t chunk_rows) {
+  for (const CheckpointRows* r : links) {
+    RETURN_IF_ERROR(StreamLink(env, ckpt_dir, m, *r, dim, chunk_rows, nullptr, nullptr, nullptr));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StreamRowChain(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
+                            const std::vector<const CheckpointRows*>& links, int dim,
+                            int64_t chunk_rows, const RowChunkFn& fn) {
+  // From the last link back: each row is given from the last link that
+  // holds it, unless a later one dropped it; the full save's ids are never
+  // kept.
+  absl::flat_hash_set<uint64_t> later;
+  for (size_t l = links.size(); l-- > 0;) {
+    RETURN_IF_ERROR(StreamLink(env, ckpt_dir, m, *links[l], dim, chunk_rows, &later,
+                               l > 0 ? &later : nullptr, fn));
+  }
+  return absl::OkStatus();
+}
+
 int64_t FirstLinkStep(const CheckpointManifest& m,
                       const std::vector<const CheckpointRows*>& links) {
   return links.empty() ? m.step() : StepOf(m, *links[0]);

@@ -10,6 +10,7 @@
 #define PSTRAIN_COMMON_STORAGE_CHECKPOINT_ROWS_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -66,6 +67,27 @@ int64_t RowsBytes(const CheckpointRows& r);
 // range past its end, a CRC mismatch, an id twice in one link.
 absl::Status ReadRowChain(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
                           const std::vector<const CheckpointRows*>& links, RestoredTable* out);
+
+// Gets a chunk of a table's rows (StreamRowChain); an error stops it.
+using RowChunkFn = std::function<absl::Status(const RestoredTable& chunk)>;
+
+// Every link of a chain read `chunk_rows` rows at a time and checked (its
+// ranges, each one's CRC32C), nothing kept: what ReadRowChain checks of the
+// bytes, in bounded memory, for rows StreamRowChain gives later.
+absl::Status CheckRowChain(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
+                           const std::vector<const CheckpointRows*>& links, int dim,
+                           int64_t chunk_rows);
+
+// The rows of a chain as ReadRowChain replays them, given to `fn` a chunk
+// of at most `chunk_rows` at a time without holding the chain (a table that
+// need not fit in memory): each row once, from the last link that holds it,
+// unless a later link dropped it; only the delta links' ids are kept
+// meanwhile. Each range's CRC32C is checked at its end, after its rows were
+// given: check the chain first (CheckRowChain) where a damaged chain must
+// give nothing.
+absl::Status StreamRowChain(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
+                            const std::vector<const CheckpointRows*>& links, int dim,
+                            int64_t chunk_rows, const RowChunkFn& fn);
 
 // The step of the checkpoint holding a chain's full save (`m`'s own step
 // for a chain of one link, or none).

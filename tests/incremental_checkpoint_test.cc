@@ -333,6 +333,12 @@ TEST_CASE("pstrain bench --suites=tables saves a table in full and as a delta, a
   CHECK(r.output.find("table, 10% of its 20000 rows in memory") != std::string::npos);
   CHECK(r.output.find("x of in memory; memory tier hit rate ") != std::string::npos);
   CHECK(r.output.find("18000 rows") != std::string::npos);  // on disk
+  // The policies simulated over the same lookups.
+  CHECK(r.output.find("== tables: which rows stay in memory, simulated over the same lookups: "
+                      "20000 rows, 2000 in memory") != std::string::npos);
+  for (const char* policy : {"CLOCK (the table's)", "LRU", "LFU (all rows counted, aged)"}) {
+    CHECK(r.output.find(std::string("\n") + policy + " ") != std::string::npos);
+  }
   auto csv = Env::Default()->ReadFile(JoinPath(dir, "bench.csv"));
   REQUIRE(csv.ok());
   CHECK(csv->find("tables,full_save_seconds,") != std::string::npos);
@@ -341,6 +347,7 @@ TEST_CASE("pstrain bench --suites=tables saves a table in full and as a delta, a
   CHECK(csv->find("tables,tiered_delta_save_seconds,") != std::string::npos);
   CHECK(csv->find("tables,tiered_pull_push_mrows,") != std::string::npos);
   CHECK(csv->find("tables,tier_hit_percent,") != std::string::npos);
+  CHECK(csv->find("tables,policy_hit_percent_trending_lfu,") != std::string::npos);
   auto names = Env::Default()->ListDir(dir);
   REQUIRE(names.ok());
   for (const std::string& n : *names) CHECK((n == "bench.csv" || n == "bench.png"));

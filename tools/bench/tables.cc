@@ -25,6 +25,7 @@
 #include <random>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -35,6 +36,7 @@
 #include "ps_server/embedding_table.h"
 #include "ps_server/optimizer.h"
 #include "tools/bench/harness.h"
+#include "tools/bench/row_policies.h"
 
 namespace pstrain::bench {
 namespace {
@@ -256,6 +258,56 @@ absl::StatusOr<std::unique_ptr<EmbeddingTable>> TierPart(BenchContext* ctx,
   return tiered;
 }
 
+// The policies' part: which rows stay in memory (row_policies.h), simulated
+// over the same lookups of at most kMaxPolicyRows rows with
+// --table_memory_fraction of them in memory: Zipf-drawn (s = 1.1, as the
+// tier part's), and trending (the same, but the ids of the top 1% of ranks
+// new every 1/8 of the lookups, as new items in a stream of logs).
+constexpr int64_t kMaxPolicyRows = 2'000'000;
+
+absl::Status PolicyPart(BenchContext* ctx, const std::vector<double>& cdf) {
+  const BenchOptions& o = ctx->options();
+  const int64_t n = std::min<int64_t>(o.table_rows, kMaxPolicyRows);
+  const int64_t capacity =
+      std::max<int64_t>(1, static_cast<int64_t>(static_cast<double>(n) * o.table_memory_fraction));
+  const int64_t warmup = 4 * capacity, lookups = warmup + 16 * capacity;
+  std::mt19937_64 rng(21);
+  std::uniform_real_distribution<double> u(0, cdf[n - 1]);
+  std::vector<uint64_t> zipf(static_cast<size_t>(lookups)), trending(zipf.size());
+  const int64_t top = std::max<int64_t>(1, n / 100), epoch = std::max<int64_t>(1, lookups / 8);
+  for (int64_t i = 0; i < lookups; ++i) {
+    const int64_t rank =
+        std::min<int64_t>(std::lower_bound(cdf.begin(), cdf.begin() + n, u(rng)) - cdf.begin(),
+                          n - 1);
+    zipf[i] = MixId(static_cast<uint64_t>(rank));
+    trending[i] = rank < top ? MixId(static_cast<uint64_t>(rank + (i / epoch + 1) * n)) : zipf[i];
+  }
+  std::cout << "\n== tables: which rows stay in memory, simulated over the same lookups: " << n
+            << " rows, " << capacity << " in memory, " << lookups - warmup << " lookups after "
+            << warmup << " to warm up; hit rates ==\n";
+  std::cout << absl::StrFormat("%-44s %-16s %s\n", "policy", "Zipf (s = 1.1)",
+                               "trending (the top 1% of ids new every 1/8 of the lookups)");
+  for (RowPolicy p : {RowPolicy::kClock, RowPolicy::kLru, RowPolicy::kLfu}) {
+    RETURN_IF_ERROR(ctx->CheckStop());
+    const double a = SimulateHitRate(p, zipf, capacity, warmup);
+    const double b = SimulateHitRate(p, trending, capacity, warmup);
+    const std::string name =
+        p == RowPolicy::kClock ? "CLOCK (the table's)"
+        : p == RowPolicy::kLru ? "LRU"
+                               : "LFU (all rows counted, aged)";
+    std::cout << absl::StrFormat("%-44s %-16s %.1f%%\n", name,
+                                 absl::StrFormat("%.1f%%", 100 * a), 100 * b)
+              << std::flush;
+    const std::string key = absl::AsciiStrToLower(RowPolicyName(p));
+    Stats sa, sb;
+    sa.median = sa.min = sa.max = 100 * a;
+    sb.median = sb.min = sb.max = 100 * b;
+    ctx->Add("tables", absl::StrCat("policy_hit_percent_zipf_", key), 0, 1, 0, sa);
+    ctx->Add("tables", absl::StrCat("policy_hit_percent_trending_", key), 0, 1, 0, sb);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status TablesSuite(BenchContext* ctx) {
@@ -296,6 +348,7 @@ absl::Status TablesSuite(BenchContext* ctx) {
                                "cut (the server's pause)", "cut + write (fsync)");
   PrintSaves("in memory", memory);
   PrintSaves(absl::StrFormat("%.0f%% in memory", 100 * o.table_memory_fraction), disk);
+  RETURN_IF_ERROR(PolicyPart(ctx, cdf));
   std::error_code ignored;
   std::filesystem::remove_all(dir, ignored);
   return absl::OkStatus();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "common/cluster/feature_schema.h"
 #include "worker/model/binary_metrics.h"
 #include "common/base/status_macros.h"
 #include "worker/model/embedding_bag.h"
@@ -12,9 +13,11 @@ namespace {
 // A click-through model's evaluation: the held-out examples in chunks, each
 // chunk's bags built from the rows of its ids as the servers hold them now.
 absl::Status EvaluateClickThrough(PsClient* ps, Model* model, const ClickThroughConfig& ct,
-                                  const Dataset& test, EvalResult* result) {
+                                  const FeatureSchema& schema, const Dataset& test,
+                                  EvalResult* result) {
   const int dim = ct.embedding_dim();
-  const EmbeddingBags bags(test.dim, test.id_fields, dim,
+  const std::vector<int> slots = FieldIdSlots(schema);
+  const EmbeddingBags bags(test.dim, static_cast<int>(slots.size()), dim,
                            ct.mean_bags() ? Combiner::kMean : Combiner::kSum);
   constexpr int64_t kChunk = 8192;
   *result = EvalResult();
@@ -22,8 +25,8 @@ absl::Status EvaluateClickThrough(PsClient* ps, Model* model, const ClickThrough
   std::vector<float> rows, x;
   for (int64_t start = 0; start < test.size; start += kChunk) {
     const int n = static_cast<int>(std::min(kChunk, test.size - start));
-    const SparseBatch batch = SparseBatch::OnePerField(
-        test.ids.data() + start * test.id_fields, n, test.id_fields);
+    const SparseBatch batch =
+        SparseBatch::FromSlots(test.ids.data() + start * test.id_fields, n, slots);
     const UniqueRows unique = UniqueRows::Of(batch.ids);
     rows.resize(unique.ids.size() * dim);
     RETURN_IF_ERROR(
@@ -60,7 +63,8 @@ absl::StatusOr<Evaluation> Evaluate(PsClient* ps, Model* model, const TrainingCo
     RETURN_IF_ERROR(model->UploadParameters());
     if (config.model().has_click_through()) {
       RETURN_IF_ERROR(
-          EvaluateClickThrough(ps, model, config.model().click_through(), *test, &e.result));
+          EvaluateClickThrough(ps, model, config.model().click_through(), config.data().schema(),
+                               *test, &e.result));
     } else {
       RETURN_IF_ERROR(model->Evaluate(test->x.data(), test->y.data(), test->size, &e.result));
     }

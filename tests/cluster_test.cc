@@ -446,6 +446,31 @@ TEST_CASE("the click-through model on 2 servers reaches the ground truth's AUC w
   CHECK(run.summary["eval_log_loss"].get<double>() < std::log(2.0));  // better than a coin
 }
 
+TEST_CASE("the click-through model with multi-hot fields reaches the ground truth's AUC within "
+          "0.02",
+          "[cluster][embedding][click_through][schema]") {
+  // The last 4 of the 26 categorical fields hold 1 to 4 values each
+  // (datagen --multi_hot), the bag of each their sum; otherwise as above.
+  auto [dir, truth] =
+      CriteoData("ctr_multi_hot", {"--train=100000", "--test=10000", "--values_per_field=100",
+                                   "--seed=4", "--multi_hot=4", "--max_values=4"});
+  const std::string schema = Env::Default()->ReadFile(JoinPath(dir, "schema.pbtxt")).value();
+  CHECK(schema.find("max_values: 4") != std::string::npos);
+  ConfigOptions o = ClickThroughOptions(dir);
+  o.data += absl::StrCat(" schema { ", schema, " }");
+  o.batch_size = 256;
+  o.learning_rate = 0.003f;
+  o.max_steps = testing::SanitizedSteps(400, 200);
+  o.eval_every_steps = 400;
+  Run run = Launch("click_through_multi_hot", o, 2, 2, absl::Seconds(300));
+  INFO(run.result.output);
+  REQUIRE(run.result.exit_code == 0);
+  REQUIRE(run.summary["eval_auc"].is_number());
+  const double auc = run.summary["eval_auc"].get<double>();
+  WARN("held-out AUC " << auc << ", ground truth " << truth);
+  CHECK(auc >= truth - (testing::kSanitized ? 0.04 : 0.02));
+}
+
 TEST_CASE("the click-through model with a hashed table of over 1,000,000 ids on 2 servers "
           "reaches the ground truth's AUC within 0.02",
           "[cluster][embedding][click_through]") {
@@ -601,6 +626,23 @@ TEST_CASE("the click-through model on a layout of the user's own trains bit for 
   CHECK(a.summary["eval_auc"].get<double>() == b.summary["eval_auc"].get<double>());
   CHECK(a.summary["eval_loss"].get<double>() == b.summary["eval_loss"].get<double>());
   CHECK(b.summary["eval_examples"] == 500);
+  // Every categorical column read as multi-hot (each cell one value): the
+  // same bags, so the same model.
+  ConfigOptions multi = criteo;
+  multi.data = absl::StrCat(
+      "format: CRITEO train_tsv: \"", dir, "/train.tsv\" test_tsv: \"", dir,
+      "/test.tsv\" schema { columns { kind: LABEL } "
+      "columns { kind: NUMERIC log1p: true integer: true count: 13 } "
+      "columns { kind: CATEGORICAL hex: true count: 26 max_values: 3 } }");
+  Run c = Launch("ctr_layout_multi_hot", multi);
+  INFO(c.result.output);
+  REQUIRE(c.result.exit_code == 0);
+  TensorMap mc = ReadModel(c);
+  REQUIRE(mc.size() == ma.size());
+  for (const auto& [var, t] : ma) {
+    CHECK(std::memcmp(t.data(), mc.at(var).data(), t.num_elements() * sizeof(float)) == 0);
+  }
+  CHECK(a.summary["eval_auc"].get<double>() == c.summary["eval_auc"].get<double>());
 }
 
 // Runs of options `oa` and `ob` (2 servers) end with bitwise identical

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cluster/feature_schema.h"
+#include "google/protobuf/text_format.h"
 #include "common/base/embedding_ids.h"
 #include "worker/model/binary_metrics.h"
 #include "common/cluster/sizing.h"
@@ -199,6 +201,21 @@ absl::Status WriteDigitsCsv(Env* env, const std::string& dir, const DigitsOption
 
 namespace pstrain {
 
+FeatureSchema MultiHotSchema(int multi_hot, int max_values) {
+  FeatureSchema s = CriteoSchema();
+  FeatureColumn* cats = s.mutable_columns(2);
+  cats->set_count(kCriteoCategoricalFields - multi_hot);
+  if (multi_hot > 0) {
+    FeatureColumn* multi = s.add_columns();
+    *multi = *cats;
+    multi->set_name("M");
+    multi->set_count(multi_hot);
+    multi->set_max_values(max_values);
+  }
+  if (cats->count() == 0) s.mutable_columns()->DeleteSubrange(2, 1);
+  return s;
+}
+
 absl::StatusOr<CriteoTruth> WriteCriteoDataset(Env* env, const std::string& dir,
                                                const CriteoOptions& o) {
   constexpr int kInts = kCriteoIntegerFields, kCats = kCriteoCategoricalFields;
@@ -215,11 +232,19 @@ absl::StatusOr<CriteoTruth> WriteCriteoDataset(Env* env, const std::string& dir,
   if (!(o.zipf == 0 || (o.zipf > 1 && o.zipf <= 4))) {
     return absl::InvalidArgumentError("criteo: --zipf must be 0 or in (1, 4]");
   }
-  // A split's text is built in memory (about 220 bytes a line) before it is written.
+  if (o.multi_hot < 0 || o.multi_hot > kCats) {
+    return absl::InvalidArgumentError(absl::StrCat("criteo: --multi_hot must be 0..", kCats));
+  }
+  if (o.max_values < 2 || o.max_values > 64) {
+    return absl::InvalidArgumentError("criteo: --max_values must be 2..64");
+  }
+  // A split's text is built in memory (about 220 bytes a line, and 9 a
+  // multi-hot value) before it is written.
+  const int64_t line_bytes = 220 + int64_t{9} * o.multi_hot * (o.max_values + 1) / 2;
   RETURN_IF_ERROR(CheckMemory(
       absl::StrCat("datagen --format=criteo of ", std::max(o.train_examples, o.test_examples),
                    " examples"),
-      std::max(o.train_examples, o.test_examples) * 220, PhysicalMemoryBytes()));
+      std::max(o.train_examples, o.test_examples) * line_bytes, PhysicalMemoryBytes()));
   RETURN_IF_ERROR(env->CreateDirs(dir));
   // The hidden model: a bias (about a quarter of impressions are clicks),
   // one weight per integer feature, one per categorical value of each field
@@ -264,7 +289,7 @@ absl::StatusOr<CriteoTruth> WriteCriteoDataset(Env* env, const std::string& dir,
   for (const bool train : {true, false}) {
     const int64_t n = train ? o.train_examples : o.test_examples;
     std::string text;
-    text.reserve(static_cast<size_t>(n) * 220);
+    text.reserve(static_cast<size_t>(n * line_bytes));
     char hex[17];
     for (int64_t e = 0; e < n; ++e) {
       double logit = bias;
@@ -284,12 +309,20 @@ absl::StatusOr<CriteoTruth> WriteCriteoDataset(Env* env, const std::string& dir,
           logit += missing_weight[f];
           continue;
         }
-        const int64_t k = draw_value(uniform(rng));
-        logit += value_weight(f, k);
-        std::snprintf(hex, sizeof(hex), "%08x",
-                      static_cast<uint32_t>(MixId(o.seed ^ (static_cast<uint64_t>(f) << 48) ^
-                                                  static_cast<uint64_t>(k))));
-        fields += hex;
+        // A multi-hot field's cell: 1 to max_values values.
+        const int values =
+            f < kCats - o.multi_hot
+                ? 1
+                : 1 + static_cast<int>(uniform(rng) * static_cast<double>(o.max_values));
+        for (int j = 0; j < std::min(values, std::max(1, o.max_values)); ++j) {
+          if (j > 0) fields += '|';
+          const int64_t k = draw_value(uniform(rng));
+          logit += value_weight(f, k);
+          std::snprintf(hex, sizeof(hex), "%08x",
+                        static_cast<uint32_t>(MixId(o.seed ^ (static_cast<uint64_t>(f) << 48) ^
+                                                    static_cast<uint64_t>(k))));
+          fields += hex;
+        }
       }
       const double p = 1.0 / (1.0 + std::exp(-logit));
       const int label = uniform(rng) < p ? 1 : 0;
@@ -301,6 +334,14 @@ absl::StatusOr<CriteoTruth> WriteCriteoDataset(Env* env, const std::string& dir,
     }
     RETURN_IF_ERROR(
         WriteFileAtomically(env, JoinPath(dir, train ? "train.tsv" : "test.tsv"), text));
+  }
+  if (o.multi_hot > 0) {
+    std::string schema;
+    if (!google::protobuf::TextFormat::PrintToString(MultiHotSchema(o.multi_hot, o.max_values),
+                                                     &schema)) {
+      return absl::InternalError("datagen: cannot print the schema");
+    }
+    RETURN_IF_ERROR(WriteFileAtomically(env, JoinPath(dir, "schema.pbtxt"), schema));
   }
   CriteoTruth truth;
   ASSIGN_OR_RETURN(truth.test_auc, RocAuc(test_probability, test_labels));

@@ -57,7 +57,19 @@ struct CriteoOptions {
   // above 1, Zipf's law with this exponent, k^(-zipf) (most draws land on
   // the frequent values, as in real click logs).
   double zipf = 0;
+  // The last `multi_hot` of the 26 categorical fields are multi-hot: a cell
+  // holds 1 to `max_values` values (as many each, uniformly), separated by
+  // '|', each drawn as a one-hot field's value; the hidden model adds the
+  // weight of each. The files then need data.schema as MultiHotSchema gives
+  // it (written to schema.pbtxt beside them).
+  int multi_hot = 0;
+  int max_values = 4;
 };
+
+// Criteo's schema with the last `multi_hot` categorical columns multi-hot
+// (up to `max_values` values, separated by '|'): what WriteCriteoDataset's
+// files with CriteoOptions::multi_hot need.
+FeatureSchema MultiHotSchema(int multi_hot, int max_values);
 
 // The ground-truth model scored on the held-out part.
 struct CriteoTruth {
@@ -66,7 +78,8 @@ struct CriteoTruth {
   double positive_rate = 0;  // of the held-out labels
 };
 
-// Writes train.tsv and test.tsv into `dir`.
+// Writes train.tsv and test.tsv into `dir` (and with multi_hot, schema.pbtxt:
+// the data.schema they need, in protobuf text format).
 absl::StatusOr<CriteoTruth> WriteCriteoDataset(Env* env, const std::string& dir,
                                                const CriteoOptions& options);
 

@@ -338,6 +338,10 @@ int DatagenCommand(const std::vector<std::string>& argv) {
       {"missing", {"0.05", "criteo: probability that a feature field is empty"}},
       {"zipf", {"0", "criteo: 0 draws a field's value k with density k^(-3/4); above 1, "
                      "Zipf's law k^(-zipf), as in real click logs"}},
+      {"multi_hot", {"0", "criteo: the last N of the 26 categorical fields hold 1 to "
+                          "--max_values values each, separated by |; the data.schema they "
+                          "need is written to schema.pbtxt"}},
+      {"max_values", {"4", "criteo: the most values of a multi-hot field's cell (2..64)"}},
       {"seed", {"1", "random seed"}},
       {"difficulty", {"1.0", "0 = clean strokes, 1 = default warp and noise"}},
   };
@@ -365,8 +369,11 @@ int DatagenCommand(const std::vector<std::string>& argv) {
     auto values = args->GetInt("values_per_field");
     auto missing = args->GetDouble("missing");
     auto zipf = args->GetDouble("zipf");
-    for (const absl::Status& st : {train.status(), test.status(), seed.status(),
-                                   values.status(), missing.status(), zipf.status()}) {
+    auto multi_hot = args->GetInt("multi_hot");
+    auto max_values = args->GetInt("max_values");
+    for (const absl::Status& st :
+         {train.status(), test.status(), seed.status(), values.status(), missing.status(),
+          zipf.status(), multi_hot.status(), max_values.status()}) {
       if (!st.ok()) return Fail("datagen", std::string(st.message()));
     }
     c.train_examples = *train;
@@ -375,11 +382,14 @@ int DatagenCommand(const std::vector<std::string>& argv) {
     c.values_per_field = *values;
     c.missing = *missing;
     c.zipf = *zipf;
+    c.multi_hot = static_cast<int>(std::clamp<int64_t>(*multi_hot, -1, 1000));
+    c.max_values = static_cast<int>(std::clamp<int64_t>(*max_values, -1, 1000));
     auto truth = WriteCriteoDataset(Env::Default(), args->Get("out"), c);
     if (!truth.ok()) return Fail("datagen", std::string(truth.status().message()));
     std::cout << "wrote " << c.train_examples << " training and " << c.test_examples
               << " held-out click-through examples to " << args->Get("out")
-              << " (criteo: train.tsv, test.tsv)\n"
+              << " (criteo: train.tsv, test.tsv"
+              << (c.multi_hot > 0 ? "; their data.schema in schema.pbtxt" : "") << ")\n"
               << absl::StrFormat(
                      "ground-truth model on the held-out part: AUC %.4f, log loss %.4f, "
                      "click rate %.3f\n",

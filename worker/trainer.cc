@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "common/client/chief_client.h"
 #include "common/cluster/config.h"
+#include "common/cluster/feature_schema.h"
 #include "common/base/logging.h"
 #include "common/cluster/placement.h"
 #include "common/client/grpc_ps_client.h"
@@ -178,6 +179,8 @@ class Trainer {
   std::optional<DeviceEmbeddingBags> device_bags_;
   std::string table_;
   int embedding_dim_ = 0;
+  // Per categorical field, the ids an example holds (FieldIdSlots).
+  std::vector<int> field_slots_;
   // The step's bags: its ids, their unique rows, the rows' values and
   // gradients, and the bagged input (on the host).
   SparseBatch sparse_;
@@ -301,7 +304,16 @@ absl::Status Trainer::SetUpBags() {
   const ClickThroughConfig& ct = config_.model().click_through();
   table_ = ct.table();
   embedding_dim_ = ct.embedding_dim();
-  bags_.emplace(partition_->dim(), partition_->id_fields(), embedding_dim_,
+  field_slots_ = FieldIdSlots(config_.data().schema());
+  int slots = 0;
+  for (int n : field_slots_) slots += n;
+  if (slots != partition_->id_fields()) {
+    return absl::InvalidArgumentError(absl::StrCat("click-through data holds ",
+                                                   partition_->id_fields(),
+                                                   " ids an example, data.schema says ", slots));
+  }
+  const int fields = static_cast<int>(field_slots_.size());
+  bags_.emplace(partition_->dim(), fields, embedding_dim_,
                 ct.mean_bags() ? Combiner::kMean : Combiner::kSum);
   if (bags_->output_dim() != model_->input_dim()) {
     return absl::InvalidArgumentError(absl::StrCat("click-through data gives ",
@@ -311,7 +323,7 @@ absl::Status Trainer::SetUpBags() {
   if (backend_->host_memory()) {
     model_->set_input_gradient(true);
   } else {
-    device_bags_.emplace(backend_, partition_->dim(), partition_->id_fields(), embedding_dim_,
+    device_bags_.emplace(backend_, partition_->dim(), fields, embedding_dim_,
                          ct.mean_bags() ? Combiner::kMean : Combiner::kSum);
     model_->set_input_gradient(true, /*to_host=*/false);
   }
@@ -413,7 +425,7 @@ absl::Status Trainer::Compute(const Prefetcher::Batch& batch, const std::vector<
   const float* x = batch.x;
   absl::Status computed = absl::OkStatus();
   if (click_through_) {
-    sparse_ = SparseBatch::OnePerField(batch.ids, batch.rows, batch.id_fields);
+    sparse_ = SparseBatch::FromSlots(batch.ids, batch.rows, field_slots_);
     unique_ = UniqueRows::Of(sparse_.ids);
     rows_.resize(unique_.ids.size() * embedding_dim_);
     computed = ps_->PullRows(table_, embedding_dim_, unique_.ids, sync_ ? steps[0] : 0,

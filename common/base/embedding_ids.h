@@ -63,6 +63,12 @@ inline void InitialRow(uint64_t table_seed, uint64_t id, int dim, float scale, f
   }
 }
 
+// No id: an unused place among a multi-hot field's ids (an example holds
+// max_values places for such a field; SparseBatch skips this). The readers
+// never give it as an id (the one value that would hash to it takes the id
+// below it).
+constexpr uint64_t kNoId = ~uint64_t{0};
+
 // The 64-bit id of categorical value `value` of feature field `field`: a
 // hash of both, so equal strings in different fields are different ids. An
 // empty value (a missing field) is a category of its own in each field.

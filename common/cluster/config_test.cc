@@ -278,12 +278,36 @@ max_steps: 10
            "data.schema.columns[1].hex: applies to CATEGORICAL columns only"},
           {R"(schema { columns { kind: LABEL } columns { kind: CATEGORICAL hash_buckets: -1 } })",
            "data.schema.columns[1].hash_buckets: expected 0 (no hashing) or 1..2^40"},
+          {R"(schema { columns { kind: LABEL } columns { kind: CATEGORICAL max_values: 2000 } })",
+           "data.schema.columns[1].max_values: expected 0..1024"},
+          {R"(schema { columns { kind: LABEL } columns { kind: NUMERIC max_values: 3 }
+                       columns { kind: CATEGORICAL } })",
+           "data.schema.columns[1].max_values: applies to CATEGORICAL columns only"},
+          {R"(schema { columns { kind: LABEL }
+                       columns { kind: CATEGORICAL value_separator: ";" } })",
+           "data.schema.columns[1].value_separator: needs max_values > 1"},
+          {R"(schema { columns { kind: LABEL }
+                       columns { kind: CATEGORICAL max_values: 4 value_separator: "\t" } })",
+           "data.schema.columns[1].value_separator: expected one character, not a newline, a "
+           "quote or the column separator"},
+          {R"(schema { separator: "|" columns { kind: LABEL }
+                       columns { kind: CATEGORICAL max_values: 4 } })",
+           "data.schema.columns[1].value_separator: the default \"|\" is the column separator"},
+          {R"(schema { columns { kind: LABEL }
+                       columns { kind: CATEGORICAL count: 100 max_values: 1000 } })",
+           "data.schema.columns: expected at most 65536 ids an example"},
       }) {
     auto refused = with(bad);
     INFO(bad);
     REQUIRE_FALSE(refused.ok());
     CHECK(std::string(refused.status().message()).find(why) != std::string::npos);
   }
+  // A multi-hot column is one bag of up to max_values ids.
+  auto multi = with(R"(schema { columns { kind: LABEL } columns { kind: NUMERIC }
+    columns { kind: CATEGORICAL count: 2 } columns { kind: CATEGORICAL max_values: 5 } })");
+  REQUIRE(multi.ok());
+  CHECK(multi->model().click_through().categorical_fields() == 3);
+  CHECK(FieldIdSlots(multi->data().schema()) == std::vector<int>{1, 1, 5});
   // No numeric column: the model's input is the bags alone.
   auto bags_only = with(R"(schema { columns { kind: CATEGORICAL count: 3 }
     columns { kind: LABEL } })");

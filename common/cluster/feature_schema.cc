@@ -1,5 +1,7 @@
 #include "common/cluster/feature_schema.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace pstrain {
@@ -70,6 +72,19 @@ char SchemaSeparator(const FeatureSchema& schema) {
   return schema.separator().empty() ? '\t' : schema.separator()[0];
 }
 
+char ValueSeparator(const FeatureColumn& column) {
+  return column.value_separator().empty() ? '|' : column.value_separator()[0];
+}
+
+std::vector<int> FieldIdSlots(const FeatureSchema& schema) {
+  std::vector<int> slots;
+  const FeatureSchema effective = EffectiveSchema(schema);
+  for (const FeatureColumn& c : effective.columns()) {
+    if (c.kind() == FeatureColumn::CATEGORICAL) slots.push_back(std::max(1, c.max_values()));
+  }
+  return slots;
+}
+
 absl::Status CheckFeatureSchema(const FeatureSchema& schema, const std::string& field) {
   auto bad = [&](const std::string& where, const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(field, where, ": ", why));
@@ -79,7 +94,7 @@ absl::Status CheckFeatureSchema(const FeatureSchema& schema, const std::string& 
     return bad(".separator", "expected one character (\"\\t\" or \",\"), not a newline or quote");
   }
   if (schema.columns_size() == 0) return absl::OkStatus();  // Criteo's
-  int64_t columns = 0;
+  int64_t columns = 0, ids = 0;
   for (int i = 0; i < schema.columns_size(); ++i) {
     const FeatureColumn& c = schema.columns(i);
     const std::string at = absl::StrCat(".columns[", i, "]");
@@ -97,6 +112,27 @@ absl::Status CheckFeatureSchema(const FeatureSchema& schema, const std::string& 
     }
     if (c.hash_buckets() < 0 || c.hash_buckets() > (int64_t{1} << 40)) {
       return bad(at + ".hash_buckets", "expected 0 (no hashing) or 1..2^40");
+    }
+    if (c.max_values() < 0 || c.max_values() > 1024) {
+      return bad(at + ".max_values", "expected 0..1024");
+    }
+    if (c.max_values() > 1 && !categorical) {
+      return bad(at + ".max_values", "applies to CATEGORICAL columns only");
+    }
+    const std::string& vs = c.value_separator();
+    if (!vs.empty()) {
+      if (c.max_values() <= 1) return bad(at + ".value_separator", "needs max_values > 1");
+      if (vs.size() != 1 || vs == "\n" || vs == "\r" || vs == "\"" ||
+          vs[0] == SchemaSeparator(schema)) {
+        return bad(at + ".value_separator",
+                   "expected one character, not a newline, a quote or the column separator");
+      }
+    } else if (c.max_values() > 1 && ValueSeparator(c) == SchemaSeparator(schema)) {
+      return bad(at + ".value_separator", "the default \"|\" is the column separator: set another");
+    }
+    if (categorical) {
+      ids += std::max<int64_t>(1, c.count()) * std::max(1, c.max_values());
+      if (ids > 65536) return bad(".columns", "expected at most 65536 ids an example");
     }
   }
   if (CountKind(schema, FeatureColumn::LABEL) != 1) {

@@ -1,5 +1,6 @@
 #include "worker/data/criteo_reader.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <vector>
@@ -41,6 +42,7 @@ ClickThroughLayout::ClickThroughLayout(const FeatureSchema& schema) {
   columns_.assign(effective.columns().begin(), effective.columns().end());
   numeric_ = NumericColumns(effective);
   fields_ = CategoricalColumns(effective);
+  for (int slots : FieldIdSlots(effective)) id_slots_ += slots;
 }
 
 std::string ClickThroughLayout::Parse(absl::string_view line, float* dense, uint64_t* ids,
@@ -87,18 +89,40 @@ std::string ClickThroughLayout::Parse(absl::string_view line, float* dense, uint
         break;
       }
       case FeatureColumn::CATEGORICAL: {
-        if (c.hex() && !f.empty() && !IsHex(f)) {
-          return absl::StrCat("categorical field ", k + 1, " (", ColumnName(c, i),
-                              ") is not 1-16 hex digits: ", Quote(f));
-        }
         empty += f.empty();
-        uint64_t id = FeatureId(k, f.data(), f.size());
-        // The hashing trick: one of hash_buckets ids of this field.
-        if (c.hash_buckets() > 0) {
-          id = MixId((static_cast<uint64_t>(k) << 40) ^
-                     (id % static_cast<uint64_t>(c.hash_buckets())));
+        // One value's id: the field's, hashed into its buckets with the
+        // hashing trick; a hex column's value checked.
+        auto id_of = [&](absl::string_view v, uint64_t* id) -> std::string {
+          if (c.hex() && !v.empty() && !IsHex(v)) {
+            return absl::StrCat("categorical field ", k + 1, " (", ColumnName(c, i),
+                                ") is not 1-16 hex digits: ", Quote(v));
+          }
+          *id = FeatureId(k, v.data(), v.size());
+          if (c.hash_buckets() > 0) {
+            *id = MixId((static_cast<uint64_t>(k) << 40) ^
+                        (*id % static_cast<uint64_t>(c.hash_buckets())));
+          }
+          if (*id == kNoId) --*id;
+          return "";
+        };
+        const int slots = std::max(1, c.max_values());
+        int used = 0;
+        if (slots == 1 || f.empty()) {
+          if (std::string why = id_of(f, ids); !why.empty()) return why;
+          used = 1;
+        } else {
+          for (absl::string_view v : absl::StrSplit(f, ValueSeparator(c))) {
+            if (used == slots) {
+              return absl::StrCat("categorical field ", k + 1, " (", ColumnName(c, i),
+                                  ") has more than ", slots, " values");
+            }
+            if (std::string why = id_of(v, ids + used); !why.empty()) return why;
+            ++used;
+          }
         }
-        ids[k++] = id;
+        for (int j = used; j < slots; ++j) ids[j] = kNoId;
+        ids += slots;
+        ++k;
         break;
       }
       default:
@@ -124,9 +148,9 @@ absl::StatusOr<Dataset> LoadCriteoDataset(Env* env, const std::string& path, int
   ASSIGN_OR_RETURN(std::string text, env->ReadFile(path));
   Dataset d;
   d.dim = layout.numeric();
-  d.id_fields = layout.fields();
+  d.id_fields = layout.id_slots();
   std::vector<float> dense(static_cast<size_t>(layout.numeric()));
-  std::vector<uint64_t> ids(static_cast<size_t>(layout.fields()));
+  std::vector<uint64_t> ids(static_cast<size_t>(layout.id_slots()));
   int64_t line_number = 0;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     ++line_number;

@@ -8,10 +8,13 @@
 // Criteo's integers; an empty one 0); a CATEGORICAL column's value becomes
 // the 64-bit id FeatureId(k, text) (common/base/embedding_ids.h) for the
 // k-th categorical column, an empty value its own id per field; with
-// hash_buckets B, one of B ids of the field. Malformed lines (a wrong
+// hash_buckets B, one of B ids of the field. A multi-hot column's cell
+// (max_values > 1) holds up to max_values such values, separated by its
+// value_separator. Malformed lines (a wrong
 // field count, a label that is not 0 or 1, a number that is not one, or not
 // whole where the column says integer, a hex column's value that is not
-// 1-16 hexadecimal digits) are skipped with a warning naming file and
+// 1-16 hexadecimal digits, a multi-hot cell of more than max_values values)
+// are skipped with a warning naming file and
 // line, up to `max_malformed`; one more fails the load. CRLF is accepted,
 // blank lines ignored, and with `header` each file's first line skipped.
 // Stateless; thread-safe.
@@ -44,11 +47,15 @@ class ClickThroughLayout {
   explicit ClickThroughLayout(const FeatureSchema& schema = FeatureSchema());
   int numeric() const { return numeric_; }
   int fields() const { return fields_; }
+  // The ids an example holds: one per field, max_values per multi-hot field.
+  int id_slots() const { return id_slots_; }
   bool header() const { return header_; }
 
   // One line (without its newline or CR) into numeric() dense features,
-  // fields() ids and its label; "" when it is good, else why it is
-  // malformed. `empty_fields` (when given) gains the line's empty fields.
+  // id_slots() ids (field after field; a multi-hot cell's values, then
+  // kNoId in its places left) and its label; "" when it is good, else why
+  // it is malformed. `empty_fields` (when given) gains the line's empty
+  // fields.
   std::string Parse(absl::string_view line, float* dense, uint64_t* ids, int32_t* label,
                     int64_t* empty_fields = nullptr) const;
 
@@ -56,7 +63,7 @@ class ClickThroughLayout {
   char separator_;
   bool header_;
   std::vector<FeatureColumn> columns_;
-  int numeric_ = 0, fields_ = 0;
+  int numeric_ = 0, fields_ = 0, id_slots_ = 0;
 };
 
 // Criteo's layout: ClickThroughLayout().Parse without the label.

@@ -167,5 +167,53 @@ TEST_CASE("a schema of the user's own: CSV with a header, columns in any order, 
         "label \"2\" is not 0 or 1");
 }
 
+TEST_CASE("a multi-hot field: a cell of up to max_values values, its places left kNoId",
+          "[criteo][schema]") {
+  FeatureSchema schema;
+  schema.set_separator(",");
+  auto add = [&](const std::string& name, FeatureColumn::Kind kind) {
+    FeatureColumn* c = schema.add_columns();
+    c->set_name(name);
+    c->set_kind(kind);
+    return c;
+  };
+  add("clicked", FeatureColumn::LABEL);
+  add("user", FeatureColumn::CATEGORICAL);
+  FeatureColumn* tags = add("tags", FeatureColumn::CATEGORICAL);
+  tags->set_max_values(3);
+  tags->set_hex(true);
+  add("price", FeatureColumn::NUMERIC);
+  const ClickThroughLayout layout(schema);
+  CHECK(layout.fields() == 2);
+  CHECK(layout.id_slots() == 4);
+  std::vector<float> dense(1);
+  std::vector<uint64_t> ids(4);
+  int32_t label = 0;
+  auto parse = [&](const std::string& line) {
+    return layout.Parse(line, dense.data(), ids.data(), &label);
+  };
+  // Three values: each hashed as field 1's value, in the cell's order.
+  REQUIRE(parse("1,u7,a|b0|c,2.5") == "");
+  CHECK(ids == std::vector<uint64_t>{FeatureId(0, "u7"), FeatureId(1, "a"), FeatureId(1, "b0"),
+                                     FeatureId(1, "c")});
+  CHECK(dense[0] == 2.5f);
+  // One value, and an empty cell (the empty value, as a one-hot field's).
+  REQUIRE(parse("0,u7,ff,1") == "");
+  CHECK(ids == std::vector<uint64_t>{FeatureId(0, "u7"), FeatureId(1, "ff"), kNoId, kNoId});
+  REQUIRE(parse("0,u7,,1") == "");
+  CHECK(ids == std::vector<uint64_t>{FeatureId(0, "u7"), FeatureId(1, ""), kNoId, kNoId});
+  // Too many values, or one not hex: malformed, naming the column.
+  CHECK(parse("1,u7,a|b|c|d,1") == "categorical field 2 (tags) has more than 3 values");
+  CHECK(parse("1,u7,a|xyz,1") == "categorical field 2 (tags) is not 1-16 hex digits: \"xyz\"");
+  // A dataset holds id_slots() ids an example.
+  auto d = LoadCriteoDataset(Env::Default(),
+                             WriteTemp("multi.csv", "1,u1,a|b,1\n0,u2,c,2\n1,u3,a|b|c|d,3\n"),
+                             5, nullptr, layout);
+  REQUIRE(d.ok());
+  CHECK(d->size == 2);
+  CHECK(d->id_fields == 4);
+  CHECK(d->ids[7] == kNoId);
+}
+
 }  // namespace
 }  // namespace pstrain

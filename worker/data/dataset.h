@@ -16,7 +16,8 @@ struct Dataset {
   std::vector<float> x;    // [size, dim], row-major
   std::vector<int32_t> y;  // [size]
   // Categorical features (click-through data): `id_fields` 64-bit ids per
-  // example, one per field (FeatureId in common/base/embedding_ids.h); none for
+  // example, one per field, or max_values for a multi-hot field (FeatureId in
+  // common/base/embedding_ids.h; kNoId in the places a cell left); none for
   // image and CSV data.
   int id_fields = 0;
   std::vector<uint64_t> ids;  // [size, id_fields]

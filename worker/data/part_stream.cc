@@ -140,7 +140,7 @@ absl::Status PartStream::Wait() {
 
 absl::Status PartStream::Next(float* x, int32_t* y, uint64_t* ids) {
   std::vector<uint64_t> scratch;
-  if (ids == nullptr) scratch.resize(static_cast<size_t>(layout_.fields()));
+  if (ids == nullptr) scratch.resize(static_cast<size_t>(layout_.id_slots()));
   std::string line;
   for (int rows = 0; rows < options_.batch_size;) {
     int64_t index = 0;
@@ -154,7 +154,7 @@ absl::Status PartStream::Next(float* x, int32_t* y, uint64_t* ids) {
     if (line.find_first_not_of(" \t") == std::string::npos) continue;  // blank
     const std::string reason = layout_.Parse(
         line, x + static_cast<size_t>(rows) * layout_.numeric(),
-        ids != nullptr ? ids + static_cast<size_t>(rows) * layout_.fields() : scratch.data(),
+        ids != nullptr ? ids + static_cast<size_t>(rows) * layout_.id_slots() : scratch.data(),
         &y[rows]);
     if (!reason.empty()) {
       const std::string where = absl::StrCat(JoinPath(options_.dir, file_), ":", index + 1);

@@ -53,7 +53,7 @@ class PartStream : public BatchSource {
 
   int batch_size() const override { return options_.batch_size; }
   int dim() const override { return layout_.numeric(); }         // the dense features
-  int id_fields() const override { return layout_.fields(); }    // the categorical ids
+  int id_fields() const override { return layout_.id_slots(); }  // the categorical ids
   absl::Status Next(float* x, int32_t* y, uint64_t* ids) override;
   // The part's number (the first part at or after it when that one is not
   // there yet), and the lines of it passed.

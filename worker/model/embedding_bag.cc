@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/base/embedding_ids.h"
 #include "common/base/status_macros.h"
 
 namespace pstrain {
@@ -17,6 +18,30 @@ SparseBatch SparseBatch::OnePerField(const uint64_t* ids, int batch, int fields)
   s.ids.assign(ids, ids + n);
   s.offsets.resize(n + 1);
   for (size_t i = 0; i <= n; ++i) s.offsets[i] = static_cast<int64_t>(i);
+  return s;
+}
+
+SparseBatch SparseBatch::FromSlots(const uint64_t* ids, int batch,
+                                   const std::vector<int>& slots) {
+  const int fields = static_cast<int>(slots.size());
+  int per_example = 0;
+  for (int n : slots) per_example += n;
+  if (per_example == fields) return OnePerField(ids, batch, fields);
+  SparseBatch s;
+  s.batch = batch;
+  s.fields = fields;
+  s.offsets.reserve(static_cast<size_t>(batch) * fields + 1);
+  s.offsets.push_back(0);
+  for (int b = 0; b < batch; ++b) {
+    const uint64_t* at = ids + static_cast<size_t>(b) * per_example;
+    for (int n : slots) {
+      for (int j = 0; j < n; ++j) {
+        if (at[j] != kNoId) s.ids.push_back(at[j]);
+      }
+      at += n;
+      s.offsets.push_back(static_cast<int64_t>(s.ids.size()));
+    }
+  }
   return s;
 }
 

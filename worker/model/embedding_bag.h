@@ -28,6 +28,10 @@ struct SparseBatch {
   std::vector<int64_t> offsets;  // batch * fields + 1
   // One id per (example, field), as Criteo's categorical columns.
   static SparseBatch OnePerField(const uint64_t* ids, int batch, int fields);
+  // An example's ids in places, field after field: `slots[f]` for field f
+  // (a multi-hot field's max_values), kNoId (embedding_ids.h) where a cell
+  // had fewer values; those are left out of the bags.
+  static SparseBatch FromSlots(const uint64_t* ids, int batch, const std::vector<int>& slots);
 };
 
 // The distinct ids of a batch in order of first appearance (what a worker

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "catch2/catch.hpp"
+#include "common/base/embedding_ids.h"
 #include "worker/model/bags_test_util.h"
 #include "worker/model/deferred_backend.h"
 #include "worker/model/model.h"
@@ -25,6 +26,22 @@ TEST_CASE("unique ids keep the order of first appearance", "[embedding_bag]") {
   const UniqueRows u = UniqueRows::Of({7, 3, 7, 9, 3});
   CHECK(u.ids == std::vector<uint64_t>{7, 3, 9});
   CHECK(u.row_of == std::vector<uint32_t>{0, 1, 0, 2, 1});
+}
+
+TEST_CASE("an example's ids in places make bags of each field's values, kNoId left out",
+          "[embedding_bag]") {
+  // Two examples; field 0 one id, field 1 up to three.
+  const std::vector<uint64_t> ids = {5, 1, 2, kNoId,  //
+                                     6, kNoId, kNoId, kNoId};
+  const SparseBatch s = SparseBatch::FromSlots(ids.data(), 2, {1, 3});
+  CHECK(s.batch == 2);
+  CHECK(s.fields == 2);
+  CHECK(s.ids == std::vector<uint64_t>{5, 1, 2, 6});
+  CHECK(s.offsets == std::vector<int64_t>{0, 1, 3, 4, 4});
+  // One place a field: as OnePerField.
+  const SparseBatch one = SparseBatch::FromSlots(ids.data(), 4, {1, 1});
+  CHECK(one.ids == ids);
+  CHECK(one.offsets == SparseBatch::OnePerField(ids.data(), 4, 2).offsets);
 }
 
 TEST_CASE("bags sum or average their rows after the dense features; gradients scatter back",

@@ -131,10 +131,31 @@ void EmbeddingTable::ForEachShardGroup(absl::Span<const uint64_t> ids, F visit) 
   std::array<uint32_t, kShards> at;
   std::copy(start.begin(), start.begin() + kShards, at.begin());
   for (size_t i = 0; i < n; ++i) order[at[shard_of[i]]++] = static_cast<uint32_t>(i);
+  // Past the page cache each row on disk waits on the disk (reads average
+  // parallel_read_ns or more): ask for every shard's first, so the reads of
+  // the whole call wait together, not one shard's after another's, and
+  // read each shard's on the pool. Every 64th call does neither, to time
+  // serial reads again (ReadBack).
+  const bool fast_reads =
+      shard_memory_rows_ > 0 &&
+      read_ns_.load(std::memory_order_relaxed) >= options_.parallel_read_ns &&
+      read_calls_.fetch_add(1, std::memory_order_relaxed) % 64 != 0;
+  if (fast_reads) {
+    for (int k = 0; k < kShards; ++k) {
+      if (start[k] == start[k + 1]) continue;
+      Shard& s = shards_[k];
+      absl::MutexLock lock(&s.mu);
+      for (uint32_t j = start[k]; j < start[k + 1]; ++j) {
+        const uint64_t id = ids[order[j]];
+        if (!s.index.contains(id)) s.tier->Prefetch(id);
+      }
+    }
+  }
   for (int k = 0; k < kShards; ++k) {
     if (start[k] == start[k + 1]) continue;
     Shard& s = shards_[k];
     absl::MutexLock lock(&s.mu);
+    s.fast_reads = fast_reads;
     visit(&s, order.data() + start[k], static_cast<size_t>(start[k + 1] - start[k]));
   }
 }
@@ -228,12 +249,11 @@ absl::Status EmbeddingTable::ReadBack(Shard* s, const std::vector<uint64_t>& ids
   const size_t record = static_cast<size_t>(s->tier->record_bytes());
   std::vector<char> records(ids.size() * record);
   // In parallel where reads wait on the disk (past the page cache: tens of
-  // microseconds each); from the page cache a read is a copy, which the
-  // pool's hand-offs would only slow. Every 64th call reads serially to
-  // time them again.
+  // microseconds each; ForEachShardGroup asked for them already); from the
+  // page cache a read is a copy, which the pool's hand-offs would only
+  // slow. Serial reads not asked for ahead are timed.
   const int64_t per_read_ns = read_ns_.load(std::memory_order_relaxed);
-  const bool parallel = ids.size() >= 4 && per_read_ns >= options_.parallel_read_ns &&
-                        read_calls_.fetch_add(1, std::memory_order_relaxed) % 64 != 0;
+  const bool parallel = s->fast_reads && ids.size() >= 4;
   const absl::Time start = absl::Now();
   if (parallel) {
     // Made on first need: a table whose reads stay in the page cache (or
@@ -246,7 +266,7 @@ absl::Status EmbeddingTable::ReadBack(Shard* s, const std::vector<uint64_t>& ids
       !st.ok()) {
     return Fail(st);
   }
-  if (!parallel) {
+  if (!s->fast_reads) {
     const int64_t sample =
         absl::ToInt64Nanoseconds(absl::Now() - start) / static_cast<int64_t>(ids.size());
     read_ns_.store(per_read_ns + (sample - per_read_ns) / 8, std::memory_order_relaxed);

@@ -15,7 +15,8 @@
 // per shard, named Options::tier_prefix + ".shard-NN"), chosen by CLOCK (an
 // approximation of least recently used: a row used since the hand last
 // passed it is spared once). A row used while on disk is read back into
-// memory first (a call's rows on disk in one shard are read in parallel, by
+// memory first (where reads wait on the disk, a call's rows on disk are
+// asked of it together, every shard's, and each shard's read in parallel by
 // a pool of kReadThreads), so every lookup and update works on memory rows;
 // a row lives in exactly one tier, values and slots together, and moving it
 // never changes a bit of it. A row the disk cannot take (a full disk) stays
@@ -235,6 +236,9 @@ class EmbeddingTable {
     int64_t disk_reads ABSL_GUARDED_BY(mu) = 0;
     int64_t disk_writes ABSL_GUARDED_BY(mu) = 0;
     int64_t disk_write_errors ABSL_GUARDED_BY(mu) = 0;
+    // This call's rows on disk were asked for ahead and are read on the
+    // pool (ForEachShardGroup), else read serially and timed (ReadBack).
+    bool fast_reads ABSL_GUARDED_BY(mu) = false;
   };
   enum : uint8_t { kFree = 0, kLive = 1, kUsed = 2 };
 
@@ -293,8 +297,8 @@ class EmbeddingTable {
   static constexpr int kReadThreads = 8;
   absl::once_flag read_pool_once_;
   std::unique_ptr<ReadPool> read_pool_;
-  // A serial read's time, a moving average refreshed every 64th call
-  // (Options::parallel_read_ns).
+  // A serial read's time, a moving average refreshed by the calls that read
+  // serially (every 64th past the page cache; Options::parallel_read_ns).
   std::atomic<int64_t> read_ns_{0};
   std::atomic<uint64_t> read_calls_{0};
   mutable std::atomic<bool> failed_{false};

@@ -295,6 +295,12 @@ absl::Status RowTier::Decode(uint64_t id, char* r, float* values, const std::vec
                       updates);
 }
 
+void RowTier::Prefetch(uint64_t id) const {
+  const Entry* e = Find(id);
+  if (e == nullptr || SegmentOf(e->place) == open_) return;  // in memory
+  file_->Prefetch(OffsetOf(e->place), record_bytes_);
+}
+
 bool RowTier::Erase(uint64_t id) {
   auto it = index_.find(id);
   if (it == index_.end()) return false;

@@ -133,6 +133,9 @@ class RowTier {
                       int64_t* updates) const;
   // Drops `id` from the tier (its place becomes garbage); false when absent.
   bool Erase(uint64_t id);
+  // A hint that row `id` (in the tier) will be read soon: the disk may
+  // start reading its record now (RandomRWFile::Prefetch).
+  void Prefetch(uint64_t id) const;
 
   // The rows whose entries `select` keeps, as they stand, for a reader off
   // the table's lock (a checkpoint's writer): while the PinnedRows lives,

@@ -93,6 +93,11 @@ class PosixRandomRWFile : public RandomRWFile {
     return absl::OkStatus();
   }
 
+  void Prefetch(int64_t offset, int64_t n) override {
+    (void)::posix_fadvise(fd_, static_cast<off_t>(offset), static_cast<off_t>(n),
+                          POSIX_FADV_WILLNEED);
+  }
+
   absl::Status Read(int64_t offset, int64_t n, char* dst) override {
     while (n > 0) {
       ssize_t got = ::pread(fd_, dst, static_cast<size_t>(n), static_cast<off_t>(offset));

@@ -43,6 +43,11 @@ class RandomRWFile {
   // Reads `n` bytes at `offset` into `dst`; OUT_OF_RANGE when the file ends
   // before them.
   virtual absl::Status Read(int64_t offset, int64_t n, char* dst) = 0;
+  // A hint that `n` bytes at `offset` will be read soon: the OS may start
+  // reading them from the disk now, without waiting (posix_fadvise's
+  // WILLNEED), so that many such reads wait on the disk together. Never an
+  // error; the default does nothing.
+  virtual void Prefetch(int64_t offset, int64_t n) {}
 };
 
 class Env {

@@ -64,6 +64,7 @@ class FaultRandomRWFile : public RandomRWFile {
     RETURN_IF_ERROR(env_->Read(path_));
     return base_->Read(offset, n, dst);
   }
+  void Prefetch(int64_t offset, int64_t n) override { base_->Prefetch(offset, n); }
 
  private:
   FaultEnv* const env_;

@@ -432,6 +432,10 @@ absl::Status StreamLink(Env* env, const std::string& ckpt_dir, const CheckpointM
   const size_t columns = ranges.size();
   std::vector<uint32_t> crc(columns, 0);
   const int64_t n = r.rows();
+  // At most 64 MiB a chunk, whatever the manifest's dim.
+  int64_t row_bytes = 0;
+  for (int64_t w : width) row_bytes += w;
+  chunk_rows = std::clamp<int64_t>((int64_t{64} << 20) / row_bytes, 1, chunk_rows);
   RestoredTable chunk;
   chunk.dim = dim;
   chunk.slots.resize(static_cast<size_t>(r.slots_size()));

@@ -416,12 +416,14 @@ TEST_CASE("embedding rows and their Adam slots resume bitwise after kill -9, and
     auto c = LoadCheckpoint(Env::Default(), JoinPath(ckpt, CheckpointDirName(steps)));
     REQUIRE(c.ok());
     const RestoredTable& t = c->tables.at("features");
+    // (Rows in any order: the first of LoadCheckpoint's found by its id.)
     CommandResult py = testing::RunCommand(
         {python, "-c",
          "import sys; import numpy as np; from safetensors.numpy import load_file\n"
          "t = load_file(sys.argv[1]); v, i = t['features'], t['features/ids']\n"
-         "print(v.dtype, v.shape, i.dtype, len(set(i.tolist())), '%.9g' % v[0, 0])",
-         JoinPath(out, "model.safetensors")},
+         "k = i.tolist().index(int(sys.argv[2]))\n"
+         "print(v.dtype, v.shape, i.dtype, len(set(i.tolist())), '%.9g' % v[k, 0])",
+         JoinPath(out, "model.safetensors"), absl::StrCat(t.ids[0])},
         absl::Seconds(60));
     INFO(py.output);
     CHECK(py.exit_code == 0);

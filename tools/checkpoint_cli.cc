@@ -151,12 +151,29 @@ struct Stats {
   int64_t count = 0;
 };
 
+// Rows a chunk of a table's rows holds when read for export or inspect.
+constexpr int64_t kExportChunkRows = 1 << 16;
+
+// Table `table`'s rows in checkpoint `ckpt` (manifest `m`), counted a chunk
+// at a time, nothing kept.
+absl::StatusOr<int64_t> CountRows(const std::string& ckpt, const CheckpointManifest& m,
+                                  const std::string& table) {
+  int64_t n = 0;
+  RETURN_IF_ERROR(StreamTableRows(Env::Default(), ckpt, m, table, kExportChunkRows,
+                                  [&n](const RestoredTable& rows) {
+                                    n += static_cast<int64_t>(rows.ids.size());
+                                    return absl::OkStatus();
+                                  }));
+  return n;
+}
+
 int Inspect(const std::string& ckpt, bool json, std::ostream& out, std::ostream& err) {
   if (const std::string why = NotOneCheckpoint(Env::Default(), ckpt); !why.empty()) {
     err << "pstrain checkpoint inspect: " << why << "\n";
     return 1;
   }
-  absl::StatusOr<RestoredCheckpoint> c = LoadCheckpoint(Env::Default(), ckpt);
+  // Its tables' rows are checked and counted a chunk at a time.
+  absl::StatusOr<RestoredCheckpoint> c = LoadCheckpointForRestore(Env::Default(), ckpt);
   if (!c.ok()) {
     err << "pstrain checkpoint inspect: " << c.status().message() << "\n";
     return 1;
@@ -202,11 +219,15 @@ int Inspect(const std::string& ckpt, bool json, std::ostream& out, std::ostream&
   }
   j["tables"] = nlohmann::json::array();
   for (const CheckpointTable& t : m.tables()) {
-    const RestoredTable& rt = c->tables.at(t.name());
+    absl::StatusOr<int64_t> rows = CountRows(ckpt, m, t.name());
+    if (!rows.ok()) {
+      err << "pstrain checkpoint inspect: " << rows.status().message() << "\n";
+      return 1;
+    }
     j["tables"].push_back({
         {"name", t.name()},
         {"dim", t.dim()},
-        {"rows", rt.ids.size()},
+        {"rows", *rows},
         {"optimizer", t.optimizer()},
         {"slots", std::vector<std::string>(t.slot_names().begin(), t.slot_names().end())},
     });
@@ -294,15 +315,35 @@ absl::Status FromCheckpoint(const std::string& ckpt, const RestoredCheckpoint& c
     src->bytes += static_cast<int64_t>(rv.values.size() * sizeof(float));
     ++src->variables;
   }
+  // A table's rows are read a chunk at a time as they are written (it may
+  // be larger than memory): counted first, then its values, then its ids,
+  // each pass in the same order.
   for (const auto& [name, t] : c.tables) {
     if (!SafeRelativePath(name) || c.variables.count(name) + c.variables.count(name + "/ids")) {
       return absl::InvalidArgumentError(absl::StrCat(
           "table \"", name, "\" is not a safe file name or clashes with a variable"));
     }
-    const int64_t n = static_cast<int64_t>(t.ids.size());
-    src->tensors.push_back({name, {n, t.dim}, t.values.data()});
-    src->tensors.push_back({name + "/ids", {n}, t.ids.data(), ExportDtype::kUint64});
-    src->bytes += static_cast<int64_t>(t.values.size() * sizeof(float) + t.ids.size() * 8);
+    ASSIGN_OR_RETURN(const int64_t n, CountRows(ckpt, m, name));
+    auto column = [&ckpt, &m, name = name](bool ids) -> ExportProducer {
+      return [&ckpt, &m, name, ids](const std::function<absl::Status(absl::string_view)>& append) {
+        return StreamTableRows(Env::Default(), ckpt, m, name, kExportChunkRows,
+                               [&](const RestoredTable& rows) {
+                                 return ids ? append(absl::string_view(
+                                                  reinterpret_cast<const char*>(rows.ids.data()),
+                                                  rows.ids.size() * sizeof(uint64_t)))
+                                            : append(absl::string_view(
+                                                  reinterpret_cast<const char*>(rows.values.data()),
+                                                  rows.values.size() * sizeof(float)));
+                               });
+      };
+    };
+    ExportTensor values{name, {n, t.dim}};
+    values.produce = column(false);
+    ExportTensor ids{name + "/ids", {n}, nullptr, ExportDtype::kUint64};
+    ids.produce = column(true);
+    src->tensors.push_back(std::move(values));
+    src->tensors.push_back(std::move(ids));
+    src->bytes += n * (t.dim * static_cast<int64_t>(sizeof(float)) + 8);
     ++src->tables;
   }
   return absl::OkStatus();
@@ -392,7 +433,7 @@ int Export(const std::string& ckpt, const std::string& format, const std::string
     model_file = ReadTensorFile(env, resolved.empty() ? ckpt : resolved);
     st = model_file.ok() ? FromModelFile(ckpt, *model_file, &src) : model_file.status();
   } else {
-    checkpoint = LoadCheckpoint(env, ckpt, [&progress](int64_t done, int64_t total) {
+    checkpoint = LoadCheckpointForRestore(env, ckpt, [&progress](int64_t done, int64_t total) {
       progress.Update(absl::StrFormat("%.1f / %.1f MiB read and verified", done / 1048576.0,
                                       total / 1048576.0));
     });

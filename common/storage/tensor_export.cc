@@ -28,8 +28,27 @@ absl::Status CheckShape(const ExportTensor& t) {
   for (int64_t d : t.shape) {
     if (d < 0) return absl::InvalidArgumentError(absl::StrCat(t.name, ": negative dimension"));
   }
-  if (t.data == nullptr && Elements(t.shape) > 0) {
+  if (t.data == nullptr && !t.produce && Elements(t.shape) > 0) {
     return absl::InvalidArgumentError(absl::StrCat(t.name, ": no data"));
+  }
+  return absl::OkStatus();
+}
+
+// Appends `t`'s bytes to `f`: its data, or what its producer gives, which
+// must be exactly the shape's bytes.
+absl::Status AppendTensor(WritableFile* f, const ExportTensor& t) {
+  if (!t.produce) return f->Append(Bytes(t));
+  const int64_t want = Elements(t.shape) * static_cast<int64_t>(ElementBytes(t.dtype));
+  int64_t got = 0;
+  RETURN_IF_ERROR(t.produce([&](absl::string_view piece) -> absl::Status {
+    got += static_cast<int64_t>(piece.size());
+    if (got > want) {
+      return absl::InternalError(absl::StrCat(t.name, ": more than its ", want, " bytes"));
+    }
+    return f->Append(piece);
+  }));
+  if (got != want) {
+    return absl::InternalError(absl::StrCat(t.name, ": ", got, " bytes of its ", want));
   }
   return absl::OkStatus();
 }
@@ -62,7 +81,7 @@ absl::Status WriteNpy(Env* env, const std::string& path, const ExportTensor& ten
   }
   return WriteFileStreamAtomically(env, path, [&](WritableFile* f) -> absl::Status {
     RETURN_IF_ERROR(f->Append(header));
-    return f->Append(Bytes(tensor));
+    return AppendTensor(f, tensor);
   });
 }
 
@@ -98,7 +117,7 @@ absl::Status WriteSafetensors(Env* env, const std::string& path,
   ASSIGN_OR_RETURN(const std::string header, SafetensorsHeader(tensors, metadata));
   return WriteFileStreamAtomically(env, path, [&](WritableFile* f) -> absl::Status {
     RETURN_IF_ERROR(f->Append(header));
-    for (const ExportTensor& t : tensors) RETURN_IF_ERROR(f->Append(Bytes(t)));
+    for (const ExportTensor& t : tensors) RETURN_IF_ERROR(AppendTensor(f, t));
     return absl::OkStatus();
   });
 }

@@ -15,12 +15,14 @@
 #define PSTRAIN_COMMON_STORAGE_TENSOR_EXPORT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/storage/env.h"
 
 namespace pstrain {
@@ -28,11 +30,17 @@ namespace pstrain {
 // A tensor to write: float32, or uint64 (an embedding table's ids); `data`
 // holds the product of `shape` elements, little-endian.
 enum class ExportDtype { kFloat32, kUint64 };
+// Gives a tensor's bytes in order, a piece at a time, to `append`.
+using ExportProducer =
+    std::function<absl::Status(const std::function<absl::Status(absl::string_view)>& append)>;
 struct ExportTensor {
   std::string name;
   std::vector<int64_t> shape;
   const void* data = nullptr;
   ExportDtype dtype = ExportDtype::kFloat32;
+  // Instead of `data` (a tensor larger than memory: a table's rows read as
+  // they are written): exactly the shape's bytes, else the write fails.
+  ExportProducer produce;
 };
 
 // The bytes before the data of a .npy file for an array of `shape`.

@@ -81,7 +81,9 @@ absl::Status WriteServingSnapshot(Env* env, const std::string& serving_dir,
   }
   RETURN_IF_ERROR(env->CreateDirs(serving_dir));
   const int64_t base = BaseStep(env, serving_dir, ckpt_dir, m);
-  ASSIGN_OR_RETURN(auto tables, LoadTableChanges(env, ckpt_dir, base));
+  // A full table's rows are streamed as they are written (it may be larger
+  // than memory); a delta's are read whole.
+  ASSIGN_OR_RETURN(auto tables, LoadTableChanges(env, ckpt_dir, base, /*full_rows=*/false));
   const std::string name = SnapshotName(step);
   const std::string dir = JoinPath(serving_dir, name);
   const std::string tmp = dir + ".tmp";
@@ -99,16 +101,25 @@ absl::Status WriteServingSnapshot(Env* env, const std::string& serving_dir,
   int64_t rows = 0, deleted = 0;
   for (const auto& [table, c] : tables) {
     all_full = all_full && c.full;
-    rows += static_cast<int64_t>(c.rows.ids.size());
     deleted += static_cast<int64_t>(c.deleted.size());
-    const int64_t n = static_cast<int64_t>(c.rows.ids.size());
+    int64_t n = static_cast<int64_t>(c.rows.ids.size());
     std::map<std::string, std::string> meta = {
         {"kind", c.full ? "full" : "delta"}, {"step", absl::StrCat(step)}, {"table", table}};
     if (!c.full) meta["base"] = SnapshotName(base);
+    ExportTensor ids{"ids", {n}, c.rows.ids.data(), ExportDtype::kUint64};
+    ExportTensor values{"values", {n, c.rows.dim}, c.rows.values.data(), ExportDtype::kFloat32};
+    if (c.full) {
+      // Counted, then its ids, then its values, each a chunk at a time.
+      ASSIGN_OR_RETURN(n, CountTableRows(env, ckpt_dir, m, table));
+      ids.shape = {n};
+      values.shape = {n, c.rows.dim};
+      ids.produce = TableColumn(env, ckpt_dir, &m, table, /*ids=*/true);
+      values.produce = TableColumn(env, ckpt_dir, &m, table, /*ids=*/false);
+    }
+    rows += n;
     RETURN_IF_ERROR(WriteSafetensors(
         env, JoinPath(tmp, absl::StrCat("table-", table, ".safetensors")),
-        {{"ids", {n}, c.rows.ids.data(), ExportDtype::kUint64},
-         {"values", {n, c.rows.dim}, c.rows.values.data(), ExportDtype::kFloat32},
+        {ids, values,
          {"deleted", {static_cast<int64_t>(c.deleted.size())}, c.deleted.data(),
           ExportDtype::kUint64}},
         meta));

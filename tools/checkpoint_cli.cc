@@ -151,22 +151,6 @@ struct Stats {
   int64_t count = 0;
 };
 
-// Rows a chunk of a table's rows holds when read for export or inspect.
-constexpr int64_t kExportChunkRows = 1 << 16;
-
-// Table `table`'s rows in checkpoint `ckpt` (manifest `m`), counted a chunk
-// at a time, nothing kept.
-absl::StatusOr<int64_t> CountRows(const std::string& ckpt, const CheckpointManifest& m,
-                                  const std::string& table) {
-  int64_t n = 0;
-  RETURN_IF_ERROR(StreamTableRows(Env::Default(), ckpt, m, table, kExportChunkRows,
-                                  [&n](const RestoredTable& rows) {
-                                    n += static_cast<int64_t>(rows.ids.size());
-                                    return absl::OkStatus();
-                                  }));
-  return n;
-}
-
 int Inspect(const std::string& ckpt, bool json, std::ostream& out, std::ostream& err) {
   if (const std::string why = NotOneCheckpoint(Env::Default(), ckpt); !why.empty()) {
     err << "pstrain checkpoint inspect: " << why << "\n";
@@ -219,7 +203,7 @@ int Inspect(const std::string& ckpt, bool json, std::ostream& out, std::ostream&
   }
   j["tables"] = nlohmann::json::array();
   for (const CheckpointTable& t : m.tables()) {
-    absl::StatusOr<int64_t> rows = CountRows(ckpt, m, t.name());
+    absl::StatusOr<int64_t> rows = CountTableRows(Env::Default(), ckpt, m, t.name());
     if (!rows.ok()) {
       err << "pstrain checkpoint inspect: " << rows.status().message() << "\n";
       return 1;
@@ -323,24 +307,11 @@ absl::Status FromCheckpoint(const std::string& ckpt, const RestoredCheckpoint& c
       return absl::InvalidArgumentError(absl::StrCat(
           "table \"", name, "\" is not a safe file name or clashes with a variable"));
     }
-    ASSIGN_OR_RETURN(const int64_t n, CountRows(ckpt, m, name));
-    auto column = [&ckpt, &m, name = name](bool ids) -> ExportProducer {
-      return [&ckpt, &m, name, ids](const std::function<absl::Status(absl::string_view)>& append) {
-        return StreamTableRows(Env::Default(), ckpt, m, name, kExportChunkRows,
-                               [&](const RestoredTable& rows) {
-                                 return ids ? append(absl::string_view(
-                                                  reinterpret_cast<const char*>(rows.ids.data()),
-                                                  rows.ids.size() * sizeof(uint64_t)))
-                                            : append(absl::string_view(
-                                                  reinterpret_cast<const char*>(rows.values.data()),
-                                                  rows.values.size() * sizeof(float)));
-                               });
-      };
-    };
+    ASSIGN_OR_RETURN(const int64_t n, CountTableRows(Env::Default(), ckpt, m, name));
     ExportTensor values{name, {n, t.dim}};
-    values.produce = column(false);
+    values.produce = TableColumn(Env::Default(), ckpt, &m, name, /*ids=*/false);
     ExportTensor ids{name + "/ids", {n}, nullptr, ExportDtype::kUint64};
-    ids.produce = column(true);
+    ids.produce = TableColumn(Env::Default(), ckpt, &m, name, /*ids=*/true);
     src->tensors.push_back(std::move(values));
     src->tensors.push_back(std::move(ids));
     src->bytes += n * (t.dim * static_cast<int64_t>(sizeof(float)) + 8);

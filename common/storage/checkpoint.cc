@@ -729,9 +729,34 @@ absl::Status StreamTableRows(Env* env, const std::string& ckpt_dir, const Checkp
   return absl::OkStatus();
 }
 
+absl::StatusOr<int64_t> CountTableRows(Env* env, const std::string& ckpt_dir,
+                                       const CheckpointManifest& m, const std::string& table) {
+  int64_t n = 0;
+  RETURN_IF_ERROR(StreamTableRows(env, ckpt_dir, m, table, kChunkRows,
+                                  [&n](const RestoredTable& rows) {
+                                    n += static_cast<int64_t>(rows.ids.size());
+                                    return absl::OkStatus();
+                                  }));
+  return n;
+}
+
+ExportProducer TableColumn(Env* env, const std::string& ckpt_dir, const CheckpointManifest* m,
+                           const std::string& table, bool ids) {
+  return [=](const std::function<absl::Status(absl::string_view)>& append) {
+    return StreamTableRows(env, ckpt_dir, *m, table, kChunkRows, [&](const RestoredTable& rows) {
+      const char* data = ids ? reinterpret_cast<const char*>(rows.ids.data())
+                             : reinterpret_cast<const char*>(rows.values.data());
+      const size_t bytes =
+          ids ? rows.ids.size() * sizeof(uint64_t) : rows.values.size() * sizeof(float);
+      return append(absl::string_view(data, bytes));
+    });
+  };
+}
+
 absl::StatusOr<std::map<std::string, TableChanges>> LoadTableChanges(Env* env,
                                                                      const std::string& ckpt_dir,
-                                                                     int64_t since) {
+                                                                     int64_t since,
+                                                                     bool full_rows) {
   ASSIGN_OR_RETURN(CheckpointManifest m, ReadManifest(env, ckpt_dir));
   std::vector<bool> shard_ok;
   if (std::vector<std::string> problems = ShardFileProblems(env, ckpt_dir, m, &shard_ok);
@@ -753,6 +778,7 @@ absl::StatusOr<std::map<std::string, TableChanges>> LoadTableChanges(Env* env,
   }
   for (const auto& [key, links] : chains) {
     TableChanges& c = out.at(key.first);
+    if (c.full && !full_rows) continue;
     RETURN_IF_ERROR(c.full ? checkpoint_internal::ReadRowChain(env, ckpt_dir, m, links, &c.rows)
                            : checkpoint_internal::ReadRowChainSince(env, ckpt_dir, m, links,
                                                                     since, &c.rows, &c.deleted));

@@ -28,6 +28,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/storage/env.h"
+#include "common/storage/tensor_export.h"
 #include "proto/checkpoint.pb.h"
 
 namespace pstrain {
@@ -215,10 +216,23 @@ absl::Status StreamTableRows(Env* env, const std::string& ckpt_dir, const Checkp
                              const std::string& table, int64_t chunk_rows,
                              const std::function<absl::Status(const RestoredTable&)>& fn);
 
+// Table `table`'s rows in the checkpoint at `ckpt_dir` (manifest `m`),
+// counted a chunk at a time, nothing kept.
+absl::StatusOr<int64_t> CountTableRows(Env* env, const std::string& ckpt_dir,
+                                       const CheckpointManifest& m, const std::string& table);
+// Their ids (`ids`) or their values, in StreamTableRows' order, for an
+// ExportTensor written as they are read (a table larger than memory); `m`
+// must outlive the producer.
+ExportProducer TableColumn(Env* env, const std::string& ckpt_dir, const CheckpointManifest* m,
+                           const std::string& table, bool ids);
+
 // What a table of a checkpoint changed since the checkpoint of step `since`
 // (beside it, in its rows' chain): the rows changed since (as they stand)
 // and the ids dropped since and not back, sorted; or, `full`, every row,
-// when some server's chain starts after `since` (or `since` < 0).
+// when some server's chain starts after `since` (or `since` < 0). With
+// `full_rows` false a full table's rows are not read (`rows` has its dim,
+// optimizer and slot count only): StreamTableRows gives them, in bounded
+// memory (a table larger than memory).
 struct TableChanges {
   bool full = false;
   RestoredTable rows;
@@ -226,7 +240,8 @@ struct TableChanges {
 };
 absl::StatusOr<std::map<std::string, TableChanges>> LoadTableChanges(Env* env,
                                                                      const std::string& ckpt_dir,
-                                                                     int64_t since);
+                                                                     int64_t since,
+                                                                     bool full_rows = true);
 
 // The newest checkpoint in `dir` that loads whole, read once (LoadCheckpoint
 // checks as it reads what VerifyCheckpoint checks); `path` gets where it is.

@@ -2,6 +2,7 @@
 
 
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,45 @@ TEST_CASE("a safetensors file has a JSON header of contiguous offsets, then the 
   CHECK(!SafetensorsHeader({{"x", {1}, s}, {"x", {1}, s}}, {}).ok());
   CHECK(!SafetensorsHeader({{"__metadata__", {1}, s}}, {}).ok());
   CHECK(!SafetensorsHeader({{"", {1}, s}}, {}).ok());
+}
+
+TEST_CASE("a tensor given in pieces writes the bytes its data would; a wrong count fails",
+          "[export]") {
+  const std::string dir = testing::NewTempDir("export_pieces");
+  const float w[] = {1.5f, -2, 3, 4e-8f, 5, 6, 7, 8};  // the tensor is the first 6
+  // Pieces of two floats each (three make the tensor).
+  auto pieces = [&w](int count) -> ExportProducer {
+    return [&w, count](const std::function<absl::Status(absl::string_view)>& append) {
+      for (int p = 0; p < count; ++p) {
+        absl::Status st =
+            append(absl::string_view(reinterpret_cast<const char*>(w + 2 * p), 8));
+        if (!st.ok()) return st;
+      }
+      return absl::OkStatus();
+    };
+  };
+  ExportTensor streamed{"w", {2, 3}};
+  streamed.produce = pieces(3);
+  for (const bool npy : {true, false}) {
+    const std::string a = JoinPath(dir, npy ? "a.npy" : "a.safetensors");
+    const std::string b = JoinPath(dir, npy ? "b.npy" : "b.safetensors");
+    REQUIRE((npy ? WriteNpy(Env::Default(), a, {"w", {2, 3}, w})
+                 : WriteSafetensors(Env::Default(), a, {{"w", {2, 3}, w}}, {}))
+                .ok());
+    REQUIRE((npy ? WriteNpy(Env::Default(), b, streamed)
+                 : WriteSafetensors(Env::Default(), b, {streamed}, {}))
+                .ok());
+    CHECK(Env::Default()->ReadFile(a).value() == Env::Default()->ReadFile(b).value());
+  }
+  // Fewer or more bytes than the shape's: an error, and no file.
+  for (int count : {2, 4}) {
+    ExportTensor wrong{"w", {2, 3}};
+    wrong.produce = pieces(count);
+    const std::string path = JoinPath(dir, "wrong.npy");
+    const absl::Status st = WriteNpy(Env::Default(), path, wrong);
+    CHECK(st.code() == absl::StatusCode::kInternal);
+    CHECK_FALSE(Env::Default()->FileExists(path));
+  }
 }
 
 }  // namespace

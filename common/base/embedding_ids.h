@@ -69,16 +69,33 @@ inline void InitialRow(uint64_t table_seed, uint64_t id, int dim, float scale, f
 // below it).
 constexpr uint64_t kNoId = ~uint64_t{0};
 
-// The 64-bit id of categorical value `value` of feature field `field`: a
-// hash of both, so equal strings in different fields are different ids. An
-// empty value (a missing field) is a category of its own in each field.
-inline uint64_t FeatureId(int field, const char* value, size_t length) {
+// The ids of categorical values come from an id space: field k's own
+// (k + 1), or a vocabulary's, shared by the fields that name it (the hash
+// of its name with the top bit set, so never a field's).
+inline uint64_t FieldIdSpace(int field) { return static_cast<uint64_t>(field) + 1; }
+inline uint64_t VocabularyIdSpace(const std::string& vocabulary) {
+  uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : vocabulary) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h | (uint64_t{1} << 63);
+}
+
+// The 64-bit id of categorical value `value` in id space `space`: a hash of
+// both, so equal strings in different spaces are different ids. An empty
+// value (a missing field) is a category of its own in each space.
+inline uint64_t SpaceFeatureId(uint64_t space, const char* value, size_t length) {
   uint64_t h = 1469598103934665603ULL;
   for (size_t i = 0; i < length; ++i) {
     h ^= static_cast<unsigned char>(value[i]);
     h *= 1099511628211ULL;
   }
-  return MixId(h ^ (static_cast<uint64_t>(field + 1) * 0x9e3779b97f4a7c15ULL));
+  return MixId(h ^ (space * 0x9e3779b97f4a7c15ULL));
+}
+// The id of value `value` of feature field `field` (its own space).
+inline uint64_t FeatureId(int field, const char* value, size_t length) {
+  return SpaceFeatureId(FieldIdSpace(field), value, length);
 }
 inline uint64_t FeatureId(int field, const std::string& value) {
   return FeatureId(field, value.data(), value.size());

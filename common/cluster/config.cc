@@ -145,6 +145,63 @@ absl::Status CheckSchema(const FeatureSchema& schema, const std::string& source)
   return FieldError(source, message.substr(0, colon), message.substr(colon + 2));
 }
 
+// A click-through model's categorical columns: each one's table an
+// embedding_tables entry, hashed (the readers' ids are 64-bit hashes), and
+// model.click_through.bag_inputs their dims' sum where any column looks up a
+// table of its own.
+absl::Status ValidateFieldTables(TrainingConfig* c, const std::string& source) {
+  ClickThroughConfig* ct = c->mutable_model()->mutable_click_through();
+  auto check = [&](const std::string& name, const std::string& field,
+                   int64_t* dim) -> absl::Status {
+    const EmbeddingTableConfig* table = nullptr;
+    for (const EmbeddingTableConfig& t : c->embedding_tables()) {
+      if (t.name() == name) table = &t;
+    }
+    if (table == nullptr) {
+      return FieldError(source, field,
+                        absl::StrCat("no embedding_tables entry named \"", name, "\""));
+    }
+    if (table->num_rows() > 0) {
+      return FieldError(source, field,
+                        absl::StrCat("table ", name,
+                                     " has num_rows, but the model's ids are 64-bit hashes: "
+                                     "expected a hashed table (num_rows 0)"));
+    }
+    *dim = table->dim();
+    return absl::OkStatus();
+  };
+  int64_t model_dim = 0;
+  RETURN_IF_ERROR(check(ct->table(), "model.click_through.table", &model_dim));
+  const FeatureSchema& schema = c->data().schema();
+  int64_t width = int64_t{CategoricalColumns(schema)} * model_dim;
+  bool own = false;
+  for (int i = 0; i < schema.columns_size(); ++i) {
+    const FeatureColumn& col = schema.columns(i);
+    if (col.kind() != FeatureColumn::CATEGORICAL || col.table().empty() ||
+        col.table() == ct->table()) {
+      continue;
+    }
+    int64_t dim = 0;
+    RETURN_IF_ERROR(check(col.table(), absl::StrCat("data.schema.columns[", i, "].table"), &dim));
+    width += std::max(1, col.count()) * (dim - model_dim);
+    own = true;
+  }
+  const int64_t expected = own ? width : 0;
+  if (ct->bag_inputs() != 0 && ct->bag_inputs() != expected) {
+    return FieldError(source, "model.click_through.bag_inputs",
+                      own ? absl::StrCat("is ", ct->bag_inputs(), ", the columns' tables give ",
+                                         width)
+                          : std::string("applies where columns look up tables of their own: "
+                                        "leave it out"));
+  }
+  if (width > (1 << 24)) {
+    return FieldError(source, "model.click_through",
+                      absl::StrCat("bags of ", width, " floats; expected at most 16777216"));
+  }
+  ct->set_bag_inputs(static_cast<int>(expected));
+  return absl::OkStatus();
+}
+
 // The model and its embedding tables: a click-through model's table named
 // and its width filled in; CRITEO data only with one.
 absl::Status ValidateModel(TrainingConfig* c, const std::string& source) {
@@ -186,6 +243,7 @@ absl::Status ValidateModel(TrainingConfig* c, const std::string& source) {
     }
     ct->set_numeric_inputs(numeric);
     ct->set_categorical_fields(fields);
+    RETURN_IF_ERROR(ValidateFieldTables(c, source));
   } else if (c->data().format() == CRITEO) {
     return FieldError(source, "data.format", "CRITEO data needs model { click_through { ... } }");
   }
@@ -671,12 +729,16 @@ absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
     if (ct.activation() != RELU && ct.activation() != GELU) {
       return FieldError(source, "model.click_through.activation", "expected RELU or GELU");
     }
-    const int64_t input = numeric + int64_t{fields} * ct.embedding_dim();
+    if (ct.bag_inputs() < 0 || ct.bag_inputs() > kMaxInput) {
+      return FieldError(source, "model.click_through.bag_inputs", "expected 0..16777216");
+    }
+    const int64_t input = numeric + (ct.bag_inputs() > 0 ? int64_t{ct.bag_inputs()}
+                                                         : int64_t{fields} * ct.embedding_dim());
     if (input > kMaxInput) {
       return FieldError(source, "model.click_through",
                         absl::StrCat("an input of ", input, " floats (", numeric, " numbers and ",
-                                     fields, " bags of ", ct.embedding_dim(),
-                                     "); expected at most ", kMaxInput));
+                                     fields, " bags of ", input - numeric,
+                                     " floats); expected at most ", kMaxInput));
     }
     seq.set_input_dim(static_cast<int>(input));
     for (int units : ct.hidden_units()) {

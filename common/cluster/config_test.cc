@@ -1,5 +1,6 @@
 #include "common/cluster/config.h"
 
+#include <array>
 #include <cstdlib>
 #include <string>
 #include <tuple>
@@ -342,6 +343,86 @@ max_steps: 10
   CHECK(std::string(csv.status().message())
             .find("data.schema: describes format: CRITEO files "
                   "only") != std::string::npos);
+}
+
+TEST_CASE("columns look up tables of their own; the bags' width is their dims' sum",
+          "[config][schema]") {
+  const std::string base = R"(
+model { click_through { table: "t" hidden_units: 16 } }
+embedding_tables { name: "t" dim: 8 }
+embedding_tables { name: "items" dim: 4 optimizer { learning_rate: 0.05 adagrad {} } }
+TABLES
+data { format: CRITEO train_tsv: "a.csv" batch_size: 32 schema { columns { kind: LABEL }
+  columns { kind: NUMERIC count: 2 } COLUMNS } }
+optimizer { learning_rate: 0.1 sgd {} }
+max_steps: 10
+)";
+  auto with = [&](const std::string& columns, const std::string& tables = "") {
+    std::string text = base;
+    text.replace(text.find("COLUMNS"), 7, columns);
+    text.replace(text.find("TABLES"), 6, tables);
+    return ParseTrainingConfig(text, "x.pbtxt");
+  };
+  // Two columns on the model's table (8 wide), three on "items" (4 wide),
+  // two of them sharing one vocabulary.
+  auto c = with(R"(columns { kind: CATEGORICAL count: 2 }
+    columns { name: "item" kind: CATEGORICAL table: "items" vocabulary: "item" }
+    columns { name: "seen" kind: CATEGORICAL table: "items" vocabulary: "item" max_values: 5 }
+    columns { name: "shop" kind: CATEGORICAL table: "items" })");
+  INFO(c.status());
+  REQUIRE(c.ok());
+  const ClickThroughConfig& ct = c->model().click_through();
+  CHECK(ct.categorical_fields() == 5);
+  CHECK(ct.bag_inputs() == 2 * 8 + 3 * 4);
+  CHECK(ExpandModelConfig(c->model())->input_dim() == 2 + 2 * 8 + 3 * 4);
+  CHECK(FieldTables(c->data().schema(), "t") ==
+        std::vector<std::string>{"t", "t", "items", "items", "items"});
+  // Every column on the model's table, named or not: bag_inputs stays 0
+  // (the config as it was before columns had tables).
+  auto same = with(R"(columns { kind: CATEGORICAL count: 2 table: "t" })");
+  REQUIRE(same.ok());
+  CHECK(same->model().click_through().bag_inputs() == 0);
+  CHECK(ExpandModelConfig(same->model())->input_dim() == 2 + 2 * 8);
+  for (const auto& [columns, tables, why] : std::vector<std::array<std::string, 3>>{
+           {R"(columns { kind: CATEGORICAL table: "nope" })", "",
+            "data.schema.columns[2].table: no embedding_tables entry named \"nope\""},
+           {R"(columns { kind: CATEGORICAL table: "fixed" })",
+            R"(embedding_tables { name: "fixed" dim: 4 num_rows: 100 })",
+            "data.schema.columns[2].table: table fixed has num_rows"},
+           {R"(columns { kind: NUMERIC table: "items" } columns { kind: CATEGORICAL })", "",
+            "data.schema.columns[2].table: applies to CATEGORICAL columns only"},
+           {R"(columns { kind: NUMERIC vocabulary: "v" } columns { kind: CATEGORICAL })", "",
+            "data.schema.columns[2].vocabulary: applies to CATEGORICAL columns only"},
+           {R"(columns { kind: CATEGORICAL vocabulary: "v" table: "items" }
+               columns { kind: CATEGORICAL vocabulary: "v" })", "",
+            "data.schema.columns[3].vocabulary: \"v\" is also columns[2]'s, whose table, "
+            "hash_buckets or hex differ"},
+           {R"(columns { kind: CATEGORICAL vocabulary: "v" hash_buckets: 10 }
+               columns { kind: CATEGORICAL vocabulary: "v" })", "",
+            "data.schema.columns[3].vocabulary"},
+       }) {
+    auto refused = with(columns, tables);
+    INFO(columns);
+    REQUIRE_FALSE(refused.ok());
+    INFO(refused.status().message());
+    CHECK(std::string(refused.status().message()).find(why) != std::string::npos);
+  }
+  // A stated width must be the tables'.
+  auto stated = [&](int width) {
+    std::string text = base;
+    text.replace(text.find("hidden_units: 16"), 16,
+                 absl::StrCat("hidden_units: 16 bag_inputs: ", width));
+    text.replace(text.find("COLUMNS"), 7,
+                 R"(columns { kind: CATEGORICAL } columns { kind: CATEGORICAL table: "items" })");
+    text.replace(text.find("TABLES"), 6, "");
+    return ParseTrainingConfig(text, "x.pbtxt");
+  };
+  CHECK(stated(12).ok());
+  auto wrong = stated(20);
+  REQUIRE_FALSE(wrong.ok());
+  CHECK(std::string(wrong.status().message())
+            .find("model.click_through.bag_inputs: is 20, the columns' tables give 12") !=
+        std::string::npos);
 }
 
 TEST_CASE("consistency settings are checked: no configuration can wait forever", "[config]") {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 
 namespace pstrain {
@@ -72,6 +73,17 @@ char SchemaSeparator(const FeatureSchema& schema) {
   return schema.separator().empty() ? '\t' : schema.separator()[0];
 }
 
+std::vector<std::string> FieldTables(const FeatureSchema& schema, const std::string& table) {
+  std::vector<std::string> tables;
+  const FeatureSchema effective = EffectiveSchema(schema);
+  for (const FeatureColumn& c : effective.columns()) {
+    if (c.kind() == FeatureColumn::CATEGORICAL) {
+      tables.push_back(c.table().empty() ? table : c.table());
+    }
+  }
+  return tables;
+}
+
 char ValueSeparator(const FeatureColumn& column) {
   return column.value_separator().empty() ? '|' : column.value_separator()[0];
 }
@@ -95,6 +107,7 @@ absl::Status CheckFeatureSchema(const FeatureSchema& schema, const std::string& 
   }
   if (schema.columns_size() == 0) return absl::OkStatus();  // Criteo's
   int64_t columns = 0, ids = 0;
+  absl::flat_hash_map<std::string, int> vocabularies;  // each one's first column
   for (int i = 0; i < schema.columns_size(); ++i) {
     const FeatureColumn& c = schema.columns(i);
     const std::string at = absl::StrCat(".columns[", i, "]");
@@ -130,9 +143,23 @@ absl::Status CheckFeatureSchema(const FeatureSchema& schema, const std::string& 
     } else if (c.max_values() > 1 && ValueSeparator(c) == SchemaSeparator(schema)) {
       return bad(at + ".value_separator", "the default \"|\" is the column separator: set another");
     }
+    if ((!c.table().empty() || !c.vocabulary().empty()) && !categorical) {
+      return bad(at + (c.table().empty() ? ".vocabulary" : ".table"),
+                 "applies to CATEGORICAL columns only");
+    }
     if (categorical) {
       ids += std::max<int64_t>(1, c.count()) * std::max(1, c.max_values());
       if (ids > 65536) return bad(".columns", "expected at most 65536 ids an example");
+    }
+    if (c.vocabulary().empty()) continue;
+    // A vocabulary's columns read a value the same way into the same rows.
+    auto first = vocabularies.try_emplace(c.vocabulary(), i);
+    const FeatureColumn& other = schema.columns(first.first->second);
+    if (other.table() != c.table() || other.hash_buckets() != c.hash_buckets() ||
+        other.hex() != c.hex()) {
+      return bad(at + ".vocabulary",
+                 absl::StrCat("\"", c.vocabulary(), "\" is also columns[", first.first->second,
+                              "]'s, whose table, hash_buckets or hex differ"));
     }
   }
   if (CountKind(schema, FeatureColumn::LABEL) != 1) {

@@ -28,6 +28,9 @@ char SchemaSeparator(const FeatureSchema& schema);    // a tab unless set
 // for it: max_values for a multi-hot one, else 1 (an example's ids are these
 // places one column after another; a multi-hot cell's unused ones kNoId).
 std::vector<int> FieldIdSlots(const FeatureSchema& schema);
+// Per categorical column of the effective schema, the table its values look
+// up: its own `table`, else `table` (the model's).
+std::vector<std::string> FieldTables(const FeatureSchema& schema, const std::string& table);
 // The column's separator between a multi-hot cell's values ('|' unless set).
 char ValueSeparator(const FeatureColumn& column);
 
@@ -38,7 +41,9 @@ char ValueSeparator(const FeatureColumn& column);
 // 4096 columns (counts included), max_values outside 0..1024 or on a
 // column not categorical, a value_separator of other than one character,
 // without max_values > 1, or equal to the separator, more than 65536 ids
-// an example (multi-hot values included). `field` is the
+// an example (multi-hot values included), a table or vocabulary on a
+// column not categorical, columns of one vocabulary with different tables,
+// hash_buckets or hex. `field` is the
 // schema's path in the config.
 absl::Status CheckFeatureSchema(const FeatureSchema& schema, const std::string& field);
 

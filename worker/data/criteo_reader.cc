@@ -43,6 +43,11 @@ ClickThroughLayout::ClickThroughLayout(const FeatureSchema& schema) {
   numeric_ = NumericColumns(effective);
   fields_ = CategoricalColumns(effective);
   for (int slots : FieldIdSlots(effective)) id_slots_ += slots;
+  for (const FeatureColumn& c : columns_) {
+    if (c.kind() != FeatureColumn::CATEGORICAL) continue;
+    spaces_.push_back(c.vocabulary().empty() ? FieldIdSpace(static_cast<int>(spaces_.size()))
+                                             : VocabularyIdSpace(c.vocabulary()));
+  }
 }
 
 std::string ClickThroughLayout::Parse(absl::string_view line, float* dense, uint64_t* ids,
@@ -97,10 +102,14 @@ std::string ClickThroughLayout::Parse(absl::string_view line, float* dense, uint
             return absl::StrCat("categorical field ", k + 1, " (", ColumnName(c, i),
                                 ") is not 1-16 hex digits: ", Quote(v));
           }
-          *id = FeatureId(k, v.data(), v.size());
+          const uint64_t space = spaces_[k];
+          *id = SpaceFeatureId(space, v.data(), v.size());
           if (c.hash_buckets() > 0) {
-            *id = MixId((static_cast<uint64_t>(k) << 40) ^
-                        (*id % static_cast<uint64_t>(c.hash_buckets())));
+            // (A field's buckets keyed by its index, a vocabulary's by its
+            // space, whose top bit no index has.)
+            const uint64_t key =
+                c.vocabulary().empty() ? static_cast<uint64_t>(k) << 40 : space;
+            *id = MixId(key ^ (*id % static_cast<uint64_t>(c.hash_buckets())));
           }
           if (*id == kNoId) --*id;
           return "";

@@ -8,7 +8,8 @@
 // Criteo's integers; an empty one 0); a CATEGORICAL column's value becomes
 // the 64-bit id FeatureId(k, text) (common/base/embedding_ids.h) for the
 // k-th categorical column, an empty value its own id per field; with
-// hash_buckets B, one of B ids of the field. A multi-hot column's cell
+// hash_buckets B, one of B ids of the field. Columns of one vocabulary
+// share their ids: the vocabulary's id space in place of the field's. A multi-hot column's cell
 // (max_values > 1) holds up to max_values such values, separated by its
 // value_separator. Malformed lines (a wrong
 // field count, a label that is not 0 or 1, a number that is not one, or not
@@ -63,6 +64,7 @@ class ClickThroughLayout {
   char separator_;
   bool header_;
   std::vector<FeatureColumn> columns_;
+  std::vector<uint64_t> spaces_;  // per categorical column, its id space
   int numeric_ = 0, fields_ = 0, id_slots_ = 0;
 };
 

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "common/base/embedding_ids.h"
 #include "worker/data/partition.h"
@@ -213,6 +214,55 @@ TEST_CASE("a multi-hot field: a cell of up to max_values values, its places left
   CHECK(d->size == 2);
   CHECK(d->id_fields == 4);
   CHECK(d->ids[7] == kNoId);
+}
+
+TEST_CASE("columns of one vocabulary give equal values one id; other columns their own",
+          "[criteo][schema]") {
+  FeatureSchema schema;
+  schema.set_separator(",");
+  auto add = [&](const std::string& name, const std::string& vocabulary, int64_t buckets = 0) {
+    FeatureColumn* c = schema.add_columns();
+    c->set_name(name);
+    c->set_kind(name == "clicked" ? FeatureColumn::LABEL : FeatureColumn::CATEGORICAL);
+    c->set_vocabulary(vocabulary);
+    c->set_hash_buckets(buckets);
+    return c;
+  };
+  add("clicked", "");
+  add("item", "item");
+  add("seen", "item")->set_max_values(2);
+  add("shop", "");
+  add("a", "bucketed", 3);
+  add("b", "bucketed", 3);
+  add("c", "", 3);
+  REQUIRE(CheckFeatureSchema(schema, "data.schema").ok());
+  const ClickThroughLayout layout(schema);
+  std::vector<float> dense;
+  std::vector<uint64_t> ids(layout.id_slots());
+  int32_t label = 0;
+  REQUIRE(layout.Parse("1,x,y|x,x,v,v,v", dense.data(), ids.data(), &label) == "");
+  // "x" of item, of seen and of shop: one id for the vocabulary's two
+  // columns, another (the field's own, as without a vocabulary) for shop.
+  CHECK(ids[0] == ids[2]);
+  CHECK(ids[1] != ids[0]);
+  CHECK(ids[3] != ids[0]);
+  CHECK(ids[3] == FeatureId(2, "x"));
+  CHECK(ids[0] == SpaceFeatureId(VocabularyIdSpace("item"), "x", 1));
+  // Bucketed: a and b share their 3 buckets; c has its own.
+  CHECK(ids[4] == ids[5]);
+  CHECK(ids[6] != ids[4]);
+  std::set<uint64_t> a, c;
+  for (int i = 0; i < 200; ++i) {
+    const std::string v = absl::StrCat("v", i);
+    REQUIRE(layout.Parse(absl::StrCat("1,x,x,x,", v, ",", v, ",", v), dense.data(), ids.data(),
+                         &label) == "");
+    CHECK(ids[4] == ids[5]);
+    a.insert(ids[4]);
+    c.insert(ids[6]);
+  }
+  CHECK(a.size() == 3);
+  CHECK(c.size() == 3);
+  for (uint64_t id : a) CHECK(c.count(id) == 0);
 }
 
 }  // namespace

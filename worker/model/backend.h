@@ -43,6 +43,10 @@ class Backend {
   virtual absl::Status CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   virtual absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
+  // A block of `rows` x `cols` floats on the device, from rows `src_ld`
+  // floats apart to rows `dst_ld` apart (a matrix's columns into another's).
+  virtual absl::Status CopyMatrix(const float* src, int src_ld, float* dst, int dst_ld, int rows,
+                                  int cols) = 0;
   virtual absl::Status Synchronize() = 0;
   // A mark in the stream: RecordEvent(index) (index >= 0, reusable once
   // waited for) notes how far the operations enqueued so far reach, and

@@ -59,6 +59,14 @@ class CpuBackend : public Backend {
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override {
     return Copy(dst, src, bytes);
   }
+  absl::Status CopyMatrix(const float* src, int src_ld, float* dst, int dst_ld, int rows,
+                          int cols) override {
+    for (int r = 0; r < rows; ++r) {
+      std::memcpy(dst + static_cast<size_t>(r) * dst_ld, src + static_cast<size_t>(r) * src_ld,
+                  sizeof(float) * cols);
+    }
+    return absl::OkStatus();
+  }
   absl::Status Synchronize() override { return absl::OkStatus(); }
   absl::Status RecordEvent(int) override { return absl::OkStatus(); }
   absl::Status WaitEvent(int) override { return absl::OkStatus(); }

@@ -64,6 +64,10 @@ class CudaBackend : public Backend {
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override {
     return Call(pstrain_cuda_copy_device, dst, src, bytes);
   }
+  absl::Status CopyMatrix(const float* src, int src_ld, float* dst, int dst_ld, int rows,
+                          int cols) override {
+    return Call(pstrain_cuda_copy_matrix, src, src_ld, dst, dst_ld, rows, cols);
+  }
   absl::Status Synchronize() override { return Call(pstrain_cuda_synchronize); }
   absl::Status RecordEvent(int index) override { return Call(pstrain_cuda_event_record, index); }
   absl::Status WaitEvent(int index) override { return Call(pstrain_cuda_event_wait, index); }

@@ -354,6 +354,18 @@ int pstrain_cuda_copy_device(PstrainCudaContext* ctx, void* dst, const void* src
                    "cudaMemcpyAsync(device to device)");
 }
 
+int pstrain_cuda_copy_matrix(PstrainCudaContext* ctx, const float* src, int src_ld, float* dst,
+                             int dst_ld, int rows, int cols, PstrainCudaError* err) {
+  if (rows <= 0 || cols <= 0) return 0;
+  if (src_ld < cols || dst_ld < cols) {
+    return Fail(err, -1, "pstrain_cuda_copy_matrix", "a leading dimension below the columns");
+  }
+  return CudaCheck(cudaMemcpy2DAsync(dst, sizeof(float) * dst_ld, src, sizeof(float) * src_ld,
+                                     sizeof(float) * cols, rows, cudaMemcpyDeviceToDevice,
+                                     ctx->stream),
+                   err, "cudaMemcpy2DAsync(device to device)");
+}
+
 int pstrain_cuda_bags_forward(PstrainCudaContext* ctx, const float* rows, const int32_t* row_of,
                               const int32_t* offsets, const float* dense, int batch, int fields,
                               int dim, int dense_dim, int mean, float* x, PstrainCudaError* err) {

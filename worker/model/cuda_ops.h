@@ -56,6 +56,10 @@ int pstrain_cuda_copy_to_host(PstrainCudaContext* ctx, void* dst, const void* sr
                               PstrainCudaError* err);
 int pstrain_cuda_copy_device(PstrainCudaContext* ctx, void* dst, const void* src, size_t bytes,
                              PstrainCudaError* err);
+// rows x cols floats from rows src_ld floats apart to rows dst_ld apart,
+// device to device (cudaMemcpy2DAsync).
+int pstrain_cuda_copy_matrix(PstrainCudaContext* ctx, const float* src, int src_ld, float* dst,
+                             int dst_ld, int rows, int cols, PstrainCudaError* err);
 // Waits for everything enqueued on the stream.
 int pstrain_cuda_synchronize(PstrainCudaContext* ctx, PstrainCudaError* err);
 // Records the context's event `index` (created on first use, 0 <= index <

@@ -41,6 +41,10 @@ class DeferredBackend : public Backend {
   absl::Status CopyOnDevice(void* dst, const void* src, size_t bytes) override {
     return Enqueue([=] { return cpu_->CopyOnDevice(dst, src, bytes); });
   }
+  absl::Status CopyMatrix(const float* src, int src_ld, float* dst, int dst_ld, int rows,
+                          int cols) override {
+    return Enqueue([=] { return cpu_->CopyMatrix(src, src_ld, dst, dst_ld, rows, cols); });
+  }
   absl::Status Synchronize() override { return RunUntil(queue_.size()); }
   absl::Status RecordEvent(int index) override {
     marks_[index] = ran_ + queue_.size();  // reached once every op so far has run

@@ -1,38 +1,34 @@
 #include "chief/evaluation.h"
 
 #include <algorithm>
+#include <memory>
+#include <vector>
 
-#include "common/cluster/feature_schema.h"
 #include "worker/model/binary_metrics.h"
 #include "common/base/status_macros.h"
-#include "worker/model/embedding_bag.h"
+#include "worker/model/bag_set.h"
 
 namespace pstrain {
 namespace {
 
 // A click-through model's evaluation: the held-out examples in chunks, each
 // chunk's bags built from the rows of its ids as the servers hold them now.
-absl::Status EvaluateClickThrough(PsClient* ps, Model* model, const ClickThroughConfig& ct,
-                                  const FeatureSchema& schema, const Dataset& test,
-                                  EvalResult* result) {
-  const int dim = ct.embedding_dim();
-  const std::vector<int> slots = FieldIdSlots(schema);
-  const EmbeddingBags bags(test.dim, static_cast<int>(slots.size()), dim,
-                           ct.mean_bags() ? Combiner::kMean : Combiner::kSum);
+absl::Status EvaluateClickThrough(PsClient* ps, Model* model, const TrainingConfig& config,
+                                  const Dataset& test, EvalResult* result) {
+  const std::unique_ptr<BagSet> bags = BagSet::ForConfig(config, test.dim, nullptr);
   constexpr int64_t kChunk = 8192;
   *result = EvalResult();
   double loss = 0;
-  std::vector<float> rows, x;
+  std::vector<float> x;
   for (int64_t start = 0; start < test.size; start += kChunk) {
     const int n = static_cast<int>(std::min(kChunk, test.size - start));
-    const SparseBatch batch =
-        SparseBatch::FromSlots(test.ids.data() + start * test.id_fields, n, slots);
-    const UniqueRows unique = UniqueRows::Of(batch.ids);
-    rows.resize(unique.ids.size() * dim);
-    RETURN_IF_ERROR(
-        ps->PullRows(ct.table(), dim, unique.ids, 0, absl::ZeroDuration(), rows.data()));
-    x.resize(static_cast<size_t>(n) * bags.output_dim());
-    bags.Forward(batch, unique, rows.data(), test.x.data() + start * test.dim, x.data());
+    bags->Index(test.ids.data() + start * test.id_fields, n);
+    for (size_t t = 0; t < bags->tables(); ++t) {
+      RETURN_IF_ERROR(ps->PullRows(bags->table(t).name, bags->table(t).dim, bags->ids(t), 0,
+                                   absl::ZeroDuration(), bags->rows(t)));
+    }
+    x.resize(static_cast<size_t>(n) * bags->output_dim());
+    bags->Forward(test.x.data() + start * test.dim, x.data());
     EvalResult part;
     RETURN_IF_ERROR(model->Evaluate(x.data(), test.y.data() + start, n, &part));
     loss += part.loss * n;
@@ -62,9 +58,7 @@ absl::StatusOr<Evaluation> Evaluate(PsClient* ps, Model* model, const TrainingCo
   if (into_model) {
     RETURN_IF_ERROR(model->UploadParameters());
     if (config.model().has_click_through()) {
-      RETURN_IF_ERROR(
-          EvaluateClickThrough(ps, model, config.model().click_through(), config.data().schema(),
-                               *test, &e.result));
+      RETURN_IF_ERROR(EvaluateClickThrough(ps, model, config, *test, &e.result));
     } else {
       RETURN_IF_ERROR(model->Evaluate(test->x.data(), test->y.data(), test->size, &e.result));
     }

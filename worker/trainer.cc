@@ -23,7 +23,7 @@
 #include "worker/data/prefetcher.h"
 #include "worker/model/cpu_ops.h"
 #include "worker/model/device.h"
-#include "worker/model/embedding_bag.h"
+#include "worker/model/bag_set.h"
 #include "worker/model/model.h"
 #include "worker/progress.h"
 #include "worker/progressive_eval.h"
@@ -174,18 +174,11 @@ class Trainer {
   std::vector<PushOutcome> outcomes_;
   PsClient::PullResult pulled_;
   absl::Status early_push_;  // the first failure of a push started during backward
-  std::optional<EmbeddingBags> bags_;
-  // On a device the bags run there: the rows go up, their gradients come down.
-  std::optional<DeviceEmbeddingBags> device_bags_;
-  std::string table_;
-  int embedding_dim_ = 0;
-  // Per categorical field, the ids an example holds (FieldIdSlots).
-  std::vector<int> field_slots_;
-  // The step's bags: its ids, their unique rows, the rows' values and
-  // gradients, and the bagged input (on the host).
-  SparseBatch sparse_;
-  UniqueRows unique_;
-  std::vector<float> rows_, row_grads_, bagged_;
+  // The bags over the model's tables; on a device they run there (the rows
+  // go up, their gradients come down).
+  std::unique_ptr<BagSet> bags_;
+  bool device_bags_ = false;
+  std::vector<float> bagged_;  // the bagged input, on the host
   std::vector<PushOutcome> row_outcomes_;
 
   // prefetched: answered from a pull sent ahead (with the last push, or
@@ -301,32 +294,21 @@ void Trainer::ReadDeviceMemory() {
 
 absl::Status Trainer::SetUpBags() {
   if (!click_through_) return absl::OkStatus();
-  const ClickThroughConfig& ct = config_.model().click_through();
-  table_ = ct.table();
-  embedding_dim_ = ct.embedding_dim();
-  field_slots_ = FieldIdSlots(config_.data().schema());
   int slots = 0;
-  for (int n : field_slots_) slots += n;
+  for (int n : FieldIdSlots(config_.data().schema())) slots += n;
   if (slots != partition_->id_fields()) {
     return absl::InvalidArgumentError(absl::StrCat("click-through data holds ",
                                                    partition_->id_fields(),
                                                    " ids an example, data.schema says ", slots));
   }
-  const int fields = static_cast<int>(field_slots_.size());
-  bags_.emplace(partition_->dim(), fields, embedding_dim_,
-                ct.mean_bags() ? Combiner::kMean : Combiner::kSum);
+  device_bags_ = !backend_->host_memory();
+  bags_ = BagSet::ForConfig(config_, partition_->dim(), device_bags_ ? backend_ : nullptr);
   if (bags_->output_dim() != model_->input_dim()) {
     return absl::InvalidArgumentError(absl::StrCat("click-through data gives ",
                                                    bags_->output_dim(), " inputs, the model takes ",
                                                    model_->input_dim()));
   }
-  if (backend_->host_memory()) {
-    model_->set_input_gradient(true);
-  } else {
-    device_bags_.emplace(backend_, partition_->dim(), fields, embedding_dim_,
-                         ct.mean_bags() ? Combiner::kMean : Combiner::kSum);
-    model_->set_input_gradient(true, /*to_host=*/false);
-  }
+  model_->set_input_gradient(true, /*to_host=*/!device_bags_);
   return absl::OkStatus();
 }
 
@@ -425,14 +407,14 @@ absl::Status Trainer::Compute(const Prefetcher::Batch& batch, const std::vector<
   const float* x = batch.x;
   absl::Status computed = absl::OkStatus();
   if (click_through_) {
-    sparse_ = SparseBatch::FromSlots(batch.ids, batch.rows, field_slots_);
-    unique_ = UniqueRows::Of(sparse_.ids);
-    rows_.resize(unique_.ids.size() * embedding_dim_);
-    computed = ps_->PullRows(table_, embedding_dim_, unique_.ids, sync_ ? steps[0] : 0,
-                             step_timeout_, rows_.data());
+    bags_->Index(batch.ids, batch.rows);
+    for (size_t t = 0; t < bags_->tables() && computed.ok(); ++t) {
+      computed = ps_->PullRows(bags_->table(t).name, bags_->table(t).dim, bags_->ids(t),
+                               sync_ ? steps[0] : 0, step_timeout_, bags_->rows(t));
+    }
     if (computed.ok() && !device_bags_) {
       bagged_.resize(static_cast<size_t>(batch.rows) * bags_->output_dim());
-      bags_->Forward(sparse_, unique_, rows_.data(), batch.x, bagged_.data());
+      bags_->Forward(batch.x, bagged_.data());
       x = bagged_.data();
     }
   }
@@ -442,10 +424,10 @@ absl::Status Trainer::Compute(const Prefetcher::Batch& batch, const std::vector<
                sync_ ? steps[0] : tally_.steps_before + tally_.local_steps);
   if (computed.ok() && device_bags_) {
     computed = model_->StageBatchWith(batch.y, batch.rows, [&](float* x_device) {
-      return device_bags_->Forward(sparse_, unique_, rows_.data(), batch.x, x_device);
+      return bags_->DeviceForward(batch.x, x_device);
     });
     if (computed.ok()) computed = model_->ForwardBackward(seed);
-    if (computed.ok()) computed = device_bags_->Backward(model_->device_input_gradient());
+    if (computed.ok()) computed = bags_->DeviceBackward(model_->device_input_gradient());
     if (computed.ok()) computed = model_->FinishStep(loss);
   } else if (computed.ok()) {
     computed = model_->ComputeGradients(x, batch.y, batch.rows, seed, loss);
@@ -458,27 +440,23 @@ absl::Status Trainer::Compute(const Prefetcher::Batch& batch, const std::vector<
   RETURN_IF_ERROR(computed);
   RETURN_IF_ERROR(early_push_);
   if (click_through_) {
-    row_grads_.resize(rows_.size());
     if (device_bags_) {
-      std::copy(device_bags_->host_row_gradients(),
-                device_bags_->host_row_gradients() + rows_.size(), row_grads_.begin());
+      bags_->TakeDeviceGradients();
     } else {
-      bags_->Backward(sparse_, unique_, model_->host_input_gradient(), row_grads_.data());
+      bags_->Backward(model_->host_input_gradient());
     }
   }
   if (clip_norm_ > 0) {
     // The global norm covers the embedding rows' gradients too.
-    double rows_squared = 0;
-    for (float g : row_grads_) rows_squared += double{g} * g;
-    const double norm = model_->ClipGradientsByGlobalNorm(clip_norm_, rows_squared);
+    const double norm = model_->ClipGradientsByGlobalNorm(
+        clip_norm_, click_through_ ? bags_->SquaredGradientNorm() : 0.0);
     if (click_through_ && std::isfinite(norm) && norm > clip_norm_) {
-      const float scale = static_cast<float>(clip_norm_ / norm);
-      for (float& g : row_grads_) g *= scale;
+      bags_->ScaleGradients(static_cast<float>(clip_norm_ / norm));
     }
   }
-  if (click_through_) {
-    RETURN_IF_ERROR(ps_->PushRows(table_, embedding_dim_, unique_.ids, row_grads_.data(), steps,
-                                  &row_outcomes_));
+  for (size_t t = 0; click_through_ && t < bags_->tables(); ++t) {
+    RETURN_IF_ERROR(ps_->PushRows(bags_->table(t).name, bags_->table(t).dim, bags_->ids(t),
+                                  bags_->row_grads(t), steps, &row_outcomes_));
   }
   return absl::OkStatus();
 }

@@ -201,7 +201,7 @@ absl::Status WriteDigitsCsv(Env* env, const std::string& dir, const DigitsOption
 
 namespace pstrain {
 
-FeatureSchema MultiHotSchema(int multi_hot, int max_values) {
+FeatureSchema MultiHotSchema(int multi_hot, int max_values, const std::string& table) {
   FeatureSchema s = CriteoSchema();
   FeatureColumn* cats = s.mutable_columns(2);
   cats->set_count(kCriteoCategoricalFields - multi_hot);
@@ -211,6 +211,10 @@ FeatureSchema MultiHotSchema(int multi_hot, int max_values) {
     multi->set_name("M");
     multi->set_count(multi_hot);
     multi->set_max_values(max_values);
+    if (!table.empty()) {
+      multi->set_table(table);
+      multi->set_vocabulary("item");
+    }
   }
   if (cats->count() == 0) s.mutable_columns()->DeleteSubrange(2, 1);
   return s;
@@ -237,6 +241,9 @@ absl::StatusOr<CriteoTruth> WriteCriteoDataset(Env* env, const std::string& dir,
   }
   if (o.max_values < 2 || o.max_values > 64) {
     return absl::InvalidArgumentError("criteo: --max_values must be 2..64");
+  }
+  if (!o.multi_hot_table.empty() && o.multi_hot == 0) {
+    return absl::InvalidArgumentError("criteo: --multi_hot_table needs --multi_hot");
   }
   // A split's text is built in memory (about 220 bytes a line, and 9 a
   // multi-hot value) before it is written.
@@ -314,12 +321,15 @@ absl::StatusOr<CriteoTruth> WriteCriteoDataset(Env* env, const std::string& dir,
             f < kCats - o.multi_hot
                 ? 1
                 : 1 + static_cast<int>(uniform(rng) * static_cast<double>(o.max_values));
+        // The multi-hot fields of one vocabulary draw from one set of
+        // items (one string and weight each), keyed as a 27th field.
+        const int key = !o.multi_hot_table.empty() && f >= kCats - o.multi_hot ? kCats : f;
         for (int j = 0; j < std::min(values, std::max(1, o.max_values)); ++j) {
           if (j > 0) fields += '|';
           const int64_t k = draw_value(uniform(rng));
-          logit += value_weight(f, k);
+          logit += value_weight(key, k);
           std::snprintf(hex, sizeof(hex), "%08x",
-                        static_cast<uint32_t>(MixId(o.seed ^ (static_cast<uint64_t>(f) << 48) ^
+                        static_cast<uint32_t>(MixId(o.seed ^ (static_cast<uint64_t>(key) << 48) ^
                                                     static_cast<uint64_t>(k))));
           fields += hex;
         }
@@ -337,7 +347,8 @@ absl::StatusOr<CriteoTruth> WriteCriteoDataset(Env* env, const std::string& dir,
   }
   if (o.multi_hot > 0) {
     std::string schema;
-    if (!google::protobuf::TextFormat::PrintToString(MultiHotSchema(o.multi_hot, o.max_values),
+    if (!google::protobuf::TextFormat::PrintToString(
+            MultiHotSchema(o.multi_hot, o.max_values, o.multi_hot_table),
                                                      &schema)) {
       return absl::InternalError("datagen: cannot print the schema");
     }

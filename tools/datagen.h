@@ -64,12 +64,18 @@ struct CriteoOptions {
   // it (written to schema.pbtxt beside them).
   int multi_hot = 0;
   int max_values = 4;
+  // With multi_hot: the multi-hot fields look up this embedding table of
+  // their own and share one vocabulary ("item"): a value is one item
+  // whichever of them it appears in (one string, one hidden weight, one
+  // row), as a user's recent items are. Empty: each field its own values.
+  std::string multi_hot_table;
 };
 
 // Criteo's schema with the last `multi_hot` categorical columns multi-hot
 // (up to `max_values` values, separated by '|'): what WriteCriteoDataset's
 // files with CriteoOptions::multi_hot need.
-FeatureSchema MultiHotSchema(int multi_hot, int max_values);
+// With `table`, those columns look up that table, of one vocabulary ("item").
+FeatureSchema MultiHotSchema(int multi_hot, int max_values, const std::string& table = "");
 
 // The ground-truth model scored on the held-out part.
 struct CriteoTruth {

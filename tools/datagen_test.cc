@@ -5,6 +5,9 @@
 #include <cmath>
 #include <cstdlib>
 #include <map>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -226,6 +229,51 @@ TEST_CASE("criteo: multi-hot fields hold 1 to max_values values, read with the s
         std::vector<absl::string_view>(b.begin() + 1, b.begin() + 37));
   o.multi_hot = 27;
   CHECK_FALSE(WriteCriteoDataset(Env::Default(), base + "_bad", o).ok());
+}
+
+TEST_CASE("criteo: --multi_hot_table puts the multi-hot fields on a table of their own, one "
+          "vocabulary",
+          "[datagen][criteo][schema]") {
+  const std::string base = TempPath("criteo_items");
+  CriteoOptions o;
+  o.train_examples = 3000;
+  o.test_examples = 500;
+  o.seed = 8;
+  o.multi_hot = 2;
+  o.max_values = 3;
+  o.multi_hot_table = "items";
+  REQUIRE(WriteCriteoDataset(Env::Default(), base, o).ok());
+  FeatureSchema schema;
+  REQUIRE(google::protobuf::TextFormat::ParseFromString(
+      Env::Default()->ReadFile(base + "/schema.pbtxt").value(), &schema));
+  REQUIRE(CheckFeatureSchema(schema, "data.schema").ok());
+  CHECK(FieldTables(schema, "features") == [] {
+    std::vector<std::string> t(24, "features");
+    t.push_back("items");
+    t.push_back("items");
+    return t;
+  }());
+  // The two fields draw from one set of items: their ids meet (each field's
+  // own ids would not: a field's id hashes its index).
+  auto train = LoadCriteoDataset(Env::Default(), base + "/train.tsv", 0, nullptr,
+                                 ClickThroughLayout(schema));
+  REQUIRE(train.ok());
+  REQUIRE(train->id_fields == 24 + 2 * 3);
+  std::set<uint64_t> first, second, one_hot;
+  for (int64_t e = 0; e < train->size; ++e) {
+    const uint64_t* ids = train->ids.data() + e * 30;
+    for (int j = 0; j < 3; ++j) {
+      if (ids[24 + j] != kNoId) first.insert(ids[24 + j]);
+      if (ids[27 + j] != kNoId) second.insert(ids[27 + j]);
+    }
+    one_hot.insert(ids[23]);
+  }
+  size_t shared = 0;
+  for (uint64_t id : first) shared += second.count(id);
+  CHECK(shared > first.size() / 2);
+  for (uint64_t id : first) CHECK(one_hot.count(id) == 0);
+  o.multi_hot = 0;
+  CHECK(absl::IsInvalidArgument(WriteCriteoDataset(Env::Default(), base + "_bad", o).status()));
 }
 
 TEST_CASE("criteo: --zipf draws a field's values by Zipf's law; the default law is flatter",

@@ -342,6 +342,9 @@ int DatagenCommand(const std::vector<std::string>& argv) {
                           "--max_values values each, separated by |; the data.schema they "
                           "need is written to schema.pbtxt"}},
       {"max_values", {"4", "criteo: the most values of a multi-hot field's cell (2..64)"}},
+      {"multi_hot_table",
+       {"", "criteo: the multi-hot fields share one vocabulary of items and look up this "
+            "embedding table of their own (named in schema.pbtxt; the config declares it)"}},
       {"seed", {"1", "random seed"}},
       {"difficulty", {"1.0", "0 = clean strokes, 1 = default warp and noise"}},
   };
@@ -384,6 +387,7 @@ int DatagenCommand(const std::vector<std::string>& argv) {
     c.zipf = *zipf;
     c.multi_hot = static_cast<int>(std::clamp<int64_t>(*multi_hot, -1, 1000));
     c.max_values = static_cast<int>(std::clamp<int64_t>(*max_values, -1, 1000));
+    c.multi_hot_table = args->Get("multi_hot_table");
     auto truth = WriteCriteoDataset(Env::Default(), args->Get("out"), c);
     if (!truth.ok()) return Fail("datagen", std::string(truth.status().message()));
     std::cout << "wrote " << c.train_examples << " training and " << c.test_examples

@@ -741,6 +741,15 @@ absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
                                      " floats); expected at most ", kMaxInput));
     }
     seq.set_input_dim(static_cast<int>(input));
+    if (ct.cross_layers() < 0 || ct.cross_layers() > 16) {
+      return FieldError(source, "model.click_through.cross_layers", "expected 0..16");
+    }
+    if (input * input * ct.cross_layers() > (int64_t{1} << 28)) {
+      return FieldError(source, "model.click_through.cross_layers",
+                        absl::StrCat("kernels of ", input, " x ", input,
+                                     " floats each: expected inputs^2 x layers at most 2^28"));
+    }
+    if (ct.cross_layers() > 0) seq.add_layer()->mutable_cross()->set_layers(ct.cross_layers());
     for (int units : ct.hidden_units()) {
       if (units <= 0 || units > 65536) {
         return FieldError(source, "model.click_through.hidden_units", "expected each in 1..65536");
@@ -813,6 +822,16 @@ absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
       case LayerConfig::kRelu:
       case LayerConfig::kGelu:
         break;
+      case LayerConfig::kCross:
+        if (layer.cross().layers() < 0 || layer.cross().layers() > 16) {
+          return FieldError(source, field + ".cross.layers", "expected 1..16 (0 means 1)");
+        }
+        if (int64_t{width} * width * std::max(1, layer.cross().layers()) > (int64_t{1} << 28)) {
+          return FieldError(source, field + ".cross",
+                            absl::StrCat("kernels of ", width, " x ", width,
+                                         " floats each: expected width^2 x layers at most 2^28"));
+        }
+        break;
       case LayerConfig::kDropout:
         if (!(layer.dropout().rate() >= 0.0f && layer.dropout().rate() < 1.0f)) {
           return FieldError(source, field + ".dropout.rate", "expected a rate in [0, 1)");
@@ -828,7 +847,7 @@ absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
         break;
       default:
         return FieldError(source, field,
-                          "expected one of dense, relu, gelu, dropout, "
+                          "expected one of dense, relu, gelu, dropout, cross, "
                           "softmax_cross_entropy, sigmoid_cross_entropy");
     }
   }

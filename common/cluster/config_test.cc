@@ -11,6 +11,7 @@
 #include "catch2/catch.hpp"
 #include "common/cluster/cluster_spec.h"
 #include "common/cluster/feature_schema.h"
+#include "google/protobuf/text_format.h"
 
 namespace pstrain {
 namespace {
@@ -423,6 +424,50 @@ max_steps: 10
   CHECK(std::string(wrong.status().message())
             .find("model.click_through.bag_inputs: is 20, the columns' tables give 12") !=
         std::string::npos);
+}
+
+TEST_CASE("a cross network: in a sequential model, or over a click-through model's input",
+          "[config][cross]") {
+  auto ct = ParseTrainingConfig(R"(
+model { click_through { table: "t" hidden_units: 16 cross_layers: 3 } }
+embedding_tables { name: "t" dim: 8 }
+data { format: CRITEO train_tsv: "a.tsv" batch_size: 32 }
+optimizer { learning_rate: 0.1 sgd {} }
+max_steps: 10
+)",
+                                "x.pbtxt");
+  INFO(ct.status());
+  REQUIRE(ct.ok());
+  auto seq = ExpandModelConfig(ct->model());
+  REQUIRE(seq.ok());
+  REQUIRE(seq->layer_size() == 5);  // cross, dense, relu, dense, loss
+  CHECK(seq->layer(0).cross().layers() == 3);
+  CHECK(seq->layer(1).dense().units() == 16);
+  ModelConfig model = ct->model();
+  for (const auto& [layers, why] : std::vector<std::pair<int, std::string>>{
+           {17, "model.click_through.cross_layers: expected 0..16"},
+           {-1, "model.click_through.cross_layers: expected 0..16"}}) {
+    model.mutable_click_through()->set_cross_layers(layers);
+    auto refused = ExpandModelConfig(model);
+    REQUIRE_FALSE(refused.ok());
+    CHECK(std::string(refused.status().message()).find(why) != std::string::npos);
+  }
+  // Kernels of width^2 floats: a click-through input of 26,013 is refused.
+  model.mutable_click_through()->set_cross_layers(1);
+  model.mutable_click_through()->set_embedding_dim(1000);
+  auto wide = ExpandModelConfig(model);
+  REQUIRE_FALSE(wide.ok());
+  CHECK(std::string(wide.status().message()).find("inputs^2 x layers at most 2^28") !=
+        std::string::npos);
+  ModelConfig s;
+  REQUIRE(google::protobuf::TextFormat::ParseFromString(
+      "sequential { input_dim: 4 layer { cross { layers: 20 } } layer { dense { units: 2 } } "
+      "layer { softmax_cross_entropy {} } }",
+      &s));
+  auto bad = ExpandModelConfig(s);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message())
+            .find("model.sequential.layer[0].cross.layers: expected 1..16") != std::string::npos);
 }
 
 TEST_CASE("consistency settings are checked: no configuration can wait forever", "[config]") {

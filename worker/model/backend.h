@@ -61,6 +61,9 @@ class Backend {
                             int ldc) = 0;
   virtual absl::Status BroadcastRows(const float* row, int rows, int cols, float* out) = 0;
   virtual absl::Status SumRows(const float* x, int rows, int cols, float* out) = 0;
+  virtual absl::Status Multiply(const float* a, const float* b, int64_t n, float* y) = 0;
+  virtual absl::Status MultiplyAdd(const float* a, const float* b, int64_t n, float* y) = 0;
+  virtual absl::Status Add(const float* a, int64_t n, float* y) = 0;
   virtual absl::Status Relu(const float* x, int64_t n, float* y) = 0;
   virtual absl::Status ReluGrad(const float* y, const float* dy, int64_t n, float* dx) = 0;
   virtual absl::Status Gelu(const float* x, int64_t n, float* y) = 0;

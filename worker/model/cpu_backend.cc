@@ -84,6 +84,18 @@ class CpuBackend : public Backend {
     cpu::SumRows(x, rows, cols, out);
     return absl::OkStatus();
   }
+  absl::Status Multiply(const float* a, const float* b, int64_t n, float* y) override {
+    cpu::Multiply(a, b, n, y);
+    return absl::OkStatus();
+  }
+  absl::Status MultiplyAdd(const float* a, const float* b, int64_t n, float* y) override {
+    cpu::MultiplyAdd(a, b, n, y);
+    return absl::OkStatus();
+  }
+  absl::Status Add(const float* a, int64_t n, float* y) override {
+    cpu::Add(a, n, y);
+    return absl::OkStatus();
+  }
   absl::Status Relu(const float* x, int64_t n, float* y) override {
     cpu::Relu(x, n, y);
     return absl::OkStatus();

@@ -80,6 +80,18 @@ void SumRows(const float* x, int rows, int cols, float* out) {
   }
 }
 
+void Multiply(const float* a, const float* b, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] = a[i] * b[i];
+}
+
+void MultiplyAdd(const float* a, const float* b, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a[i] * b[i];
+}
+
+void Add(const float* a, int64_t n, float* y) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a[i];
+}
+
 void Relu(const float* x, int64_t n, float* y) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }

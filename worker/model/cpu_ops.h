@@ -63,6 +63,12 @@ void BroadcastRows(const float* row, int rows, int cols, float* out);
 // out[c] = sum over r of x[r, c], accumulated in float in row order.
 void SumRows(const float* x, int rows, int cols, float* out);
 
+// Elementwise: y = a * b; y += a * b (the product rounded, then added: no
+// fused multiply-add); y += a.
+void Multiply(const float* a, const float* b, int64_t n, float* y);
+void MultiplyAdd(const float* a, const float* b, int64_t n, float* y);
+void Add(const float* a, int64_t n, float* y);
+
 // y = max(x, 0); dx = y > 0 ? dy : 0.
 void Relu(const float* x, int64_t n, float* y);
 void ReluGrad(const float* y, const float* dy, int64_t n, float* dx);

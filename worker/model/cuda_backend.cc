@@ -83,6 +83,15 @@ class CudaBackend : public Backend {
   absl::Status SumRows(const float* x, int rows, int cols, float* out) override {
     return Call(pstrain_cuda_sum_rows, x, rows, cols, out);
   }
+  absl::Status Multiply(const float* a, const float* b, int64_t n, float* y) override {
+    return Call(pstrain_cuda_multiply, a, b, n, y);
+  }
+  absl::Status MultiplyAdd(const float* a, const float* b, int64_t n, float* y) override {
+    return Call(pstrain_cuda_multiply_add, a, b, n, y);
+  }
+  absl::Status Add(const float* a, int64_t n, float* y) override {
+    return Call(pstrain_cuda_add, a, n, y);
+  }
   absl::Status Relu(const float* x, int64_t n, float* y) override {
     return Call(pstrain_cuda_relu, x, n, y);
   }

@@ -139,6 +139,19 @@ __global__ void SumRowsKernel(const float* x, int rows, int cols, float* out) {
   if (threadIdx.y == 0 && c < cols) out[c] = partial[0][threadIdx.x];
 }
 
+// Rounded as the CPU's loops (built with -ffp-contract=off): no FMAs.
+__global__ void MultiplyKernel(const float* a, const float* b, long long n, float* y) {
+  GRID_STRIDE(i, n) { y[i] = __fmul_rn(a[i], b[i]); }
+}
+
+__global__ void MultiplyAddKernel(const float* a, const float* b, long long n, float* y) {
+  GRID_STRIDE(i, n) { y[i] = __fadd_rn(y[i], __fmul_rn(a[i], b[i])); }
+}
+
+__global__ void AddKernel(const float* a, long long n, float* y) {
+  GRID_STRIDE(i, n) { y[i] = __fadd_rn(y[i], a[i]); }
+}
+
 __global__ void ReluKernel(const float* x, long long n, float* y) {
   GRID_STRIDE(i, n) { y[i] = x[i] > 0.0f ? x[i] : 0.0f; }
 }
@@ -452,6 +465,27 @@ int pstrain_cuda_sum_rows(PstrainCudaContext* ctx, const float* x, int rows, int
   if (cols <= 0) return 0;
   SumRowsKernel<<<(cols + 31) / 32, dim3(32, kSumLanes), 0, ctx->stream>>>(x, rows, cols, out);
   return LaunchCheck(err, "sum-rows kernel");
+}
+
+int pstrain_cuda_multiply(PstrainCudaContext* ctx, const float* a, const float* b, int64_t n,
+                          float* y, PstrainCudaError* err) {
+  if (n <= 0) return 0;
+  MultiplyKernel<<<Blocks(n), kThreads, 0, ctx->stream>>>(a, b, n, y);
+  return LaunchCheck(err, "multiply kernel");
+}
+
+int pstrain_cuda_multiply_add(PstrainCudaContext* ctx, const float* a, const float* b, int64_t n,
+                              float* y, PstrainCudaError* err) {
+  if (n <= 0) return 0;
+  MultiplyAddKernel<<<Blocks(n), kThreads, 0, ctx->stream>>>(a, b, n, y);
+  return LaunchCheck(err, "multiply-add kernel");
+}
+
+int pstrain_cuda_add(PstrainCudaContext* ctx, const float* a, int64_t n, float* y,
+                     PstrainCudaError* err) {
+  if (n <= 0) return 0;
+  AddKernel<<<Blocks(n), kThreads, 0, ctx->stream>>>(a, n, y);
+  return LaunchCheck(err, "add kernel");
 }
 
 int pstrain_cuda_relu(PstrainCudaContext* ctx, const float* x, int64_t n, float* y,

@@ -77,6 +77,12 @@ int pstrain_cuda_broadcast_rows(PstrainCudaContext* ctx, const float* row, int r
                                 float* out, PstrainCudaError* err);
 int pstrain_cuda_sum_rows(PstrainCudaContext* ctx, const float* x, int rows, int cols, float* out,
                           PstrainCudaError* err);
+int pstrain_cuda_multiply(PstrainCudaContext* ctx, const float* a, const float* b, int64_t n,
+                          float* y, PstrainCudaError* err);
+int pstrain_cuda_multiply_add(PstrainCudaContext* ctx, const float* a, const float* b, int64_t n,
+                              float* y, PstrainCudaError* err);
+int pstrain_cuda_add(PstrainCudaContext* ctx, const float* a, int64_t n, float* y,
+                     PstrainCudaError* err);
 int pstrain_cuda_relu(PstrainCudaContext* ctx, const float* x, int64_t n, float* y,
                       PstrainCudaError* err);
 int pstrain_cuda_relu_grad(PstrainCudaContext* ctx, const float* y, const float* dy, int64_t n,

@@ -120,6 +120,24 @@ TEST_CASE("CUDA operations equal the CPU's", "[cuda]") {
             sum_rows * std::numeric_limits<float>::epsilon() * magnitude);
     }
   }
+  // Elementwise products and sums, rounded as the CPU's (no FMAs).
+  REQUIRE(cpu->Multiply(x.cpu(), dy.cpu(), len, y.cpu()).ok());
+  REQUIRE(gpu->Multiply(x.gpu(), dy.gpu(), len, y.gpu()).ok());
+  CHECK(y.cpu_values() == y.gpu_values());
+  REQUIRE(cpu->MultiplyAdd(x.cpu(), dy.cpu(), len, y.cpu()).ok());
+  REQUIRE(gpu->MultiplyAdd(x.gpu(), dy.gpu(), len, y.gpu()).ok());
+  CHECK(y.cpu_values() == y.gpu_values());
+  REQUIRE(cpu->Add(x.cpu(), len, y.cpu()).ok());
+  REQUIRE(gpu->Add(x.gpu(), len, y.gpu()).ok());
+  CHECK(y.cpu_values() == y.gpu_values());
+  // A block of columns into another matrix's (rows of cols, from rows
+  // cols apart into rows cols + 3 apart at column 2).
+  {
+    Twin<float> wide(gpu.get(), std::vector<float>(rows * (cols + 3), 0.0f));
+    REQUIRE(cpu->CopyMatrix(x.cpu(), cols, wide.cpu() + 2, cols + 3, rows, cols - 1).ok());
+    REQUIRE(gpu->CopyMatrix(x.gpu(), cols, wide.gpu() + 2, cols + 3, rows, cols - 1).ok());
+    CHECK(wide.cpu_values() == wide.gpu_values());
+  }
   REQUIRE(cpu->Relu(x.cpu(), len, y.cpu()).ok());
   REQUIRE(gpu->Relu(x.gpu(), len, y.gpu()).ok());
   CHECK(y.cpu_values() == y.gpu_values());
@@ -183,6 +201,10 @@ TEST_CASE("CUDA training steps and evaluation equal the CPU's for every layer ki
                 "activation: GELU dropout: 0.2 }",
                 100, 7},
            Case{"sequential { input_dim: 40 layer { dense { units: 32 } } layer { gelu {} } "
+                "layer { dense { units: 1 } } layer { sigmoid_cross_entropy {} } }",
+                40, 2},
+           Case{"sequential { input_dim: 40 layer { cross { layers: 2 } } "
+                "layer { dense { units: 32 } } layer { relu {} } "
                 "layer { dense { units: 1 } } layer { sigmoid_cross_entropy {} } }",
                 40, 2},
        }) {

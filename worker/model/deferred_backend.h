@@ -70,6 +70,15 @@ class DeferredBackend : public Backend {
   absl::Status SumRows(const float* x, int rows, int cols, float* out) override {
     return Enqueue([=] { return cpu_->SumRows(x, rows, cols, out); });
   }
+  absl::Status Multiply(const float* a, const float* b, int64_t n, float* y) override {
+    return Enqueue([=] { return cpu_->Multiply(a, b, n, y); });
+  }
+  absl::Status MultiplyAdd(const float* a, const float* b, int64_t n, float* y) override {
+    return Enqueue([=] { return cpu_->MultiplyAdd(a, b, n, y); });
+  }
+  absl::Status Add(const float* a, int64_t n, float* y) override {
+    return Enqueue([=] { return cpu_->Add(a, n, y); });
+  }
   absl::Status Relu(const float* x, int64_t n, float* y) override {
     return Enqueue([=] { return cpu_->Relu(x, n, y); });
   }

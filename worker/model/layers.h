@@ -93,6 +93,32 @@ class GeluLayer : public Layer {
                         float* dx) override;
 };
 
+// DCN-v2's cross network (CrossConfig): `layers` cross layers at the width
+// of its input x0, x_{l+1} = x0 * (x_l W_l + b_l) + x_l. Unlike the other
+// layers it keeps activations of its own (each layer's x_l W_l + b_l and
+// the inner x_l, in one buffer of the backend's memory that grows to the
+// largest batch), since its passes span several products; its backward
+// pass uses the last forward's. The backend of its passes must outlive it.
+class CrossLayer : public Layer {
+ public:
+  CrossLayer(std::string name, int dim, int layers)
+      : Layer(std::move(name), dim, dim), layers_(layers) {}
+  std::vector<VariableSpec> Variables() const override;
+  absl::Status Forward(const PassContext& ctx, const float* x, float* y) override;
+  absl::Status Backward(const PassContext& ctx, const float* x, const float* y, const float* dy,
+                        float* dx) override;
+
+ private:
+  // [batch, dim] slices of scratch_: u_l = x_l W_l + b_l (l < layers_),
+  // then x_l (0 < l < layers_), then two gradients and du.
+  float* Slice(const PassContext& ctx, int index) const {
+    return scratch_.data() + static_cast<size_t>(index) * ctx.batch * input_dim();
+  }
+  const int layers_;
+  DeviceArray<float> scratch_;
+  int scratch_rows_ = 0;  // the batch scratch_ was laid out for
+};
+
 // Inverted dropout: in training each element is kept with probability
 // 1 - rate and scaled by 1 / (1 - rate); the mask is a pure function of
 // (ctx.seed, element index), so runs with the same seed are reproducible.

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "worker/model/backend.h"
 #include "worker/model/cpu_ops.h"
@@ -46,9 +47,12 @@ void ExpectClose(const std::vector<double>& analytic, const std::vector<double>&
 }
 
 // Checks a layer's dx and parameter gradients for L = sum(y * r).
+// `backend`: the CPU backend to run on (one that outlives the layer, for a
+// layer that keeps memory of its own), else one of its own.
 void CheckLayer(Layer* layer, std::vector<std::vector<float>> params, std::vector<float> x,
-                int batch, bool training, uint64_t seed, double tol) {
-  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+                int batch, bool training, uint64_t seed, double tol, Backend* backend = nullptr) {
+  std::unique_ptr<Backend> own = backend == nullptr ? NewCpuBackend(1) : nullptr;
+  Backend* cpu = backend != nullptr ? backend : own.get();
   const int in = layer->input_dim(), out = layer->output_dim();
   std::vector<std::vector<float>> grads;
   std::vector<const float*> pp;
@@ -59,7 +63,7 @@ void CheckLayer(Layer* layer, std::vector<std::vector<float>> params, std::vecto
     gp.push_back(grads[i].data());
   }
   layer->Bind(pp, gp);
-  PassContext ctx{cpu.get(), batch, training, seed};
+  PassContext ctx{cpu, batch, training, seed};
   const std::vector<float> r = Random(static_cast<size_t>(batch) * out, 99);
   std::vector<float> y(static_cast<size_t>(batch) * out), dx(static_cast<size_t>(batch) * in);
 
@@ -107,6 +111,65 @@ TEST_CASE("dense layer gradients match finite differences", "[layers]") {
   CHECK(vars[1].shape == std::vector<int64_t>{out});
   CheckLayer(&dense, {Random(in * out, 1), Random(out, 2)}, Random(batch * in, 3), batch, true, 0,
              2e-3);
+}
+
+TEST_CASE("cross network: x0 * (x W + b) + x per layer; gradients match finite differences",
+          "[layers][cross]") {
+  const int batch = 4, dim = 6;
+  std::unique_ptr<Backend> backend = NewCpuBackend(1);
+  for (int layers : {1, 2, 3}) {
+    CrossLayer cross("cross0", dim, layers);
+    const auto vars = cross.Variables();
+    REQUIRE(vars.size() == 2u * layers);
+    CHECK(vars[0].name == "cross0/kernel0");
+    CHECK(vars[0].shape == std::vector<int64_t>{dim, dim});
+    CHECK(vars[1].name == "cross0/bias0");
+    CHECK(vars.back().name == absl::StrCat("cross0/bias", layers - 1));
+    std::vector<std::vector<float>> params;
+    for (int l = 0; l < layers; ++l) {
+      params.push_back(Random(dim * dim, 10 + l, -0.5f, 0.5f));
+      params.push_back(Random(dim, 20 + l, -0.5f, 0.5f));
+    }
+    const std::vector<float> x = Random(batch * dim, 5, -1.0f, 1.0f);
+    // The forward pass against the formula, layer by layer in doubles.
+    {
+      std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+      CrossLayer cross("cross0", dim, layers);  // its memory the backend's: destroyed first
+      std::vector<std::vector<float>> grads;
+      std::vector<const float*> pp;
+      std::vector<float*> gp;
+      for (auto& p : params) grads.emplace_back(p.size());
+      for (size_t i = 0; i < params.size(); ++i) {
+        pp.push_back(params[i].data());
+        gp.push_back(grads[i].data());
+      }
+      cross.Bind(pp, gp);
+      PassContext ctx{cpu.get(), batch, true, 0};
+      std::vector<float> y(batch * dim);
+      REQUIRE(cross.Forward(ctx, x.data(), y.data()).ok());
+      std::vector<double> xl(x.begin(), x.end());
+      for (int l = 0; l < layers; ++l) {
+        std::vector<double> next(xl.size());
+        for (int b = 0; b < batch; ++b) {
+          for (int j = 0; j < dim; ++j) {
+            double u = params[2 * l + 1][j];
+            for (int k = 0; k < dim; ++k) u += xl[b * dim + k] * params[2 * l][k * dim + j];
+            next[b * dim + j] = x[b * dim + j] * u + xl[b * dim + j];
+          }
+        }
+        xl = next;
+      }
+      for (size_t i = 0; i < y.size(); ++i) CHECK(std::fabs(y[i] - xl[i]) < 1e-5);
+      // Without dx the parameters' gradients are the same.
+      const std::vector<float> dy = Random(batch * dim, 30);
+      std::vector<float> dx(batch * dim);
+      REQUIRE(cross.Backward(ctx, x.data(), y.data(), dy.data(), dx.data()).ok());
+      const std::vector<std::vector<float>> with_dx = grads;
+      REQUIRE(cross.Backward(ctx, x.data(), y.data(), dy.data(), nullptr).ok());
+      CHECK(grads == with_dx);
+    }
+    CheckLayer(&cross, params, x, batch, true, 0, 2e-3, backend.get());
+  }
 }
 
 TEST_CASE("relu and gelu gradients match finite differences", "[layers]") {

@@ -45,7 +45,7 @@ absl::StatusOr<Built> BuildLayers(const ModelConfig& config) {
   Built b;
   b.input_dim = seq.input_dim();
   int width = seq.input_dim();
-  int dense = 0, relu = 0, gelu = 0, dropout = 0;
+  int dense = 0, relu = 0, gelu = 0, dropout = 0, cross = 0;
   for (const LayerConfig& l : seq.layer()) {
     switch (l.layer_case()) {
       case LayerConfig::kDense:
@@ -58,6 +58,10 @@ absl::StatusOr<Built> BuildLayers(const ModelConfig& config) {
         break;
       case LayerConfig::kGelu:
         b.layers.push_back(std::make_unique<GeluLayer>(absl::StrCat("gelu", gelu++), width));
+        break;
+      case LayerConfig::kCross:
+        b.layers.push_back(std::make_unique<CrossLayer>(absl::StrCat("cross", cross++), width,
+                                                        std::max(1, l.cross().layers())));
         break;
       case LayerConfig::kDropout:
         b.layers.push_back(std::make_unique<DropoutLayer>(absl::StrCat("dropout", dropout++), width,

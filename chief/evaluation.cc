@@ -23,10 +23,8 @@ absl::Status EvaluateClickThrough(PsClient* ps, Model* model, const TrainingConf
   for (int64_t start = 0; start < test.size; start += kChunk) {
     const int n = static_cast<int>(std::min(kChunk, test.size - start));
     bags->Index(test.ids.data() + start * test.id_fields, n);
-    for (size_t t = 0; t < bags->tables(); ++t) {
-      RETURN_IF_ERROR(ps->PullRows(bags->table(t).name, bags->table(t).dim, bags->ids(t), 0,
-                                   absl::ZeroDuration(), bags->rows(t)));
-    }
+    RETURN_IF_ERROR(
+        ps->PullTables(TableRowsOf(bags.get(), /*gradients=*/false), 0, absl::ZeroDuration()));
     x.resize(static_cast<size_t>(n) * bags->output_dim());
     bags->Forward(test.x.data() + start * test.dim, x.data());
     EvalResult part;

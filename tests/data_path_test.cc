@@ -599,6 +599,51 @@ TEST_CASE("embedding rows over RPC: the same ids give the same rows on 1 or 2 se
   CHECK(after == b);
 }
 
+TEST_CASE("several tables' rows in one round trip: as each table's own pull and push",
+          "[data_path][embedding]") {
+  const std::vector<uint64_t> ads = SomeIds(300, 6);
+  std::vector<uint64_t> slots;
+  for (uint64_t i = 0; i < 100; ++i) slots.push_back(i * 7 % 1000);
+  const std::string config = absl::StrCat("optimizer { learning_rate: 0.5 } ", kTables);
+  Servers together(2, "tables_together", {}, 0, config);
+  Servers apart(2, "tables_apart", {}, 0, config);
+  auto w = together.Worker(0);
+  auto v = apart.Worker(0);
+  std::vector<float> ads_rows(300 * 4), slot_rows(100 * 2), want_ads(300 * 4), want_slots(100 * 2);
+  auto tables = [&](float* a, float* b) {
+    return std::vector<PsClient::TableRows>{{"ads", 4, ads, a}, {"slots", 2, slots, b}};
+  };
+  REQUIRE(w->PullTables(tables(ads_rows.data(), slot_rows.data()), 0, absl::Seconds(5)).ok());
+  REQUIRE(v->PullRows("ads", 4, ads, 0, absl::Seconds(5), want_ads.data()).ok());
+  REQUIRE(v->PullRows("slots", 2, slots, 0, absl::Seconds(5), want_slots.data()).ok());
+  CHECK(ads_rows == want_ads);
+  CHECK(slot_rows == want_slots);
+  // Gradients of both tables in one push; the same pushed a table at a time.
+  std::vector<float> ads_grads(300 * 4), slot_grads(100 * 2, 0.25f);
+  for (size_t i = 0; i < ads_grads.size(); ++i) ads_grads[i] = 0.1f * static_cast<float>(i % 7);
+  std::vector<std::vector<PushOutcome>> outcomes;
+  REQUIRE(w->PushTables(tables(ads_grads.data(), slot_grads.data()), {0, 0}, &outcomes).ok());
+  REQUIRE(outcomes.size() == 2);
+  CHECK(outcomes[0].size() == 2);
+  std::vector<PushOutcome> one;
+  REQUIRE(v->PushRows("ads", 4, ads, ads_grads.data(), {0, 0}, &one).ok());
+  CHECK(one == outcomes[0]);
+  REQUIRE(v->PushRows("slots", 2, slots, slot_grads.data(), {0, 0}, &one).ok());
+  CHECK(one == outcomes[1]);
+  REQUIRE(w->PullTables(tables(ads_rows.data(), slot_rows.data()), 0, absl::Seconds(5)).ok());
+  REQUIRE(v->PullRows("ads", 4, ads, 0, absl::Seconds(5), want_ads.data()).ok());
+  REQUIRE(v->PullRows("slots", 2, slots, 0, absl::Seconds(5), want_slots.data()).ok());
+  CHECK(ads_rows == want_ads);
+  CHECK(slot_rows == want_slots);
+  // A table the servers do not have fails the call, naming it.
+  std::vector<float> none(300 * 4);
+  absl::Status refused = w->PullTables(
+      {PsClient::TableRows{"ads", 4, ads, ads_rows.data()}, {"nope", 4, ads, none.data()}}, 0,
+      absl::Seconds(5));
+  CHECK(absl::IsNotFound(refused));
+  CHECK(refused.message().find("PullRows nope from ps:") != std::string::npos);
+}
+
 TEST_CASE("embedding rows in sync mode: averaged over the step's workers, duplicates summed",
           "[data_path][embedding]") {
   Servers s(2, "rows_sync", {}, 0,

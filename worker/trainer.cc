@@ -179,7 +179,7 @@ class Trainer {
   std::unique_ptr<BagSet> bags_;
   bool device_bags_ = false;
   std::vector<float> bagged_;  // the bagged input, on the host
-  std::vector<PushOutcome> row_outcomes_;
+  std::vector<std::vector<PushOutcome>> row_outcomes_;
 
   // prefetched: answered from a pull sent ahead (with the last push, or
   // with rpc.async_prefetch as the last step began)
@@ -408,10 +408,8 @@ absl::Status Trainer::Compute(const Prefetcher::Batch& batch, const std::vector<
   absl::Status computed = absl::OkStatus();
   if (click_through_) {
     bags_->Index(batch.ids, batch.rows);
-    for (size_t t = 0; t < bags_->tables() && computed.ok(); ++t) {
-      computed = ps_->PullRows(bags_->table(t).name, bags_->table(t).dim, bags_->ids(t),
-                               sync_ ? steps[0] : 0, step_timeout_, bags_->rows(t));
-    }
+    computed = ps_->PullTables(TableRowsOf(bags_.get(), /*gradients=*/false),
+                               sync_ ? steps[0] : 0, step_timeout_);
     if (computed.ok() && !device_bags_) {
       bagged_.resize(static_cast<size_t>(batch.rows) * bags_->output_dim());
       bags_->Forward(batch.x, bagged_.data());
@@ -454,9 +452,9 @@ absl::Status Trainer::Compute(const Prefetcher::Batch& batch, const std::vector<
       bags_->ScaleGradients(static_cast<float>(clip_norm_ / norm));
     }
   }
-  for (size_t t = 0; click_through_ && t < bags_->tables(); ++t) {
-    RETURN_IF_ERROR(ps_->PushRows(bags_->table(t).name, bags_->table(t).dim, bags_->ids(t),
-                                  bags_->row_grads(t), steps, &row_outcomes_));
+  if (click_through_) {
+    RETURN_IF_ERROR(
+        ps_->PushTables(TableRowsOf(bags_.get(), /*gradients=*/true), steps, &row_outcomes_));
   }
   return absl::OkStatus();
 }

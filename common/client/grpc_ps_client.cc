@@ -698,61 +698,85 @@ absl::Status GrpcPsClient::GrpcPush::Wait(std::vector<PushOutcome>* outcomes) {
 absl::Status GrpcPsClient::PullRows(const std::string& table, int dim, absl::Span<const uint64_t> ids,
                                 int64_t min_version, absl::Duration wait, float* out,
                                 int64_t* version) {
-  const std::vector<std::vector<uint32_t>> by = RowsByServer(ids, num_servers());
-  const std::vector<int> servers = ServersWithRows(by);
-  // Requests as plain messages; replies as frames whose rows are copied
-  // from gRPC's slices straight to their places in `out`.
-  std::vector<grpc::ByteBuffer> requests(servers.size()), responses(servers.size());
-  for (size_t c = 0; c < servers.size(); ++c) {
+  return PullTablesAt({TableRows{table, dim, ids, out}}, min_version, wait, version);
+}
+
+absl::Status GrpcPsClient::PullTables(absl::Span<const TableRows> tables, int64_t min_version,
+                                      absl::Duration wait) {
+  return PullTablesAt(tables, min_version, wait, nullptr);
+}
+
+absl::Status GrpcPsClient::PullTablesAt(absl::Span<const TableRows> tables, int64_t min_version,
+                                        absl::Duration wait, int64_t* version) {
+  // One call per table and server that holds some of its ids, all in flight
+  // together. Requests as plain messages; replies as frames whose rows are
+  // copied from gRPC's slices straight to their places in the tables' rows.
+  struct Call {
+    size_t table;
+    int server;
+  };
+  std::vector<std::vector<std::vector<uint32_t>>> by(tables.size());
+  std::vector<Call> calls;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    by[t] = RowsByServer(tables[t].ids, num_servers());
+    for (int s : ServersWithRows(by[t])) calls.push_back({t, s});
+  }
+  std::vector<grpc::ByteBuffer> requests(calls.size()), responses(calls.size());
+  std::vector<int> servers;
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const TableRows& t = tables[calls[c].table];
     PullRowsRequest r;
     r.set_incarnation(incarnation_);
     r.set_worker(worker_);
-    r.set_table(table);
-    r.set_ids(IdBytes(ids, by[servers[c]]));
+    r.set_table(t.table);
+    r.set_ids(IdBytes(t.ids, by[calls[c].table][calls[c].server]));
     r.set_min_version(min_version);
     r.set_timeout_ms(absl::ToInt64Milliseconds(wait));
     requests[c] = SerializeMessage(r);
+    servers.push_back(calls[c].server);
   }
   const std::vector<grpc::GenericStub*> stubs = NextStubs(servers);
+  auto name = [&](size_t c) {
+    return absl::StrCat("PullRows ", tables[calls[c].table].table, " from ",
+                        ServerName(calls[c].server));
+  };
   // Not made again when refused: a row lookup counts toward a row's
   // admission and creates rows, so it is not a pure read.
   RETURN_IF_ERROR(CallAll(
-      static_cast<int>(servers.size()), wait + rpc_timeout_, /*wait_for_ready=*/false,
-      [this, &servers, &table](int c) {
-        return absl::StrCat("PullRows ", table, " from ", ServerName(servers[c]));
-      },
+      static_cast<int>(calls.size()), wait + rpc_timeout_, /*wait_for_ready=*/false,
+      [&](int c) { return name(c); },
       [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
         stubs[c]->UnaryCall(ctx, kPullRowsMethod, grpc::StubOptions(), &requests[c],
                             &responses[c], std::move(done));
       }));
   int64_t oldest = -1;
-  const int64_t row_bytes = int64_t{dim} * 4;
-  for (size_t c = 0; c < servers.size(); ++c) {
-    const std::vector<uint32_t>& positions = by[servers[c]];
+  for (size_t c = 0; c < calls.size(); ++c) {
+    const TableRows& t = tables[calls[c].table];
+    const std::vector<uint32_t>& positions = by[calls[c].table][calls[c].server];
+    const int64_t row_bytes = int64_t{t.dim} * 4;
     PullRowsResponse header;
     IncomingFrame frame;
     absl::Status decoded = DecodeFrame(responses[c], &header, &frame);
     if (!decoded.ok()) {
-      return absl::DataLossError(absl::StrCat("PullRows ", table, " from ",
-                                              ServerName(servers[c]), ": a bad reply: ",
-                                              decoded.message()));
+      return absl::DataLossError(absl::StrCat(name(c), ": a bad reply: ", decoded.message()));
     }
-    if (header.dim() != dim ||
+    if (header.dim() != t.dim ||
         frame.payload.size() != static_cast<int64_t>(positions.size()) * row_bytes) {
-      return absl::DataLossError(absl::StrCat(
-          "PullRows ", table, " from ", ServerName(servers[c]), ": ", frame.payload.size(),
-          " bytes of rows of width ", header.dim(), " for ", positions.size(), " ids of width ",
-          dim));
+      return absl::DataLossError(absl::StrCat(name(c), ": ", frame.payload.size(),
+                                              " bytes of rows of width ", header.dim(), " for ",
+                                              positions.size(), " ids of width ", t.dim));
     }
     int64_t offset = 0;
     for (uint32_t i : positions) {
-      frame.payload.CopyTo(offset, row_bytes, out + static_cast<size_t>(i) * dim);
+      frame.payload.CopyTo(offset, row_bytes, t.rows + static_cast<size_t>(i) * t.dim);
       offset += row_bytes;
     }
     if (oldest < 0 || header.version() < oldest) oldest = header.version();
   }
-  counters_.pull_payload_bytes += static_cast<int64_t>(ids.size()) * dim * 4;
-  counters_.pull_copied_bytes += static_cast<int64_t>(ids.size()) * dim * 4;
+  for (const TableRows& t : tables) {
+    counters_.pull_payload_bytes += static_cast<int64_t>(t.ids.size()) * t.dim * 4;
+    counters_.pull_copied_bytes += static_cast<int64_t>(t.ids.size()) * t.dim * 4;
+  }
   if (version != nullptr) *version = oldest;
   return absl::OkStatus();
 }
@@ -760,62 +784,89 @@ absl::Status GrpcPsClient::PullRows(const std::string& table, int dim, absl::Spa
 absl::Status GrpcPsClient::PushRows(const std::string& table, int dim, absl::Span<const uint64_t> ids,
                                 const float* grads, const std::vector<int64_t>& steps,
                                 std::vector<PushOutcome>* outcomes) {
+  std::vector<std::vector<PushOutcome>> per_table;
+  // (A push only reads its rows.)
+  RETURN_IF_ERROR(PushTables({TableRows{table, dim, ids, const_cast<float*>(grads)}}, steps,
+                             &per_table));
+  *outcomes = std::move(per_table[0]);
+  return absl::OkStatus();
+}
+
+absl::Status GrpcPsClient::PushTables(absl::Span<const TableRows> tables,
+                                      const std::vector<int64_t>& steps,
+                                      std::vector<std::vector<PushOutcome>>* outcomes) {
   if (static_cast<int>(steps.size()) != num_servers()) {
     return absl::InvalidArgumentError("PushRows: one step per server expected");
   }
-  const std::vector<std::vector<uint32_t>> by = RowsByServer(ids, num_servers());
-  const std::vector<int> servers = ServersWithRows(by);
-  // Each server's ids and gradients gathered once into one buffer, which the
-  // frame sends as it is (the buffer lives until gRPC releases it).
-  std::vector<grpc::ByteBuffer> requests(servers.size()), responses(servers.size());
-  const size_t row_bytes = static_cast<size_t>(dim) * sizeof(float);
-  for (size_t c = 0; c < servers.size(); ++c) {
-    const std::vector<uint32_t>& positions = by[servers[c]];
-    PushRowsRequest header;
-    header.set_incarnation(incarnation_);
-    header.set_worker(worker_);
-    header.set_step(steps[servers[c]]);
-    header.set_session(session_);
-    header.set_table(table);
-    header.set_num_ids(static_cast<int64_t>(positions.size()));
-    const size_t size = positions.size() * (sizeof(uint64_t) + row_bytes);
-    std::shared_ptr<char[]> bytes(new char[size]);  // written whole below, not zeroed first
-    char* id_dst = bytes.get();
-    char* grad_dst = id_dst + positions.size() * sizeof(uint64_t);
-    for (uint32_t i : positions) {
-      std::memcpy(id_dst, &ids[i], sizeof(uint64_t));  // little-endian hosts
-      std::memcpy(grad_dst, grads + static_cast<size_t>(i) * dim, row_bytes);
-      id_dst += sizeof(uint64_t);
-      grad_dst += row_bytes;
+  struct Call {
+    size_t table;
+    int server;
+  };
+  std::vector<Call> calls;
+  std::vector<grpc::ByteBuffer> requests, responses;
+  std::vector<int> servers;
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const TableRows& rows = tables[t];
+    const std::vector<std::vector<uint32_t>> by = RowsByServer(rows.ids, num_servers());
+    // Each server's ids and gradients gathered once into one buffer, which
+    // the frame sends as it is (the buffer lives until gRPC releases it).
+    const size_t row_bytes = static_cast<size_t>(rows.dim) * sizeof(float);
+    for (int s : ServersWithRows(by)) {
+      const std::vector<uint32_t>& positions = by[s];
+      PushRowsRequest header;
+      header.set_incarnation(incarnation_);
+      header.set_worker(worker_);
+      header.set_step(steps[s]);
+      header.set_session(session_);
+      header.set_table(rows.table);
+      header.set_num_ids(static_cast<int64_t>(positions.size()));
+      const size_t size = positions.size() * (sizeof(uint64_t) + row_bytes);
+      std::shared_ptr<char[]> bytes(new char[size]);  // written whole below, not zeroed first
+      char* id_dst = bytes.get();
+      char* grad_dst = id_dst + positions.size() * sizeof(uint64_t);
+      for (uint32_t i : positions) {
+        std::memcpy(id_dst, &rows.ids[i], sizeof(uint64_t));  // little-endian hosts
+        std::memcpy(grad_dst, rows.rows + static_cast<size_t>(i) * rows.dim, row_bytes);
+        id_dst += sizeof(uint64_t);
+        grad_dst += row_bytes;
+      }
+      std::vector<OutgoingPayload> payload;
+      const char* data = bytes.get();
+      payload.push_back({data, static_cast<int64_t>(size),
+                         [keep = std::move(bytes)]() mutable { keep.reset(); }});
+      requests.push_back(EncodeFrame(header, std::move(payload)));
+      calls.push_back({t, s});
+      servers.push_back(s);
     }
-    std::vector<OutgoingPayload> payload;
-    const char* data = bytes.get();
-    payload.push_back({data, static_cast<int64_t>(size),
-                       [keep = std::move(bytes)]() mutable { keep.reset(); }});
-    requests[c] = EncodeFrame(header, std::move(payload));
   }
+  responses.resize(calls.size());
   const std::vector<grpc::GenericStub*> stubs = NextStubs(servers);
+  auto name = [&](size_t c) {
+    return absl::StrCat("PushRows ", tables[calls[c].table].table, " to ",
+                        ServerName(calls[c].server));
+  };
   RETURN_IF_ERROR(CallAll(
-      static_cast<int>(servers.size()), push_timeout_, /*wait_for_ready=*/false,
-      [this, &servers, &table](int c) {
-        return absl::StrCat("PushRows ", table, " to ", ServerName(servers[c]));
-      },
+      static_cast<int>(calls.size()), push_timeout_, /*wait_for_ready=*/false,
+      [&](int c) { return name(c); },
       [&](int c, grpc::ClientContext* ctx, std::function<void(grpc::Status)> done) {
         stubs[c]->UnaryCall(ctx, kPushRowsMethod, grpc::StubOptions(), &requests[c],
                             &responses[c], std::move(done));
       }));
-  std::vector<PushRowsResponse> replies(servers.size());
-  for (size_t c = 0; c < servers.size(); ++c) {
+  std::vector<PushRowsResponse> replies(calls.size());
+  for (size_t c = 0; c < calls.size(); ++c) {
     if (absl::Status st = ParseMessage(responses[c], &replies[c]); !st.ok()) {
-      return absl::DataLossError(absl::StrCat("PushRows ", table, " to ",
-                                              ServerName(servers[c]), ": a bad reply: ",
-                                              st.message()));
+      return absl::DataLossError(absl::StrCat(name(c), ": a bad reply: ", st.message()));
     }
   }
-  outcomes->assign(num_servers(), PUSH_OUTCOME_UNSPECIFIED);
-  for (size_t c = 0; c < servers.size(); ++c) (*outcomes)[servers[c]] = replies[c].outcome();
-  counters_.push_payload_bytes += static_cast<int64_t>(ids.size()) * dim * 4;
-  counters_.push_copied_bytes += static_cast<int64_t>(ids.size()) * dim * 4;
+  outcomes->assign(tables.size(),
+                   std::vector<PushOutcome>(num_servers(), PUSH_OUTCOME_UNSPECIFIED));
+  for (size_t c = 0; c < calls.size(); ++c) {
+    (*outcomes)[calls[c].table][calls[c].server] = replies[c].outcome();
+  }
+  for (const TableRows& t : tables) {
+    counters_.push_payload_bytes += static_cast<int64_t>(t.ids.size()) * t.dim * 4;
+    counters_.push_copied_bytes += static_cast<int64_t>(t.ids.size()) * t.dim * 4;
+  }
   return absl::OkStatus();
 }
 

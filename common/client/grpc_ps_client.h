@@ -101,6 +101,11 @@ class GrpcPsClient final : public PsClient {
   absl::Status PushRows(const std::string& table, int dim, absl::Span<const uint64_t> ids,
                         const float* grads, const std::vector<int64_t>& steps,
                         std::vector<PushOutcome>* outcomes) override;
+  // Every table's calls in one round trip.
+  absl::Status PullTables(absl::Span<const TableRows> tables, int64_t min_version,
+                          absl::Duration wait) override;
+  absl::Status PushTables(absl::Span<const TableRows> tables, const std::vector<int64_t>& steps,
+                          std::vector<std::vector<PushOutcome>>* outcomes) override;
   // Sent in requests of about 4 MiB.
   absl::Status LoadRows(const std::string& table, int dim, absl::Span<const uint64_t> ids,
                         const float* values, const std::vector<const float*>& slots,
@@ -113,6 +118,10 @@ class GrpcPsClient final : public PsClient {
   absl::Status ClaimSession(int server, int32_t session, PsStatusResponse* response) override;
 
  private:
+  // PullRows of several tables in one round trip; *version (optional) the
+  // oldest version a server answered at.
+  absl::Status PullTablesAt(absl::Span<const TableRows> tables, int64_t min_version,
+                            absl::Duration wait, int64_t* version);
   // One try of InitializeAll's calls, each waiting for its server.
   absl::Status InitializeOnce(const InitializeCalls& calls, absl::Duration timeout);
   std::string ServerName(int s) const;

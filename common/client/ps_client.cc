@@ -30,4 +30,23 @@ absl::Status PsClient::PushAll(const std::vector<int64_t>& steps, const std::vec
   return PushFrom(steps, sources, outcomes);
 }
 
+absl::Status PsClient::PullTables(absl::Span<const TableRows> tables, int64_t min_version,
+                                  absl::Duration wait) {
+  for (const TableRows& t : tables) {
+    RETURN_IF_ERROR(PullRows(t.table, t.dim, t.ids, min_version, wait, t.rows));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PsClient::PushTables(absl::Span<const TableRows> tables,
+                                  const std::vector<int64_t>& steps,
+                                  std::vector<std::vector<PushOutcome>>* outcomes) {
+  outcomes->resize(tables.size());
+  for (size_t t = 0; t < tables.size(); ++t) {
+    RETURN_IF_ERROR(PushRows(tables[t].table, tables[t].dim, tables[t].ids, tables[t].rows, steps,
+                             &(*outcomes)[t]));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace pstrain

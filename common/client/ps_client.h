@@ -158,6 +158,23 @@ class PsClient {
                                 absl::Span<const uint64_t> ids, const float* grads,
                                 const std::vector<int64_t>& steps,
                                 std::vector<PushOutcome>* outcomes) = 0;
+  // Several tables' rows at once (a model whose columns look up tables of
+  // their own): PullRows and PushRows of each, every table's calls in
+  // flight together where the client can (gRPC: one round trip for all).
+  // `rows`: the pull's destination, the push's gradients. A push's
+  // outcomes[t][s]: table t's on server s. By default, one table after
+  // another.
+  struct TableRows {
+    std::string table;
+    int dim = 0;
+    absl::Span<const uint64_t> ids;
+    float* rows = nullptr;
+  };
+  virtual absl::Status PullTables(absl::Span<const TableRows> tables, int64_t min_version,
+                                  absl::Duration wait);
+  virtual absl::Status PushTables(absl::Span<const TableRows> tables,
+                                  const std::vector<int64_t>& steps,
+                                  std::vector<std::vector<PushOutcome>>* outcomes);
   // Restores rows of `table` from a checkpoint onto the servers that hold
   // their ids now: values[i * dim, ...) of ids[i], each slot likewise
   // (`slots` empty: fresh optimizer state), update counts and last-touched

@@ -180,6 +180,15 @@ double BagSet::SquaredGradientNorm() const {
   return sum;
 }
 
+std::vector<PsClient::TableRows> TableRowsOf(BagSet* bags, bool gradients) {
+  std::vector<PsClient::TableRows> rows;
+  for (size_t t = 0; t < bags->tables(); ++t) {
+    rows.push_back({bags->table(t).name, bags->table(t).dim, bags->ids(t),
+                    gradients ? bags->row_grads(t) : bags->rows(t)});
+  }
+  return rows;
+}
+
 void BagSet::ScaleGradients(float scale) {
   for (Part& p : parts_) {
     for (float& g : p.grads) g *= scale;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/client/ps_client.h"
 #include "proto/config.pb.h"
 #include "worker/model/backend.h"
 #include "worker/model/embedding_bag.h"
@@ -107,6 +108,10 @@ class BagSet {
   Backend* const device_;
   std::vector<Part> parts_;
 };
+
+// The batch's rows of every table as PsClient's pulls fill them
+// (gradients false) or its pushes send them (true), after Index.
+std::vector<PsClient::TableRows> TableRowsOf(BagSet* bags, bool gradients);
 
 }  // namespace pstrain
 

@@ -182,7 +182,14 @@ absl::Status ValidateFieldTables(TrainingConfig* c, const std::string& source) {
       continue;
     }
     int64_t dim = 0;
-    RETURN_IF_ERROR(check(col.table(), absl::StrCat("data.schema.columns[", i, "].table"), &dim));
+    const std::string field = absl::StrCat("data.schema.columns[", i, "].table");
+    RETURN_IF_ERROR(check(col.table(), field, &dim));
+    if (ct->has_dot() && dim != model_dim) {
+      return FieldError(source, field,
+                        absl::StrCat("table ", col.table(), " has dim ", dim,
+                                     "; model.click_through.dot needs every table's dim equal to ",
+                                     ct->table(), "'s, ", model_dim));
+    }
     width += std::max(1, col.count()) * (dim - model_dim);
     own = true;
   }
@@ -705,6 +712,44 @@ std::string OptimizerKindName(const OptimizerConfig& config) {
   return "sgd";
 }
 
+namespace {
+
+// A dot layer over `width` inputs; *out_width (optional) its output's.
+absl::Status CheckDotLayer(const DotConfig& dot, int width, const std::string& field,
+                           const std::string& source, int* out_width) {
+  if (dot.dense_inputs() < 1 || dot.dense_inputs() > 4096 || dot.dense_inputs() >= width) {
+    return FieldError(source, field + ".dense_inputs",
+                      absl::StrCat("expected 1..4096, fewer than the layer's ", width, " inputs"));
+  }
+  if (dot.dim() < 1 || dot.dim() > 1024 || (width - dot.dense_inputs()) % dot.dim() != 0) {
+    return FieldError(source, field + ".dim",
+                      absl::StrCat("expected 1..1024, dividing the ", width - dot.dense_inputs(),
+                                   " inputs after the dense ones into vectors"));
+  }
+  for (int i = 0; i < dot.bottom_units_size(); ++i) {
+    if (dot.bottom_units(i) < 1 || dot.bottom_units(i) > 65536) {
+      return FieldError(source, absl::StrCat(field, ".bottom_units[", i, "]"),
+                        "expected 1..65536");
+    }
+  }
+  if (dot.bottom_units_size() > 0 && *dot.bottom_units().rbegin() != dot.dim()) {
+    return FieldError(source, field + ".bottom_units",
+                      absl::StrCat("the last must be dim, ", dot.dim(), " (the bottom MLP's "
+                                   "output is one of the vectors whose dots are taken)"));
+  }
+  const int64_t vectors = (width - dot.dense_inputs()) / dot.dim() + 1;
+  const int64_t out = dot.dim() + vectors * (vectors - 1) / 2;
+  if (out > (1 << 24)) {
+    return FieldError(source, field,
+                      absl::StrCat(vectors, " vectors give ", out,
+                                   " outputs; expected at most 16777216"));
+  }
+  if (out_width != nullptr) *out_width = static_cast<int>(out);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
                                                    const std::string& source) {
   constexpr int kMaxInput = 1 << 24, kMaxUnits = 100000;
@@ -750,6 +795,34 @@ absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
                                      " floats each: expected inputs^2 x layers at most 2^28"));
     }
     if (ct.cross_layers() > 0) seq.add_layer()->mutable_cross()->set_layers(ct.cross_layers());
+    if (ct.has_dot()) {
+      if (ct.cross_layers() > 0) {
+        return FieldError(source, "model.click_through.dot", "not with cross_layers: one or the other");
+      }
+      if (numeric == 0) {
+        return FieldError(source, "model.click_through.dot",
+                          "needs numeric columns (the bottom MLP's input)");
+      }
+      if (ct.bag_inputs() > 0 && ct.bag_inputs() != int64_t{fields} * ct.embedding_dim()) {
+        return FieldError(source, "model.click_through.dot",
+                          "needs every column's table of the model's dim");
+      }
+      for (const auto& [value, name] : {std::pair{ct.dot().dense_inputs(), "dense_inputs"},
+                                        std::pair{ct.dot().dim(), "dim"}}) {
+        const int want = std::string(name) == "dim" ? ct.embedding_dim() : numeric;
+        if (value != 0 && value != want) {
+          return FieldError(source, absl::StrCat("model.click_through.dot.", name),
+                            absl::StrCat("is ", value, ", the model's is ", want,
+                                         ": leave it out"));
+        }
+      }
+      DotConfig* dot = seq.add_layer()->mutable_dot();
+      *dot = ct.dot();
+      dot->set_dense_inputs(numeric);
+      dot->set_dim(ct.embedding_dim());
+      RETURN_IF_ERROR(CheckDotLayer(*dot, static_cast<int>(input), "model.click_through.dot",
+                                    source, nullptr));
+    }
     for (int units : ct.hidden_units()) {
       if (units <= 0 || units > 65536) {
         return FieldError(source, "model.click_through.hidden_units", "expected each in 1..65536");
@@ -822,6 +895,9 @@ absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
       case LayerConfig::kRelu:
       case LayerConfig::kGelu:
         break;
+      case LayerConfig::kDot:
+        RETURN_IF_ERROR(CheckDotLayer(layer.dot(), width, field + ".dot", source, &width));
+        break;
       case LayerConfig::kCross:
         if (layer.cross().layers() < 0 || layer.cross().layers() > 16) {
           return FieldError(source, field + ".cross.layers", "expected 1..16 (0 means 1)");
@@ -847,7 +923,7 @@ absl::StatusOr<SequentialConfig> ExpandModelConfig(const ModelConfig& model,
         break;
       default:
         return FieldError(source, field,
-                          "expected one of dense, relu, gelu, dropout, cross, "
+                          "expected one of dense, relu, gelu, dropout, cross, dot, "
                           "softmax_cross_entropy, sigmoid_cross_entropy");
     }
   }

@@ -470,6 +470,65 @@ max_steps: 10
             .find("model.sequential.layer[0].cross.layers: expected 1..16") != std::string::npos);
 }
 
+TEST_CASE("DLRM's dot interaction: filled in for a click-through model; bad ones refused",
+          "[config][dot]") {
+  const std::string base = R"(
+model { click_through { table: "t" hidden_units: 16 DOT } }
+embedding_tables { name: "t" dim: 8 }
+embedding_tables { name: "u" dim: 4 }
+data { format: CRITEO train_tsv: "a.tsv" batch_size: 32 SCHEMA }
+optimizer { learning_rate: 0.1 sgd {} }
+max_steps: 10
+)";
+  auto with = [&](const std::string& dot, const std::string& schema = "") {
+    std::string text = base;
+    text.replace(text.find("DOT"), 3, dot);
+    text.replace(text.find("SCHEMA"), 6, schema);
+    return ParseTrainingConfig(text, "x.pbtxt");
+  };
+  auto c = with("dot { bottom_units: 32 bottom_units: 8 }");
+  INFO(c.status());
+  REQUIRE(c.ok());
+  auto seq = ExpandModelConfig(c->model());
+  REQUIRE(seq.ok());
+  const DotConfig& dot = seq->layer(0).dot();
+  CHECK(dot.dense_inputs() == 13);
+  CHECK(dot.dim() == 8);
+  CHECK(dot.bottom_units_size() == 2);
+  CHECK(seq->layer(1).dense().units() == 16);
+  for (const auto& [text, schema, why] : std::vector<std::array<std::string, 3>>{
+           {"dot { bottom_units: 32 }", "",
+            "model.click_through.dot.bottom_units: the last must be dim, 8"},
+           {"dot { dim: 4 }", "", "model.click_through.dot.dim: is 4, the model's is 8"},
+           {"dot {} cross_layers: 1", "", "model.click_through.dot: not with cross_layers"},
+           {"dot {}",
+            "schema { columns { kind: LABEL } columns { kind: NUMERIC } "
+            "columns { kind: CATEGORICAL } columns { kind: CATEGORICAL table: \"u\" } }",
+            "data.schema.columns[3].table: table u has dim 4; model.click_through.dot needs"},
+           {"dot {}", "schema { columns { kind: LABEL } columns { kind: CATEGORICAL count: 3 } }",
+            "model.click_through.dot: needs numeric columns"},
+       }) {
+    auto refused = with(text, schema);
+    INFO(text << " " << schema);
+    REQUIRE_FALSE(refused.ok());
+    INFO(refused.status().message());
+    CHECK(std::string(refused.status().message()).find(why) != std::string::npos);
+  }
+  // In a sequential model: its width from the input.
+  ModelConfig s;
+  REQUIRE(google::protobuf::TextFormat::ParseFromString(
+      "sequential { input_dim: 11 layer { dot { dense_inputs: 3 dim: 2 } } "
+      "layer { dense { units: 2 } } layer { softmax_cross_entropy {} } }",
+      &s));
+  CHECK(ExpandModelConfig(s).ok());
+  s.mutable_sequential()->mutable_layer(0)->mutable_dot()->set_dim(3);
+  auto bad = ExpandModelConfig(s);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(std::string(bad.status().message())
+            .find("model.sequential.layer[0].dot.dim: expected 1..1024, dividing the 8") !=
+        std::string::npos);
+}
+
 TEST_CASE("consistency settings are checked: no configuration can wait forever", "[config]") {
   struct Case {
     const char* replace;

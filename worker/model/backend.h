@@ -77,6 +77,11 @@ class Backend {
   virtual absl::Status SigmoidCrossEntropy(const float* logits, const int32_t* labels, int rows,
                                            int classes, float divisor, float* dlogits,
                                            double* row_loss, int32_t* predicted) = 0;
+  // DLRM's pairwise dot products and their gradient (cpu_ops.h).
+  virtual absl::Status PairwiseDots(const float* t, int batch, int vectors, int dim, float* out,
+                                    int out_ld) = 0;
+  virtual absl::Status PairwiseDotsGrad(const float* t, const float* dout, int dout_ld, int batch,
+                                        int vectors, int dim, float* dt) = 0;
   // Embedding bags into the model's input and back (cpu_ops.h).
   virtual absl::Status BagsForward(const float* rows, const int32_t* row_of, const int32_t* offsets,
                                    const float* dense, int batch, int fields, int dim,

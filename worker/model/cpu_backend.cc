@@ -133,6 +133,16 @@ class CpuBackend : public Backend {
     cpu::SigmoidCrossEntropy(logits, labels, rows, classes, divisor, dlogits, row_loss, predicted);
     return absl::OkStatus();
   }
+  absl::Status PairwiseDots(const float* t, int batch, int vectors, int dim, float* out,
+                            int out_ld) override {
+    cpu::PairwiseDots(t, batch, vectors, dim, out, out_ld);
+    return absl::OkStatus();
+  }
+  absl::Status PairwiseDotsGrad(const float* t, const float* dout, int dout_ld, int batch,
+                                int vectors, int dim, float* dt) override {
+    cpu::PairwiseDotsGrad(t, dout, dout_ld, batch, vectors, dim, dt);
+    return absl::OkStatus();
+  }
   absl::Status BagsForward(const float* rows, const int32_t* row_of, const int32_t* offsets,
                            const float* dense, int batch, int fields, int dim, int dense_dim,
                            bool mean, float* x) override {

@@ -174,6 +174,41 @@ void SigmoidCrossEntropy(const float* logits, const int32_t* labels, int rows, i
   }
 }
 
+void PairwiseDots(const float* t, int batch, int vectors, int dim, float* out, int out_ld) {
+  for (int b = 0; b < batch; ++b) {
+    const float* v = t + static_cast<size_t>(b) * vectors * dim;
+    float* o = out + static_cast<size_t>(b) * out_ld;
+    for (int i = 1; i < vectors; ++i) {
+      for (int j = 0; j < i; ++j) {
+        float acc = 0.0f;
+        for (int k = 0; k < dim; ++k) acc += v[i * dim + k] * v[j * dim + k];
+        o[i * (i - 1) / 2 + j] = acc;
+      }
+    }
+  }
+}
+
+void PairwiseDotsGrad(const float* t, const float* dout, int dout_ld, int batch, int vectors,
+                      int dim, float* dt) {
+  for (int b = 0; b < batch; ++b) {
+    const float* v = t + static_cast<size_t>(b) * vectors * dim;
+    const float* g = dout + static_cast<size_t>(b) * dout_ld;
+    float* d = dt + static_cast<size_t>(b) * vectors * dim;
+    // Each element's sum over j in increasing order, from zero, as the
+    // device's; k innermost, so the compiler vectorises it.
+    for (int i = 0; i < vectors; ++i) {
+      float* di = d + i * dim;
+      std::fill(di, di + dim, 0.0f);
+      for (int j = 0; j < vectors; ++j) {
+        if (j == i) continue;
+        const float gij = g[i > j ? i * (i - 1) / 2 + j : j * (j - 1) / 2 + i];
+        const float* vj = v + j * dim;
+        for (int k = 0; k < dim; ++k) di[k] += gij * vj[k];
+      }
+    }
+  }
+}
+
 void BagsForward(const float* rows, const int32_t* row_of, const int32_t* offsets,
                  const float* dense, int batch, int fields, int dim, int dense_dim, bool mean,
                  float* x) {

@@ -118,6 +118,17 @@ void SoftmaxCrossEntropy(const float* logits, const int32_t* labels, int rows, i
 void SigmoidCrossEntropy(const float* logits, const int32_t* labels, int rows, int classes,
                          float divisor, float* dlogits, double* row_loss, int32_t* predicted);
 
+// DLRM's dot interaction: each example's `vectors` vectors of `dim` floats
+// (t [batch, vectors, dim]), and their dot products for every pair i > j,
+// in the order (1, 0), (2, 0), (2, 1), (3, 0), ...: pair p = i (i - 1) / 2 +
+// j, written to out[b * out_ld + p]. Each dot sums its products in k's
+// order, from zero.
+void PairwiseDots(const float* t, int batch, int vectors, int dim, float* out, int out_ld);
+// The gradient: dt[b, i, k] = the sum over j != i, in increasing j, of
+// g(i, j) * t[b, j, k], g(i, j) = dout[b * dout_ld + pair(max, min)].
+void PairwiseDotsGrad(const float* t, const float* dout, int dout_ld, int batch, int vectors,
+                      int dim, float* dt);
+
 // Embedding bags (the math of worker/model/embedding_bag.h), the model's
 // input x [batch, width], width = dense_dim + fields * dim:
 // x[b] = [dense[b] | bag(b, 0) | ... | bag(b, fields - 1)], bag (b, f) the

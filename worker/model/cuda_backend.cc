@@ -123,6 +123,14 @@ class CudaBackend : public Backend {
     return Call(pstrain_cuda_sigmoid_cross_entropy, logits, labels, rows, classes, divisor, dlogits,
                 row_loss, predicted);
   }
+  absl::Status PairwiseDots(const float* t, int batch, int vectors, int dim, float* out,
+                            int out_ld) override {
+    return Call(pstrain_cuda_pairwise_dots, t, batch, vectors, dim, out, out_ld);
+  }
+  absl::Status PairwiseDotsGrad(const float* t, const float* dout, int dout_ld, int batch,
+                                int vectors, int dim, float* dt) override {
+    return Call(pstrain_cuda_pairwise_dots_grad, t, dout, dout_ld, batch, vectors, dim, dt);
+  }
   absl::Status BagsForward(const float* rows, const int32_t* row_of, const int32_t* offsets,
                            const float* dense, int batch, int fields, int dim, int dense_dim,
                            bool mean, float* x) override {

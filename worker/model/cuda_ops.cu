@@ -104,6 +104,42 @@ __global__ void BagsBackwardKernel(const float* dx, const int32_t* offsets,
   }
 }
 
+// One thread per example and pair (i > j): the dot in k's order.
+__global__ void PairwiseDotsKernel(const float* t, int batch, int vectors, int dim, float* out,
+                                   int out_ld) {
+  const long long pairs = static_cast<long long>(vectors) * (vectors - 1) / 2;
+  GRID_STRIDE(n, batch * pairs) {
+    const long long b = n / pairs;
+    const int p = static_cast<int>(n % pairs);
+    int i = 1;
+    while ((i + 1) * i / 2 <= p) ++i;  // the row of pair p: i (i - 1) / 2 <= p < (i + 1) i / 2
+    const int j = p - i * (i - 1) / 2;
+    const float* v = t + b * vectors * dim;
+    float acc = 0.0f;
+    for (int k = 0; k < dim; ++k) acc = __fadd_rn(acc, __fmul_rn(v[i * dim + k], v[j * dim + k]));
+    out[b * out_ld + p] = acc;
+  }
+}
+
+// One thread per element of dt: its vector's pairs in increasing j.
+__global__ void PairwiseDotsGradKernel(const float* t, const float* dout, int dout_ld, int batch,
+                                       int vectors, int dim, float* dt) {
+  const long long per = static_cast<long long>(vectors) * dim;
+  GRID_STRIDE(n, batch * per) {
+    const long long b = n / per;
+    const int i = static_cast<int>((n % per) / dim), k = static_cast<int>(n % dim);
+    const float* v = t + b * per;
+    const float* g = dout + b * dout_ld;
+    float acc = 0.0f;
+    for (int j = 0; j < vectors; ++j) {
+      if (j == i) continue;
+      const int p = i > j ? i * (i - 1) / 2 + j : j * (j - 1) / 2 + i;
+      acc = __fadd_rn(acc, __fmul_rn(g[p], v[j * dim + k]));
+    }
+    dt[n] = acc;
+  }
+}
+
 __global__ void ScaleKernel(float* c, int m, int n, int ldc, float beta) {
   GRID_STRIDE(i, static_cast<long long>(m) * n) {
     const long long r = i / n, col = i % n;
@@ -377,6 +413,24 @@ int pstrain_cuda_copy_matrix(PstrainCudaContext* ctx, const float* src, int src_
                                      sizeof(float) * cols, rows, cudaMemcpyDeviceToDevice,
                                      ctx->stream),
                    err, "cudaMemcpy2DAsync(device to device)");
+}
+
+int pstrain_cuda_pairwise_dots(PstrainCudaContext* ctx, const float* t, int batch, int vectors,
+                               int dim, float* out, int out_ld, PstrainCudaError* err) {
+  const long long n = static_cast<long long>(batch) * vectors * (vectors - 1) / 2;
+  if (n <= 0) return 0;
+  PairwiseDotsKernel<<<Blocks(n), kThreads, 0, ctx->stream>>>(t, batch, vectors, dim, out, out_ld);
+  return LaunchCheck(err, "pairwise dots kernel");
+}
+
+int pstrain_cuda_pairwise_dots_grad(PstrainCudaContext* ctx, const float* t, const float* dout,
+                                    int dout_ld, int batch, int vectors, int dim, float* dt,
+                                    PstrainCudaError* err) {
+  const long long n = static_cast<long long>(batch) * vectors * dim;
+  if (n <= 0) return 0;
+  PairwiseDotsGradKernel<<<Blocks(n), kThreads, 0, ctx->stream>>>(t, dout, dout_ld, batch,
+                                                                  vectors, dim, dt);
+  return LaunchCheck(err, "pairwise dots gradient kernel");
 }
 
 int pstrain_cuda_bags_forward(PstrainCudaContext* ctx, const float* rows, const int32_t* row_of,

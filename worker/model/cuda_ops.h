@@ -106,6 +106,14 @@ int pstrain_cuda_sigmoid_cross_entropy(PstrainCudaContext* ctx, const float* log
                                        float* dlogits, double* row_loss, int32_t* predicted,
                                        PstrainCudaError* err);
 
+// DLRM's dot interaction: cpu::PairwiseDots and cpu::PairwiseDotsGrad (same
+// arguments, device pointers), summed in the CPU's order without fused
+// multiply-adds: the CPU's results bit for bit.
+int pstrain_cuda_pairwise_dots(PstrainCudaContext* ctx, const float* t, int batch, int vectors,
+                               int dim, float* out, int out_ld, PstrainCudaError* err);
+int pstrain_cuda_pairwise_dots_grad(PstrainCudaContext* ctx, const float* t, const float* dout,
+                                    int dout_ld, int batch, int vectors, int dim, float* dt,
+                                    PstrainCudaError* err);
 // Embedding bags: cpu::BagsForward and cpu::BagsBackward (same arguments,
 // device pointers), the sums in the CPU's order with no fused multiply-add,
 // so the results are the CPU's bit for bit.

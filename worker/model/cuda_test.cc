@@ -130,6 +130,21 @@ TEST_CASE("CUDA operations equal the CPU's", "[cuda]") {
   REQUIRE(cpu->Add(x.cpu(), len, y.cpu()).ok());
   REQUIRE(gpu->Add(x.gpu(), len, y.gpu()).ok());
   CHECK(y.cpu_values() == y.gpu_values());
+  // DLRM's dots and their gradient, summed in the CPU's order: equal.
+  {
+    const int batch = 9, vectors = 27, dim = 16, pairs = vectors * (vectors - 1) / 2;
+    Twin<float> t(gpu.get(), Random(batch * vectors * dim, 8));
+    Twin<float> dots(gpu.get(), std::vector<float>(batch * (pairs + 3), 0.0f));
+    Twin<float> dt(gpu.get(), std::vector<float>(batch * vectors * dim));
+    REQUIRE(cpu->PairwiseDots(t.cpu(), batch, vectors, dim, dots.cpu() + 3, pairs + 3).ok());
+    REQUIRE(gpu->PairwiseDots(t.gpu(), batch, vectors, dim, dots.gpu() + 3, pairs + 3).ok());
+    CHECK(dots.cpu_values() == dots.gpu_values());
+    REQUIRE(cpu->PairwiseDotsGrad(t.cpu(), dots.cpu() + 3, pairs + 3, batch, vectors, dim,
+                                  dt.cpu()).ok());
+    REQUIRE(gpu->PairwiseDotsGrad(t.gpu(), dots.gpu() + 3, pairs + 3, batch, vectors, dim,
+                                  dt.gpu()).ok());
+    CHECK(dt.cpu_values() == dt.gpu_values());
+  }
   // A block of columns into another matrix's (rows of cols, from rows
   // cols apart into rows cols + 3 apart at column 2).
   {
@@ -202,6 +217,11 @@ TEST_CASE("CUDA training steps and evaluation equal the CPU's for every layer ki
                 100, 7},
            Case{"sequential { input_dim: 40 layer { dense { units: 32 } } layer { gelu {} } "
                 "layer { dense { units: 1 } } layer { sigmoid_cross_entropy {} } }",
+                40, 2},
+           Case{"sequential { input_dim: 40 layer { dot { dense_inputs: 8 dim: 4 "
+                "bottom_units: 16 bottom_units: 4 } } layer { dense { units: 32 } } "
+                "layer { relu {} } layer { dense { units: 1 } } "
+                "layer { sigmoid_cross_entropy {} } }",
                 40, 2},
            Case{"sequential { input_dim: 40 layer { cross { layers: 2 } } "
                 "layer { dense { units: 32 } } layer { relu {} } "

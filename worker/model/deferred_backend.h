@@ -115,6 +115,15 @@ class DeferredBackend : public Backend {
     });
   }
 
+  absl::Status PairwiseDots(const float* t, int batch, int vectors, int dim, float* out,
+                            int out_ld) override {
+    return Enqueue([=] { return cpu_->PairwiseDots(t, batch, vectors, dim, out, out_ld); });
+  }
+  absl::Status PairwiseDotsGrad(const float* t, const float* dout, int dout_ld, int batch,
+                                int vectors, int dim, float* dt) override {
+    return Enqueue(
+        [=] { return cpu_->PairwiseDotsGrad(t, dout, dout_ld, batch, vectors, dim, dt); });
+  }
   absl::Status BagsForward(const float* rows, const int32_t* row_of, const int32_t* offsets,
                            const float* dense, int batch, int fields, int dim, int dense_dim,
                            bool mean, float* x) override {

@@ -96,6 +96,104 @@ absl::Status CrossLayer::Backward(const PassContext& ctx, const float* x, const 
   return absl::OkStatus();
 }
 
+DotLayer::DotLayer(std::string name, int input_dim, int dense_inputs, int dim,
+                   std::vector<int> bottom_units)
+    : Layer(std::move(name), input_dim,
+            dim + ((input_dim - dense_inputs) / dim + 1) * ((input_dim - dense_inputs) / dim) / 2),
+      dense_(dense_inputs),
+      dim_(dim),
+      vectors_((input_dim - dense_inputs) / dim + 1),
+      units_(bottom_units.empty() ? std::vector<int>{dim} : std::move(bottom_units)) {
+  int in = dense_;
+  size_t at = 0, widest = static_cast<size_t>(dim_);
+  auto take = [&at](size_t floats) {
+    const size_t offset = at;
+    at += floats;
+    return offset;
+  };
+  for (size_t k = 0; k < units_.size(); ++k) {
+    bottom_.push_back(std::make_unique<DenseLayer>(absl::StrCat(this->name(), "/bottom", k), in,
+                                                   units_[k]));
+    pre_.push_back(take(units_[k]));
+    post_.push_back(take(units_[k]));
+    widest = std::max(widest, static_cast<size_t>(units_[k]));
+    in = units_[k];
+  }
+  dense_in_ = take(dense_);
+  t_ = take(static_cast<size_t>(vectors_) * dim_);
+  dt_ = take(static_cast<size_t>(vectors_) * dim_);
+  dh_ = take(dim_);
+  tmp_ = take(dim_);
+  g_[0] = take(widest);
+  g_[1] = take(widest);
+  ddense_ = take(dense_);
+  per_row_ = at;
+}
+
+std::vector<VariableSpec> DotLayer::Variables() const {
+  std::vector<VariableSpec> v;
+  for (const auto& layer : bottom_) {
+    for (VariableSpec& s : layer->Variables()) v.push_back(std::move(s));
+  }
+  return v;
+}
+
+void DotLayer::BindBottom() {
+  for (size_t k = 0; k < bottom_.size(); ++k) {
+    bottom_[k]->Bind({params_[2 * k], params_[2 * k + 1]}, {grads_[2 * k], grads_[2 * k + 1]});
+  }
+}
+
+absl::Status DotLayer::Forward(const PassContext& ctx, const float* x, float* y) {
+  const int b = ctx.batch, width = input_dim(), out = output_dim();
+  if (scratch_.data() == nullptr) scratch_ = DeviceArray<float>(ctx.backend);
+  RETURN_IF_ERROR(scratch_.Reserve(per_row_ * static_cast<size_t>(b)));
+  scratch_rows_ = b;
+  BindBottom();
+  // The bottom MLP over the dense columns, gathered first.
+  RETURN_IF_ERROR(ctx.backend->CopyMatrix(x, width, At(ctx, dense_in_), dense_, b, dense_));
+  const float* h = At(ctx, dense_in_);
+  for (size_t k = 0; k < bottom_.size(); ++k) {
+    RETURN_IF_ERROR(bottom_[k]->Forward(ctx, h, At(ctx, pre_[k])));
+    RETURN_IF_ERROR(ctx.backend->Relu(At(ctx, pre_[k]), int64_t{b} * units_[k], At(ctx, post_[k])));
+    h = At(ctx, post_[k]);
+  }
+  // The vectors: h, then the input's F vectors; y = [h | their dots].
+  const int row = vectors_ * dim_;
+  float* t = At(ctx, t_);
+  RETURN_IF_ERROR(ctx.backend->CopyMatrix(h, dim_, t, row, b, dim_));
+  RETURN_IF_ERROR(ctx.backend->CopyMatrix(x + dense_, width, t + dim_, row, b, row - dim_));
+  RETURN_IF_ERROR(ctx.backend->CopyMatrix(h, dim_, y, out, b, dim_));
+  return ctx.backend->PairwiseDots(t, b, vectors_, dim_, y + dim_, out);
+}
+
+absl::Status DotLayer::Backward(const PassContext& ctx, const float* x, const float* /*y*/,
+                                const float* dy, float* dx) {
+  const int b = ctx.batch, width = input_dim(), out = output_dim(), row = vectors_ * dim_;
+  if (scratch_rows_ != b) {
+    return absl::FailedPreconditionError("dot layer: backward without its forward pass");
+  }
+  BindBottom();
+  float* dt = At(ctx, dt_);
+  RETURN_IF_ERROR(ctx.backend->PairwiseDotsGrad(At(ctx, t_), dy + dim_, out, b, vectors_, dim_, dt));
+  // dL/dh: its dots' part and its own columns of y.
+  float* g = At(ctx, dh_);
+  RETURN_IF_ERROR(ctx.backend->CopyMatrix(dt, row, g, dim_, b, dim_));
+  RETURN_IF_ERROR(ctx.backend->CopyMatrix(dy, out, At(ctx, tmp_), dim_, b, dim_));
+  RETURN_IF_ERROR(ctx.backend->Add(At(ctx, tmp_), int64_t{b} * dim_, g));
+  for (size_t k = bottom_.size(); k-- > 0;) {
+    float* dpre = At(ctx, g_[k % 2]);
+    RETURN_IF_ERROR(ctx.backend->ReluGrad(At(ctx, post_[k]), g, int64_t{b} * units_[k], dpre));
+    const float* in = k == 0 ? At(ctx, dense_in_) : At(ctx, post_[k - 1]);
+    float* din = k == 0 ? (dx != nullptr ? At(ctx, ddense_) : nullptr) : At(ctx, g_[(k + 1) % 2]);
+    RETURN_IF_ERROR(bottom_[k]->Backward(ctx, in, At(ctx, pre_[k]), dpre, din));
+    g = din;
+  }
+  if (dx == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(ctx.backend->CopyMatrix(At(ctx, ddense_), dense_, dx, width, b, dense_));
+  return ctx.backend->CopyMatrix(dt + dim_, row, dx + dense_, width, b, row - dim_);
+}
+
 absl::Status ReluLayer::Forward(const PassContext& ctx, const float* x, float* y) {
   return ctx.backend->Relu(x, static_cast<int64_t>(ctx.batch) * input_dim(), y);
 }

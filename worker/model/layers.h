@@ -14,6 +14,7 @@
 #define PSTRAIN_WORKER_MODEL_LAYERS_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,38 @@ class CrossLayer : public Layer {
   const int layers_;
   DeviceArray<float> scratch_;
   int scratch_rows_ = 0;  // the batch scratch_ was laid out for
+};
+
+// DLRM's bottom MLP and dot interaction (DotConfig) over an input of
+// `dense_inputs` numbers and F vectors of `dim`: the numbers through dense +
+// ReLU layers to a vector h of dim, then y = [h | the dot products of every
+// pair of (h, v_1, ..., v_F)]. Like CrossLayer it keeps its activations in
+// a buffer of its own; the backend of its passes must outlive it.
+class DotLayer : public Layer {
+ public:
+  DotLayer(std::string name, int input_dim, int dense_inputs, int dim,
+           std::vector<int> bottom_units);
+  std::vector<VariableSpec> Variables() const override;
+  absl::Status Forward(const PassContext& ctx, const float* x, float* y) override;
+  absl::Status Backward(const PassContext& ctx, const float* x, const float* y, const float* dy,
+                        float* dx) override;
+
+ private:
+  void BindBottom();
+  const int dense_, dim_, vectors_;
+  const std::vector<int> units_;
+  std::vector<std::unique_ptr<DenseLayer>> bottom_;
+  // Per bottom layer its dense output and its ReLU's, then the dense
+  // inputs, the vectors [batch, vectors, dim], and the backward pass's
+  // buffers: offsets in floats per row of the batch.
+  std::vector<size_t> pre_, post_;
+  size_t dense_in_ = 0, t_ = 0, dt_ = 0, dh_ = 0, tmp_ = 0, g_[2] = {0, 0}, ddense_ = 0;
+  size_t per_row_ = 0;
+  DeviceArray<float> scratch_;
+  int scratch_rows_ = 0;
+  float* At(const PassContext& ctx, size_t offset) const {
+    return scratch_.data() + offset * static_cast<size_t>(ctx.batch);
+  }
 };
 
 // Inverted dropout: in training each element is kept with probability

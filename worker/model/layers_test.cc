@@ -172,6 +172,82 @@ TEST_CASE("cross network: x0 * (x W + b) + x per layer; gradients match finite d
   }
 }
 
+TEST_CASE("dot interaction: the bottom MLP's vector and every pair's dot; gradients match "
+          "finite differences",
+          "[layers][dot]") {
+  // 3 numbers and 4 vectors of 2: the bottom (3 -> 5 -> 2) and 5 vectors,
+  // so 2 + 10 outputs.
+  const int batch = 3, dense = 3, dim = 2, fields = 4, width = dense + fields * dim;
+  std::unique_ptr<Backend> backend = NewCpuBackend(1);
+  for (const std::vector<int>& units : {std::vector<int>{5, 2}, std::vector<int>{}}) {
+    DotLayer dot("dot0", width, dense, dim, units);
+    CHECK(dot.output_dim() == dim + 5 * 4 / 2);
+    const auto vars = dot.Variables();
+    REQUIRE(vars.size() == (units.empty() ? 2u : 4u));
+    CHECK(vars[0].name == "dot0/bottom0/kernel");
+    CHECK(vars[0].shape == std::vector<int64_t>{dense, units.empty() ? dim : 5});
+    // Positive numbers, kernels and biases keep every bottom unit above
+    // ReLU's kink (where differences would straddle it); the vectors any sign.
+    std::vector<std::vector<float>> params;
+    for (const VariableSpec& v : vars) {
+      params.push_back(Random(v.num_elements(), 40 + params.size(), 0.1f, 0.8f));
+    }
+    std::vector<float> x = Random(batch * width, 6, -1.0f, 1.0f);
+    for (int b = 0; b < batch; ++b) {
+      for (int i = 0; i < dense; ++i) x[b * width + i] = std::fabs(x[b * width + i]) + 0.1f;
+    }
+    // The forward pass against the formula, in doubles.
+    {
+      std::vector<std::vector<float>> grads;
+      std::vector<const float*> pp;
+      std::vector<float*> gp;
+      for (auto& p : params) grads.emplace_back(p.size());
+      for (size_t i = 0; i < params.size(); ++i) {
+        pp.push_back(params[i].data());
+        gp.push_back(grads[i].data());
+      }
+      dot.Bind(pp, gp);
+      PassContext ctx{backend.get(), batch, true, 0};
+      std::vector<float> y(batch * dot.output_dim());
+      REQUIRE(dot.Forward(ctx, x.data(), y.data()).ok());
+      for (int b = 0; b < batch; ++b) {
+        std::vector<double> h(x.begin() + b * width, x.begin() + b * width + dense);
+        for (size_t k = 0; k < params.size() / 2; ++k) {
+          const int out = static_cast<int>(params[2 * k + 1].size());
+          std::vector<double> next(out);
+          for (int j = 0; j < out; ++j) {
+            double u = params[2 * k + 1][j];
+            for (size_t i = 0; i < h.size(); ++i) u += h[i] * params[2 * k][i * out + j];
+            next[j] = std::max(u, 0.0);
+          }
+          h = next;
+        }
+        std::vector<std::vector<double>> v = {h};
+        for (int f = 0; f < fields; ++f) {
+          v.emplace_back(x.begin() + b * width + dense + f * dim,
+                         x.begin() + b * width + dense + (f + 1) * dim);
+        }
+        const float* row = y.data() + b * dot.output_dim();
+        for (int k = 0; k < dim; ++k) CHECK(std::fabs(row[k] - h[k]) < 1e-5);
+        int p = 0;
+        for (int i = 1; i <= fields; ++i) {
+          for (int j = 0; j < i; ++j, ++p) {
+            double want = 0;
+            for (int k = 0; k < dim; ++k) want += v[i][k] * v[j][k];
+            INFO("example " << b << " pair " << i << "," << j);
+            CHECK(std::fabs(row[dim + p] - want) < 1e-5);
+          }
+        }
+      }
+    }
+    CheckLayer(&dot, params, x, batch, true, 0, 2e-3, backend.get());
+    // A bottom unit below the kink for every example: no gradient reaches
+    // its bias (the differences agree: zero).
+    params[1][0] = -20.0f;
+    CheckLayer(&dot, params, x, batch, true, 0, 2e-3, backend.get());
+  }
+}
+
 TEST_CASE("relu and gelu gradients match finite differences", "[layers]") {
   const int batch = 4, dim = 9;
   std::vector<float> x = Random(batch * dim, 4, -3, 3);

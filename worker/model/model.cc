@@ -45,7 +45,7 @@ absl::StatusOr<Built> BuildLayers(const ModelConfig& config) {
   Built b;
   b.input_dim = seq.input_dim();
   int width = seq.input_dim();
-  int dense = 0, relu = 0, gelu = 0, dropout = 0, cross = 0;
+  int dense = 0, relu = 0, gelu = 0, dropout = 0, cross = 0, dot = 0;
   for (const LayerConfig& l : seq.layer()) {
     switch (l.layer_case()) {
       case LayerConfig::kDense:
@@ -62,6 +62,12 @@ absl::StatusOr<Built> BuildLayers(const ModelConfig& config) {
       case LayerConfig::kCross:
         b.layers.push_back(std::make_unique<CrossLayer>(absl::StrCat("cross", cross++), width,
                                                         std::max(1, l.cross().layers())));
+        break;
+      case LayerConfig::kDot:
+        b.layers.push_back(std::make_unique<DotLayer>(
+            absl::StrCat("dot", dot++), width, l.dot().dense_inputs(), l.dot().dim(),
+            std::vector<int>(l.dot().bottom_units().begin(), l.dot().bottom_units().end())));
+        width = b.layers.back()->output_dim();
         break;
       case LayerConfig::kDropout:
         b.layers.push_back(std::make_unique<DropoutLayer>(absl::StrCat("dropout", dropout++), width,

@@ -182,42 +182,56 @@ TEST_CASE("a whole model with GELU, dropout and either loss passes a finite-diff
       5, 2);
 }
 
-TEST_CASE("a model with a cross network passes a finite-difference check and gives a device "
-          "the CPU's numbers bit for bit",
-          "[model][cross]") {
-  const char* config =
+TEST_CASE("a model with a cross network passes a finite-difference check; with it or a dot "
+          "interaction a device gives the CPU's numbers bit for bit",
+          "[model][cross][dot]") {
+  // (The dot layer's differences straddle its bottom ReLUs' kinks at these
+  // sizes: layers_test checks it away from them.)
+  CheckWholeModel(
       "sequential { input_dim: 5 layer { cross { layers: 2 } } layer { dense { units: 4 } } "
-      "layer { relu {} } layer { dense { units: 1 } } layer { sigmoid_cross_entropy {} } }";
-  CheckWholeModel(config, 5, 2);
-  std::unique_ptr<Backend> cpu = NewCpuBackend(1);
-  DeferredBackend device;
-  auto mc = Model::Create(ParseModel(config), cpu.get());
-  auto md = Model::Create(ParseModel(config), &device);
-  REQUIRE(mc.ok());
-  REQUIRE(md.ok());
-  Model& c = **mc;
-  Model& d = **md;
-  CHECK(c.Summary() == "5 -> cross0(5) -> dense0(4) -> relu0 -> dense1(1) -> "
-                       "sigmoid_cross_entropy; 89 parameters");
-  const std::vector<Tensor> params = c.Initialize(4);
-  REQUIRE(c.SetParameters(params).ok());
-  REQUIRE(d.SetParameters(params).ok());
-  c.set_input_gradient(true);
-  d.set_input_gradient(true);
-  for (int batch : {16, 9}) {
-    const std::vector<float> x = Random(static_cast<size_t>(batch) * 5, batch);
-    std::vector<int32_t> y(batch);
-    for (int r = 0; r < batch; ++r) y[r] = r % 2;
-    float loss_c = 0, loss_d = 0;
-    REQUIRE(c.ComputeGradients(x.data(), y.data(), batch, 1, &loss_c).ok());
-    REQUIRE(d.ComputeGradients(x.data(), y.data(), batch, 1, &loss_d).ok());
-    CHECK(loss_c == loss_d);
-    std::vector<Tensor> gc, gd;
-    c.CopyGradients(&gc);
-    d.CopyGradients(&gd);
-    for (size_t v = 0; v < gc.size(); ++v) CHECK(gc[v].values() == gd[v].values());
-    CHECK(std::vector<float>(c.host_input_gradient(), c.host_input_gradient() + batch * 5) ==
-          std::vector<float>(d.host_input_gradient(), d.host_input_gradient() + batch * 5));
+      "layer { gelu {} } layer { dense { units: 1 } } layer { sigmoid_cross_entropy {} } }",
+      5, 2);
+  for (const char* config :
+       {"sequential { input_dim: 5 layer { cross { layers: 2 } } layer { dense { units: 4 } } "
+        "layer { relu {} } layer { dense { units: 1 } } layer { sigmoid_cross_entropy {} } }",
+        "sequential { input_dim: 5 layer { dot { dense_inputs: 1 dim: 2 bottom_units: 3 "
+        "bottom_units: 2 } } layer { dense { units: 4 } } "
+        "layer { relu {} } layer { dense { units: 1 } } layer { sigmoid_cross_entropy {} } }"}) {
+    INFO(config);
+    std::unique_ptr<Backend> cpu = NewCpuBackend(1);
+    DeferredBackend device;
+    auto mc = Model::Create(ParseModel(config), cpu.get());
+    auto md = Model::Create(ParseModel(config), &device);
+    REQUIRE(mc.ok());
+    REQUIRE(md.ok());
+    Model& c = **mc;
+    Model& d = **md;
+    const bool cross = std::string(config).find("cross {") != std::string::npos;
+    // The dot layer: 1 number -> 3 -> 2, and 3 vectors of 2: 2 + 3 outputs.
+    CHECK(c.Summary() == (cross ? "5 -> cross0(5) -> dense0(4) -> relu0 -> dense1(1) -> "
+                                  "sigmoid_cross_entropy; 89 parameters"
+                                : "5 -> dot0(5) -> dense0(4) -> relu0 -> dense1(1) -> "
+                                  "sigmoid_cross_entropy; 43 parameters"));
+    const std::vector<Tensor> params = c.Initialize(4);
+    REQUIRE(c.SetParameters(params).ok());
+    REQUIRE(d.SetParameters(params).ok());
+    c.set_input_gradient(true);
+    d.set_input_gradient(true);
+    for (int batch : {16, 9}) {
+      const std::vector<float> x = Random(static_cast<size_t>(batch) * 5, batch);
+      std::vector<int32_t> y(batch);
+      for (int r = 0; r < batch; ++r) y[r] = r % 2;
+      float loss_c = 0, loss_d = 0;
+      REQUIRE(c.ComputeGradients(x.data(), y.data(), batch, 1, &loss_c).ok());
+      REQUIRE(d.ComputeGradients(x.data(), y.data(), batch, 1, &loss_d).ok());
+      CHECK(loss_c == loss_d);
+      std::vector<Tensor> gc, gd;
+      c.CopyGradients(&gc);
+      d.CopyGradients(&gd);
+      for (size_t v = 0; v < gc.size(); ++v) CHECK(gc[v].values() == gd[v].values());
+      CHECK(std::vector<float>(c.host_input_gradient(), c.host_input_gradient() + batch * 5) ==
+            std::vector<float>(d.host_input_gradient(), d.host_input_gradient() + batch * 5));
+    }
   }
 }
 

@@ -51,8 +51,8 @@ absl::Status CrossLayer::Forward(const PassContext& ctx, const float* x, float* 
     float* out = l + 1 == layers_ ? y : Slice(ctx, layers_ + l);
     // u = b, then u += x_l W; out = x_l, then out += x0 * u.
     RETURN_IF_ERROR(ctx.backend->BroadcastRows(params_[2 * l + 1], ctx.batch, d, u));
-    RETURN_IF_ERROR(
-        ctx.backend->Gemm(false, false, ctx.batch, d, d, 1.0f, xl, d, params_[2 * l], d, 1.0f, u, d));
+    RETURN_IF_ERROR(ctx.backend->Gemm(false, false, ctx.batch, d, d, 1.0f, xl, d, params_[2 * l],
+                                      d, 1.0f, u, d));
     RETURN_IF_ERROR(ctx.backend->CopyOnDevice(out, xl, static_cast<size_t>(n) * sizeof(float)));
     RETURN_IF_ERROR(ctx.backend->MultiplyAdd(x, u, n, out));
   }
@@ -175,7 +175,8 @@ absl::Status DotLayer::Backward(const PassContext& ctx, const float* x, const fl
   }
   BindBottom();
   float* dt = At(ctx, dt_);
-  RETURN_IF_ERROR(ctx.backend->PairwiseDotsGrad(At(ctx, t_), dy + dim_, out, b, vectors_, dim_, dt));
+  RETURN_IF_ERROR(
+      ctx.backend->PairwiseDotsGrad(At(ctx, t_), dy + dim_, out, b, vectors_, dim_, dt));
   // dL/dh: its dots' part and its own columns of y.
   float* g = At(ctx, dh_);
   RETURN_IF_ERROR(ctx.backend->CopyMatrix(dt, row, g, dim_, b, dim_));

@@ -47,6 +47,22 @@ void ExpectClose(const std::vector<double>& analytic, const std::vector<double>&
 }
 
 // Checks a layer's dx and parameter gradients for L = sum(y * r).
+// Points `layer` at `params` and at gradients of the same sizes, returned
+// (both must outlive its passes).
+std::vector<std::vector<float>> BindParameters(Layer* layer,
+                                               std::vector<std::vector<float>>* params) {
+  std::vector<std::vector<float>> grads;
+  for (const auto& p : *params) grads.emplace_back(p.size());
+  std::vector<const float*> pp;
+  std::vector<float*> gp;
+  for (size_t i = 0; i < params->size(); ++i) {
+    pp.push_back((*params)[i].data());
+    gp.push_back(grads[i].data());
+  }
+  layer->Bind(pp, gp);
+  return grads;
+}
+
 // `backend`: the CPU backend to run on (one that outlives the layer, for a
 // layer that keeps memory of its own), else one of its own.
 void CheckLayer(Layer* layer, std::vector<std::vector<float>> params, std::vector<float> x,
@@ -54,15 +70,7 @@ void CheckLayer(Layer* layer, std::vector<std::vector<float>> params, std::vecto
   std::unique_ptr<Backend> own = backend == nullptr ? NewCpuBackend(1) : nullptr;
   Backend* cpu = backend != nullptr ? backend : own.get();
   const int in = layer->input_dim(), out = layer->output_dim();
-  std::vector<std::vector<float>> grads;
-  std::vector<const float*> pp;
-  std::vector<float*> gp;
-  for (auto& p : params) grads.emplace_back(p.size());
-  for (size_t i = 0; i < params.size(); ++i) {
-    pp.push_back(params[i].data());
-    gp.push_back(grads[i].data());
-  }
-  layer->Bind(pp, gp);
+  std::vector<std::vector<float>> grads = BindParameters(layer, &params);
   PassContext ctx{cpu, batch, training, seed};
   const std::vector<float> r = Random(static_cast<size_t>(batch) * out, 99);
   std::vector<float> y(static_cast<size_t>(batch) * out), dx(static_cast<size_t>(batch) * in);
@@ -135,15 +143,7 @@ TEST_CASE("cross network: x0 * (x W + b) + x per layer; gradients match finite d
     {
       std::unique_ptr<Backend> cpu = NewCpuBackend(1);
       CrossLayer cross("cross0", dim, layers);  // its memory the backend's: destroyed first
-      std::vector<std::vector<float>> grads;
-      std::vector<const float*> pp;
-      std::vector<float*> gp;
-      for (auto& p : params) grads.emplace_back(p.size());
-      for (size_t i = 0; i < params.size(); ++i) {
-        pp.push_back(params[i].data());
-        gp.push_back(grads[i].data());
-      }
-      cross.Bind(pp, gp);
+      std::vector<std::vector<float>> grads = BindParameters(&cross, &params);
       PassContext ctx{cpu.get(), batch, true, 0};
       std::vector<float> y(batch * dim);
       REQUIRE(cross.Forward(ctx, x.data(), y.data()).ok());
@@ -198,15 +198,7 @@ TEST_CASE("dot interaction: the bottom MLP's vector and every pair's dot; gradie
     }
     // The forward pass against the formula, in doubles.
     {
-      std::vector<std::vector<float>> grads;
-      std::vector<const float*> pp;
-      std::vector<float*> gp;
-      for (auto& p : params) grads.emplace_back(p.size());
-      for (size_t i = 0; i < params.size(); ++i) {
-        pp.push_back(params[i].data());
-        gp.push_back(grads[i].data());
-      }
-      dot.Bind(pp, gp);
+      std::vector<std::vector<float>> grads = BindParameters(&dot, &params);
       PassContext ctx{backend.get(), batch, true, 0};
       std::vector<float> y(batch * dot.output_dim());
       REQUIRE(dot.Forward(ctx, x.data(), y.data()).ok());

@@ -342,6 +342,7 @@ absl::Status PinnedRows::Read(size_t begin, size_t end, float* values,
   }
   const int64_t span_records = std::max<int64_t>(1, (int64_t{1} << 20) / record_bytes_);
   const size_t dim = static_cast<size_t>(dim_);
+  std::vector<char> record(static_cast<size_t>(record_bytes_));
   for (size_t i = begin; i < end;) {
     const uint32_t first = rows_[i].place;
     // A run of rows whose records lie in one span of the file (or the open
@@ -352,24 +353,23 @@ absl::Status PinnedRows::Read(size_t begin, size_t end, float* values,
            rows_[j].place - first < span_records) {
       ++j;
     }
-    // Where record `place` is in memory.
-    std::function<const char*(uint32_t)> at;
+    // Record `first` in memory: in the open segment's copy, or read with
+    // the rest of the span.
+    const char* base;
     if (open) {
-      at = [this](uint32_t place) {
-        return open_records_.data() +
-               static_cast<size_t>((place - open_ * per_segment_) * record_bytes_);
-      };
+      base = open_records_.data() +
+             static_cast<size_t>((first - open_ * per_segment_) * record_bytes_);
     } else {
       const int64_t n = (rows_[j - 1].place - first + 1) * record_bytes_;
       span_.resize(static_cast<size_t>(n));
       RETURN_IF_ERROR(file_->Read(first * record_bytes_, n, span_.data()));
-      at = [this, first](uint32_t place) {
-        return span_.data() + static_cast<size_t>((place - first) * record_bytes_);
-      };
+      base = span_.data();
     }
-    std::vector<char> record(static_cast<size_t>(record_bytes_));
     for (; i < j; ++i) {
-      std::memcpy(record.data(), at(rows_[i].place), record.size());
+      // (Decoded from a copy: DecodeRecord zeroes the CRC it checks.)
+      std::memcpy(record.data(),
+                  base + static_cast<size_t>((rows_[i].place - first) * record_bytes_),
+                  record.size());
       RETURN_IF_ERROR(DecodeRecord(path_, dim_, num_slots_, record_bytes_, rows_[i].id,
                                    rows_[i].place * record_bytes_, record.data(), values,
                                    slots.data(), (i - begin) * dim, updates + (i - begin)));

@@ -545,7 +545,7 @@ TEST_CASE("the click-through model with a DCN-v2 cross layer reaches the ground 
           "[cluster][embedding][click_through][cross]") {
   // A cross layer over the 429 inputs before the MLP: the embeddings'
   // gradients come through it. 0.7786 against the truth's 0.7950
-  // (2026-11-30; without the layer 0.7803 at 400 steps; a second epoch
+  // (2026-11-30; without the layer 0.7804 at 400 steps; a second epoch
   // overfits it, 0.7688 at 800, as the truth has no crosses to find).
   CheckInteractionModel("click_through_cross",
                         "click_through { table: \"features\" hidden_units: 64 cross_layers: 1 }",
@@ -558,7 +558,7 @@ TEST_CASE("the click-through model with DLRM's dot interaction trains to within 
   // The 13 numbers through a bottom MLP (64, 16), its vector and the 26
   // bags' pairwise dots (367 inputs) into the top MLP. 0.7731 against the
   // truth's 0.7950 (2026-11-30): that hidden model is a sum of weights,
-  // which dots fit less directly than the MLP over the bags does (0.7803
+  // which dots fit less directly than the MLP over the bags does (0.7804
   // at 400 steps); the bound is 0.03.
   CheckInteractionModel("click_through_dot",
                         "click_through { table: \"features\" hidden_units: 64 "

@@ -610,7 +610,6 @@ namespace {
 // (LoadCheckpointForRestore).
 enum class LoadMode { kValues, kState, kStateRowsChecked };
 
-
 absl::StatusOr<RestoredCheckpoint> Load(Env* env, const std::string& ckpt_dir,
                                         const CheckpointProgress& progress, LoadMode mode) {
   const bool state = mode != LoadMode::kValues;
@@ -713,7 +712,8 @@ absl::StatusOr<RestoredCheckpoint> LoadCheckpointForRestore(Env* env, const std:
 
 absl::Status StreamTableRows(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
                              const std::string& table, int64_t chunk_rows,
-                             const std::function<absl::Status(const RestoredTable&)>& fn) {
+                             const std::function<absl::Status(const RestoredTable&)>& fn,
+                             RowColumns read) {
   int dim = 0;
   for (const CheckpointTable& t : m.tables()) {
     if (t.name() == table) dim = t.dim();
@@ -723,8 +723,8 @@ absl::Status StreamTableRows(Env* env, const std::string& ckpt_dir, const Checkp
   }
   for (const auto& [key, links] : checkpoint_internal::ChainsOf(m)) {
     if (key.first != table) continue;
-    RETURN_IF_ERROR(checkpoint_internal::StreamRowChain(env, ckpt_dir, m, links, dim,
-                                                        std::max<int64_t>(1, chunk_rows), fn));
+    RETURN_IF_ERROR(checkpoint_internal::StreamRowChain(
+        env, ckpt_dir, m, links, dim, std::max<int64_t>(1, chunk_rows), fn, read));
   }
   return absl::OkStatus();
 }
@@ -732,24 +732,29 @@ absl::Status StreamTableRows(Env* env, const std::string& ckpt_dir, const Checkp
 absl::StatusOr<int64_t> CountTableRows(Env* env, const std::string& ckpt_dir,
                                        const CheckpointManifest& m, const std::string& table) {
   int64_t n = 0;
-  RETURN_IF_ERROR(StreamTableRows(env, ckpt_dir, m, table, kChunkRows,
-                                  [&n](const RestoredTable& rows) {
-                                    n += static_cast<int64_t>(rows.ids.size());
-                                    return absl::OkStatus();
-                                  }));
+  RETURN_IF_ERROR(StreamTableRows(
+      env, ckpt_dir, m, table, kChunkRows,
+      [&n](const RestoredTable& rows) {
+        n += static_cast<int64_t>(rows.ids.size());
+        return absl::OkStatus();
+      },
+      RowColumns::kIds));
   return n;
 }
 
 ExportProducer TableColumn(Env* env, const std::string& ckpt_dir, const CheckpointManifest* m,
                            const std::string& table, bool ids) {
   return [=](const std::function<absl::Status(absl::string_view)>& append) {
-    return StreamTableRows(env, ckpt_dir, *m, table, kChunkRows, [&](const RestoredTable& rows) {
-      const char* data = ids ? reinterpret_cast<const char*>(rows.ids.data())
-                             : reinterpret_cast<const char*>(rows.values.data());
-      const size_t bytes =
-          ids ? rows.ids.size() * sizeof(uint64_t) : rows.values.size() * sizeof(float);
-      return append(absl::string_view(data, bytes));
-    });
+    return StreamTableRows(
+        env, ckpt_dir, *m, table, kChunkRows,
+        [&](const RestoredTable& rows) {
+          const char* data = ids ? reinterpret_cast<const char*>(rows.ids.data())
+                                 : reinterpret_cast<const char*>(rows.values.data());
+          const size_t bytes =
+              ids ? rows.ids.size() * sizeof(uint64_t) : rows.values.size() * sizeof(float);
+          return append(absl::string_view(data, bytes));
+        },
+        ids ? RowColumns::kIds : RowColumns::kValues);
   };
 }
 

@@ -206,18 +206,25 @@ absl::StatusOr<RestoredCheckpoint> LoadCheckpointVariables(Env* env, const std::
 absl::StatusOr<RestoredCheckpoint> LoadCheckpointForRestore(
     Env* env, const std::string& ckpt_dir, const CheckpointProgress& progress = nullptr);
 
+// Which columns of a table's rows a stream reads (and checks): the ids
+// alone; the ids and values; or all (the slots, update counts and touched
+// steps too). The others are left empty in each chunk.
+enum class RowColumns { kIds, kValues, kAll };
+
 // Table `table`'s rows of the checkpoint at `ckpt_dir` (whose manifest is
 // `m`), every server's chain replayed, given to `fn` at most `chunk_rows`
-// at a time, in bounded memory: each row once, as LoadCheckpoint has them.
-// NOT_FOUND when the checkpoint has no such table; DATA_LOSS as
-// LoadCheckpoint's, but a range's CRC32C is checked at its end, once its
-// rows were given (LoadCheckpointForRestore checks them all first).
+// at a time, in bounded memory: each row once, as LoadCheckpoint has them,
+// with the columns of `read`. NOT_FOUND when the checkpoint has no such
+// table; DATA_LOSS as LoadCheckpoint's for the columns read, but a range's
+// CRC32C is checked at its end, once its rows were given
+// (LoadCheckpointForRestore checks them all first).
 absl::Status StreamTableRows(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
                              const std::string& table, int64_t chunk_rows,
-                             const std::function<absl::Status(const RestoredTable&)>& fn);
+                             const std::function<absl::Status(const RestoredTable&)>& fn,
+                             RowColumns read = RowColumns::kAll);
 
 // Table `table`'s rows in the checkpoint at `ckpt_dir` (manifest `m`),
-// counted a chunk at a time, nothing kept.
+// counted from their ids a chunk at a time, nothing kept.
 absl::StatusOr<int64_t> CountTableRows(Env* env, const std::string& ckpt_dir,
                                        const CheckpointManifest& m, const std::string& table);
 // Their ids (`ids`) or their values, in StreamTableRows' order, for an

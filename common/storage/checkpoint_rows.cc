@@ -121,17 +121,23 @@ absl::Status ReadLinkRows(Env* env, const LinkFile& f, const CheckpointRows& r, 
 void CopyRow(const RestoredTable& src, size_t from, RestoredTable* dst, size_t to) {
   const size_t dim = static_cast<size_t>(src.dim);
   dst->ids[to] = src.ids[from];
+  // (A chunk read for its ids alone, or ids and values, has no others.)
+  if (src.values.empty()) return;
   std::copy_n(src.values.begin() + from * dim, dim, dst->values.begin() + to * dim);
   for (size_t k = 0; k < src.slots.size(); ++k) {
     std::copy_n(src.slots[k].begin() + from * dim, dim, dst->slots[k].begin() + to * dim);
   }
+  if (src.updates.empty()) return;
   dst->updates[to] = src.updates[from];
   dst->touched[to] = src.touched[from];
 }
 
-void ResizeRows(RestoredTable* t, size_t n) {
+// `t`'s columns (those of `columns` only) sized for `n` rows.
+void ResizeRows(RestoredTable* t, size_t n, RowColumns columns = RowColumns::kAll) {
   t->ids.resize(n);
+  if (columns == RowColumns::kIds) return;
   t->values.resize(n * t->dim);
+  if (columns == RowColumns::kValues) return;
   for (auto& slot : t->slots) slot.resize(n * t->dim);
   t->updates.resize(n);
   t->touched.resize(n);
@@ -405,30 +411,37 @@ absl::Status ReadRowChain(Env* env, const std::string& ckpt_dir, const Checkpoin
 
 namespace {
 
-// Link `r`'s rows read a chunk of `chunk_rows` at a time, each column's
-// CRC32C extended as it is read and checked at its end. With `fn`: the
-// rows whose id is not in `skip` (all without it) are given to fn, and,
-// with `seen`, every id of the link is added to it. Its dropped ids, when
-// `seen`, are added after.
+// Link `r`'s rows (the columns of `read`) read a chunk of `chunk_rows` at a
+// time, each column's CRC32C extended as it is read and checked at its end.
+// With `fn`: the rows whose id is not in `skip` (all without it) are given
+// to fn, and, with `seen`, every id of the link is added to it. Its dropped
+// ids, when `seen`, are added after.
 absl::Status StreamLink(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
-                        const CheckpointRows& r, int dim, int64_t chunk_rows,
+                        const CheckpointRows& r, int dim, int64_t chunk_rows, RowColumns read,
                         const absl::flat_hash_set<uint64_t>* skip,
                         absl::flat_hash_set<uint64_t>* seen, const RowChunkFn& fn) {
   ASSIGN_OR_RETURN(LinkFile f, OpenLink(env, ckpt_dir, m, r));
   RETURN_IF_ERROR(CheckLinkRanges(f, r));
   const std::string what = absl::StrCat("table ", r.table());
   const int64_t floats = int64_t{4} * dim;
-  std::vector<const ByteRange*> ranges = {&r.ids(), &r.values()};
-  std::vector<int64_t> width = {8, floats};
-  std::vector<std::string> names = {what + " ids", what + " values"};
-  for (int k = 0; k < r.slots_size(); ++k) {
-    ranges.push_back(&r.slots(k));
+  std::vector<const ByteRange*> ranges = {&r.ids()};
+  std::vector<int64_t> width = {8};
+  std::vector<std::string> names = {what + " ids"};
+  if (read != RowColumns::kIds) {
+    ranges.push_back(&r.values());
     width.push_back(floats);
-    names.push_back(absl::StrCat(what, " slot ", k));
+    names.push_back(what + " values");
   }
-  ranges.insert(ranges.end(), {&r.updates(), &r.touched()});
-  width.insert(width.end(), {8, 8});
-  names.insert(names.end(), {what + " updates", what + " touched"});
+  if (read == RowColumns::kAll) {
+    for (int k = 0; k < r.slots_size(); ++k) {
+      ranges.push_back(&r.slots(k));
+      width.push_back(floats);
+      names.push_back(absl::StrCat(what, " slot ", k));
+    }
+    ranges.insert(ranges.end(), {&r.updates(), &r.touched()});
+    width.insert(width.end(), {8, 8});
+    names.insert(names.end(), {what + " updates", what + " touched"});
+  }
   const size_t columns = ranges.size();
   std::vector<uint32_t> crc(columns, 0);
   const int64_t n = r.rows();
@@ -438,15 +451,17 @@ absl::Status StreamLink(Env* env, const std::string& ckpt_dir, const CheckpointM
   chunk_rows = std::clamp<int64_t>((int64_t{64} << 20) / row_bytes, 1, chunk_rows);
   RestoredTable chunk;
   chunk.dim = dim;
-  chunk.slots.resize(static_cast<size_t>(r.slots_size()));
+  if (read == RowColumns::kAll) chunk.slots.resize(static_cast<size_t>(r.slots_size()));
   for (int64_t begin = 0; begin < n; begin += chunk_rows) {
     const int64_t count = std::min(chunk_rows, n - begin);
-    ResizeRows(&chunk, static_cast<size_t>(count));
-    std::vector<char*> dst = {reinterpret_cast<char*>(chunk.ids.data()),
-                              reinterpret_cast<char*>(chunk.values.data())};
-    for (auto& slot : chunk.slots) dst.push_back(reinterpret_cast<char*>(slot.data()));
-    dst.push_back(reinterpret_cast<char*>(chunk.updates.data()));
-    dst.push_back(reinterpret_cast<char*>(chunk.touched.data()));
+    ResizeRows(&chunk, static_cast<size_t>(count), read);
+    std::vector<char*> dst = {reinterpret_cast<char*>(chunk.ids.data())};
+    if (read != RowColumns::kIds) dst.push_back(reinterpret_cast<char*>(chunk.values.data()));
+    if (read == RowColumns::kAll) {
+      for (auto& slot : chunk.slots) dst.push_back(reinterpret_cast<char*>(slot.data()));
+      dst.push_back(reinterpret_cast<char*>(chunk.updates.data()));
+      dst.push_back(reinterpret_cast<char*>(chunk.touched.data()));
+    }
     for (size_t c = 0; c < columns; ++c) {
       const int64_t bytes = count * width[c];
       if (absl::Status st = env->ReadFileRangeInto(f.path, ranges[c]->offset() + begin * width[c],
@@ -467,7 +482,7 @@ absl::Status StreamLink(Env* env, const std::string& ckpt_dir, const CheckpointM
       if (kept != i) CopyRow(chunk, i, &chunk, kept);
       ++kept;
     }
-    ResizeRows(&chunk, kept);
+    ResizeRows(&chunk, kept, read);
     if (kept > 0) RETURN_IF_ERROR(fn(chunk));
   }
   for (size_t c = 0; c < columns; ++c) {
@@ -490,20 +505,21 @@ absl::Status CheckRowChain(Env* env, const std::string& ckpt_dir, const Checkpoi
                            const std::vector<const CheckpointRows*>& links, int dim,
                            int64_t chunk_rows) {
   for (const CheckpointRows* r : links) {
-    RETURN_IF_ERROR(StreamLink(env, ckpt_dir, m, *r, dim, chunk_rows, nullptr, nullptr, nullptr));
+    RETURN_IF_ERROR(StreamLink(env, ckpt_dir, m, *r, dim, chunk_rows, RowColumns::kAll, nullptr,
+                               nullptr, nullptr));
   }
   return absl::OkStatus();
 }
 
 absl::Status StreamRowChain(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
                             const std::vector<const CheckpointRows*>& links, int dim,
-                            int64_t chunk_rows, const RowChunkFn& fn) {
+                            int64_t chunk_rows, const RowChunkFn& fn, RowColumns read) {
   // From the last link back: each row is given from the last link that
   // holds it, unless a later one dropped it; the full save's ids are never
   // kept.
   absl::flat_hash_set<uint64_t> later;
   for (size_t l = links.size(); l-- > 0;) {
-    RETURN_IF_ERROR(StreamLink(env, ckpt_dir, m, *links[l], dim, chunk_rows, &later,
+    RETURN_IF_ERROR(StreamLink(env, ckpt_dir, m, *links[l], dim, chunk_rows, read, &later,
                                l > 0 ? &later : nullptr, fn));
   }
   return absl::OkStatus();

@@ -82,12 +82,13 @@ absl::Status CheckRowChain(Env* env, const std::string& ckpt_dir, const Checkpoi
 // of at most `chunk_rows` at a time without holding the chain (a table that
 // need not fit in memory): each row once, from the last link that holds it,
 // unless a later link dropped it; only the delta links' ids are kept
-// meanwhile. Each range's CRC32C is checked at its end, after its rows were
-// given: check the chain first (CheckRowChain) where a damaged chain must
-// give nothing.
+// meanwhile. Only the columns of `read` are read, and each one's CRC32C is
+// checked at its end, after its rows were given: check the chain first
+// (CheckRowChain) where a damaged chain must give nothing.
 absl::Status StreamRowChain(Env* env, const std::string& ckpt_dir, const CheckpointManifest& m,
                             const std::vector<const CheckpointRows*>& links, int dim,
-                            int64_t chunk_rows, const RowChunkFn& fn);
+                            int64_t chunk_rows, const RowChunkFn& fn,
+                            RowColumns read = RowColumns::kAll);
 
 // The step of the checkpoint holding a chain's full save (`m`'s own step
 // for a chain of one link, or none).

@@ -11,7 +11,6 @@
 #include "absl/time/clock.h"
 #include "common/client/chief_client.h"
 #include "common/cluster/config.h"
-#include "common/cluster/feature_schema.h"
 #include "common/base/logging.h"
 #include "common/cluster/placement.h"
 #include "common/client/grpc_ps_client.h"
@@ -294,15 +293,13 @@ void Trainer::ReadDeviceMemory() {
 
 absl::Status Trainer::SetUpBags() {
   if (!click_through_) return absl::OkStatus();
-  int slots = 0;
-  for (int n : FieldIdSlots(config_.data().schema())) slots += n;
-  if (slots != partition_->id_fields()) {
-    return absl::InvalidArgumentError(absl::StrCat("click-through data holds ",
-                                                   partition_->id_fields(),
-                                                   " ids an example, data.schema says ", slots));
-  }
   device_bags_ = !backend_->host_memory();
   bags_ = BagSet::ForConfig(config_, partition_->dim(), device_bags_ ? backend_ : nullptr);
+  if (bags_->ids_per_example() != partition_->id_fields()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("click-through data holds ", partition_->id_fields(),
+                     " ids an example, data.schema says ", bags_->ids_per_example()));
+  }
   if (bags_->output_dim() != model_->input_dim()) {
     return absl::InvalidArgumentError(absl::StrCat("click-through data gives ",
                                                    bags_->output_dim(), " inputs, the model takes ",

@@ -57,6 +57,8 @@ class BagSet {
   ~BagSet();
 
   int output_dim() const { return output_dim_; }
+  // The ids an example holds (every field's slots).
+  int ids_per_example() const { return per_example_; }
   size_t tables() const { return parts_.size(); }
   const BagTable& table(size_t t) const { return parts_[t].table; }
 
